@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# demo.sh - set up, build, and let SmolLM2-135M answer a prompt.
+# Usage: scripts/demo.sh ["your prompt"]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --no-python
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target pipeshard >/dev/null
+prompt=${1:-"What is the capital of France? Answer in one sentence."}
+exec build/pipeshard run -m .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -p "$prompt" -n 128 --stats

@@ -1,0 +1,39 @@
+/* main.c - the `pipeshard` command: dispatches to subcommands. Only this file turns
+ * an error status into an exit code. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"run", ps_cli_run, "generate text from a prompt"},
+    {"inspect", ps_cli_inspect, "describe a GGUF model"},
+    {"synth", ps_cli_synth, "write a GGUF model with random weights"},
+    {"bench", ps_cli_bench, "measure prefill and decode speed"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: pipeshard COMMAND [options]   (pipeshard COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "pipeshard: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

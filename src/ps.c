@@ -1,0 +1,36 @@
+/* ps.c - status messages. */
+#include "ps.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static const char *const status_msg[PS_STATUS_COUNT] = {
+    [PS_OK] = "ok",
+    [PS_ERR_NOMEM] = "out of memory",
+    [PS_ERR_IO] = "input/output error",
+    [PS_ERR_FORMAT] = "malformed data",
+    [PS_ERR_UNSUPPORTED] = "unsupported",
+    [PS_ERR_ARG] = "invalid argument",
+    [PS_ERR_RANGE] = "out of range",
+    [PS_ERR_NOT_FOUND] = "not found",
+    [PS_ERR_NET] = "network error",
+    [PS_ERR_AUTH] = "authentication failed",
+    [PS_ERR_TIMEOUT] = "timed out",
+    [PS_ERR_PROTOCOL] = "protocol error",
+    [PS_ERR_INTERNAL] = "internal error",
+};
+
+const char *ps_strerror(ps_status s) {
+    if ((unsigned)s >= PS_STATUS_COUNT || !status_msg[s]) return "unknown status";
+    return status_msg[s];
+}
+
+ps_status ps_errf(char *err, size_t errlen, ps_status s, const char *fmt, ...) {
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return s;
+}

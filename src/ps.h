@@ -1,0 +1,39 @@
+/* ps.h - status codes and small helpers shared by every pipeshard module.
+ *
+ * Every fallible function returns a ps_status and, where detail helps, takes an
+ * optional `char *err, size_t errlen` buffer that receives one human-readable line.
+ * Codes are never renumbered: new ones go at the end, before PS_STATUS_COUNT. */
+#ifndef PS_H
+#define PS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    PS_OK = 0,
+    PS_ERR_NOMEM = 1,       /* allocation failed */
+    PS_ERR_IO = 2,          /* open/read/write/mmap failed */
+    PS_ERR_FORMAT = 3,      /* malformed file or message */
+    PS_ERR_UNSUPPORTED = 4, /* valid but not supported (architecture, tensor type) */
+    PS_ERR_ARG = 5,         /* bad argument or input from a user */
+    PS_ERR_RANGE = 6,       /* out of range: prompt longer than the context, index too large */
+    PS_ERR_NOT_FOUND = 7,   /* key, tensor or file absent */
+    PS_ERR_NET = 8,         /* socket error, peer gone */
+    PS_ERR_AUTH = 9,        /* authentication refused */
+    PS_ERR_TIMEOUT = 10,    /* a peer did not answer in time */
+    PS_ERR_PROTOCOL = 11,   /* peer speaks another protocol version or breaks it */
+    PS_ERR_INTERNAL = 12,   /* a bug: an invariant of our own was broken */
+    PS_STATUS_COUNT
+} ps_status;
+
+/* Static message for a status code ("out of memory", ...); never NULL. */
+const char *ps_strerror(ps_status s);
+
+/* Formats one line into err (when err is non-NULL and errlen > 0) and returns s,
+ * so that callers can write `return ps_errf(err, errlen, PS_ERR_FORMAT, "...", ...)`. */
+ps_status ps_errf(char *err, size_t errlen, ps_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define PS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif
