@@ -1,0 +1,54 @@
+/* matmul.h - weight × activation products and the thread pool that runs them.
+ *
+ * The one contract everything above relies on (DESIGN.md invariant 1): every output
+ * element y[t][r] is computed by the same sequence of floating-point operations whatever
+ * n_tok is, whatever the thread count, and however rows are split among threads. Work is
+ * split over rows and tokens, never inside a reduction. */
+#ifndef PS_TENSOR_MATMUL_H
+#define PS_TENSOR_MATMUL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../ps.h"
+#include "types.h"
+
+/* Thread pool ---------------------------------------------------------------------- */
+typedef struct ps_pool ps_pool;
+
+/* A pool of n_threads workers in all (the calling thread is one of them, so n_threads == 1
+ * starts no thread). */
+ps_status ps_pool_create(int n_threads, ps_pool **out);
+void ps_pool_free(ps_pool *p); /* NULL is a no-op */
+int ps_pool_size(const ps_pool *p);
+/* Runs fn(ctx, ith, nth) for ith in [0, nth) on the pool's threads (the caller runs ith 0)
+ * and returns when all have returned. Not reentrant: fn must not call ps_pool_run. */
+void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+
+/* Matrices ------------------------------------------------------------------------- */
+typedef struct {
+    uint32_t type;     /* ps_type of the weights */
+    int64_t rows;      /* output features */
+    int64_t cols;      /* input features (a multiple of the type's block size) */
+    const void *data;  /* rows × ps_row_bytes(type, cols) bytes, row-major, e.g. into a mapping */
+} ps_mat;
+
+/* True when ps_matmul handles weights of this type. */
+bool ps_matmul_supported(uint32_t type);
+
+/* Bytes of scratch ps_matmul needs for n_tok activation rows of `cols` against weights of
+ * `type` (the activations quantized to the format the type's kernel consumes). Allocate
+ * once, at set-up, for the largest n_tok and cols. */
+size_t ps_matmul_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok);
+
+/* y[t * y_stride + r] = sum_c W[r, c] * x[t * x_stride + c] for t < n_tok, r < w->rows.
+ * Scratch holds at least ps_matmul_scratch_bytes(w->type, w->cols, n_tok) bytes. */
+void ps_matmul(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
+               void *scratch, ps_pool *pool);
+
+/* Name of the kernel family chosen for this CPU ("avx512vnni", "avx2", "ref", ...). The
+ * environment variable PS_ISA=ref|avx2|avx512|avx512vnni forces a family (for tests). */
+const char *ps_matmul_isa(void);
+
+#endif
