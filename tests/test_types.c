@@ -96,6 +96,7 @@ static void test_table(void) {
     /* unknown numbers */
     PS_CHECK(ps_type_get(4) == NULL);
     PS_CHECK(ps_type_get(5) == NULL);
+    PS_CHECK(ps_type_get(PS_TYPE_COUNT) == NULL); /* the enum's promise: numbers below it */
     PS_CHECK(ps_type_get(1000) == NULL);
     PS_CHECK(ps_type_get(UINT32_MAX) == NULL);
     PS_CHECK(strcmp(ps_type_name(4), "type 4") == 0);
