@@ -78,6 +78,11 @@ void ps_gguf_close(ps_gguf *g); /* NULL is a no-op */
 uint32_t ps_gguf_version(const ps_gguf *g);
 uint32_t ps_gguf_alignment(const ps_gguf *g);
 size_t ps_gguf_file_size(const ps_gguf *g);
+/* Byte offset in the file where the data section (tensor offset 0) starts. */
+size_t ps_gguf_data_offset(const ps_gguf *g);
+/* GGUF spelling of a value type ("UINT32", "FLOAT32", "STRING", "ARRAY", ...); "invalid"
+ * for numbers outside the enum. Static, never NULL. */
+const char *ps_gguf_vtype_name(ps_gguf_vtype t);
 
 /* Key/value metadata, in file order. */
 int64_t ps_gguf_n_kv(const ps_gguf *g);
