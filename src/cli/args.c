@@ -1,0 +1,64 @@
+/* args.c - strict command-line value parsing. */
+#include "args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+const char *ps_arg_value(const char *cmd, int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "pipeshard %s: option '%s' needs a value\n", cmd, argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+bool ps_arg_int(const char *cmd, const char *flag, const char *s, long long min, long long max, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) {
+        fprintf(stderr, "pipeshard %s: %s expects an integer, got '%s'\n", cmd, flag, s);
+        return false;
+    }
+    if (v < min || v > max) {
+        fprintf(stderr, "pipeshard %s: %s must be between %lld and %lld, got %lld\n", cmd, flag, min, max, v);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool ps_arg_float(const char *cmd, const char *flag, const char *s, double min, double max, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) {
+        fprintf(stderr, "pipeshard %s: %s expects a number, got '%s'\n", cmd, flag, s);
+        return false;
+    }
+    if (v < min || v > max) {
+        fprintf(stderr, "pipeshard %s: %s must be between %g and %g, got %g\n", cmd, flag, min, max, v);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+int ps_cpu_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    return 1;
+}
+
+double ps_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
