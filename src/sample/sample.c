@@ -1,0 +1,534 @@
+/* sample.c - Philox4x32-10 and the sampler chain (see sample.h for the contract).
+ *
+ * Candidates are kept as 64-bit keys (~order(logit) << 32 | id): ascending key order
+ * is exactly the draw order (logit descending, ties by lower id), keys are distinct,
+ * and integer sorting or selection gives a deterministic result. Nothing is sorted in
+ * ps_sample: top-k is a quickselect, and top-p and the draw are a *weighted*
+ * quickselect, which finds the candidate where the cumulative weight in draw order
+ * crosses a target in expected O(n) (partition, sum the weights of the smaller side,
+ * descend into the side that holds the crossing). */
+#include "sample.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- Philox4x32-10 ----------------------------------------------------------------
+
+#define PHILOX_M0 0xD2511F53u /* round multipliers */
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u /* Weyl key increments (golden ratio, sqrt(3) - 1) */
+#define PHILOX_W1 0xBB67AE85u
+
+/* One Philox round: two 32x32->64 multiplies whose halves are mixed with the key. */
+static void philox_round(uint32_t c[4], const uint32_t k[2]) {
+    uint64_t p0 = (uint64_t)PHILOX_M0 * c[0];
+    uint64_t p1 = (uint64_t)PHILOX_M1 * c[2];
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c[1] ^ k[0];
+    uint32_t n2 = (uint32_t)(p0 >> 32) ^ c[3] ^ k[1];
+    c[0] = n0;
+    c[1] = (uint32_t)p1;
+    c[2] = n2;
+    c[3] = (uint32_t)p0;
+}
+
+/* Ten rounds, bumping the key before every round but the first (Random123's order). */
+void ps_rng_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
+    uint32_t k[2] = {key[0], key[1]};
+    for (int r = 0; r < 10; r++) {
+        if (r) {
+            k[0] += PHILOX_W0;
+            k[1] += PHILOX_W1;
+        }
+        philox_round(c, k);
+    }
+    memcpy(out, c, sizeof c);
+}
+
+/* The counter/key layout documented in sample.h. */
+uint64_t ps_rng_u64(uint64_t seed, uint64_t position, uint32_t stream) {
+    const uint32_t ctr[4] = {(uint32_t)position, (uint32_t)(position >> 32), stream, 0};
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    uint32_t out[4];
+    ps_rng_philox4x32_10(ctr, key, out);
+    return (uint64_t)out[0] << 32 | out[1];
+}
+
+/* 53 high bits scaled into [0, 1): every value is a multiple of 2^-53, never 1. */
+double ps_rng_uniform(uint64_t seed, uint64_t position, uint32_t stream) {
+    return (double)(ps_rng_u64(seed, position, stream) >> 11) * 0x1p-53;
+}
+
+// ---- parameters -------------------------------------------------------------------
+
+ps_sample_params ps_sample_params_default(void) {
+    ps_sample_params p = {
+        .temperature = 1.0f,
+        .top_k = 0,
+        .top_p = 1.0f,
+        .min_p = 0.0f,
+        .repetition_penalty = 1.0f,
+        .penalty_last_n = 64,
+        .presence_penalty = 0.0f,
+        .frequency_penalty = 0.0f,
+        .seed = 0,
+    };
+    return p;
+}
+
+/* Comparisons are written so that NaN fails every range check. */
+ps_status ps_sample_params_check(const ps_sample_params *p, char *err, size_t errlen) {
+    const ps_status e = PS_ERR_ARG;
+    if (!p) return ps_errf(err, errlen, e, "sampling parameters are NULL");
+    if (!(p->temperature >= 0.0f && isfinite(p->temperature)))
+        return ps_errf(err, errlen, e, "temperature %g must be a finite number >= 0 (0 = greedy)",
+                       p->temperature);
+    if (p->top_k < 0) return ps_errf(err, errlen, e, "top_k %d must be >= 0 (0 = off)", p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return ps_errf(err, errlen, e, "top_p %g must be in (0, 1] (1 = off)", p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return ps_errf(err, errlen, e, "min_p %g must be in [0, 1] (0 = off)", p->min_p);
+    if (!(p->repetition_penalty > 0.0f && isfinite(p->repetition_penalty)))
+        return ps_errf(err, errlen, e, "repetition_penalty %g must be a finite number > 0 (1 = off)",
+                       p->repetition_penalty);
+    if (p->penalty_last_n < -1)
+        return ps_errf(err, errlen, e, "penalty_last_n %d must be >= -1 (-1 = whole history, 0 = off)",
+                       p->penalty_last_n);
+    if (!isfinite(p->presence_penalty))
+        return ps_errf(err, errlen, e, "presence_penalty %g must be finite", p->presence_penalty);
+    if (!isfinite(p->frequency_penalty))
+        return ps_errf(err, errlen, e, "frequency_penalty %g must be finite", p->frequency_penalty);
+    return PS_OK;
+}
+
+// ---- sampler state ----------------------------------------------------------------
+
+struct ps_sampler {
+    int32_t n_vocab;
+    float *logit;      // (n_vocab) penalised copy of the caller's logits
+    uint64_t *key;     // (n_vocab) candidate keys, [0, n_cand) live
+    double *w;         // (n_vocab) by token id: exp((logit - max) / T) of a live candidate
+    int32_t *count;    // (n_vocab) by token id: occurrences in the penalty window; 0 between calls
+    int32_t *touched;  // (n_vocab) ids whose count is non-zero, in first-seen order
+    int32_t *out_id;   // (n_vocab) ps_sample_dist's ids
+    float *out_p;      // (n_vocab) ps_sample_dist's probabilities
+    int32_t n_cand;    // live candidates
+    double max_logit;  // the largest finite logit (truncation never removes its token)
+    char err[256];
+};
+
+/* Records a message for ps_sampler_error and returns st. */
+static ps_status fail(ps_sampler *s, ps_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ps_status fail(ps_sampler *s, ps_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->err, sizeof s->err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* One allocation of n elements of size sz; count is zeroed (it must start at 0). */
+static void *alloc_n(int32_t n, size_t sz) { return calloc((size_t)n, sz); }
+
+ps_status ps_sampler_create(int32_t n_vocab, ps_sampler **out, char *err, size_t errlen) {
+    if (!out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_sampler_create: out is NULL");
+    *out = NULL;
+    if (n_vocab < 1) return ps_errf(err, errlen, PS_ERR_ARG, "vocabulary size %d must be >= 1", n_vocab);
+    ps_sampler *s = calloc(1, sizeof *s);
+    if (!s) goto err;
+    s->n_vocab = n_vocab;
+    s->logit = alloc_n(n_vocab, sizeof *s->logit);
+    s->key = alloc_n(n_vocab, sizeof *s->key);
+    s->w = alloc_n(n_vocab, sizeof *s->w);
+    s->count = alloc_n(n_vocab, sizeof *s->count);
+    s->touched = alloc_n(n_vocab, sizeof *s->touched);
+    s->out_id = alloc_n(n_vocab, sizeof *s->out_id);
+    s->out_p = alloc_n(n_vocab, sizeof *s->out_p);
+    if (!s->logit || !s->key || !s->w || !s->count || !s->touched || !s->out_id || !s->out_p) goto err;
+    *out = s;
+    return PS_OK;
+err:
+    ps_sampler_free(s);
+    return ps_errf(err, errlen, PS_ERR_NOMEM, "no memory for a sampler over %d tokens", n_vocab);
+}
+
+void ps_sampler_free(ps_sampler *s) {
+    if (!s) return;
+    free(s->logit);
+    free(s->key);
+    free(s->w);
+    free(s->count);
+    free(s->touched);
+    free(s->out_id);
+    free(s->out_p);
+    free(s);
+}
+
+int32_t ps_sampler_n_vocab(const ps_sampler *s) { return s->n_vocab; }
+
+const char *ps_sampler_error(const ps_sampler *s) { return s ? s->err : "sampler is NULL"; }
+
+// ---- candidate keys and selection ---------------------------------------------------
+
+/* Maps a float (not NaN) to a uint32 whose unsigned order is the float's order;
+ * -0 and +0 map alike. */
+static uint32_t float_order(float f) {
+    uint32_t b;
+    f = f + 0.0f; /* -0 + 0 = +0; branch-free on random signs */
+    memcpy(&b, &f, sizeof b);
+    uint32_t neg = (uint32_t)-(int32_t)(b >> 31); /* all ones when negative */
+    return b ^ (neg | 0x80000000u);
+}
+
+static uint64_t cand_key(float logit, int32_t id) {
+    return (uint64_t)(~float_order(logit)) << 32 | (uint32_t)id;
+}
+
+static int32_t key_id(uint64_t k) { return (int32_t)(uint32_t)k; }
+
+/* The logit of live candidate j. */
+static double cand_logit(const ps_sampler *s, int32_t j) { return s->logit[key_id(s->key[j])]; }
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void swap_u64(uint64_t *a, uint64_t *b) {
+    uint64_t t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* 2 log2(n) + 8: partitions allowed before a selection gives up and sorts the rest,
+ * which bounds the worst case by O(n log n). */
+static int select_depth(int32_t n) {
+    int depth = 8;
+    for (int32_t x = n; x > 1; x >>= 1) depth += 2;
+    return depth;
+}
+
+/* Partitions a[lo, hi) (hi - lo >= 3, distinct keys) around the median of its first,
+ * middle and last keys; returns the pivot's final index p: a[lo, p) < a[p] < a(p, hi).
+ * When w is non-NULL, *left gets the sum of w[id] over a[lo, p), in array order. */
+static int32_t partition(uint64_t *a, int32_t lo, int32_t hi, const double *w, double *left) {
+    int32_t mid = lo + (hi - lo) / 2, last = hi - 1;
+    if (a[mid] < a[lo]) swap_u64(&a[mid], &a[lo]);
+    if (a[last] < a[lo]) swap_u64(&a[last], &a[lo]);
+    if (a[mid] < a[last]) swap_u64(&a[mid], &a[last]);
+    const uint64_t pivot = a[last];
+    int32_t p = lo;
+    double sum = 0.0;
+    for (int32_t i = lo; i < last; i++) { /* branch-free Lomuto: always swap, advance if smaller */
+        uint64_t x = a[i];
+        int lt = x < pivot;
+        a[i] = a[p];
+        a[p] = x;
+        p += lt;
+        if (w) sum += w[key_id(x)] * (double)lt; /* weights are finite: w * 0 == 0 */
+    }
+    swap_u64(&a[p], &a[last]);
+    if (left) *left = sum;
+    return p;
+}
+
+/* Reorders a[0, n) so that a[0, m) holds its m smallest keys, in no particular order
+ * (0 < m < n). Quickselect. Deterministic. */
+static void select_smallest(uint64_t *a, int32_t n, int32_t m) {
+    int32_t lo = 0, hi = n, depth = select_depth(n);
+    while (hi - lo > 16 && depth-- > 0) {
+        int32_t p = partition(a, lo, hi, NULL, NULL);
+        if (p == m || p == m - 1) return;
+        if (p < m) lo = p + 1;
+        else hi = p;
+    }
+    qsort(a + lo, (size_t)(hi - lo), sizeof *a, cmp_u64);
+}
+
+/* Whether a cumulative weight has reached target: cum > target when strict (the
+ * inverse CDF), cum >= target otherwise (top-p). */
+static bool reaches(double cum, double target, bool strict) {
+    return strict ? cum > target : cum >= target;
+}
+
+/* Weighted quickselect over the live keys: finds j such that, in draw order, the
+ * cumulative weight (s->w by id) of the first j + 1 candidates reaches target and that
+ * of the first j does not. Reorders key[] so that key[0, j] are the j + 1 smallest
+ * keys and key[j] the largest of them; returns j, or -1 when the total weight stays
+ * short of target (rounding only). Expected O(n_cand). */
+static int32_t weighted_select(ps_sampler *s, double target, bool strict) {
+    uint64_t *a = s->key;
+    int32_t lo = 0, hi = s->n_cand, depth = select_depth(s->n_cand);
+    double base = 0.0; /* weight of a[0, lo), all smaller than a[lo, hi) */
+    while (hi - lo > 16 && depth-- > 0) {
+        double left;
+        int32_t p = partition(a, lo, hi, s->w, &left);
+        if (reaches(base + left, target, strict)) {
+            hi = p;
+            continue;
+        }
+        base += left;
+        base += s->w[key_id(a[p])];
+        if (reaches(base, target, strict)) return p;
+        lo = p + 1;
+    }
+    qsort(a + lo, (size_t)(hi - lo), sizeof *a, cmp_u64);
+    for (int32_t j = lo; j < hi; j++) {
+        base += s->w[key_id(a[j])];
+        if (reaches(base, target, strict)) return j;
+    }
+    return -1;
+}
+
+// ---- penalties ----------------------------------------------------------------------
+
+static bool penalties_off(const ps_sample_params *p) {
+    return p->penalty_last_n == 0 ||
+           (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f);
+}
+
+/* llama.cpp's penalty for a token seen c > 0 times: the repetition penalty scales the
+ * logit towards (below) zero, then OpenAI's frequency and presence terms subtract. */
+static float penalise(float l, int32_t c, const ps_sample_params *p) {
+    if (l <= 0.0f) l *= p->repetition_penalty;
+    else l /= p->repetition_penalty;
+    return l - ((float)c * p->frequency_penalty + (float)(c > 0) * p->presence_penalty);
+}
+
+/* Applies the penalties of p over the last penalty_last_n tokens of history to
+ * s->logit. Leaves count[] all zero again, on success and on failure. */
+static ps_status apply_penalties(ps_sampler *s, const ps_sample_params *p, const int32_t *history,
+                                 int64_t n_history) {
+    if (penalties_off(p) || n_history == 0) return PS_OK;
+    int64_t n = p->penalty_last_n < 0 || n_history < p->penalty_last_n ? n_history : p->penalty_last_n;
+    const int32_t *win = history + (n_history - n);
+    if (n > INT32_MAX) return fail(s, PS_ERR_RANGE, "penalty window of %lld tokens is too long", (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        if (win[i] < 0 || win[i] >= s->n_vocab)
+            return fail(s, PS_ERR_ARG, "history[%lld] = %d is not a token id in [0, %d)",
+                        (long long)(n_history - n + i), win[i], s->n_vocab);
+    int32_t n_touched = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (s->count[win[i]]++ == 0) s->touched[n_touched++] = win[i];
+    ps_status st = PS_OK;
+    for (int32_t i = 0; i < n_touched; i++) {
+        int32_t t = s->touched[i];
+        float l = penalise(s->logit[t], s->count[t], p);
+        s->count[t] = 0;
+        if ((isnan(l) || l == INFINITY) && st == PS_OK)
+            st = fail(s, PS_ERR_ARG, "the penalties turned the logit of token %d into %g", t, l);
+        s->logit[t] = l;
+    }
+    return st;
+}
+
+// ---- the chain ----------------------------------------------------------------------
+
+/* Copies logits into s->logit, rejecting NaN and +inf (one branch-free pass; the
+ * culprit is looked for only when there is one). */
+static ps_status copy_logits(ps_sampler *s, const float *logits) {
+    int bad = 0;
+    float *dst = s->logit;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float v = logits[i];
+        bad |= !(v < INFINITY); /* NaN or +inf */
+        dst[i] = v;
+    }
+    for (int32_t i = 0; bad && i < s->n_vocab; i++)
+        if (!(logits[i] < INFINITY))
+            return fail(s, PS_ERR_ARG, "logit of token %d is %s; logits must be finite or -inf", i,
+                        isnan(logits[i]) ? "NaN" : "+inf");
+    return PS_OK;
+}
+
+/* Puts every token with a finite logit into key[] (in id order) and notes the
+ * largest logit; there is at least one (see argmax). */
+static void collect_candidates(ps_sampler *s) {
+    int32_t n = 0;
+    uint64_t *key = s->key;
+    const float *logit = s->logit;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        key[n] = cand_key(logit[i], i);
+        n += logit[i] != -INFINITY;
+    }
+    s->n_cand = n;
+}
+
+/* The greedy token: the largest logit, the lowest id among ties. Fails when every
+ * logit is -inf. Also sets s->max_logit. */
+static ps_status argmax(ps_sampler *s, int32_t *out) {
+    int32_t best = 0;
+    float bl = s->logit[0];
+    for (int32_t i = 1; i < s->n_vocab; i++)
+        if (s->logit[i] > bl) bl = s->logit[i], best = i;
+    if (bl == -INFINITY) return fail(s, PS_ERR_ARG, "every logit is -inf: no token can be sampled");
+    s->max_logit = bl;
+    *out = best;
+    return PS_OK;
+}
+
+/* Validates the call, copies and penalises the logits, and finds the argmax. */
+static ps_status prepare(ps_sampler *s, const ps_sample_params *p, const float *logits,
+                         const int32_t *history, int64_t n_history, int32_t *best) {
+    s->err[0] = '\0';
+    ps_status st = ps_sample_params_check(p, s->err, sizeof s->err);
+    if (st) return st;
+    if (!logits) return fail(s, PS_ERR_ARG, "logits are NULL");
+    if (n_history < 0 || (n_history > 0 && !history))
+        return fail(s, PS_ERR_ARG, "history of %lld tokens is %s", (long long)n_history,
+                    history ? "negative" : "NULL");
+    if ((st = copy_logits(s, logits))) return st;
+    if ((st = apply_penalties(s, p, history, n_history))) return st;
+    return argmax(s, best);
+}
+
+/* Restores the max-heap property of h[0, n) below index i. */
+static void sift_down(uint64_t *h, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && h[c + 1] > h[c]) c++;
+        if (h[c] <= h[i]) return;
+        swap_u64(&h[c], &h[i]);
+        i = c;
+    }
+}
+
+/* Puts the k best finite tokens into key[0, n_cand) straight from the logits, with a
+ * max-heap of the k smallest keys seen so far: about one comparison per token, for
+ * small k. */
+static void top_k_heap(ps_sampler *s, int32_t k) {
+    uint64_t *h = s->key;
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        if (s->logit[i] == -INFINITY) continue;
+        uint64_t key = cand_key(s->logit[i], i);
+        if (n < k) {
+            h[n++] = key;
+            if (n == k)
+                for (int32_t j = k / 2 - 1; j >= 0; j--) sift_down(h, k, j);
+        } else if (key < h[0]) {
+            h[0] = key;
+            sift_down(h, k, 0);
+        }
+    }
+    s->n_cand = n;
+}
+
+/* Collects the candidates and keeps the k best (k = 0: all): a heap for small k, else
+ * a quickselect over all candidates. */
+static void collect_top_k(ps_sampler *s, int32_t k) {
+    if (k > 0 && k <= s->n_vocab / 16) {
+        top_k_heap(s, k);
+        return;
+    }
+    collect_candidates(s);
+    if (k <= 0 || k >= s->n_cand) return;
+    select_smallest(s->key, s->n_cand, k);
+    s->n_cand = k;
+}
+
+/* Sets w[id] = exp((logit - max) / T) for every live candidate and returns their sum
+ * (in key[] order, so that ps_sample and ps_sample_dist agree). */
+static double weigh(ps_sampler *s, float temperature) {
+    const double inv = 1.0 / (double)temperature;
+    double z = 0.0;
+    for (int32_t j = 0; j < s->n_cand; j++) {
+        int32_t id = key_id(s->key[j]);
+        double w = exp(((double)s->logit[id] - s->max_logit) * inv);
+        s->w[id] = w;
+        z += w;
+    }
+    return z;
+}
+
+/* Keeps the shortest prefix (in draw order) whose probability at temperature 1 is at
+ * least top_p, as llama.cpp does (the token that crosses top_p is kept). */
+static void apply_top_p(ps_sampler *s, float top_p) {
+    if (top_p >= 1.0f) return;
+    double z = weigh(s, 1.0f);
+    int32_t j = weighted_select(s, (double)top_p * z, false);
+    if (j >= 0) s->n_cand = j + 1;
+}
+
+/* Keeps the candidates whose probability is at least min_p times the best one's,
+ * i.e. logit >= max_logit + log(min_p), in their current order. */
+static void apply_min_p(ps_sampler *s, float min_p) {
+    if (min_p <= 0.0f) return;
+    const double thr = s->max_logit + log((double)min_p);
+    int32_t out = 0;
+    for (int32_t j = 0; j < s->n_cand; j++)
+        if (cand_logit(s, j) >= thr) s->key[out++] = s->key[j];
+    s->n_cand = out;
+}
+
+/* Collects the candidates and applies top-k, top-p and min-p, in that order. */
+static void truncate_candidates(ps_sampler *s, const ps_sample_params *p) {
+    collect_top_k(s, p->top_k);
+    apply_top_p(s, p->top_p);
+    apply_min_p(s, p->min_p);
+}
+
+/* The inverse CDF at u over the weighted candidates (total z). Should rounding leave
+ * u * z at or above the total, the last candidate of non-zero weight is taken. */
+static int32_t draw(ps_sampler *s, double z, double u) {
+    int32_t j = weighted_select(s, u * z, true);
+    if (j >= 0) return key_id(s->key[j]);
+    uint64_t last = 0;
+    for (int32_t i = 0; i < s->n_cand; i++)
+        if (s->w[key_id(s->key[i])] > 0.0 && s->key[i] > last) last = s->key[i];
+    return key_id(last);
+}
+
+ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logits,
+                    const int32_t *history, int64_t n_history, uint64_t position,
+                    int32_t *out_token) {
+    if (out_token) *out_token = -1;
+    if (!s) return PS_ERR_ARG;
+    if (!out_token) return fail(s, PS_ERR_ARG, "out_token is NULL");
+    int32_t best;
+    ps_status st = prepare(s, p, logits, history, n_history, &best);
+    if (st) return st;
+    if (p->temperature == 0.0f) {
+        *out_token = best;
+        return PS_OK;
+    }
+    truncate_candidates(s, p);
+    double z = weigh(s, p->temperature);
+    *out_token = draw(s, z, ps_rng_uniform(p->seed, position, PS_RNG_STREAM_SAMPLE));
+    return PS_OK;
+}
+
+ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *logits,
+                         const int32_t *history, int64_t n_history, const int32_t **ids,
+                         const float **probs, int32_t *n_kept) {
+    if (!s) return PS_ERR_ARG;
+    if (!ids || !probs || !n_kept) return fail(s, PS_ERR_ARG, "ps_sample_dist: NULL output");
+    *n_kept = 0;
+    *ids = s->out_id;
+    *probs = s->out_p;
+    int32_t best;
+    ps_status st = prepare(s, p, logits, history, n_history, &best);
+    if (st) return st;
+    if (p->temperature == 0.0f) {
+        s->out_id[0] = best;
+        s->out_p[0] = 1.0f;
+        *n_kept = 1;
+        return PS_OK;
+    }
+    truncate_candidates(s, p);
+    double z = weigh(s, p->temperature);
+    qsort(s->key, (size_t)s->n_cand, sizeof *s->key, cmp_u64);
+    for (int32_t j = 0; j < s->n_cand; j++) {
+        int32_t id = key_id(s->key[j]);
+        s->out_id[j] = id;
+        s->out_p[j] = (float)(s->w[id] / z);
+    }
+    *n_kept = s->n_cand;
+    return PS_OK;
+}
