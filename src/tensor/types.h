@@ -124,9 +124,12 @@ typedef struct {
 const ps_type_info *ps_type_get(uint32_t t);
 /* "Q4_K", or "type 23" style text in a static buffer for unknown numbers (never NULL). */
 const char *ps_type_name(uint32_t t);
-/* Looks a type up by name, case-insensitively ("q4_0", "Q8_0", "f16", "bf16"). */
+/* Looks a type up by name, case-insensitively ("q4_0", "Q8_0", "f16", "bf16"). Names of
+ * types we cannot load ("IQ2_XXS") are found too: check ps_type_get(t)->supported.
+ * PS_ERR_NOT_FOUND for an unknown name. */
 ps_status ps_type_from_name(const char *name, ps_type *out);
-/* Bytes of a row of n elements; 0 when n is not a multiple of the block size or t unknown. */
+/* Bytes of a row of n elements; 0 when n is not a multiple of the block size, n < 0, t is
+ * unknown, or the size overflows size_t. Known-but-unsupported types have sizes too. */
 size_t ps_row_bytes(uint32_t t, int64_t n);
 
 /* Scalar conversions. */
@@ -136,7 +139,10 @@ float ps_bf16_to_f32(ps_bf16 h);
 ps_bf16 ps_f32_to_bf16(float f);  /* round to nearest even */
 
 /* Dequantizes n elements (a multiple of the block size) of type t from src into dst.
- * Reference code: the NumPy `gguf` package gives bit-identical values. */
+ * Reference code: the NumPy `gguf` package gives bit-identical values. src needs no
+ * alignment. Both (de)quantizers return PS_ERR_UNSUPPORTED for a known type we cannot
+ * handle, PS_ERR_ARG for an unknown type number, n < 0, n not a multiple of the block
+ * size, or NULL pointers with n > 0, and PS_ERR_RANGE when the row's bytes overflow. */
 ps_status ps_dequantize_row(ps_type t, const void *src, float *dst, int64_t n);
 
 /* Quantizes n floats (a multiple of the block size) into type t. Reference
