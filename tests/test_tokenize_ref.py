@@ -1,0 +1,321 @@
+"""test_tokenize_ref.py - pipeshard's tokenizers against independent references.
+
+(a) SmolLM2-135M-Instruct (gpt2 / smollm): the ids of pipeshard's byte-level BPE must equal those
+    of a Hugging Face `tokenizers.Tokenizer` assembled here from the GGUF vocabulary and merges
+    with the pre-tokenizer of SmolLM2's tokenizer.json (Digits(individual_digits) + ByteLevel);
+    the control tokens are added as special tokens.
+(b) stories260K (llama / SentencePiece): the ids must equal those of a real
+    `sentencepiece.SentencePieceProcessor` loaded from a ModelProto assembled here from the GGUF
+    pieces, scores and types (BPE, identity normalizer, dummy prefix, byte fallback).
+(c) decode(encode(s)) == s for both, the references decode our ids to s too, and the streaming
+    detokenizer hands out the same bytes without ever cutting a UTF-8 character.
+
+The C library is reached through ctypes on $PS_LIBPSCORE. Each part skips (with a message) when
+its model file is absent; the test exits 77 when both are.
+"""
+import ctypes
+import os
+import random
+import sys
+
+import gguf
+
+PS_TOK_DECODE_SPECIAL = 1
+PS_TOK_DECODE_STRIP_SPACE = 2
+PS_ERR_RANGE = 6
+
+
+# ---------------------------------------------------------------- the C tokenizer
+
+
+class CTok:
+    """A ps_tok behind ctypes."""
+
+    def __init__(self, lib, path):
+        self.lib = lib
+        self.tok = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(512)
+        rc = lib.ps_tok_create_from_file(path.encode(), ctypes.byref(self.tok), err, len(err))
+        if rc != 0:
+            raise RuntimeError(f"ps_tok_create_from_file({path}) = {rc}: {err.value.decode()}")
+
+    def close(self):
+        self.lib.ps_tok_free(self.tok)
+
+    def encode(self, text, add_special=False, parse_special=False):
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+        n = ctypes.c_size_t()
+        cap = len(data) + 8
+        ids = (ctypes.c_int32 * cap)()
+        err = ctypes.create_string_buffer(256)
+        rc = self.lib.ps_tok_encode(self.tok, data, len(data), add_special, parse_special, ids, cap,
+                                    ctypes.byref(n), err, len(err))
+        if rc == PS_ERR_RANGE:  # more ids than bytes + 8: ask again with the size it said
+            cap = n.value
+            ids = (ctypes.c_int32 * cap)()
+            rc = self.lib.ps_tok_encode(self.tok, data, len(data), add_special, parse_special, ids, cap,
+                                        ctypes.byref(n), err, len(err))
+        if rc != 0:
+            raise RuntimeError(f"ps_tok_encode = {rc}: {err.value.decode()}")
+        return list(ids[: n.value])
+
+    def decode(self, ids, flags=0):
+        arr = (ctypes.c_int32 * max(1, len(ids)))(*ids)
+        n = ctypes.c_size_t()
+        err = ctypes.create_string_buffer(256)
+        cap = 16 * len(ids) + 16
+        out = ctypes.create_string_buffer(cap)
+        rc = self.lib.ps_tok_decode(self.tok, arr, len(ids), flags, out, cap, ctypes.byref(n), err, len(err))
+        if rc == PS_ERR_RANGE:
+            cap = n.value
+            out = ctypes.create_string_buffer(cap)
+            rc = self.lib.ps_tok_decode(self.tok, arr, len(ids), flags, out, cap, ctypes.byref(n), err, len(err))
+        if rc != 0:
+            raise RuntimeError(f"ps_tok_decode = {rc}: {err.value.decode()}")
+        return out.raw[: n.value]
+
+    def stream(self, ids, flags=0):
+        """The chunks the streaming detokenizer hands out, the final flush last."""
+        s = ctypes.c_void_p()
+        assert self.lib.ps_tok_stream_create(self.tok, flags, ctypes.byref(s)) == 0
+        p = ctypes.POINTER(ctypes.c_char)()
+        n = ctypes.c_size_t()
+        chunks = []
+        for i in ids:
+            assert self.lib.ps_tok_stream_push(s, i, ctypes.byref(p), ctypes.byref(n)) == 0
+            chunks.append(ctypes.string_at(p, n.value))
+        self.lib.ps_tok_stream_flush(s, ctypes.byref(p), ctypes.byref(n))
+        chunks.append(ctypes.string_at(p, n.value))
+        self.lib.ps_tok_stream_free(s)
+        return chunks
+
+
+def load_lib():
+    path = os.environ.get("PS_LIBPSCORE")
+    if not path or not os.path.exists(path):
+        print(f"PS_LIBPSCORE ({path}) is not a file: build pscore_shared first")
+        sys.exit(1)
+    lib = ctypes.CDLL(path)
+    vp, sz, i32p = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32)
+    lib.ps_tok_create_from_file.argtypes = [ctypes.c_char_p, ctypes.POINTER(vp), ctypes.c_char_p, sz]
+    lib.ps_tok_free.argtypes = [vp]
+    lib.ps_tok_encode.argtypes = [vp, ctypes.c_char_p, sz, ctypes.c_bool, ctypes.c_bool, i32p, sz,
+                                  ctypes.POINTER(sz), ctypes.c_char_p, sz]
+    lib.ps_tok_decode.argtypes = [vp, i32p, sz, ctypes.c_uint, ctypes.c_char_p, sz, ctypes.POINTER(sz),
+                                  ctypes.c_char_p, sz]
+    lib.ps_tok_stream_create.argtypes = [vp, ctypes.c_uint, ctypes.POINTER(vp)]
+    lib.ps_tok_stream_free.argtypes = [vp]
+    lib.ps_tok_stream_push.argtypes = [vp, ctypes.c_int32, ctypes.POINTER(ctypes.POINTER(ctypes.c_char)),
+                                       ctypes.POINTER(sz)]
+    lib.ps_tok_stream_flush.argtypes = [vp, ctypes.POINTER(ctypes.POINTER(ctypes.c_char)), ctypes.POINTER(sz)]
+    return lib
+
+
+# ---------------------------------------------------------------- references
+
+
+def gguf_fields(path):
+    r = gguf.GGUFReader(path)
+    return lambda k, d=None: r.fields[k].contents() if k in r.fields else d
+
+
+def hf_smollm(path):
+    """SmolLM2's tokenizer as HF tokenizers runs it, from the GGUF metadata alone."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    get = gguf_fields(path)
+    assert get("tokenizer.ggml.model") == "gpt2" and get("tokenizer.ggml.pre") == "smollm"
+    tokens = get("tokenizer.ggml.tokens")
+    types = get("tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
+    tk = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    # SmolLM2's tokenizer.json: {"type": "Sequence", "pretokenizers": [{"type": "Digits",
+    # "individual_digits": true}, {"type": "ByteLevel", "add_prefix_space": false,
+    # "trim_offsets": true, "use_regex": true}]}, decoder ByteLevel, no normalizer.
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    tk.decoder = decoders.ByteLevel()
+    specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3]
+    tk.add_special_tokens(specials)
+    return tk
+
+
+def sp_stories(path):
+    """A sentencepiece processor for the GGUF's llama vocabulary, configured as llama's."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    get = gguf_fields(path)
+    assert get("tokenizer.ggml.model") == "llama"
+    m = pb.ModelProto()
+    for piece, score, ty in zip(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.scores"),
+                                get("tokenizer.ggml.token_type")):
+        p = m.pieces.add()
+        p.piece, p.score, p.type = piece, float(score), int(ty)  # GGUF uses sentencepiece's type numbers
+    ts = m.trainer_spec
+    ts.model_type = pb.TrainerSpec.BPE
+    ts.vocab_size = len(m.pieces)
+    ts.byte_fallback = True
+    ts.unk_id, ts.bos_id, ts.eos_id, ts.pad_id = 0, 1, 2, -1
+    ns = m.normalizer_spec
+    ns.name = "identity"
+    ns.add_dummy_prefix = True
+    ns.remove_extra_whitespaces = False
+    ns.escape_whitespaces = True
+    ns.precompiled_charsmap = b""
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(m.SerializeToString())
+    return sp
+
+
+# ---------------------------------------------------------------- test strings
+
+FIXED = [
+    "", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n ", "\t\t\n  \t", "a", "Hello", "Hello world",
+    " Hello world", "Hello world ", "  leading and trailing  ", "multiple   internal    spaces",
+    "tabs\tand\nnewlines\r\nmixed", "line one\nline two\n\nline four\n", "trailing newline\n",
+    "I'm sure they'll say it's fine, don't you think? We've seen it. I'd go.",
+    "IT'S DON'T WE'LL YOU'RE THEY'VE I'M HE'D", "it’s curly ‘quotes’ and “double”",
+    "Once upon a time, there was a little girl named Lily.",
+    "The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs!",
+    "Café naïve résumé façade Ångström coöperate", "e\u0301 combining acute, a\u0308 umlaut, n\u0303",
+    "Z\u0351\u0352\u0353a\u0330\u0331l\u0316g\u0317o\u0300\u0301", "ﬁ ﬂ ligatures, ＡＢＣ fullwidth １２３",
+    "你好，世界！这是一个测试。", "日本語のテキストとカタカナ ー ひらがな", "한국어 텍스트입니다",
+    "Россия и Україна, Беларусь", "Ελληνικά γράμματα αβγ ΑΒΓ", "مرحبا بالعالم", "שלום עולם",
+    "नमस्ते दुनिया", "สวัสดีชาวโลก", "வணக்கம் உலகம்", "გამარჯობა მსოფლიო", "Բարեւ աշխարհ",
+    "ሰላም ልዑል", "Xin chào thế giới", "Merhaba dünya, İstanbul ıI", "Zażółć gęślą jaźń",
+    "Emoji: 😀👍🏽🇺🇸 and ❤️", "family 👨‍👩‍👧‍👦 zwj", "🤖🚀🔥💯 no spaces🎉", "keycap 1️⃣ #️⃣",
+    "Numbers 12345 and 3.14159 and 1,000,000", "0", "00", "007", "1234567890", "2024-01-15T10:30:00Z",
+    "+1 (555) 123-4567", "0x1F 0b1010 1e-9 6.02e23", "v1.2.3-rc4", "١٢٣ ٤٥٦ arabic-indic digits",
+    "१२३ devanagari digits", "²³ superscripts ½ ¾ fractions", "Ⅻ roman ① circled", "$100.00 €50 £30 ¥2000",
+    "Punctuation!!! ??? ... --- (parens) [brackets] {braces}", "a.b,c;d:e!f?g", "@#$%^&*()_+-=",
+    "~`|\\/<>", "\"quoted\" 'single'", "....", "!!!???", "<<>>",
+    "def foo(x):\n    return x ** 2  # square\n", "int main(void) {\n\tprintf(\"%d\\n\", 42);\n\treturn 0;\n}",
+    '{"key": "value", "list": [1, 2, 3], "nested": {"a": null}}', "<html><body><p>Hi</p></body></html>",
+    "SELECT * FROM users WHERE id = 42;", "for (int i = 0; i < n; ++i) { sum += a[i]; }",
+    "https://example.com/path?query=1&b=2#frag", "user.name+tag@example.co.uk",
+    "    indented four\n        indented eight", "x = [i for i in range(10) if i % 2 == 0]",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n",
+    "<|im_start|>", "<|im_end|><|im_end|>", "<|endoftext|>", "text<|endoftext|>more", "<|im_start",
+    "|im_start|>", "<|im_start|> spaced <|im_end|>", "<s>", "</s>", "<unk>", "<s>Hello</s>", "<0x41>",
+    "<repo_name>x<file_sep>y", "<|unknown_special|>", "nbsp\u00a0here\u00a0\u00a0twice", "ideographic\u3000space",
+    "zero\u200bwidth\u200cjoiner\u200d", "\ufeffBOM at start", "rtl \u200f mark \u200e", "en\u2002em\u2003thin\u2009",
+    "line\u2028sep\u2029para", "nel\x85here\x85\x85 end", "mongolian\u180evowel \u180e sep",
+    "ctrl\x01\x02\x1b[0m", "file\x1c\x1cseparators\x1f", "\x7f del", "tab\t\tx", "a\u0085 \u0085", "  \u3000",
+    "end with spaces   ", "   start with spaces", " \t mixed \t ", "\n\n\nthree newlines", "a\n\n\n\nb",
+    "word" * 30, "a" * 200, " " * 50, "ab " * 40, "1" * 40, "😀" * 20, "。" * 10, "\n" * 12,
+    "Ǆ ǅ ǆ titlecase", "ß ẞ straße", "İ i̇ dotted", "ǰ̌", "Ωmega ℃ №", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟙𝟚𝟛", "𐍈 gothic",
+]
+
+ALPHABET = [
+    "a", "b", "z", "Q", "e", "é", "ß", " ", " ", " ", "  ", "\t", "\n", "\r\n", "0", "1", "7", "42", "123",
+    "'s", "'t", "'ll", "'", ".", ",", "!", "?", "-", "_", "(", ")", "{", "}", "<", ">", "/", "\\", "#", "@",
+    "é", "ñ", "ü", "ø", "ж", "щ", "Ω", "λ", "中", "文", "字", "の", "ア", "한", "ก", "ि", "क", "ع", "ש",
+    "😀", "👍🏽", "🇫🇷", "❤️", "\u0301", "\u00a0", "\u3000", "\u200b", "²", "٣", "hello", " world", "The",
+    " the", "ing", "tion", "<|im_end|>", "<|im_start|>", "<s>", "</s>",
+]
+
+
+def test_strings():
+    rnd = random.Random(20240601)
+    out = list(FIXED)
+    out += [str(10 ** k + 7 * k) for k in range(1, 25)]              # digits of many lengths
+    out += [("x" + " " * k + "y") for k in range(1, 12)]             # whitespace runs
+    out += [("x" + "\n" * k + " " * (k % 3) + "y") for k in range(1, 8)]
+    for _ in range(160):                                               # random mixtures
+        out.append("".join(rnd.choice(ALPHABET) for _ in range(rnd.randint(1, 24))))
+    return out
+
+
+# ---------------------------------------------------------------- checks
+
+
+class Checker:
+    def __init__(self, name):
+        self.name, self.n, self.fail = name, 0, 0
+
+    def eq(self, what, s, got, want):
+        self.n += 1
+        if got != want:
+            self.fail += 1
+            if self.fail <= 25:
+                print(f"[{self.name}] {what} differs for {s!r}:\n   ours {got}\n   want {want}")
+
+    def stream_ok(self, ctok, s, ids, flags, full):
+        chunks = ctok.stream(ids, flags)
+        self.eq("stream concatenation", s, b"".join(chunks), full)
+        for c in chunks:  # the whole text is valid UTF-8, so no chunk may cut a character
+            try:
+                c.decode("utf-8")
+            except UnicodeDecodeError:
+                self.eq("stream chunk is UTF-8", s, c, "(whole characters)")
+                break
+
+
+def run_smollm(lib, path, strings):
+    ck = Checker("smollm")
+    tk, ctok = hf_smollm(path), CTok(lib, path)
+    can_split_special = hasattr(tk, "encode_special_tokens")
+    for s in strings:
+        if can_split_special:
+            tk.encode_special_tokens = False
+        want = tk.encode(s, add_special_tokens=False).ids
+        ids = ctok.encode(s, add_special=True, parse_special=True)  # SmolLM2 adds no BOS
+        ck.eq("ids (parse_special)", s, ids, want)
+        if can_split_special:
+            tk.encode_special_tokens = True
+            ck.eq("ids (special text as text)", s, ctok.encode(s, False, False), tk.encode(s, add_special_tokens=False).ids)
+        text = ctok.decode(ids, PS_TOK_DECODE_SPECIAL)
+        ck.eq("decode(encode(s))", s, text, s.encode())
+        ck.eq("HF decode of our ids", s, tk.decode(ids, skip_special_tokens=False), s)
+        ck.stream_ok(ctok, s, ids, PS_TOK_DECODE_SPECIAL, s.encode())
+    ctok.close()
+    print(f"[smollm] {ck.n - ck.fail}/{ck.n} checks passed on {len(strings)} strings")
+    return ck.fail == 0
+
+
+def run_stories(lib, path, strings):
+    ck = Checker("stories260K")
+    sp, ctok = sp_stories(path), CTok(lib, path)
+    for s in strings:
+        want = sp.encode(s, out_type=int)
+        ck.eq("ids", s, ctok.encode(s, add_special=False, parse_special=False), want)
+        ids = ctok.encode(s, add_special=True, parse_special=False)
+        ck.eq("ids with BOS", s, ids, [1] + want)
+        text = ctok.decode(ids, PS_TOK_DECODE_STRIP_SPACE)
+        ck.eq("decode(encode(s))", s, text, s.encode())
+        ck.eq("sentencepiece decode of our ids", s, sp.decode(ids), s)
+        ck.stream_ok(ctok, s, ids, PS_TOK_DECODE_STRIP_SPACE, s.encode())
+    ctok.close()
+    print(f"[stories260K] {ck.n - ck.fail}/{ck.n} checks passed on {len(strings)} strings")
+    return ck.fail == 0
+
+
+def main():
+    lib = load_lib()
+    strings = test_strings()
+    assert len(strings) >= 200, len(strings)
+    smol = os.path.join(os.environ.get("PS_MODEL_CACHE", ".cache/models"), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    stories = os.path.join(os.environ.get("PS_SHARED_MODELS", "../shared/models"), "stories260K.gguf")
+    ran, ok = 0, True
+    if os.path.exists(smol):
+        ran += 1
+        ok &= run_smollm(lib, smol, strings)
+    else:
+        print(f"SKIPPED SmolLM2 part: {smol} is absent (run scripts/fetch_models.sh)")
+    if os.path.exists(stories):
+        ran += 1
+        ok &= run_stories(lib, stories, strings)
+    else:
+        print(f"SKIPPED stories260K part: {stories} is absent (CI has ../shared/models)")
+    if not ran:
+        print("SKIPPED: neither model file is present")
+        return 77
+    print("ok" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
