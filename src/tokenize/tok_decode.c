@@ -1,8 +1,8 @@
 /* tok_decode.c - ids -> text: the piece of every token (built once), decode, streaming.
  *
  * Pieces are decoded when the tokenizer is created (SPM: U+2581 -> ' ', <0xXX> -> the byte;
- * BPE: byte-level characters -> bytes; control, unknown and user-defined tokens: their raw
- * text), so decoding is a copy per token and allocates nothing. */
+ * BPE: byte-level characters -> bytes; control and unknown tokens, and BPE user-defined ones:
+ * their raw text), so decoding is a copy per token and allocates nothing. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,7 +62,10 @@ static size_t make_piece(const ps_tok *t, int32_t id, char *out) {
     switch (t->types[id]) {
     case PS_TOK_TYPE_CONTROL:
     case PS_TOK_TYPE_UNKNOWN:
-    case PS_TOK_TYPE_USER_DEFINED:
+        memcpy(out, s, n);
+        return n;
+    case PS_TOK_TYPE_USER_DEFINED: /* SPM: like a normal piece (sentencepiece); BPE: raw (HF added token) */
+        if (t->kind == PS_TOK_SPM) break;
         memcpy(out, s, n);
         return n;
     case PS_TOK_TYPE_BYTE:
@@ -122,7 +125,8 @@ static void piece_at(const ps_tok *t, int32_t id, unsigned flags, bool *strip, c
     if (!*strip || t->types[id] == PS_TOK_TYPE_CONTROL) return;
     *strip = false;
     uint8_t ty = t->types[id];
-    if ((ty == PS_TOK_TYPE_NORMAL || ty == PS_TOK_TYPE_UNUSED) && *n && (*p)[0] == ' ') {
+    bool worded = ty == PS_TOK_TYPE_NORMAL || ty == PS_TOK_TYPE_UNUSED || ty == PS_TOK_TYPE_USER_DEFINED;
+    if (worded && *n && (*p)[0] == ' ') {
         (*p)++;
         (*n)--;
     }

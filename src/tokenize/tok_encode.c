@@ -2,19 +2,22 @@
  *
  * The text is cut at special tokens (leftmost, longest first, as HF's added-vocabulary matcher
  * does); the plain fragments in between are encoded independently, like llama.cpp's
- * tokenizer_st_partition. For SPM a fragment at the start of the text or right after a special
- * token gets the space prefix (llama.cpp's rule). */
+ * tokenizer_st_partition. Control and unknown tokens cut only with parse_special. User-defined
+ * tokens always count: BPE cuts at them here (HF's non-special added tokens); SPM leaves them to
+ * tok_spm.c, which matches them in the escaped text as sentencepiece does. For SPM a fragment at
+ * the start of the text or right after a control token gets the space prefix (llama.cpp's rule). */
 #include <string.h>
 
 #include "tok_internal.h"
 
 /* The special token that starts s[0..len) (longest first), or -1. Control and unknown tokens
- * count only with parse_special; user-defined ones always. */
+ * count only with parse_special; user-defined ones always, but only for BPE. */
 static int32_t match_special(const ps_tok *t, const char *s, size_t len, bool parse_special, size_t *mlen) {
     unsigned char b = (unsigned char)s[0];
     for (uint32_t k = t->special_start[b]; k < t->special_start[b + 1]; k++) {
         int32_t id = t->special[k];
-        if (!parse_special && t->types[id] != PS_TOK_TYPE_USER_DEFINED) continue;
+        bool user = t->types[id] == PS_TOK_TYPE_USER_DEFINED;
+        if (user ? t->kind == PS_TOK_SPM : !parse_special) continue;
         size_t n;
         const char *txt = tok_text(t, id, &n);
         if (n <= len && memcmp(txt, s, n) == 0) {

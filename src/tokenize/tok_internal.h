@@ -71,6 +71,7 @@ struct ps_tok {
      * longest first within a group */
     int32_t *special;       /* (n_special) */
     uint32_t special_start[257];
+    int32_t n_user;         /* how many of them are user-defined */
     int32_t bos, eos, eot, unk, pad;
     bool add_bos, add_eos, add_space_prefix;
     bool ignore_merges;     /* BPE: a word that is a whole vocabulary token skips merging (llama3) */

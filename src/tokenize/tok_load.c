@@ -277,6 +277,7 @@ static ps_status build_special(ps_tok *t) {
     memset(t->special_start, 0, sizeof t->special_start);
     for (int32_t k = 0; k < n; k++) {
         t->special[k] = keys[k].id;
+        t->n_user += t->types[keys[k].id] == PS_TOK_TYPE_USER_DEFINED;
         t->special_start[keys[k].first + 1]++;
     }
     for (int b = 0; b < 256; b++) t->special_start[b + 1] += t->special_start[b];

@@ -2,10 +2,12 @@
  *
  * The algorithm of sentencepiece's bpe_model.cc (and llama.cpp's llm_tokenizer_spm):
  *   1. optional "▁" prefix, every ' ' becomes "▁" (U+2581);
- *   2. one symbol per UTF-8 character (a byte that starts no valid character is a symbol alone);
- *   3. repeatedly merge the adjacent pair whose concatenation is a normal, user-defined or unused
- *      vocabulary piece of highest score (leftmost on ties), with a max-heap and lazy
- *      invalidation;
+ *   2. one symbol per UTF-8 character (a byte that starts no valid character is a symbol alone),
+ *      except that a user-defined piece found in the escaped text (longest first) is one frozen
+ *      symbol, as sentencepiece's PrefixMatcher does;
+ *   3. repeatedly merge the adjacent pair of unfrozen symbols whose concatenation is a normal,
+ *      user-defined or unused vocabulary piece of highest score (leftmost on ties), with a
+ *      max-heap and lazy invalidation;
  *   4. each final symbol: its token; an unused piece is split back into the two pieces it was
  *      merged from (sentencepiece's resegmentation); a piece outside the vocabulary becomes its
  *      bytes' <0xXX> tokens (byte fallback) or, without byte tokens, the unknown token. */
@@ -18,6 +20,7 @@ typedef struct {
     uint32_t start; /* offset in the escaped text */
     uint32_t n;     /* length in bytes; 0: merged away */
     int32_t prev, next;
+    bool frozen;    /* a user-defined piece: never merged */
 } spm_sym;
 
 typedef struct {
@@ -71,12 +74,27 @@ static size_t escape(spm_ctx *c, const char *s, size_t len, bool space_prefix) {
     return n;
 }
 
-/* One symbol per character; returns the symbol count. */
+/* Length of the longest user-defined piece starting at s[0..n), or 0. */
+static size_t match_user(const ps_tok *t, const char *s, size_t n) {
+    unsigned char b = (unsigned char)s[0];
+    for (uint32_t k = t->special_start[b]; k < t->special_start[b + 1]; k++) {
+        int32_t id = t->special[k];
+        if (t->types[id] != PS_TOK_TYPE_USER_DEFINED) continue;
+        size_t len;
+        const char *txt = tok_text(t, id, &len);
+        if (len <= n && memcmp(txt, s, len) == 0) return len;
+    }
+    return 0;
+}
+
+/* One symbol per character or user-defined piece; returns the symbol count. */
 static int32_t make_symbols(spm_ctx *c, size_t n) {
     int32_t k = 0;
     for (size_t i = 0; i < n; k++) {
-        size_t l = utf8_char_len((const unsigned char *)c->text + i, n - i);
-        c->sym[k] = (spm_sym){(uint32_t)i, (uint32_t)l, k - 1, i + l < n ? k + 1 : -1};
+        size_t l = c->t->n_user ? match_user(c->t, c->text + i, n - i) : 0;
+        bool frozen = l > 0;
+        if (!l) l = utf8_char_len((const unsigned char *)c->text + i, n - i);
+        c->sym[k] = (spm_sym){(uint32_t)i, (uint32_t)l, k - 1, i + l < n ? k + 1 : -1, frozen};
         i += l;
     }
     return k;
@@ -127,7 +145,7 @@ static spm_rev *rev_slot(spm_ctx *c, uint32_t start, uint32_t n) {
 
 /* Pushes the pair (left, right) when their concatenation is a mergeable piece. */
 static void try_pair(spm_ctx *c, int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
+    if (left < 0 || right < 0 || c->sym[left].frozen || c->sym[right].frozen) return;
     const ps_tok *t = c->t;
     uint32_t n = c->sym[left].n + c->sym[right].n;
     int32_t id = tok_strmap_get(&t->vocab, t, c->text + c->sym[left].start, n);
