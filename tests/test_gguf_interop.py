@@ -34,6 +34,26 @@ if not LIB or not os.path.exists(LIB) or not BIN or not os.path.exists(BIN):
     print("SKIPPED: PS_LIBPSCORE or PIPESHARD_BIN not set (run through ctest)")
     sys.exit(77)
 
+
+
+def reexec_with_asan():
+    """A sanitizer build of the library needs the ASan runtime loaded first: re-run this
+    script with it preloaded (leak checks off: the Python interpreter itself leaks)."""
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        return
+    try:
+        ldd = subprocess.run(["ldd", LIB], capture_output=True, text=True).stdout
+    except OSError:
+        return
+    for line in ldd.splitlines():
+        if "libasan" in line and "=>" in line:
+            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
+                       ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
+            sys.stdout.flush()
+            os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+reexec_with_asan()
 TMP = tempfile.mkdtemp(prefix="gguf_interop_", dir=os.environ.get("PS_TEST_TMP") or None)
 failures = 0
 checks = 0

@@ -69,7 +69,11 @@ typedef struct {
 typedef struct ps_gguf ps_gguf;
 
 /* Opens and validates a GGUF file. On failure *out is NULL and err says what is wrong
- * ("tensor 'blk.0.attn_q.weight' data [offset 123, 4096 bytes] runs past the end of the file"). */
+ * ("tensor 'blk.0.attn_q.weight' data [offset 123, 4096 bytes] runs past the end of the file").
+ * Statuses: PS_ERR_IO (cannot open/map; the message has the path and strerror),
+ * PS_ERR_FORMAT (malformed), PS_ERR_UNSUPPORTED (GGUF v1, big-endian, unknown version).
+ * Messages from ps_gguf_open start with "<path>: "; those of ps_gguf_open_mem do not.
+ * A reader is immutable once open: any number of threads may read from it at once. */
 ps_status ps_gguf_open(const char *path, ps_gguf **out, char *err, size_t errlen);
 /* Same over a caller's buffer, which must outlive the returned reader (used by tests/fuzzers). */
 ps_status ps_gguf_open_mem(const void *buf, size_t len, ps_gguf **out, char *err, size_t errlen);
@@ -123,6 +127,10 @@ typedef ps_status (*ps_gguf_fill_fn)(void *ctx, int64_t index, void *buf, size_t
 /* Called after each tensor is written: bytes written so far, total bytes of tensor data. */
 typedef void (*ps_gguf_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
+/* alignment: a power of two, 0 meaning the GGUF default 32; any other value is also written
+ * as general.alignment. Setting general.alignment (it must be a UINT32 power of two) changes
+ * the writer's alignment. Setters return PS_ERR_ARG for invalid input (empty key, value out
+ * of its type's range, nesting deeper than 8, bad element type), PS_ERR_NOMEM. */
 ps_status ps_gguf_writer_create(ps_gguf_writer **out, uint32_t version /* 2 or 3 */, uint32_t alignment);
 void ps_gguf_writer_free(ps_gguf_writer *w); /* NULL is a no-op */
 
