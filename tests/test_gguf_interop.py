@@ -48,7 +48,7 @@ def reexec_with_asan():
     for line in ldd.splitlines():
         if "libasan" in line and "=>" in line:
             env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
-                       ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
+                       ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
             sys.stdout.flush()
             os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
