@@ -29,6 +29,7 @@
 #define TEXT_ARRAY_MAX 8  /* elements of an array shown in the text report */
 #define MAX_TYPES 256     /* tensor type numbers counted per type */
 
+/* The --help text. */
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pipeshard inspect MODEL [--json] [--dump-tensor NAME -o FILE]\n"
@@ -94,11 +95,13 @@ static int64_t layer_of(const char *name) {
     return digits > 0 && digits <= 9 && *p == '.' && p[1] ? n : -1;
 }
 
+/* qsort order of layer entries: by layer index. */
 static int layer_cmp(const void *a, const void *b) {
     const layer_stat *x = a, *y = b;
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
+/* Frees what stats_build allocated (also after it failed half way). */
 static void stats_free(stats *s) {
     free((void *)s->arch);
     free(s->layers);
@@ -151,6 +154,7 @@ static ps_status stats_build(const ps_gguf *g, stats *s) {
     return PS_OK;
 }
 
+/* Smallest, largest and mean bytes per layer, and the range of tensors per layer. */
 static void layer_range(const stats *s, uint64_t *min, uint64_t *max, double *mean, int64_t *tmin, int64_t *tmax) {
     uint64_t sum = 0;
     *min = UINT64_MAX, *max = 0, *tmin = INT64_MAX, *tmax = 0;
@@ -212,7 +216,7 @@ static void print_text(FILE *f, ps_gguf_str s, size_t max, bool quote) {
 
 static void print_str(FILE *f, ps_gguf_str s, size_t max) { print_text(f, s, max, true); }
 
-/* Prints one element of a numeric array (element i) or a scalar (arr NULL). */
+/* Prints a scalar (non-array) value. */
 static void print_scalar(FILE *f, const ps_gguf_value *v) {
     switch (v->type) {
     case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: case PS_GGUF_U64: fprintf(f, "%" PRIu64, v->u64); break;
@@ -257,12 +261,14 @@ static void print_value(FILE *f, const ps_gguf_value *v) {
     fputs(v->arr.n > TEXT_ARRAY_MAX ? ", ...]" : "]", f);
 }
 
+/* "[ne0, ne1, ...]" over the tensor's n_dims dimensions. */
 static void print_shape(FILE *f, const ps_gguf_tensor *t) {
     fputc('[', f);
     for (uint32_t d = 0; d < t->n_dims; d++) fprintf(f, d ? ", %" PRId64 : "%" PRId64, t->ne[d]);
     fputc(']', f);
 }
 
+/* One line: tokenizer model, pre-tokenizer, vocabulary, merges, special token ids. */
 static void print_tokenizer(FILE *f, const ps_gguf *g, const char *arch) {
     ps_gguf_str s;
     int64_t id;
@@ -281,6 +287,7 @@ static void print_tokenizer(FILE *f, const ps_gguf *g, const char *arch) {
     fputc('\n', f);
 }
 
+/* One line on the blk.N.* layers: count, tensors and bytes per layer. */
 static void print_layers(FILE *f, const stats *s) {
     char a[32], b[32], c[32];
     uint64_t min, max;
@@ -302,6 +309,7 @@ static void print_layers(FILE *f, const stats *s) {
                 human_bytes(b, sizeof b, (double)max), human_bytes(c, sizeof c, mean));
 }
 
+/* The text report of the whole file. */
 static void print_report(FILE *f, const char *path, const ps_gguf *g, const stats *s) {
     char a[32];
     fprintf(f, "%-14s %s\n", "file", path);
@@ -385,6 +393,7 @@ static char *json_quote(const char *s, size_t n) {
     return out;
 }
 
+/* A JSON string node for n bytes (see json_quote); NULL when out of memory. */
 static cJSON *json_raw_str(const char *s, size_t n) {
     char *q = json_quote(s, n);
     cJSON *j = q ? cJSON_CreateRaw(q) : NULL;
@@ -392,6 +401,7 @@ static cJSON *json_raw_str(const char *s, size_t n) {
     return j;
 }
 
+/* Integers printed exactly (cJSON numbers are doubles, which lose 64-bit values). */
 static cJSON *json_u64(uint64_t v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%" PRIu64, v);
@@ -433,6 +443,7 @@ static bool json_put(cJSON *obj, const char *key, cJSON *item) {
     return true;
 }
 
+/* Appends item to arr; false when item is NULL (out of memory). */
 static bool json_push(cJSON *arr, cJSON *item) {
     if (!item) return false;
     cJSON_AddItemToArray(arr, item);
@@ -469,6 +480,7 @@ static cJSON *json_value(const ps_gguf_value *v) {
     return a;
 }
 
+/* Every <arch>.* key without its prefix, plus vocab_size when it comes from the token list. */
 static cJSON *json_hparams(const ps_gguf *g, const stats *s) {
     cJSON *o = cJSON_CreateObject();
     size_t plen = s->arch ? strlen(s->arch) : 0;
@@ -486,6 +498,7 @@ err:
     return NULL;
 }
 
+/* Tokenizer summary: model, pre, vocab_size, n_merges, special token ids, chat_template. */
 static cJSON *json_tokenizer(const ps_gguf *g, const char *arch) {
     static const struct { const char *key, *name; } ids[] = {
         {"tokenizer.ggml.bos_token_id", "bos_token_id"},         {"tokenizer.ggml.eos_token_id", "eos_token_id"},
@@ -519,6 +532,7 @@ static cJSON *json_child(cJSON *obj, const char *key, bool array) {
     return c && json_put(obj, key, c) ? c : NULL;
 }
 
+/* Layer summary: count, min/max/mean bytes, and one entry per layer. */
 static cJSON *json_layers(const stats *s) {
     uint64_t min = 0, max = 0;
     double mean = 0;
@@ -539,6 +553,7 @@ static cJSON *json_layers(const stats *s) {
     return NULL;
 }
 
+/* One tensor: name, type, shape, offset in the data section and in the file, bytes. */
 static cJSON *json_tensor(const ps_gguf *g, const ps_gguf_tensor *t) {
     cJSON *o = cJSON_CreateObject();
     bool ok = o && json_put(o, "name", json_raw_str(t->name, strlen(t->name))) &&

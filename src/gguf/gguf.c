@@ -57,10 +57,12 @@ const char *ps_gguf_vtype_name(ps_gguf_vtype t) {
     return (unsigned)t < PS_GGUF_VTYPE_COUNT ? vtypes[t].name : "invalid";
 }
 
+/* Unsigned integer value types (BOOL is not an integer here). */
 static bool vtype_is_uint(uint32_t t) {
     return t == PS_GGUF_U8 || t == PS_GGUF_U16 || t == PS_GGUF_U32 || t == PS_GGUF_U64;
 }
 
+/* Signed integer value types. */
 static bool vtype_is_sint(uint32_t t) {
     return t == PS_GGUF_I8 || t == PS_GGUF_I16 || t == PS_GGUF_I32 || t == PS_GGUF_I64;
 }
@@ -147,6 +149,7 @@ static void *arena_alloc(arena_chunk **head, size_t n) {
     return p;
 }
 
+/* Frees every chunk of an arena; NULL is a no-op. */
 static void arena_free(arena_chunk *c) {
     while (c) {
         arena_chunk *next = c->next;
@@ -196,6 +199,7 @@ static ps_status need(parser *ps, size_t n, const char *thing) {
                    ps->g->size);
 }
 
+/* Reads a little-endian u32 at the cursor, or fails naming `thing`. */
 static ps_status rd_u32(parser *ps, uint32_t *out, const char *thing) {
     ps_status s = need(ps, 4, thing);
     if (s) return s;
@@ -204,6 +208,7 @@ static ps_status rd_u32(parser *ps, uint32_t *out, const char *thing) {
     return PS_OK;
 }
 
+/* Reads a little-endian u64 at the cursor, or fails naming `thing`. */
 static ps_status rd_u64(parser *ps, uint64_t *out, const char *thing) {
     ps_status s = need(ps, 8, thing);
     if (s) return s;
@@ -493,6 +498,7 @@ typedef struct {
     int64_t index;
 } extent;
 
+/* qsort order of extents: by offset. */
 static int extent_cmp(const void *a, const void *b) {
     const extent *x = a, *y = b;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
@@ -690,7 +696,7 @@ static ps_status lookup(const ps_gguf *g, const char *key, const ps_gguf_value *
     return ps_errf(err, errlen, PS_ERR_NOT_FOUND, "metadata key '%s' is missing", key ? key : "(null)");
 }
 
-/* An integer value as a signed 128-bit-free pair: *neg set for negative signed values. */
+/* Magnitude and sign of an integer value; false for types that are not integers. */
 static bool int_value(const ps_gguf_value *v, uint64_t *mag, bool *neg) {
     if (vtype_is_uint(v->type)) {
         *mag = v->u64;
@@ -752,6 +758,7 @@ ps_status ps_gguf_get_f32(const ps_gguf *g, const char *key, float *out, char *e
     return PS_OK;
 }
 
+/* A BOOL value. */
 ps_status ps_gguf_get_bool(const ps_gguf *g, const char *key, bool *out, char *err, size_t errlen) {
     const ps_gguf_value *v;
     ps_status s = lookup(g, key, &v, err, errlen);
@@ -791,6 +798,7 @@ ps_status ps_gguf_get_arr(const ps_gguf *g, const char *key, ps_gguf_vtype elem,
     return PS_OK;
 }
 
+/* True when the len bytes of s equal the NUL-terminated c. */
 bool ps_gguf_str_eq(ps_gguf_str s, const char *c) {
     size_t n = strlen(c);
     return s.len == n && (n == 0 || !memcmp(s.data, c, n));
@@ -966,6 +974,8 @@ ps_status ps_gguf_writer_create(ps_gguf_writer **out, uint32_t version, uint32_t
     return PS_OK;
 }
 
+/* Frees the writer and its copies of keys and values; NULL is a no-op. Tensor data the
+ * caller handed to add_tensor stays the caller's. */
 void ps_gguf_writer_free(ps_gguf_writer *w) {
     if (!w) return;
     for (size_t i = 0; i < w->n_kv; i++) {
@@ -1021,6 +1031,7 @@ ps_status ps_gguf_writer_set_value(ps_gguf_writer *w, const char *key, const ps_
     return PS_OK;
 }
 
+/* Typed setters: each wraps v in a ps_gguf_value for ps_gguf_writer_set_value. */
 ps_status ps_gguf_writer_set_u32(ps_gguf_writer *w, const char *key, uint32_t v) {
     return ps_gguf_writer_set_value(w, key, &(ps_gguf_value){.type = PS_GGUF_U32, .u64 = v});
 }
@@ -1133,6 +1144,7 @@ static ps_status write_all(wbuf *b, const void *p, size_t n) {
     return PS_OK;
 }
 
+/* Writes out and empties the buffer. */
 static ps_status wb_flush(wbuf *b) {
     ps_status s = write_all(b, b->buf, b->used);
     b->used = 0;
@@ -1156,6 +1168,7 @@ static ps_status wb_put(wbuf *b, const void *p, size_t n) {
 static ps_status wb_u32(wbuf *b, uint32_t v) { return wb_put(b, &v, 4); }
 static ps_status wb_u64(wbuf *b, uint64_t v) { return wb_put(b, &v, 8); }
 
+/* A GGUF string: u64 length, then the bytes. */
 static ps_status wb_str(wbuf *b, const char *s, uint64_t len) {
     ps_status st = wb_u64(b, len);
     return st ? st : wb_put(b, s, (size_t)len);
