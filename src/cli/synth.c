@@ -55,7 +55,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: pipeshard synth (--like NAME | --layers L --dim D --heads H [--kv-heads KV] --ffn F --vocab V)\n"
             "                       --type TYPE -o OUT [--arch llama|qwen2|qwen3] [--ctx N] [--seed S]\n"
-            "                       [--head-dim HD] [--untied] [--threads N]\n\n"
+            "                       [--head-dim HD] [--untied] [--exact] [--threads N]\n\n"
             "Writes a GGUF v3 model with random weights (seeded, deterministic) and a usable byte-level\n"
             "BPE vocabulary of exactly V tokens with a ChatML chat template. Shape flags given with --like\n"
             "override the preset's values.\n\n"
@@ -72,7 +72,9 @@ static void usage(FILE *f) {
             "  --ctx N         context length in the metadata (default 2048 or the preset's)\n"
             "  --seed S        random seed (default 0)\n"
             "  --untied        write a separate output.weight (default: tied to token_embd)\n"
-            "  --threads N     generating threads (default: all cores)\n");
+            "  --threads N     generating threads (default: all cores)\n"
+            "  --exact         quantize every row of K-type tensors (slow) instead of assembling those\n"
+            "                  of more than 2048 super-blocks (rows of 1024+) from pools of 16384\n");
 }
 
 /* Writes "a, b, c" of the names in a table to buf. */
@@ -89,7 +91,7 @@ static void usage(FILE *f) {
 typedef struct {
     const char *like, *type, *out, *arch;
     long long layers, dim, heads, kv_heads, ffn, vocab, ctx, head_dim, seed, threads; /* 0: not given */
-    bool untied, help;
+    bool untied, exact, help;
 } opts;
 
 /* An integer flag's destination and range, or NULL when flag is not one. */
@@ -130,6 +132,7 @@ static bool parse(int argc, char **argv, opts *o) {
         long long *ip, max;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) o->help = true;
         else if (!strcmp(a, "--untied")) o->untied = true;
+        else if (!strcmp(a, "--exact")) o->exact = true;
         else if ((sp = str_flag(o, a))) {
             if (!(*sp = ps_arg_value(CMD, argc, argv, &i))) return false;
         } else if ((ip = int_flag(o, a, &max))) {
@@ -245,7 +248,7 @@ static bool check_blocks(const ps_cli_synth_shape *s, const ps_cli_synth_quant *
     uint32_t b = bs > hs ? bs : hs;
     for (size_t i = 0; i < PS_ARRAY_LEN(rows); i++)
         if (rows[i].n % b) {
-            fprintf(stderr, "pipeshard synth: --type %s needs matrix rows that are multiples of %u, but %s is %lld%s\n",
+            fprintf(stderr, "pipeshard synth: --type %s needs matrix row lengths that are a multiple of %u, but %s is %lld%s\n",
                     q->name, b, rows[i].what, rows[i].n, b == PS_QK_K ? " (use a 32-wide type such as Q4_0 or Q8_0)" : "");
             return false;
         }
@@ -286,8 +289,8 @@ static int synth(const opts *o, const ps_cli_synth_shape *s, const ps_cli_synth_
     ps_status st = ps_cli_synth_vocab_build(s->vocab, &v, err, sizeof err);
     int threads = o->threads ? (int)o->threads : ps_cpu_count();
     if (!st)
-        st = ps_cli_synth_write(s, q, &v, (uint64_t)o->seed, threads, o->out, isatty(STDERR_FILENO), err,
-                                sizeof err);
+        st = ps_cli_synth_write(s, q, &v, (uint64_t)o->seed, threads, o->exact, o->out, isatty(STDERR_FILENO),
+                                err, sizeof err);
     ps_cli_synth_vocab_free(&v);
     if (st) {
         fprintf(stderr, "pipeshard synth: %s\n", *err ? err : ps_strerror(st));

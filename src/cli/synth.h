@@ -64,10 +64,12 @@ void ps_cli_synth_vocab_free(ps_cli_synth_vocab *v); /* zeroed or built; idempot
 ps_type ps_cli_synth_tensor_type(const ps_cli_synth_quant *q, const char *suffix, int il, int n_layer, bool tied);
 
 /* Writes the model (metadata, vocabulary, random weights drawn from seed) to path with
- * n_threads generating/quantizing threads. Reports progress on stderr when show_progress.
+ * n_threads generating/quantizing threads. Large K-type tensors are assembled from pools of
+ * quantized super-blocks unless exact (see synth_model.c). Reports progress on stderr when
+ * show_progress.
  * The GGUF writer renames a finished file into place, so path never holds half a model. */
 ps_status ps_cli_synth_write(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q,
-                             const ps_cli_synth_vocab *v, uint64_t seed, int n_threads, const char *path,
-                             bool show_progress, char *err, size_t errlen);
+                             const ps_cli_synth_vocab *v, uint64_t seed, int n_threads, bool exact,
+                             const char *path, bool show_progress, char *err, size_t errlen);
 
 #endif

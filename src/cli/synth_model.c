@@ -5,6 +5,14 @@
  * random stream keyed by (seed, tensor name, row): the file does not depend on the thread
  * count, and a tensor's values do not depend on which other tensors the model has.
  *
+ * Speed: the 32-wide formats and the float types are quantized row by row with
+ * ps_quantize_row. The K formats' reference quantizer searches scales and costs ~100 ns per
+ * element, which would take 10+ CPU minutes for an 8B model; so a K-type tensor of more than
+ * POOL_MIN_BLOCKS super-blocks, with rows of at least POOL_MIN_ROW_BLOCKS, is assembled from a pool of POOL_BLOCKS super-blocks (drawn the
+ * same way and quantized with ps_quantize_row, one pool per type and row width), each
+ * super-block of the tensor picked from the pool by its own counter-based draw. The values
+ * have the same distribution; rows still all differ. `exact` turns this off.
+ *
  * Values (chosen so that activations stay O(1) through any number of layers, logits have a
  * standard deviation of about 1 and the softmax is neither flat nor one-hot):
  *   matrices   bell-shaped (Irwin-Hall of 4 uniforms), mean 0, std 1/sqrt(fan-in = ne[0])
@@ -107,8 +115,20 @@ typedef struct {
     int64_t ne[2];     /* ne[0] = row length (fan-in), ne[1] = rows (1 for vectors) */
     tensor_kind kind;
     uint64_t key;      /* random stream key */
+    float std;         /* of a matrix's values: 1/sqrt(fan-in) */
     size_t nbytes;
 } tensor_spec;
+
+#define POOL_BLOCKS 16384   /* super-blocks per pool (4M values, ~0.4 s of K quantization) */
+#define POOL_MIN_BLOCKS 2048 /* smaller K-type tensors are quantized row by row */
+#define POOL_MIN_ROW_BLOCKS 4 /* and so are narrower rows (rows of 1-3 pool blocks could repeat) */
+
+/* Quantized super-blocks of one type for matrices of one row width (fan-in). */
+typedef struct {
+    ps_type type;
+    int64_t width;
+    uint8_t *data; /* POOL_BLOCKS blocks */
+} block_pool;
 
 typedef struct {
     const ps_cli_synth_shape *s;
@@ -116,8 +136,11 @@ typedef struct {
     int n, cap;
     int n_threads;
     bool show_progress;
+    bool exact;            /* never use pools */
     double t0;
     uint64_t seed;
+    block_pool pools[8];   /* at most {base, hi} x {dim, heads x head size, ffn} */
+    int n_pools;
 } plan;
 
 /* Appends a tensor to the plan; il >= 0 prefixes "blk.<il>.". A matrix's type comes from
@@ -143,6 +166,7 @@ static ps_status plan_add(plan *p, const ps_cli_synth_quant *q, int il, const ch
     t->ne[1] = kind == KIND_MAT ? ne1 : 1;
     t->type = kind == KIND_MAT ? ps_cli_synth_tensor_type(q, suffix, il, p->s->n_layer, p->s->tied) : PS_TYPE_F32;
     t->key = tensor_key(p->seed, t->name);
+    t->std = 1.0f / sqrtf((float)ne0);
     t->nbytes = ps_row_bytes(t->type, ne0) * (size_t)t->ne[1];
     return t->nbytes ? PS_OK : PS_ERR_ARG;
 }
@@ -190,21 +214,36 @@ static ps_status plan_build(plan *p, const ps_cli_synth_quant *q) {
 
 typedef struct {
     const tensor_spec *t;
+    const uint8_t *pool; /* non-NULL: pick the blocks of each row from this pool */
     uint8_t *buf;
-    int64_t r0, r1; /* rows [r0, r1) */
+    int64_t r0, r1;      /* rows [r0, r1) */
     ps_status st;
 } fill_job;
 
-/* Draws and quantizes rows [r0, r1) of a matrix into their place in buf. */
+/* Row r of a pooled matrix: block b is pool block (draw of (key, r, b)) mod POOL_BLOCKS. */
+static void pooled_row(const tensor_spec *t, const uint8_t *pool, int64_t r, uint8_t *dst) {
+    const ps_type_info *ti = ps_type_get(t->type);
+    int64_t nb = t->ne[0] / ti->block_size;
+    uint64_t base = mix64(t->key ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
+    for (int64_t b = 0; b < nb; b++) {
+        uint64_t k = mix64(base + (uint64_t)b * 0x9E3779B97F4A7C15ull) % POOL_BLOCKS;
+        memcpy(dst + b * ti->type_size, pool + k * ti->type_size, ti->type_size);
+    }
+}
+
+/* Draws and quantizes (or picks from the pool) rows [r0, r1) into their place in buf. */
 static void *fill_rows(void *arg) {
     fill_job *j = arg;
     const tensor_spec *t = j->t;
     size_t row_bytes = ps_row_bytes(t->type, t->ne[0]);
-    float *row = malloc((size_t)t->ne[0] * sizeof *row);
-    j->st = row ? PS_OK : PS_ERR_NOMEM;
-    float std = 1.0f / sqrtf((float)t->ne[0]);
+    float *row = j->pool ? NULL : malloc((size_t)t->ne[0] * sizeof *row);
+    j->st = row || j->pool ? PS_OK : PS_ERR_NOMEM;
     for (int64_t r = j->r0; r < j->r1 && !j->st; r++) {
-        random_row(t->key, r, 0.0f, std, row, t->ne[0]);
+        if (j->pool) {
+            pooled_row(t, j->pool, r, j->buf + (size_t)r * row_bytes);
+            continue;
+        }
+        random_row(t->key, r, 0.0f, t->std, row, t->ne[0]);
         j->st = ps_quantize_row(t->type, row, j->buf + (size_t)r * row_bytes, t->ne[0]);
     }
     free(row);
@@ -212,8 +251,8 @@ static void *fill_rows(void *arg) {
 }
 
 /* Fills a matrix, splitting its rows in contiguous ranges among up to n_threads threads
- * (the calling thread takes the first range). */
-static ps_status fill_matrix(const tensor_spec *t, uint8_t *buf, int n_threads) {
+ * (the calling thread takes the first range). pool as in fill_job. */
+static ps_status fill_matrix(const tensor_spec *t, const uint8_t *pool, uint8_t *buf, int n_threads) {
     enum { MAX_THREADS = 64 };
     fill_job jobs[MAX_THREADS];
     pthread_t tid[MAX_THREADS];
@@ -222,7 +261,7 @@ static ps_status fill_matrix(const tensor_spec *t, uint8_t *buf, int n_threads) 
     int nth = n_threads < 1 ? 1 : n_threads > MAX_THREADS ? MAX_THREADS : n_threads;
     if (rows < 4 * nth) nth = 1;
     for (int i = 0; i < nth; i++)
-        jobs[i] = (fill_job){.t = t, .buf = buf, .r0 = rows * i / nth, .r1 = rows * (i + 1) / nth};
+        jobs[i] = (fill_job){.t = t, .pool = pool, .buf = buf, .r0 = rows * i / nth, .r1 = rows * (i + 1) / nth};
     for (int i = 1; i < nth; i++) started[i] = pthread_create(&tid[i], NULL, fill_rows, &jobs[i]) == 0;
     fill_rows(&jobs[0]);
     ps_status st = jobs[0].st;
@@ -234,6 +273,34 @@ static ps_status fill_matrix(const tensor_spec *t, uint8_t *buf, int n_threads) 
     return st;
 }
 
+/* The pool for matrices of t's type and row width, made on first use (owned by the plan);
+ * *out stays NULL when t is to be quantized row by row instead. */
+static ps_status pool_for(plan *p, const tensor_spec *t, const uint8_t **out) {
+    const ps_type_info *ti = ps_type_get(t->type);
+    *out = NULL;
+    int64_t per_row = t->ne[0] / PS_QK_K;
+    if (p->exact || ti->block_size != PS_QK_K || per_row < POOL_MIN_ROW_BLOCKS || per_row * t->ne[1] <= POOL_MIN_BLOCKS)
+        return PS_OK;
+    for (int i = 0; i < p->n_pools; i++)
+        if (p->pools[i].type == t->type && p->pools[i].width == t->ne[0]) return *out = p->pools[i].data, PS_OK;
+    if (p->n_pools == (int)PS_ARRAY_LEN(p->pools)) return PS_OK; /* cannot happen: fall back to exact */
+    block_pool *bp = &p->pools[p->n_pools];
+    tensor_spec ps = {.type = t->type, .n_dims = 2, .ne = {PS_QK_K, POOL_BLOCKS}, .kind = KIND_MAT, .std = t->std};
+    snprintf(ps.name, sizeof ps.name, "pool.%s.%lld", ti->name, (long long)t->ne[0]);
+    ps.key = tensor_key(p->seed, ps.name);
+    if (!(bp->data = malloc((size_t)POOL_BLOCKS * ti->type_size))) return PS_ERR_NOMEM;
+    ps_status st = fill_matrix(&ps, NULL, bp->data, p->n_threads);
+    if (st) {
+        free(bp->data);
+        return st;
+    }
+    bp->type = t->type;
+    bp->width = t->ne[0];
+    p->n_pools++;
+    *out = bp->data;
+    return PS_OK;
+}
+
 /* The writer's fill callback: tensor `index` of the plan. */
 static ps_status fill(void *ctx, int64_t index, void *buf, size_t nbytes, char *err, size_t errlen) {
     plan *p = ctx;
@@ -243,7 +310,9 @@ static ps_status fill(void *ctx, int64_t index, void *buf, size_t nbytes, char *
     const tensor_spec *t = &p->t[index];
     switch (t->kind) {
     case KIND_MAT: {
-        ps_status st = fill_matrix(t, buf, p->n_threads);
+        const uint8_t *pool;
+        ps_status st = pool_for(p, t, &pool);
+        if (!st) st = fill_matrix(t, pool, buf, p->n_threads);
         return st ? ps_errf(err, errlen, st, "cannot quantize to %s: %s", ps_type_name(t->type), ps_strerror(st)) : PS_OK;
     }
     case KIND_NORM: random_row(t->key, 0, 1.0f, 0.05f, buf, t->ne[0]); return PS_OK;
@@ -361,9 +430,10 @@ static ps_status add_tensors(ps_gguf_writer *w, plan *p) {
 }
 
 ps_status ps_cli_synth_write(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q,
-                             const ps_cli_synth_vocab *v, uint64_t seed, int n_threads, const char *path,
-                             bool show_progress, char *err, size_t errlen) {
-    plan p = {.s = s, .n_threads = n_threads, .show_progress = show_progress, .t0 = ps_now(), .seed = seed};
+                             const ps_cli_synth_vocab *v, uint64_t seed, int n_threads, bool exact,
+                             const char *path, bool show_progress, char *err, size_t errlen) {
+    plan p = {.s = s, .n_threads = n_threads, .show_progress = show_progress, .exact = exact, .t0 = ps_now(),
+              .seed = seed};
     ps_gguf_writer *w = NULL;
     ps_status st = plan_build(&p, q);
     if (st) {
@@ -384,6 +454,7 @@ ps_status ps_cli_synth_write(const ps_cli_synth_shape *s, const ps_cli_synth_qua
     st = ps_gguf_writer_write(w, path, progress, &p, err, errlen);
 out:
     ps_gguf_writer_free(w);
+    for (int i = 0; i < p.n_pools; i++) free(p.pools[i].data);
     free(p.t);
     return st;
 }
