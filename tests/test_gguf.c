@@ -129,6 +129,26 @@ static void m_str_arr_count(blob *b) {
     b_u64(b, 1000);
     b_str(b, "one");
 }
+/* 100 nested arrays declared, the first one claiming the bytes the other 99 need. */
+static void m_nested_claim(blob *b) {
+    b_hdr(b, 3, 0, 1);
+    b_str(b, "a");
+    b_u32(b, PS_GGUF_ARRAY);
+    b_u32(b, PS_GGUF_ARRAY);
+    b_u64(b, 100);
+    b_u32(b, PS_GGUF_STRING);
+    b_u64(b, 100);
+    b_zeros(b, 1200);
+}
+/* A key whose value claims the bytes the next key needs. */
+static void m_kv_claim(blob *b) {
+    b_hdr(b, 3, 0, 3);
+    b_str(b, "a");
+    b_u32(b, PS_GGUF_ARRAY);
+    b_u32(b, PS_GGUF_STRING);
+    b_u64(b, 4);
+    b_zeros(b, 32);
+}
 static void m_bad_vtype(blob *b) {
     b_hdr(b, 3, 0, 1);
     b_str(b, "a");
@@ -248,6 +268,8 @@ static const struct {
     {"string length past EOF", m_str_past_eof, PS_ERR_FORMAT, "key 'a': string value of 500 bytes"},
     {"array count overflow", m_arr_overflow, PS_ERR_FORMAT, "array of 4611686018427387904 UINT32 elements"},
     {"string array count", m_str_arr_count, PS_ERR_FORMAT, "array of 1000 STRING elements"},
+    {"nested count claims siblings' bytes", m_nested_claim, PS_ERR_FORMAT, "array of 100 STRING elements"},
+    {"array claims later keys' bytes", m_kv_claim, PS_ERR_FORMAT, "array of 4 STRING elements"},
     {"bad value type", m_bad_vtype, PS_ERR_FORMAT, "key 'a': unknown value type 13"},
     {"bad element type", m_bad_elem_type, PS_ERR_FORMAT, "unknown array element type 99"},
     {"too-deep nesting", m_too_deep, PS_ERR_FORMAT, "nested more than 8 levels"},

@@ -123,7 +123,8 @@ struct arena_chunk {
 };
 
 /* Zeroed memory of n bytes (suitably aligned for any type) owned by the arena, or NULL
- * when out of memory. */
+ * when out of memory. Chunks come from calloc and are never reused, so they are already
+ * zero; a large block's untouched pages cost nothing until used. */
 static void *arena_alloc(arena_chunk **head, size_t n) {
     if (n > SIZE_MAX / 2) return NULL;
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
@@ -131,7 +132,7 @@ static void *arena_alloc(arena_chunk **head, size_t n) {
     arena_chunk *c = *head;
     if (!c || c->cap - c->used < n) {
         size_t cap = n > ARENA_CHUNK ? n : ARENA_CHUNK;
-        c = malloc(sizeof *c + cap);
+        c = calloc(1, sizeof *c + cap);
         if (!c) return NULL;
         c->used = 0;
         c->cap = cap;
@@ -145,7 +146,6 @@ static void *arena_alloc(arena_chunk **head, size_t n) {
     }
     void *p = (char *)c->mem + c->used;
     c->used += n;
-    memset(p, 0, n);
     return p;
 }
 
@@ -180,10 +180,15 @@ struct ps_gguf {
     arena_chunk *arena;
 };
 
-/* Parsing state: a cursor over the file and the item being read, for error messages. */
+/* Parsing state: a cursor over the file and the item being read, for error messages.
+ * `reserve` is the number of bytes still owed to items declared but not yet read (the
+ * rest of an enclosing array, the remaining keys and tensor infos): a count is only
+ * believed if its elements fit in the bytes left after that reserve, which keeps
+ * everything allocated for counts within a small multiple of the file size. */
 typedef struct {
     ps_gguf *g;
     size_t pos;
+    size_t reserve;
     char what[GGUF_NAME_SHOW + 32]; /* "key 'general.name'", "tensor #3", ... */
     char *err;
     size_t errlen;
@@ -249,13 +254,15 @@ static ps_status rd_name(parser *ps, const char **out, const char *thing) {
     return PS_OK;
 }
 
-/* Fails unless n elements of at least `min_size` bytes each can fit in the rest of the file. */
+/* Fails unless n elements of at least `min_size` bytes each fit in the rest of the file
+ * (less the bytes reserved for items declared after them). */
 static ps_status check_count(parser *ps, uint64_t n, size_t min_size, uint32_t elem, size_t at) {
-    if (n <= left(ps) / min_size) return PS_OK;
+    size_t avail = left(ps) > ps->reserve ? left(ps) - ps->reserve : 0;
+    if (n <= avail / min_size) return PS_OK;
     return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT,
                    "%s: array of %" PRIu64 " %s elements at offset %zu does not fit in the remaining %zu bytes "
                    "of the file",
-                   ps->what, n, ps_gguf_vtype_name((ps_gguf_vtype)elem), at, left(ps));
+                   ps->what, n, ps_gguf_vtype_name((ps_gguf_vtype)elem), at, avail);
 }
 
 static ps_status parse_value(parser *ps, uint32_t type, ps_gguf_value *v, int depth);
@@ -303,8 +310,12 @@ static ps_status parse_array(parser *ps, ps_gguf_value *v, int depth) {
     }
     ps_gguf_value *elems = arena_alloc(&ps->g->arena, (size_t)n * sizeof *elems);
     if (!elems) return ps_errf(ps->err, ps->errlen, PS_ERR_NOMEM, "%s: out of memory", ps->what);
-    for (uint64_t i = 0; i < n; i++)
+    size_t outer = ps->reserve;
+    for (uint64_t i = 0; i < n; i++) {
+        ps->reserve = outer + (size_t)(n - 1 - i) * 12; /* n * 12 fits in the file: no overflow */
         if ((s = parse_value(ps, PS_GGUF_ARRAY, &elems[i], depth))) return s;
+    }
+    ps->reserve = outer;
     v->arr.elems = elems;
     return PS_OK;
 }
@@ -414,10 +425,11 @@ static ps_status parse_header(parser *ps, uint64_t *n_tensors, uint64_t *n_kv) {
 }
 
 /* Metadata: every key/value pair, then the duplicate check and general.alignment. */
-static ps_status parse_metadata(parser *ps, uint64_t n_kv) {
+static ps_status parse_metadata(parser *ps, uint64_t n_kv, uint64_t n_tensors) {
     ps_gguf *g = ps->g;
     ps_status s;
     char shown[GGUF_NAME_SHOW + 4];
+    size_t n_tensors_reserve = (size_t)n_tensors * GGUF_MIN_TENSOR_BYTES; /* checked by parse_header */
     g->keys = arena_alloc(&g->arena, (size_t)n_kv * sizeof *g->keys);
     g->values = arena_alloc(&g->arena, (size_t)n_kv * sizeof *g->values);
     g->kv_table = table_new(g, (int64_t)n_kv, &g->kv_cap);
@@ -428,6 +440,7 @@ static ps_status parse_metadata(parser *ps, uint64_t n_kv) {
         if ((s = rd_name(ps, &g->keys[i], "key"))) return s;
         snprintf(ps->what, sizeof ps->what, "key '%s'", show_name(shown, sizeof shown, g->keys[i], strlen(g->keys[i])));
         if ((s = rd_u32(ps, &type, "value type"))) return s;
+        ps->reserve = (size_t)(n_kv - 1 - i) * GGUF_MIN_KV_BYTES + n_tensors_reserve;
         if ((s = parse_value(ps, type, &g->values[i], 0))) return s;
         g->n_kv = (int64_t)i + 1;
         int64_t dup = table_insert(g->kv_table, g->kv_cap, g->keys[i], (int64_t)i, key_of, g);
@@ -435,6 +448,7 @@ static ps_status parse_metadata(parser *ps, uint64_t n_kv) {
             return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "duplicate metadata key '%s' (entries #%" PRId64 " and #%" PRIu64 ")",
                            shown, dup, i);
     }
+    ps->reserve = 0;
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
     const ps_gguf_value *a = ps_gguf_get(g, "general.alignment");
     if (a) {
@@ -573,7 +587,7 @@ static ps_status gguf_parse(const void *buf, size_t len, ps_gguf **out, char *er
     g->size = len;
     parser ps = {.g = g, .err = err, .errlen = errlen};
     if ((s = parse_header(&ps, &n_tensors, &n_kv))) goto err;
-    if ((s = parse_metadata(&ps, n_kv))) goto err;
+    if ((s = parse_metadata(&ps, n_kv, n_tensors))) goto err;
     if ((s = parse_tensors(&ps, n_tensors))) goto err;
     *out = g;
     return PS_OK;
