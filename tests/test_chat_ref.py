@@ -11,6 +11,7 @@ $PS_MODEL_CACHE when it is there. Exit 0 pass, 77 skip (no jinja2 or no library)
 
 import ctypes
 import os
+import subprocess
 import sys
 
 try:
@@ -20,6 +21,26 @@ try:
 except ImportError:
     print("SKIPPED: jinja2 is not installed (pip install jinja2; scripts/requirements.txt lists it)")
     sys.exit(77)
+
+
+
+def reexec_with_asan():
+    """A sanitizer build of the library needs the ASan runtime loaded before Python:
+    re-run this script with it preloaded, leak checks off (the interpreter leaks)."""
+    lib = os.environ.get("PS_LIBPSCORE", "")
+    if not lib or "libasan" in os.environ.get("LD_PRELOAD", ""):
+        return
+    try:
+        ldd = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+    except OSError:
+        return
+    for line in ldd.splitlines():
+        if "libasan" in line and "=>" in line:
+            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
+                       ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
+            sys.stdout.flush()
+            os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
 
 # ---- the templates ------------------------------------------------------------------
 
@@ -433,11 +454,16 @@ def raise_exception(message):
     raise TemplateError(message)
 
 
+ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                   extensions=[jinja2.ext.loopcontrols])
+ENV.globals["raise_exception"] = raise_exception
+COMPILED = {}
+
+
 def reference(template, messages, add_generation_prompt, bos, eos):
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=[jinja2.ext.loopcontrols])
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(
+    if template not in COMPILED:
+        COMPILED[template] = ENV.from_string(template)
+    return COMPILED[template].render(
         messages=[{"role": r, "content": c} for r, c in messages],
         add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos)
 
@@ -532,6 +558,7 @@ def compare_one(chat, name, template, conv, gen, bos, eos):
 
 
 def main():
+    reexec_with_asan()
     lib = load_library()
     failures = checks = 0
     gguf_tmpl = smollm2_from_gguf()
