@@ -51,4 +51,9 @@ void ps_matmul(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
  * environment variable PS_ISA=ref|avx2|avx512|avx512vnni forces a family (for tests). */
 const char *ps_matmul_isa(void);
 
+/* Forces the kernel family `name` (as PS_ISA does) for the calls that follow: PS_ERR_ARG
+ * for an unknown name, PS_ERR_UNSUPPORTED when this CPU lacks the family. For tests and
+ * benchmarks; not safe while another thread is inside ps_matmul. */
+ps_status ps_matmul_set_isa(const char *name);
+
 #endif

@@ -1,0 +1,125 @@
+/* cpu.c - CPU feature detection (cpuid + xgetbv) and kernel family selection. */
+#include "cpu.h"
+
+#include <stdatomic.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define PS_X86 1
+#endif
+
+// Detection
+
+#ifdef PS_X86
+/* XCR0: which register states the OS saves (so that using them is safe). */
+static uint64_t xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+/* Fills f from cpuid leaves 1 and 7, keeping only what the OS enabled. */
+static void detect_x86(ps_cpu_features *f) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    bool osxsave = c & (1u << 27), avx = c & (1u << 28);
+    bool fma = c & (1u << 12), f16c = c & (1u << 29);
+    if (!osxsave || !avx) return;
+    uint64_t xcr0 = xgetbv0();
+    bool ymm_ok = (xcr0 & 0x6) == 0x6, zmm_ok = (xcr0 & 0xe6) == 0xe6;
+    if (!ymm_ok || __get_cpuid_max(0, NULL) < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    f->avx2 = b & (1u << 5);
+    f->fma = fma;
+    f->f16c = f16c;
+    if (!zmm_ok) return;
+    f->avx512f = b & (1u << 16);
+    f->avx512dq = b & (1u << 17);
+    f->avx512bw = b & (1u << 30);
+    f->avx512vl = b & (1u << 31);
+    f->avx512vbmi = c & (1u << 1);
+    f->avx512vnni = c & (1u << 11);
+    f->avx512bitalg = c & (1u << 12);
+    __cpuid_count(7, 1, a, b, c, d);
+    f->avx512bf16 = a & (1u << 5);
+}
+#endif
+
+static ps_cpu_features g_features;
+static atomic_int g_features_state; /* 0 unknown, 1 being filled, 2 ready */
+
+/* Detection is idempotent, so racing first callers may each fill a local copy; the
+ * first to finish publishes it. */
+const ps_cpu_features *ps_cpu_features_get(void) {
+    if (atomic_load_explicit(&g_features_state, memory_order_acquire) == 2) return &g_features;
+    ps_cpu_features f = {0};
+#ifdef PS_X86
+    detect_x86(&f);
+#endif
+#if defined(__ARM_NEON) || defined(__aarch64__)
+    f.neon = true;
+#endif
+    int expect = 0;
+    if (atomic_compare_exchange_strong(&g_features_state, &expect, 1)) {
+        g_features = f;
+        atomic_store_explicit(&g_features_state, 2, memory_order_release);
+    } else {
+        while (atomic_load_explicit(&g_features_state, memory_order_acquire) != 2) {
+        }
+    }
+    return &g_features;
+}
+
+// Families
+
+static const char *const isa_names[PS_ISA_COUNT] = {
+    [PS_ISA_REF] = "ref", [PS_ISA_AVX2] = "avx2", [PS_ISA_AVX512] = "avx512",
+    [PS_ISA_AVX512VNNI] = "avx512vnni", [PS_ISA_NEON] = "neon",
+};
+
+const char *ps_isa_name(ps_isa isa) {
+    return (unsigned)isa < PS_ISA_COUNT ? isa_names[isa] : "unknown";
+}
+
+bool ps_isa_available(ps_isa isa) {
+    const ps_cpu_features *f = ps_cpu_features_get();
+    bool avx2 = f->avx2 && f->fma && f->f16c;
+    bool avx512 = avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
+    switch (isa) {
+    case PS_ISA_REF: return true;
+    case PS_ISA_AVX2: return avx2;
+    case PS_ISA_AVX512: return avx512;
+    case PS_ISA_AVX512VNNI: return avx512 && f->avx512vnni && f->avx512vbmi && f->avx512bitalg;
+    case PS_ISA_NEON: return f->neon;
+    default: return false;
+    }
+}
+
+ps_isa ps_isa_best(void) {
+    static const ps_isa order[] = {PS_ISA_AVX512VNNI, PS_ISA_AVX512, PS_ISA_AVX2, PS_ISA_NEON};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (ps_isa_available(order[i])) return order[i];
+    return PS_ISA_REF;
+}
+
+/* The family's own table entry for t (no fallback). */
+static const ps_kernel *family_kernel(ps_isa isa, uint32_t t) {
+    switch (isa) {
+    case PS_ISA_AVX2: return ps_kern_avx2(t);
+    case PS_ISA_AVX512: return ps_kern_avx512(t);
+    case PS_ISA_AVX512VNNI: return ps_kern_avx512vnni(t);
+    case PS_ISA_NEON: return ps_kern_neon(t);
+    default: return ps_kern_ref(t);
+    }
+}
+
+/* Falls back vnni -> avx512 -> avx2 -> ref (neon -> ref) until a family has type t. */
+const ps_kernel *ps_kernel_get(ps_isa isa, uint32_t t) {
+    for (;;) {
+        const ps_kernel *k = family_kernel(isa, t);
+        if (k || isa == PS_ISA_REF) return k;
+        isa = isa == PS_ISA_AVX512VNNI ? PS_ISA_AVX512
+              : isa == PS_ISA_AVX512   ? PS_ISA_AVX2
+                                       : PS_ISA_REF;
+    }
+}

@@ -1,0 +1,193 @@
+/* pool.c - a fork-join thread pool tuned for many short jobs.
+ *
+ * Decode runs a few hundred small matmuls per token, so a job must start within a
+ * microsecond or so. Workers spin on a generation counter for a while after each job and
+ * only then sleep on it (a futex on Linux, a condition variable elsewhere); the caller
+ * wakes sleepers only when there are any. The calling thread runs part 0 itself, then
+ * spins until every worker has reported back. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "matmul.h"
+
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#ifndef PS_RELAX
+#define PS_RELAX() _mm_pause()
+#endif
+#define cpu_relax() PS_RELAX()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ volatile("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* How long an idle worker spins before it sleeps. */
+#define SPIN_NS 400000LL
+
+typedef struct {
+    ps_pool *pool;
+    int ith;
+    pthread_t thread;
+} worker;
+
+struct ps_pool {
+    int n;                        /* threads in all, the caller included */
+    worker *workers;              /* n - 1 of them */
+    atomic_uint gen;              /* bumped once per job (the futex word) */
+    atomic_int pending;           /* workers that have not finished the current job */
+    atomic_int sleepers;          /* workers asleep or about to sleep on gen */
+    atomic_bool stop;
+    void (*fn)(void *ctx, int ith, int nth);
+    void *ctx;
+#ifndef __linux__
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+#endif
+};
+
+// Sleeping and waking
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Sleeps while p->gen == seen (may return early: callers re-check). */
+static void gen_wait(ps_pool *p, unsigned seen) {
+#ifdef __linux__
+    syscall(SYS_futex, &p->gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+#else
+    pthread_mutex_lock(&p->mu);
+    while (atomic_load(&p->gen) == seen) pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+#endif
+}
+
+/* Wakes every worker sleeping on gen. */
+static void gen_wake(ps_pool *p) {
+#ifdef __linux__
+    syscall(SYS_futex, &p->gen, FUTEX_WAKE_PRIVATE, p->n, NULL, NULL, 0);
+#else
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+#endif
+}
+
+/* Returns the generation after `seen`: spins for SPIN_NS, then sleeps. The sleepers
+ * count is raised (seq_cst) before the futex re-checks gen, and the caller bumps gen
+ * (seq_cst) before it reads sleepers, so one of them always sees the other. */
+static unsigned next_gen(ps_pool *p, unsigned seen) {
+    long long t0 = now_ns();
+    for (int i = 0;; i++) {
+        unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (g != seen) return g;
+        cpu_relax();
+        if ((i & 255) != 255) continue;
+        if (now_ns() - t0 > SPIN_NS) break;
+        if ((i & 4095) == 4095) sched_yield(); /* let a descheduled peer run */
+    }
+    for (;;) {
+        atomic_fetch_add(&p->sleepers, 1);
+        gen_wait(p, seen);
+        atomic_fetch_sub(&p->sleepers, 1);
+        unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (g != seen) return g;
+    }
+}
+
+// Workers
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    ps_pool *p = w->pool;
+    unsigned seen = 0;
+    for (;;) {
+        seen = next_gen(p, seen);
+        if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
+        p->fn(p->ctx, w->ith, p->n);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+    }
+}
+
+/* Publishes a job (fn/ctx are read by workers after they see the new generation). */
+static void start_job(ps_pool *p) {
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->sleepers) > 0) gen_wake(p);
+}
+
+/* Spins until every worker has finished; yields now and then in case one was descheduled. */
+static void wait_job(ps_pool *p) {
+    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+        cpu_relax();
+        if ((i & 1023) == 1023) sched_yield();
+    }
+}
+
+// Public API
+
+ps_status ps_pool_create(int n_threads, ps_pool **out) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024) return PS_ERR_ARG;
+    ps_pool *p = calloc(1, sizeof *p);
+    if (!p) return PS_ERR_NOMEM;
+    p->n = 1;
+#ifndef __linux__
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+#endif
+    if (n_threads > 1 && !(p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers))) goto err;
+    for (int i = 1; i < n_threads; i++) {
+        worker *w = &p->workers[i - 1];
+        w->pool = p;
+        w->ith = i;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) goto err;
+        p->n = i + 1;
+    }
+    *out = p;
+    return PS_OK;
+err:
+    ps_pool_free(p);
+    return PS_ERR_NOMEM;
+}
+
+/* Stops and joins the workers started so far (p->n - 1 of them). */
+void ps_pool_free(ps_pool *p) {
+    if (!p) return;
+    atomic_store(&p->stop, true);
+    atomic_fetch_add(&p->gen, 1);
+    gen_wake(p);
+    for (int i = 1; i < p->n; i++) pthread_join(p->workers[i - 1].thread, NULL);
+#ifndef __linux__
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+#endif
+    free(p->workers);
+    free(p);
+}
+
+int ps_pool_size(const ps_pool *p) { return p ? p->n : 1; }
+
+void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
+    if (!p || p->n == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    start_job(p);
+    fn(ctx, 0, p->n);
+    wait_job(p);
+}

@@ -1,0 +1,298 @@
+/* test_matmul.c - the thread pool, and ps_matmul for every weight type and kernel family:
+ *   - the ref kernels against a double-precision dot of the dequantized weights and the
+ *     exact quantized activations;
+ *   - every other available family against ref, under a named tolerance per type;
+ *   - batch invariance: for each family, y[t][r] bit-identical whatever n_tok, the token's
+ *     place in the batch, the thread count and the row range asked for;
+ *   - scratch and weight buffers allocated to the byte, so that sanitizers catch overreads. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_test.h"
+#include "tensor/cpu.h"
+#include "tensor/matmul.h"
+
+// Random data
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* Uniform in [-1, 1). */
+static float rng_f(void) { return (float)rng_u32() / 2147483648.0f - 1.0f; }
+
+/* Activation-like values: mostly small, a few outliers, some all-zero 32-blocks. */
+static void fill_x(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = rng_f();
+        if (rng_u32() % 61 == 0) x[i] *= 20.0f;
+    }
+    if (n >= 64 && rng_u32() % 3 == 0) memset(x + 32, 0, 32 * sizeof *x);
+}
+
+// Thread pool
+
+typedef struct {
+    atomic_int calls[8];
+    atomic_int bad_nth;
+    int nth_expect;
+} pool_probe;
+
+static void probe_task(void *ctx, int ith, int nth) {
+    pool_probe *p = ctx;
+    if (nth != p->nth_expect) atomic_fetch_add(&p->bad_nth, 1);
+    if (ith >= 0 && ith < 8) atomic_fetch_add(&p->calls[ith], 1);
+}
+
+/* Every part runs exactly once per job, many jobs in a row. */
+static void test_pool(void) {
+    for (int n = 1; n <= 5; n += 1) {
+        ps_pool *pool = NULL;
+        PS_CHECK_OK(ps_pool_create(n, &pool));
+        if (!pool) continue;
+        PS_CHECK_EQ_INT(ps_pool_size(pool), n);
+        pool_probe p = {.nth_expect = n};
+        int jobs = n <= 2 ? 20000 : 500; /* more threads than cores: every job waits for a time slice */
+        for (int i = 0; i < jobs; i++) ps_pool_run(pool, probe_task, &p);
+        for (int i = 0; i < 8; i++) PS_CHECK_EQ_INT(atomic_load(&p.calls[i]), i < n ? jobs : 0);
+        PS_CHECK_EQ_INT(atomic_load(&p.bad_nth), 0);
+        ps_pool_free(pool);
+    }
+    ps_pool *pool = NULL;
+    PS_CHECK(ps_pool_create(0, &pool) == PS_ERR_ARG && pool == NULL);
+    ps_pool_free(NULL);
+    pool_probe p = {.nth_expect = 1};
+    ps_pool_run(NULL, probe_task, &p);
+    PS_CHECK_EQ_INT(atomic_load(&p.calls[0]), 1);
+}
+
+// A test problem
+
+typedef struct {
+    ps_type type;
+    int64_t rows, cols, n_tok;
+    void *w;        /* rows x ps_row_bytes, allocated to the byte */
+    float *wf;      /* dequantized weights */
+    float *x;       /* n_tok x x_stride */
+    int64_t x_stride;
+} problem;
+
+static void problem_free(problem *p) {
+    free(p->w);
+    free(p->wf);
+    free(p->x);
+}
+
+static ps_status problem_make(problem *p, ps_type type, int64_t rows, int64_t cols, int64_t n_tok) {
+    *p = (problem){.type = type, .rows = rows, .cols = cols, .n_tok = n_tok, .x_stride = cols + 3};
+    size_t rb = ps_row_bytes(type, cols);
+    p->w = malloc(rb * (size_t)rows);
+    p->wf = malloc(sizeof(float) * (size_t)(rows * cols));
+    p->x = malloc(sizeof(float) * (size_t)(n_tok * p->x_stride));
+    if (!p->w || !p->wf || !p->x) return PS_ERR_NOMEM;
+    float *row = p->wf;
+    for (int64_t r = 0; r < rows; r++, row += cols) {
+        float scale = 0.5f + (float)(rng_u32() % 100) / 50.0f;
+        for (int64_t c = 0; c < cols; c++) row[c] = rng_f() * scale;
+        ps_status s = ps_quantize_row(type, row, (uint8_t *)p->w + rb * (size_t)r, cols);
+        if (s == PS_OK) s = ps_dequantize_row(type, (uint8_t *)p->w + rb * (size_t)r, row, cols);
+        if (s != PS_OK) return s;
+    }
+    for (int64_t t = 0; t < n_tok; t++) fill_x(p->x + t * p->x_stride, cols);
+    return PS_OK;
+}
+
+/* y (n_tok x y_stride) for tokens [t0, t0 + n) and rows [r0, r0 + nr) of p, using a scratch
+ * buffer of exactly the advertised size placed one byte past a malloc'd start. */
+static void run(const problem *p, int64_t t0, int64_t n, int64_t r0, int64_t nr, float *y, int64_t y_stride,
+                ps_pool *pool) {
+    size_t rb = ps_row_bytes(p->type, p->cols);
+    ps_mat m = {.type = p->type, .rows = nr, .cols = p->cols, .data = (const uint8_t *)p->w + rb * (size_t)r0};
+    size_t sb = ps_matmul_scratch_bytes(p->type, p->cols, n);
+    uint8_t *scratch = malloc(sb + 1);
+    ps_matmul(&m, p->x + t0 * p->x_stride, p->x_stride, n, y, y_stride, scratch ? scratch + 1 : NULL, pool);
+    free(scratch);
+}
+
+// Accuracy
+
+/* The activation row as the ref kernel sees it, dequantized (exact in double). */
+static void ref_activation(ps_type type, const float *x, int64_t cols, double *out) {
+    const ps_kernel *k = ps_kern_ref(type);
+    if (!k->quant) {
+        for (int64_t c = 0; c < cols; c++) out[c] = x[c];
+        return;
+    }
+    void *xq = malloc(k->x_bytes(cols));
+    k->quant(x, xq, cols);
+    if (ps_type_get(type)->block_size == PS_QK) {
+        const ps_xq32 *b = xq;
+        for (int64_t c = 0; c < cols; c++) out[c] = (double)b[c / PS_QK].d * b[c / PS_QK].qs[c % PS_QK];
+    } else {
+        const ps_block_q8_K *b = xq;
+        for (int64_t c = 0; c < cols; c++) out[c] = (double)b[c / PS_QK_K].d * b[c / PS_QK_K].qs[c % PS_QK_K];
+    }
+    free(xq);
+}
+
+/* Relative tolerances (against sum |w x|) of ref vs the exact dot: a few float roundings
+ * per block plus the block-by-block float sum. */
+#define TOL_REF 2e-5
+/* Family vs ref: same integers, other float summation order (and for the K types with
+ * minimums, the minimum term summed in float rather than in integers). */
+static double tol_family(ps_type t) {
+    switch (t) {
+    case PS_TYPE_F32:
+    case PS_TYPE_F16:
+    case PS_TYPE_BF16: return 1e-5;
+    case PS_TYPE_Q4_K:
+    case PS_TYPE_Q5_K: return 2e-5;
+    default: return 1e-5;
+    }
+}
+
+/* sum |w x| and the exact dot for (row r, token t). */
+static void exact_dot(const problem *p, const double *xa, int64_t r, double *dot, double *mag) {
+    const float *w = p->wf + r * p->cols;
+    double s = 0, m = 0;
+    for (int64_t c = 0; c < p->cols; c++) {
+        s += (double)w[c] * xa[c];
+        m += fabs((double)w[c] * xa[c]);
+    }
+    *dot = s;
+    *mag = m;
+}
+
+/* ref vs exact, then every other family vs ref. */
+static void test_accuracy(ps_type type, int64_t rows, int64_t cols, int64_t n_tok, ps_pool *pool) {
+    problem p;
+    if (problem_make(&p, type, rows, cols, n_tok) != PS_OK) {
+        PS_CHECK(!"problem_make");
+        problem_free(&p);
+        return;
+    }
+    float *yref = malloc(sizeof(float) * (size_t)(rows * n_tok)), *y = malloc(sizeof(float) * (size_t)(rows * n_tok));
+    double *xa = malloc(sizeof(double) * (size_t)cols), *mag = malloc(sizeof(double) * (size_t)(rows * n_tok));
+    PS_CHECK_OK(ps_matmul_set_isa("ref"));
+    run(&p, 0, n_tok, 0, rows, yref, rows, pool);
+    int bad = 0;
+    for (int64_t t = 0; t < n_tok; t++) {
+        ref_activation(type, p.x + t * p.x_stride, cols, xa);
+        for (int64_t r = 0; r < rows; r++) {
+            double dot, m;
+            exact_dot(&p, xa, r, &dot, &m);
+            mag[t * rows + r] = m;
+            if (fabs(yref[t * rows + r] - dot) > TOL_REF * m + 1e-30 && bad++ < 3)
+                fprintf(stderr, "%s ref: row %lld tok %lld: %.9g vs exact %.9g (|wx| %.3g)\n", ps_type_name(type),
+                        (long long)r, (long long)t, yref[t * rows + r], dot, m);
+        }
+    }
+    PS_CHECK_EQ_INT(bad, 0);
+    for (int isa = 1; isa < PS_ISA_COUNT; isa++) {
+        if (!ps_isa_available((ps_isa)isa)) continue;
+        PS_CHECK_OK(ps_matmul_set_isa(ps_isa_name((ps_isa)isa)));
+        run(&p, 0, n_tok, 0, rows, y, rows, pool);
+        bad = 0;
+        for (int64_t i = 0; i < rows * n_tok; i++)
+            if (!(fabs(y[i] - yref[i]) <= tol_family(type) * mag[i] + 1e-30) && bad++ < 3)
+                fprintf(stderr, "%s %s: row %lld tok %lld: %.9g vs ref %.9g (|wx| %.3g)\n", ps_type_name(type),
+                        ps_isa_name((ps_isa)isa), (long long)(i % rows), (long long)(i / rows), y[i], yref[i], mag[i]);
+        PS_CHECK_EQ_INT(bad, 0);
+    }
+    free(yref);
+    free(y);
+    free(xa);
+    free(mag);
+    problem_free(&p);
+}
+
+// Batch invariance
+
+/* Compares y[t][r] (rows [r0, r0+nr), tokens [t0, t0+n)) bit for bit with full[t][r]. */
+static int compare_bits(const float *full, int64_t rows, const float *y, int64_t ys, int64_t t0, int64_t n,
+                        int64_t r0, int64_t nr) {
+    int bad = 0;
+    for (int64_t t = 0; t < n; t++)
+        if (memcmp(full + (t0 + t) * rows + r0, y + t * ys, sizeof(float) * (size_t)nr) != 0) bad++;
+    return bad;
+}
+
+/* For family isa: all tokens at once on 2 threads, then subsets of the batch at various
+ * offsets, thread counts and row ranges, each bit-identical to the first. */
+static void test_invariance(ps_type type, int64_t rows, int64_t cols, int64_t n_tok, ps_pool *pools[4]) {
+    problem p;
+    if (problem_make(&p, type, rows, cols, n_tok) != PS_OK) {
+        PS_CHECK(!"problem_make");
+        problem_free(&p);
+        return;
+    }
+    int64_t ys = rows + 5;
+    float *full = malloc(sizeof(float) * (size_t)(rows * n_tok)), *y = malloc(sizeof(float) * (size_t)(ys * n_tok));
+    static const int64_t sizes[] = {1, 2, 7, 64, 300};
+    for (int isa = 0; isa < PS_ISA_COUNT; isa++) {
+        if (!ps_isa_available((ps_isa)isa)) continue;
+        PS_CHECK_OK(ps_matmul_set_isa(ps_isa_name((ps_isa)isa)));
+        run(&p, 0, n_tok, 0, rows, full, rows, pools[2]);
+        int bad = 0;
+        for (size_t s = 0; s < PS_ARRAY_LEN(sizes) && sizes[s] <= n_tok; s++) {
+            int64_t n = sizes[s];
+            int64_t t0 = (n * 7 + 3) % (n_tok - n + 1);
+            for (int th = 1; th <= 3; th++) {
+                run(&p, t0, n, 0, rows, y, ys, pools[th]);
+                bad += compare_bits(full, rows, y, ys, t0, n, 0, rows);
+            }
+            int64_t r0 = 5 % rows, nr = rows - r0 > 3 ? rows - r0 - 3 : rows - r0;
+            run(&p, t0, n, r0, nr, y, ys, pools[2]);
+            bad += compare_bits(full, rows, y, ys, t0, n, r0, nr);
+        }
+        if (bad)
+            fprintf(stderr, "%s %s: %d token rows differ from the full batch\n", ps_type_name(type),
+                    ps_isa_name((ps_isa)isa), bad);
+        PS_CHECK_EQ_INT(bad, 0);
+    }
+    free(full);
+    free(y);
+    problem_free(&p);
+}
+
+// Main
+
+static const ps_type all_types[] = {PS_TYPE_F32,  PS_TYPE_F16,  PS_TYPE_BF16, PS_TYPE_Q4_0,
+                                    PS_TYPE_Q4_1, PS_TYPE_Q5_0, PS_TYPE_Q5_1, PS_TYPE_Q8_0,
+                                    PS_TYPE_Q4_K, PS_TYPE_Q5_K, PS_TYPE_Q6_K};
+
+/* Column counts that exercise whole SIMD groups and the tails after them. */
+static void cols_for(ps_type t, int64_t out[2]) {
+    uint32_t bs = ps_type_get(t)->block_size;
+    if (bs == 1) out[0] = 1031, out[1] = 100;
+    else if (bs == PS_QK) out[0] = 32 * 41, out[1] = 32 * 18;
+    else out[0] = 256 * 5, out[1] = 256 * 3;
+}
+
+int main(void) {
+    test_pool();
+    ps_pool *pools[4] = {NULL};
+    for (int i = 1; i < 4; i++) PS_CHECK_OK(ps_pool_create(i, &pools[i]));
+    printf("best kernel family: %s\n", ps_matmul_isa());
+    for (size_t i = 0; i < PS_ARRAY_LEN(all_types); i++) {
+        ps_type t = all_types[i];
+        PS_CHECK(ps_matmul_supported(t));
+        int64_t cols[2];
+        cols_for(t, cols);
+        test_accuracy(t, 37, cols[0], 5, pools[2]);
+        test_accuracy(t, 9, cols[1], 3, pools[3]);
+        test_invariance(t, 67, cols[1], 300, pools);
+        test_invariance(t, 1, cols[0], 9, pools);
+    }
+    PS_CHECK(!ps_matmul_supported(PS_TYPE_Q2_K));
+    PS_CHECK(ps_matmul_set_isa("nonsense") == PS_ERR_ARG);
+    for (int i = 1; i < 4; i++) ps_pool_free(pools[i]);
+    return ps_test_done();
+}
