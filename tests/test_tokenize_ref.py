@@ -9,6 +9,9 @@
     pieces, scores and types (BPE, identity normalizer, dummy prefix, byte fallback).
 (c) decode(encode(s)) == s for both, the references decode our ids to s too, and the streaming
     detokenizer hands out the same bytes without ever cutting a UTF-8 character.
+(a') the same vocabulary and merges re-labelled with the llama-bpe (Llama 3), qwen2 and gpt-2
+    pre-tokenizers, written as GGUF files here, against HF with the pre-tokenizer sections of
+    those models' tokenizer.json files (the original regexes, run by HF's Oniguruma).
 (d) a synthetic SentencePiece vocabulary written here as a GGUF file (with user-defined and
     unused pieces, which stories260K lacks), against sentencepiece the same way; no model needed.
 
@@ -116,9 +119,16 @@ def load_lib():
 # ---------------------------------------------------------------- references
 
 
+_FIELDS = {}
+
+
 def gguf_fields(path):
-    r = gguf.GGUFReader(path)
-    return lambda k, d=None: r.fields[k].contents() if k in r.fields else d
+    """A getter over the file's tokenizer.* metadata (read once per file: GGUFReader is slow)."""
+    if path not in _FIELDS:
+        r = gguf.GGUFReader(path)
+        _FIELDS[path] = {k: f.contents() for k, f in r.fields.items() if k.startswith("tokenizer.")}
+    fields = _FIELDS[path]
+    return lambda k, d=None: fields.get(k, d)
 
 
 def hf_smollm(path):
@@ -170,6 +180,53 @@ def sp_stories(path):
     sp = spm.SentencePieceProcessor()
     sp.LoadFromSerializedProto(m.SerializeToString())
     return sp
+
+
+# The "pre_tokenizer" regexes of Meta-Llama-3's and Qwen2's tokenizer.json, verbatim.
+HF_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+HF_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def hf_variant(path, pre):
+    """HF tokenizer over the GGUF's vocabulary with the pre-tokenizer of another model family."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    get = gguf_fields(path)
+    tokens, types = get("tokenizer.ggml.tokens"), get("tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
+    # Llama 3's tokenizer.json sets "ignore_merges": true
+    tk = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=(pre == "llama-bpe")))
+    if pre == "gpt-2":
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        regex = HF_LLAMA3_RE if pre == "llama-bpe" else HF_QWEN2_RE
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ])
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
+    return tk
+
+
+def write_variant(src, pre, path):
+    """A GGUF holding src's gpt2 vocabulary and merges under another tokenizer.ggml.pre."""
+    get = gguf_fields(src)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(get("tokenizer.ggml.tokens"))
+    w.add_token_types(get("tokenizer.ggml.token_type"))
+    w.add_token_merges(get("tokenizer.ggml.merges"))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)  # llama-bpe would add BOS by default; HF's encode here does not
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def synth_spm_vocab():
@@ -258,7 +315,7 @@ FIXED = [
     "|im_start|>", "<|im_start|> spaced <|im_end|>", "<s>", "</s>", "<unk>", "<s>Hello</s>", "<0x41>",
     "<repo_name>x<file_sep>y", "<|unknown_special|>", "nbsp\u00a0here\u00a0\u00a0twice", "ideographic\u3000space",
     "zero\u200bwidth\u200cjoiner\u200d", "\ufeffBOM at start", "rtl \u200f mark \u200e", "en\u2002em\u2003thin\u2009",
-    "line\u2028sep\u2029para", "nel\x85here\x85\x85 end", "mongolian\u180evowel \u180e sep",
+    "line\u2028sep\u2029para", "nel\x85here\x85\x85 end", "mongolian\u180evowel \u180e sep", "!\u180e?", "x\u180e\u180e!", "(\u0085)",
     "ctrl\x01\x02\x1b[0m", "file\x1c\x1cseparators\x1f", "\x7f del", "tab\t\tx", "a\u0085 \u0085", "  \u3000",
     "end with spaces   ", "   start with spaces", " \t mixed \t ", "\n\n\nthree newlines", "a\n\n\n\nb",
     "the other thing and the end", "and then he sang singing", "abcd bcd abc cd", "foo food  foo   foo",
@@ -334,6 +391,23 @@ def run_smollm(lib, path, strings):
     return ck.fail == 0
 
 
+def run_variants(lib, path, strings):
+    ok = True
+    for pre in ["llama-bpe", "qwen2", "gpt-2"]:
+        ck = Checker(pre)
+        vpath = os.path.join(os.environ.get("PS_TEST_TMP", "/tmp"), f"tokenize_{pre}.gguf")
+        write_variant(path, pre, vpath)
+        tk, ctok = hf_variant(path, pre), CTok(lib, vpath)
+        for s in strings:
+            ids = ctok.encode(s, add_special=True, parse_special=True)
+            ck.eq("ids", s, ids, tk.encode(s, add_special_tokens=False).ids)
+            ck.eq("decode(encode(s))", s, ctok.decode(ids, PS_TOK_DECODE_SPECIAL), s.encode())
+        ctok.close()
+        print(f"[{pre} over SmolLM2's vocabulary] {ck.n - ck.fail}/{ck.n} checks passed")
+        ok &= ck.fail == 0
+    return ok
+
+
 def run_stories(lib, path, strings):
     ck = Checker("stories260K")
     sp, ctok = sp_stories(path), CTok(lib, path)
@@ -378,6 +452,7 @@ def main():
     if os.path.exists(smol):
         ran += 1
         ok &= run_smollm(lib, smol, strings)
+        ok &= run_variants(lib, smol, strings)
     else:
         print(f"SKIPPED SmolLM2 part: {smol} is absent (run scripts/fetch_models.sh)")
     if os.path.exists(stories):
