@@ -2,11 +2,11 @@
  *
  * Candidates are kept as 64-bit keys (~order(logit) << 32 | id): ascending key order
  * is exactly the draw order (logit descending, ties by lower id), keys are distinct,
- * and integer sorting or selection gives a deterministic result. Nothing is sorted in
- * ps_sample: top-k is a quickselect, and top-p and the draw are a *weighted*
- * quickselect, which finds the candidate where the cumulative weight in draw order
- * crosses a target in expected O(n) (partition, sum the weights of the smaller side,
- * descend into the side that holds the crossing). */
+ * and integer sorting or selection gives a deterministic result. ps_sample sorts at
+ * most a few keys: top-k is a heap (small k) or a quickselect, and top-p and the draw
+ * are a *weighted* quickselect, which finds the candidate where the cumulative weight
+ * in draw order crosses a target in expected O(n) (partition, sum the weights of the
+ * smaller side, descend into the side that holds the crossing). */
 #include "sample.h"
 
 #include <math.h>
@@ -194,15 +194,32 @@ static int32_t key_id(uint64_t k) { return (int32_t)(uint32_t)k; }
 /* The logit of live candidate j. */
 static double cand_logit(const ps_sampler *s, int32_t j) { return s->logit[key_id(s->key[j])]; }
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
 static void swap_u64(uint64_t *a, uint64_t *b) {
     uint64_t t = *a;
     *a = *b;
     *b = t;
+}
+
+/* Restores the max-heap property of h[0, n) below index i. */
+static void sift_down(uint64_t *h, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && h[c + 1] > h[c]) c++;
+        if (h[c] <= h[i]) return;
+        swap_u64(&h[c], &h[i]);
+        i = c;
+    }
+}
+
+/* Sorts a[0, n) ascending in place. Heapsort: unlike the C library's sort it never
+ * allocates (glibc's merge sort mallocs a buffer), and it is O(n log n) always. */
+static void sort_keys(uint64_t *a, int32_t n) {
+    for (int32_t i = n / 2 - 1; i >= 0; i--) sift_down(a, n, i);
+    for (int32_t end = n - 1; end > 0; end--) {
+        swap_u64(&a[0], &a[end]);
+        sift_down(a, end, 0);
+    }
 }
 
 /* 2 log2(n) + 8: partitions allowed before a selection gives up and sorts the rest,
@@ -247,7 +264,7 @@ static void select_smallest(uint64_t *a, int32_t n, int32_t m) {
         if (p < m) lo = p + 1;
         else hi = p;
     }
-    qsort(a + lo, (size_t)(hi - lo), sizeof *a, cmp_u64);
+    sort_keys(a + lo, hi - lo);
 }
 
 /* Whether a cumulative weight has reached target: cum > target when strict (the
@@ -277,7 +294,7 @@ static int32_t weighted_select(ps_sampler *s, double target, bool strict) {
         if (reaches(base, target, strict)) return p;
         lo = p + 1;
     }
-    qsort(a + lo, (size_t)(hi - lo), sizeof *a, cmp_u64);
+    sort_keys(a + lo, hi - lo);
     for (int32_t j = lo; j < hi; j++) {
         base += s->w[key_id(a[j])];
         if (reaches(base, target, strict)) return j;
@@ -385,18 +402,6 @@ static ps_status prepare(ps_sampler *s, const ps_sample_params *p, const float *
     if ((st = copy_logits(s, logits))) return st;
     if ((st = apply_penalties(s, p, history, n_history))) return st;
     return argmax(s, best);
-}
-
-/* Restores the max-heap property of h[0, n) below index i. */
-static void sift_down(uint64_t *h, int32_t n, int32_t i) {
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= n) return;
-        if (c + 1 < n && h[c + 1] > h[c]) c++;
-        if (h[c] <= h[i]) return;
-        swap_u64(&h[c], &h[i]);
-        i = c;
-    }
 }
 
 /* Puts the k best finite tokens into key[0, n_cand) straight from the logits, with a
@@ -523,7 +528,7 @@ ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *
     }
     truncate_candidates(s, p);
     double z = weigh(s, p->temperature);
-    qsort(s->key, (size_t)s->n_cand, sizeof *s->key, cmp_u64);
+    sort_keys(s->key, s->n_cand);
     for (int32_t j = 0; j < s->n_cand; j++) {
         int32_t id = key_id(s->key[j]);
         s->out_id[j] = id;
