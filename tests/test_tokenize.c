@@ -76,7 +76,8 @@ static int32_t spm_types[SPM_MAX];
 /* <unk> <s> </s>, the 256 byte tokens, a user-defined and a control token, then pieces whose
  * scores favour the later (longer) ones. */
 static ps_tok_spec spm_spec(void) {
-    static const char *pieces[] = {"\xe2\x96\x81", "a", "b", "c", "\xe2\x96\x81" "a", "ab", "\xe2\x96\x81" "ab", "h", "i"};
+#define LB "\xe2\x96\x81" /* U+2581 */
+    static const char *pieces[] = {LB, "a", "b", "c", LB "a", "ab", LB "ab", "h", "i"};
     int n = 0;
     memset(spm_scores, 0, sizeof spm_scores);
     spm_toks[n] = S("<unk>"), spm_types[n++] = PS_TOK_TYPE_UNKNOWN;
@@ -128,8 +129,9 @@ static ps_tok_spec bpe_spec(void) {
     int n = 0;
     for (unsigned b = 0; b < 256; b++) {
         unsigned cp = byte_char(b);
-        if (cp < 0x80) bpe_chars[b][0] = (char)cp, bpe_chars[b][1] = 0;
-        else bpe_chars[b][0] = (char)(0xC0 | cp >> 6), bpe_chars[b][1] = (char)(0x80 | (cp & 0x3F)), bpe_chars[b][2] = 0;
+        char *c = bpe_chars[b];
+        if (cp < 0x80) c[0] = (char)cp, c[1] = 0;
+        else c[0] = (char)(0xC0 | cp >> 6), c[1] = (char)(0x80 | (cp & 0x3F)), c[2] = 0;
         bpe_toks[n] = S(bpe_chars[b]), bpe_types[n++] = PS_TOK_TYPE_NORMAL;
     }
     for (size_t i = 0; i < PS_ARRAY_LEN(words); i++) bpe_toks[n] = S(words[i]), bpe_types[n++] = PS_TOK_TYPE_NORMAL;

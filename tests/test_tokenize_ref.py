@@ -290,7 +290,7 @@ FIXED = [
     " Hello world", "Hello world ", "  leading and trailing  ", "multiple   internal    spaces",
     "tabs\tand\nnewlines\r\nmixed", "line one\nline two\n\nline four\n", "trailing newline\n",
     "I'm sure they'll say it's fine, don't you think? We've seen it. I'd go.",
-    "IT'S DON'T WE'LL YOU'RE THEY'VE I'M HE'D", "it’s curly ‘quotes’ and “double”",
+    "IT'S DON'T WE'LL YOU'RE THEY'VE I'M HE'D", "it'\u017f long s, I'\u212aelvin, 'LL 'Ll 'lL", "it’s curly ‘quotes’ and “double”",
     "Once upon a time, there was a little girl named Lily.",
     "The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs!",
     "Café naïve résumé façade Ångström coöperate", "e\u0301 combining acute, a\u0308 umlaut, n\u0303",

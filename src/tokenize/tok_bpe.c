@@ -97,7 +97,8 @@ ps_status tok_bpe_setup(ps_tok *t, ps_gguf_str pre, bool *default_add_bos, char 
                        "unsupported pre-tokenizer '%.*s' (tokenizer.ggml.pre; supported: llama3, llama-bpe, qwen2, "
                        "smollm, gpt-2, starcoder, falcon, default and their aliases)",
                        (int)(pre.len > 40 ? 40 : pre.len), pre.data);
-    snprintf(t->pre_name, sizeof t->pre_name, "%.*s", (int)(pre.len ? pre.len : def.len), pre.len ? pre.data : def.data);
+    ps_gguf_str name = pre.len ? pre : def;
+    snprintf(t->pre_name, sizeof t->pre_name, "%.*s", (int)name.len, name.data);
     for (int i = 0; i < TOK_MAX_REGEX && d->re[i]; i++) {
         ps_status s = compile_re(d->re[i], &t->re[i], err, errlen);
         if (s) return s;
@@ -147,6 +148,7 @@ static bool grow(void **buf, size_t *cap, size_t n, size_t sz) {
     return true;
 }
 
+/* Heap order: lower rank first, then the leftmost pair (HF's Merge ordering). */
 static bool cand_less(const bpe_cand *a, const bpe_cand *b) {
     return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
 }

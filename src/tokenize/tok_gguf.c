@@ -97,7 +97,8 @@ static ps_status read_model(const ps_gguf *g, ps_tok_spec *sp, char *err, size_t
         return ps_errf(err, errlen, PS_ERR_NOT_FOUND, "the file has no tokenizer (tokenizer.ggml.model is missing)");
     if (s) return s;
     if (!ps_gguf_str_eq(sp->model, "llama") && !ps_gguf_str_eq(sp->model, "gpt2"))
-        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "unsupported tokenizer '%.*s' (tokenizer.ggml.model; supported: llama, gpt2)",
+        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED,
+                       "unsupported tokenizer '%.*s' (tokenizer.ggml.model; supported: llama, gpt2)",
                        (int)(sp->model.len > 40 ? 40 : sp->model.len), sp->model.data ? sp->model.data : "");
     return opt_str(g, "tokenizer.ggml.pre", &sp->pre, err, errlen);
 }

@@ -200,7 +200,8 @@ static ps_status parse_merge(ps_tok *t, ps_gguf_str m, uint64_t i, char **buf, s
     int32_t left = tok_strmap_get(&t->vocab, t, m.data, ll);
     int32_t right = tok_strmap_get(&t->vocab, t, sp + 1, rl);
     if (left < 0 || right < 0)
-        return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.merges[%llu] '%.*s' names a token not in the vocabulary",
+        return ps_errf(err, errlen, PS_ERR_FORMAT,
+                       "tokenizer.ggml.merges[%llu] '%.*s' names a token not in the vocabulary",
                        (unsigned long long)i, shown(m.len), m.data);
     if (*cap < ll + rl) {
         char *nb = realloc(*buf, ll + rl);
@@ -212,7 +213,8 @@ static ps_status parse_merge(ps_tok *t, ps_gguf_str m, uint64_t i, char **buf, s
     memcpy(*buf + ll, sp + 1, rl);
     int32_t merged = tok_strmap_get(&t->vocab, t, *buf, ll + rl);
     if (merged < 0)
-        return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.merges[%llu] '%.*s' makes '%.*s', which is not in the vocabulary",
+        return ps_errf(err, errlen, PS_ERR_FORMAT,
+                       "tokenizer.ggml.merges[%llu] '%.*s' makes '%.*s', which is not in the vocabulary",
                        (unsigned long long)i, shown(m.len), m.data, shown(ll + rl), *buf);
     tok_mergemap_put(&t->merges, left, right, (int32_t)i, merged);
     return PS_OK;
@@ -229,7 +231,8 @@ static ps_status build_merges(ps_tok *t, const ps_tok_spec *sp, char *err, size_
     char *buf = NULL;
     size_t cap = 0;
     ps_status s = PS_OK;
-    for (uint64_t i = 0; i < sp->n_merges && s == PS_OK; i++) s = parse_merge(t, sp->merges[i], i, &buf, &cap, err, errlen);
+    for (uint64_t i = 0; i < sp->n_merges && s == PS_OK; i++)
+        s = parse_merge(t, sp->merges[i], i, &buf, &cap, err, errlen);
     free(buf);
     return s;
 }

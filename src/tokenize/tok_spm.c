@@ -102,10 +102,12 @@ static int32_t make_symbols(spm_ctx *c, size_t n) {
 
 // ---- the heap
 
+/* Heap order: higher score first, then the leftmost pair (sentencepiece's comparator). */
 static bool cand_before(const spm_cand *a, const spm_cand *b) {
     return a->score != b->score ? a->score > b->score : a->left < b->left;
 }
 
+/* Adds x to the heap (capacity is reserved up front: see spm_ctx). */
 static void heap_push(spm_ctx *c, spm_cand x) {
     size_t i = c->heap_n++;
     while (i > 0 && cand_before(&x, &c->heap[(i - 1) / 2])) {
@@ -115,6 +117,7 @@ static void heap_push(spm_ctx *c, spm_cand x) {
     c->heap[i] = x;
 }
 
+/* Removes and returns the best candidate; the heap must not be empty. */
 static spm_cand heap_pop(spm_ctx *c) {
     spm_cand top = c->heap[0], x = c->heap[--c->heap_n];
     size_t i = 0, n = c->heap_n;
@@ -213,7 +216,8 @@ ps_status tok_spm_encode(const ps_tok *t, const char *s, size_t len, bool space_
                          size_t errlen) {
     if (!len) return PS_OK;
     size_t max = 3 * len + 3;
-    if (max >= UINT32_MAX / 4) return ps_errf(err, errlen, PS_ERR_RANGE, "text of %zu bytes is too long to encode", len);
+    if (max >= UINT32_MAX / 4)
+        return ps_errf(err, errlen, PS_ERR_RANGE, "text of %zu bytes is too long to encode", len);
     spm_ctx c = {.t = t, .o = o};
     ps_status st = PS_OK;
     if (ctx_alloc(&c, max)) {
