@@ -12,7 +12,9 @@ that chose them.
 
 Cases (each skips with a message when its model is absent; exit 0 pass, 77 all skipped, 1 fail):
   stories260K   real F32 model: 100 greedy tokens after BOS + "Once upon a time" equal the
-                reference's one for one; logits within 1e-3.
+                reference's one for one; logits within 1e-3; and `run -p "Once upon a time"`
+                (the engine's own tokenizer and detokenizer) prints the story sentencepiece
+                decodes from the reference's ids.
   smollm2       real Q4_1/Q8_0 model, chat prompt, 64 greedy steps: tokens agree (a divergence is
                 tolerated only at a near-tie, then both are re-synchronised on the reference's
                 tokens); logits within the tolerances explained at SMOLLM_* below.
@@ -233,6 +235,17 @@ def test_stories260k():
                        f"(reference top-2 margin {top2_margin(ref_lg[j]):.4g})\n"
                        f"engine    {e_ids}\nreference {ref_ids}")
     assert diff < STORIES_TOL, f"logits differ by {diff} (> {STORIES_TOL})"
+    # text in, text out: the engine's own tokenizer (BOS added) and detokenizer must give the
+    # story that sentencepiece decodes from the reference's ids
+    if sp is not None:
+        cmd = [engine_bin(), "run", "-m", path, "-p", STORIES_TEXT, "-n", str(STORIES_STEPS),
+               "--temp", "0", "--ignore-eos"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr[-800:]}"
+        want = sp.decode(ref_ids).strip()
+        assert want in p.stdout, (f"text mode: the reference's story {want!r} is not in the "
+                                  f"engine's output {p.stdout!r}")
+        print("  text mode (-p): the engine prints the reference's story")
 
 
 # ---------------------------------------------------------------- SmolLM2-135M
