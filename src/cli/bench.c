@@ -1,0 +1,200 @@
+/* bench.c - `pipeshard bench`: prefill and decode speed of a model on this machine, and
+ * decode's share of the memory-bandwidth limit (weight bytes read per token ÷ measured
+ * read bandwidth). */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/model.h"
+#include "../tensor/types.h"
+#include "args.h"
+#include "cli.h"
+
+typedef struct {
+    const char *model;
+    long long n_prompt, n_gen, threads, reps;
+    bool json;
+} bench_opts;
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [-r REPS] [--json]\n"
+            "  -p N        prompt tokens for the prefill measurement (default 128)\n"
+            "  -n N        generated tokens for the decode measurement (default 64)\n"
+            "  -t THREADS  threads (default: all cores)\n"
+            "  -r REPS     repetitions; figures are medians (default 3)\n"
+            "  --json      one JSON object instead of a table\n");
+}
+
+/* Parses argv into o; returns 0 to go on, else the exit status (0 after --help). */
+static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
+    *o = (bench_opts){.n_prompt = 128, .n_gen = 64, .threads = ps_cpu_count(), .reps = 3};
+    *done = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bench_usage(stdout);
+            *done = true;
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-t") || !strcmp(a, "-r")) {
+            if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
+            bool ok = true;
+            if (a[1] == 'm') o->model = v;
+            else if (a[1] == 'p') ok = ps_arg_int("bench", a, v, 1, 1 << 20, &o->n_prompt);
+            else if (a[1] == 'n') ok = ps_arg_int("bench", a, v, 1, 1 << 20, &o->n_gen);
+            else if (a[1] == 't') ok = ps_arg_int("bench", a, v, 1, 1024, &o->threads);
+            else ok = ps_arg_int("bench", a, v, 1, 1000, &o->reps);
+            if (!ok) return 2;
+        } else {
+            fprintf(stderr, "pipeshard bench: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!o->model) {
+        fprintf(stderr, "pipeshard bench: no model given (-m MODEL)\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Bytes of weights one decode step reads: every layer matrix, the output head, one
+ * embedding row. */
+static double decode_bytes(const ps_model *m) {
+    double b = 0;
+#define MB(mat) ((double)ps_row_bytes((mat).type, (mat).cols) * (double)(mat).rows)
+    for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
+        const ps_layer *L = &m->layers[i];
+        b += MB(L->wq) + MB(L->wk) + MB(L->wv) + MB(L->wo) + MB(L->w_gate) + MB(L->w_up) + MB(L->w_down);
+    }
+    b += MB(m->output) + (double)ps_row_bytes(m->tok_embd.type, m->tok_embd.cols);
+#undef MB
+    return b;
+}
+
+typedef struct {
+    const uint64_t *buf;
+    size_t n;
+    uint64_t sums[64];
+} bw_job;
+
+static void bw_task(void *ctx, int ith, int nth) {
+    bw_job *j = ctx;
+    size_t b = j->n * ith / nth, e = j->n * (ith + 1) / nth;
+    uint64_t s = 0;
+    for (size_t i = b; i < e; i++) s += j->buf[i];
+    j->sums[ith & 63] = s;
+}
+
+/* Read bandwidth in bytes/s of the pool's threads over a 512 MiB buffer (best of 5). */
+static double measure_bandwidth(ps_pool *pool) {
+    size_t n = (512u << 20) / sizeof(uint64_t);
+    uint64_t *buf = malloc(n * sizeof *buf);
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    bw_job j = {.buf = buf, .n = n};
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t0 = ps_now();
+        ps_pool_run(pool, bw_task, &j);
+        double bw = (double)(n * sizeof *buf) / (ps_now() - t0);
+        if (bw > best) best = bw;
+    }
+    free(buf);
+    return best;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One repetition: prefill n_prompt tokens in one forward, then decode n_gen tokens one by one
+ * (each fed the argmax of the previous logits). Times in seconds. */
+static ps_status bench_once(ps_ctx *c, const bench_opts *o, int vocab, int32_t *toks, float *logits, double *t_pp,
+                            double *t_tg, char *err, size_t errlen) {
+    double t0 = ps_now();
+    ps_status s = ps_forward(c, toks, (int)o->n_prompt, 0, logits, 1, err, errlen);
+    if (s) return s;
+    *t_pp = ps_now() - t0;
+    t0 = ps_now();
+    for (int i = 0; i < o->n_gen; i++) {
+        int32_t best = 0;
+        for (int v = 1; v < vocab; v++)
+            if (logits[v] > logits[best]) best = v;
+        if ((s = ps_forward(c, &best, 1, (int)o->n_prompt + i, logits, 1, err, errlen))) return s;
+    }
+    *t_tg = ps_now() - t0;
+    return PS_OK;
+}
+
+static void bench_report(const bench_opts *o, const ps_model *m, double pp, double tg, double bytes, double bw) {
+    double limit = bw > 0 ? bw / bytes : 0, share = limit > 0 ? tg / limit : 0;
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "model", o->model);
+        cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
+        cJSON_AddNumberToObject(j, "threads", (double)o->threads);
+        cJSON_AddNumberToObject(j, "n_prompt", (double)o->n_prompt);
+        cJSON_AddNumberToObject(j, "n_gen", (double)o->n_gen);
+        cJSON_AddNumberToObject(j, "prefill_tok_s", pp);
+        cJSON_AddNumberToObject(j, "decode_tok_s", tg);
+        cJSON_AddNumberToObject(j, "decode_bytes_per_token", bytes);
+        cJSON_AddNumberToObject(j, "read_bandwidth_gb_s", bw / 1e9);
+        cJSON_AddNumberToObject(j, "decode_limit_tok_s", limit);
+        cJSON_AddNumberToObject(j, "bandwidth_share", share);
+        char *txt = cJSON_PrintUnformatted(j);
+        printf("%s\n", txt);
+        free(txt);
+        cJSON_Delete(j);
+        return;
+    }
+    printf("model      %s (%s, %d layers, dim %d)\n", o->model, m->hp.arch_name, m->hp.n_layer, m->hp.dim);
+    printf("kernels    %s, %lld threads\n", ps_matmul_isa(), o->threads);
+    printf("prefill    %8.1f tok/s  (pp%lld, median of %lld)\n", pp, o->n_prompt, o->reps);
+    printf("decode     %8.2f tok/s  (tg%lld, median of %lld)\n", tg, o->n_gen, o->reps);
+    printf("bandwidth  %8.1f GB/s read; %.1f MB of weights per token -> limit %.2f tok/s; decode at %.0f%%\n",
+           bw / 1e9, bytes / 1e6, limit, 100 * share);
+}
+
+int ps_cli_bench(int argc, char **argv) {
+    bench_opts o;
+    bool done;
+    int rc = bench_parse(argc, argv, &o, &done);
+    if (rc || done) return rc;
+    char err[512] = "";
+    ps_model *m = NULL;
+    ps_pool *pool = NULL;
+    ps_ctx *c = NULL;
+    int32_t *toks = malloc((size_t)o.n_prompt * sizeof *toks);
+    double *pp = calloc((size_t)o.reps, sizeof *pp), *tg = calloc((size_t)o.reps, sizeof *tg);
+    float *logits = NULL;
+    ps_status s = PS_ERR_NOMEM;
+    if (!toks || !pp || !tg) goto out;
+    if ((s = ps_model_load(o.model, &m, err, sizeof err))) goto out;
+    if ((s = ps_pool_create((int)o.threads, &pool))) goto out;
+    if ((s = ps_ctx_create(m, (int)(o.n_prompt + o.n_gen), (int)o.n_prompt, pool, &c, err, sizeof err))) goto out;
+    if (!(logits = malloc((size_t)m->hp.vocab * sizeof *logits))) goto out;
+    for (long long i = 0; i < o.n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.vocab);
+    for (int r = 0; r < o.reps; r++) {
+        double a, b;
+        if ((s = bench_once(c, &o, m->hp.vocab, toks, logits, &a, &b, err, sizeof err))) goto out;
+        pp[r] = (double)o.n_prompt / a;
+        tg[r] = (double)o.n_gen / b;
+    }
+    bench_report(&o, m, median(pp, (int)o.reps), median(tg, (int)o.reps), decode_bytes(m), measure_bandwidth(pool));
+out:
+    if (s) fprintf(stderr, "pipeshard bench: %s\n", err[0] ? err : ps_strerror(s));
+    free(logits), free(toks), free(pp), free(tg);
+    ps_ctx_free(c);
+    ps_pool_free(pool);
+    ps_model_free(m);
+    return s ? 1 : 0;
+}

@@ -1,0 +1,402 @@
+/* run.c - `pipeshard run`: tokenize a prompt, run the model, print the generated text as
+ * it is produced (or token ids with --print-ids), and optionally a JSON stats line. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "../model/model.h"
+#include "../sample/sample.h"
+#include "../tokenize/chat.h"
+#include "../tokenize/tokenize.h"
+#include "args.h"
+#include "cli.h"
+
+typedef struct {
+    const char *model, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system;
+    long long n_predict, threads, ctx, batch;
+    bool ignore_eos, chat, stats, print_ids, seeded;
+    ps_sample_params sp;
+} run_opts;
+
+static void run_usage(FILE *f) {
+    fprintf(f,
+            "usage: pipeshard run -m MODEL [-p PROMPT | -f FILE] [options]\n"
+            "  -m, --model FILE        GGUF model\n"
+            "  -p, --prompt TEXT       prompt text\n"
+            "  -f, --file FILE         read the prompt from FILE\n"
+            "  -n, --n-predict N       tokens to generate (default 128; -1 = until end of text or context)\n"
+            "  --temp T                temperature; 0 = greedy (default 0.8)\n"
+            "  --top-k K               keep the K most likely tokens; 0 = off (default 40)\n"
+            "  --top-p P               nucleus sampling; 1 = off (default 0.95)\n"
+            "  --min-p P               drop tokens below P x the top probability; 0 = off (default 0.05)\n"
+            "  --repeat-penalty R      penalty on recent tokens; 1 = off (default 1)\n"
+            "  --repeat-last-n N       tokens the penalties look at (default 64; -1 = all)\n"
+            "  --presence-penalty P    OpenAI presence penalty (default 0)\n"
+            "  --frequency-penalty F   OpenAI frequency penalty (default 0)\n"
+            "  --seed S                sampling seed (default: random, printed by --stats)\n"
+            "  -t, --threads N         threads (default: all cores)\n"
+            "  -c, --ctx-size N        context size in tokens (default: the model's, at most 4096)\n"
+            "  -b, --batch-size N      prompt tokens per forward pass (default 128)\n"
+            "  --ignore-eos            keep generating past the end-of-text token\n"
+            "  --chat                  wrap the prompt in the model's chat template as a user message\n"
+            "  --chat-template NAME    chat template family (chatml, llama2, llama3, mistral, gemma, phi3, zephyr)\n"
+            "  --system TEXT           system message for --chat\n"
+            "  --stats                 print a JSON line of timings on stderr at the end\n"
+            "  --prompt-ids IDS        comma-separated token ids instead of a text prompt (no BOS added)\n"
+            "  --print-ids             print generated token ids (space-separated) instead of text\n"
+            "  --dump-logits FILE      write each generated step's logits (float32, vocab per step) to FILE\n");
+}
+
+/* The option table: flags taking a value. */
+enum { O_MODEL, O_PROMPT, O_FILE, O_N, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_PRES, O_FREQ, O_SEED,
+       O_THREADS, O_CTX, O_BATCH, O_TEMPLATE, O_SYSTEM, O_IDS, O_DUMP };
+static const struct {
+    const char *s, *l;
+    int id;
+} value_flags[] = {
+    {"-m", "--model", O_MODEL}, {"-p", "--prompt", O_PROMPT}, {"-f", "--file", O_FILE}, {"-n", "--n-predict", O_N},
+    {NULL, "--temp", O_TEMP}, {NULL, "--top-k", O_TOPK}, {NULL, "--top-p", O_TOPP}, {NULL, "--min-p", O_MINP},
+    {NULL, "--repeat-penalty", O_REP}, {NULL, "--repeat-last-n", O_REPN}, {NULL, "--presence-penalty", O_PRES},
+    {NULL, "--frequency-penalty", O_FREQ}, {NULL, "--seed", O_SEED}, {"-t", "--threads", O_THREADS},
+    {"-c", "--ctx-size", O_CTX}, {"-b", "--batch-size", O_BATCH}, {NULL, "--chat-template", O_TEMPLATE},
+    {NULL, "--system", O_SYSTEM}, {NULL, "--prompt-ids", O_IDS}, {NULL, "--dump-logits", O_DUMP},
+};
+
+/* Applies one valued flag; false after printing what is wrong. */
+static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
+    long long i;
+    double d;
+    switch (id) {
+    case O_MODEL: o->model = v; return true;
+    case O_PROMPT: o->prompt = v; return true;
+    case O_FILE: o->prompt_file = v; return true;
+    case O_TEMPLATE: o->chat_template = v; return true;
+    case O_SYSTEM: o->system = v; return true;
+    case O_IDS: o->prompt_ids = v; return true;
+    case O_DUMP: o->dump_logits = v; return true;
+    case O_N: return ps_arg_int("run", flag, v, -1, 1 << 30, &o->n_predict);
+    case O_THREADS: return ps_arg_int("run", flag, v, 1, 1024, &o->threads);
+    case O_CTX: return ps_arg_int("run", flag, v, 1, 1 << 24, &o->ctx);
+    case O_BATCH: return ps_arg_int("run", flag, v, 1, 1 << 16, &o->batch);
+    case O_TOPK: return ps_arg_int("run", flag, v, 0, 1 << 30, &i) && ((o->sp.top_k = (int32_t)i), true);
+    case O_REPN: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->sp.penalty_last_n = (int32_t)i), true);
+    case O_SEED:
+        o->seeded = true;
+        return ps_arg_int("run", flag, v, 0, INT64_MAX, &i) && ((o->sp.seed = (uint64_t)i), true);
+    case O_TEMP: return ps_arg_float("run", flag, v, 0, 1e6, &d) && ((o->sp.temperature = (float)d), true);
+    case O_TOPP: return ps_arg_float("run", flag, v, 1e-9, 1, &d) && ((o->sp.top_p = (float)d), true);
+    case O_MINP: return ps_arg_float("run", flag, v, 0, 1, &d) && ((o->sp.min_p = (float)d), true);
+    case O_REP: return ps_arg_float("run", flag, v, 1e-6, 1e6, &d) && ((o->sp.repetition_penalty = (float)d), true);
+    case O_PRES: return ps_arg_float("run", flag, v, -2, 2, &d) && ((o->sp.presence_penalty = (float)d), true);
+    case O_FREQ: return ps_arg_float("run", flag, v, -2, 2, &d) && ((o->sp.frequency_penalty = (float)d), true);
+    }
+    return false;
+}
+
+/* Parses argv; returns -1 to go on, else the exit status (0 after --help). */
+static int run_parse(int argc, char **argv, run_opts *o) {
+    *o = (run_opts){.n_predict = 128, .threads = ps_cpu_count(), .batch = 128, .sp = ps_sample_params_default()};
+    o->sp.temperature = 0.8f, o->sp.top_k = 40, o->sp.top_p = 0.95f, o->sp.min_p = 0.05f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return run_usage(stdout), 0;
+        if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = true; continue; }
+        if (!strcmp(a, "--chat")) { o->chat = true; continue; }
+        if (!strcmp(a, "--stats")) { o->stats = true; continue; }
+        if (!strcmp(a, "--print-ids")) { o->print_ids = true; continue; }
+        size_t k = 0;
+        while (k < PS_ARRAY_LEN(value_flags) &&
+               !((value_flags[k].s && !strcmp(a, value_flags[k].s)) || !strcmp(a, value_flags[k].l)))
+            k++;
+        if (k == PS_ARRAY_LEN(value_flags)) {
+            fprintf(stderr, "pipeshard run: unknown option '%s' (see pipeshard run --help)\n", a);
+            return 2;
+        }
+        const char *v = ps_arg_value("run", argc, argv, &i);
+        if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
+    }
+    const char *why = NULL;
+    if (!o->model) why = "no model given (-m MODEL)";
+    else if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids > 1) why = "give only one of -p, -f and --prompt-ids";
+    else if (o->chat && o->prompt_ids) why = "--chat needs a text prompt, not --prompt-ids";
+    if (why) {
+        fprintf(stderr, "pipeshard run: %s\n", why);
+        return 2;
+    }
+    if (!o->seeded && getrandom(&o->sp.seed, sizeof o->sp.seed, 0) != sizeof o->sp.seed) o->sp.seed = (uint64_t)ps_now();
+    o->sp.seed &= INT64_MAX;
+    return -1;
+}
+
+// ---------------------------------------------------------------------------------------
+// Generation
+
+typedef struct {
+    const run_opts *o;
+    ps_model *m;
+    ps_tok *tok;          /* NULL when ids go in and out (--prompt-ids with --print-ids) */
+    ps_pool *pool;
+    ps_ctx *ctx;
+    ps_sampler *smp;
+    ps_tok_stream *stream;
+    int32_t *toks;        /* (n_ctx) prompt then generated tokens */
+    int n_toks;
+    int n_prompt;
+    float *logits;        /* (vocab) */
+    FILE *dump;           /* --dump-logits */
+    double t_load, t_prefill, t_first, t_decode;
+    int n_decode;         /* single-token forward passes timed in t_decode */
+    char err[1024];
+} run_state;
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer (caller frees). */
+static ps_status read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ps_errf(err, errlen, PS_ERR_IO, "cannot open prompt file '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap + 1);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *nb = cap > (1u << 30) ? NULL : realloc(buf, 2 * cap + 1);
+            if (!nb) free(buf);
+            buf = nb, cap *= 2;
+        }
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (!buf) return ps_errf(err, errlen, PS_ERR_NOMEM, "prompt file '%s' is too large", path);
+    if (bad) {
+        free(buf);
+        return ps_errf(err, errlen, PS_ERR_IO, "cannot read prompt file '%s'", path);
+    }
+    buf[n] = 0;
+    *out = buf, *len = n;
+    return PS_OK;
+}
+
+/* Parses "1,2,3" into st->toks (at most cap ids). */
+static ps_status parse_ids(run_state *st, const char *s, int cap) {
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ','))
+            return ps_errf(st->err, sizeof st->err, PS_ERR_ARG, "--prompt-ids: '%s' is not a comma-separated list of token ids", s);
+        if (n == cap)
+            return ps_errf(st->err, sizeof st->err, PS_ERR_RANGE, "the prompt has more than %d tokens, the context size (-c/--ctx-size)", cap);
+        st->toks[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!n) return ps_errf(st->err, sizeof st->err, PS_ERR_ARG, "--prompt-ids is empty");
+    st->n_prompt = st->n_toks = n;
+    return PS_OK;
+}
+
+/* A NUL-terminated copy of token id's text, or NULL (caller frees). */
+static char *token_text(const ps_tok *tok, int32_t id) {
+    size_t len;
+    const char *t = id >= 0 ? ps_tok_token_text(tok, id, &len) : NULL;
+    return t ? strndup(t, len) : NULL;
+}
+
+/* Renders the user's prompt (and --system) through the model's chat template, or the
+ * family named by --chat-template. *text is malloc'd; *writes_bos says whether it holds
+ * the BOS text already. */
+static ps_status chat_prompt(run_state *st, const char *user, char **text, bool *writes_bos) {
+    const run_opts *o = st->o;
+    ps_gguf_str t;
+    char *tmpl = NULL, *bos = token_text(st->tok, ps_tok_bos(st->tok)), *eos = token_text(st->tok, ps_tok_eos(st->tok));
+    if (ps_gguf_get_str(st->m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK) tmpl = strndup(t.data, t.len);
+    ps_chat *chat = NULL;
+    ps_status s = ps_chat_create(tmpl, o->chat_template, bos, eos, &chat, st->err, sizeof st->err);
+    if (!s) {
+        ps_chat_msg msgs[2] = {{"system", o->system}, {"user", user}};
+        size_t len;
+        s = ps_chat_apply_alloc(chat, o->system ? msgs : msgs + 1, o->system ? 2 : 1, true, text, &len, st->err,
+                                sizeof st->err);
+        *writes_bos = ps_chat_writes_bos(chat);
+    }
+    ps_chat_free(chat);
+    free(tmpl), free(bos), free(eos);
+    return s;
+}
+
+/* The text to tokenize: -p, -f or nothing, wrapped in the chat template with --chat.
+ * *text is malloc'd (caller frees); *add_bos says whether the tokenizer adds BOS. */
+static ps_status prompt_text(run_state *st, char **text, size_t *len, bool *add_bos) {
+    const run_opts *o = st->o;
+    char *raw = NULL;
+    size_t n = 0;
+    ps_status s = PS_OK;
+    *add_bos = true;
+    if (o->prompt_file) s = read_file(o->prompt_file, &raw, &n, st->err, sizeof st->err);
+    else if (!(raw = strdup(o->prompt ? o->prompt : ""))) s = PS_ERR_NOMEM;
+    else n = strlen(raw);
+    if (s || !o->chat) {
+        *text = raw, *len = n;
+        return s;
+    }
+    bool writes_bos = false;
+    s = chat_prompt(st, raw, text, &writes_bos);
+    free(raw);
+    *add_bos = !writes_bos;
+    if (!s) *len = strlen(*text);
+    return s;
+}
+
+/* Fills st->toks with the prompt (text tokenized, or --prompt-ids). */
+static ps_status tokenize_prompt(run_state *st, int cap) {
+    if (st->o->prompt_ids) return parse_ids(st, st->o->prompt_ids, cap);
+    char *text;
+    size_t len, n = 0;
+    bool add_bos;
+    ps_status s = prompt_text(st, &text, &len, &add_bos);
+    if (s) return s;
+    s = ps_tok_encode(st->tok, text, len, add_bos, st->o->chat, st->toks, (size_t)cap, &n, st->err, sizeof st->err);
+    free(text);
+    if (s == PS_ERR_RANGE)
+        return ps_errf(st->err, sizeof st->err, PS_ERR_RANGE,
+                       "the prompt has %zu tokens, more than the context size of %d (-c/--ctx-size)", n, cap);
+    if (s) return s;
+    if (n == 0) return ps_errf(st->err, sizeof st->err, PS_ERR_ARG, "the prompt is empty (give -p, -f or --prompt-ids)");
+    st->n_prompt = st->n_toks = (int)n;
+    return PS_OK;
+}
+
+/* Loads the model, tokenizer, sampler and context. */
+static ps_status run_setup(run_state *st) {
+    const run_opts *o = st->o;
+    char *err = st->err;
+    size_t el = sizeof st->err;
+    double t0 = ps_now();
+    ps_status s = ps_model_load(o->model, &st->m, err, el);
+    if (s) return s;
+    bool need_tok = !(o->prompt_ids && o->print_ids);
+    if (need_tok && (s = ps_tok_create(st->m->gguf, &st->tok, err, el))) return s;
+    if (st->tok && ps_tok_n_vocab(st->tok) > st->m->hp.vocab)
+        return ps_errf(err, el, PS_ERR_FORMAT, "the tokenizer has %d tokens but the model only %d rows",
+                       ps_tok_n_vocab(st->tok), st->m->hp.vocab);
+    if ((s = ps_sample_params_check(&o->sp, err, el))) return s;
+    int n_ctx = o->ctx ? (int)o->ctx : (st->m->hp.ctx_train < 4096 ? st->m->hp.ctx_train : 4096);
+    if ((s = ps_pool_create((int)o->threads, &st->pool))) return ps_errf(err, el, s, "cannot start %lld threads", o->threads);
+    if ((s = ps_ctx_create(st->m, n_ctx, (int)o->batch, st->pool, &st->ctx, err, el))) return s;
+    if ((s = ps_sampler_create(st->m->hp.vocab, &st->smp, err, el))) return s;
+    if (st->tok && (s = ps_tok_stream_create(st->tok, PS_TOK_DECODE_STRIP_SPACE * 0, &st->stream))) return s;
+    st->toks = malloc((size_t)n_ctx * sizeof *st->toks);
+    st->logits = malloc((size_t)st->m->hp.vocab * sizeof *st->logits);
+    if (!st->toks || !st->logits) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
+    if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
+        return ps_errf(err, el, PS_ERR_IO, "cannot create '%s': %s", o->dump_logits, strerror(errno));
+    st->t_load = ps_now() - t0;
+    return tokenize_prompt(st, n_ctx);
+}
+
+/* Prints one generated token (text through the streaming detokenizer, or its id). */
+static ps_status emit(run_state *st, int32_t tok) {
+    if (st->o->print_ids) {
+        printf(st->n_toks > st->n_prompt + 1 ? " %d" : "%d", tok);
+    } else {
+        const char *text;
+        size_t len;
+        ps_status s = ps_tok_stream_push(st->stream, tok, &text, &len);
+        if (s) return ps_errf(st->err, sizeof st->err, s, "cannot decode token %d", tok);
+        fwrite(text, 1, len, stdout);
+    }
+    fflush(stdout);
+    return PS_OK;
+}
+
+/* Samples the next token from st->logits at position st->n_toks. */
+static ps_status next_token(run_state *st, int32_t *tok) {
+    if (st->dump && fwrite(st->logits, sizeof(float), (size_t)st->m->hp.vocab, st->dump) != (size_t)st->m->hp.vocab)
+        return ps_errf(st->err, sizeof st->err, PS_ERR_IO, "cannot write '%s'", st->o->dump_logits);
+    ps_status s = ps_sample(st->smp, &st->o->sp, st->logits, st->toks, st->n_toks, (uint64_t)st->n_toks, tok);
+    if (s) return ps_errf(st->err, sizeof st->err, s, "sampling failed: %s", ps_sampler_error(st->smp));
+    return PS_OK;
+}
+
+/* Prefill, then sample / print / feed until -n tokens, end of text or the context is full. */
+static ps_status generate(run_state *st) {
+    const run_opts *o = st->o;
+    int n_ctx = ps_ctx_n_ctx(st->ctx);
+    double t0 = ps_now();
+    ps_status s = ps_forward(st->ctx, st->toks, st->n_toks, 0, st->logits, 1, st->err, sizeof st->err);
+    if (s) return s;
+    st->t_prefill = ps_now() - t0;
+    double td = 0;
+    for (long long i = 0; o->n_predict < 0 || i < o->n_predict; i++) {
+        int32_t tok;
+        if ((s = next_token(st, &tok))) return s;
+        if (i == 0) st->t_first = ps_now() - t0;
+        if (!o->ignore_eos && st->tok && ps_tok_is_eog(st->tok, tok)) break;
+        st->toks[st->n_toks++] = tok;
+        if ((s = emit(st, tok))) return s;
+        if ((o->n_predict >= 0 && i + 1 == o->n_predict) || st->n_toks == n_ctx) break;
+        double t1 = ps_now();
+        if ((s = ps_forward(st->ctx, &tok, 1, st->n_toks - 1, st->logits, 1, st->err, sizeof st->err))) return s;
+        td += ps_now() - t1;
+        st->n_decode++;
+    }
+    st->t_decode = td;
+    if (o->print_ids) {
+        printf("\n");
+    } else if (st->stream) {
+        const char *text;
+        size_t len;
+        ps_tok_stream_flush(st->stream, &text, &len);
+        fwrite(text, 1, len, stdout);
+        printf("\n");
+    }
+    fflush(stdout);
+    return PS_OK;
+}
+
+/* The --stats JSON line. */
+static void print_stats(const run_state *st) {
+    cJSON *j = cJSON_CreateObject();
+    int gen = st->n_toks - st->n_prompt;
+    cJSON_AddNumberToObject(j, "prompt_tokens", st->n_prompt);
+    cJSON_AddNumberToObject(j, "generated_tokens", gen);
+    cJSON_AddNumberToObject(j, "load_ms", st->t_load * 1e3);
+    cJSON_AddNumberToObject(j, "ttft_ms", st->t_first * 1e3);
+    cJSON_AddNumberToObject(j, "prefill_tok_s", st->t_prefill > 0 ? st->n_prompt / st->t_prefill : 0);
+    cJSON_AddNumberToObject(j, "decode_tok_s", st->t_decode > 0 ? st->n_decode / st->t_decode : 0);
+    cJSON_AddNumberToObject(j, "threads", (double)st->o->threads);
+    cJSON_AddNumberToObject(j, "n_ctx", ps_ctx_n_ctx(st->ctx));
+    cJSON_AddNumberToObject(j, "seed", (double)st->o->sp.seed);
+    cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
+    char *txt = cJSON_PrintUnformatted(j);
+    fprintf(stderr, "%s\n", txt);
+    free(txt);
+    cJSON_Delete(j);
+}
+
+static void run_cleanup(run_state *st) {
+    if (st->dump) fclose(st->dump);
+    free(st->toks), free(st->logits);
+    ps_tok_stream_free(st->stream);
+    ps_sampler_free(st->smp);
+    ps_ctx_free(st->ctx);
+    ps_pool_free(st->pool);
+    ps_tok_free(st->tok);
+    ps_model_free(st->m);
+}
+
+int ps_cli_run(int argc, char **argv) {
+    run_opts o;
+    int rc = run_parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    run_state st = {.o = &o};
+    ps_status s = run_setup(&st);
+    if (!s) s = generate(&st);
+    if (s) fprintf(stderr, "pipeshard run: %s\n", st.err[0] ? st.err : ps_strerror(s));
+    else if (o.stats) print_stats(&st);
+    run_cleanup(&st);
+    return s ? 1 : 0;
+}

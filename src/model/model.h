@@ -1,0 +1,93 @@
+/* model.h - architectures (hyper-parameters, weight binding) and the forward pass of a
+ * range of layers.
+ *
+ * A ps_model binds the tensors of one GGUF file (mapped, never copied, but for small
+ * vectors such as norms and biases, which are converted to f32 once). A ps_ctx is the
+ * run state of one sequence: its KV cache and every buffer the forward pass uses,
+ * allocated once at creation; the forward pass allocates nothing. */
+#ifndef PS_MODEL_H
+#define PS_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../gguf/gguf.h"
+#include "../ps.h"
+#include "../tensor/matmul.h"
+
+typedef enum { PS_ARCH_LLAMA, PS_ARCH_QWEN2, PS_ARCH_QWEN3 } ps_arch;
+
+typedef struct {
+    ps_arch arch;
+    char arch_name[32];  /* "llama", "qwen2", "qwen3" */
+    int n_layer;         /* transformer blocks in the whole model */
+    int dim;             /* embedding width */
+    int n_head;          /* query heads */
+    int n_head_kv;       /* key/value heads (grouped-query attention when < n_head) */
+    int head_dim;        /* per head (key_length; dim / n_head unless the file says) */
+    int ffn_dim;         /* feed-forward hidden width */
+    int vocab;           /* rows of the embedding and of the output head */
+    int ctx_train;       /* context length the model was trained for */
+    float rms_eps;       /* RMSNorm epsilon */
+    float rope_base;     /* RoPE theta */
+    int rope_dim;        /* rotated dimensions per head (<= head_dim) */
+    bool rope_neox;      /* pairs (i, i + rope_dim/2) instead of (2i, 2i+1) */
+    float rope_scale;    /* linear position scaling (1 = none) */
+} ps_hparams;
+
+typedef struct {
+    const float *attn_norm; /* (dim) */
+    ps_mat wq;              /* (n_head * head_dim, dim) */
+    ps_mat wk;              /* (n_head_kv * head_dim, dim) */
+    ps_mat wv;              /* (n_head_kv * head_dim, dim) */
+    const float *bq;        /* (n_head * head_dim) qwen2 bias, else NULL */
+    const float *bk;        /* (n_head_kv * head_dim) qwen2 bias, else NULL */
+    const float *bv;        /* (n_head_kv * head_dim) qwen2 bias, else NULL */
+    const float *q_norm;    /* (head_dim) qwen3 per-head RMSNorm, else NULL */
+    const float *k_norm;    /* (head_dim) qwen3 per-head RMSNorm, else NULL */
+    ps_mat wo;              /* (dim, n_head * head_dim) */
+    const float *ffn_norm;  /* (dim) */
+    ps_mat w_gate;          /* (ffn_dim, dim) */
+    ps_mat w_up;            /* (ffn_dim, dim) */
+    ps_mat w_down;          /* (dim, ffn_dim) */
+} ps_layer;
+
+typedef struct {
+    ps_gguf *gguf;          /* owned: the mapping every ps_mat points into */
+    ps_hparams hp;
+    int layer_begin;        /* first layer this file holds */
+    int layer_end;          /* one past the last */
+    bool has_embed;         /* holds token_embd (stage 0) */
+    bool has_head;          /* holds output_norm and the output head (last stage) */
+    ps_mat tok_embd;        /* (vocab, dim), rows dequantized on lookup */
+    const float *out_norm;  /* (dim) */
+    ps_mat output;          /* (vocab, dim): output.weight, or tok_embd when tied */
+    const float *rope_freqs;/* (rope_dim / 2) Llama 3.1 frequency divisors, else NULL */
+    ps_layer *layers;       /* [layer_end - layer_begin] */
+    float *owned;           /* one block holding every converted small vector */
+} ps_model;
+
+/* Opens a GGUF model and binds its tensors. Unsupported architectures, missing tensors
+ * and wrong shapes are errors naming the thing. *out is owned by the caller (ps_model_free). */
+ps_status ps_model_load(const char *path, ps_model **out, char *err, size_t errlen);
+void ps_model_free(ps_model *m); /* NULL is a no-op */
+
+/* Run state of one sequence. */
+typedef struct ps_ctx ps_ctx;
+
+/* A context for up to n_ctx positions, processing up to max_batch tokens per forward call.
+ * The pool (not owned) runs the matmuls and attention. */
+ps_status ps_ctx_create(const ps_model *m, int n_ctx, int max_batch, ps_pool *pool, ps_ctx **out, char *err,
+                        size_t errlen);
+void ps_ctx_free(ps_ctx *c); /* NULL is a no-op */
+int ps_ctx_n_ctx(const ps_ctx *c);
+
+/* Runs tokens[0..n) at positions pos..pos+n-1 through the whole model, overwriting the KV
+ * cache from pos on (so rewinding is writing at an earlier pos), and writes the logits of
+ * the last n_logits tokens (n_logits <= n, may be 0) to logits (n_logits × vocab).
+ * n may exceed max_batch: the tokens are processed in chunks, with identical results.
+ * PS_ERR_RANGE when pos + n > n_ctx, PS_ERR_ARG for token ids out of range. */
+ps_status ps_forward(ps_ctx *c, const int32_t *tokens, int n, int pos, float *logits, int n_logits, char *err,
+                     size_t errlen);
+
+#endif
