@@ -180,21 +180,23 @@ static ps_status read_file(const char *path, char **out, size_t *len, char *err,
 
 /* Parses "1,2,3" into st->toks (at most cap ids). */
 static ps_status parse_ids(run_state *st, const char *s, int cap) {
-    int n = 0;
-    const char *p = s;
-    while (*p) {
+    long long n = 0;
+    for (const char *p = s; *p;) {
         char *end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ','))
-            return ps_errf(st->err, sizeof st->err, PS_ERR_ARG, "--prompt-ids: '%s' is not a comma-separated list of token ids", s);
-        if (n == cap)
-            return ps_errf(st->err, sizeof st->err, PS_ERR_RANGE, "the prompt has more than %d tokens, the context size (-c/--ctx-size)", cap);
-        st->toks[n++] = (int32_t)v;
+            return ps_errf(st->err, sizeof st->err, PS_ERR_ARG,
+                           "--prompt-ids: '%s' is not a comma-separated list of token ids", s);
+        if (n < cap) st->toks[n] = (int32_t)v;
+        n++;
         p = *end ? end + 1 : end;
     }
     if (!n) return ps_errf(st->err, sizeof st->err, PS_ERR_ARG, "--prompt-ids is empty");
-    st->n_prompt = st->n_toks = n;
+    if (n > cap)
+        return ps_errf(st->err, sizeof st->err, PS_ERR_RANGE,
+                       "the prompt has %lld tokens, more than the context size of %d (-c/--ctx-size)", n, cap);
+    st->n_prompt = st->n_toks = (int)n;
     return PS_OK;
 }
 
