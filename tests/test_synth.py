@@ -142,7 +142,7 @@ def check_vocab(path, r, V):
     for m in merges:
         a, b = m.split(" ")
         assert a in ids and b in ids and a + b in ids, f"merge {m!r} is inconsistent"
-    assert len(merges) >= V - 259
+    assert len(merges) >= V - 259 and len(set(merges)) == len(merges), "too few or repeated merges"
     tk = bpe_from_gguf(path)
     for text in ["Hello, world! The quick brown fox jumps over the lazy dog 1234.",
                  "def f(x):\n    return x * 2  # ünïcödé, 日本語\n\n",

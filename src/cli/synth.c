@@ -51,6 +51,7 @@ static const ps_cli_synth_quant quants[] = {
     {"Q5_K_M", PS_TYPE_Q5_K, PS_TYPE_Q6_K, true, 17},
 };
 
+/* Prints the command's usage, presets and types to f. */
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pipeshard synth (--like NAME | --layers L --dim D --heads H [--kv-heads KV] --ffn F --vocab V)\n"
@@ -303,6 +304,7 @@ static int synth(const opts *o, const ps_cli_synth_shape *s, const ps_cli_synth_
     return 0;
 }
 
+/* See cli.h: parse (exit 2 on a usage error), validate (exit 2), write (exit 1 on failure). */
 int ps_cli_synth(int argc, char **argv) {
     opts o;
     if (!parse(argc, argv, &o)) return 2;

@@ -44,6 +44,7 @@
 /* llama.cpp's use_more_bits: the layers a _M mix gives more bits. */
 static bool more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
+/* See synth.h; the recipe is in this file's header comment. */
 ps_type ps_cli_synth_tensor_type(const ps_cli_synth_quant *q, const char *suffix, int il, int n_layer, bool tied) {
     if (!q->mix) return q->base;
     if (!strcmp(suffix, "output.weight")) return q->hi;
@@ -348,6 +349,8 @@ static const char *arch_key(const meta *m, const char *suffix, char *buf, size_t
     return buf;
 }
 
+/* Setters: m_u32 / m_f32 set "<arch>.<suffix>", m_str / m_id a full key; each does nothing
+ * after a failure and records the first one in m->st. */
 static void m_u32(meta *m, const char *suffix, uint32_t v) {
     char k[96];
     if (!m->st) m->st = ps_gguf_writer_set_u32(m->w, arch_key(m, suffix, k, sizeof k), v);
@@ -429,6 +432,7 @@ static ps_status add_tensors(ps_gguf_writer *w, plan *p) {
     return PS_OK;
 }
 
+/* See synth.h. */
 ps_status ps_cli_synth_write(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q,
                              const ps_cli_synth_vocab *v, uint64_t seed, int n_threads, bool exact,
                              const char *path, bool show_progress, char *err, size_t errlen) {

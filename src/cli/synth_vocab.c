@@ -242,6 +242,7 @@ static ps_status words_init(words *w) {
     return PS_OK;
 }
 
+/* Frees the word arrays (a partly initialized w included). */
 static void words_free(words *w) {
     free(w->sym);
     free(w->start);
@@ -396,6 +397,7 @@ static ps_status builder_finish(builder *b, ps_cli_synth_vocab *v) {
     return PS_OK;
 }
 
+/* See synth.h. */
 ps_status ps_cli_synth_vocab_build(int n_tokens, ps_cli_synth_vocab *v, char *err, size_t errlen) {
     memset(v, 0, sizeof *v);
     if (n_tokens < 256 + PS_CLI_SYNTH_N_SPECIAL)
@@ -421,6 +423,7 @@ ps_status ps_cli_synth_vocab_build(int n_tokens, ps_cli_synth_vocab *v, char *er
     return PS_OK;
 }
 
+/* See synth.h. */
 void ps_cli_synth_vocab_free(ps_cli_synth_vocab *v) {
     free(v->tokens);
     free(v->types);
