@@ -249,8 +249,10 @@ static bool check_blocks(const ps_cli_synth_shape *s, const ps_cli_synth_quant *
     uint32_t b = bs > hs ? bs : hs;
     for (size_t i = 0; i < PS_ARRAY_LEN(rows); i++)
         if (rows[i].n % b) {
-            fprintf(stderr, "pipeshard synth: --type %s needs matrix row lengths that are a multiple of %u, but %s is %lld%s\n",
-                    q->name, b, rows[i].what, rows[i].n, b == PS_QK_K ? " (use a 32-wide type such as Q4_0 or Q8_0)" : "");
+            fprintf(stderr,
+                    "pipeshard synth: --type %s needs matrix row lengths that are a multiple of %u, but %s is %lld%s\n",
+                    q->name, b, rows[i].what, rows[i].n,
+                    b == PS_QK_K ? " (use a 32-wide type such as Q4_0 or Q8_0)" : "");
             return false;
         }
     return true;

@@ -8,9 +8,10 @@
  * Speed: the 32-wide formats and the float types are quantized row by row with
  * ps_quantize_row. The K formats' reference quantizer searches scales and costs ~100 ns per
  * element, which would take 10+ CPU minutes for an 8B model; so a K-type tensor of more than
- * POOL_MIN_BLOCKS super-blocks, with rows of at least POOL_MIN_ROW_BLOCKS, is assembled from a pool of POOL_BLOCKS super-blocks (drawn the
- * same way and quantized with ps_quantize_row, one pool per type and row width), each
- * super-block of the tensor picked from the pool by its own counter-based draw. The values
+ * POOL_MIN_BLOCKS super-blocks, with rows of at least POOL_MIN_ROW_BLOCKS, is assembled from
+ * a pool of POOL_BLOCKS super-blocks (drawn the same way and quantized with ps_quantize_row,
+ * one pool per type and row width), each super-block of the tensor picked from the pool by
+ * its own counter-based draw. The values
  * have the same distribution; rows still all differ. `exact` turns this off.
  *
  * Values (chosen so that activations stay O(1) through any number of layers, logits have a
@@ -314,7 +315,8 @@ static ps_status fill(void *ctx, int64_t index, void *buf, size_t nbytes, char *
         const uint8_t *pool;
         ps_status st = pool_for(p, t, &pool);
         if (!st) st = fill_matrix(t, pool, buf, p->n_threads);
-        return st ? ps_errf(err, errlen, st, "cannot quantize to %s: %s", ps_type_name(t->type), ps_strerror(st)) : PS_OK;
+        if (st) return ps_errf(err, errlen, st, "cannot quantize to %s: %s", ps_type_name(t->type), ps_strerror(st));
+        return PS_OK;
     }
     case KIND_NORM: random_row(t->key, 0, 1.0f, 0.05f, buf, t->ne[0]); return PS_OK;
     case KIND_BIAS: random_row(t->key, 0, 0.0f, 0.02f, buf, t->ne[0]); return PS_OK;
