@@ -11,8 +11,8 @@
  * POOL_MIN_BLOCKS super-blocks, with rows of at least POOL_MIN_ROW_BLOCKS, is assembled from
  * a pool of POOL_BLOCKS super-blocks (drawn the same way and quantized with ps_quantize_row,
  * one pool per type and row width), each super-block of the tensor picked from the pool by
- * its own counter-based draw. The values
- * have the same distribution; rows still all differ. `exact` turns this off.
+ * its own counter-based draw. The values have the same distribution and rows still all
+ * differ (with 4+ blocks a row, a repeat is astronomically unlikely). `exact` turns this off.
  *
  * Values (chosen so that activations stay O(1) through any number of layers, logits have a
  * standard deviation of about 1 and the softmax is neither flat nor one-hot):
