@@ -371,7 +371,9 @@ static void print_stats(const run_state *st) {
     cJSON_AddNumberToObject(j, "decode_tok_s", st->t_decode > 0 ? st->n_decode / st->t_decode : 0);
     cJSON_AddNumberToObject(j, "threads", (double)st->o->threads);
     cJSON_AddNumberToObject(j, "n_ctx", ps_ctx_n_ctx(st->ctx));
-    cJSON_AddNumberToObject(j, "seed", (double)st->o->sp.seed);
+    char seed[24];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->o->sp.seed);
+    cJSON_AddRawToObject(j, "seed", seed); /* exact: a double would round seeds above 2^53 */
     cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
     char *txt = cJSON_PrintUnformatted(j);
     fprintf(stderr, "%s\n", txt);
