@@ -289,7 +289,7 @@ static ps_status run_setup(run_state *st) {
     if ((s = ps_pool_create((int)o->threads, &st->pool))) return ps_errf(err, el, s, "cannot start %lld threads", o->threads);
     if ((s = ps_ctx_create(st->m, n_ctx, (int)o->batch, st->pool, &st->ctx, err, el))) return s;
     if ((s = ps_sampler_create(st->m->hp.vocab, &st->smp, err, el))) return s;
-    if (st->tok && (s = ps_tok_stream_create(st->tok, PS_TOK_DECODE_STRIP_SPACE * 0, &st->stream))) return s;
+    if (st->tok && (s = ps_tok_stream_create(st->tok, 0, &st->stream))) return s;
     st->toks = malloc((size_t)n_ctx * sizeof *st->toks);
     st->logits = malloc((size_t)st->m->hp.vocab * sizeof *st->logits);
     if (!st->toks || !st->logits) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
