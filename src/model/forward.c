@@ -243,6 +243,19 @@ static void attention_block(ps_ctx *c, int li, int n, int pos) {
     for (size_t i = 0; i < (size_t)n * dim; i++) c->x[i] += c->xb[i];
 }
 
+typedef struct {
+    float *gate;       /* (n) in: gate projection; out: silu(gate) * up */
+    const float *up;   /* (n) */
+    size_t n;
+} swiglu_job;
+
+/* Pool task: an even share of gate = silu(gate) * up (element-wise, so any split is exact). */
+static void swiglu_task(void *ctx, int ith, int nth) {
+    swiglu_job *j = ctx;
+    size_t b = j->n * ith / nth, e = j->n * (ith + 1) / nth;
+    for (size_t i = b; i < e; i++) j->gate[i] = j->gate[i] / (1.0f + expf(-j->gate[i])) * j->up[i];
+}
+
 /* Feed-forward block (SwiGLU) of local layer li for the chunk in c->x. */
 static void ffn_block(ps_ctx *c, int li, int n) {
     const ps_hparams *hp = &c->m->hp;
@@ -251,10 +264,8 @@ static void ffn_block(ps_ctx *c, int li, int n) {
     for (int t = 0; t < n; t++) rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)t * dim, L->ffn_norm, dim, hp->rms_eps);
     mm(c, &L->w_gate, c->xb, n, c->hb, hp->ffn_dim);
     mm(c, &L->w_up, c->xb, n, c->hb2, hp->ffn_dim);
-    for (size_t i = 0; i < (size_t)n * hp->ffn_dim; i++) {
-        float g = c->hb[i];
-        c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
-    }
+    swiglu_job job = {.gate = c->hb, .up = c->hb2, .n = (size_t)n * hp->ffn_dim};
+    ps_pool_run(c->pool, swiglu_task, &job);
     mm(c, &L->w_down, c->hb, n, c->xb, dim);
     for (size_t i = 0; i < (size_t)n * dim; i++) c->x[i] += c->xb[i];
 }
