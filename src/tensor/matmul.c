@@ -19,6 +19,9 @@
 #define SERIAL_MACS 65536
 /* Row chunks per thread (more balance the load, fewer cost less claiming). */
 #define CHUNKS_PER_THREAD 4
+/* Weight bytes of a row chunk when there are several token tiles: the kernels sweep the
+ * chunk once per token tile, so it should stay in L2. */
+#define CHUNK_BYTES (256 * 1024)
 
 // Kernel family
 
@@ -120,6 +123,7 @@ static void plan(mm_job *j, int nth) {
     j->n_tblocks = (j->n_tok + j->tok_block - 1) / j->tok_block;
     int64_t want = nth > 1 ? (int64_t)nth * CHUNKS_PER_THREAD : 1;
     int64_t cr = (j->rows + want - 1) / want;
+    if (j->n_tok > tt && cr * (int64_t)j->wb > CHUNK_BYTES) cr = CHUNK_BYTES / (int64_t)j->wb;
     cr = (cr + tr - 1) / tr * tr;
     j->chunk_rows = cr;
     j->n_chunks = (j->rows + cr - 1) / cr;

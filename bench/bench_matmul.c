@@ -1,0 +1,144 @@
+/* bench_matmul.c - ps_matmul speed per weight type and kernel family.
+ *
+ *   bench_matmul [-t threads] [-r reps] [-f family] [-T types] [-s] [-p n_tok] [-c]
+ *
+ * Per type: GEMV (n_tok = 1) on a 2048 x 8192 matrix, reported as GB/s of weights read,
+ * and GEMM (n_tok = 128, 2048 x 2048 and 8192 x 2048) as GFLOP/s (2 flops per multiply-
+ * add); medians over reps runs. -s adds the output-head shapes (49152 and 128256 rows
+ * x 2048 GEMV). -c times with the process's CPU clock instead of the wall clock (useful
+ * with -t 1 on a busy machine). Weights are random, quantized with ps_quantize_row. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tensor/matmul.h"
+
+static clockid_t clock_id = CLOCK_MONOTONIC;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(clock_id, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint32_t rng = 12345;
+static float frand(void) {
+    rng = rng * 1664525u + 1013904223u;
+    return (float)(rng >> 8) / 8388608.0f - 1.0f;
+}
+
+/* Quantized random weights (rows x cols of type t); rows are made from a few distinct
+ * random rows so that setting up big matrices stays quick. */
+static void *make_weights(ps_type t, int64_t rows, int64_t cols) {
+    size_t rb = ps_row_bytes(t, cols);
+    uint8_t *w = malloc(rb * (size_t)rows);
+    float *tmp = malloc(sizeof(float) * (size_t)cols);
+    if (!w || !tmp) exit(1);
+    enum { DISTINCT = 64 };
+    for (int64_t r = 0; r < rows && r < DISTINCT; r++) {
+        for (int64_t c = 0; c < cols; c++) tmp[c] = frand();
+        if (ps_quantize_row(t, tmp, w + rb * (size_t)r, cols) != PS_OK) exit(1);
+    }
+    for (int64_t r = DISTINCT; r < rows; r++) memcpy(w + rb * (size_t)r, w + rb * (size_t)(r % DISTINCT), rb);
+    free(tmp);
+    return w;
+}
+
+/* Median seconds of one ps_matmul call over reps runs (after a warm-up call), cycling
+ * through n_mats copies of the weights (so that GEMV reads them from memory, not L3). */
+static double time_matmul(const ps_mat *m, int n_mats, int64_t n_tok, int reps, ps_pool *pool) {
+    float *x = malloc(sizeof(float) * (size_t)(m->cols * n_tok));
+    float *y = malloc(sizeof(float) * (size_t)(m->rows * n_tok));
+    void *scratch = malloc(ps_matmul_scratch_bytes(m->type, m->cols, n_tok) + 1);
+    double *ts = malloc(sizeof(double) * (size_t)reps);
+    for (int64_t i = 0; i < m->cols * n_tok; i++) x[i] = frand();
+    ps_matmul(m, x, m->cols, n_tok, y, m->rows, scratch, pool);
+    for (int i = 0; i < reps; i++) {
+        double t0 = now_s();
+        ps_matmul(&m[i % n_mats], x, m->cols, n_tok, y, m->rows, scratch, pool);
+        ts[i] = now_s() - t0;
+    }
+    qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
+    double med = ts[reps / 2];
+    free(x), free(y), free(scratch), free(ts);
+    return med;
+}
+
+/* GEMV weights in all: more than the last-level cache, so that they come from memory. */
+#define COLD_BYTES (160u << 20)
+#define MAX_COPIES 64
+
+static void bench_type(ps_type t, int reps, int64_t n_tok, int shapes, ps_pool *pool) {
+    printf("%-5s", ps_type_name(t));
+    int64_t gemv[][2] = {{2048, 8192}, {8192, 2048}, {49152, 2048}, {128256, 2048}};
+    for (int i = 0; i < (shapes ? 4 : 2); i++) {
+        ps_mat m[MAX_COPIES];
+        size_t bytes = ps_row_bytes(t, gemv[i][1]) * (size_t)gemv[i][0];
+        int n = (int)((COLD_BYTES + bytes - 1) / bytes);
+        n = n < 1 ? 1 : n > MAX_COPIES ? MAX_COPIES : n;
+        for (int k = 0; k < n; k++) {
+            m[k] = (ps_mat){.type = t, .rows = gemv[i][0], .cols = gemv[i][1]};
+            m[k].data = make_weights(t, m[k].rows, m[k].cols);
+        }
+        double s = time_matmul(m, n, 1, reps * 4 > n ? reps * 4 : n, pool);
+        printf("  %7.1f GB/s", (double)bytes / s * 1e-9);
+        for (int k = 0; k < n; k++) free((void *)m[k].data);
+        fflush(stdout);
+    }
+    int64_t gemm[][2] = {{2048, 2048}, {8192, 2048}, {2048, 8192}};
+    for (int i = 0; i < 3; i++) {
+        ps_mat m = {.type = t, .rows = gemm[i][0], .cols = gemm[i][1]};
+        m.data = make_weights(t, m.rows, m.cols);
+        double s = time_matmul(&m, 1, n_tok, reps, pool);
+        printf("  %7.1f GFLOP/s", 2.0 * (double)m.rows * (double)m.cols * (double)n_tok / s * 1e-9);
+        free((void *)m.data);
+        fflush(stdout);
+    }
+    printf("\n");
+}
+
+int main(int argc, char **argv) {
+    int threads = 2, reps = 9, shapes = 0;
+    int64_t n_tok = 128;
+    const char *family = NULL, *types = "F32,F16,BF16,Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q5_K,Q6_K";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-f") && i + 1 < argc) family = argv[++i];
+        else if (!strcmp(argv[i], "-T") && i + 1 < argc) types = argv[++i];
+        else if (!strcmp(argv[i], "-p") && i + 1 < argc) n_tok = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "-s")) shapes = 1;
+        else if (!strcmp(argv[i], "-c")) clock_id = CLOCK_PROCESS_CPUTIME_ID;
+        else {
+            fprintf(stderr, "usage: %s [-t threads] [-r reps] [-f family] [-T types] [-p n_tok] [-s] [-c]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (family && ps_matmul_set_isa(family) != PS_OK) {
+        fprintf(stderr, "family %s not available\n", family);
+        return 1;
+    }
+    ps_pool *pool = NULL;
+    if (ps_pool_create(threads, &pool) != PS_OK) return 1;
+    printf("family %s, %d threads, median of %d; GEMV 2048x8192, 8192x2048%s; GEMM n_tok=%lld 2048x2048, "
+           "8192x2048, 2048x8192\n",
+           ps_matmul_isa(), threads, reps, shapes ? ", 49152x2048, 128256x2048" : "", (long long)n_tok);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", types);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        ps_type t;
+        if (ps_type_from_name(tok, &t) != PS_OK || !ps_matmul_supported(t)) {
+            fprintf(stderr, "unknown type %s\n", tok);
+            continue;
+        }
+        bench_type(t, reps, n_tok, shapes, pool);
+    }
+    ps_pool_free(pool);
+    return 0;
+}
