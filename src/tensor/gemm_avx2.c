@@ -1,0 +1,435 @@
+/* gemm_avx2.c - ps_gemm kernels for AVX2 with FMA and F16C.
+ *
+ * The 16 lanes of one (row, token) accumulator of gemm.h's canonical arithmetic live in
+ * two ymm registers: lanes 0-7 (columns c with c % 16 < 8) and lanes 8-15. Each weight
+ * is dequantized with the float operations of types.c (d * (q - 8), (d * q) + m,
+ * (d * sc) * q - dmin * m, q * d, ...), eight at a time, then meets its activation in
+ * one vfmadd231ps; the reduction is gemm.h's tree (lo + hi, then halves, then pairs).
+ * No multiply and add may be fused but the explicit _mm256_fmadd_ps: -std=c11 keeps
+ * GCC at -ffp-contract=off and the pragmas below keep it so.
+ *
+ * Fused path: 2 rows × up to 2 tokens (8 ymm accumulators). Panel path: 2 rows × 3
+ * tokens (12 ymm accumulators), 10 loads per 12 FMAs. Only 16 ymm registers exist. */
+#include <string.h>
+
+#include "gemm_kern.h"
+#include "types.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__) && !defined(__STRICT_ANSI__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define AI static inline __attribute__((always_inline)) TGT
+
+#define MR 2        /* panel micro-kernel rows */
+#define NR 3        /* panel micro-kernel tokens */
+#define FR 2        /* fused rows */
+#define FT 2        /* fused tokens per pass */
+#define FUSED_MAX 2 /* n_tok handled by the fused path */
+
+/* 16 lanes: lo = lanes 0-7, hi = lanes 8-15. */
+typedef struct {
+    __m256 lo, hi;
+} v16;
+
+// Vector helpers
+
+/* v + 0, ..., v + 7 as floats. */
+AI __m256 iota8(float v) { return _mm256_add_ps(_mm256_set1_ps(v), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7)); }
+
+/* The binary16 at p (unaligned), converted exactly and broadcast. */
+AI __m256 f16_bcast(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+}
+
+/* 8 bytes at p zero- (sign-) extended to 8 int32. */
+AI __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+AI __m256i i8x8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+
+AI __m256i and_c(__m256i v, int c) { return _mm256_and_si256(v, _mm256_set1_epi32(c)); }
+
+/* Lane e of v broadcast to all lanes. */
+AI __m256 lane8(__m256 v, int e) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(e)); }
+
+AI v16 fma16(v16 w, const float *x, v16 acc) {
+    acc.lo = _mm256_fmadd_ps(w.lo, _mm256_loadu_ps(x), acc.lo);
+    acc.hi = _mm256_fmadd_ps(w.hi, _mm256_loadu_ps(x + 8), acc.hi);
+    return acc;
+}
+
+/* Sums of two 16-lane accumulators by gemm.h's tree: [sum a, sum b, -, -]. */
+AI __m128 reduce2(v16 a, v16 b) {
+    __m256 sa = _mm256_add_ps(a.lo, a.hi), sb = _mm256_add_ps(b.lo, b.hi);                 /* s8 */
+    __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(sa, sb, 0x20), _mm256_permute2f128_ps(sa, sb, 0x31));
+    __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4e));
+    __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xb1));
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(s1), _mm256_extractf128_ps(s1, 1));
+}
+
+/* Stores the first n (1 or 2) floats of v at y. */
+AI void store_n(float *y, __m128 v, int64_t n) {
+    if (n >= 2) _mm_storel_pi((__m64 *)y, v);
+    else _mm_store_ss(y, v);
+}
+
+// Dequantization: per type, prep() once per block, then unit() per 32 elements
+
+typedef struct {
+    __m256 d, m;   /* scale and minimum (32-element types) */
+    __m256 s, s2;  /* K types: d * sc[0..8) and dmin * m[0..8); q6_K: d * sc[0..8), [8..16) */
+} dq_state;
+
+AI int blk_elems(int ty) { return ty == PS_TYPE_Q4_K || ty == PS_TYPE_Q5_K || ty == PS_TYPE_Q6_K ? PS_QK_K : PS_QK; }
+
+AI int blk_bytes(int ty) {
+    switch (ty) {
+    case PS_TYPE_Q4_0: return sizeof(ps_block_q4_0);
+    case PS_TYPE_Q4_1: return sizeof(ps_block_q4_1);
+    case PS_TYPE_Q5_0: return sizeof(ps_block_q5_0);
+    case PS_TYPE_Q5_1: return sizeof(ps_block_q5_1);
+    case PS_TYPE_Q8_0: return sizeof(ps_block_q8_0);
+    case PS_TYPE_Q4_K: return sizeof(ps_block_q4_K);
+    case PS_TYPE_Q5_K: return sizeof(ps_block_q5_K);
+    default: return sizeof(ps_block_q6_K);
+    }
+}
+
+/* d * sc[0..8) and dmin * m[0..8) of a q4_K / q5_K super-block (types.c's unpacking,
+ * on four u32 at once as ggml does). */
+AI void k4_scales(const uint8_t *blk, dq_state *st) {
+    uint32_t u[4];
+    memcpy(u, blk + 4, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    uint32_t mins = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = mins;
+    u[0] &= m1;
+    st->s = _mm256_mul_ps(f16_bcast(blk), _mm256_cvtepi32_ps(u8x8((const uint8_t *)u)));
+    st->s2 = _mm256_mul_ps(f16_bcast(blk + 2), _mm256_cvtepi32_ps(u8x8((const uint8_t *)u + 8)));
+}
+
+AI void dq_prep(int ty, const uint8_t *blk, dq_state *st) {
+    switch (ty) {
+    case PS_TYPE_Q4_0:
+    case PS_TYPE_Q5_0:
+    case PS_TYPE_Q8_0: st->d = f16_bcast(blk); break;
+    case PS_TYPE_Q4_1:
+    case PS_TYPE_Q5_1:
+        st->d = f16_bcast(blk);
+        st->m = f16_bcast(blk + 2);
+        break;
+    case PS_TYPE_Q4_K:
+    case PS_TYPE_Q5_K: k4_scales(blk, st); break;
+    default: { /* Q6_K */
+        __m256 d = f16_bcast(blk + 208);
+        st->s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(blk + 192)));
+        st->s2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(blk + 200)));
+        break;
+    }
+    }
+}
+
+/* Fifth bits j0 .. j0 + 7 of the u32 qh, moved to bit 4. */
+AI __m256i bit5(uint32_t qh, int j0) {
+    __m256i b = _mm256_srlv_epi32(_mm256_set1_epi32((int)qh), _mm256_setr_epi32(j0, j0 + 1, j0 + 2, j0 + 3, j0 + 4, j0 + 5, j0 + 6, j0 + 7));
+    return _mm256_slli_epi32(and_c(b, 1), 4);
+}
+
+/* 8 consecutive values of a 32-element block: q is their quant (0..31 or -128..127). */
+AI __m256 val32(int ty, __m256i q, const dq_state *st) {
+    switch (ty) {
+    case PS_TYPE_Q4_0: return _mm256_mul_ps(st->d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))));
+    case PS_TYPE_Q5_0: return _mm256_mul_ps(st->d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(16))));
+    case PS_TYPE_Q8_0: return _mm256_mul_ps(_mm256_cvtepi32_ps(q), st->d);
+    default: return _mm256_add_ps(_mm256_mul_ps(st->d, _mm256_cvtepi32_ps(q)), st->m); /* Q4_1, Q5_1 */
+    }
+}
+
+/* Elements 8j .. 8j + 7 of a 32-element block (j < 4). */
+AI __m256 dq32(int ty, const uint8_t *blk, int j, const dq_state *st) {
+    if (ty == PS_TYPE_Q8_0) return val32(ty, i8x8(blk + 2 + 8 * j), st);
+    int o = ty == PS_TYPE_Q4_0 ? 2 : ty == PS_TYPE_Q4_1 ? 4 : ty == PS_TYPE_Q5_0 ? 6 : 8;
+    __m256i q = u8x8(blk + o + 8 * (j & 1));
+    q = j >= 2 ? _mm256_srli_epi32(q, 4) : and_c(q, 15);
+    if (ty == PS_TYPE_Q5_0 || ty == PS_TYPE_Q5_1) {
+        uint32_t qh;
+        memcpy(&qh, blk + o - 4, 4);
+        q = _mm256_or_si256(q, bit5(qh, 8 * j));
+    }
+    return val32(ty, q, st);
+}
+
+/* Elements 32u + 8j .. + 7 of a q4_K / q5_K super-block: (d * sc) * q - dmin * m. */
+AI __m256 dq_k4(int ty, const uint8_t *blk, int u, int j, const dq_state *st) {
+    const uint8_t *qs = blk + (ty == PS_TYPE_Q4_K ? 16 : 48);
+    __m256i q = u8x8(qs + 32 * (u >> 1) + 8 * j);
+    q = u & 1 ? _mm256_srli_epi32(q, 4) : and_c(q, 15);
+    if (ty == PS_TYPE_Q5_K) q = _mm256_or_si256(q, _mm256_slli_epi32(and_c(_mm256_srli_epi32(u8x8(blk + 16 + 8 * j), u), 1), 4));
+    __m256 v = _mm256_mul_ps(lane8(st->s, u), _mm256_cvtepi32_ps(q));
+    return _mm256_sub_ps(v, lane8(st->s2, u));
+}
+
+/* Elements 32u + 8j .. + 7 of a q6_K super-block: (d * sc) * (q - 32). */
+AI __m256 dq_q6(const uint8_t *blk, int u, int j, const dq_state *st) {
+    int h = u >> 2, g = u & 3;
+    __m256i l = u8x8(blk + 64 * h + 32 * (g & 1) + 8 * j);
+    l = g >> 1 ? _mm256_srli_epi32(l, 4) : and_c(l, 15);
+    __m256i hb = and_c(_mm256_srli_epi32(u8x8(blk + 128 + 32 * h + 8 * j), 2 * g), 3);
+    __m256i q = _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(hb, 4)), _mm256_set1_epi32(32));
+    int s = 2 * u + (j >> 1); /* scale of 16 elements */
+    return _mm256_mul_ps(lane8(s < 8 ? st->s : st->s2, s & 7), _mm256_cvtepi32_ps(q));
+}
+
+/* Elements [32u, 32u + 32) of the block at blk as two 16-lane vectors. */
+AI void dq_unit(int ty, const uint8_t *blk, int u, const dq_state *st, v16 *v0, v16 *v1) {
+    __m256 e[4];
+    for (int j = 0; j < 4; j++) {
+        if (ty == PS_TYPE_Q4_K || ty == PS_TYPE_Q5_K) e[j] = dq_k4(ty, blk, u, j, st);
+        else if (ty == PS_TYPE_Q6_K) e[j] = dq_q6(blk, u, j, st);
+        else e[j] = dq32(ty, blk, j, st);
+    }
+    *v0 = (v16){e[0], e[1]};
+    *v1 = (v16){e[2], e[3]};
+}
+
+// Float types
+
+AI int elem_bytes(int ty) { return ty == PS_TYPE_F32 ? 4 : 2; }
+
+AI bool is_float_type(int ty) { return ty == PS_TYPE_F32 || ty == PS_TYPE_F16 || ty == PS_TYPE_BF16; }
+
+/* 8 weights of float type ty at p. */
+AI __m256 ld8(int ty, const uint8_t *p) {
+    if (ty == PS_TYPE_F32) return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (ty == PS_TYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+AI v16 ld16(int ty, const uint8_t *p) { return (v16){ld8(ty, p), ld8(ty, p + 8 * elem_bytes(ty))}; }
+
+/* The last n < 16 weights (at p) zero-padded to 16 lanes, through a local copy. */
+AI v16 ld16_tail(int ty, const uint8_t *p, int64_t n) {
+    uint8_t buf[64] = {0};
+    memcpy(buf, p, (size_t)n * (size_t)elem_bytes(ty));
+    return ld16(ty, buf);
+}
+
+/* acc + w * x on the first n < 16 lanes; the other lanes keep acc (x read only to n). */
+AI v16 fma16_tail(v16 w, const float *x, int64_t n, v16 acc) {
+    float xb[16] = {0};
+    memcpy(xb, x, (size_t)n * sizeof(float));
+    const int32_t idx[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    __m256i nn = _mm256_set1_epi32((int)n);
+    __m256 klo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(nn, _mm256_loadu_si256((const __m256i *)idx)));
+    __m256 khi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(nn, _mm256_loadu_si256((const __m256i *)(idx + 8))));
+    v16 r = fma16(w, xb, acc);
+    return (v16){_mm256_blendv_ps(acc.lo, r.lo, klo), _mm256_blendv_ps(acc.hi, r.hi, khi)};
+}
+
+// Fused path
+
+/* FR rows (row i at p[i]) × T tokens; block-quantized or float type ty. */
+AI void fused_tile(int ty, const uint8_t *const p[FR], int64_t cols, const float *x, int64_t xs, int T, float *y,
+                   int64_t ys, int64_t nrows) {
+    v16 acc[FR][FT];
+    for (int i = 0; i < FR; i++)
+        for (int t = 0; t < T; t++) acc[i][t] = (v16){_mm256_setzero_ps(), _mm256_setzero_ps()};
+    if (is_float_type(ty)) {
+        const int es = elem_bytes(ty);
+        int64_t c = 0;
+        for (; c + 16 <= cols; c += 16)
+            for (int i = 0; i < FR; i++) {
+                v16 v = ld16(ty, p[i] + c * es);
+                for (int t = 0; t < T; t++) acc[i][t] = fma16(v, x + t * xs + c, acc[i][t]);
+            }
+        if (c < cols)
+            for (int i = 0; i < FR; i++) {
+                v16 v = ld16_tail(ty, p[i] + c * es, cols - c);
+                for (int t = 0; t < T; t++) acc[i][t] = fma16_tail(v, x + t * xs + c, cols - c, acc[i][t]);
+            }
+    } else {
+        const int bs = blk_elems(ty), bb = blk_bytes(ty);
+        for (int64_t b = 0; b < cols / bs; b++) {
+            dq_state st[FR];
+            for (int i = 0; i < FR; i++) dq_prep(ty, p[i] + b * bb, &st[i]);
+            for (int u = 0; u < bs / 32; u++) {
+                const float *xb = x + b * bs + 32 * u;
+                for (int i = 0; i < FR; i++) {
+                    v16 v0, v1;
+                    dq_unit(ty, p[i] + b * bb, u, &st[i], &v0, &v1);
+                    for (int t = 0; t < T; t++) acc[i][t] = fma16(v1, xb + t * xs + 16, fma16(v0, xb + t * xs, acc[i][t]));
+                }
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) store_n(y + t * ys, reduce2(acc[0][t], acc[1][t]), nrows);
+}
+
+/* The ps_gemm_fused_fn contract for type ty: FR-row groups × FT-token passes; a short
+ * last row group repeats its last row (that sum is not stored). */
+AI void fused(int ty, const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs, int64_t nt, float *y,
+              int64_t ys, int64_t nrows) {
+    for (int64_t t0 = 0; t0 < nt; t0 += FT) {
+        int64_t T = nt - t0 < FT ? nt - t0 : FT;
+        for (int64_t r0 = 0; r0 < nrows; r0 += FR) {
+            int64_t n = nrows - r0 < FR ? nrows - r0 : FR;
+            const uint8_t *p[FR];
+            for (int i = 0; i < FR; i++) p[i] = w + (size_t)(r0 + (i < n ? i : n - 1)) * wb;
+            if (T == 1) fused_tile(ty, p, cols, x + t0 * xs, xs, 1, y + t0 * ys + r0, ys, n);
+            else fused_tile(ty, p, cols, x + t0 * xs, xs, 2, y + t0 * ys + r0, ys, n);
+        }
+    }
+}
+
+// Panel path
+
+/* Stores 16 lanes at d (aligned). */
+AI void store16(float *d, v16 v) {
+    _mm256_store_ps(d, v.lo);
+    _mm256_store_ps(d + 8, v.hi);
+}
+
+/* Row of a strip, columns [0, kc) of the chunk, into dst (step k at dst + k * MR * 16). */
+AI void pack_row(int ty, const uint8_t *row, int64_t kc, float *dst) {
+    if (is_float_type(ty)) {
+        const int es = elem_bytes(ty);
+        for (int64_t c = 0; c < kc; c += 16)
+            store16(dst + (c / 16) * MR * 16, kc - c >= 16 ? ld16(ty, row + c * es) : ld16_tail(ty, row + c * es, kc - c));
+        return;
+    }
+    const int bs = blk_elems(ty), bb = blk_bytes(ty);
+    for (int64_t b = 0; b < kc / bs; b++) {
+        dq_state st;
+        dq_prep(ty, row + b * bb, &st);
+        for (int u = 0; u < bs / 32; u++) {
+            v16 v0, v1;
+            dq_unit(ty, row + b * bb, u, &st, &v0, &v1);
+            float *d = dst + (b * bs / 16 + 2 * u) * MR * 16;
+            store16(d, v0);
+            store16(d + MR * 16, v1);
+        }
+    }
+}
+
+/* The ps_gemm_pack_fn contract for type ty. */
+AI void pack(int ty, const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *panel) {
+    int64_t kcp = (kc + 15) & ~(int64_t)15, n_strips = (nrows + MR - 1) / MR;
+    const int64_t off = is_float_type(ty) ? c0 * elem_bytes(ty) : c0 / blk_elems(ty) * blk_bytes(ty);
+    for (int64_t r = 0; r < n_strips * MR; r++) {
+        float *dst = panel + (r / MR) * MR * kcp + (r % MR) * 16;
+        if (r < nrows) {
+            pack_row(ty, w + (size_t)r * wb + off, kc, dst);
+            continue;
+        }
+        for (int64_t k = 0; k < kcp / 16; k++) store16(dst + k * MR * 16, (v16){_mm256_setzero_ps(), _mm256_setzero_ps()});
+    }
+}
+
+/* Micro-kernel: MR strip rows × T tokens (T a constant after inlining). */
+AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T, float *part, int mode, float *y,
+               int64_t ys, int64_t nrows) {
+    __m256 acc[MR][NR][2];
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < MR; i++)
+            for (int h = 0; h < 2; h++)
+                acc[i][t][h] = mode & PS_GEMM_FIRST ? _mm256_setzero_ps() : _mm256_load_ps(part + (t * MR + i) * 16 + 8 * h);
+    int64_t steps = kc / 16;
+    for (int64_t k = 0; k < steps; k++) {
+        const float *wk = strip + k * MR * 16;
+        for (int h = 0; h < 2; h++) {
+            __m256 w0 = _mm256_load_ps(wk + 8 * h), w1 = _mm256_load_ps(wk + 16 + 8 * h);
+            for (int t = 0; t < T; t++) {
+                __m256 xv = _mm256_loadu_ps(x + t * xs + 16 * k + 8 * h);
+                acc[0][t][h] = _mm256_fmadd_ps(w0, xv, acc[0][t][h]);
+                acc[1][t][h] = _mm256_fmadd_ps(w1, xv, acc[1][t][h]);
+            }
+        }
+    }
+    if (kc & 15) /* float types only: the masked last step */
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < MR; i++) {
+                const float *wk = strip + (steps * MR + i) * 16;
+                v16 a = fma16_tail((v16){_mm256_load_ps(wk), _mm256_load_ps(wk + 8)}, x + t * xs + 16 * steps, kc & 15,
+                                   (v16){acc[i][t][0], acc[i][t][1]});
+                acc[i][t][0] = a.lo;
+                acc[i][t][1] = a.hi;
+            }
+    for (int t = 0; t < T; t++) {
+        if (mode & PS_GEMM_LAST) {
+            store_n(y + t * ys, reduce2((v16){acc[0][t][0], acc[0][t][1]}, (v16){acc[1][t][0], acc[1][t][1]}), nrows);
+            continue;
+        }
+        for (int i = 0; i < MR; i++)
+            for (int h = 0; h < 2; h++) _mm256_store_ps(part + (t * MR + i) * 16 + 8 * h, acc[i][t][h]);
+    }
+}
+
+/* The ps_gemm_tile_fn contract. */
+static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs, int64_t nt, float *part, int mode,
+                     float *y, int64_t ys, int64_t nrows) {
+    switch (nt) {
+    case 1: tile_t(strip, kc, x, xs, 1, part, mode, y, ys, nrows); break;
+    case 2: tile_t(strip, kc, x, xs, 2, part, mode, y, ys, nrows); break;
+    default: tile_t(strip, kc, x, xs, 3, part, mode, y, ys, nrows); break;
+    }
+}
+
+// Tables
+
+#define KERN(T)                                                                                                 \
+    static TGT void fused_##T(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs,           \
+                              int64_t nt, float *y, int64_t ys, int64_t nrows) {                               \
+        fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                                             \
+    }                                                                                                         \
+    static TGT void pack_##T(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *p) {   \
+        pack(PS_TYPE_##T, w, wb, c0, kc, nrows, p);                                                           \
+    }                                                                                                         \
+    static const ps_gemm_kern kern_##T = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR};
+
+KERN(F32)
+KERN(F16)
+KERN(BF16)
+KERN(Q8_0)
+KERN(Q4_0)
+KERN(Q4_1)
+KERN(Q5_0)
+KERN(Q5_1)
+KERN(Q4_K)
+KERN(Q5_K)
+KERN(Q6_K)
+
+const ps_gemm_kern *ps_gemm_kern_avx2(uint32_t t) {
+    switch (t) {
+    case PS_TYPE_F32: return &kern_F32;
+    case PS_TYPE_F16: return &kern_F16;
+    case PS_TYPE_BF16: return &kern_BF16;
+    case PS_TYPE_Q8_0: return &kern_Q8_0;
+    case PS_TYPE_Q4_0: return &kern_Q4_0;
+    case PS_TYPE_Q4_1: return &kern_Q4_1;
+    case PS_TYPE_Q5_0: return &kern_Q5_0;
+    case PS_TYPE_Q5_1: return &kern_Q5_1;
+    case PS_TYPE_Q4_K: return &kern_Q4_K;
+    case PS_TYPE_Q5_K: return &kern_Q5_K;
+    case PS_TYPE_Q6_K: return &kern_Q6_K;
+    default: return NULL;
+    }
+}
+
+#else
+
+const ps_gemm_kern *ps_gemm_kern_avx2(uint32_t t) {
+    (void)t;
+    return NULL;
+}
+
+#endif
