@@ -33,7 +33,7 @@
 #define KF static __attribute__((target(TGT)))
 
 #define RMAX 2
-#define TMAX 4
+#define TMAX 8
 /* Tile loops must unroll fully (so that tile arrays live in registers) at -O2 too. */
 #define UNROLL _Pragma("GCC unroll 16")
 
@@ -76,6 +76,14 @@ KI void transpose4(const __m512i Q[4], __m512i P[4]) {
     P[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
+/* Constant vectors a type's kernels need, made once per gemm call. */
+typedef struct {
+    __m512i qs;      /* vpermt2b index: the quants of 4 (nibble types) or 2 (q8_0) blocks */
+    __m512i d, m;    /* vpermt2w indices of the scales and minimums (q4_0, q4_1) */
+    __m512i gidx;    /* gather byte offsets of each lane's block (q5_0, q5_1, q8_0) */
+    __m512i bits[8]; /* vpshufbitqmb controls picking the fifth bits of each step (q5_0, q5_1) */
+} kctx;
+
 // Activations of the 32-element types: groups of 16 blocks, transposed
 
 /* Per group: int8 x[8][16][4] (vector j, lane m), int32 corr[16], float dx[16], float
@@ -87,8 +95,10 @@ KI void transpose4(const __m512i Q[4], __m512i P[4]) {
 
 static size_t g16_bytes(int64_t cols) { return (size_t)((cols / PS_QK + 15) / 16) * G16_BYTES; }
 
-/* Block b of a group sits in lane m = 4 (b % 4) + b / 4 (the inverse of pi). */
-static inline int g16_lane(int b) { return 4 * (b % 4) + b / 4; }
+/* Block of lane m in a group: nibble types (a 4x4 transpose of four 4-block loads) and
+ * q8_0 (two 4x4 transposes of 2-block loads, then a 128-bit lane shuffle). */
+static inline int nib_block(int m) { return 4 * (m % 4) + m / 4; }
+static inline int q8_block(int m) { return 8 * (m / 8) + 2 * (m % 4) + (m / 4) % 2; }
 
 /* Quantizes 32 floats exactly as the ref kernels do: d = max|x| / 127, q = nearest-even
  * (x * (1 / d)). Returns sum(q). */
@@ -105,8 +115,11 @@ KI int32_t quant_block32(const float *x, int8_t q[32], float *d_out) {
     return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 
-/* One activation row into g16 groups; corr = -off * sum(q) per block. */
-KI void quant_g16(const float *x, uint8_t *xq, int64_t cols, int off) {
+/* One activation row into g16 groups, block b of a group going to lane lane_of[b];
+ * corr = -off * sum(q) per block. Partial groups are zero-padded. */
+KI void quant_g16(const float *x, uint8_t *xq, int64_t cols, int off, int (*block_of_lane)(int)) {
+    int lane_of[16];
+    for (int m = 0; m < 16; m++) lane_of[block_of_lane(m)] = m;
     int64_t nb = cols / PS_QK;
     for (int64_t g = 0; g * 16 < nb; g++) {
         uint8_t *G = xq + g * G16_BYTES;
@@ -116,7 +129,7 @@ KI void quant_g16(const float *x, uint8_t *xq, int64_t cols, int off) {
             int8_t q[32];
             float d;
             int32_t sum = quant_block32(x + (g * 16 + b) * PS_QK, q, &d);
-            int m = g16_lane(b);
+            int m = lane_of[b];
             UNROLL
             for (int j = 0; j < 8; j++) memcpy(G + 64 * j + 4 * m, q + 4 * j, 4);
             int32_t corr = -off * sum;
@@ -128,41 +141,122 @@ KI void quant_g16(const float *x, uint8_t *xq, int64_t cols, int off) {
     }
 }
 
-KF void quant_g16_off8(const float *x, void *xq, int64_t cols) { quant_g16(x, xq, cols, 8); }
+KF void quant_nib_off0(const float *x, void *xq, int64_t cols) { quant_g16(x, xq, cols, 0, nib_block); }
+KF void quant_nib_off8(const float *x, void *xq, int64_t cols) { quant_g16(x, xq, cols, 8, nib_block); }
+#if HAVE_VNNI
+KF void quant_nib_off16(const float *x, void *xq, int64_t cols) { quant_g16(x, xq, cols, 16, nib_block); }
+KF void quant_q8_off128(const float *x, void *xq, int64_t cols) { quant_g16(x, xq, cols, 128, q8_block); }
+#endif
 
-// Nibble weights: loading a group of 16 blocks
+// Tiles and the gemm that covers a block of rows and tokens with them
 
-/* Index vectors for one weight type's 16-block groups. Four blocks (bsize bytes each) are
- * read as two overlapping 64-byte loads L0 = [0, 64) and L1 = [4 bsize - 64, 4 bsize). */
-typedef struct {
-    __m512i qs; /* bytes: out 16k + i <- quant byte i of block k */
-    __m512i d;  /* words: out word m <- scale word of block m / 4 in L0 of sub-group m % 2 (pairs) */
-    __m512i m;  /* as d, for the minimum */
-} nib_idx;
+/* Writes the horizontal sums of an R x T tile. */
+KI void store_sums(int R, int T, __m512 facc[RMAX][TMAX], float *y, int64_t ys) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) y[t * ys + r] = hsum16(facc[r][t]);
+}
 
-/* Byte index into (L0, L1) of window byte o. */
+typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys,
+                     const kctx *cx);
+
+/* name_tile_RxT: every group of R weight rows against T activation rows, then the sums.
+ * A type supplies name_group(R, T, w, wb, x, xs, cx, facc) and the sizes name_BE
+ * (elements per block), name_BB (bytes per block), name_BPG (blocks per group), name_WG
+ * (= BPG * BB) and name_XG (activation bytes per group). The partial last group runs on a
+ * zero-padded copy of the weights (the activations are padded when quantized). */
+#define DEF_TILE(name, R, T)                                                                                    \
+    KF void name##_tile_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,        \
+                                  float *y, int64_t ys, const kctx *cx) {                                       \
+        __m512 facc[RMAX][TMAX];                                                                                \
+        UNROLL                                                                                                  \
+        for (int r = 0; r < R; r++)                                                                             \
+            UNROLL                                                                                              \
+            for (int t = 0; t < T; t++) facc[r][t] = _mm512_setzero_ps();                                       \
+        int64_t nb = cols / name##_BE, nfull = nb / name##_BPG, rem = nb % name##_BPG;                          \
+        for (int64_t g = 0; g < nfull; g++)                                                                     \
+            name##_group(R, T, w + g * name##_WG, wb, x + g * name##_XG, xs, cx, facc);                         \
+        if (rem) {                                                                                              \
+            uint8_t tail[R][name##_WG] __attribute__((aligned(64)));                                            \
+            memset(tail, 0, sizeof tail);                                                                       \
+            for (int r = 0; r < R; r++) memcpy(tail[r], w + r * wb + nfull * name##_WG, (size_t)rem * name##_BB); \
+            name##_group(R, T, tail[0], name##_WG, x + nfull * name##_XG, xs, cx, facc);                         \
+        }                                                                                                       \
+        store_sums(R, T, facc, y, ys);                                                                          \
+    }
+
+/* Tiles up to 2 rows x 4 tokens, in a table indexed [R - 1][T - 1]. */
+#define DEF_TILES_R2T4(name)                                                                                    \
+    DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
+    DEF_TILE(name, 2, 1) DEF_TILE(name, 2, 2) DEF_TILE(name, 2, 3) DEF_TILE(name, 2, 4)                         \
+    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,  \
+                                            name##_tile_2x1, name##_tile_2x2, name##_tile_2x3, name##_tile_2x4};
+
+/* Tiles of 1 row x up to 8 tokens. */
+#define DEF_TILES_R1T8(name)                                                                                    \
+    DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
+    DEF_TILE(name, 1, 5) DEF_TILE(name, 1, 6) DEF_TILE(name, 1, 7) DEF_TILE(name, 1, 8)                         \
+    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,  \
+                                            name##_tile_1x5, name##_tile_1x6, name##_tile_1x7, name##_tile_1x8};
+
+/* Covers nr x nt with tiles of at most rm x tm (tiles[(R - 1) * tm + T - 1]): token tiles
+ * outside, so that a tile's activations stay in L1 while the row chunk (sized for L2) is
+ * swept. A single token takes one row at a time: one weight stream per thread is what
+ * streams fastest from DRAM. */
+static void tile_drive(tile_fn *const *tiles, int rm, int tm, const kctx *cx, const uint8_t *w, size_t wb,
+                       int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys, int64_t nr, int64_t nt) {
+    if (nt == 1) rm = 1;
+    for (int64_t t = 0; t < nt; t += tm) {
+        int T = nt - t >= tm ? tm : (int)(nt - t);
+        for (int64_t r = 0; r < nr; r += rm) {
+            int R = nr - r >= rm ? rm : (int)(nr - r);
+            tiles[(R - 1) * tm + T - 1](w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys, cx);
+        }
+    }
+}
+
+#define DEF_GEMM(name, rm, tm, ctx_make)                                                                        \
+    KF void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,        \
+                        int64_t ys, int64_t nr, int64_t nt) {                                                   \
+        kctx cx;                                                                                                \
+        ctx_make(&cx);                                                                                          \
+        tile_drive(name##_tiles, rm, tm, &cx, w, wb, cols, x, xs, y, ys, nr, nt);                               \
+    }
+
+// Nibble weights (q4_0, q4_1, q5_0, q5_1): groups of 16 blocks
+
+/* The byte of (L0, L1) = (window [0, 64), window [4 bsize - 64, 4 bsize)) holding window
+ * byte o. */
 static inline int win_idx(int o, int bsize) { return o < 64 ? o : 64 + o - (4 * bsize - 64); }
 
-KI nib_idx nib_idx_make(int bsize, int qs_off) {
-    uint8_t qs[64];
+/* Fills the index vectors of a nibble type (bsize-byte blocks, quants at qs_off, scale at
+ * byte 0, minimum at byte 2, fifth bits at qh_off when qh_off > 0). */
+static void nib_ctx(kctx *cx, int bsize, int qs_off, int qh_off) {
+    uint8_t qs[64], bits[8][64];
     uint16_t d[32], m[32];
+    int32_t gidx[16];
     for (int k = 0; k < 4; k++)
         for (int i = 0; i < 16; i++) qs[16 * k + i] = (uint8_t)win_idx(bsize * k + qs_off + i, bsize);
     for (int w = 0; w < 32; w++) {
-        int k = (w % 16) / 4, word = bsize * k / 2;
-        d[w] = (uint16_t)((w % 2 ? 32 : 0) + word);
+        int k = (w % 16) / 4; /* words w and w + 16 are don't-cares alike */
+        d[w] = (uint16_t)((w % 2 ? 32 : 0) + bsize * k / 2);
         m[w] = (uint16_t)(d[w] + 1);
     }
-    nib_idx ix;
-    ix.qs = _mm512_loadu_si512(qs);
-    ix.d = _mm512_loadu_si512(d);
-    ix.m = _mm512_loadu_si512(m);
-    return ix;
+    for (int lane = 0; lane < 16; lane++) gidx[lane] = bsize * nib_block(lane);
+    for (int s = 0; s < 8; s++) /* step s = c + 4 h: byte 4 m + i takes bit 16 h + 4 c + i of lane m */
+        for (int p = 0; p < 64; p++) bits[s][p] = (uint8_t)(32 * ((p / 4) % 2) + 16 * (s / 4) + 4 * (s % 4) + p % 4);
+    memcpy(&cx->qs, qs, 64);
+    memcpy(&cx->d, d, 64);
+    memcpy(&cx->m, m, 64);
+    memcpy(&cx->gidx, gidx, 64);
+    for (int s = 0; s < 8; s++) memcpy(&cx->bits[s], bits[s], 64);
+    (void)qh_off;
 }
 
-/* Packed quants of 16 blocks: P[c] lane m = packed dword c of block pi(m); L0[g] keeps the
- * first 64 bytes of sub-group g (its scales). */
-KI void nib_load(const uint8_t *p, int bsize, int qs_off, const nib_idx *ix, __m512i P[4], __m512i L0[4]) {
+/* Packed quants of 16 blocks: P[c] lane m = packed dword c of block nib_block(m); L0[g]
+ * keeps the first 64 bytes of sub-group g (its block headers, for bsize <= 21). */
+KI void nib_load(const uint8_t *p, int bsize, int qs_off, const kctx *cx, __m512i P[4], __m512i L0[4]) {
     __m512i Q[4];
     UNROLL
     for (int g = 0; g < 4; g++) {
@@ -170,9 +264,9 @@ KI void nib_load(const uint8_t *p, int bsize, int qs_off, const nib_idx *ix, __m
         L0[g] = _mm512_loadu_si512(s);
 #if HAVE_VNNI /* the VNNI family also has VBMI */
         (void)qs_off;
-        Q[g] = _mm512_permutex2var_epi8(L0[g], ix->qs, _mm512_loadu_si512(s + 4 * bsize - 64));
+        Q[g] = _mm512_permutex2var_epi8(L0[g], cx->qs, _mm512_loadu_si512(s + 4 * bsize - 64));
 #else
-        (void)ix;
+        (void)cx;
         __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(s + qs_off)));
         q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(s + bsize + qs_off)), 1);
         q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(s + 2 * bsize + qs_off)), 2);
@@ -191,19 +285,34 @@ KI __m512 nib_scales(const __m512i L0[4], __m512i idx) {
     return _mm512_cvtph_ps(_mm512_castsi512_si256(ab));
 }
 
-// q4_0
+/* f16 words in the low halves of 16 dwords, as floats. */
+KI __m512 f16_lo_to_ps(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 
-/* One group for an R x T tile: facc[r][t] += (dw_r ⊙ dx_t) ⊙ float(corr_t + sum_j dp). */
-KI void q4_0_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const nib_idx *ix,
-                   __m512 facc[RMAX][TMAX]) {
-    __m512i P[RMAX][4], acc[RMAX][TMAX];
-    __m512 S[RMAX];
+/* One group of a nibble type for an R x T tile:
+ *     acc = corr_t + sum over steps (c, h) of dpbusd(quants, x_(c + 4h))
+ *     facc += (dw ⊙ dx) ⊙ float(acc)   [+ m ⊙ (dx * sum x) for the types with a minimum]
+ * q5 types add the fifth bit (16) of each quant from a mask picked out of qh. */
+KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, const uint8_t *w, size_t wb,
+                  const uint8_t *x, size_t xs, const kctx *cx, __m512 facc[RMAX][TMAX]) {
+    __m512i P[RMAX][4], H[RMAX], acc[RMAX][TMAX];
+    __m512 S[RMAX], M[RMAX];
     const __m512i m0f = _mm512_set1_epi8(0x0f);
+    (void)H;
     UNROLL
     for (int r = 0; r < R; r++) {
         __m512i L0[4];
-        nib_load(w + r * wb, 18, 2, ix, P[r], L0);
-        S[r] = nib_scales(L0, ix->d);
+        nib_load(w + r * wb, bsize, qs_off, cx, P[r], L0);
+        if (!qh_off) {
+            S[r] = nib_scales(L0, cx->d);
+            if (has_min) M[r] = nib_scales(L0, cx->m);
+        } else {
+#if HAVE_VNNI
+            __m512i hd = _mm512_i32gather_epi32(cx->gidx, w + r * wb, 1);
+            S[r] = f16_lo_to_ps(hd);
+            if (has_min) M[r] = f16_lo_to_ps(_mm512_srli_epi32(hd, 16));
+            H[r] = _mm512_i32gather_epi32(cx->gidx, w + r * wb + qh_off, 1);
+#endif
+        }
     }
     UNROLL
     for (int t = 0; t < T; t++) {
@@ -217,8 +326,15 @@ KI void q4_0_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
         for (int h = 0; h < 2; h++) {
             __m512i v[RMAX];
             UNROLL
-            for (int r = 0; r < R; r++)
+            for (int r = 0; r < R; r++) {
                 v[r] = _mm512_and_si512(h ? _mm512_srli_epi16(P[r][c], 4) : P[r][c], m0f);
+#if HAVE_VNNI
+                if (qh_off) {
+                    __mmask64 k = _mm512_bitshuffle_epi64_mask(H[r], cx->bits[c + 4 * h]);
+                    v[r] = _mm512_mask_add_epi8(v[r], k, v[r], _mm512_set1_epi8(16));
+                }
+#endif
+            }
             UNROLL
             for (int t = 0; t < T; t++) {
                 __m512i xv = load_reg(x + t * xs + 64 * (c + 4 * h));
@@ -233,76 +349,426 @@ KI void q4_0_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
         UNROLL
         for (int r = 0; r < R; r++)
             facc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(S[r], dx), _mm512_cvtepi32_ps(acc[r][t]), facc[r][t]);
+        if (has_min) {
+            __m512 xsum = _mm512_load_ps(x + t * xs + G16_XS);
+            UNROLL
+            for (int r = 0; r < R; r++) facc[r][t] = _mm512_fmadd_ps(M[r], xsum, facc[r][t]);
+        }
     }
 }
 
-/* An R x T tile over all groups of a row; the partial last group reads a zero-padded copy. */
-KI void q4_0_tile(int R, int T, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
-                  int64_t ys, const nib_idx *ix) {
-    __m512 facc[RMAX][TMAX];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int t = 0; t < T; t++) facc[r][t] = _mm512_setzero_ps();
-    int64_t nb = cols / PS_QK, nfull = nb / 16, rem = nb % 16;
-    for (int64_t g = 0; g < nfull; g++) {
-        q4_0_group(R, T, w + g * 16 * 18, wb, x + g * G16_BYTES, xs, ix, facc);
+#define NIB_TYPE(name, bsize, qs_off, has_min, qh_off)                                                          \
+    enum { name##_BE = PS_QK, name##_BB = bsize, name##_BPG = 16, name##_WG = 16 * bsize, name##_XG = G16_BYTES }; \
+    KI void name##_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,  \
+                         __m512 facc[RMAX][TMAX]) {                                                             \
+        nib_group(R, T, bsize, qs_off, has_min, qh_off, w, wb, x, xs, cx, facc);                                \
+    }                                                                                                           \
+    static void name##_ctx(kctx *cx) { nib_ctx(cx, bsize, qs_off, qh_off); }                                    \
+    DEF_TILES_R2T4(name)                                                                                        \
+    DEF_GEMM(name, 2, 4, name##_ctx)
+
+NIB_TYPE(q4_0, 18, 2, 0, 0)
+NIB_TYPE(q4_1, 20, 4, 1, 0)
+#if HAVE_VNNI /* gathers and vpshufbitqmb (BITALG) */
+NIB_TYPE(q5_0, 22, 6, 0, 2)
+NIB_TYPE(q5_1, 24, 8, 1, 4)
+#endif
+
+// q8_0: groups of 16 blocks, 1 row x 8 token tiles (a row's eight weight vectors stay in registers)
+
+#if HAVE_VNNI /* with the +128 bias, vpmaddubsw pair sums would saturate */
+enum { q8_0_BE = PS_QK, q8_0_BB = 34, q8_0_BPG = 16, q8_0_WG = 16 * 34, q8_0_XG = G16_BYTES };
+
+static void q8_0_ctx(kctx *cx) {
+    uint8_t qs[64];
+    int32_t gidx[16];
+    for (int i = 0; i < 64; i++) { /* block 0 quants at window bytes 2..33, block 1 at 36..67 */
+        int o = i < 32 ? 2 + i : 36 + (i - 32);
+        qs[i] = (uint8_t)(o < 64 ? o : 64 + o - 4);
     }
-    if (rem) {
-        uint8_t tail[RMAX][16 * 18];
-        memset(tail, 0, sizeof tail);
-        UNROLL
-        for (int r = 0; r < R; r++) memcpy(tail[r], w + r * wb + nfull * 16 * 18, (size_t)rem * 18);
-        q4_0_group(R, T, tail[0], sizeof tail[0], x + nfull * G16_BYTES, xs, ix, facc);
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int t = 0; t < T; t++) y[t * ys + r] = hsum16(facc[r][t]);
+    for (int lane = 0; lane < 16; lane++) gidx[lane] = 34 * q8_block(lane);
+    memset(cx, 0, sizeof *cx);
+    memcpy(&cx->qs, qs, 64);
+    memcpy(&cx->gidx, gidx, 64);
 }
 
-#define TILE_FN(name, R, T)                                                                                     \
-    KF void name##_tile_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,        \
-                                  float *y, int64_t ys, const nib_idx *ix) {                                    \
-        name##_tile(R, T, w, wb, cols, x, xs, y, ys, ix);                                                       \
+/* The 16 blocks' quants +128 (unsigned): W[j] lane m = dword j of block q8_block(m). */
+KI void q8_0_load(const uint8_t *p, const kctx *cx, __m512i W[8], __m512 *S) {
+    __m512i O[2][4];
+    UNROLL
+    for (int half = 0; half < 2; half++) {
+        __m512i Q[4];
+        UNROLL
+        for (int g = 0; g < 4; g++) {
+            const uint8_t *s = p + 68 * (4 * half + g);
+            Q[g] = _mm512_permutex2var_epi8(_mm512_loadu_si512(s), cx->qs, _mm512_loadu_si512(s + 4));
+        }
+        transpose4(Q, O[half]);
     }
-
-/* Tiles of every shape, and the gemm that covers nr x nt with them. */
-#define TILES(name, idx_init)                                                                                   \
-    TILE_FN(name, 2, 4)                                                                                         \
-    TILE_FN(name, 2, 3)                                                                                         \
-    TILE_FN(name, 2, 2)                                                                                         \
-    TILE_FN(name, 2, 1)                                                                                         \
-    TILE_FN(name, 1, 4)                                                                                         \
-    TILE_FN(name, 1, 3)                                                                                         \
-    TILE_FN(name, 1, 2)                                                                                         \
-    TILE_FN(name, 1, 1)                                                                                         \
-    KF void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,        \
-                        int64_t ys, int64_t nr, int64_t nt) {                                                   \
-        static void (*const fns[2][4])(const uint8_t *, size_t, int64_t, const uint8_t *, size_t, float *,      \
-                                       int64_t, const nib_idx *) = {                                            \
-            {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4},                              \
-            {name##_tile_2x1, name##_tile_2x2, name##_tile_2x3, name##_tile_2x4}};                             \
-        nib_idx ix = idx_init;                                                                                  \
-        for (int64_t t = 0; t < nt; t += 4) {                                                                   \
-            int T = nt - t >= 4 ? 4 : (int)(nt - t);                                                            \
-            int rmax = nt == 1 ? 1 : 2; /* one weight stream at a time streams best from DRAM */        \
-            for (int64_t r = 0; r < nr; r += rmax) {                                                            \
-                int R = nr - r >= rmax ? rmax : 1;                                                              \
-                fns[R - 1][T - 1](w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys, &ix);              \
-            }                                                                                                   \
-        }                                                                                                       \
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    UNROLL
+    for (int c = 0; c < 4; c++) {
+        W[c] = _mm512_xor_si512(_mm512_shuffle_i64x2(O[0][c], O[1][c], 0x88), bias);
+        W[4 + c] = _mm512_xor_si512(_mm512_shuffle_i64x2(O[0][c], O[1][c], 0xDD), bias);
     }
+    *S = f16_lo_to_ps(_mm512_i32gather_epi32(cx->gidx, p, 1));
+}
 
-TILES(q4_0, nib_idx_make(18, 2))
+KI void q8_0_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
+                   __m512 facc[RMAX][TMAX]) {
+    __m512i W[RMAX][8], acc[RMAX][TMAX];
+    __m512 S[RMAX];
+    UNROLL
+    for (int r = 0; r < R; r++) q8_0_load(w + r * wb, cx, W[r], &S[r]);
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        __m512i c = _mm512_load_si512(x + t * xs + G16_CORR);
+        UNROLL
+        for (int r = 0; r < R; r++) acc[r][t] = c;
+    }
+    UNROLL
+    for (int j = 0; j < 8; j++) {
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512i xv = load_reg(x + t * xs + 64 * j);
+            UNROLL
+            for (int r = 0; r < R; r++) acc[r][t] = dpbusd(acc[r][t], W[r][j], xv);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        __m512 dx = _mm512_load_ps(x + t * xs + G16_DX);
+        UNROLL
+        for (int r = 0; r < R; r++)
+            facc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(S[r], dx), _mm512_cvtepi32_ps(acc[r][t]), facc[r][t]);
+    }
+}
+
+DEF_TILES_R1T8(q8_0)
+DEF_GEMM(q8_0, 1, 8, q8_0_ctx)
+#endif
+
+#if HAVE_VNNI /* vpermb (VBMI) */
+// K types: groups of 4 super-blocks (1024 columns)
+
+/* Activations of the K types, per group of 4 super-blocks (lane m: super-block s = m % 4,
+ * index k = m / 4):
+ *   q4_K / q5_K ("k4"): x[16][16][4]: vector c (0..7) lane m = quants 64k + 4c..+3 of
+ *     super-block s (sub-block 2k), vector 8 + c the same 32 further on (sub-block 2k + 1);
+ *     then float dx[16] and int16 pairs bs[16] = (sum of sub-block 2k, of 2k + 1).
+ *   q6_K ("k6"): x[16][16][4]: vector 4 (2h + u) + c lane m = quants 128h + 64u + 16k +
+ *     4c..+3 (sub-block 8h + 4u + k); then int32 corr[4][16] (-32 * the sub-block's sum
+ *     for the accumulator 2h + u) and float dx[16]. */
+#define K4_DX 1024
+#define K4_BS 1088
+#define K4_BYTES 1152
+#define K6_CORR 1024
+#define K6_DX 1280
+#define K6_BYTES 1344
+
+static size_t k4_bytes(int64_t cols) { return (size_t)((cols / PS_QK_K + 3) / 4) * K4_BYTES; }
+static size_t k6_bytes(int64_t cols) { return (size_t)((cols / PS_QK_K + 3) / 4) * K6_BYTES; }
+
+/* Quantizes 256 floats as the ref kernels do (d = max|x| / 127, nearest-even). */
+KI void quant_block256(const float *x, int8_t q[256], float *d_out) {
+    __m512 a = _mm512_setzero_ps();
+    for (int i = 0; i < 256; i += 16) a = _mm512_max_ps(a, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    float amax = _mm512_reduce_max_ps(a);
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < 256; i += 16) {
+        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(id)));
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtsepi32_epi8(v));
+    }
+    *d_out = d;
+}
+
+static int32_t sum_i8(const int8_t *q, int n) {
+    int32_t s = 0;
+    for (int i = 0; i < n; i++) s += q[i];
+    return s;
+}
+
+/* Quantizes one row into k4 (six = 0) or k6 (six = 1) groups, zero-padding the last. */
+KI void quant_k(const float *x, uint8_t *xq, int64_t cols, int six) {
+    int64_t nsb = cols / PS_QK_K, gbytes = six ? K6_BYTES : K4_BYTES;
+    for (int64_t g = 0; g * 4 < nsb; g++) {
+        uint8_t *G = xq + g * gbytes;
+        if (nsb - g * 4 < 4) memset(G, 0, (size_t)gbytes);
+        for (int s = 0; s < 4 && g * 4 + s < nsb; s++) {
+            int8_t q[256];
+            float d;
+            quant_block256(x + (g * 4 + s) * PS_QK_K, q, &d);
+            for (int k = 0; k < 4; k++) {
+                int m = 4 * k + s;
+                memcpy(G + (six ? K6_DX : K4_DX) + 4 * m, &d, 4);
+                if (six) {
+                    for (int v = 0; v < 4; v++) { /* v = 2h + u: sub-block 8h + 4u + k */
+                        const int8_t *sub = q + 128 * (v / 2) + 64 * (v % 2) + 16 * k;
+                        for (int c = 0; c < 4; c++) memcpy(G + 64 * (4 * v + c) + 4 * m, sub + 4 * c, 4);
+                        int32_t corr = -32 * sum_i8(sub, 16);
+                        memcpy(G + K6_CORR + 64 * v + 4 * m, &corr, 4);
+                    }
+                } else {
+                    for (int c = 0; c < 8; c++) {
+                        memcpy(G + 64 * c + 4 * m, q + 64 * k + 4 * c, 4);
+                        memcpy(G + 64 * (8 + c) + 4 * m, q + 64 * k + 32 + 4 * c, 4);
+                    }
+                    int16_t bs[2] = {(int16_t)sum_i8(q + 64 * k, 32), (int16_t)sum_i8(q + 64 * k + 32, 32)};
+                    memcpy(G + K4_BS + 4 * m, bs, 4);
+                }
+            }
+        }
+    }
+}
+
+KF void quant_k4(const float *x, void *xq, int64_t cols) { quant_k(x, xq, cols, 0); }
+KF void quant_k6(const float *x, void *xq, int64_t cols) { quant_k(x, xq, cols, 1); }
+
+/* The 128-bit chunk at byte off of each of the 4 super-blocks (bsize bytes apart), as the
+ * four 128-bit lanes of one vector. */
+KI __m512i k_chunks(const uint8_t *p, int bsize, int off) {
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + off)));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(p + bsize + off)), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(p + 2 * bsize + off)), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(p + 3 * bsize + off)), 3);
+}
+
+/* 64 bytes at off of each super-block, transposed: P[c] (c = 0..7) lane m = dword c of
+ * 32-byte piece k = m / 4 of super-block s = m % 4. With bcast, 32 bytes are read and
+ * repeated (P[c] then holds dword c of the 32 bytes in every k). */
+KI void k_transpose8(const uint8_t *p, int bsize, int off, int bcast, __m512i P[8]) {
+    __m512i L[2][4], O[2][4];
+    UNROLL
+    for (int s = 0; s < 4; s++) {
+        if (bcast) {
+            L[0][s] = L[1][s] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + bsize * s + off)));
+        } else {
+            L[0][s] = _mm512_loadu_si512(p + bsize * s + off);
+            L[1][s] = _mm512_loadu_si512(p + bsize * s + off + 64);
+        }
+    }
+    transpose4(L[0], O[0]);
+    if (bcast) {
+        UNROLL
+        for (int c = 0; c < 4; c++) O[1][c] = O[0][c];
+    } else {
+        transpose4(L[1], O[1]);
+    }
+    UNROLL
+    for (int c = 0; c < 4; c++) {
+        P[c] = _mm512_shuffle_i64x2(O[0][c], O[1][c], 0x88);
+        P[4 + c] = _mm512_shuffle_i64x2(O[0][c], O[1][c], 0xDD);
+    }
+}
+
+/* Scales and minimums of 4 q4_K / q5_K super-blocks, per lane (s = m % 4, k = m / 4):
+ * sc[2k], sc[2k + 1] as int32 (scl, sch), (m[2k], m[2k + 1]) as an int16 pair, d, dmin. */
+typedef struct {
+    __m512i scl, sch, mins;
+    __m512 d, dmin;
+} k4_scales;
+
+static void k4_ctx(kctx *cx) {
+    uint8_t e[64], f[64];
+    uint16_t dw[32];
+    for (int m = 0; m < 16; m++) {
+        int s = m % 4, k = m / 4, j0 = 2 * k, b = 16 * s + 4; /* scale bytes of super-block s */
+        const int lo[4] = {j0, j0 + 1, j0 + 4, j0 + 5}, hi[4] = {j0 + 4, j0 + 5, j0 + 4, j0 + 5};
+        const int hf[4] = {j0 - 4, j0 - 3, j0, j0 + 1};
+        for (int i = 0; i < 4; i++) {
+            e[4 * m + i] = (uint8_t)(b + (k < 2 ? lo[i] : hi[i]));
+            f[4 * m + i] = (uint8_t)(k < 2 ? b : b + hf[i]);
+        }
+    }
+    for (int w = 0; w < 32; w++) dw[w] = (uint16_t)(8 * (w % 4) + w / 16); /* d: w < 16, dmin: w >= 16 */
+    memset(cx, 0, sizeof *cx);
+    memcpy(&cx->qs, e, 64);
+    memcpy(&cx->m, f, 64);
+    memcpy(&cx->d, dw, 64);
+}
+
+KI k4_scales k4_scales_load(const uint8_t *p, int bsize, const kctx *cx) {
+    k4_scales ks;
+    __m512i z = k_chunks(p, bsize, 0); /* d, dmin, scales[12] of each super-block */
+    __m512i dd = _mm512_permutexvar_epi16(cx->d, z);
+    ks.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dd));
+    ks.dmin = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dd, 1));
+    __m512i e = _mm512_permutexvar_epi8(cx->qs, z), f = _mm512_permutexvar_epi8(cx->m, z);
+    __m512i lo = _mm512_and_si512(e, _mm512_set1_epi8(0x3f));
+    __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(e, _mm512_set1_epi32(4 << 16)), _mm512_set1_epi8(0x0f)),
+                                 _mm512_and_si512(_mm512_srli_epi16(f, 2), _mm512_set1_epi8(0x30)));
+    __m512i r = _mm512_mask_blend_epi32(0xff00, lo, hi); /* bytes sc0, sc1, m0, m1 */
+    ks.scl = _mm512_and_si512(r, _mm512_set1_epi32(0xff));
+    ks.sch = _mm512_and_si512(_mm512_srli_epi32(r, 8), _mm512_set1_epi32(0xff));
+    __m512i t = _mm512_srli_epi32(r, 16);
+    ks.mins = _mm512_or_si512(_mm512_and_si512(t, _mm512_set1_epi32(0xff)),
+                              _mm512_slli_epi32(_mm512_and_si512(t, _mm512_set1_epi32(0xff00)), 8));
+    return ks;
+}
+
+/* One q4_K / q5_K group for a 1 x T tile (R must be 1):
+ *     lo = sum_c dpbusd(sub-block 2k quants, x_c), hi likewise for 2k + 1 (exact ints)
+ *     a = lo * sc[2k] + hi * sc[2k + 1];  i = m[2k] bs[2k] + m[2k + 1] bs[2k + 1]
+ *     facc += (float(a) ⊙ d - float(i) ⊙ dmin) ⊙ dx */
+KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
+                 __m512 facc[RMAX][TMAX]) {
+    const int bsize = five ? 176 : 144, qs_off = five ? 48 : 16;
+    (void)R, (void)wb;
+    __m512i P[8], QH[8], lo[TMAX], hi[TMAX];
+    k_transpose8(w, bsize, qs_off, 0, P);
+    if (five) k_transpose8(w, bsize, 16, 1, QH);
+    k4_scales ks = k4_scales_load(w, bsize, cx);
+    const __m512i m0f = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+    /* fifth bits: bit 2k (lo) / 2k + 1 (hi) of each qh byte, rotated to bit 4 */
+    const __m512i rot_lo = _mm512_set_epi32(30, 30, 30, 30, 0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4);
+    const __m512i rot_hi = _mm512_set_epi32(29, 29, 29, 29, 31, 31, 31, 31, 1, 1, 1, 1, 3, 3, 3, 3);
+    UNROLL
+    for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm512_setzero_si512();
+    UNROLL
+    for (int c = 0; c < 8; c++) {
+        __m512i vl = _mm512_and_si512(P[c], m0f), vh = _mm512_and_si512(_mm512_srli_epi16(P[c], 4), m0f);
+        if (five) {
+            vl = _mm512_ternarylogic_epi32(vl, _mm512_rolv_epi32(QH[c], rot_lo), b4, 0xf8); /* a | (b & c) */
+            vh = _mm512_ternarylogic_epi32(vh, _mm512_rolv_epi32(QH[c], rot_hi), b4, 0xf8);
+        }
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512i xl = load_reg(x + t * xs + 64 * c), xh = load_reg(x + t * xs + 64 * (8 + c));
+            lo[t] = dpbusd(lo[t], vl, xl);
+            hi[t] = dpbusd(hi[t], vh, xh);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        __m512i a = _mm512_add_epi32(_mm512_mullo_epi32(lo[t], ks.scl), _mm512_mullo_epi32(hi[t], ks.sch));
+        __m512i i = _mm512_madd_epi16(ks.mins, _mm512_load_si512(x + t * xs + K4_BS));
+        __m512 f = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), ks.dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(a), ks.d));
+        facc[0][t] = _mm512_fmadd_ps(f, _mm512_load_ps(x + t * xs + K4_DX), facc[0][t]);
+    }
+}
+
+enum { q4_K_BE = PS_QK_K, q4_K_BB = 144, q4_K_BPG = 4, q4_K_WG = 576, q4_K_XG = K4_BYTES };
+enum { q5_K_BE = PS_QK_K, q5_K_BB = 176, q5_K_BPG = 4, q5_K_WG = 704, q5_K_XG = K4_BYTES };
+
+KI void q4_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
+                   __m512 facc[RMAX][TMAX]) {
+    k4_group(R, T, 0, w, wb, x, xs, cx, facc);
+}
+
+KI void q5_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
+                   __m512 facc[RMAX][TMAX]) {
+    k4_group(R, T, 1, w, wb, x, xs, cx, facc);
+}
+
+/* Tiles of 1 row x up to 4 tokens. */
+#define DEF_TILES_R1T4(name)                                                                                    \
+    DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
+    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4};
+
+DEF_TILES_R1T4(q4_K)
+DEF_GEMM(q4_K, 1, 4, k4_ctx)
+DEF_TILES_R1T4(q5_K)
+DEF_GEMM(q5_K, 1, 4, k4_ctx)
+
+/* q6_K: scales (int8 per 16 quants) as int32 per accumulator v = 2h + u (lane m: scale
+ * 8h + 4u + k of super-block s), and d. */
+static void k6_ctx(kctx *cx) {
+    uint8_t e[64];
+    int32_t g[16];
+    for (int v = 0; v < 4; v++)
+        for (int m = 0; m < 16; m++) e[16 * v + m] = (uint8_t)(16 * (m % 4) + 8 * (v / 2) + 4 * (v % 2) + m / 4);
+    for (int m = 0; m < 16; m++) g[m] = 210 * (m % 4) + 206; /* d in the high half */
+    memset(cx, 0, sizeof *cx);
+    memcpy(&cx->qs, e, 64);
+    memcpy(&cx->gidx, g, 64);
+}
+
+/* One q6_K group for a 1 x T tile: per half h, for u = 0 (low nibbles) and 1 (high):
+ *     acc = corr + sum_c dpbusd(quants 0..63, x);  a += acc * scale   (exact ints)
+ * then facc += (d ⊙ dx) ⊙ float(a). */
+KI void q6_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
+                   __m512 facc[RMAX][TMAX]) {
+    (void)R, (void)wb;
+    const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    /* lanes k = m / 4 >= 2 take qh bits 2-3 (low nibbles) / 6-7 (high), else 0-1 / 4-5 */
+    const __m512i rot = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4);
+    const __m512i shr = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i sc = _mm512_permutexvar_epi8(cx->qs, k_chunks(w, 210, 192));
+    __m512 d = f16_lo_to_ps(_mm512_srli_epi32(_mm512_i32gather_epi32(cx->gidx, w, 1), 16));
+    __m512i a[TMAX];
+    UNROLL
+    for (int t = 0; t < T; t++) a[t] = _mm512_setzero_si512();
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        __m512i L[4], Hq[4], P[4], QH[4], acc[2][TMAX];
+        UNROLL
+        for (int s = 0; s < 4; s++) {
+            L[s] = _mm512_loadu_si512(w + 210 * s + 64 * h);
+            Hq[s] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 210 * s + 128 + 32 * h)));
+        }
+        transpose4(L, P);
+        transpose4(Hq, QH);
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            acc[0][t] = _mm512_load_si512(x + t * xs + K6_CORR + 64 * (2 * h));
+            acc[1][t] = _mm512_load_si512(x + t * xs + K6_CORR + 64 * (2 * h + 1));
+        }
+        UNROLL
+        for (int c = 0; c < 4; c++) {
+            __m512i bl = _mm512_and_si512(_mm512_rolv_epi32(QH[c], rot), m30);
+            __m512i bh = _mm512_and_si512(_mm512_srlv_epi32(QH[c], shr), m30);
+            __m512i vl = _mm512_ternarylogic_epi32(P[c], m0f, bl, 0xea); /* (a & b) | c */
+            __m512i vh = _mm512_ternarylogic_epi32(_mm512_srli_epi16(P[c], 4), m0f, bh, 0xea);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                acc[0][t] = dpbusd(acc[0][t], vl, load_reg(x + t * xs + 64 * (8 * h + c)));
+                acc[1][t] = dpbusd(acc[1][t], vh, load_reg(x + t * xs + 64 * (8 * h + 4 + c)));
+            }
+        }
+        __m512i s0 = _mm512_cvtepi8_epi32(h ? _mm512_extracti32x4_epi32(sc, 2) : _mm512_castsi512_si128(sc));
+        __m512i s1 = _mm512_cvtepi8_epi32(h ? _mm512_extracti32x4_epi32(sc, 3) : _mm512_extracti32x4_epi32(sc, 1));
+        UNROLL
+        for (int t = 0; t < T; t++)
+            a[t] = _mm512_add_epi32(a[t], _mm512_add_epi32(_mm512_mullo_epi32(acc[0][t], s0),
+                                                           _mm512_mullo_epi32(acc[1][t], s1)));
+    }
+    UNROLL
+    for (int t = 0; t < T; t++)
+        facc[0][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(x + t * xs + K6_DX)),
+                                     _mm512_cvtepi32_ps(a[t]), facc[0][t]);
+}
+
+enum { q6_K_BE = PS_QK_K, q6_K_BB = 210, q6_K_BPG = 4, q6_K_WG = 840, q6_K_XG = K6_BYTES };
+DEF_TILES_R1T4(q6_K)
+DEF_GEMM(q6_K, 1, 4, k6_ctx)
+
+#endif
 
 // Table
 
-static const ps_kernel k_q4_0 = {quant_g16_off8, g16_bytes, gemm_q4_0, 2, 4};
+static const ps_kernel k_q4_0 = {quant_nib_off8, g16_bytes, gemm_q4_0, 2, 4};
+static const ps_kernel k_q4_1 = {quant_nib_off0, g16_bytes, gemm_q4_1, 2, 4};
+#if HAVE_VNNI
+static const ps_kernel k_q5_0 = {quant_nib_off16, g16_bytes, gemm_q5_0, 2, 4};
+static const ps_kernel k_q5_1 = {quant_nib_off0, g16_bytes, gemm_q5_1, 2, 4};
+static const ps_kernel k_q8_0 = {quant_q8_off128, g16_bytes, gemm_q8_0, 1, 8};
+static const ps_kernel k_q4_K = {quant_k4, k4_bytes, gemm_q4_K, 1, 4};
+static const ps_kernel k_q5_K = {quant_k4, k4_bytes, gemm_q5_K, 1, 4};
+static const ps_kernel k_q6_K = {quant_k6, k6_bytes, gemm_q6_K, 1, 4};
+#endif
 
 const ps_kernel *FAMILY_FN(uint32_t t) {
     switch (t) {
     case PS_TYPE_Q4_0: return &k_q4_0;
+    case PS_TYPE_Q4_1: return &k_q4_1;
+#if HAVE_VNNI
+    case PS_TYPE_Q5_0: return &k_q5_0;
+    case PS_TYPE_Q5_1: return &k_q5_1;
+    case PS_TYPE_Q8_0: return &k_q8_0;
+    case PS_TYPE_Q4_K: return &k_q4_K;
+    case PS_TYPE_Q5_K: return &k_q5_K;
+    case PS_TYPE_Q6_K: return &k_q6_K;
+#endif
     default: return NULL;
     }
 }
