@@ -268,12 +268,13 @@ static const ps_type all_types[] = {PS_TYPE_F32,  PS_TYPE_F16,  PS_TYPE_BF16, PS
                                     PS_TYPE_Q4_1, PS_TYPE_Q5_0, PS_TYPE_Q5_1, PS_TYPE_Q8_0,
                                     PS_TYPE_Q4_K, PS_TYPE_Q5_K, PS_TYPE_Q6_K};
 
-/* Column counts that exercise whole SIMD groups and the tails after them. */
-static void cols_for(ps_type t, int64_t out[2]) {
+/* Column counts that exercise whole SIMD groups and the tails after them; the third is
+ * long enough for the kernels to split rows into several column passes. */
+static void cols_for(ps_type t, int64_t out[3]) {
     uint32_t bs = ps_type_get(t)->block_size;
-    if (bs == 1) out[0] = 1031, out[1] = 100;
-    else if (bs == PS_QK) out[0] = 32 * 41, out[1] = 32 * 18;
-    else out[0] = 256 * 5, out[1] = 256 * 3;
+    if (bs == 1) out[0] = 1031, out[1] = 100, out[2] = 2000;
+    else if (bs == PS_QK) out[0] = 32 * 41, out[1] = 32 * 18, out[2] = 32 * (16 * 7 + 5);
+    else out[0] = 256 * 5, out[1] = 256 * 3, out[2] = 256 * 22;
 }
 
 int main(void) {
@@ -284,12 +285,13 @@ int main(void) {
     for (size_t i = 0; i < PS_ARRAY_LEN(all_types); i++) {
         ps_type t = all_types[i];
         PS_CHECK(ps_matmul_supported(t));
-        int64_t cols[2];
+        int64_t cols[3];
         cols_for(t, cols);
         test_accuracy(t, 37, cols[0], 5, pools[2]);
         test_accuracy(t, 9, cols[1], 3, pools[3]);
         test_invariance(t, 67, cols[1], 300, pools);
         test_invariance(t, 1, cols[0], 9, pools);
+        test_invariance(t, 13, cols[2], 11, pools);
     }
     PS_CHECK(!ps_matmul_supported(PS_TYPE_Q2_K));
     PS_CHECK(ps_matmul_set_isa("nonsense") == PS_ERR_ARG);

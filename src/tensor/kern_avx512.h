@@ -32,7 +32,7 @@
 #define KI static inline __attribute__((always_inline, target(TGT)))
 #define KF static __attribute__((target(TGT)))
 
-#define RMAX 2
+#define RMAX 4
 #define TMAX 8
 /* Tile loops must unroll fully (so that tile arrays live in registers) at -O2 too. */
 #define UNROLL _Pragma("GCC unroll 16")
@@ -158,32 +158,59 @@ KI void store_sums(int R, int T, __m512 facc[RMAX][TMAX], float *y, int64_t ys) 
         for (int t = 0; t < T; t++) y[t * ys + r] = hsum16(facc[r][t]);
 }
 
-typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys,
-                     const kctx *cx);
+/* A tile's share of one pass over the columns: groups [g0, g1) of the row. The first pass
+ * starts from zero, the last writes the sums to y; in between, the R x T accumulators wait
+ * in acc (16 floats each, 64-byte aligned). Saving and reloading them is exact, so the
+ * arithmetic per output is the same however the columns are split into passes. */
+typedef struct {
+    int64_t g0, g1;
+    int first, last;
+    float *acc;
+} span;
 
-/* name_tile_RxT: every group of R weight rows against T activation rows, then the sums.
- * A type supplies name_group(R, T, w, wb, x, xs, cx, facc) and the sizes name_BE
- * (elements per block), name_BB (bytes per block), name_BPG (blocks per group), name_WG
- * (= BPG * BB) and name_XG (activation bytes per group). The partial last group runs on a
- * zero-padded copy of the weights (the activations are padded when quantized). */
+typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const span *sp,
+                     float *y, int64_t ys, const kctx *cx);
+
+KI void facc_begin(int R, int T, const span *sp, __m512 facc[RMAX][TMAX]) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++)
+            facc[r][t] = sp->first ? _mm512_setzero_ps() : _mm512_load_ps(sp->acc + 16 * (r * T + t));
+}
+
+KI void facc_end(int R, int T, const span *sp, __m512 facc[RMAX][TMAX], float *y, int64_t ys) {
+    if (sp->last) {
+        store_sums(R, T, facc, y, ys);
+        return;
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) _mm512_store_ps(sp->acc + 16 * (r * T + t), facc[r][t]);
+}
+
+/* name_tile_RxT: groups [g0, g1) of R weight rows against T activation rows. A type
+ * supplies name_group(R, T, w, wb, x, xs, cx, facc) and the sizes name_BE (elements per
+ * block), name_BB (bytes per block), name_BPG (blocks per group), name_WG (= BPG * BB)
+ * and name_XG (activation bytes per group). The partial last group runs on a zero-padded
+ * copy of the weights (the activations are padded when quantized). */
 #define DEF_TILE(name, R, T)                                                                                    \
     KF void name##_tile_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,        \
-                                  float *y, int64_t ys, const kctx *cx) {                                       \
+                                  const span *sp, float *y, int64_t ys, const kctx *cx) {                       \
         __m512 facc[RMAX][TMAX];                                                                                \
-        UNROLL                                                                                                  \
-        for (int r = 0; r < R; r++)                                                                             \
-            UNROLL                                                                                              \
-            for (int t = 0; t < T; t++) facc[r][t] = _mm512_setzero_ps();                                       \
+        facc_begin(R, T, sp, facc);                                                                             \
         int64_t nb = cols / name##_BE, nfull = nb / name##_BPG, rem = nb % name##_BPG;                          \
-        for (int64_t g = 0; g < nfull; g++)                                                                     \
+        int64_t gend = sp->g1 < nfull ? sp->g1 : nfull;                                                         \
+        for (int64_t g = sp->g0; g < gend; g++)                                                                 \
             name##_group(R, T, w + g * name##_WG, wb, x + g * name##_XG, xs, cx, facc);                         \
-        if (rem) {                                                                                              \
+        if (rem && sp->g1 > nfull) {                                                                            \
             uint8_t tail[R][name##_WG] __attribute__((aligned(64)));                                            \
             memset(tail, 0, sizeof tail);                                                                       \
             for (int r = 0; r < R; r++) memcpy(tail[r], w + r * wb + nfull * name##_WG, (size_t)rem * name##_BB); \
             name##_group(R, T, tail[0], name##_WG, x + nfull * name##_XG, xs, cx, facc);                         \
         }                                                                                                       \
-        store_sums(R, T, facc, y, ys);                                                                          \
+        facc_end(R, T, sp, facc, y, ys);                                                                        \
     }
 
 /* Tiles up to 2 rows x 4 tokens, in a table indexed [R - 1][T - 1]. */
@@ -200,28 +227,49 @@ typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x
     static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,  \
                                             name##_tile_1x5, name##_tile_1x6, name##_tile_1x7, name##_tile_1x8};
 
-/* Covers nr x nt with tiles of at most rm x tm (tiles[(R - 1) * tm + T - 1]): token tiles
- * outside, so that a tile's activations stay in L1 while the row chunk (sized for L2) is
- * swept. A single token takes one row at a time: one weight stream per thread is what
- * streams fastest from DRAM. */
+/* Activation bytes a token tile's column block may take (so that it stays in L1 while the
+ * rows of a sub-chunk are swept), and rows per sub-chunk (its accumulators wait on the
+ * stack between column blocks). */
+#define L1_X_BYTES (16 * 1024)
+#define SUB_ROWS 64
+
+/* Covers nr x nt with tiles of at most rm x tm (tiles[(R - 1) * tm + T - 1]): per
+ * sub-chunk of rows, per token tile, per column block, all row tiles. A single token
+ * takes one row at a time and no column blocks: one weight stream per thread is what
+ * streams fastest from DRAM. ng groups per row, xg activation bytes per group. */
 static void tile_drive(tile_fn *const *tiles, int rm, int tm, const kctx *cx, const uint8_t *w, size_t wb,
-                       int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys, int64_t nr, int64_t nt) {
+                       int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys, int64_t nr, int64_t nt,
+                       int64_t ng, size_t xg) {
+    float acc[SUB_ROWS * TMAX * 16] __attribute__((aligned(64)));
     if (nt == 1) rm = 1;
-    for (int64_t t = 0; t < nt; t += tm) {
-        int T = nt - t >= tm ? tm : (int)(nt - t);
-        for (int64_t r = 0; r < nr; r += rm) {
-            int R = nr - r >= rm ? rm : (int)(nr - r);
-            tiles[(R - 1) * tm + T - 1](w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys, cx);
+    int64_t kb = (int64_t)(L1_X_BYTES / ((size_t)tm * xg));
+    if (kb < 1) kb = 1;
+    if (nt == 1 || kb > ng) kb = ng;
+    for (int64_t rs = 0; rs < nr; rs += SUB_ROWS) {
+        int64_t re = nr - rs < SUB_ROWS ? nr : rs + SUB_ROWS;
+        for (int64_t t = 0; t < nt; t += tm) {
+            int T = nt - t >= tm ? tm : (int)(nt - t);
+            for (int64_t g0 = 0; g0 < ng; g0 += kb) {
+                span sp = {g0, ng - g0 < kb ? ng : g0 + kb, g0 == 0, g0 + kb >= ng, NULL};
+                for (int64_t r = rs; r < re; r += rm) {
+                    int R = re - r >= rm ? rm : (int)(re - r);
+                    sp.acc = acc + (r - rs) * tm * 16;
+                    tiles[(R - 1) * tm + T - 1](w + r * wb, wb, cols, x + t * xs, xs, &sp, y + t * ys + r, ys, cx);
+                }
+            }
         }
     }
 }
 
 #define DEF_GEMM(name, rm, tm, ctx_make)                                                                        \
+    static inline int64_t name##_groups(int64_t cols) {                                                         \
+        return (cols / name##_BE + name##_BPG - 1) / name##_BPG;                                                \
+    }                                                                                                           \
     KF void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,        \
                         int64_t ys, int64_t nr, int64_t nt) {                                                   \
         kctx cx;                                                                                                \
         ctx_make(&cx);                                                                                          \
-        tile_drive(name##_tiles, rm, tm, &cx, w, wb, cols, x, xs, y, ys, nr, nt);                               \
+        tile_drive(name##_tiles, rm, tm, &cx, w, wb, cols, x, xs, y, ys, nr, nt, name##_groups(cols), name##_XG); \
     }
 
 // Nibble weights (q4_0, q4_1, q5_0, q5_1): groups of 16 blocks
@@ -744,8 +792,79 @@ DEF_GEMM(q6_K, 1, 4, k6_ctx)
 
 #endif
 
+// Float weights (f32, f16, bf16) against f32 activations: 16 columns per step
+
+enum { W_F32, W_F16, W_BF16 };
+
+/* 16 weights at column c of a row (lanes beyond mask are 0), as floats. */
+KI __m512 fw_load(int kind, const uint8_t *row, int64_t c, __mmask16 mask) {
+    if (kind == W_F32) return _mm512_maskz_loadu_ps(mask, (const float *)row + c);
+    __m256i h = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + c);
+    if (kind == W_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* facc[r][t] = fma(w_r[c..c+16), x_t[c..c+16), facc[r][t]) for one step of 16 columns. */
+KI void fstep(int R, int T, int kind, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int64_t c,
+              __mmask16 mask, __m512 facc[RMAX][TMAX]) {
+    __m512 wv[RMAX];
+    UNROLL
+    for (int r = 0; r < R; r++) wv[r] = fw_load(kind, w + r * wb, c, mask);
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        __m512 xv = _mm512_maskz_loadu_ps(mask, (const float *)(x + t * xs) + c);
+        __asm__("" : "+v"(xv));
+        UNROLL
+        for (int r = 0; r < R; r++) facc[r][t] = _mm512_fmadd_ps(wv[r], xv, facc[r][t]);
+    }
+}
+
+/* An R x T tile over 16-column steps [g0, g1): one accumulator per pair, columns in
+ * order, the last step masked. */
+KI void ftile(int R, int T, int kind, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
+              const span *sp, float *y, int64_t ys) {
+    __m512 facc[RMAX][TMAX];
+    facc_begin(R, T, sp, facc);
+    for (int64_t g = sp->g0; g < sp->g1; g++) {
+        int64_t c = 16 * g, n = cols - c;
+        fstep(R, T, kind, w, wb, x, xs, c, n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1), facc);
+    }
+    facc_end(R, T, sp, facc, y, ys);
+}
+
+#define DEF_FTILE(name, kind, R, T)                                                                             \
+    KF void name##_tile_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,        \
+                                  const span *sp, float *y, int64_t ys, const kctx *cx) {                       \
+        (void)cx;                                                                                               \
+        ftile(R, T, kind, w, wb, cols, x, xs, sp, y, ys);                                                       \
+    }
+#define DEF_FROW(name, kind, R)                                                                                 \
+    DEF_FTILE(name, kind, R, 1) DEF_FTILE(name, kind, R, 2) DEF_FTILE(name, kind, R, 3)                         \
+    DEF_FTILE(name, kind, R, 4) DEF_FTILE(name, kind, R, 5) DEF_FTILE(name, kind, R, 6)
+#define FROW_TABLE(name, R)                                                                                     \
+    name##_tile_##R##x1, name##_tile_##R##x2, name##_tile_##R##x3, name##_tile_##R##x4, name##_tile_##R##x5,     \
+        name##_tile_##R##x6
+/* Tiles up to 4 rows x 6 tokens. */
+#define FLOAT_TYPE(name, kind)                                                                                  \
+    DEF_FROW(name, kind, 1) DEF_FROW(name, kind, 2) DEF_FROW(name, kind, 3) DEF_FROW(name, kind, 4)             \
+    static tile_fn *const name##_tiles[] = {FROW_TABLE(name, 1), FROW_TABLE(name, 2), FROW_TABLE(name, 3),      \
+                                            FROW_TABLE(name, 4)};                                               \
+    static void name##_ctx(kctx *cx) { memset(cx, 0, sizeof *cx); }                                             \
+    DEF_GEMM(name, 4, 6, name##_ctx)
+
+enum { f32_BE = 1, f32_BPG = 16, f32_XG = 64, f16_BE = 1, f16_BPG = 16, f16_XG = 64 };
+enum { bf16_BE = 1, bf16_BPG = 16, bf16_XG = 64 };
+FLOAT_TYPE(f32, W_F32)
+FLOAT_TYPE(f16, W_F16)
+FLOAT_TYPE(bf16, W_BF16)
+
+static size_t f32_bytes(int64_t cols) { return ((size_t)cols * sizeof(float) + 63) & ~(size_t)63; }
+
 // Table
 
+static const ps_kernel k_f32 = {NULL, f32_bytes, gemm_f32, 4, 6};
+static const ps_kernel k_f16 = {NULL, f32_bytes, gemm_f16, 4, 6};
+static const ps_kernel k_bf16 = {NULL, f32_bytes, gemm_bf16, 4, 6};
 static const ps_kernel k_q4_0 = {quant_nib_off8, g16_bytes, gemm_q4_0, 2, 4};
 static const ps_kernel k_q4_1 = {quant_nib_off0, g16_bytes, gemm_q4_1, 2, 4};
 #if HAVE_VNNI
@@ -759,6 +878,9 @@ static const ps_kernel k_q6_K = {quant_k6, k6_bytes, gemm_q6_K, 1, 4};
 
 const ps_kernel *FAMILY_FN(uint32_t t) {
     switch (t) {
+    case PS_TYPE_F32: return &k_f32;
+    case PS_TYPE_F16: return &k_f16;
+    case PS_TYPE_BF16: return &k_bf16;
     case PS_TYPE_Q4_0: return &k_q4_0;
     case PS_TYPE_Q4_1: return &k_q4_1;
 #if HAVE_VNNI
