@@ -1,7 +1,462 @@
-/* kern_avx2.c - AVX2 + FMA + F16C kernels (not written yet: every type falls back). */
+/* kern_avx2.c - AVX2 + FMA + F16C kernels (Haswell, Zen 1-3 and other CPUs without
+ * AVX-512), compiled per function with target attributes.
+ *
+ * Activations use the ref formats (ps_xq32 for the 32-element types, ps_block_q8_K for
+ * the K types, f32 in place for the float types), quantized with the very same d and q as
+ * the ref kernels. Per weight block the integer dot is exact (vpmaddubsw pair sums stay
+ * within int16: |q| <= 63 against |x| <= 127, or the sign trick for q8_0); per (row,
+ * token) pair, 8 float lanes accumulate block after block:
+ *     acc = fma(dw * dx, float(isum lanes), acc)
+ * and the lanes are summed in one fixed order at the end. Register tiles of R rows x T
+ * tokens give every pair this same instruction sequence, so outputs are batch-invariant. */
 #include "cpu.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT "avx2,fma,f16c"
+#define KI static inline __attribute__((always_inline, target(TGT)))
+#define KF static __attribute__((target(TGT)))
+#define UNROLL _Pragma("GCC unroll 16")
+#define RMAX 2
+#define TMAX 4
+
+// Helpers
+
+/* Sum of the 8 lanes in one fixed order: halves, then pairs. */
+KI float hsum8(__m256 v) {
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
+/* Exact int32 lanes of sum(u8 * s8) over 4-byte groups (pair sums within int16). */
+KI __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* The 32 nibbles of a 16-byte block: element j low nibble of qs[j], j + 16 high nibble. */
+KI __m256i nibbles32(const uint8_t *qs) {
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+}
+
+/* 0x10 in byte j where bit j of the little-endian u32 at qh is set. */
+KI __m256i fifth_bits32(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf);
+    const __m256i bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL);
+    b = _mm256_cmpeq_epi8(_mm256_or_si256(b, bit), _mm256_set1_epi64x(-1));
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+// Activation quantization (the same numbers as the ref kernels)
+
+/* d = max|x| / 127 over n (multiple of 8) floats; returns 1 / d (0 when d is 0). */
+KI float xq_scale(const float *x, int n, float *d_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 a = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    float d = _mm_cvtss_f32(m) / 127.0f;
+    *d_out = d;
+    return d != 0.0f ? 1.0f / d : 0.0f;
+}
+
+/* q = nearest-even(x * id) for 32 floats; returns their sum. */
+KI int32_t xq_round32(const float *x, float id, int8_t q[32]) {
+    __m256 s = _mm256_set1_ps(id);
+    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), s));
+    __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), s));
+    __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), s));
+    __m256i d = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), s));
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d));
+    __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, q8);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    return _mm_cvtsi128_si32(s4);
+}
+
+static size_t x32_bytes(int64_t cols) { return ((size_t)(cols / PS_QK) * sizeof(ps_xq32) + 63) & ~(size_t)63; }
+static size_t x256_bytes(int64_t cols) {
+    return ((size_t)(cols / PS_QK_K) * sizeof(ps_block_q8_K) + 63) & ~(size_t)63;
+}
+static size_t f32_bytes(int64_t cols) { return ((size_t)cols * sizeof(float) + 63) & ~(size_t)63; }
+
+KF void quant_x32(const float *x, void *xq, int64_t cols) {
+    ps_xq32 *b = xq;
+    for (int64_t i = 0; i < cols / PS_QK; i++, x += PS_QK) {
+        float id = xq_scale(x, PS_QK, &b[i].d);
+        b[i].sum = xq_round32(x, id, b[i].qs);
+    }
+}
+
+KF void quant_x256(const float *x, void *xq, int64_t cols) {
+    ps_block_q8_K *b = xq;
+    for (int64_t i = 0; i < cols / PS_QK_K; i++, x += PS_QK_K) {
+        float id = xq_scale(x, PS_QK_K, &b[i].d);
+        for (int j = 0; j < PS_QK_K; j += 32) xq_round32(x + j, id, b[i].qs + j);
+        for (int k = 0; k < PS_QK_K / 16; k++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += b[i].qs[16 * k + l];
+            b[i].bsums[k] = (int16_t)sum;
+        }
+    }
+}
+
+// 32-element types: one block per step
+
+/* A weight block unpacked: quants (u8, or s8 for q8_0), scale, minimum. */
+typedef struct {
+    __m256i q;
+    float d, m;
+} wblock;
+
+enum { T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0 };
+
+KI wblock wblock_load(int type, const uint8_t *p) {
+    wblock b;
+    ps_f16 d, m;
+    memcpy(&d, p, 2);
+    memcpy(&m, p + 2, 2);
+    b.d = _cvtsh_ss(d);
+    b.m = _cvtsh_ss(m);
+    switch (type) {
+    case T_Q4_0: b.q = nibbles32(p + 2); break;
+    case T_Q4_1: b.q = nibbles32(p + 4); break;
+    case T_Q5_0: b.q = _mm256_or_si256(nibbles32(p + 6), fifth_bits32(p + 2)); break;
+    case T_Q5_1: b.q = _mm256_or_si256(nibbles32(p + 8), fifth_bits32(p + 4)); break;
+    default: b.q = _mm256_loadu_si256((const __m256i *)(p + 2)); break;
+    }
+    return b;
+}
+
+/* Block bytes and the offset subtracted from its (unsigned) quants. */
+static inline int wblock_bytes(int type) {
+    static const int bytes[] = {18, 20, 22, 24, 34};
+    return bytes[type];
+}
+static inline int wblock_off(int type) { return type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0; }
+
+/* One block for an R x T tile:
+ *     isum = lanes of q . x  (+ -off * sum(x) in lane 0)
+ *     acc += (dw * dx) * float(isum);  macc += m * (dx * sum(x))  (types with a minimum) */
+KI void q32_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int64_t i,
+                 __m256 acc[RMAX][TMAX], float macc[RMAX][TMAX]) {
+    wblock b[RMAX];
+    __m256i au[RMAX];
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        b[r] = wblock_load(type, w + r * wb + i * wblock_bytes(type));
+        if (type == T_Q8_0) au[r] = _mm256_sign_epi8(b[r].q, b[r].q);
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        const ps_xq32 *xb = (const ps_xq32 *)(x + t * xs) + i;
+        __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
+        __m256i corr = _mm256_setr_epi32(-wblock_off(type) * xb->sum, 0, 0, 0, 0, 0, 0, 0);
+        float xsum = xb->d * (float)xb->sum;
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            __m256i isum = type == T_Q8_0 ? dot_u8s8(au[r], _mm256_sign_epi8(xv, b[r].q)) : dot_u8s8(b[r].q, xv);
+            if (wblock_off(type)) isum = _mm256_add_epi32(isum, corr);
+            acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(b[r].d * xb->d), _mm256_cvtepi32_ps(isum), acc[r][t]);
+            if (type == T_Q4_1 || type == T_Q5_1) macc[r][t] += b[r].m * xsum;
+        }
+    }
+}
+
+/* Writes hsum8(acc) (+ macc) for an R x T tile. */
+KI void store_tile(int R, int T, __m256 acc[RMAX][TMAX], float macc[RMAX][TMAX], int use_macc, float *y,
+                   int64_t ys) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) y[t * ys + r] = use_macc ? hsum8(acc[r][t]) + macc[r][t] : hsum8(acc[r][t]);
+}
+
+KI void q32_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
+                 float *y, int64_t ys) {
+    __m256 acc[RMAX][TMAX];
+    float macc[RMAX][TMAX];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
+    for (int64_t i = 0; i < cols / PS_QK; i++) q32_step(R, T, type, w, wb, x, xs, i, acc, macc);
+    store_tile(R, T, acc, macc, type == T_Q4_1 || type == T_Q5_1, y, ys);
+}
+
+// K types: one super-block per step
+
+enum { T_Q4_K, T_Q5_K, T_Q6_K };
+
+/* Scales and minimums of a q4_K / q5_K super-block. */
+static inline void k4_unpack(const uint8_t s[12], int16_t sc[8], int16_t m[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 0x3f;
+        m[j] = s[j + 4] & 0x3f;
+        sc[j + 4] = (int16_t)((s[j + 8] & 0x0f) | ((s[j] >> 2) & 0x30));
+        m[j + 4] = (int16_t)((s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30));
+    }
+}
+
+/* Per row and super-block: the float scales and the int16 scale vectors the dots need. */
+typedef struct {
+    float d, dmin;
+    __m256i sc[8]; /* q4_K/q5_K: sc[j] broadcast; q6_K: sc[2i + h'] = scales for 32 quants */
+    __m128i mins;  /* q4_K/q5_K: the 8 minimums as int16 */
+    __m256i sc16;  /* q6_K: the 16 scales as int16 */
+} kblock;
+
+KI void kblock_load(int type, const uint8_t *p, kblock *kb) {
+    if (type == T_Q6_K) {
+        const ps_block_q6_K *b = (const ps_block_q6_K *)p;
+        kb->d = _cvtsh_ss(b->d);
+        __m128i s8 = _mm_loadu_si128((const __m128i *)b->scales);
+        kb->sc16 = _mm256_cvtepi8_epi16(s8);
+        for (int k = 0; k < 8; k++) { /* 32 quants 32k..32k+31: scales 2k (words 0-7), 2k + 1 */
+            __m128i lo = _mm_set1_epi16(b->scales[2 * k]), hi = _mm_set1_epi16(b->scales[2 * k + 1]);
+            kb->sc[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+        }
+        return;
+    }
+    ps_f16 d, dmin;
+    memcpy(&d, p, 2);
+    memcpy(&dmin, p + 2, 2);
+    kb->d = _cvtsh_ss(d);
+    kb->dmin = _cvtsh_ss(dmin);
+    int16_t sc[8], m[8];
+    k4_unpack(p + 4, sc, m);
+    for (int j = 0; j < 8; j++) kb->sc[j] = _mm256_set1_epi16(sc[j]);
+    kb->mins = _mm_loadu_si128((const __m128i *)m);
+}
+
+/* The quants of one 32-element run of a super-block (u8): q4_K/q5_K run j (0..7), q6_K
+ * run k = 4h + i (elements 128h + 32i..). */
+KI __m256i kquants(int type, const uint8_t *p, int j) {
+    if (type == T_Q6_K) {
+        const ps_block_q6_K *b = (const ps_block_q6_K *)p;
+        int h = j / 4, i = j % 4;
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (i % 2)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+        __m256i lo = _mm256_and_si256(i < 2 ? ql : _mm256_srli_epi16(ql, 4), _mm256_set1_epi8(0x0f));
+        __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), _mm256_set1_epi8(0x03));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+    }
+    int qs_off = type == T_Q5_K ? 48 : 16;
+    __m256i q = _mm256_loadu_si256((const __m256i *)(p + qs_off + 32 * (j / 2)));
+    q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
+    if (type == T_Q5_K) {
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+        __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(0x01));
+        q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+    }
+    return q;
+}
+
+/* One super-block for an R x T tile: isum = sum over runs of madd(maddubs(q, x), scales);
+ * q6_K subtracts 32 * sum(scale * bsum); acc += (d * dx) * float(isum); q4_K/q5_K also
+ * macc -= dmin * dx * sum(m * bsum). */
+KI void k_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int64_t i,
+               __m256 acc[RMAX][TMAX], float macc[RMAX][TMAX]) {
+    const int bsize = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210;
+    kblock kb[RMAX];
+    __m256i isum[RMAX][TMAX];
+    UNROLL
+    for (int r = 0; r < R; r++) kblock_load(type, w + r * wb + i * bsize, &kb[r]);
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) isum[r][t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i q[RMAX];
+        UNROLL
+        for (int r = 0; r < R; r++) q[r] = kquants(type, w + r * wb + i * bsize, j);
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const ps_block_q8_K *xb = (const ps_block_q8_K *)(x + t * xs) + i;
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * j));
+            UNROLL
+            for (int r = 0; r < R; r++)
+                isum[r][t] = _mm256_add_epi32(isum[r][t],
+                                              _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), kb[r].sc[j]));
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        const ps_block_q8_K *xb = (const ps_block_q8_K *)(x + t * xs) + i;
+        __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            __m256i s = isum[r][t];
+            if (type == T_Q6_K) {
+                s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(kb[r].sc16, bs), 5));
+            } else {
+                __m128i b8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                __m128i mi = _mm_madd_epi16(kb[r].mins, b8);
+                mi = _mm_add_epi32(mi, _mm_shuffle_epi32(mi, 0x4e));
+                mi = _mm_add_epi32(mi, _mm_shuffle_epi32(mi, 0xb1));
+                macc[r][t] -= (kb[r].dmin * xb->d) * (float)_mm_cvtsi128_si32(mi);
+            }
+            acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(kb[r].d * xb->d), _mm256_cvtepi32_ps(s), acc[r][t]);
+        }
+    }
+}
+
+KI void k_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
+               float *y, int64_t ys) {
+    __m256 acc[RMAX][TMAX];
+    float macc[RMAX][TMAX];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
+    for (int64_t i = 0; i < cols / PS_QK_K; i++) k_step(R, T, type, w, wb, x, xs, i, acc, macc);
+    store_tile(R, T, acc, macc, type != T_Q6_K, y, ys);
+}
+
+// Float types: 8 columns per step
+
+enum { T_F32, T_F16, T_BF16 };
+
+/* 8 weights at column c (n valid, the rest 0) as floats. */
+KI __m256 fw_load(int type, const uint8_t *row, int64_t c, int n) {
+    if (n < 8) {
+        float f[8] = {0};
+        for (int k = 0; k < n; k++)
+            f[k] = type == T_F32    ? ((const float *)row)[c + k]
+                   : type == T_F16 ? _cvtsh_ss(((const ps_f16 *)row)[c + k])
+                                   : ps_bf16_to_f32(((const ps_bf16 *)row)[c + k]);
+        return _mm256_loadu_ps(f);
+    }
+    if (type == T_F32) return _mm256_loadu_ps((const float *)row + c);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + c));
+    if (type == T_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+KI __m256 fx_load(const float *x, int64_t c, int n) {
+    if (n >= 8) return _mm256_loadu_ps(x + c);
+    float f[8] = {0};
+    memcpy(f, x + c, sizeof(float) * (size_t)n);
+    return _mm256_loadu_ps(f);
+}
+
+/* acc[r][t] = fma(w_r[c..c+8), x_t[c..c+8), acc[r][t]) (n valid columns, the rest 0). */
+KI void f_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int64_t c, int n,
+               __m256 acc[RMAX][TMAX]) {
+    __m256 wv[RMAX];
+    UNROLL
+    for (int r = 0; r < R; r++) wv[r] = fw_load(type, w + r * wb, c, n);
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        __m256 xv = fx_load((const float *)(x + t * xs), c, n);
+        UNROLL
+        for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+}
+
+KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
+               float *y, int64_t ys) {
+    __m256 acc[RMAX][TMAX];
+    float macc[RMAX][TMAX];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8) f_step(R, T, type, w, wb, x, xs, c, 8, acc);
+    if (c < cols) f_step(R, T, type, w, wb, x, xs, c, (int)(cols - c), acc);
+    store_tile(R, T, acc, macc, 0, y, ys);
+}
+
+// Tiles and gemm
+
+typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys);
+
+#define DEF_TILE(name, fn, type, R, T)                                                                          \
+    KF void name##_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,   \
+                             int64_t ys) {                                                                      \
+        fn(R, T, type, w, wb, cols, x, xs, y, ys);                                                              \
+    }
+/* Tiles up to 2 rows x 4 tokens and the gemm that covers nr x nt with them (token tiles
+ * outside; a single token takes one row at a time, one weight stream per thread). */
+#define DEF_TYPE(name, fn, type)                                                                                \
+    DEF_TILE(name, fn, type, 1, 1) DEF_TILE(name, fn, type, 1, 2) DEF_TILE(name, fn, type, 1, 3)                \
+    DEF_TILE(name, fn, type, 1, 4) DEF_TILE(name, fn, type, 2, 1) DEF_TILE(name, fn, type, 2, 2)                \
+    DEF_TILE(name, fn, type, 2, 3) DEF_TILE(name, fn, type, 2, 4)                                               \
+    static tile_fn *const name##_tiles[2][4] = {{name##_1x1, name##_1x2, name##_1x3, name##_1x4},               \
+                                                {name##_2x1, name##_2x2, name##_2x3, name##_2x4}};              \
+    static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,    \
+                            int64_t ys, int64_t nr, int64_t nt) {                                               \
+        int rm = nt == 1 ? 1 : 2;                                                                               \
+        for (int64_t t = 0; t < nt; t += 4) {                                                                   \
+            int T = nt - t >= 4 ? 4 : (int)(nt - t);                                                            \
+            for (int64_t r = 0; r < nr; r += rm) {                                                              \
+                int R = nr - r >= rm ? rm : (int)(nr - r);                                                      \
+                name##_tiles[R - 1][T - 1](w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys);          \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+
+DEF_TYPE(f32, f_tile, T_F32)
+DEF_TYPE(f16, f_tile, T_F16)
+DEF_TYPE(bf16, f_tile, T_BF16)
+DEF_TYPE(q4_0, q32_tile, T_Q4_0)
+DEF_TYPE(q4_1, q32_tile, T_Q4_1)
+DEF_TYPE(q5_0, q32_tile, T_Q5_0)
+DEF_TYPE(q5_1, q32_tile, T_Q5_1)
+DEF_TYPE(q8_0, q32_tile, T_Q8_0)
+DEF_TYPE(q4_K, k_tile, T_Q4_K)
+DEF_TYPE(q5_K, k_tile, T_Q5_K)
+DEF_TYPE(q6_K, k_tile, T_Q6_K)
+
+// Table
+
+static const ps_kernel k_f32 = {NULL, f32_bytes, gemm_f32, 2, 4};
+static const ps_kernel k_f16 = {NULL, f32_bytes, gemm_f16, 2, 4};
+static const ps_kernel k_bf16 = {NULL, f32_bytes, gemm_bf16, 2, 4};
+static const ps_kernel k_q4_0 = {quant_x32, x32_bytes, gemm_q4_0, 2, 4};
+static const ps_kernel k_q4_1 = {quant_x32, x32_bytes, gemm_q4_1, 2, 4};
+static const ps_kernel k_q5_0 = {quant_x32, x32_bytes, gemm_q5_0, 2, 4};
+static const ps_kernel k_q5_1 = {quant_x32, x32_bytes, gemm_q5_1, 2, 4};
+static const ps_kernel k_q8_0 = {quant_x32, x32_bytes, gemm_q8_0, 2, 4};
+static const ps_kernel k_q4_K = {quant_x256, x256_bytes, gemm_q4_K, 2, 4};
+static const ps_kernel k_q5_K = {quant_x256, x256_bytes, gemm_q5_K, 2, 4};
+static const ps_kernel k_q6_K = {quant_x256, x256_bytes, gemm_q6_K, 2, 4};
+
+const ps_kernel *ps_kern_avx2(uint32_t t) {
+    switch (t) {
+    case PS_TYPE_F32: return &k_f32;
+    case PS_TYPE_F16: return &k_f16;
+    case PS_TYPE_BF16: return &k_bf16;
+    case PS_TYPE_Q4_0: return &k_q4_0;
+    case PS_TYPE_Q4_1: return &k_q4_1;
+    case PS_TYPE_Q5_0: return &k_q5_0;
+    case PS_TYPE_Q5_1: return &k_q5_1;
+    case PS_TYPE_Q8_0: return &k_q8_0;
+    case PS_TYPE_Q4_K: return &k_q4_K;
+    case PS_TYPE_Q5_K: return &k_q5_K;
+    case PS_TYPE_Q6_K: return &k_q6_K;
+    default: return NULL;
+    }
+}
+
+#else
 const ps_kernel *ps_kern_avx2(uint32_t t) {
     (void)t;
     return NULL;
 }
+#endif
