@@ -9,13 +9,15 @@
  *   - y entries outside the output untouched; weights, activations and scratch allocated
  *     to the byte (weights at an odd address), so that the sanitizers catch overreads.
  * Shapes are small (a sanitizer build runs this too) but cross every boundary: several
- * row chunks, column chunks and token blocks, and ragged tails of each. */
+ * row chunks, column chunks (with the chunk set to 256 columns) and token blocks, and
+ * ragged tails of each. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps_test.h"
 #include "tensor/gemm.h"
+#include "tensor/gemm_kern.h"
 
 #define ROWS 101   /* > 65536 multiply-adds at n_tok = 1 with 768 columns: threads split rows */
 #define N_TOK 300  /* > 2 token blocks of the panel path */
@@ -191,13 +193,19 @@ static void check_family(const problem *p, const char *isa) {
     free(y);
 }
 
+/* Every family, with the default column chunk (one chunk here) and with 256-column
+ * chunks (partial sums carried across chunks, a ragged last chunk). */
 static void test_type(ps_type t, int64_t cols) {
     problem p;
     problem_init(&p, t, cols);
     check_ref_exactish(&p);
     check_family(&p, "ref");
-    check_family(&p, "avx2");
-    check_family(&p, "avx512");
+    for (int k = 0; k < 2; k++) {
+        ps_gemm_set_chunk(k ? 256 : 0);
+        check_family(&p, "avx2");
+        check_family(&p, "avx512");
+    }
+    ps_gemm_set_chunk(0);
     problem_free(&p);
 }
 

@@ -4,7 +4,7 @@
  * Small batches (n_tok <= the family's fused_max) run the fused kernel over row chunks:
  * weights are dequantized in registers and nothing is written but y. Larger batches
  * run, per work item of PS_GEMM_MC rows and per token block, over column chunks of
- * PS_GEMM_KC: dequantize the rows' chunk into this thread's panel, then run the
+ * PS_GEMM_KC (g_kc): dequantize the rows' chunk into this thread's panel, then run the
  * register-tiled micro-kernel over every token group and row strip, keeping each tile's
  * 16-lane accumulators in this thread's partial-sum buffer between chunks.
  *
@@ -33,6 +33,7 @@ enum { ISA_REF, ISA_AVX2, ISA_AVX512, ISA_COUNT };
 static const char *const isa_names[ISA_COUNT] = {"ref", "avx2", "avx512"};
 
 static atomic_int g_isa = -1; /* the family in use, or -1 before the first call */
+static int64_t g_kc = PS_GEMM_KC; /* column chunk of the panel path */
 
 /* True when this CPU (with OS support for the registers) runs family isa. */
 static bool isa_available(int isa) {
@@ -95,13 +96,15 @@ ps_status ps_gemm_set_isa(const char *name) {
 
 bool ps_gemm_supported(uint32_t type) { return ps_gemm_kern_ref(type) != NULL; }
 
+void ps_gemm_set_chunk(int64_t kc) { g_kc = kc > 0 && kc % 256 == 0 ? kc : PS_GEMM_KC; }
+
 // Scratch
 
 /* Bytes of one thread's panel and partial sums for token blocks of up to n_tok tokens
  * (a multiple of 64). */
 static size_t per_thread_bytes(int64_t n_tok) {
     int64_t tb = n_tok < PS_GEMM_TB ? n_tok : PS_GEMM_TB;
-    size_t panel = (size_t)PS_GEMM_MC * PS_GEMM_KC * sizeof(float);
+    size_t panel = (size_t)PS_GEMM_MC * (size_t)g_kc * sizeof(float);
     size_t part = (size_t)(tb + PS_GEMM_NR_MAX) * PS_GEMM_MC * 16 * sizeof(float);
     return (panel + part + 63) & ~(size_t)63;
 }
@@ -164,8 +167,8 @@ static void run_tiles(const gemm_job *j, const float *panel, float *part, int64_
 /* Panel path for rows [r0, r0 + nr) × tokens [t0, t0 + nt): column chunk by chunk. */
 static void panel_block(const gemm_job *j, float *panel, float *part, int64_t r0, int64_t nr, int64_t t0,
                         int64_t nt) {
-    for (int64_t c0 = 0; c0 < j->cols; c0 += PS_GEMM_KC) {
-        int64_t kc = j->cols - c0 < PS_GEMM_KC ? j->cols - c0 : PS_GEMM_KC;
+    for (int64_t c0 = 0; c0 < j->cols; c0 += g_kc) {
+        int64_t kc = j->cols - c0 < g_kc ? j->cols - c0 : g_kc;
         j->k->pack(j->w + (size_t)r0 * j->wb, j->wb, c0, kc, nr, panel);
         int mode = (c0 == 0 ? PS_GEMM_FIRST : 0) | (c0 + kc >= j->cols ? PS_GEMM_LAST : 0);
         run_tiles(j, panel, part, r0, nr, t0, nt, c0, kc, mode);
@@ -177,7 +180,7 @@ static void panel_block(const gemm_job *j, float *panel, float *part, int64_t r0
 static void panel_item(const void *job, int64_t i, int ith) {
     const gemm_job *j = job;
     float *panel = (float *)(j->scratch + (size_t)ith * j->per_thread);
-    float *part = panel + PS_GEMM_MC * PS_GEMM_KC;
+    float *part = panel + PS_GEMM_MC * g_kc;
     int64_t r0 = i * PS_GEMM_MC, nr = j->rows - r0 < PS_GEMM_MC ? j->rows - r0 : PS_GEMM_MC;
     int64_t nb = (j->n_tok + PS_GEMM_TB - 1) / PS_GEMM_TB;
     for (int64_t b = 0; b < nb; b++) {

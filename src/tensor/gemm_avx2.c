@@ -335,14 +335,15 @@ AI void pack(int ty, const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_
     }
 }
 
-/* Micro-kernel: MR strip rows × T tokens (T a constant after inlining). */
-AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T, float *part, int mode, float *y,
-               int64_t ys, int64_t nrows) {
+/* Micro-kernel: MR strip rows × T tokens; T, first and last are constants after
+ * inlining, so that the accumulators stay in registers from start to end. */
+AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T, float *part, bool first, bool last,
+               float *y, int64_t ys, int64_t nrows) {
     __m256 acc[MR][NR][2];
     for (int t = 0; t < T; t++)
         for (int i = 0; i < MR; i++)
             for (int h = 0; h < 2; h++)
-                acc[i][t][h] = mode & PS_GEMM_FIRST ? _mm256_setzero_ps() : _mm256_load_ps(part + (t * MR + i) * 16 + 8 * h);
+                acc[i][t][h] = first ? _mm256_setzero_ps() : _mm256_load_ps(part + (t * MR + i) * 16 + 8 * h);
     int64_t steps = kc / 16;
     for (int64_t k = 0; k < steps; k++) {
         const float *wk = strip + k * MR * 16;
@@ -355,7 +356,7 @@ AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T
             }
         }
     }
-    if (kc & 15) /* float types only: the masked last step */
+    if (last && (kc & 15)) /* float types only: the masked last step of the last chunk */
         for (int t = 0; t < T; t++)
             for (int i = 0; i < MR; i++) {
                 const float *wk = strip + (steps * MR + i) * 16;
@@ -365,7 +366,7 @@ AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T
                 acc[i][t][1] = a.hi;
             }
     for (int t = 0; t < T; t++) {
-        if (mode & PS_GEMM_LAST) {
+        if (last) {
             store_n(y + t * ys, reduce2((v16){acc[0][t][0], acc[0][t][1]}, (v16){acc[1][t][0], acc[1][t][1]}), nrows);
             continue;
         }
@@ -374,13 +375,24 @@ AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T
     }
 }
 
+/* tile_t for one mode and any nt <= NR. */
+AI void tile_m(const float *strip, int64_t kc, const float *x, int64_t xs, int64_t nt, float *part, bool first,
+               bool last, float *y, int64_t ys, int64_t nrows) {
+    switch (nt) {
+    case 1: tile_t(strip, kc, x, xs, 1, part, first, last, y, ys, nrows); break;
+    case 2: tile_t(strip, kc, x, xs, 2, part, first, last, y, ys, nrows); break;
+    default: tile_t(strip, kc, x, xs, 3, part, first, last, y, ys, nrows); break;
+    }
+}
+
 /* The ps_gemm_tile_fn contract. */
 static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs, int64_t nt, float *part, int mode,
                      float *y, int64_t ys, int64_t nrows) {
-    switch (nt) {
-    case 1: tile_t(strip, kc, x, xs, 1, part, mode, y, ys, nrows); break;
-    case 2: tile_t(strip, kc, x, xs, 2, part, mode, y, ys, nrows); break;
-    default: tile_t(strip, kc, x, xs, 3, part, mode, y, ys, nrows); break;
+    switch (mode & (PS_GEMM_FIRST | PS_GEMM_LAST)) {
+    case 0: tile_m(strip, kc, x, xs, nt, part, false, false, y, ys, nrows); break;
+    case PS_GEMM_FIRST: tile_m(strip, kc, x, xs, nt, part, true, false, y, ys, nrows); break;
+    case PS_GEMM_LAST: tile_m(strip, kc, x, xs, nt, part, false, true, y, ys, nrows); break;
+    default: tile_m(strip, kc, x, xs, nt, part, true, true, y, ys, nrows); break;
     }
 }
 

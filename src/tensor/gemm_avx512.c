@@ -369,19 +369,18 @@ AI void pack(int ty, const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_
     }
 }
 
-/* Micro-kernel: MR strip rows × T tokens (T a constant after inlining). */
-AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T, float *part, int mode, float *y,
-               int64_t ys, int64_t nrows) {
+/* Micro-kernel: MR strip rows × T tokens; T, first and last are constants after
+ * inlining, so that the 24 accumulators stay in registers from start to end. */
+AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T, float *part, bool first, bool last,
+               float *y, int64_t ys, int64_t nrows) {
     __m512 acc[MR][NR];
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < MR; i++)
-            acc[i][t] = mode & PS_GEMM_FIRST ? _mm512_setzero_ps() : _mm512_load_ps(part + (t * MR + i) * 16);
+        for (int i = 0; i < MR; i++) acc[i][t] = first ? _mm512_setzero_ps() : _mm512_load_ps(part + (t * MR + i) * 16);
     int64_t steps = kc / 16;
     for (int64_t k = 0; k < steps; k++) {
         const float *wk = strip + k * MR * 16;
         __m512 w0 = _mm512_load_ps(wk), w1 = _mm512_load_ps(wk + 16);
         __m512 w2 = _mm512_load_ps(wk + 32), w3 = _mm512_load_ps(wk + 48);
-#pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512 xv = _mm512_loadu_ps(x + t * xs + 16 * k);
             acc[0][t] = _mm512_fmadd_ps(w0, xv, acc[0][t]);
@@ -390,7 +389,7 @@ AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T
             acc[3][t] = _mm512_fmadd_ps(w3, xv, acc[3][t]);
         }
     }
-    if (kc & 15) { /* float types only: the masked last step */
+    if (last && (kc & 15)) { /* float types only: the masked last step of the last chunk */
         __mmask16 m = (__mmask16)((1u << (kc & 15)) - 1);
         const float *wk = strip + steps * MR * 16;
         for (int t = 0; t < T; t++) {
@@ -398,7 +397,7 @@ AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T
             for (int i = 0; i < MR; i++) acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_load_ps(wk + 16 * i), xv, acc[i][t], m);
         }
     }
-    if (mode & PS_GEMM_LAST) {
+    if (last) {
         __mmask8 k = (__mmask8)((1u << nrows) - 1);
         for (int t = 0; t < T; t++) _mm_mask_storeu_ps(y + t * ys, k, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
     } else {
@@ -407,16 +406,27 @@ AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T
     }
 }
 
-/* The ps_gemm_tile_fn contract. */
+/* tile_t for one mode (FIRST, LAST bits) and any nt <= NR. */
+AI void tile_m(const float *strip, int64_t kc, const float *x, int64_t xs, int64_t nt, float *part, bool first,
+               bool last, float *y, int64_t ys, int64_t nrows) {
+    switch (nt) {
+    case 1: tile_t(strip, kc, x, xs, 1, part, first, last, y, ys, nrows); break;
+    case 2: tile_t(strip, kc, x, xs, 2, part, first, last, y, ys, nrows); break;
+    case 3: tile_t(strip, kc, x, xs, 3, part, first, last, y, ys, nrows); break;
+    case 4: tile_t(strip, kc, x, xs, 4, part, first, last, y, ys, nrows); break;
+    case 5: tile_t(strip, kc, x, xs, 5, part, first, last, y, ys, nrows); break;
+    default: tile_t(strip, kc, x, xs, 6, part, first, last, y, ys, nrows); break;
+    }
+}
+
+/* The ps_gemm_tile_fn contract (only the last chunk can end inside a 16-column step). */
 static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs, int64_t nt, float *part, int mode,
                      float *y, int64_t ys, int64_t nrows) {
-    switch (nt) {
-    case 1: tile_t(strip, kc, x, xs, 1, part, mode, y, ys, nrows); break;
-    case 2: tile_t(strip, kc, x, xs, 2, part, mode, y, ys, nrows); break;
-    case 3: tile_t(strip, kc, x, xs, 3, part, mode, y, ys, nrows); break;
-    case 4: tile_t(strip, kc, x, xs, 4, part, mode, y, ys, nrows); break;
-    case 5: tile_t(strip, kc, x, xs, 5, part, mode, y, ys, nrows); break;
-    default: tile_t(strip, kc, x, xs, 6, part, mode, y, ys, nrows); break;
+    switch (mode & (PS_GEMM_FIRST | PS_GEMM_LAST)) {
+    case 0: tile_m(strip, kc, x, xs, nt, part, false, false, y, ys, nrows); break;
+    case PS_GEMM_FIRST: tile_m(strip, kc, x, xs, nt, part, true, false, y, ys, nrows); break;
+    case PS_GEMM_LAST: tile_m(strip, kc, x, xs, nt, part, false, true, y, ys, nrows); break;
+    default: tile_m(strip, kc, x, xs, nt, part, true, true, y, ys, nrows); break;
     }
 }
 
