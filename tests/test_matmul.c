@@ -262,6 +262,58 @@ static void test_invariance(ps_type type, int64_t rows, int64_t cols, int64_t n_
     problem_free(&p);
 }
 
+// Several matrices sharing an input
+
+/* ps_matmul_multi against one ps_matmul per matrix, bit for bit, for every family: mixed
+ * types (shared and separate activation formats) and one matrix of other cols (its own
+ * batch, reading the first 512 columns of the same rows). Scratch is sized to the byte. */
+static void test_multi(ps_pool *pool) {
+    static const ps_type types[] = {PS_TYPE_Q4_K, PS_TYPE_Q6_K, PS_TYPE_Q4_K, PS_TYPE_F32, PS_TYPE_Q4_0, PS_TYPE_Q8_0};
+    enum { N = 6, NT = 7, XS = 771 };
+    problem p[N];
+    ps_mat m[N];
+    const ps_mat *ws[N];
+    float *ys[N], *ref[N], x[NT * XS];
+    int64_t strides[N];
+    int ok = 1;
+    fill_x(x, NT * XS);
+    for (int i = 0; i < N; i++) {
+        ok &= problem_make(&p[i], types[i], 11 + 7 * i, i == 4 ? 512 : 768, 1) == PS_OK;
+        m[i] = (ps_mat){.type = p[i].type, .rows = p[i].rows, .cols = p[i].cols, .data = p[i].w};
+        ws[i] = &m[i];
+        strides[i] = p[i].rows + 2;
+        ys[i] = calloc((size_t)(strides[i] * NT), sizeof(float));
+        ref[i] = calloc((size_t)(strides[i] * NT), sizeof(float));
+    }
+    PS_CHECK(ok);
+    for (int isa = 0; ok && isa < PS_ISA_COUNT; isa++) {
+        if (!ps_isa_available((ps_isa)isa)) continue;
+        PS_CHECK_OK(ps_matmul_set_isa(ps_isa_name((ps_isa)isa)));
+        for (int64_t n_tok = 1; n_tok <= NT; n_tok += NT - 1) {
+            for (int i = 0; i < N; i++) {
+                uint8_t *sc = malloc(ps_matmul_scratch_bytes(m[i].type, m[i].cols, n_tok) + 1);
+                ps_matmul(&m[i], x, XS, n_tok, ref[i], strides[i], sc ? sc + 1 : NULL, pool);
+                free(sc);
+            }
+            uint8_t *scratch = malloc(ps_matmul_multi_scratch_bytes(ws, N, n_tok) + 1);
+            ps_matmul_multi(ws, N, x, XS, n_tok, ys, strides, scratch ? scratch + 1 : NULL, pool);
+            free(scratch);
+            int bad = 0;
+            for (int i = 0; i < N; i++)
+                for (int64_t t = 0; t < n_tok; t++)
+                    bad += memcmp(ys[i] + t * strides[i], ref[i] + t * strides[i], sizeof(float) * (size_t)m[i].rows) != 0;
+            if (bad)
+                fprintf(stderr, "multi %s n_tok %lld: %d rows differ\n", ps_isa_name((ps_isa)isa), (long long)n_tok, bad);
+            PS_CHECK_EQ_INT(bad, 0);
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        free(ys[i]);
+        free(ref[i]);
+        problem_free(&p[i]);
+    }
+}
+
 // Main
 
 static const ps_type all_types[] = {PS_TYPE_F32,  PS_TYPE_F16,  PS_TYPE_BF16, PS_TYPE_Q4_0,
@@ -293,6 +345,7 @@ int main(void) {
         test_invariance(t, 1, cols[0], 9, pools);
         test_invariance(t, 13, cols[2], 11, pools);
     }
+    test_multi(pools[2]);
     PS_CHECK(!ps_matmul_supported(PS_TYPE_Q2_K));
     PS_CHECK(ps_matmul_set_isa("nonsense") == PS_ERR_ARG);
     for (int i = 1; i < 4; i++) ps_pool_free(pools[i]);

@@ -69,85 +69,153 @@ size_t ps_matmul_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok) {
     return n_tok > 0 && row ? 64 + row * (size_t)n_tok : 0;
 }
 
-// Work plan
-
-typedef struct {
-    const ps_kernel *k;
-    const float *x;      /* f32 activations */
-    int64_t x_stride;    /* floats */
-    const uint8_t *w;    /* weight rows */
-    size_t wb;           /* bytes per weight row */
-    int64_t rows, cols;
-    const uint8_t *xq;   /* activations as the kernel reads them */
-    size_t xs;           /* bytes per activation row */
-    int64_t n_tok;
-    float *y;
-    int64_t ys;
-    int64_t chunk_rows, n_chunks; /* row chunks (multiples of the tile height) */
-    int64_t tok_block, n_tblocks; /* token blocks */
-    atomic_llong next;            /* next unclaimed work item beyond the first nth */
-} mm_job;
-
-/* Quantizes this thread's share of the activation rows. */
-static void quant_task(void *ctx, int ith, int nth) {
-    mm_job *j = ctx;
-    int64_t t0 = j->n_tok * ith / nth, t1 = j->n_tok * (ith + 1) / nth;
-    for (int64_t t = t0; t < t1; t++)
-        j->k->quant(j->x + t * j->x_stride, (void *)(j->xq + (size_t)t * j->xs), j->cols);
+/* Room for each matrix's own activations: enough however they share formats. */
+size_t ps_matmul_multi_scratch_bytes(const ps_mat *const *ws, int n, int64_t n_tok) {
+    size_t sum = 0;
+    for (int i = 0; i < n; i++) sum += ps_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, n_tok);
+    return sum;
 }
 
-/* Runs work item i: token block i / n_chunks, row chunk i % n_chunks. */
-static void run_item(mm_job *j, int64_t i) {
-    int64_t tb = i / j->n_chunks, rc = i % j->n_chunks;
-    int64_t r0 = rc * j->chunk_rows, t0 = tb * j->tok_block;
-    int64_t nr = j->rows - r0 < j->chunk_rows ? j->rows - r0 : j->chunk_rows;
-    int64_t nt = j->n_tok - t0 < j->tok_block ? j->n_tok - t0 : j->tok_block;
-    j->k->gemm(j->w + (size_t)r0 * j->wb, j->wb, j->cols, j->xq + (size_t)t0 * j->xs, j->xs,
-               j->y + t0 * j->ys + r0, j->ys, nr, nt);
+// Work plan
+
+#define MULTI_MAX 8 /* matrices per job (ps_matmul_multi runs longer lists in batches) */
+
+/* One matrix of a job. */
+typedef struct {
+    const ps_kernel *k;
+    const uint8_t *w;             /* weight rows, wb bytes each */
+    size_t wb;
+    int64_t rows;
+    float *y;
+    int64_t ys;
+    const uint8_t *xq;            /* activations as its kernel reads them, xs bytes per row */
+    size_t xs;
+    int64_t chunk_rows, n_chunks; /* row chunks (multiples of the tile height) */
+    int64_t tok_block, n_tblocks; /* token blocks */
+    int64_t first_item;           /* its work items: [first_item, + n_chunks * n_tblocks) */
+} mm_part;
+
+typedef struct {
+    const float *x;     /* f32 activations, x_stride floats apart */
+    int64_t x_stride, cols, n_tok;
+    int n;
+    mm_part p[MULTI_MAX];
+    int quant[MULTI_MAX]; /* parts whose activations must be quantized (one per format) */
+    int n_quant;
+    int64_t n_items;
+    atomic_llong next;  /* next unclaimed work item beyond the first nth */
+} mm_job;
+
+/* Quantizes this thread's share of the (format, token) rows. */
+static void quant_task(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    int64_t n = j->n_quant * j->n_tok, i0 = n * ith / nth, i1 = n * (ith + 1) / nth;
+    for (int64_t i = i0; i < i1; i++) {
+        const mm_part *p = &j->p[j->quant[i / j->n_tok]];
+        int64_t t = i % j->n_tok;
+        p->k->quant(j->x + t * j->x_stride, (void *)(p->xq + (size_t)t * p->xs), j->cols);
+    }
+}
+
+/* Runs work item i of part p: token block, then row chunk. */
+static void run_item(const mm_job *j, const mm_part *p, int64_t i) {
+    int64_t tb = i / p->n_chunks, rc = i % p->n_chunks;
+    int64_t r0 = rc * p->chunk_rows, t0 = tb * p->tok_block;
+    int64_t nr = p->rows - r0 < p->chunk_rows ? p->rows - r0 : p->chunk_rows;
+    int64_t nt = j->n_tok - t0 < p->tok_block ? j->n_tok - t0 : p->tok_block;
+    p->k->gemm(p->w + (size_t)r0 * p->wb, p->wb, j->cols, p->xq + (size_t)t0 * p->xs, p->xs, p->y + t0 * p->ys + r0,
+               p->ys, nr, nt);
 }
 
 /* Thread ith takes item ith first, then claims items from the shared counter. */
 static void mm_task(void *ctx, int ith, int nth) {
     mm_job *j = ctx;
-    int64_t n = j->n_chunks * j->n_tblocks;
-    for (int64_t i = ith; i < n; i = nth + atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed))
-        run_item(j, i);
+    int part = 0;
+    for (int64_t i = ith; i < j->n_items; i = nth + atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) {
+        while (part > 0 && i < j->p[part].first_item) part--;
+        while (part + 1 < j->n && i >= j->p[part + 1].first_item) part++;
+        run_item(j, &j->p[part], i - j->p[part].first_item);
+    }
 }
 
 /* Chooses token blocks that fit TOKEN_BLOCK_BYTES and row chunks aligned to the tile. */
-static void plan(mm_job *j, int nth) {
-    int64_t tt = j->k->tile_toks, tr = j->k->tile_rows;
-    int64_t tb = (int64_t)(TOKEN_BLOCK_BYTES / (j->xs ? j->xs : 1));
+static void plan(mm_part *p, int64_t n_tok, int nth) {
+    int64_t tt = p->k->tile_toks, tr = p->k->tile_rows;
+    int64_t tb = (int64_t)(TOKEN_BLOCK_BYTES / (p->xs ? p->xs : 1));
     tb = tb / tt * tt;
-    j->tok_block = tb < tt ? tt : tb > j->n_tok ? j->n_tok : tb;
-    j->n_tblocks = (j->n_tok + j->tok_block - 1) / j->tok_block;
+    p->tok_block = tb < tt ? tt : tb > n_tok ? n_tok : tb;
+    p->n_tblocks = (n_tok + p->tok_block - 1) / p->tok_block;
     int64_t want = nth > 1 ? (int64_t)nth * CHUNKS_PER_THREAD : 1;
-    int64_t cr = (j->rows + want - 1) / want;
-    if (j->n_tok > tt && cr * (int64_t)j->wb > CHUNK_BYTES) cr = CHUNK_BYTES / (int64_t)j->wb;
+    int64_t cr = (p->rows + want - 1) / want;
+    if (n_tok > tt && cr * (int64_t)p->wb > CHUNK_BYTES) cr = CHUNK_BYTES / (int64_t)p->wb;
     cr = (cr + tr - 1) / tr * tr;
-    j->chunk_rows = cr;
-    j->n_chunks = (j->rows + cr - 1) / cr;
+    p->chunk_rows = cr;
+    p->n_chunks = (p->rows + cr - 1) / cr;
+}
+
+/* Sets up part i for matrix w; activations that an earlier part already quantizes in the
+ * same format are shared, others take the next slice of scratch (*at). */
+static void part_init(mm_job *j, int i, const ps_mat *w, float *y, int64_t ys, const ps_kernel *k, uint8_t **at) {
+    mm_part *p = &j->p[i];
+    *p = (mm_part){.k = k, .w = w->data, .wb = ps_row_bytes(w->type, w->cols), .rows = w->rows, .y = y, .ys = ys};
+    if (!k->quant) {
+        p->xq = (const uint8_t *)j->x;
+        p->xs = (size_t)j->x_stride * sizeof(float);
+        return;
+    }
+    p->xs = k->x_bytes(j->cols);
+    for (int q = 0; q < j->n_quant; q++) {
+        const mm_part *o = &j->p[j->quant[q]];
+        if (o->k->quant == k->quant && o->xs == p->xs) {
+            p->xq = o->xq;
+            return;
+        }
+    }
+    p->xq = *at;
+    *at += p->xs * (size_t)j->n_tok;
+    j->quant[j->n_quant++] = i;
+}
+
+/* Quantizes, plans and runs a job of n <= MULTI_MAX matrices of equal cols. */
+static void run_job(const ps_mat *const *ws, int n, const float *x, int64_t x_stride, int64_t n_tok, float *const *ys,
+                    const int64_t *y_strides, void *scratch, ps_pool *pool) {
+    mm_job *j = &(mm_job){.x = x, .x_stride = x_stride, .cols = ws[0]->cols, .n_tok = n_tok};
+    uint8_t *at = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    double macs = 0;
+    ps_isa isa = current_isa();
+    for (int i = 0; i < n; i++) {
+        const ps_kernel *k = ps_kernel_get(isa, ws[i]->type);
+        if (!k || ws[i]->rows <= 0) continue;
+        part_init(j, j->n, ws[i], ys[i], y_strides[i], k, &at);
+        j->n++;
+        macs += (double)ws[i]->rows * (double)ws[i]->cols * (double)n_tok;
+    }
+    int nth = macs < SERIAL_MACS ? 1 : ps_pool_size(pool);
+    if (j->n_quant && n_tok * j->n_quant >= 8 && nth > 1) ps_pool_run(pool, quant_task, j);
+    else if (j->n_quant) quant_task(j, 0, 1);
+    for (int i = 0; i < j->n; i++) {
+        plan(&j->p[i], n_tok, nth);
+        j->p[i].first_item = j->n_items;
+        j->n_items += j->p[i].n_chunks * j->p[i].n_tblocks;
+    }
+    atomic_init(&j->next, 0);
+    if (nth > 1) ps_pool_run(pool, mm_task, j);
+    else mm_task(j, 0, 1);
 }
 
 void ps_matmul(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
                void *scratch, ps_pool *pool) {
-    const ps_kernel *k = ps_kernel_get(current_isa(), w->type);
-    if (!k || n_tok <= 0 || w->rows <= 0) return;
-    mm_job *j = &(mm_job){.k = k, .x = x, .x_stride = x_stride, .w = w->data, .rows = w->rows, .cols = w->cols,
-                          .n_tok = n_tok, .y = y, .ys = y_stride};
-    j->wb = ps_row_bytes(w->type, w->cols);
-    int nth = (double)w->rows * (double)w->cols * (double)n_tok < SERIAL_MACS ? 1 : ps_pool_size(pool);
-    if (k->quant) {
-        j->xq = (const uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-        j->xs = k->x_bytes(w->cols);
-        if (n_tok >= 8 && nth > 1) ps_pool_run(pool, quant_task, j);
-        else quant_task(j, 0, 1);
-    } else {
-        j->xq = (const uint8_t *)x;
-        j->xs = (size_t)x_stride * sizeof(float);
+    if (n_tok <= 0) return;
+    run_job(&w, 1, x, x_stride, n_tok, &y, &y_stride, scratch, pool);
+}
+
+void ps_matmul_multi(const ps_mat *const *ws, int n, const float *x, int64_t x_stride, int64_t n_tok, float *const *ys,
+                     const int64_t *y_strides, void *scratch, ps_pool *pool) {
+    if (n_tok <= 0) return;
+    for (int i0 = 0; i0 < n;) {
+        int m = 1; /* a batch: up to MULTI_MAX matrices with the same cols */
+        while (i0 + m < n && m < MULTI_MAX && ws[i0 + m]->cols == ws[i0]->cols) m++;
+        run_job(ws + i0, m, x, x_stride, n_tok, ys + i0, y_strides + i0, scratch, pool);
+        i0 += m;
     }
-    plan(j, nth);
-    atomic_init(&j->next, 0);
-    if (nth > 1) ps_pool_run(pool, mm_task, j);
-    else mm_task(j, 0, 1);
 }

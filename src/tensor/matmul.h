@@ -47,6 +47,15 @@ size_t ps_matmul_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok);
 void ps_matmul(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
                void *scratch, ps_pool *pool);
 
+/* Several matrices that share their input: ys[i][t * y_strides[i] + r] = sum_c W_i[r, c] *
+ * x[t * x_stride + c]. Types and row counts may differ; matrices of equal cols (the usual
+ * case: wq/wk/wv, or w1/w3) go through one quantization per activation format and one
+ * pool dispatch, which matters for the small matmuls of decode. Each output element is
+ * bit-identical to what ps_matmul gives for it. Scratch: ps_matmul_multi_scratch_bytes. */
+void ps_matmul_multi(const ps_mat *const *ws, int n, const float *x, int64_t x_stride, int64_t n_tok, float *const *ys,
+                     const int64_t *y_strides, void *scratch, ps_pool *pool);
+size_t ps_matmul_multi_scratch_bytes(const ps_mat *const *ws, int n, int64_t n_tok);
+
 /* Name of the kernel family chosen for this CPU ("avx512vnni", "avx2", "ref", ...). The
  * environment variable PS_ISA=ref|avx2|avx512|avx512vnni forces a family (for tests). */
 const char *ps_matmul_isa(void);
