@@ -7,7 +7,8 @@ llama, qwen2 and qwen3 architectures:
     goes through in one forward pass (-b 128), token by token (-b 1) or in chunks of 7 (-b 7),
     and with 1, 2 or 3 threads;
   * seeded sampling (--temp 0.9 --seed S) gives the same ids under the same changes, and another
-    seed gives other ids.
+    seed gives other ids;
+  * all of it for both matmul arithmetics (--activations q8 and f32), which differ from each other.
 Exit 0 pass, 1 fail.
 """
 import os
@@ -35,29 +36,39 @@ def synth(name, *flags):
     return path
 
 
-def generate(model, split, sampling, tag):
-    dump = os.path.join(TMP, f"inv-{tag}.f32")
+def generate(model, split, sampling, tag, act):
+    dump = os.path.join(TMP, f"inv-{tag}-{act}.f32")
     ids = sh([BIN, "run", "-m", model, "--prompt-ids", PROMPT, "-n", "12", "--ignore-eos", "--print-ids",
-              "--dump-logits", dump, *split, *sampling]).split()
+              "--dump-logits", dump, "--activations", act, *split, *sampling]).split()
     with open(dump, "rb") as f:
         return ids, f.read()
 
 
 def check(name, model):
+    q8 = f32 = None
+    for act in ("q8", "f32"):
+        check_act(f"{name}-{act}", model, act)
+        logits = generate(model, SPLITS[0], ("--temp", "0"), f"{name}-act", act)[1]
+        q8, f32 = (logits, f32) if act == "q8" else (q8, logits)
+    if q8 == f32 and name not in ("llama-F32", "llama-F16", "llama-BF16"):  # float weights: f32 activations in both
+        failures.append(f"{name}: --activations q8 and f32 gave bit-identical logits (is the flag ignored?)")
+
+
+def check_act(name, model, act):
     for sampling in (("--temp", "0"), ("--temp", "0.9", "--seed", "1234")):
-        base_ids, base_logits = generate(model, SPLITS[0], sampling, f"{name}-0")
+        base_ids, base_logits = generate(model, SPLITS[0], sampling, f"{name}-0", act)
         if len(base_ids) != 12 or len(base_logits) != 12 * 512 * 4:
             failures.append(f"{name}: expected 12 ids and 12 logit rows, got {len(base_ids)}, {len(base_logits)} bytes")
             continue
         for k, split in enumerate(SPLITS[1:], 1):
-            ids, logits = generate(model, split, sampling, f"{name}-{k}")
+            ids, logits = generate(model, split, sampling, f"{name}-{k}", act)
             what = f"{name} {' '.join(sampling)} with {' '.join(split)}"
             if ids != base_ids:
                 failures.append(f"{what}: ids {ids} differ from {base_ids}")
             elif logits != base_logits:
                 failures.append(f"{what}: logits not bit-identical")
-    other, _ = generate(model, SPLITS[0], ("--temp", "0.9", "--seed", "99"), f"{name}-seed")
-    same, _ = generate(model, SPLITS[0], ("--temp", "0.9", "--seed", "1234"), f"{name}-seed2")
+    other, _ = generate(model, SPLITS[0], ("--temp", "0.9", "--seed", "99"), f"{name}-seed", act)
+    same, _ = generate(model, SPLITS[0], ("--temp", "0.9", "--seed", "1234"), f"{name}-seed2", act)
     if other == same:
         failures.append(f"{name}: seeds 99 and 1234 gave the same 12 ids {same}")
     print(f"  {name}: ok" if not [f for f in failures if f.startswith(name)] else f"  {name}: FAILED")

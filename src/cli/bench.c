@@ -14,6 +14,7 @@
 typedef struct {
     const char *model;
     long long n_prompt, n_gen, threads, reps;
+    ps_act act;
     bool json;
 } bench_opts;
 
@@ -24,6 +25,7 @@ static void bench_usage(FILE *f) {
             "  -n N        generated tokens for the decode measurement (default 64)\n"
             "  -t THREADS  threads (default: all cores)\n"
             "  -r REPS     repetitions; figures are medians (default 3)\n"
+            "  --activations q8|f32  matmul arithmetic (default q8; see pipeshard run --help)\n"
             "  --json      one JSON object instead of a table\n");
 }
 
@@ -39,6 +41,12 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
             return 0;
         } else if (!strcmp(a, "--json")) {
             o->json = true;
+        } else if (!strcmp(a, "--activations")) {
+            if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
+            if (ps_act_from_name(v, &o->act)) {
+                fprintf(stderr, "pipeshard bench: --activations must be q8 or f32, got '%s'\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "-m") || !strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-t") || !strcmp(a, "-r")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
             bool ok = true;
@@ -141,6 +149,7 @@ static void bench_report(const bench_opts *o, const ps_model *m, double pp, doub
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "model", o->model);
         cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
+        cJSON_AddStringToObject(j, "activations", ps_act_name(o->act));
         cJSON_AddNumberToObject(j, "threads", (double)o->threads);
         cJSON_AddNumberToObject(j, "n_prompt", (double)o->n_prompt);
         cJSON_AddNumberToObject(j, "n_gen", (double)o->n_gen);
@@ -157,7 +166,7 @@ static void bench_report(const bench_opts *o, const ps_model *m, double pp, doub
         return;
     }
     printf("model      %s (%s, %d layers, dim %d)\n", o->model, m->hp.arch_name, m->hp.n_layer, m->hp.dim);
-    printf("kernels    %s, %lld threads\n", ps_matmul_isa(), o->threads);
+    printf("kernels    %s, %s activations, %lld threads\n", ps_matmul_isa(), ps_act_name(o->act), o->threads);
     printf("prefill    %8.1f tok/s  (pp%lld, median of %lld)\n", pp, o->n_prompt, o->reps);
     printf("decode     %8.2f tok/s  (tg%lld, median of %lld)\n", tg, o->n_gen, o->reps);
     printf("bandwidth  %8.1f GB/s read; %.1f MB of weights per token -> limit %.2f tok/s; decode at %.0f%%\n",
@@ -180,7 +189,8 @@ int ps_cli_bench(int argc, char **argv) {
     if (!toks || !pp || !tg) goto out;
     if ((s = ps_model_load(o.model, &m, err, sizeof err))) goto out;
     if ((s = ps_pool_create((int)o.threads, &pool))) goto out;
-    if ((s = ps_ctx_create(m, (int)(o.n_prompt + o.n_gen), (int)o.n_prompt, pool, &c, err, sizeof err))) goto out;
+    ps_ctx_params cp = {.n_ctx = (int)(o.n_prompt + o.n_gen), .max_batch = (int)o.n_prompt, .act = o.act};
+    if ((s = ps_ctx_create(m, &cp, pool, &c, err, sizeof err))) goto out;
     if (!(logits = malloc((size_t)m->hp.vocab * sizeof *logits))) goto out;
     for (long long i = 0; i < o.n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.vocab);
     for (int r = 0; r < o.reps; r++) {

@@ -18,6 +18,7 @@ typedef struct {
     const char *model, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system;
     long long n_predict, threads, ctx, batch;
     bool ignore_eos, chat, stats, print_ids, seeded;
+    ps_act act;
     ps_sample_params sp;
 } run_opts;
 
@@ -40,6 +41,9 @@ static void run_usage(FILE *f) {
             "  -t, --threads N         threads (default: all cores)\n"
             "  -c, --ctx-size N        context size in tokens (default: the model's, at most 4096)\n"
             "  -b, --batch-size N      prompt tokens per forward pass (default 128)\n"
+            "  --activations q8|f32    matmul arithmetic: q8 = 8-bit activations, integer dot products\n"
+            "                          (llama.cpp's numerics, fastest; default), f32 = float activations\n"
+            "                          (closest to a float reference, slower prompt processing)\n"
             "  --ignore-eos            keep generating past the end-of-text token\n"
             "  --chat                  wrap the prompt in the model's chat template as a user message\n"
             "  --chat-template NAME    chat template family (chatml, llama2, llama3, mistral, gemma, phi3, zephyr)\n"
@@ -52,7 +56,7 @@ static void run_usage(FILE *f) {
 
 /* The option table: flags taking a value. */
 enum { O_MODEL, O_PROMPT, O_FILE, O_N, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_PRES, O_FREQ, O_SEED,
-       O_THREADS, O_CTX, O_BATCH, O_TEMPLATE, O_SYSTEM, O_IDS, O_DUMP };
+       O_THREADS, O_CTX, O_BATCH, O_TEMPLATE, O_SYSTEM, O_IDS, O_DUMP, O_ACT };
 static const struct {
     const char *s, *l;
     int id;
@@ -63,6 +67,7 @@ static const struct {
     {NULL, "--frequency-penalty", O_FREQ}, {NULL, "--seed", O_SEED}, {"-t", "--threads", O_THREADS},
     {"-c", "--ctx-size", O_CTX}, {"-b", "--batch-size", O_BATCH}, {NULL, "--chat-template", O_TEMPLATE},
     {NULL, "--system", O_SYSTEM}, {NULL, "--prompt-ids", O_IDS}, {NULL, "--dump-logits", O_DUMP},
+    {NULL, "--activations", O_ACT},
 };
 
 /* Applies one valued flag; false after printing what is wrong. */
@@ -77,6 +82,10 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     case O_SYSTEM: o->system = v; return true;
     case O_IDS: o->prompt_ids = v; return true;
     case O_DUMP: o->dump_logits = v; return true;
+    case O_ACT:
+        if (!ps_act_from_name(v, &o->act)) return true;
+        fprintf(stderr, "pipeshard run: %s must be q8 or f32, got '%s'\n", flag, v);
+        return false;
     case O_N: return ps_arg_int("run", flag, v, -1, 1 << 30, &o->n_predict);
     case O_THREADS: return ps_arg_int("run", flag, v, 1, 1024, &o->threads);
     case O_CTX: return ps_arg_int("run", flag, v, 1, 1 << 24, &o->ctx);
@@ -287,7 +296,8 @@ static ps_status run_setup(run_state *st) {
     if ((s = ps_sample_params_check(&o->sp, err, el))) return s;
     int n_ctx = o->ctx ? (int)o->ctx : (st->m->hp.ctx_train < 4096 ? st->m->hp.ctx_train : 4096);
     if ((s = ps_pool_create((int)o->threads, &st->pool))) return ps_errf(err, el, s, "cannot start %lld threads", o->threads);
-    if ((s = ps_ctx_create(st->m, n_ctx, (int)o->batch, st->pool, &st->ctx, err, el))) return s;
+    ps_ctx_params cp = {.n_ctx = n_ctx, .max_batch = (int)o->batch, .act = o->act};
+    if ((s = ps_ctx_create(st->m, &cp, st->pool, &st->ctx, err, el))) return s;
     if ((s = ps_sampler_create(st->m->hp.vocab, &st->smp, err, el))) return s;
     if (st->tok && (s = ps_tok_stream_create(st->tok, 0, &st->stream))) return s;
     st->toks = malloc((size_t)n_ctx * sizeof *st->toks);
@@ -375,6 +385,7 @@ static void print_stats(const run_state *st) {
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->o->sp.seed);
     cJSON_AddRawToObject(j, "seed", seed); /* exact: a double would round seeds above 2^53 */
     cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
+    cJSON_AddStringToObject(j, "activations", ps_act_name(st->o->act));
     char *txt = cJSON_PrintUnformatted(j);
     fprintf(stderr, "%s\n", txt);
     free(txt);

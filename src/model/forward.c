@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../tensor/gemm.h"
 #include "../tensor/types.h"
 #include "model.h"
 
@@ -12,6 +13,7 @@ struct ps_ctx {
     ps_pool *pool;      /* not owned */
     int n_ctx;          /* positions the KV cache holds */
     int max_batch;      /* tokens per forward chunk */
+    ps_act act;         /* matmul arithmetic */
     int q_dim;          /* n_head * head_dim */
     int kv_dim;         /* n_head_kv * head_dim */
     float *x;           /* (max_batch, dim) residual stream */
@@ -74,35 +76,49 @@ static void init_inv_freq(ps_ctx *c) {
 }
 
 /* Raises *best to the scratch matrix w needs for max_batch tokens. */
-static void consider(size_t *best, const ps_mat *w, int max_batch) {
-    size_t need = w->data ? ps_matmul_scratch_bytes(w->type, w->cols, max_batch) : 0;
+static void consider(size_t *best, const ps_mat *w, ps_act act, int max_batch, int n_threads) {
+    size_t need = !w->data           ? 0
+                  : act == PS_ACT_F32 ? ps_gemm_scratch_bytes(w->type, w->cols, max_batch, n_threads)
+                                      : ps_matmul_scratch_bytes(w->type, w->cols, max_batch);
     if (need > *best) *best = need;
 }
 
 /* Largest matmul scratch the model's weights need for max_batch tokens. */
-static size_t scratch_bytes(const ps_model *m, int max_batch) {
+static size_t scratch_bytes(const ps_model *m, ps_act act, int max_batch, int n_threads) {
     size_t best = 0;
     for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
         const ps_mat *mats[] = {&m->layers[i].wq, &m->layers[i].wk, &m->layers[i].wv, &m->layers[i].wo,
                                 &m->layers[i].w_gate, &m->layers[i].w_up, &m->layers[i].w_down};
-        for (size_t k = 0; k < PS_ARRAY_LEN(mats); k++) consider(&best, mats[k], max_batch);
+        for (size_t k = 0; k < PS_ARRAY_LEN(mats); k++) consider(&best, mats[k], act, max_batch, n_threads);
     }
-    if (m->has_head) consider(&best, &m->output, max_batch);
+    if (m->has_head) consider(&best, &m->output, act, max_batch, n_threads);
     return best;
 }
 
-ps_status ps_ctx_create(const ps_model *m, int n_ctx, int max_batch, ps_pool *pool, ps_ctx **out, char *err,
+ps_status ps_act_from_name(const char *name, ps_act *out) {
+    if (!strcmp(name, "q8")) *out = PS_ACT_Q8;
+    else if (!strcmp(name, "f32")) *out = PS_ACT_F32;
+    else return PS_ERR_ARG;
+    return PS_OK;
+}
+
+const char *ps_act_name(ps_act a) { return a == PS_ACT_F32 ? "f32" : "q8"; }
+
+ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool, ps_ctx **out, char *err,
                         size_t errlen) {
     *out = NULL;
     const ps_hparams *hp = &m->hp;
+    int n_ctx = p->n_ctx, max_batch = p->max_batch;
     if (n_ctx < 1 || max_batch < 1)
         return ps_errf(err, errlen, PS_ERR_ARG, "context size and batch size must be positive");
+    if (p->act != PS_ACT_Q8 && p->act != PS_ACT_F32) return ps_errf(err, errlen, PS_ERR_ARG, "unknown activation mode");
     ps_ctx *c = calloc(1, sizeof *c);
     if (!c) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     c->m = m;
     c->pool = pool;
     c->n_ctx = n_ctx;
     c->max_batch = max_batch;
+    c->act = p->act;
     c->q_dim = hp->n_head * hp->head_dim;
     c->kv_dim = hp->n_head_kv * hp->head_dim;
     size_t B = (size_t)max_batch, layers = (size_t)(m->layer_end - m->layer_begin);
@@ -119,7 +135,7 @@ ps_status ps_ctx_create(const ps_model *m, int n_ctx, int max_batch, ps_pool *po
     c->inv_freq = malloc((size_t)hp->rope_dim / 2 * sizeof(double) + 1);
     c->k_cache = calloc(kv, sizeof(float));
     c->v_cache = calloc(kv, sizeof(float));
-    size_t sb = scratch_bytes(m, max_batch);
+    size_t sb = scratch_bytes(m, p->act, max_batch, threads);
     c->scratch = sb ? malloc(sb) : NULL;
     if (!c->x || !c->xb || !c->q || !c->att || !c->hb || !c->hb2 || !c->scores || !c->rope_cs || !c->inv_freq ||
         !c->k_cache || !c->v_cache || (sb && !c->scratch)) {
@@ -200,7 +216,8 @@ static void rope_table(ps_ctx *c, int n, int pos) {
 
 /* y (n, w->rows) = x (n, w->cols) · Wᵀ, with y rows y_stride apart. */
 static void mm(ps_ctx *c, const ps_mat *w, const float *x, int n, float *y, int64_t y_stride) {
-    ps_matmul(w, x, w->cols, n, y, y_stride, c->scratch, c->pool);
+    if (c->act == PS_ACT_F32) ps_gemm(w, x, w->cols, n, y, y_stride, c->scratch, c->pool);
+    else ps_matmul(w, x, w->cols, n, y, y_stride, c->scratch, c->pool);
 }
 
 /* Adds a bias to n rows of width d, when there is one. */

@@ -75,9 +75,27 @@ void ps_model_free(ps_model *m); /* NULL is a no-op */
 /* Run state of one sequence. */
 typedef struct ps_ctx ps_ctx;
 
-/* A context for up to n_ctx positions, processing up to max_batch tokens per forward call.
- * The pool (not owned) runs the matmuls and attention. */
-ps_status ps_ctx_create(const ps_model *m, int n_ctx, int max_batch, ps_pool *pool, ps_ctx **out, char *err,
+/* How activations meet the weights in every matmul. Both are batch-invariant; they give
+ * different (each reproducible) numbers, so every stage of a fleet must use the same one. */
+typedef enum {
+    PS_ACT_Q8 = 0,  /* activations quantized per token to 8-bit blocks, integer dot products
+                       (llama.cpp's numerics; fastest) */
+    PS_ACT_F32 = 1, /* float32 activations against dequantized weights, fused multiply-adds in
+                       one canonical order (closest to a float reference; slower prefill) */
+} ps_act;
+
+typedef struct {
+    int n_ctx;      /* positions the KV cache holds */
+    int max_batch;  /* tokens per forward chunk (longer inputs are chunked, same results) */
+    ps_act act;     /* matmul arithmetic */
+} ps_ctx_params;
+
+/* Parses "q8" / "f32" (the --activations flag). */
+ps_status ps_act_from_name(const char *name, ps_act *out);
+const char *ps_act_name(ps_act a);
+
+/* A context with the given parameters; the pool (not owned) runs the matmuls and attention. */
+ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool, ps_ctx **out, char *err,
                         size_t errlen);
 void ps_ctx_free(ps_ctx *c); /* NULL is a no-op */
 int ps_ctx_n_ctx(const ps_ctx *c);
