@@ -82,6 +82,18 @@ SMOLLM_TOL_RMS = 1.25   # per-step RMS of (engine - reference) over the vocabula
 # the largest estimated gap change): there an 8-bit rounding may legitimately swap the winner.
 SMOLLM_TOL_FLIP = 2.0
 MAX_RESYNC = 3
+# With --activations f32 the engine multiplies float32 activations by the dequantized weights,
+# as the reference does; only the summation order differs (16 FMA lanes and a fixed tree against
+# NumPy's pairwise sums). Measured on both SmolLM2 prompts: max |dlogit| 4.3e-5 and 5.7e-5 over 64
+# steps. The tolerance 1e-3 is ~20x that, and far below half the smallest reference top-2 margin
+# on these prompts (0.05), so every greedy token must agree, with no resynchronisation.
+SMOLLM_F32_TOL = 1e-3
+# The second prompt for f32: the chat turn as SmolLM2's template renders it, with its default
+# system message. Here 8-bit activations flip the very first token ("L'Étoile..." instead of
+# "The capital of France is Paris."), which f32 activations must not.
+SMOLLM_SYS_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018,
+                     411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2,
+                     198, 1, 520, 9531, 198]
 
 # Synthetic F32 models: differences come only from summation order (measured ~1e-6).
 SYNTH_TOL = 1e-3
@@ -111,11 +123,11 @@ def engine_bin():
     return b
 
 
-def engine(model_path, prompt, n, vocab, threads=None, tag="run"):
+def engine(model_path, prompt, n, vocab, threads=None, tag="run", extra=()):
     """Run the engine greedily; returns (ids list, logits (n, vocab) float32)."""
     dump = os.path.join(TMP, f"{tag}.logits")
     cmd = [engine_bin(), "run", "-m", model_path, "--prompt-ids", ",".join(map(str, prompt)),
-           "-n", str(n), "--temp", "0", "--print-ids", "--ignore-eos", "--dump-logits", dump]
+           "-n", str(n), "--temp", "0", "--print-ids", "--ignore-eos", "--dump-logits", dump, *extra]
     if threads is not None:
         cmd += ["-t", str(threads)]
     t0 = time.time()
@@ -302,6 +314,28 @@ def test_smollm2():
     assert np.nanmax(rmsd) <= SMOLLM_TOL_RMS, f"per-step RMS difference {np.nanmax(rmsd)} > {SMOLLM_TOL_RMS}"
 
 
+def test_smollm2_f32():
+    s = smollm_runs()
+    ref = s["ref"]
+    for name, prompt in (("chat", SMOLLM_PROMPT), ("chat+system", SMOLLM_SYS_PROMPT)):
+        if prompt is SMOLLM_PROMPT:
+            ref_ids, ref_lg = s["ref_ids"], s["ref_lg"]
+        else:
+            ref.reset()
+            ref_ids, ref_lg = greedy(ref, prompt, SMOLLM_STEPS)
+        ids, lg = engine(s["path"], prompt, SMOLLM_STEPS, ref.vocab, 2, tag=f"smollm-f32-{len(prompt)}",
+                         extra=("--activations", "f32"))
+        first = next((i for i in range(SMOLLM_STEPS) if ids[i] != ref_ids[i]), None)
+        assert first is None, f"{name}: f32 engine diverges from the reference at step {first}"
+        d = float(np.max(np.abs(lg - ref_lg)))
+        print(f"  smollm2 f32 {name}: {SMOLLM_STEPS}/{SMOLLM_STEPS} tokens equal, max |dlogit| {d:.3g} "
+              f"(tolerance {SMOLLM_F32_TOL})")
+        assert d <= SMOLLM_F32_TOL, f"{name}: max logit difference {d} > {SMOLLM_F32_TOL}"
+        if s["tk"] is not None and name == "chat+system":
+            text = s["tk"].decode(ids)
+            assert text.startswith("The capital of France is Paris."), f"f32 engine answers {text!r}"
+
+
 def test_invariance():
     s = smollm_runs()
     (i1, l1), (i2, l2) = s["t1"], s["t2"]
@@ -357,6 +391,7 @@ CASES = [
     ("smollm2", test_smollm2),
     ("invariance", test_invariance),
     ("synth-llama", test_synth_llama),
+    ("smollm2-f32", test_smollm2_f32),
     ("synth-qwen2", test_synth_qwen2),
     ("synth-qwen3", test_synth_qwen3),
 ]
