@@ -25,6 +25,7 @@
  * 16-block buffer (weights) or zero-padded at quantization (activations). */
 
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -93,7 +94,17 @@ typedef struct {
 #define G16_XS 640
 #define G16_BYTES 704
 
-static size_t g16_bytes(int64_t cols) { return (size_t)((cols / PS_QK + 15) / 16) * G16_BYTES; }
+/* A partial last group of at most NAT_TAIL_MAX blocks is not padded to 16 blocks: its
+ * blocks keep their natural order ("tail blocks": float d, int32 corr, float xs, 4 bytes
+ * unused, int8 q[32]) and the kernels take them one at a time in 256-bit vectors. */
+#define NAT_TAIL_MAX 6
+#define XT_BYTES 48
+
+static size_t g16_bytes(int64_t cols) {
+    int64_t nb = cols / PS_QK, rem = nb % 16;
+    size_t n = (size_t)(nb / 16) * G16_BYTES + (size_t)(rem == 0 ? 0 : rem <= NAT_TAIL_MAX ? rem * XT_BYTES : G16_BYTES);
+    return (n + 63) & ~(size_t)63;
+}
 
 /* Block of lane m in a group: nibble types (a 4x4 transpose of four 4-block loads) and
  * q8_0 (two 4x4 transposes of 2-block loads, then a 128-bit lane shuffle). */
@@ -115,15 +126,33 @@ KI int32_t quant_block32(const float *x, int8_t q[32], float *d_out) {
     return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 
+/* n tail blocks in natural order. */
+KI void quant_tail(const float *x, uint8_t *xt, int n, int off) {
+    for (int b = 0; b < n; b++, xt += XT_BYTES) {
+        float d;
+        int32_t sum = quant_block32(x + b * PS_QK, (int8_t *)xt + 16, &d);
+        int32_t corr = -off * sum;
+        float xs = d * (float)sum;
+        memcpy(xt, &d, 4);
+        memcpy(xt + 4, &corr, 4);
+        memcpy(xt + 8, &xs, 4);
+        memset(xt + 12, 0, 4);
+    }
+}
+
 /* One activation row into g16 groups, block b of a group going to lane lane_of[b];
  * corr = -off * sum(q) per block. Partial groups are zero-padded. */
 KI void quant_g16(const float *x, uint8_t *xq, int64_t cols, int off, int (*block_of_lane)(int)) {
     int lane_of[16];
     for (int m = 0; m < 16; m++) lane_of[block_of_lane(m)] = m;
-    int64_t nb = cols / PS_QK;
+    int64_t nb = cols / PS_QK, rem = nb % 16;
     for (int64_t g = 0; g * 16 < nb; g++) {
         uint8_t *G = xq + g * G16_BYTES;
         int n = nb - g * 16 < 16 ? (int)(nb - g * 16) : 16;
+        if (n < 16 && rem <= NAT_TAIL_MAX) {
+            quant_tail(x + g * 16 * PS_QK, G, n, off);
+            break;
+        }
         if (n < 16) memset(G, 0, G16_BYTES);
         for (int b = 0; b < n; b++) {
             int8_t q[32];
@@ -190,6 +219,15 @@ KI void facc_end(int R, int T, const span *sp, __m512 facc[RMAX][TMAX], float *y
         for (int t = 0; t < T; t++) _mm512_store_ps(sp->acc + 16 * (r * T + t), facc[r][t]);
 }
 
+/* Folds the 8 tail lanes into lanes 0-7 of the group accumulators (for every pair of a
+ * row with a natural tail, once, after its last group). */
+KI void add_tail(int R, int T, __m512 facc[RMAX][TMAX], __m256 tacc[RMAX][TMAX]) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) facc[r][t] = _mm512_add_ps(facc[r][t], _mm512_zextps256_ps512(tacc[r][t]));
+}
+
 /* name_tile_RxT: groups [g0, g1) of R weight rows against T activation rows. A type
  * supplies name_group(R, T, w, wb, x, xs, cx, facc) and the sizes name_BE (elements per
  * block), name_BB (bytes per block), name_BPG (blocks per group), name_WG (= BPG * BB)
@@ -204,7 +242,11 @@ KI void facc_end(int R, int T, const span *sp, __m512 facc[RMAX][TMAX], float *y
         int64_t gend = sp->g1 < nfull ? sp->g1 : nfull;                                                         \
         for (int64_t g = sp->g0; g < gend; g++)                                                                 \
             name##_group(R, T, w + g * name##_WG, wb, x + g * name##_XG, xs, cx, facc);                         \
-        if (rem && sp->g1 > nfull) {                                                                            \
+        if (rem && sp->g1 > nfull && name##_NAT && rem <= NAT_TAIL_MAX) {                                       \
+            __m256 tacc[RMAX][TMAX];                                                                            \
+            name##_tail(R, T, w + nfull * name##_WG, wb, x + nfull * name##_XG, xs, (int)rem, tacc);             \
+            add_tail(R, T, facc, tacc);                                                                         \
+        } else if (rem && sp->g1 > nfull) {                                                                     \
             uint8_t tail[R][name##_WG] __attribute__((aligned(64)));                                            \
             memset(tail, 0, sizeof tail);                                                                       \
             for (int r = 0; r < R; r++) memcpy(tail[r], w + r * wb + nfull * name##_WG, (size_t)rem * name##_BB); \
@@ -261,15 +303,32 @@ static void tile_drive(tile_fn *const *tiles, int rm, int tm, const kctx *cx, co
     }
 }
 
+/* A type's constant vectors, made by the first caller (racing first callers each make a
+ * copy; one publishes it, the others wait for it). */
+static const kctx *ctx_once(kctx *cx, atomic_int *state, void (*make)(kctx *)) {
+    if (atomic_load_explicit(state, memory_order_acquire) == 2) return cx;
+    kctx tmp;
+    make(&tmp);
+    int expect = 0;
+    if (atomic_compare_exchange_strong(state, &expect, 1)) {
+        *cx = tmp;
+        atomic_store_explicit(state, 2, memory_order_release);
+    }
+    while (atomic_load_explicit(state, memory_order_acquire) != 2) {
+    }
+    return cx;
+}
+
 #define DEF_GEMM(name, rm, tm, ctx_make)                                                                        \
     static inline int64_t name##_groups(int64_t cols) {                                                         \
         return (cols / name##_BE + name##_BPG - 1) / name##_BPG;                                                \
     }                                                                                                           \
+    static kctx name##_cx;                                                                                      \
+    static atomic_int name##_cx_state;                                                                          \
     KF void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,        \
                         int64_t ys, int64_t nr, int64_t nt) {                                                   \
-        kctx cx;                                                                                                \
-        ctx_make(&cx);                                                                                          \
-        tile_drive(name##_tiles, rm, tm, &cx, w, wb, cols, x, xs, y, ys, nr, nt, name##_groups(cols), name##_XG); \
+        const kctx *cx = ctx_once(&name##_cx, &name##_cx_state, ctx_make);                                      \
+        tile_drive(name##_tiles, rm, tm, cx, w, wb, cols, x, xs, y, ys, nr, nt, name##_groups(cols), name##_XG);  \
     }
 
 // Nibble weights (q4_0, q4_1, q5_0, q5_1): groups of 16 blocks
@@ -405,11 +464,86 @@ KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, 
     }
 }
 
+/* u8 x s8 dot of 4-byte groups into 8 lanes (256-bit). */
+KI __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
+#if HAVE_VNNI
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* The 32 unsigned quants of one block in element order: nibble types (qh_off > 0 adds the
+ * fifth bits), or q8_0 (bsize 34) biased by +128. */
+KI __m256i tail_quants(const uint8_t *p, int bsize, int qs_off, int qh_off) {
+    if (bsize == 34) return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80));
+    __m128i v = _mm_loadu_si128((const __m128i *)(p + qs_off));
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+#if HAVE_VNNI
+    if (qh_off) {
+        uint32_t h;
+        memcpy(&h, p + qh_off, 4);
+        q = _mm256_mask_add_epi8(q, (__mmask32)h, q, _mm256_set1_epi8(16));
+    }
+#else
+    (void)qh_off;
+#endif
+    return q;
+}
+
+/* rem tail blocks for an R x T tile, one block per step, 8 lanes per pair:
+ *     tacc += (dw * dx) * float(corr + dpbusd(q, x))   [+ m * xs into lane 0]. */
+KI void tail_blocks(int R, int T, int bsize, int qs_off, int qh_off, int has_min, const uint8_t *w, size_t wb,
+                    const uint8_t *x, size_t xs, int rem, __m256 tacc[RMAX][TMAX]) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) tacc[r][t] = _mm256_setzero_ps();
+    for (int b = 0; b < rem; b++) {
+        __m256i q[RMAX];
+        float dw[RMAX], mw[RMAX];
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const uint8_t *p = w + r * wb + b * bsize;
+            ps_f16 h[2];
+            memcpy(h, p, 4);
+            dw[r] = _cvtsh_ss(h[0]);
+            mw[r] = _cvtsh_ss(h[1]);
+            q[r] = tail_quants(p, bsize, qs_off, qh_off);
+        }
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xb = x + t * xs + b * XT_BYTES;
+            float dx, xsum;
+            int32_t corr;
+            memcpy(&dx, xb, 4);
+            memcpy(&corr, xb + 4, 4);
+            memcpy(&xsum, xb + 8, 4);
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 16));
+            __m256i c0 = _mm256_zextsi128_si256(_mm_cvtsi32_si128(corr));
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                __m256i i = dpbusd256(c0, q[r], xv);
+                tacc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * dx), _mm256_cvtepi32_ps(i), tacc[r][t]);
+                if (has_min)
+                    tacc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(mw[r]), _mm256_zextps128_ps256(_mm_set_ss(xsum)),
+                                                 tacc[r][t]);
+            }
+        }
+    }
+}
+
 #define NIB_TYPE(name, bsize, qs_off, has_min, qh_off)                                                          \
-    enum { name##_BE = PS_QK, name##_BB = bsize, name##_BPG = 16, name##_WG = 16 * bsize, name##_XG = G16_BYTES }; \
+    enum { name##_BE = PS_QK, name##_BB = bsize, name##_BPG = 16, name##_WG = 16 * bsize, name##_XG = G16_BYTES,  \
+           name##_NAT = 1 };                                                                                    \
     KI void name##_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,  \
                          __m512 facc[RMAX][TMAX]) {                                                             \
         nib_group(R, T, bsize, qs_off, has_min, qh_off, w, wb, x, xs, cx, facc);                                \
+    }                                                                                                           \
+    KI void name##_tail(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int rem,         \
+                        __m256 tacc[RMAX][TMAX]) {                                                              \
+        tail_blocks(R, T, bsize, qs_off, qh_off, has_min, w, wb, x, xs, rem, tacc);                             \
     }                                                                                                           \
     static void name##_ctx(kctx *cx) { nib_ctx(cx, bsize, qs_off, qh_off); }                                    \
     DEF_TILES_R2T4(name)                                                                                        \
@@ -425,7 +559,12 @@ NIB_TYPE(q5_1, 24, 8, 1, 4)
 // q8_0: groups of 16 blocks, 1 row x 8 token tiles (a row's eight weight vectors stay in registers)
 
 #if HAVE_VNNI /* with the +128 bias, vpmaddubsw pair sums would saturate */
-enum { q8_0_BE = PS_QK, q8_0_BB = 34, q8_0_BPG = 16, q8_0_WG = 16 * 34, q8_0_XG = G16_BYTES };
+enum { q8_0_BE = PS_QK, q8_0_BB = 34, q8_0_BPG = 16, q8_0_WG = 16 * 34, q8_0_XG = G16_BYTES, q8_0_NAT = 1 };
+
+KI void q8_0_tail(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int rem,
+                  __m256 tacc[RMAX][TMAX]) {
+    tail_blocks(R, T, 34, 2, 0, 0, w, wb, x, xs, rem, tacc);
+}
 
 static void q8_0_ctx(kctx *cx) {
     uint8_t qs[64];
@@ -695,8 +834,18 @@ KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint
     }
 }
 
-enum { q4_K_BE = PS_QK_K, q4_K_BB = 144, q4_K_BPG = 4, q4_K_WG = 576, q4_K_XG = K4_BYTES };
-enum { q5_K_BE = PS_QK_K, q5_K_BB = 176, q5_K_BPG = 4, q5_K_WG = 704, q5_K_XG = K4_BYTES };
+/* The K types pad their last group: their tail functions never run. */
+#define NO_TAIL(name)                                                                                           \
+    KI void name##_tail(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int rem,         \
+                        __m256 tacc[RMAX][TMAX]) {                                                              \
+        (void)R, (void)T, (void)w, (void)wb, (void)x, (void)xs, (void)rem, (void)tacc;                          \
+    }
+NO_TAIL(q4_K)
+NO_TAIL(q5_K)
+NO_TAIL(q6_K)
+
+enum { q4_K_NAT = 0, q4_K_BE = PS_QK_K, q4_K_BB = 144, q4_K_BPG = 4, q4_K_WG = 576, q4_K_XG = K4_BYTES };
+enum { q5_K_NAT = 0, q5_K_BE = PS_QK_K, q5_K_BB = 176, q5_K_BPG = 4, q5_K_WG = 704, q5_K_XG = K4_BYTES };
 
 KI void q4_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
                    __m512 facc[RMAX][TMAX]) {
@@ -786,7 +935,7 @@ KI void q6_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
                                      _mm512_cvtepi32_ps(a[t]), facc[0][t]);
 }
 
-enum { q6_K_BE = PS_QK_K, q6_K_BB = 210, q6_K_BPG = 4, q6_K_WG = 840, q6_K_XG = K6_BYTES };
+enum { q6_K_NAT = 0, q6_K_BE = PS_QK_K, q6_K_BB = 210, q6_K_BPG = 4, q6_K_WG = 840, q6_K_XG = K6_BYTES };
 DEF_TILES_R1T4(q6_K)
 DEF_GEMM(q6_K, 1, 4, k6_ctx)
 
