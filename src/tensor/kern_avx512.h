@@ -800,37 +800,59 @@ KI k4_scales k4_scales_load(const uint8_t *p, int bsize, const kctx *cx) {
 KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
                  __m512 facc[RMAX][TMAX]) {
     const int bsize = five ? 176 : 144, qs_off = five ? 48 : 16;
-    (void)R, (void)wb;
-    __m512i P[8], QH[8], lo[TMAX], hi[TMAX];
-    k_transpose8(w, bsize, qs_off, 0, P);
-    if (five) k_transpose8(w, bsize, 16, 1, QH);
-    k4_scales ks = k4_scales_load(w, bsize, cx);
+    /* each row's transposed quants wait in L1 (R rows of them do not fit in registers) */
+    __m512i P[RMAX][8] __attribute__((aligned(64))), QH[RMAX][8] __attribute__((aligned(64)));
+    __m512i lo[RMAX][TMAX], hi[RMAX][TMAX];
+    k4_scales ks[RMAX];
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        k_transpose8(w + r * wb, bsize, qs_off, 0, P[r]);
+        if (five) k_transpose8(w + r * wb, bsize, 16, 1, QH[r]);
+        ks[r] = k4_scales_load(w + r * wb, bsize, cx);
+    }
     const __m512i m0f = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
     /* fifth bits: bit 2k (lo) / 2k + 1 (hi) of each qh byte, rotated to bit 4 */
     const __m512i rot_lo = _mm512_set_epi32(30, 30, 30, 30, 0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4);
     const __m512i rot_hi = _mm512_set_epi32(29, 29, 29, 29, 31, 31, 31, 31, 1, 1, 1, 1, 3, 3, 3, 3);
     UNROLL
-    for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm512_setzero_si512();
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < T; t++) lo[r][t] = hi[r][t] = _mm512_setzero_si512();
     UNROLL
     for (int c = 0; c < 8; c++) {
-        __m512i vl = _mm512_and_si512(P[c], m0f), vh = _mm512_and_si512(_mm512_srli_epi16(P[c], 4), m0f);
-        if (five) {
-            vl = _mm512_ternarylogic_epi32(vl, _mm512_rolv_epi32(QH[c], rot_lo), b4, 0xf8); /* a | (b & c) */
-            vh = _mm512_ternarylogic_epi32(vh, _mm512_rolv_epi32(QH[c], rot_hi), b4, 0xf8);
+        __m512i vl[RMAX], vh[RMAX];
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            __m512i pc = R > 1 ? load_reg(&P[r][c]) : P[r][c];
+            vl[r] = _mm512_and_si512(pc, m0f);
+            vh[r] = _mm512_and_si512(_mm512_srli_epi16(pc, 4), m0f);
+            if (five) {
+                __m512i qh = R > 1 ? load_reg(&QH[r][c]) : QH[r][c];
+                vl[r] = _mm512_ternarylogic_epi32(vl[r], _mm512_rolv_epi32(qh, rot_lo), b4, 0xf8); /* a | (b & c) */
+                vh[r] = _mm512_ternarylogic_epi32(vh[r], _mm512_rolv_epi32(qh, rot_hi), b4, 0xf8);
+            }
         }
         UNROLL
         for (int t = 0; t < T; t++) {
             __m512i xl = load_reg(x + t * xs + 64 * c), xh = load_reg(x + t * xs + 64 * (8 + c));
-            lo[t] = dpbusd(lo[t], vl, xl);
-            hi[t] = dpbusd(hi[t], vh, xh);
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                lo[r][t] = dpbusd(lo[r][t], vl[r], xl);
+                hi[r][t] = dpbusd(hi[r][t], vh[r], xh);
+            }
         }
     }
     UNROLL
     for (int t = 0; t < T; t++) {
-        __m512i a = _mm512_add_epi32(_mm512_mullo_epi32(lo[t], ks.scl), _mm512_mullo_epi32(hi[t], ks.sch));
-        __m512i i = _mm512_madd_epi16(ks.mins, _mm512_load_si512(x + t * xs + K4_BS));
-        __m512 f = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), ks.dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(a), ks.d));
-        facc[0][t] = _mm512_fmadd_ps(f, _mm512_load_ps(x + t * xs + K4_DX), facc[0][t]);
+        __m512i bs = _mm512_load_si512(x + t * xs + K4_BS);
+        __m512 dx = _mm512_load_ps(x + t * xs + K4_DX);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            __m512i a = _mm512_add_epi32(_mm512_mullo_epi32(lo[r][t], ks[r].scl), _mm512_mullo_epi32(hi[r][t], ks[r].sch));
+            __m512i i = _mm512_madd_epi16(ks[r].mins, bs);
+            __m512 f = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), ks[r].dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(a), ks[r].d));
+            facc[r][t] = _mm512_fmadd_ps(f, dx, facc[r][t]);
+        }
     }
 }
 
@@ -857,15 +879,22 @@ KI void q5_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
     k4_group(R, T, 1, w, wb, x, xs, cx, facc);
 }
 
+/* Tiles of 1 row x up to 6 tokens. */
+#define DEF_TILES_R1T6(name)                                                                                    \
+    DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
+    DEF_TILE(name, 1, 5) DEF_TILE(name, 1, 6)                                                                   \
+    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,  \
+                                            name##_tile_1x5, name##_tile_1x6};
+
 /* Tiles of 1 row x up to 4 tokens. */
 #define DEF_TILES_R1T4(name)                                                                                    \
     DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
     static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4};
 
-DEF_TILES_R1T4(q4_K)
-DEF_GEMM(q4_K, 1, 4, k4_ctx)
-DEF_TILES_R1T4(q5_K)
-DEF_GEMM(q5_K, 1, 4, k4_ctx)
+DEF_TILES_R1T6(q4_K)
+DEF_GEMM(q4_K, 1, 6, k4_ctx)
+DEF_TILES_R1T6(q5_K)
+DEF_GEMM(q5_K, 1, 6, k4_ctx)
 
 /* q6_K: scales (int8 per 16 quants) as int32 per accumulator v = 2h + u (lane m: scale
  * 8h + 4u + k of super-block s), and d. */
@@ -1020,8 +1049,8 @@ static const ps_kernel k_q4_1 = {quant_nib_off0, g16_bytes, gemm_q4_1, 2, 4};
 static const ps_kernel k_q5_0 = {quant_nib_off16, g16_bytes, gemm_q5_0, 2, 4};
 static const ps_kernel k_q5_1 = {quant_nib_off0, g16_bytes, gemm_q5_1, 2, 4};
 static const ps_kernel k_q8_0 = {quant_q8_off128, g16_bytes, gemm_q8_0, 1, 8};
-static const ps_kernel k_q4_K = {quant_k4, k4_bytes, gemm_q4_K, 1, 4};
-static const ps_kernel k_q5_K = {quant_k4, k4_bytes, gemm_q5_K, 1, 4};
+static const ps_kernel k_q4_K = {quant_k4, k4_bytes, gemm_q4_K, 1, 6};
+static const ps_kernel k_q5_K = {quant_k4, k4_bytes, gemm_q5_K, 1, 6};
 static const ps_kernel k_q6_K = {quant_k6, k6_bytes, gemm_q6_K, 1, 4};
 #endif
 
