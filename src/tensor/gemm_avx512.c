@@ -40,6 +40,7 @@
 #define FR 4        /* fused rows */
 #define FT 4        /* fused tokens per pass */
 #define FUSED_MAX 4 /* n_tok handled by the fused path */
+#define PF_HINT _MM_HINT_T1 /* fused path: prefetch the next row group into L2 */
 
 // Vector helpers
 
@@ -78,7 +79,9 @@ AI __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // Dequantization: per type, prep() once per block, then unit() per 32 elements
 
 typedef struct {
-    __m512 a, b; /* tables or scales of the current block */
+    __m512 a, b;                        /* tables of the current block (32-element types) */
+    _Alignas(64) float sc[16];          /* K types: scales, broadcast from memory (no shuffle) */
+    _Alignas(64) int8_t q[PS_QK_K];     /* q5_K: q (as uint8_t); q6_K: q - 32; element by element */
 } dq_state;
 
 /* Elements per block, bytes per block, 32-element units per block. */
@@ -116,6 +119,61 @@ AI __m512 k4_scales(const uint8_t *blk) {
     return _mm512_mul_ps(d16, scm);
 }
 
+/* q4_K / q5_K unit u: low nibbles of qs[32(u/2) ..] for even u, high ones for odd u
+ * (vpermps reads index bits 0-3 only, so even units need no masking for q4_K); the table
+ * of sub-block u is (d * sc) * q - (dmin * m). */
+AI void dq_k4(const uint8_t *qs, int u, const dq_state *st, __m512i *q0, __m512i *q1, __m512 *ds, __m512 *dm) {
+    *q0 = u8x16(qs + 32 * (u >> 1));
+    *q1 = u8x16(qs + 32 * (u >> 1) + 16);
+    if (u & 1) {
+        *q0 = _mm512_srli_epi32(*q0, 4);
+        *q1 = _mm512_srli_epi32(*q1, 4);
+    }
+    *ds = _mm512_set1_ps(st->sc[u]);
+    *dm = _mm512_set1_ps(st->sc[u + 8]);
+}
+
+/* q5_K: the quants (0..31) of the 128-element half h of the super-block at blk into
+ * out[0..128), 64 at a time: sub-blocks 4h and 4h + 2 are the low nibbles of
+ * qs[64h ..+64), sub-blocks 4h + 1 and 4h + 3 the high ones; the fifth bit of element
+ * 32s + l is bit s of qh[l] (a byte test gives the lanes that take + 16). */
+AI void q5k_bytes(const uint8_t *blk, int h, uint8_t *out) {
+    __m512i qs = _mm512_loadu_si512(blk + 48 + 64 * h);
+    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
+    __m512i m0f = _mm512_set1_epi8(0x0f), k16 = _mm512_set1_epi8(16);
+    __m512i bit_lo = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * h))), _mm256_set1_epi8((char)(1 << (4 * h + 2))), 1);
+    __m512i lo = _mm512_and_si512(qs, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m0f);
+    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bit_lo), lo, k16);
+    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, _mm512_add_epi8(bit_lo, bit_lo)), hi, k16);
+    /* lo holds sub-blocks 4h, 4h + 2 and hi 4h + 1, 4h + 3: interleave by 32-byte halves */
+    _mm256_store_si256((__m256i *)out, _mm512_castsi512_si256(lo));
+    _mm256_store_si256((__m256i *)(out + 32), _mm512_castsi512_si256(hi));
+    _mm256_store_si256((__m256i *)(out + 64), _mm512_extracti64x4_epi64(lo, 1));
+    _mm256_store_si256((__m256i *)(out + 96), _mm512_extracti64x4_epi64(hi, 1));
+}
+
+/* q6_K: q - 32 of the 128-element half h of the super-block at blk into out[0..128),
+ * with byte-wide operations on 64 elements at a time (types.c's layout): elements 0-63
+ * are the low nibbles of ql[64h ..+64) with bits 0-1 (first 32) or 2-3 (next 32) of
+ * qh[32h ..+32) on top, elements 64-127 the high nibbles with bits 4-5 or 6-7. The 16-bit
+ * shifts leak bits between neighbouring bytes only where the masks clear them. */
+AI void q6_bytes(const uint8_t *blk, int h, int8_t *out) {
+    __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+    __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1); /* qh, qh >> 2 */
+    __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    __m512i lo = _mm512_or_si512(_mm512_and_si512(ql, m0f), _mm512_and_si512(_mm512_slli_epi16(qh2, 4), m30));
+    __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m0f), _mm512_and_si512(qh2, m30));
+    _mm512_store_si512(out, _mm512_sub_epi8(lo, k32));
+    _mm512_store_si512(out + 64, _mm512_sub_epi8(hi, k32));
+}
+
+/* q6_K: elements 32u + 16i .. + 16 of a super-block prepared by dq_prep: (d * sc) * (q - 32). */
+AI __m512 dq_q6(const dq_state *st, int u, int i) {
+    __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(st->q + 32 * u + 16 * i))));
+    return _mm512_mul_ps(_mm512_set1_ps(st->sc[2 * u + i]), q);
+}
+
 /* Per-block set-up of type ty at blk. */
 AI void dq_prep(int ty, const uint8_t *blk, dq_state *st) {
     switch (ty) {
@@ -130,38 +188,20 @@ AI void dq_prep(int ty, const uint8_t *blk, dq_state *st) {
         st->b = _mm512_add_ps(_mm512_mul_ps(f16_bcast(blk), iota(16)), f16_bcast(blk + 2));
         break;
     case PS_TYPE_Q8_0: st->a = f16_bcast(blk); break;
-    case PS_TYPE_Q4_K:
-    case PS_TYPE_Q5_K: st->a = k4_scales(blk); break;
+    case PS_TYPE_Q4_K: _mm512_store_ps(st->sc, k4_scales(blk)); break;
+    case PS_TYPE_Q5_K:
+        _mm512_store_ps(st->sc, k4_scales(blk));
+        q5k_bytes(blk, 0, (uint8_t *)st->q);
+        q5k_bytes(blk, 1, (uint8_t *)st->q + 128);
+        break;
     case PS_TYPE_Q6_K: {
         __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192))));
-        st->a = _mm512_mul_ps(f16_bcast(blk + 208), sc);
+        _mm512_store_ps(st->sc, _mm512_mul_ps(f16_bcast(blk + 208), sc));
+        q6_bytes(blk, 0, st->q);
+        q6_bytes(blk, 1, st->q + 128);
         break;
     }
     }
-}
-
-/* q4_K / q5_K unit u: low nibbles of qs[32(u/2) ..] for even u, high ones for odd u;
- * the table is (d * sc) * q - (dmin * m). */
-AI void dq_k4(const uint8_t *qs, int u, __m512 dsdm, __m512i *q0, __m512i *q1, __m512 *ds, __m512 *dm) {
-    *q0 = u8x16(qs + 32 * (u >> 1));
-    *q1 = u8x16(qs + 32 * (u >> 1) + 16);
-    if (u & 1) {
-        *q0 = _mm512_srli_epi32(*q0, 4);
-        *q1 = _mm512_srli_epi32(*q1, 4);
-    }
-    *ds = lane(dsdm, u);
-    *dm = lane(dsdm, u + 8);
-}
-
-/* q6_K: 16 elements 32u + 16i .. of a super-block (scale 2u + i), as types.c lays out. */
-AI __m512 dq_q6(const uint8_t *blk, int u, int i, __m512 ds16) {
-    int h = u >> 2, j = u & 3;
-    __m512i l = u8x16(blk + 64 * h + 32 * (j & 1) + 16 * i);
-    l = j >> 1 ? _mm512_srli_epi32(l, 4) : _mm512_and_si512(l, _mm512_set1_epi32(15));
-    __m512i hb = u8x16(blk + 128 + 32 * h + 16 * i);
-    hb = _mm512_and_si512(_mm512_srli_epi32(hb, 2 * j), _mm512_set1_epi32(3));
-    __m512i q = _mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(hb, 4)), _mm512_set1_epi32(32));
-    return _mm512_mul_ps(lane(ds16, 2 * u + i), _mm512_cvtepi32_ps(q));
 }
 
 /* Elements [32u, 32u + 32) of the block at blk: v0 gets the first 16, v1 the rest. */
@@ -192,28 +232,24 @@ AI void dq_unit(int ty, const uint8_t *blk, int u, const dq_state *st, __m512 *v
     case PS_TYPE_Q4_K: {
         __m512i q0, q1;
         __m512 ds, dm;
-        dq_k4(blk + 16, u, st->a, &q0, &q1, &ds, &dm);
+        dq_k4(blk + 16, u, st, &q0, &q1, &ds, &dm);
         __m512 t = _mm512_sub_ps(_mm512_mul_ps(ds, iota(0)), dm);
         *v0 = _mm512_permutexvar_ps(q0, t);
         *v1 = _mm512_permutexvar_ps(q1, t);
         break;
     }
-    case PS_TYPE_Q5_K: {
-        __m512i q0, q1;
-        __m512 ds, dm;
-        dq_k4(blk + 48, u, st->a, &q0, &q1, &ds, &dm);
-        __m512i m15 = _mm512_set1_epi32(15);
-        __mmask32 k = _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i *)(blk + 16)),
-                                            _mm256_set1_epi8((char)(1 << u)));
-        __m512 tl = _mm512_sub_ps(_mm512_mul_ps(ds, iota(0)), dm);
-        __m512 th = _mm512_sub_ps(_mm512_mul_ps(ds, iota(16)), dm);
-        *v0 = _mm512_permutex2var_ps(tl, or16(_mm512_and_si512(q0, m15), (__mmask16)k), th);
-        *v1 = _mm512_permutex2var_ps(tl, or16(_mm512_and_si512(q1, m15), (__mmask16)(k >> 16)), th);
+    case PS_TYPE_Q5_K: { /* (d * sc) * q - (dmin * m), q prepared by dq_prep */
+        const uint8_t *q = (const uint8_t *)st->q + 32 * u;
+        __m512 ds = _mm512_set1_ps(st->sc[u]), dm = _mm512_set1_ps(st->sc[u + 8]);
+        __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)q)));
+        __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(q + 16))));
+        *v0 = _mm512_sub_ps(_mm512_mul_ps(ds, f0), dm);
+        *v1 = _mm512_sub_ps(_mm512_mul_ps(ds, f1), dm);
         break;
     }
     default: /* Q6_K */
-        *v0 = dq_q6(blk, u, 0, st->a);
-        *v1 = dq_q6(blk, u, 1, st->a);
+        *v0 = dq_q6(st, u, 0);
+        *v1 = dq_q6(st, u, 1);
         break;
     }
 }
@@ -246,16 +282,20 @@ AI void store_rows(__m512 acc[FR][FT], int T, float *y, int64_t ys, int64_t nrow
     for (int t = 0; t < T; t++) _mm_mask_storeu_ps(y + t * ys, k, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
 }
 
-/* FR rows (row i at p[i]) × T tokens of a block-quantized type, nb blocks. */
+/* FR rows (row i at p[i]) × T tokens of a block-quantized type, nb blocks; prefetches
+ * every line of the block pf bytes further on (the next row group's). */
 AI void fused_q_tile(int ty, const uint8_t *const p[FR], int64_t nb, const float *x, int64_t xs, int T, float *y,
-                     int64_t ys, int64_t nrows) {
+                     int64_t ys, int64_t nrows, int64_t pf) {
     const int bs = blk_elems(ty), bb = blk_bytes(ty);
     __m512 acc[FR][FT];
     for (int i = 0; i < FR; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         dq_state st[FR];
-        for (int i = 0; i < FR; i++) dq_prep(ty, p[i] + b * bb, &st[i]);
+        for (int i = 0; i < FR; i++) {
+            for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)(p[i] + pf + b * bb + o), PF_HINT);
+            dq_prep(ty, p[i] + b * bb, &st[i]);
+        }
         for (int u = 0; u < bs / 32; u++) {
             const float *xb = x + b * bs + 32 * u;
             for (int i = 0; i < FR; i++) {
@@ -298,9 +338,9 @@ AI void fused_f_tile(int ty, const uint8_t *const p[FR], int64_t cols, const flo
 
 /* One fused tile of T tokens (T a constant after inlining). */
 AI void fused_tile(int ty, const uint8_t *const p[FR], int64_t cols, const float *x, int64_t xs, int T, float *y,
-                   int64_t ys, int64_t nrows) {
+                   int64_t ys, int64_t nrows, int64_t pf) {
     if (is_float_type(ty)) fused_f_tile(ty, p, cols, x, xs, T, y, ys, nrows);
-    else fused_q_tile(ty, p, cols / blk_elems(ty), x, xs, T, y, ys, nrows);
+    else fused_q_tile(ty, p, cols / blk_elems(ty), x, xs, T, y, ys, nrows, pf);
 }
 
 /* The ps_gemm_fused_fn contract for type ty: FR-row groups × FT-token passes; a short
@@ -315,11 +355,12 @@ AI void fused(int ty, const uint8_t *w, size_t wb, int64_t cols, const float *x,
             for (int i = 0; i < FR; i++) p[i] = w + (size_t)(r0 + (i < n ? i : n - 1)) * wb;
             const float *xt = x + t0 * xs;
             float *yt = y + t0 * ys + r0;
+            int64_t pf = FR * (int64_t)wb; /* prefetch the next row group (lines past the end are harmless) */
             switch (T) {
-            case 1: fused_tile(ty, p, cols, xt, xs, 1, yt, ys, n); break;
-            case 2: fused_tile(ty, p, cols, xt, xs, 2, yt, ys, n); break;
-            case 3: fused_tile(ty, p, cols, xt, xs, 3, yt, ys, n); break;
-            default: fused_tile(ty, p, cols, xt, xs, 4, yt, ys, n); break;
+            case 1: fused_tile(ty, p, cols, xt, xs, 1, yt, ys, n, pf); break;
+            case 2: fused_tile(ty, p, cols, xt, xs, 2, yt, ys, n, pf); break;
+            case 3: fused_tile(ty, p, cols, xt, xs, 3, yt, ys, n, pf); break;
+            default: fused_tile(ty, p, cols, xt, xs, 4, yt, ys, n, pf); break;
             }
         }
     }
