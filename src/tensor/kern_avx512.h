@@ -401,7 +401,9 @@ KI __m512 f16_lo_to_ps(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16
  * q5 types add the fifth bit (16) of each quant from a mask picked out of qh. */
 KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, const uint8_t *w, size_t wb,
                   const uint8_t *x, size_t xs, const kctx *cx, __m512 facc[RMAX][TMAX]) {
-    __m512i P[RMAX][4], H[RMAX], acc[RMAX][TMAX];
+    __m512i P[RMAX][4], H[RMAX], acc[RMAX][TMAX], acc2[RMAX][TMAX][3];
+    /* a lone pair (GEMV) splits its integer sum into 4 chains: exact, and 4x the parallelism */
+    const int split = R * T == 1;
     __m512 S[RMAX], M[RMAX];
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     (void)H;
@@ -425,7 +427,10 @@ KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, 
     for (int t = 0; t < T; t++) {
         __m512i c = _mm512_load_si512(x + t * xs + G16_CORR);
         UNROLL
-        for (int r = 0; r < R; r++) acc[r][t] = c;
+        for (int r = 0; r < R; r++) {
+            acc[r][t] = c;
+            acc2[r][t][0] = acc2[r][t][1] = acc2[r][t][2] = _mm512_setzero_si512();
+        }
     }
     UNROLL
     for (int c = 0; c < 4; c++) {
@@ -446,10 +451,16 @@ KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, 
             for (int t = 0; t < T; t++) {
                 __m512i xv = load_reg(x + t * xs + 64 * (c + 4 * h));
                 UNROLL
-                for (int r = 0; r < R; r++) acc[r][t] = dpbusd(acc[r][t], v[r], xv);
+                for (int r = 0; r < R; r++) {
+                    int chain = split ? (c % 2) * 2 + h : 0;
+                    if (chain) acc2[r][t][chain - 1] = dpbusd(acc2[r][t][chain - 1], v[r], xv);
+                    else acc[r][t] = dpbusd(acc[r][t], v[r], xv);
+                }
             }
         }
     }
+    if (split)
+        acc[0][0] = _mm512_add_epi32(_mm512_add_epi32(acc[0][0], acc2[0][0][0]), _mm512_add_epi32(acc2[0][0][1], acc2[0][0][2]));
     UNROLL
     for (int t = 0; t < T; t++) {
         __m512 dx = _mm512_load_ps(x + t * xs + G16_DX);
@@ -603,7 +614,8 @@ KI void q8_0_load(const uint8_t *p, const kctx *cx, __m512i W[8], __m512 *S) {
 
 KI void q8_0_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
                    __m512 facc[RMAX][TMAX]) {
-    __m512i W[RMAX][8], acc[RMAX][TMAX];
+    __m512i W[RMAX][8], acc[RMAX][TMAX], acc2[3];
+    const int split = R * T == 1; /* GEMV: 4 exact integer chains instead of one */
     __m512 S[RMAX];
     UNROLL
     for (int r = 0; r < R; r++) q8_0_load(w + r * wb, cx, W[r], &S[r]);
@@ -613,15 +625,20 @@ KI void q8_0_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
         UNROLL
         for (int r = 0; r < R; r++) acc[r][t] = c;
     }
+    acc2[0] = acc2[1] = acc2[2] = _mm512_setzero_si512();
     UNROLL
     for (int j = 0; j < 8; j++) {
         UNROLL
         for (int t = 0; t < T; t++) {
             __m512i xv = load_reg(x + t * xs + 64 * j);
             UNROLL
-            for (int r = 0; r < R; r++) acc[r][t] = dpbusd(acc[r][t], W[r][j], xv);
+            for (int r = 0; r < R; r++) {
+                if (split && j % 4) acc2[j % 4 - 1] = dpbusd(acc2[j % 4 - 1], W[r][j], xv);
+                else acc[r][t] = dpbusd(acc[r][t], W[r][j], xv);
+            }
         }
     }
+    if (split) acc[0][0] = _mm512_add_epi32(_mm512_add_epi32(acc[0][0], acc2[0]), _mm512_add_epi32(acc2[1], acc2[2]));
     UNROLL
     for (int t = 0; t < T; t++) {
         __m512 dx = _mm512_load_ps(x + t * xs + G16_DX);
@@ -802,7 +819,8 @@ KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint
     const int bsize = five ? 176 : 144, qs_off = five ? 48 : 16;
     /* each row's transposed quants wait in L1 (R rows of them do not fit in registers) */
     __m512i P[RMAX][8] __attribute__((aligned(64))), QH[RMAX][8] __attribute__((aligned(64)));
-    __m512i lo[RMAX][TMAX], hi[RMAX][TMAX];
+    __m512i lo[RMAX][TMAX], hi[RMAX][TMAX], lo2 = _mm512_setzero_si512(), hi2 = lo2;
+    const int split = R * T == 1; /* GEMV: odd steps in their own exact integer chains */
     k4_scales ks[RMAX];
     UNROLL
     for (int r = 0; r < R; r++) {
@@ -837,10 +855,19 @@ KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint
             __m512i xl = load_reg(x + t * xs + 64 * c), xh = load_reg(x + t * xs + 64 * (8 + c));
             UNROLL
             for (int r = 0; r < R; r++) {
-                lo[r][t] = dpbusd(lo[r][t], vl[r], xl);
-                hi[r][t] = dpbusd(hi[r][t], vh[r], xh);
+                if (split && c % 2) {
+                    lo2 = dpbusd(lo2, vl[r], xl);
+                    hi2 = dpbusd(hi2, vh[r], xh);
+                } else {
+                    lo[r][t] = dpbusd(lo[r][t], vl[r], xl);
+                    hi[r][t] = dpbusd(hi[r][t], vh[r], xh);
+                }
             }
         }
+    }
+    if (split) {
+        lo[0][0] = _mm512_add_epi32(lo[0][0], lo2);
+        hi[0][0] = _mm512_add_epi32(hi[0][0], hi2);
     }
     UNROLL
     for (int t = 0; t < T; t++) {
