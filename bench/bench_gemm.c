@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "tensor/gemm.h"
+#include "tensor/gemm_kern.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -339,6 +340,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (getenv("PS_GEMM_CHUNK")) ps_gemm_set_chunk(atoi(getenv("PS_GEMM_CHUNK"))); /* tuning */
     if (o.threads < 1 || o.reps < 1 || ps_pool_create(o.threads, &o.pool) != PS_OK) return 2;
     if (!quick) baselines(o.pool, o.reps);
     ps_type ts[16];

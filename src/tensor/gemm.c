@@ -3,8 +3,8 @@
  *
  * Small batches (n_tok <= the family's fused_max) run the fused kernel over row chunks:
  * weights are dequantized in registers and nothing is written but y. Larger batches
- * run, per work item of PS_GEMM_MC rows and per token block, over column chunks of
- * PS_GEMM_KC (g_kc): dequantize the rows' chunk into this thread's panel, then run the
+ * run, per work item of PS_GEMM_MC rows and per token block, over column chunks (the
+ * family's kc): dequantize the rows' chunk into this thread's panel, then run the
  * register-tiled micro-kernel over every token group and row strip, keeping each tile's
  * 16-lane accumulators in this thread's partial-sum buffer between chunks.
  *
@@ -33,7 +33,7 @@ enum { ISA_REF, ISA_AVX2, ISA_AVX512, ISA_COUNT };
 static const char *const isa_names[ISA_COUNT] = {"ref", "avx2", "avx512"};
 
 static atomic_int g_isa = -1; /* the family in use, or -1 before the first call */
-static int64_t g_kc = PS_GEMM_KC; /* column chunk of the panel path */
+static int64_t g_kc = 0; /* column chunk forced by ps_gemm_set_chunk, or 0 */
 
 /* True when this CPU (with OS support for the registers) runs family isa. */
 static bool isa_available(int isa) {
@@ -96,28 +96,33 @@ ps_status ps_gemm_set_isa(const char *name) {
 
 bool ps_gemm_supported(uint32_t type) { return ps_gemm_kern_ref(type) != NULL; }
 
-void ps_gemm_set_chunk(int64_t kc) { g_kc = kc > 0 && kc % 256 == 0 ? kc : PS_GEMM_KC; }
+void ps_gemm_set_chunk(int64_t kc) { g_kc = kc > 0 && kc % 256 == 0 ? kc : 0; }
+
+/* The column chunk family k uses. */
+static int64_t chunk_of(const ps_gemm_kern *k) { return g_kc ? g_kc : k->kc; }
 
 // Scratch
 
-/* Bytes of one thread's panel and partial sums for token blocks of up to n_tok tokens
- * (a multiple of 64). */
-static size_t per_thread_bytes(int64_t n_tok) {
+/* Bytes of one thread's panel (chunks of kc columns) and partial sums for token blocks of
+ * up to n_tok tokens (a multiple of 64). */
+static size_t per_thread_bytes(int64_t n_tok, int64_t kc) {
     int64_t tb = n_tok < PS_GEMM_TB ? n_tok : PS_GEMM_TB;
-    size_t panel = (size_t)PS_GEMM_MC * (size_t)g_kc * sizeof(float);
+    size_t panel = (size_t)PS_GEMM_MC * (size_t)kc * sizeof(float);
     size_t part = (size_t)(tb + PS_GEMM_NR_MAX) * PS_GEMM_MC * 16 * sizeof(float);
     return (panel + part + 63) & ~(size_t)63;
 }
 
-/* Panels are needed when some available family would take n_tok tokens that way. */
+/* The most any available family needs: panels when it would take n_tok tokens that way. */
 size_t ps_gemm_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok, int n_threads) {
     (void)cols;
-    if (n_tok <= 0 || n_threads < 1) return 0;
-    for (int i = 0; i < ISA_COUNT; i++) {
+    size_t most = 0;
+    for (int i = 0; i < ISA_COUNT && n_tok > 0 && n_threads > 0; i++) {
         const ps_gemm_kern *k = isa_available(i) ? kern_get(i, type) : NULL;
-        if (k && k->pack && n_tok > k->fused_max) return 64 + (size_t)n_threads * per_thread_bytes(n_tok);
+        if (!k || !k->pack || n_tok <= k->fused_max) continue;
+        size_t b = 64 + (size_t)n_threads * per_thread_bytes(n_tok, chunk_of(k));
+        most = b > most ? b : most;
     }
-    return 0;
+    return most;
 }
 
 // Work items
@@ -133,6 +138,7 @@ typedef struct {
     int64_t ys;
     uint8_t *scratch;    /* 64-aligned; thread ith's part at ith * per_thread */
     size_t per_thread;
+    int64_t kc;          /* column chunk of the panel path */
     int64_t chunk_rows, n_chunks;
     void (*item)(const void *job, int64_t i, int ith);
     atomic_llong next;   /* next unclaimed item beyond the first nth */
@@ -167,8 +173,8 @@ static void run_tiles(const gemm_job *j, const float *panel, float *part, int64_
 /* Panel path for rows [r0, r0 + nr) × tokens [t0, t0 + nt): column chunk by chunk. */
 static void panel_block(const gemm_job *j, float *panel, float *part, int64_t r0, int64_t nr, int64_t t0,
                         int64_t nt) {
-    for (int64_t c0 = 0; c0 < j->cols; c0 += g_kc) {
-        int64_t kc = j->cols - c0 < g_kc ? j->cols - c0 : g_kc;
+    for (int64_t c0 = 0; c0 < j->cols; c0 += j->kc) {
+        int64_t kc = j->cols - c0 < j->kc ? j->cols - c0 : j->kc;
         j->k->pack(j->w + (size_t)r0 * j->wb, j->wb, c0, kc, nr, panel);
         int mode = (c0 == 0 ? PS_GEMM_FIRST : 0) | (c0 + kc >= j->cols ? PS_GEMM_LAST : 0);
         run_tiles(j, panel, part, r0, nr, t0, nt, c0, kc, mode);
@@ -180,7 +186,7 @@ static void panel_block(const gemm_job *j, float *panel, float *part, int64_t r0
 static void panel_item(const void *job, int64_t i, int ith) {
     const gemm_job *j = job;
     float *panel = (float *)(j->scratch + (size_t)ith * j->per_thread);
-    float *part = panel + PS_GEMM_MC * g_kc;
+    float *part = panel + PS_GEMM_MC * j->kc;
     int64_t r0 = i * PS_GEMM_MC, nr = j->rows - r0 < PS_GEMM_MC ? j->rows - r0 : PS_GEMM_MC;
     int64_t nb = (j->n_tok + PS_GEMM_TB - 1) / PS_GEMM_TB;
     for (int64_t b = 0; b < nb; b++) {
@@ -217,7 +223,8 @@ void ps_gemm(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, f
         j->item = panel_item;
         j->chunk_rows = PS_GEMM_MC;
         j->scratch = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-        j->per_thread = per_thread_bytes(n_tok);
+        j->kc = chunk_of(k);
+        j->per_thread = per_thread_bytes(n_tok, j->kc);
     }
     j->n_chunks = (w->rows + j->chunk_rows - 1) / j->chunk_rows;
     atomic_init(&j->next, 0);

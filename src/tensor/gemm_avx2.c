@@ -8,8 +8,9 @@
  * No multiply and add may be fused but the explicit _mm256_fmadd_ps: -std=c11 keeps
  * GCC at -ffp-contract=off and the pragmas below keep it so.
  *
- * Fused path: 2 rows × up to 2 tokens (8 ymm accumulators). Panel path: 2 rows × 3
- * tokens (12 ymm accumulators), 10 loads per 12 FMAs. Only 16 ymm registers exist. */
+ * Fused path: 4 rows × 1 token or 2 rows × 2 tokens (8 ymm accumulators). Panel path:
+ * 2 rows × 3 tokens (12 ymm accumulators), 10 loads per 12 FMAs. Only 16 ymm registers
+ * exist. */
 #include <string.h>
 
 #include "gemm_kern.h"
@@ -29,9 +30,13 @@
 
 #define MR 2        /* panel micro-kernel rows */
 #define NR 3        /* panel micro-kernel tokens */
-#define FR 2        /* fused rows */
+#define FR_MAX 4    /* fused rows: 4 for one token, 2 for two */
 #define FT 2        /* fused tokens per pass */
 #define FUSED_MAX 2 /* n_tok handled by the fused path */
+/* Panel column chunk: with 2-row strips the activations are re-read for every strip, so
+ * 3 tokens' chunk (12 KiB) should stay in L1 beside the strip (measured on Zen 4: 1024
+ * beats 2048 by 40%, 512 by 5%). */
+#define KC 1024
 
 /* 16 lanes: lo = lanes 0-7, hi = lanes 8-15. */
 typedef struct {
@@ -83,11 +88,14 @@ AI void store_n(float *y, __m128 v, int64_t n) {
 // Dequantization: per type, prep() once per block, then unit() per 32 elements
 
 typedef struct {
-    __m256 d, m;   /* scale and minimum (32-element types) */
-    __m256 s, s2;  /* K types: d * sc[0..8) and dmin * m[0..8); q6_K: d * sc[0..8), [8..16) */
+    __m256 d, m;                    /* scale and minimum (32-element types) */
+    _Alignas(32) float sc[16];      /* K types: d * sc[0..8), dmin * m[0..8); q6_K: d * sc[0..16) */
+    _Alignas(32) uint8_t q[PS_QK_K]; /* K types: the quants, element by element (q6_K: q - 32) */
 } dq_state;
 
 AI int blk_elems(int ty) { return ty == PS_TYPE_Q4_K || ty == PS_TYPE_Q5_K || ty == PS_TYPE_Q6_K ? PS_QK_K : PS_QK; }
+
+AI bool is_k_type(int ty) { return ty == PS_TYPE_Q4_K || ty == PS_TYPE_Q5_K || ty == PS_TYPE_Q6_K; }
 
 AI int blk_bytes(int ty) {
     switch (ty) {
@@ -102,9 +110,11 @@ AI int blk_bytes(int ty) {
     }
 }
 
-/* d * sc[0..8) and dmin * m[0..8) of a q4_K / q5_K super-block (types.c's unpacking,
- * on four u32 at once as ggml does). */
-AI void k4_scales(const uint8_t *blk, dq_state *st) {
+AI __m256i bytes32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* d * sc[0..8) and dmin * m[0..8) of a q4_K / q5_K super-block into sc[0..16) (types.c's
+ * unpacking, on four u32 at once as ggml does). */
+AI void k4_scales(const uint8_t *blk, float *sc) {
     uint32_t u[4];
     memcpy(u, blk + 4, 12);
     const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
@@ -113,8 +123,45 @@ AI void k4_scales(const uint8_t *blk, dq_state *st) {
     u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
     u[2] = mins;
     u[0] &= m1;
-    st->s = _mm256_mul_ps(f16_bcast(blk), _mm256_cvtepi32_ps(u8x8((const uint8_t *)u)));
-    st->s2 = _mm256_mul_ps(f16_bcast(blk + 2), _mm256_cvtepi32_ps(u8x8((const uint8_t *)u + 8)));
+    _mm256_store_ps(sc, _mm256_mul_ps(f16_bcast(blk), _mm256_cvtepi32_ps(u8x8((const uint8_t *)u))));
+    _mm256_store_ps(sc + 8, _mm256_mul_ps(f16_bcast(blk + 2), _mm256_cvtepi32_ps(u8x8((const uint8_t *)u + 8))));
+}
+
+/* q4_K / q5_K quants of the super-block at blk into q[0..256), 32 bytes at a time: for
+ * each 64-element group g, elements 64g.. are the low nibbles of qs[32g ..+32) and
+ * 64g + 32.. the high ones; q5_K adds 16 where bit s of qh[l] is set (element 32s + l). */
+AI void k4_bytes(int ty, const uint8_t *blk, uint8_t *q) {
+    const uint8_t *qs = blk + (ty == PS_TYPE_Q4_K ? 16 : 48);
+    __m256i m0f = _mm256_set1_epi8(0x0f), qh = bytes32(blk + 16);
+    for (int g = 0; g < 4; g++) {
+        __m256i v = bytes32(qs + 32 * g);
+        __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+        if (ty == PS_TYPE_Q5_K) {
+            __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * g))), b1 = _mm256_set1_epi8((char)(2 << (2 * g)));
+            __m256i k16 = _mm256_set1_epi8(16);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), k16));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), k16));
+        }
+        _mm256_store_si256((__m256i *)(q + 64 * g), lo);
+        _mm256_store_si256((__m256i *)(q + 64 * g + 32), hi);
+    }
+}
+
+/* q6_K: q - 32 of the super-block at blk into q[0..256) (as int8), 32 bytes at a time: in
+ * half h, elements 32j + l take nibble j / 2 of ql[64h + 32(j % 2) + l] and bits 2j, 2j + 1
+ * of qh[32h + l] (types.c's layout). */
+AI void q6_bytes(const uint8_t *blk, uint8_t *q) {
+    __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; h++) {
+        __m256i l0 = bytes32(blk + 64 * h), l1 = bytes32(blk + 64 * h + 32), qh = bytes32(blk + 128 + 32 * h);
+        __m256i e[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+            _mm256_or_si256(_mm256_and_si256(l1, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f), _mm256_and_si256(qh, m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
+        };
+        for (int j = 0; j < 4; j++) _mm256_store_si256((__m256i *)(q + 128 * h + 32 * j), _mm256_sub_epi8(e[j], k32));
+    }
 }
 
 AI void dq_prep(int ty, const uint8_t *blk, dq_state *st) {
@@ -128,11 +175,15 @@ AI void dq_prep(int ty, const uint8_t *blk, dq_state *st) {
         st->m = f16_bcast(blk + 2);
         break;
     case PS_TYPE_Q4_K:
-    case PS_TYPE_Q5_K: k4_scales(blk, st); break;
+    case PS_TYPE_Q5_K:
+        k4_scales(blk, st->sc);
+        k4_bytes(ty, blk, st->q);
+        break;
     default: { /* Q6_K */
         __m256 d = f16_bcast(blk + 208);
-        st->s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(blk + 192)));
-        st->s2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(blk + 200)));
+        _mm256_store_ps(st->sc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(blk + 192))));
+        _mm256_store_ps(st->sc + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(blk + 200))));
+        q6_bytes(blk, st->q);
         break;
     }
     }
@@ -168,35 +219,19 @@ AI __m256 dq32(int ty, const uint8_t *blk, int j, const dq_state *st) {
     return val32(ty, q, st);
 }
 
-/* Elements 32u + 8j .. + 7 of a q4_K / q5_K super-block: (d * sc) * q - dmin * m. */
-AI __m256 dq_k4(int ty, const uint8_t *blk, int u, int j, const dq_state *st) {
-    const uint8_t *qs = blk + (ty == PS_TYPE_Q4_K ? 16 : 48);
-    __m256i q = u8x8(qs + 32 * (u >> 1) + 8 * j);
-    q = u & 1 ? _mm256_srli_epi32(q, 4) : and_c(q, 15);
-    if (ty == PS_TYPE_Q5_K) q = _mm256_or_si256(q, _mm256_slli_epi32(and_c(_mm256_srli_epi32(u8x8(blk + 16 + 8 * j), u), 1), 4));
-    __m256 v = _mm256_mul_ps(lane8(st->s, u), _mm256_cvtepi32_ps(q));
-    return _mm256_sub_ps(v, lane8(st->s2, u));
-}
-
-/* Elements 32u + 8j .. + 7 of a q6_K super-block: (d * sc) * (q - 32). */
-AI __m256 dq_q6(const uint8_t *blk, int u, int j, const dq_state *st) {
-    int h = u >> 2, g = u & 3;
-    __m256i l = u8x8(blk + 64 * h + 32 * (g & 1) + 8 * j);
-    l = g >> 1 ? _mm256_srli_epi32(l, 4) : and_c(l, 15);
-    __m256i hb = and_c(_mm256_srli_epi32(u8x8(blk + 128 + 32 * h + 8 * j), 2 * g), 3);
-    __m256i q = _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(hb, 4)), _mm256_set1_epi32(32));
-    int s = 2 * u + (j >> 1); /* scale of 16 elements */
-    return _mm256_mul_ps(lane8(s < 8 ? st->s : st->s2, s & 7), _mm256_cvtepi32_ps(q));
+/* Elements 32u + 8j .. + 7 of a K-type super-block prepared by dq_prep: q4_K / q5_K
+ * (d * sc) * q - dmin * m, q6_K (d * sc) * (q - 32). */
+AI __m256 dq_k(int ty, int u, int j, const dq_state *st) {
+    const uint8_t *q = st->q + 32 * u + 8 * j;
+    if (ty == PS_TYPE_Q6_K) return _mm256_mul_ps(_mm256_set1_ps(st->sc[2 * u + (j >> 1)]), _mm256_cvtepi32_ps(i8x8(q)));
+    __m256 v = _mm256_mul_ps(_mm256_set1_ps(st->sc[u]), _mm256_cvtepi32_ps(u8x8(q)));
+    return _mm256_sub_ps(v, _mm256_set1_ps(st->sc[u + 8]));
 }
 
 /* Elements [32u, 32u + 32) of the block at blk as two 16-lane vectors. */
 AI void dq_unit(int ty, const uint8_t *blk, int u, const dq_state *st, v16 *v0, v16 *v1) {
     __m256 e[4];
-    for (int j = 0; j < 4; j++) {
-        if (ty == PS_TYPE_Q4_K || ty == PS_TYPE_Q5_K) e[j] = dq_k4(ty, blk, u, j, st);
-        else if (ty == PS_TYPE_Q6_K) e[j] = dq_q6(blk, u, j, st);
-        else e[j] = dq32(ty, blk, j, st);
-    }
+    for (int j = 0; j < 4; j++) e[j] = is_k_type(ty) ? dq_k(ty, u, j, st) : dq32(ty, blk, j, st);
     *v0 = (v16){e[0], e[1]};
     *v1 = (v16){e[2], e[3]};
 }
@@ -238,55 +273,80 @@ AI v16 fma16_tail(v16 w, const float *x, int64_t n, v16 acc) {
 
 // Fused path
 
-/* FR rows (row i at p[i]) × T tokens; block-quantized or float type ty. */
-AI void fused_tile(int ty, const uint8_t *const p[FR], int64_t cols, const float *x, int64_t xs, int T, float *y,
-                   int64_t ys, int64_t nrows) {
-    v16 acc[FR][FT];
-    for (int i = 0; i < FR; i++)
-        for (int t = 0; t < T; t++) acc[i][t] = (v16){_mm256_setzero_ps(), _mm256_setzero_ps()};
-    if (is_float_type(ty)) {
-        const int es = elem_bytes(ty);
-        int64_t c = 0;
-        for (; c + 16 <= cols; c += 16)
-            for (int i = 0; i < FR; i++) {
-                v16 v = ld16(ty, p[i] + c * es);
-                for (int t = 0; t < T; t++) acc[i][t] = fma16(v, x + t * xs + c, acc[i][t]);
-            }
-        if (c < cols)
-            for (int i = 0; i < FR; i++) {
-                v16 v = ld16_tail(ty, p[i] + c * es, cols - c);
-                for (int t = 0; t < T; t++) acc[i][t] = fma16_tail(v, x + t * xs + c, cols - c, acc[i][t]);
-            }
-    } else {
-        const int bs = blk_elems(ty), bb = blk_bytes(ty);
-        for (int64_t b = 0; b < cols / bs; b++) {
-            dq_state st[FR];
-            for (int i = 0; i < FR; i++) dq_prep(ty, p[i] + b * bb, &st[i]);
-            for (int u = 0; u < bs / 32; u++) {
-                const float *xb = x + b * bs + 32 * u;
-                for (int i = 0; i < FR; i++) {
-                    v16 v0, v1;
-                    dq_unit(ty, p[i] + b * bb, u, &st[i], &v0, &v1);
-                    for (int t = 0; t < T; t++) acc[i][t] = fma16(v1, xb + t * xs + 16, fma16(v0, xb + t * xs, acc[i][t]));
-                }
+/* Writes the sums of acc[0..R)[t] to y[t * ys + i], i < nrows (R is 2 or 4). */
+AI void store_rows(v16 acc[FR_MAX][FT], int R, int T, float *y, int64_t ys, int64_t nrows) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < R && i < nrows; i += 2) store_n(y + t * ys + i, reduce2(acc[i][t], acc[i + 1][t]), nrows - i);
+}
+
+/* R rows (row i at p[i]) × T tokens of a float type, cols columns (a ragged tail of the
+ * 16-lane steps goes through fma16_tail). */
+AI void fused_f(int ty, const uint8_t *const p[FR_MAX], int R, int64_t cols, const float *x, int64_t xs, int T,
+                v16 acc[FR_MAX][FT]) {
+    const int es = elem_bytes(ty);
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16)
+        for (int i = 0; i < R; i++) {
+            v16 v = ld16(ty, p[i] + c * es);
+            for (int t = 0; t < T; t++) acc[i][t] = fma16(v, x + t * xs + c, acc[i][t]);
+        }
+    if (c < cols)
+        for (int i = 0; i < R; i++) {
+            v16 v = ld16_tail(ty, p[i] + c * es, cols - c);
+            for (int t = 0; t < T; t++) acc[i][t] = fma16_tail(v, x + t * xs + c, cols - c, acc[i][t]);
+        }
+}
+
+/* R rows × T tokens of a block-quantized type; prefetches every line of each block pf
+ * bytes further on (the next row group's) into L2. */
+AI void fused_q(int ty, const uint8_t *const p[FR_MAX], int R, int64_t cols, const float *x, int64_t xs, int T,
+                v16 acc[FR_MAX][FT], int64_t pf) {
+    const int bs = blk_elems(ty), bb = blk_bytes(ty);
+    for (int64_t b = 0; b < cols / bs; b++) {
+        dq_state st[FR_MAX];
+        for (int i = 0; i < R; i++) {
+            for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)(p[i] + pf + b * bb + o), _MM_HINT_T1);
+            dq_prep(ty, p[i] + b * bb, &st[i]);
+        }
+#pragma GCC unroll 8
+        for (int u = 0; u < bs / 32; u++) {
+            const float *xb = x + b * bs + 32 * u;
+            for (int i = 0; i < R; i++) {
+                v16 v0, v1;
+                dq_unit(ty, p[i] + b * bb, u, &st[i], &v0, &v1);
+                for (int t = 0; t < T; t++) acc[i][t] = fma16(v1, xb + t * xs + 16, fma16(v0, xb + t * xs, acc[i][t]));
             }
         }
     }
-    for (int t = 0; t < T; t++) store_n(y + t * ys, reduce2(acc[0][t], acc[1][t]), nrows);
 }
 
-/* The ps_gemm_fused_fn contract for type ty: FR-row groups × FT-token passes; a short
- * last row group repeats its last row (that sum is not stored). */
+/* One register tile: R rows × T tokens (both constants after inlining). */
+AI void fused_tile(int ty, const uint8_t *const p[FR_MAX], int R, int64_t cols, const float *x, int64_t xs, int T,
+                   float *y, int64_t ys, int64_t nrows, int64_t pf) {
+    v16 acc[FR_MAX][FT];
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < T; t++) acc[i][t] = (v16){_mm256_setzero_ps(), _mm256_setzero_ps()};
+    if (is_float_type(ty)) fused_f(ty, p, R, cols, x, xs, T, acc);
+    else fused_q(ty, p, R, cols, x, xs, T, acc, pf);
+    store_rows(acc, R, T, y, ys, nrows);
+}
+
+/* The ps_gemm_fused_fn contract for type ty: groups of 4 rows for one token (the FMA
+ * chains need the parallelism), of 2 rows × 2 tokens otherwise (16 ymm registers); a
+ * short last row group repeats its last row (those sums are not stored). */
 AI void fused(int ty, const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs, int64_t nt, float *y,
               int64_t ys, int64_t nrows) {
     for (int64_t t0 = 0; t0 < nt; t0 += FT) {
         int64_t T = nt - t0 < FT ? nt - t0 : FT;
-        for (int64_t r0 = 0; r0 < nrows; r0 += FR) {
-            int64_t n = nrows - r0 < FR ? nrows - r0 : FR;
-            const uint8_t *p[FR];
-            for (int i = 0; i < FR; i++) p[i] = w + (size_t)(r0 + (i < n ? i : n - 1)) * wb;
-            if (T == 1) fused_tile(ty, p, cols, x + t0 * xs, xs, 1, y + t0 * ys + r0, ys, n);
-            else fused_tile(ty, p, cols, x + t0 * xs, xs, 2, y + t0 * ys + r0, ys, n);
+        int R = T == 1 ? 4 : 2;
+        for (int64_t r0 = 0; r0 < nrows; r0 += R) {
+            int64_t n = nrows - r0 < R ? nrows - r0 : R;
+            const uint8_t *p[FR_MAX];
+            for (int i = 0; i < FR_MAX; i++) p[i] = w + (size_t)(r0 + (i < n ? i : n - 1)) * wb;
+            const float *xt = x + t0 * xs;
+            float *yt = y + t0 * ys + r0;
+            if (T == 1) fused_tile(ty, p, 4, cols, xt, xs, 1, yt, ys, n, 4 * (int64_t)wb);
+            else fused_tile(ty, p, 2, cols, xt, xs, 2, yt, ys, n, 2 * (int64_t)wb);
         }
     }
 }
@@ -351,6 +411,7 @@ AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T
             __m256 w0 = _mm256_load_ps(wk + 8 * h), w1 = _mm256_load_ps(wk + 16 + 8 * h);
             for (int t = 0; t < T; t++) {
                 __m256 xv = _mm256_loadu_ps(x + t * xs + 16 * k + 8 * h);
+                __asm__("" : "+x"(xv)); /* one load for both rows, not a memory operand in each FMA */
                 acc[0][t][h] = _mm256_fmadd_ps(w0, xv, acc[0][t][h]);
                 acc[1][t][h] = _mm256_fmadd_ps(w1, xv, acc[1][t][h]);
             }
@@ -406,7 +467,7 @@ static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs,
     static TGT void pack_##T(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *p) {   \
         pack(PS_TYPE_##T, w, wb, c0, kc, nrows, p);                                                           \
     }                                                                                                         \
-    static const ps_gemm_kern kern_##T = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR};
+    static const ps_gemm_kern kern_##T = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR, KC};
 
 KERN(F32)
 KERN(F16)

@@ -40,6 +40,10 @@
 #define FR 4        /* fused rows */
 #define FT 4        /* fused tokens per pass */
 #define FUSED_MAX 4 /* n_tok handled by the fused path */
+/* Panel column chunk: large, as the 16-lane partial sums a tile saves and reloads between
+ * chunks cost about as much as 100 FMA cycles; strips and activations stream from L2
+ * (measured on Zen 4: 2048 beats 256 by 50%, 512 by 25%). */
+#define KC 2048
 #define PF_HINT _MM_HINT_T1 /* fused path: prefetch the next row group into L2 */
 
 // Vector helpers
@@ -481,7 +485,7 @@ static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs,
     static TGT void pack_##T(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *p) {   \
         pack(PS_TYPE_##T, w, wb, c0, kc, nrows, p);                                                           \
     }                                                                                                         \
-    static const ps_gemm_kern kern_##T = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR};
+    static const ps_gemm_kern kern_##T = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR, KC};
 
 KERN(F32)
 KERN(F16)

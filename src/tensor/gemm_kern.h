@@ -23,13 +23,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Column chunk of a panel: a multiple of 256 (the K formats' super-block). Large, as
- * the 16-lane partial sums a tile saves and reloads between chunks cost about as much as
- * 100 FMA cycles; panel strips and activations then stream from L2 (measured on Zen 4:
- * 2048 beats 256 by 50%, 512 by 25%). */
-#ifndef PS_GEMM_KC
-#define PS_GEMM_KC 2048
-#endif
 /* Rows per panel (per work item): a multiple of every ISA's mr. */
 #ifndef PS_GEMM_MC
 #define PS_GEMM_MC 16
@@ -69,11 +62,13 @@ typedef struct {
     ps_gemm_tile_fn tile;
     int fused_max;         /* n_tok up to this go through fused, larger ones through panels */
     int mr, nr;            /* tile rows (divides PS_GEMM_MC) and tokens (<= PS_GEMM_NR_MAX) */
+    int kc;                /* column chunk of a panel: a multiple of 256 (the K super-block) */
 } ps_gemm_kern;
 
-/* Sets the column chunk of the panel path (a positive multiple of 256; 0 restores
- * PS_GEMM_KC) for the calls that follow, scratch sizes included: for tests, which need
- * several chunks on small matrices. Not safe while another thread is inside ps_gemm. */
+/* Sets the column chunk of the panel path for every family (a positive multiple of 256;
+ * 0 restores each family's own) for the calls that follow, scratch sizes included: for
+ * tests, which need several chunks on small matrices, and for tuning. Not safe while
+ * another thread is inside ps_gemm. */
 void ps_gemm_set_chunk(int64_t kc);
 
 /* Per-family tables: the kernels for weight type t, or NULL when the family lacks the

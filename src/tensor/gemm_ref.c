@@ -68,7 +68,7 @@ static void ref_fused(uint32_t type, const uint8_t *w, size_t wb, int64_t cols, 
                           int64_t nt, float *y, int64_t ys, int64_t nrows) {                       \
         ref_fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                              \
     }                                                                                              \
-    static const ps_gemm_kern kern_##T = {.fused = fused_##T, .fused_max = INT32_MAX, .mr = 1, .nr = 1};
+    static const ps_gemm_kern kern_##T = {.fused = fused_##T, .fused_max = INT32_MAX, .mr = 1, .nr = 1, .kc = 256};
 
 REF_KERN(F32)
 REF_KERN(F16)
