@@ -8,11 +8,14 @@
  * token) pair, 8 float lanes accumulate block after block:
  *     acc = fma(dw * dx, float(isum lanes), acc)
  * and the lanes are summed in one fixed order at the end. Register tiles of R rows x T
- * tokens give every pair this same instruction sequence, so outputs are batch-invariant. */
+ * tokens give every pair this same instruction sequence, so outputs are batch-invariant.
+ * Scalar multiply-adds are written as fmaf, so that no compiler setting for contraction
+ * can make two tile shapes round differently. */
 #include "cpu.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define TGT "avx2,fma,f16c"
@@ -172,7 +175,7 @@ KI void q32_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint
             __m256i isum = type == T_Q8_0 ? dot_u8s8(au[r], _mm256_sign_epi8(xv, b[r].q)) : dot_u8s8(b[r].q, xv);
             if (wblock_off(type)) isum = _mm256_add_epi32(isum, corr);
             acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(b[r].d * xb->d), _mm256_cvtepi32_ps(isum), acc[r][t]);
-            if (type == T_Q4_1 || type == T_Q5_1) macc[r][t] += b[r].m * xsum;
+            if (type == T_Q4_1 || type == T_Q5_1) macc[r][t] = fmaf(b[r].m, xsum, macc[r][t]);
         }
     }
 }
@@ -308,7 +311,7 @@ KI void k_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_
                 __m128i mi = _mm_madd_epi16(kb[r].mins, b8);
                 mi = _mm_add_epi32(mi, _mm_shuffle_epi32(mi, 0x4e));
                 mi = _mm_add_epi32(mi, _mm_shuffle_epi32(mi, 0xb1));
-                macc[r][t] -= (kb[r].dmin * xb->d) * (float)_mm_cvtsi128_si32(mi);
+                macc[r][t] = fmaf(-(kb[r].dmin * xb->d), (float)_mm_cvtsi128_si32(mi), macc[r][t]);
             }
             acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(kb[r].d * xb->d), _mm256_cvtepi32_ps(s), acc[r][t]);
         }
