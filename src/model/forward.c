@@ -75,11 +75,14 @@ static void init_inv_freq(ps_ctx *c) {
     }
 }
 
-/* Raises *best to the scratch matrix w needs for max_batch tokens. */
-static void consider(size_t *best, const ps_mat *w, ps_act act, int max_batch, int n_threads) {
-    size_t need = !w->data           ? 0
-                  : act == PS_ACT_F32 ? ps_gemm_scratch_bytes(w->type, w->cols, max_batch, n_threads)
-                                      : ps_matmul_scratch_bytes(w->type, w->cols, max_batch);
+/* Raises *best to the scratch that matrices ws[0..n) sharing one input need for max_batch tokens. */
+static void consider(size_t *best, const ps_mat *const *ws, int n, ps_act act, int max_batch, int n_threads) {
+    size_t need = 0;
+    if (act == PS_ACT_Q8) need = ps_matmul_multi_scratch_bytes(ws, n, max_batch);
+    for (int i = 0; act == PS_ACT_F32 && i < n; i++) {
+        size_t one = ps_gemm_scratch_bytes(ws[i]->type, ws[i]->cols, max_batch, n_threads);
+        if (one > need) need = one;
+    }
     if (need > *best) *best = need;
 }
 
@@ -87,11 +90,14 @@ static void consider(size_t *best, const ps_mat *w, ps_act act, int max_batch, i
 static size_t scratch_bytes(const ps_model *m, ps_act act, int max_batch, int n_threads) {
     size_t best = 0;
     for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
-        const ps_mat *mats[] = {&m->layers[i].wq, &m->layers[i].wk, &m->layers[i].wv, &m->layers[i].wo,
-                                &m->layers[i].w_gate, &m->layers[i].w_up, &m->layers[i].w_down};
-        for (size_t k = 0; k < PS_ARRAY_LEN(mats); k++) consider(&best, mats[k], act, max_batch, n_threads);
+        const ps_layer *L = &m->layers[i];
+        const ps_mat *qkv[] = {&L->wq, &L->wk, &L->wv}, *gate_up[] = {&L->w_gate, &L->w_up};
+        consider(&best, qkv, 3, act, max_batch, n_threads);
+        consider(&best, gate_up, 2, act, max_batch, n_threads);
+        consider(&best, (const ps_mat *[]){&L->wo}, 1, act, max_batch, n_threads);
+        consider(&best, (const ps_mat *[]){&L->w_down}, 1, act, max_batch, n_threads);
     }
-    if (m->has_head) consider(&best, &m->output, act, max_batch, n_threads);
+    if (m->has_head) consider(&best, (const ps_mat *[]){&m->output}, 1, act, max_batch, n_threads);
     return best;
 }
 
@@ -214,10 +220,20 @@ static void rope_table(ps_ctx *c, int n, int pos) {
         }
 }
 
+/* ys[i] (n, ws[i]->rows, rows y_strides[i] apart) = x (n, cols) · ws[i]ᵀ for matrices
+ * sharing their input (q8 quantizes it once for all of them). */
+static void mm_multi(ps_ctx *c, const ps_mat *const *ws, int nw, const float *x, int n, float *const *ys,
+                     const int64_t *y_strides) {
+    if (c->act == PS_ACT_Q8) {
+        ps_matmul_multi(ws, nw, x, ws[0]->cols, n, ys, y_strides, c->scratch, c->pool);
+        return;
+    }
+    for (int i = 0; i < nw; i++) ps_gemm(ws[i], x, ws[i]->cols, n, ys[i], y_strides[i], c->scratch, c->pool);
+}
+
 /* y (n, w->rows) = x (n, w->cols) · Wᵀ, with y rows y_stride apart. */
 static void mm(ps_ctx *c, const ps_mat *w, const float *x, int n, float *y, int64_t y_stride) {
-    if (c->act == PS_ACT_F32) ps_gemm(w, x, w->cols, n, y, y_stride, c->scratch, c->pool);
-    else ps_matmul(w, x, w->cols, n, y, y_stride, c->scratch, c->pool);
+    mm_multi(c, &w, 1, x, n, &y, &y_stride);
 }
 
 /* Adds a bias to n rows of width d, when there is one. */
@@ -235,9 +251,8 @@ static void attention_block(ps_ctx *c, int li, int n, int pos) {
     float *kc = c->k_cache + (size_t)li * c->n_ctx * c->kv_dim, *vc = c->v_cache + (size_t)li * c->n_ctx * c->kv_dim;
     float *k = kc + (size_t)pos * c->kv_dim, *v = vc + (size_t)pos * c->kv_dim;
     for (int t = 0; t < n; t++) rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)t * dim, L->attn_norm, dim, hp->rms_eps);
-    mm(c, &L->wq, c->xb, n, c->q, c->q_dim);
-    mm(c, &L->wk, c->xb, n, k, c->kv_dim);
-    mm(c, &L->wv, c->xb, n, v, c->kv_dim);
+    const ps_mat *qkv[] = {&L->wq, &L->wk, &L->wv};
+    mm_multi(c, qkv, 3, c->xb, n, (float *[]){c->q, k, v}, (int64_t[]){c->q_dim, c->kv_dim, c->kv_dim});
     add_bias(c->q, L->bq, n, c->q_dim);
     add_bias(k, L->bk, n, c->kv_dim);
     add_bias(v, L->bv, n, c->kv_dim);
@@ -279,8 +294,8 @@ static void ffn_block(ps_ctx *c, int li, int n) {
     const ps_layer *L = &c->m->layers[li];
     int dim = hp->dim;
     for (int t = 0; t < n; t++) rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)t * dim, L->ffn_norm, dim, hp->rms_eps);
-    mm(c, &L->w_gate, c->xb, n, c->hb, hp->ffn_dim);
-    mm(c, &L->w_up, c->xb, n, c->hb2, hp->ffn_dim);
+    const ps_mat *gate_up[] = {&L->w_gate, &L->w_up};
+    mm_multi(c, gate_up, 2, c->xb, n, (float *[]){c->hb, c->hb2}, (int64_t[]){hp->ffn_dim, hp->ffn_dim});
     swiglu_job job = {.gate = c->hb, .up = c->hb2, .n = (size_t)n * hp->ffn_dim};
     ps_pool_run(c->pool, swiglu_task, &job);
     mm(c, &L->w_down, c->hb, n, c->xb, dim);
