@@ -4,17 +4,18 @@
 # (February 2025 build, from the issue) and, when you point it at one, a llama-bench
 # binary measured in the same run on the same files.
 #
-# Usage: bench/core.sh [--llama-bench PATH] [--threads N] [--activations q8|f32] [--rows "shape:type ..."]
+# Usage: bench/core.sh [--llama-bench PATH] [--threads N] [--activations q8|f32] [--mem-bw GBS] [--rows "shape:type ..."]
 # Models are written by `pipeshard synth` into .cache/bench (kept between runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-peer="" threads=2 act=q8
+peer="" threads=2 act=q8 bw=""
 rows="smollm2-135m:Q8_0 smollm2-135m:Q4_0 llama-3.2-1b:Q4_0 llama-3.2-1b:Q4_K_M llama-3.2-1b:Q8_0"
 while (($#)); do
   case "$1" in
     --llama-bench) peer=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --activations) act=$2; shift 2 ;;
+    --mem-bw) bw="--mem-bw $2"; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     *) echo "core.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -36,7 +37,7 @@ for row in $rows; do
   shape=${row%%:*} type=${row#*:}
   f=.cache/bench/$shape-$type.gguf
   [ -s "$f" ] || "$bin" synth --like "$shape" --type "$type" -o "$f" >/dev/null
-  j=$("$bin" bench -m "$f" -p 128 -n 64 -t "$threads" -r 3 --activations "$act" --json)
+  j=$("$bin" bench -m "$f" -p 128 -n 64 -t "$threads" -r 3 --activations "$act" $bw --json)
   pp=$(field "$j" prefill_tok_s) tg=$(field "$j" decode_tok_s) share=$(field "$j" bandwidth_share)
   rp=${ref_pp[$row]:-0} rt=${ref_tg[$row]:-0}
   printf "%-14s %-7s %10.1f %10.2f %6.0f%% %8s %8s %8s %8s" "$shape" "$type" "$pp" "$tg" \

@@ -14,18 +14,22 @@
 typedef struct {
     const char *model;
     long long n_prompt, n_gen, threads, reps;
+    double mem_bw;      /* GB/s given by --mem-bw, or 0: measure */
     ps_act act;
     bool json;
 } bench_opts;
 
 static void bench_usage(FILE *f) {
     fprintf(f,
-            "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [-r REPS] [--json]\n"
+            "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [-r REPS] [--activations q8|f32]\n"
+            "                       [--mem-bw GBS] [--json]\n"
             "  -p N        prompt tokens for the prefill measurement (default 128)\n"
             "  -n N        generated tokens for the decode measurement (default 64)\n"
             "  -t THREADS  threads (default: all cores)\n"
             "  -r REPS     repetitions; figures are medians (default 3)\n"
             "  --activations q8|f32  matmul arithmetic (default q8; see pipeshard run --help)\n"
+            "  --mem-bw GBS  memory read bandwidth for the decode limit (default: measured here,\n"
+            "              best of 5 reads of 512 MiB with the same threads)\n"
             "  --json      one JSON object instead of a table\n");
 }
 
@@ -41,6 +45,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
             return 0;
         } else if (!strcmp(a, "--json")) {
             o->json = true;
+        } else if (!strcmp(a, "--mem-bw")) {
+            if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_float("bench", a, v, 0.1, 1e5, &o->mem_bw))
+                return 2;
         } else if (!strcmp(a, "--activations")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
             if (ps_act_from_name(v, &o->act)) {
@@ -199,7 +206,8 @@ int ps_cli_bench(int argc, char **argv) {
         pp[r] = (double)o.n_prompt / a;
         tg[r] = (double)o.n_gen / b;
     }
-    bench_report(&o, m, median(pp, (int)o.reps), median(tg, (int)o.reps), decode_bytes(m), measure_bandwidth(pool));
+    bench_report(&o, m, median(pp, (int)o.reps), median(tg, (int)o.reps), decode_bytes(m),
+                 o.mem_bw > 0 ? o.mem_bw * 1e9 : measure_bandwidth(pool));
 out:
     if (s) fprintf(stderr, "pipeshard bench: %s\n", err[0] ? err : ps_strerror(s));
     free(logits), free(toks), free(pp), free(tg);
