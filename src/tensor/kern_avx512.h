@@ -89,7 +89,7 @@ KI void transpose4(const __m512i Q[4], __m512i P[4]) {
 typedef struct {
     __m512i qs;      /* vpermt2b index: the quants of 4 (nibble types) or 2 (q8_0) blocks */
     __m512i d, m;    /* vpermt2w indices of the scales and minimums (q4_0, q4_1) */
-    __m512i gidx;    /* gather byte offsets of each lane's block (q5_0, q5_1, q8_0) */
+    __m512i hd, hm, hq; /* vpermt2w indices of scale, minimum and fifth bits from (L0, L1) (q5_0, q5_1) */
     __m512i bits[8]; /* vpshufbitqmb controls picking the fifth bits of each step (q5_0, q5_1) */
 } kctx;
 
@@ -351,8 +351,7 @@ static inline int win_idx(int o, int bsize) { return o < 64 ? o : 64 + o - (4 * 
  * byte 0, minimum at byte 2, fifth bits at qh_off when qh_off > 0). */
 static void nib_ctx(kctx *cx, int bsize, int qs_off, int qh_off) {
     uint8_t qs[64], bits[8][64];
-    uint16_t d[32], m[32];
-    int32_t gidx[16];
+    uint16_t d[32], m[32], hd[32], hm[32], hq[32];
     for (int k = 0; k < 4; k++)
         for (int i = 0; i < 16; i++) qs[16 * k + i] = (uint8_t)win_idx(bsize * k + qs_off + i, bsize);
     for (int w = 0; w < 32; w++) {
@@ -360,20 +359,28 @@ static void nib_ctx(kctx *cx, int bsize, int qs_off, int qh_off) {
         d[w] = (uint16_t)((w % 2 ? 32 : 0) + bsize * k / 2);
         m[w] = (uint16_t)(d[w] + 1);
     }
-    for (int lane = 0; lane < 16; lane++) gidx[lane] = bsize * nib_block(lane);
     for (int s = 0; s < 8; s++) /* step s = c + 4 h: byte 4 m + i takes bit 16 h + 4 c + i of lane m */
         for (int p = 0; p < 64; p++) bits[s][p] = (uint8_t)(32 * ((p / 4) % 2) + 16 * (s / 4) + 4 * (s % 4) + p % 4);
+    for (int w = 0; w < 32; w++) { /* lane m's block is block m / 4 of every sub-group's window */
+        int k = (w % 16) / 4, kq = w / 8;
+        hd[w] = (uint16_t)(win_idx(bsize * k, bsize) / 2);
+        hm[w] = (uint16_t)(win_idx(bsize * k + 2, bsize) / 2);
+        hq[w] = (uint16_t)(win_idx(bsize * kq + qh_off + 2 * (w % 2), bsize) / 2);
+    }
+    memset(cx, 0, sizeof *cx);
     memcpy(&cx->qs, qs, 64);
     memcpy(&cx->d, d, 64);
     memcpy(&cx->m, m, 64);
-    memcpy(&cx->gidx, gidx, 64);
+    memcpy(&cx->hd, hd, 64);
+    memcpy(&cx->hm, hm, 64);
+    memcpy(&cx->hq, hq, 64);
     for (int s = 0; s < 8; s++) memcpy(&cx->bits[s], bits[s], 64);
-    (void)qh_off;
 }
 
 /* Packed quants of 16 blocks: P[c] lane m = packed dword c of block nib_block(m); L0[g]
- * keeps the first 64 bytes of sub-group g (its block headers, for bsize <= 21). */
-KI void nib_load(const uint8_t *p, int bsize, int qs_off, const kctx *cx, __m512i P[4], __m512i L0[4]) {
+ * and L1[g] keep the two windows of sub-group g (L1 with VBMI only). */
+KI void nib_load(const uint8_t *p, int bsize, int qs_off, const kctx *cx, __m512i P[4], __m512i L0[4],
+                 __m512i L1[4]) {
     __m512i Q[4];
     UNROLL
     for (int g = 0; g < 4; g++) {
@@ -381,8 +388,10 @@ KI void nib_load(const uint8_t *p, int bsize, int qs_off, const kctx *cx, __m512
         L0[g] = _mm512_loadu_si512(s);
 #if HAVE_VNNI /* the VNNI family also has VBMI */
         (void)qs_off;
-        Q[g] = _mm512_permutex2var_epi8(L0[g], cx->qs, _mm512_loadu_si512(s + 4 * bsize - 64));
+        L1[g] = _mm512_loadu_si512(s + 4 * bsize - 64);
+        Q[g] = _mm512_permutex2var_epi8(L0[g], cx->qs, L1[g]);
 #else
+        (void)L1;
         (void)cx;
         __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(s + qs_off)));
         q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(s + bsize + qs_off)), 1);
@@ -402,6 +411,17 @@ KI __m512 nib_scales(const __m512i L0[4], __m512i idx) {
     return _mm512_cvtph_ps(_mm512_castsi512_si256(ab));
 }
 
+/* Words of the four sub-groups' windows picked by idx, sub-group g supplying the words
+ * of mask << (g * (mask == 0x1111 ? 1 : 2)) (lanes m with m % 4 == g). */
+KI __m512i win_words(const __m512i L0[4], const __m512i L1[4], __m512i idx, uint32_t mask) {
+    int step = mask == 0x1111 ? 1 : 2;
+    __m512i v = _mm512_permutex2var_epi16(L0[0], idx, L1[0]);
+    UNROLL
+    for (int g = 1; g < 4; g++)
+        v = _mm512_mask_blend_epi16(mask << (step * g), v, _mm512_permutex2var_epi16(L0[g], idx, L1[g]));
+    return v;
+}
+
 /* f16 words in the low halves of 16 dwords, as floats. */
 KI __m512 f16_lo_to_ps(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 
@@ -419,18 +439,15 @@ KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, 
     (void)H;
     UNROLL
     for (int r = 0; r < R; r++) {
-        __m512i L0[4];
-        nib_load(w + r * wb, bsize, qs_off, cx, P[r], L0);
+        __m512i L0[4], L1[4];
+        nib_load(w + r * wb, bsize, qs_off, cx, P[r], L0, L1);
         if (!qh_off) {
             S[r] = nib_scales(L0, cx->d);
             if (has_min) M[r] = nib_scales(L0, cx->m);
         } else {
-#if HAVE_VNNI
-            __m512i hd = _mm512_i32gather_epi32(cx->gidx, w + r * wb, 1);
-            S[r] = f16_lo_to_ps(hd);
-            if (has_min) M[r] = f16_lo_to_ps(_mm512_srli_epi32(hd, 16));
-            H[r] = _mm512_i32gather_epi32(cx->gidx, w + r * wb + qh_off, 1);
-#endif
+            S[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(win_words(L0, L1, cx->hd, 0x1111)));
+            if (has_min) M[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(win_words(L0, L1, cx->hm, 0x1111)));
+            H[r] = win_words(L0, L1, cx->hq, 0x03030303);
         }
     }
     UNROLL
@@ -572,7 +589,7 @@ KI void tail_blocks(int R, int T, int bsize, int qs_off, int qh_off, int has_min
 
 NIB_TYPE(q4_0, 18, 2, 0, 0)
 NIB_TYPE(q4_1, 20, 4, 1, 0)
-#if HAVE_VNNI /* gathers and vpshufbitqmb (BITALG) */
+#if HAVE_VNNI /* both windows of a sub-group (VBMI) and vpshufbitqmb (BITALG) */
 NIB_TYPE(q5_0, 22, 6, 0, 2)
 NIB_TYPE(q5_1, 24, 8, 1, 4)
 #endif
@@ -589,27 +606,31 @@ KI void q8_0_tail(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, s
 
 static void q8_0_ctx(kctx *cx) {
     uint8_t qs[64];
-    int32_t gidx[16];
     for (int i = 0; i < 64; i++) { /* block 0 quants at window bytes 2..33, block 1 at 36..67 */
         int o = i < 32 ? 2 + i : 36 + (i - 32);
         qs[i] = (uint8_t)(o < 64 ? o : 64 + o - 4);
     }
-    for (int lane = 0; lane < 16; lane++) gidx[lane] = 34 * q8_block(lane);
+    uint16_t d[32] = {0};
+    for (int lane = 0; lane < 16; lane++) { /* block b: window b / 2 (first or second of its pair), word 17 (b % 2) */
+        int b = q8_block(lane);
+        d[lane] = (uint16_t)(32 * ((b / 2) % 2) + 17 * (b % 2));
+    }
     memset(cx, 0, sizeof *cx);
     memcpy(&cx->qs, qs, 64);
-    memcpy(&cx->gidx, gidx, 64);
+    memcpy(&cx->d, d, 64);
 }
 
 /* The 16 blocks' quants +128 (unsigned): W[j] lane m = dword j of block q8_block(m). */
 KI void q8_0_load(const uint8_t *p, const kctx *cx, __m512i W[8], __m512 *S) {
-    __m512i O[2][4];
+    __m512i O[2][4], L0[8];
     UNROLL
     for (int half = 0; half < 2; half++) {
         __m512i Q[4];
         UNROLL
         for (int g = 0; g < 4; g++) {
             const uint8_t *s = p + 68 * (4 * half + g);
-            Q[g] = _mm512_permutex2var_epi8(_mm512_loadu_si512(s), cx->qs, _mm512_loadu_si512(s + 4));
+            L0[4 * half + g] = _mm512_loadu_si512(s);
+            Q[g] = _mm512_permutex2var_epi8(L0[4 * half + g], cx->qs, _mm512_loadu_si512(s + 4));
         }
         transpose4(Q, O[half]);
     }
@@ -619,7 +640,12 @@ KI void q8_0_load(const uint8_t *p, const kctx *cx, __m512i W[8], __m512 *S) {
         W[c] = _mm512_xor_si512(_mm512_shuffle_i64x2(O[0][c], O[1][c], 0x88), bias);
         W[4 + c] = _mm512_xor_si512(_mm512_shuffle_i64x2(O[0][c], O[1][c], 0xDD), bias);
     }
-    *S = f16_lo_to_ps(_mm512_i32gather_epi32(cx->gidx, p, 1));
+    /* scales: each pair of windows gives its 4 blocks' words in their final lanes */
+    __m512i d = _mm512_permutex2var_epi16(L0[0], cx->d, L0[1]);
+    d = _mm512_mask_blend_epi16(0x00cc, d, _mm512_permutex2var_epi16(L0[2], cx->d, L0[3]));
+    d = _mm512_mask_blend_epi16(0x3300, d, _mm512_permutex2var_epi16(L0[4], cx->d, L0[5]));
+    d = _mm512_mask_blend_epi16(0xcc00, d, _mm512_permutex2var_epi16(L0[6], cx->d, L0[7]));
+    *S = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
 }
 
 KI void q8_0_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
@@ -937,13 +963,10 @@ DEF_GEMM(q5_K, 1, 6, k4_ctx)
  * 8h + 4u + k of super-block s), and d. */
 static void k6_ctx(kctx *cx) {
     uint8_t e[64];
-    int32_t g[16];
     for (int v = 0; v < 4; v++)
         for (int m = 0; m < 16; m++) e[16 * v + m] = (uint8_t)(16 * (m % 4) + 8 * (v / 2) + 4 * (v % 2) + m / 4);
-    for (int m = 0; m < 16; m++) g[m] = 210 * (m % 4) + 206; /* d in the high half */
     memset(cx, 0, sizeof *cx);
     memcpy(&cx->qs, e, 64);
-    memcpy(&cx->gidx, g, 64);
 }
 
 /* One q6_K group for a 1 x T tile: per half h, for u = 0 (low nibbles) and 1 (high):
@@ -957,7 +980,12 @@ KI void q6_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
     const __m512i rot = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4);
     const __m512i shr = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512i sc = _mm512_permutexvar_epi8(cx->qs, k_chunks(w, 210, 192));
-    __m512 d = f16_lo_to_ps(_mm512_srli_epi32(_mm512_i32gather_epi32(cx->gidx, w, 1), 16));
+    ps_f16 dh[4];
+    UNROLL
+    for (int k = 0; k < 4; k++) memcpy(&dh[k], w + 210 * k + 208, 2);
+    __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dh));
+    __m512 d = _mm512_permutexvar_ps(_mm512_set_epi32(3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0),
+                                     _mm512_castps128_ps512(d4)); /* lane m: super-block m % 4 */
     __m512i a[TMAX];
     UNROLL
     for (int t = 0; t < T; t++) a[t] = _mm512_setzero_si512();
