@@ -1,28 +1,41 @@
 /* kern_avx512.h - AVX-512 kernel bodies, included by kern_avx512.c (without VNNI) and
- * kern_avx512vnni.c (with it). Not a normal header: it defines static functions, and the
- * includer sets TGT (the target attribute string), HAVE_VNNI (0 or 1) and FAMILY_FN (the
- * name of the table function to define).
+ * kern_avx512vnni.c (with VNNI, VBMI and BITALG). Not a normal header: it defines static
+ * functions, and the includer sets TGT (the target attribute string), HAVE_VNNI (0 or 1)
+ * and FAMILY_FN (the name of the table function to define). Without VNNI, vpdpbusd is
+ * emulated (vpmaddubsw + vpmaddwd) and only the types whose pair sums fit int16 without
+ * VBMI are offered (f32, f16, bf16, q4_0, q4_1); the others fall back to AVX2.
  *
- * Design (Zen 4 and Ice Lake class cores: the vector multiply ports are the bottleneck;
- * shuffles of 32/64-bit elements, logic and int->float conversion run on other ports).
+ * Design (Zen 4 / Ice Lake class cores). The 512-bit multiply ports (vpdpbusd, vfmadd,
+ * vpermt2b, vpmulld) are the bottleneck, at one instruction per cycle on Zen 4; loads
+ * (one 512-bit per cycle), logic, 32/64-bit unpacks and int->float conversions use other
+ * ports. So every per-(row, token) float operation is amortized over many blocks:
  *
- * 32-element block types work on groups of 16 blocks (512 columns). A group is
- * "transposed" so that each 32-bit lane of a vector holds one block: vector j (0..7) holds
- * bytes 4j..4j+3 of the block's 32 quants (for nibble types, quants 4c..4c+3 and
- * 16+4c..16+4c+3 come from packed dword c of the block, c = 0..3). Eight vpdpbusd then
- * give every lane the whole integer dot of its block, and one float multiply-add per
- * (row, token) applies all 16 block scales at once:
- *     acc = corr_t                     (int: -offset * sum(q_x), exact)
- *     acc += dpbusd(w_j, x_j)          (j = 0..7)
- *     facc += (dw ⊙ dx) ⊙ float(acc)   (one vmulps, one vfmadd per group)
- * Lane m of a group holds block pi(m) = 4 (m % 4) + m / 4 (what a 4x4 dword transpose of
- * four 4-block loads yields). Activations are quantized straight into this layout.
+ * 32-element block types (q4_0, q4_1, q5_0, q5_1, q8_0) work on groups of 16 blocks (512
+ * columns) "transposed" so that each 32-bit lane holds one block: vector j (0..7) holds
+ * quants 4j..4j+3 of every block (nibble types unpack them from packed dword j % 4 of the
+ * block, low or high nibbles). Eight vpdpbusd give each lane its block's integer dot, and
+ * one vmulps + one vfmadd per (row, token) apply the 16 block scales:
+ *     acc = corr_t                     (int: -offset * sum(q_x), exact; 0 for q4_1/q5_1)
+ *     acc += dpbusd(w_j, x_j)          (j = 0..7; weights unsigned, q8_0 biased by 128)
+ *     facc += (dw ⊙ dx) ⊙ float(acc)   [+ m ⊙ (dx * sum q_x) for q4_1/q5_1]
+ * The transposition is a 4x4 dword transpose of four vpermt2b-gathered 4-block windows;
+ * lane m of a group holds block nib_block(m) (q8_0: q8_block(m)), and the activations are
+ * quantized straight into that layout. A partial last group of up to 6 blocks is done
+ * block by block in 256-bit lanes ("natural tail"), a longer one as a zero-padded group.
  *
- * Register tiles cover R rows x T tokens (R <= 2, T <= 4); every (row, token) pair runs
- * the very same instruction sequence on its own accumulators whatever R, T, the position
- * in the tile or the tail handling, and the final horizontal sum has one fixed order:
- * outputs are batch-invariant by construction. Partial last groups are copied to a zeroed
- * 16-block buffer (weights) or zero-padded at quantization (activations). */
+ * K types (q4_K, q5_K, q6_K) work on groups of 4 super-blocks (1024 columns), lane m
+ * holding one sub-block of super-block m % 4; sub-block scales are applied in integers
+ * (vpmulld), q4_K/q5_K minimums with one vpmaddwd, then one float multiply-add per group.
+ *
+ * Float types keep one 16-lane f32 accumulator per (row, token): fma over 16 columns per
+ * step, the last step masked.
+ *
+ * Register tiles cover R rows x T tokens (2 x 4 nibble types, 1 x 8 q8_0, 1 x 6 q4_K and
+ * q5_K, 1 x 4 q6_K, 4 x 6 float types). Batch invariance holds by construction: every
+ * (row, token) pair runs the same float operations in the same order whatever the tile
+ * shape, its place in the tile, the column passes (accumulators saved and reloaded
+ * exactly) or the thread; integer sums are exact, so GEMV (1 x 1 tiles) may split them
+ * into parallel chains; the final horizontal sum has one fixed order. */
 
 #include <immintrin.h>
 #include <stdatomic.h>
@@ -85,7 +98,7 @@ KI void transpose4(const __m512i Q[4], __m512i P[4]) {
     P[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-/* Constant vectors a type's kernels need, made once per gemm call. */
+/* Constant vectors a type's kernels need, made once per type (ctx_once). */
 typedef struct {
     __m512i qs;      /* vpermt2b index: the quants of 4 (nibble types) or 2 (q8_0) blocks */
     __m512i d, m;    /* vpermt2w indices of the scales and minimums (q4_0, q4_1) */
