@@ -1054,8 +1054,10 @@ enum { W_F32, W_F16, W_BF16 };
 
 /* 16 weights at column c of a row (lanes beyond mask are 0), as floats. */
 KI __m512 fw_load(int kind, const uint8_t *row, int64_t c, __mmask16 mask) {
-    if (kind == W_F32) return _mm512_maskz_loadu_ps(mask, (const float *)row + c);
-    __m256i h = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + c);
+    if (kind == W_F32)
+        return mask == 0xffff ? _mm512_loadu_ps((const float *)row + c) : _mm512_maskz_loadu_ps(mask, (const float *)row + c);
+    __m256i h = mask == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c))
+                               : _mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + c);
     if (kind == W_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
@@ -1068,7 +1070,8 @@ KI void fstep(int R, int T, int kind, const uint8_t *w, size_t wb, const uint8_t
     for (int r = 0; r < R; r++) wv[r] = fw_load(kind, w + r * wb, c, mask);
     UNROLL
     for (int t = 0; t < T; t++) {
-        __m512 xv = _mm512_maskz_loadu_ps(mask, (const float *)(x + t * xs) + c);
+        const float *xp = (const float *)(x + t * xs) + c;
+        __m512 xv = mask == 0xffff ? _mm512_loadu_ps(xp) : _mm512_maskz_loadu_ps(mask, xp);
         __asm__("" : "+v"(xv));
         UNROLL
         for (int r = 0; r < R; r++) facc[r][t] = _mm512_fmadd_ps(wv[r], xv, facc[r][t]);
@@ -1081,11 +1084,12 @@ KI void ftile(int R, int T, int kind, const uint8_t *w, size_t wb, int64_t cols,
               const span *sp, float *y, int64_t ys) {
     __m512 facc[RMAX][TMAX];
     facc_begin(R, T, sp, facc);
-    for (int64_t g = sp->g0; g < sp->g1; g++) {
-        int64_t c = 16 * g, n = cols - c;
-        if (R * T == 1 && g % (kind == W_F32 ? 1 : 2) == 0) prefetch_ahead(w + c * (kind == W_F32 ? 4 : 2), 64);
-        fstep(R, T, kind, w, wb, x, xs, c, n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1), facc);
+    int64_t gfull = cols / 16 < sp->g1 ? cols / 16 : sp->g1;
+    for (int64_t g = sp->g0; g < gfull; g++) {
+        if (R * T == 1 && g % (kind == W_F32 ? 1 : 2) == 0) prefetch_ahead(w + 16 * g * (kind == W_F32 ? 4 : 2), 64);
+        fstep(R, T, kind, w, wb, x, xs, 16 * g, 0xffff, facc);
     }
+    if (gfull < sp->g1) fstep(R, T, kind, w, wb, x, xs, 16 * gfull, (__mmask16)((1u << (cols - 16 * gfull)) - 1), facc);
     facc_end(R, T, sp, facc, y, ys);
 }
 
