@@ -4,8 +4,9 @@
  *     from the f32 error bound), to catch a wrong formula;
  *   - every other available family against ref bit for bit (memcmp), on the full batch
  *     and for every thread count (1, 2, 3);
- *   - batch invariance bit for bit: n_tok = 1, 2, 7, 64 taken from the front and the back
- *     of the n_tok = 300 batch, a sub-range of rows, strided x and y;
+ *   - batch invariance bit for bit: n_tok = 1, 2, 3, 4, 5, 7, 64 taken from the front and
+ *     the back of the n_tok = 300 batch (150 under ASan), a sub-range of rows, strided x
+ *     and y;
  *   - y entries outside the output untouched; weights, activations and scratch allocated
  *     to the byte (weights at an odd address), so that the sanitizers catch overreads.
  * Shapes are small (a sanitizer build runs this too) but cross every boundary: several
@@ -20,7 +21,11 @@
 #include "tensor/gemm_kern.h"
 
 #define ROWS 101   /* > 65536 multiply-adds at n_tok = 1 with 768 columns: threads split rows */
+#if defined(__SANITIZE_ADDRESS__)
+#define N_TOK 150  /* > 1 token block of the panel path; the sanitizer build is slow */
+#else
 #define N_TOK 300  /* > 2 token blocks of the panel path */
+#endif
 #define XPAD 5     /* x_stride = cols + XPAD */
 #define YPAD 3     /* y_stride = ROWS + YPAD */
 #define SENTINEL 0x7fc0dead

@@ -9,8 +9,14 @@
  *     (d * q) + m, (d * sc) * q - dmin * m), one table entry per possible q;
  *   - Q8_0 and Q6_K convert q to float and multiply, as types.c does;
  *   - F16 / BF16 convert exactly, F32 is loaded as is.
- * No multiply and add may be fused here beyond the explicit _mm512_fmadd_ps of the dot
- * product: with -std=c11 GCC keeps -ffp-contract=off, and the pragmas below keep it so.
+ * types.c rounds d * q before adding m (Q4_1, Q5_1) and (d * sc) * q before subtracting
+ * dmin * m (Q4_K, Q5_K). Those products are exact in float32: an f16 scale has at most 11
+ * significant bits, d * sc (6- or 8-bit sc) at most 19, and times a q of at most 6 bits
+ * at most 24, never below 2^-24 (no underflow). So fma(d, q, m) rounds exactly once, as
+ * (d * q) + m does, and gives the same bits with one operation fewer; the explicit
+ * _mm512_fmadd/fmsub_ps below rely on that and on nothing else. The compiler must not
+ * fuse anything by itself: with -std=c11 GCC keeps -ffp-contract=off, and the pragmas
+ * below keep it so.
  *
  * Fused path (decode): 4 rows × up to 4 tokens of accumulators, weights dequantized in
  * registers. Panel path (prefill): a micro-kernel of 4 rows × 6 tokens = 24 zmm
@@ -39,7 +45,7 @@
 #define NR 6        /* panel micro-kernel tokens */
 #define FR 4        /* fused rows */
 #define FT 4        /* fused tokens per pass */
-#define FUSED_MAX 4 /* n_tok handled by the fused path */
+#define FUSED_MAX 12 /* n_tok handled by the fused path (passes of FT tokens beat panels up to 12) */
 /* Panel column chunk: large, as the 16-lane partial sums a tile saves and reloads between
  * chunks cost about as much as 100 FMA cycles; strips and activations stream from L2
  * (measured on Zen 4: 2048 beats 256 by 50%, 512 by 25%). */
@@ -182,14 +188,14 @@ AI __m512 dq_q6(const dq_state *st, int u, int i) {
 AI void dq_prep(int ty, const uint8_t *blk, dq_state *st) {
     switch (ty) {
     case PS_TYPE_Q4_0: st->a = _mm512_mul_ps(f16_bcast(blk), iota(-8)); break;
-    case PS_TYPE_Q4_1: st->a = _mm512_add_ps(_mm512_mul_ps(f16_bcast(blk), iota(0)), f16_bcast(blk + 2)); break;
+    case PS_TYPE_Q4_1: st->a = _mm512_fmadd_ps(f16_bcast(blk), iota(0), f16_bcast(blk + 2)); break; /* exact d * q */
     case PS_TYPE_Q5_0:
         st->a = _mm512_mul_ps(f16_bcast(blk), iota(-16));
         st->b = _mm512_mul_ps(f16_bcast(blk), iota(0));
         break;
     case PS_TYPE_Q5_1:
-        st->a = _mm512_add_ps(_mm512_mul_ps(f16_bcast(blk), iota(0)), f16_bcast(blk + 2));
-        st->b = _mm512_add_ps(_mm512_mul_ps(f16_bcast(blk), iota(16)), f16_bcast(blk + 2));
+        st->a = _mm512_fmadd_ps(f16_bcast(blk), iota(0), f16_bcast(blk + 2)); /* exact d * q */
+        st->b = _mm512_fmadd_ps(f16_bcast(blk), iota(16), f16_bcast(blk + 2));
         break;
     case PS_TYPE_Q8_0: st->a = f16_bcast(blk); break;
     case PS_TYPE_Q4_K: _mm512_store_ps(st->sc, k4_scales(blk)); break;
@@ -237,7 +243,7 @@ AI void dq_unit(int ty, const uint8_t *blk, int u, const dq_state *st, __m512 *v
         __m512i q0, q1;
         __m512 ds, dm;
         dq_k4(blk + 16, u, st, &q0, &q1, &ds, &dm);
-        __m512 t = _mm512_sub_ps(_mm512_mul_ps(ds, iota(0)), dm);
+        __m512 t = _mm512_fmsub_ps(ds, iota(0), dm); /* exact ds * q */
         *v0 = _mm512_permutexvar_ps(q0, t);
         *v1 = _mm512_permutexvar_ps(q1, t);
         break;
@@ -247,8 +253,8 @@ AI void dq_unit(int ty, const uint8_t *blk, int u, const dq_state *st, __m512 *v
         __m512 ds = _mm512_set1_ps(st->sc[u]), dm = _mm512_set1_ps(st->sc[u + 8]);
         __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)q)));
         __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(q + 16))));
-        *v0 = _mm512_sub_ps(_mm512_mul_ps(ds, f0), dm);
-        *v1 = _mm512_sub_ps(_mm512_mul_ps(ds, f1), dm);
+        *v0 = _mm512_fmsub_ps(ds, f0, dm); /* exact ds * q */
+        *v1 = _mm512_fmsub_ps(ds, f1, dm);
         break;
     }
     default: /* Q6_K */
