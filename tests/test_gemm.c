@@ -226,6 +226,37 @@ static void test_short_rows(void) {
     }
 }
 
+/* Scratch-free calls (large batches then take the fused path), zero columns (y = +0) and
+ * a column count that is no multiple of the block (y untouched) on the best family. */
+static void test_edges(void) {
+    problem p;
+    problem_init(&p, PS_TYPE_Q4_K, 512);
+    PS_CHECK_OK(ps_gemm_set_isa("ref"));
+    ps_gemm_set_isa("avx2");
+    ps_gemm_set_isa("avx512");
+    float *y = alloc_y(N_TOK);
+    ps_mat m = mat_of(&p, 0, ROWS);
+    ps_gemm(&m, p.x, xs_of(&p), N_TOK, y, ROWS + YPAD, NULL, p.pools[1]);
+    PS_CHECK(same(&p, y, 0, ROWS, 0, N_TOK));
+    float *y0 = alloc_y(N_TOK);
+    m.cols = 0;
+    ps_gemm(&m, p.x, xs_of(&p), N_TOK, y0, ROWS + YPAD, NULL, p.pools[1]);
+    bool zero = true;
+    for (int64_t t = 0; t < N_TOK; t++)
+        for (int64_t r = 0; r < ROWS; r++) zero &= memcmp(&y0[t * (ROWS + YPAD) + r], &(float){0.0f}, 4) == 0;
+    PS_CHECK(zero);
+    float *yb = alloc_y(N_TOK);
+    m.cols = 100; /* not a multiple of 256 */
+    ps_gemm(&m, p.x, xs_of(&p), N_TOK, yb, ROWS + YPAD, NULL, p.pools[1]);
+    uint32_t first;
+    memcpy(&first, yb, 4);
+    PS_CHECK_EQ_INT(first, SENTINEL);
+    free(y);
+    free(y0);
+    free(yb);
+    problem_free(&p);
+}
+
 static void test_api(void) {
     static const ps_type yes[] = {PS_TYPE_F32, PS_TYPE_F16, PS_TYPE_BF16, PS_TYPE_Q8_0, PS_TYPE_Q4_0, PS_TYPE_Q4_1,
                                   PS_TYPE_Q5_0, PS_TYPE_Q5_1, PS_TYPE_Q4_K, PS_TYPE_Q5_K, PS_TYPE_Q6_K};
@@ -257,5 +288,6 @@ int main(void) {
     test_type(PS_TYPE_Q5_K, 768);
     test_type(PS_TYPE_Q6_K, 768);
     test_short_rows();
+    test_edges();
     return ps_test_done();
 }

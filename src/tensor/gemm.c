@@ -209,14 +209,21 @@ static int64_t fused_chunk_rows(int64_t rows, int nth) {
     return (cr + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
 }
 
+/* Fused path or panels: panels for large batches, when the family has them, there are
+ * columns to chunk and scratch to hold them (both paths give the same bits). */
+static bool use_panels(const ps_gemm_kern *k, int64_t cols, int64_t n_tok, const void *scratch) {
+    return k->pack && n_tok > k->fused_max && cols > 0 && scratch;
+}
+
 void ps_gemm(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
              void *scratch, ps_pool *pool) {
     const ps_gemm_kern *k = kern_get(current_isa(), w->type);
-    if (!k || n_tok <= 0 || w->rows <= 0) return;
-    gemm_job *j = &(gemm_job){.k = k, .w = w->data, .wb = ps_row_bytes(w->type, w->cols), .rows = w->rows,
-                              .cols = w->cols, .x = x, .xs = x_stride, .n_tok = n_tok, .y = y, .ys = y_stride};
+    size_t wb = ps_row_bytes(w->type, w->cols);
+    if (!k || n_tok <= 0 || w->rows <= 0 || w->cols < 0 || (!wb && w->cols)) return;
+    gemm_job *j = &(gemm_job){.k = k, .w = w->data, .wb = wb, .rows = w->rows, .cols = w->cols, .x = x,
+                              .xs = x_stride, .n_tok = n_tok, .y = y, .ys = y_stride};
     int nth = (double)w->rows * (double)w->cols * (double)n_tok < SERIAL_MACS ? 1 : ps_pool_size(pool);
-    if (!k->pack || n_tok <= k->fused_max) {
+    if (!use_panels(k, w->cols, n_tok, scratch)) {
         j->item = fused_item;
         j->chunk_rows = fused_chunk_rows(w->rows, nth);
     } else {

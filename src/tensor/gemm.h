@@ -42,8 +42,10 @@ size_t ps_gemm_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok, int n_t
 
 /* y[t * y_stride + r] = sum_c W[r, c] * x[t * x_stride + c] for t < n_tok, r < w->rows,
  * in the canonical arithmetic above. Scratch holds ps_gemm_scratch_bytes(w->type,
- * w->cols, n_tok, n) bytes for some n >= ps_pool_size(pool) (any alignment). pool may be
- * NULL (one thread). Allocates nothing. Does nothing for an unsupported type. */
+ * w->cols, n_tok, n) bytes for some n >= ps_pool_size(pool) (any alignment); NULL makes
+ * large batches take the slower scratch-free path (same results). pool may be NULL (one
+ * thread). Allocates nothing. Does nothing for an unsupported type, or when w->cols is
+ * not a multiple of the type's block size. */
 void ps_gemm(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
              void *scratch, ps_pool *pool);
 
