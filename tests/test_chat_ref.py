@@ -21,25 +21,9 @@ try:
 except ImportError:
     print("SKIPPED: jinja2 is not installed (pip install jinja2; scripts/requirements.txt lists it)")
     sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pstest import reexec_with_asan  # noqa: E402
 
-
-
-def reexec_with_asan():
-    """A sanitizer build of the library needs the ASan runtime loaded before Python:
-    re-run this script with it preloaded, leak checks off (the interpreter leaks)."""
-    lib = os.environ.get("PS_LIBPSCORE", "")
-    if not lib or "libasan" in os.environ.get("LD_PRELOAD", ""):
-        return
-    try:
-        ldd = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
-    except OSError:
-        return
-    for line in ldd.splitlines():
-        if "libasan" in line and "=>" in line:
-            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
-                       ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
-            sys.stdout.flush()
-            os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
 # ---- the templates ------------------------------------------------------------------

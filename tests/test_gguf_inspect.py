@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pstest import check, verdict, failures  # noqa: E402
 
 try:
     import numpy as np
@@ -27,16 +29,6 @@ if not BIN or not os.path.exists(BIN):
     print("SKIPPED: PIPESHARD_BIN not set (run through ctest)")
     sys.exit(77)
 TMP = tempfile.mkdtemp(prefix="gguf_inspect_", dir=os.environ.get("PS_TEST_TMP") or None)
-failures = checks = 0
-
-
-def check(cond, what):
-    global failures, checks
-    checks += 1
-    if not cond:
-        failures += 1
-        print(f"FAIL: {what}", file=sys.stderr)
-    return cond
 
 
 def inspect(*args):
@@ -150,12 +142,9 @@ def main():
     one_error_line(inspect(text), 1, "not a GGUF file")
     one_error_line(inspect(TMP), 1, "not a regular file")
 
-    if failures:
-        print(f"FAILED: {failures} of {checks} checks")
-        return 1
-    shutil.rmtree(TMP, ignore_errors=True)
-    print(f"ok: {checks} checks ({models} real models)")
-    return 0
+    if not failures():
+        shutil.rmtree(TMP, ignore_errors=True)
+    return verdict(f" ({models} real models)")
 
 
 if __name__ == "__main__":

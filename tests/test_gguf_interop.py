@@ -18,6 +18,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pstest import check, verdict, failures, reexec_with_asan  # noqa: E402
 
 try:
     import numpy as np
@@ -36,36 +38,11 @@ if not LIB or not os.path.exists(LIB) or not BIN or not os.path.exists(BIN):
 
 
 
-def reexec_with_asan():
-    """A sanitizer build of the library needs the ASan runtime loaded first: re-run this
-    script with it preloaded (leak checks off: the Python interpreter itself leaks)."""
-    if "libasan" in os.environ.get("LD_PRELOAD", ""):
-        return
-    try:
-        ldd = subprocess.run(["ldd", LIB], capture_output=True, text=True).stdout
-    except OSError:
-        return
-    for line in ldd.splitlines():
-        if "libasan" in line and "=>" in line:
-            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
-                       ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
-            sys.stdout.flush()
-            os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
-
-reexec_with_asan()
+reexec_with_asan(LIB)
 TMP = tempfile.mkdtemp(prefix="gguf_interop_", dir=os.environ.get("PS_TEST_TMP") or None)
-failures = 0
-checks = 0
 
 
-def check(cond, what):
-    global failures, checks
-    checks += 1
-    if not cond:
-        failures += 1
-        print(f"FAIL: {what}", file=sys.stderr)
-    return cond
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,12 +523,9 @@ def main():
         test_python_to_ours(alignment)
     for version, alignment in ((3, 32), (2, 64), (3, 128)):
         test_ours_to_python(version, alignment)
-    if failures:
-        print(f"FAILED: {failures} of {checks} checks")
-        return 1
-    print(f"ok: {checks} checks")
-    shutil.rmtree(TMP, ignore_errors=True)
-    return 0
+    if not failures():
+        shutil.rmtree(TMP, ignore_errors=True)
+    return verdict()
 
 
 if __name__ == "__main__":

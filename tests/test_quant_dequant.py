@@ -19,6 +19,8 @@ import os
 import sys
 
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pstest import check, verdict  # noqa: E402
 
 try:
     from gguf import quants
@@ -56,16 +58,6 @@ LAYOUT = {
 }
 GGUF_QUANTIZERS = {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
 
-failures = 0
-checks = 0
-
-
-def check(cond, what):
-    global failures, checks
-    checks += 1
-    if not cond:
-        failures += 1
-        print(f"FAIL: {what}", file=sys.stderr)
 
 
 def ours_dequant(t, raw, n):
@@ -195,11 +187,7 @@ def main():
     rng = np.random.default_rng(20240611)
     test_dequant_random_bytes(rng)
     test_quantizer(rng)
-    if failures:
-        print(f"FAILED: {failures} of {checks} checks")
-        return 1
-    print(f"ok: {checks} checks")
-    return 0
+    return verdict()
 
 
 if __name__ == "__main__":

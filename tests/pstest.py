@@ -1,0 +1,53 @@
+"""pstest.py - what the Python tests share: a check counter and the ASan re-exec.
+
+    from pstest import check, verdict, reexec_with_asan
+    check(cond, "what went wrong")   # counts, prints FAIL lines on stderr, returns cond
+    return verdict()                 # prints "ok: N checks" or "FAILED: ..."; 0 or 1
+"""
+import os
+import subprocess
+import sys
+
+_count = {"checks": 0, "failures": 0}
+
+
+def check(cond, what):
+    """Counts one check; prints what failed on stderr. Returns cond."""
+    _count["checks"] += 1
+    if not cond:
+        _count["failures"] += 1
+        print(f"FAIL: {what}", file=sys.stderr)
+    return cond
+
+
+def failures():
+    return _count["failures"]
+
+
+def verdict(extra=""):
+    """Prints the summary line; returns the exit status (0 pass, 1 fail)."""
+    n, bad = _count["checks"], _count["failures"]
+    if bad:
+        print(f"FAILED: {bad} of {n} checks")
+        return 1
+    print(f"ok: {n} checks{extra}")
+    return 0
+
+
+def reexec_with_asan(lib=None):
+    """A sanitizer build of the library needs the ASan runtime loaded before Python: re-run
+    this script with it preloaded, leak checks off (the interpreter itself leaks). No-op for
+    a normal build, or when already preloaded."""
+    lib = lib or os.environ.get("PS_LIBPSCORE", "")
+    if not lib or "libasan" in os.environ.get("LD_PRELOAD", ""):
+        return
+    try:
+        ldd = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+    except OSError:
+        return
+    for line in ldd.splitlines():
+        if "libasan" in line and "=>" in line:
+            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
+                       ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
+            sys.stdout.flush()
+            os.execve(sys.executable, [sys.executable] + sys.argv, env)
