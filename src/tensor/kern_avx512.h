@@ -305,6 +305,10 @@ KI void add_tail(int R, int T, __m512 facc[RMAX][TMAX], __m256 tacc[RMAX][TMAX])
  * rows of a sub-chunk are swept), and rows per sub-chunk (its accumulators wait on the
  * stack between column blocks). */
 #define L1_X_BYTES (16 * 1024)
+/* GEMV takes rows in pairs when a pair is this short (the two rows are then one stream). */
+#ifndef GEMV_PAIR_BYTES
+#define GEMV_PAIR_BYTES 1024
+#endif
 #define SUB_ROWS 64
 
 /* Covers nr x nt with tiles of at most rm x tm (tiles[(R - 1) * tm + T - 1]): per
@@ -315,7 +319,7 @@ static void tile_drive(tile_fn *const *tiles, int rm, int tm, const kctx *cx, co
                        int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys, int64_t nr, int64_t nt,
                        int64_t ng, size_t xg) {
     float acc[SUB_ROWS * TMAX * 16] __attribute__((aligned(64)));
-    if (nt == 1) rm = 1;
+    if (nt == 1 && wb > GEMV_PAIR_BYTES) rm = 1;
     int64_t kb = (int64_t)(L1_X_BYTES / ((size_t)tm * xg));
     if (kb < 1) kb = 1;
     if (nt == 1 || kb > ng) kb = ng;
@@ -454,8 +458,8 @@ KI __m512 f16_lo_to_ps(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16
 KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, const uint8_t *w, size_t wb,
                   const uint8_t *x, size_t xs, const kctx *cx, __m512 facc[RMAX][TMAX]) {
     __m512i P[RMAX][4], H[RMAX], acc[RMAX][TMAX], acc2[RMAX][TMAX][3];
-    /* a lone pair (GEMV) splits its integer sum into 4 chains: exact, and 4x the parallelism */
-    const int split = R * T == 1;
+    /* GEMV pairs split their integer sums into 4 chains: exact, and 4x the parallelism */
+    const int split = T == 1;
     __m512 S[RMAX], M[RMAX];
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     (void)H;
@@ -508,8 +512,9 @@ KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, 
             }
         }
     }
-    if (split)
-        acc[0][0] = _mm512_add_epi32(_mm512_add_epi32(acc[0][0], acc2[0][0][0]), _mm512_add_epi32(acc2[0][0][1], acc2[0][0][2]));
+    UNROLL
+    for (int r = 0; r < R && split; r++)
+        acc[r][0] = _mm512_add_epi32(_mm512_add_epi32(acc[r][0], acc2[r][0][0]), _mm512_add_epi32(acc2[r][0][1], acc2[r][0][2]));
     UNROLL
     for (int t = 0; t < T; t++) {
         __m512 dx = _mm512_load_ps(x + t * xs + G16_DX);
