@@ -512,9 +512,12 @@ KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, 
             }
         }
     }
-    UNROLL
-    for (int r = 0; r < R && split; r++)
-        acc[r][0] = _mm512_add_epi32(_mm512_add_epi32(acc[r][0], acc2[r][0][0]), _mm512_add_epi32(acc2[r][0][1], acc2[r][0][2]));
+    if (split) {
+        UNROLL
+        for (int r = 0; r < R; r++)
+            acc[r][0] = _mm512_add_epi32(_mm512_add_epi32(acc[r][0], acc2[r][0][0]),
+                                         _mm512_add_epi32(acc2[r][0][1], acc2[r][0][2]));
+    }
     UNROLL
     for (int t = 0; t < T; t++) {
         __m512 dx = _mm512_load_ps(x + t * xs + G16_DX);
