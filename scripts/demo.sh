@@ -7,4 +7,5 @@ scripts/setup.sh --no-python
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target pipeshard >/dev/null
 prompt=${1:-"What is the capital of France? Answer in one sentence."}
-exec build/pipeshard run -m .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -p "$prompt" -n 128 --stats
+# f32 activations: the answer a float reference gives (docs/engine.md); q8 is the faster default.
+exec build/pipeshard run -m .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -p "$prompt" -n 128 --activations f32 --stats
