@@ -10,9 +10,11 @@
  * explicit fmadd/fmsub gives the same bits. Nothing else may be fused: -std=c11 keeps
  * GCC at -ffp-contract=off and the pragmas below keep it so.
  *
- * Fused path: 4 rows × 1 token or 2 rows × 2 tokens (8 ymm accumulators). Panel path:
- * 2 rows × 3 tokens (12 ymm accumulators), 10 loads per 12 FMAs. Only 16 ymm registers
- * exist. */
+ * K types first build a super-block's quants with byte operations, 32 at a time.
+ *
+ * Fused path (n_tok <= 8): passes of 4 rows × 1 token or 2 rows × 2 tokens (8 ymm
+ * accumulators), the next row group prefetched into L2. Panel path: 2 rows × 3 tokens
+ * (12 ymm accumulators), 10 loads per 12 FMAs. Only 16 ymm registers exist. */
 #include <string.h>
 
 #include "gemm_kern.h"
@@ -62,9 +64,6 @@ AI __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(
 AI __m256i i8x8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
 AI __m256i and_c(__m256i v, int c) { return _mm256_and_si256(v, _mm256_set1_epi32(c)); }
-
-/* Lane e of v broadcast to all lanes. */
-AI __m256 lane8(__m256 v, int e) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(e)); }
 
 AI v16 fma16(v16 w, const float *x, v16 acc) {
     acc.lo = _mm256_fmadd_ps(w.lo, _mm256_loadu_ps(x), acc.lo);

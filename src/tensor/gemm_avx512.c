@@ -4,10 +4,11 @@
  * canonical arithmetic: step k of a row multiplies W[r][16k .. 16k + 16) by the same
  * columns of x, lane by lane, with one vfmadd231ps. Weights are dequantized 16 at a time
  * into zmm registers holding exactly ps_dequantize_row's values:
- *   - 4- and 5-bit formats look their values up in a 16- or 32-entry table of the
- *     block (or sub-block) built with the very float operations of types.c (d * (q - 8),
- *     (d * q) + m, (d * sc) * q - dmin * m), one table entry per possible q;
- *   - Q8_0 and Q6_K convert q to float and multiply, as types.c does;
+ *   - Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K look their values up (vpermps / vpermt2ps) in a
+ *     16- or 32-entry table of the block (or sub-block) built with the float operations
+ *     of types.c (d * (q - 8), (d * q) + m, (d * sc) * q - dmin * m), one entry per q;
+ *   - Q8_0, Q5_K and Q6_K convert q to float and scale it, as types.c does; Q5_K and
+ *     Q6_K first build a super-block's quants 64 at a time with byte operations;
  *   - F16 / BF16 convert exactly, F32 is loaded as is.
  * types.c rounds d * q before adding m (Q4_1, Q5_1) and (d * sc) * q before subtracting
  * dmin * m (Q4_K, Q5_K). Those products are exact in float32: an f16 scale has at most 11
@@ -18,9 +19,10 @@
  * fuse anything by itself: with -std=c11 GCC keeps -ffp-contract=off, and the pragmas
  * below keep it so.
  *
- * Fused path (decode): 4 rows × up to 4 tokens of accumulators, weights dequantized in
- * registers. Panel path (prefill): a micro-kernel of 4 rows × 6 tokens = 24 zmm
- * accumulators over a dequantized panel, 10 loads per 24 FMAs.
+ * Fused path (n_tok <= 12: decode, speculation): passes of 4 rows × up to 4 tokens of
+ * accumulators, weights dequantized in registers, the next row group prefetched into
+ * L2. Panel path (prefill): a micro-kernel of 4 rows × 6 tokens = 24 zmm accumulators
+ * over a dequantized panel, 10 loads per 24 FMAs (90% of the FMA peak on Zen 4).
  *
  * Every function that uses AVX-512 carries the TGT target attribute; the file is built
  * for the baseline ISA, and the table lookup at the end runs on any x86-64 CPU. */
@@ -70,9 +72,6 @@ AI __m512 f16_bcast(const uint8_t *p) {
 /* 16 bytes at p zero-extended to 16 int32. */
 AI __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 
-/* Lane e of v broadcast to all lanes. */
-AI __m512 lane(__m512 v, int e) { return _mm512_permutexvar_ps(_mm512_set1_epi32(e), v); }
-
 /* q | 16 in the lanes selected by k. */
 AI __m512i or16(__m512i q, __mmask16 k) { return _mm512_mask_or_epi32(q, k, q, _mm512_set1_epi32(16)); }
 
@@ -94,7 +93,7 @@ typedef struct {
     _Alignas(64) int8_t q[PS_QK_K];     /* q5_K: q (as uint8_t); q6_K: q - 32; element by element */
 } dq_state;
 
-/* Elements per block, bytes per block, 32-element units per block. */
+/* Elements per block of a block-quantized type. */
 AI int blk_elems(int ty) { return ty == PS_TYPE_Q4_K || ty == PS_TYPE_Q5_K || ty == PS_TYPE_Q6_K ? PS_QK_K : PS_QK; }
 
 AI int blk_bytes(int ty) {
@@ -129,9 +128,9 @@ AI __m512 k4_scales(const uint8_t *blk) {
     return _mm512_mul_ps(d16, scm);
 }
 
-/* q4_K / q5_K unit u: low nibbles of qs[32(u/2) ..] for even u, high ones for odd u
- * (vpermps reads index bits 0-3 only, so even units need no masking for q4_K); the table
- * of sub-block u is (d * sc) * q - (dmin * m). */
+/* q4_K unit u (sub-block u): the indices are the low nibbles of qs[32(u/2) ..+32) for
+ * even u (vpermps reads index bits 0-3 only, so no masking), the high ones for odd u;
+ * ds, dm are the sub-block's d * sc and dmin * m. */
 AI void dq_k4(const uint8_t *qs, int u, const dq_state *st, __m512i *q0, __m512i *q1, __m512 *ds, __m512 *dm) {
     *q0 = u8x16(qs + 32 * (u >> 1));
     *q1 = u8x16(qs + 32 * (u >> 1) + 16);
@@ -184,7 +183,8 @@ AI __m512 dq_q6(const dq_state *st, int u, int i) {
     return _mm512_mul_ps(_mm512_set1_ps(st->sc[2 * u + i]), q);
 }
 
-/* Per-block set-up of type ty at blk. */
+/* Per-block set-up of type ty at blk: tables (32-element types), or scales and quants
+ * (K types) for dq_unit. */
 AI void dq_prep(int ty, const uint8_t *blk, dq_state *st) {
     switch (ty) {
     case PS_TYPE_Q4_0: st->a = _mm512_mul_ps(f16_bcast(blk), iota(-8)); break;
@@ -264,7 +264,7 @@ AI void dq_unit(int ty, const uint8_t *blk, int u, const dq_state *st, __m512 *v
     }
 }
 
-/* 16 weights of float type ty at p (element size es), lanes outside k zero. */
+/* 16 weights of float type ty at p, lanes outside k zero (and not read). */
 AI __m512 ld_wf(int ty, const uint8_t *p, __mmask16 k) {
     if (ty == PS_TYPE_F32) return _mm512_maskz_loadu_ps(k, p);
     __m256i h = _mm256_maskz_loadu_epi16(k, p);
@@ -306,6 +306,7 @@ AI void fused_q_tile(int ty, const uint8_t *const p[FR], int64_t nb, const float
             for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)(p[i] + pf + b * bb + o), PF_HINT);
             dq_prep(ty, p[i] + b * bb, &st[i]);
         }
+#pragma GCC unroll 8
         for (int u = 0; u < bs / 32; u++) {
             const float *xb = x + b * bs + 32 * u;
             for (int i = 0; i < FR; i++) {
