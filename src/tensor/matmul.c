@@ -13,7 +13,8 @@
 
 #include "cpu.h"
 
-/* Activation bytes a token block may take (it is re-read once per row tile, from L2). */
+/* Activation bytes a token block may take: a work item sweeps its row chunk once per token
+ * tile of the block, so the block's activations should stay in L2 beside the chunk. */
 #define TOKEN_BLOCK_BYTES (384 * 1024)
 /* Below this many multiply-adds a matmul runs on the calling thread alone. */
 #define SERIAL_MACS 65536
