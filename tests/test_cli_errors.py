@@ -150,8 +150,21 @@ def case_good_model_runs():
     print(f"  ok: valid model generates {ids}")
 
 
+def case_prompt_fills_context():
+    # regression: a prompt of exactly the context size leaves room for one sampled token, which
+    # is printed but never fed back (it once overflowed the token buffer; ASan build catches it)
+    p = run(["-m", GOOD, "--prompt-ids", ",".join(["5"] * 8), "-c", "8", "-n", "4", "--temp", "0",
+             "--print-ids", "--ignore-eos"])
+    if p.returncode != 0:
+        raise AssertionError(f"prompt of exactly -c tokens fails: exit {p.returncode}: {p.stderr[-1500:]}")
+    if len(p.stdout.split()) != 1:
+        raise AssertionError(f"expected exactly 1 id when the prompt fills the context, got {p.stdout!r}")
+    print(f"  ok: prompt filling the context gives one token {p.stdout.split()}")
+
+
 CASES = [
     case_good_model_runs,
+    case_prompt_fills_context,
     case_missing_model,
     case_not_gguf,
     case_empty_file,

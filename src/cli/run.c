@@ -151,7 +151,7 @@ typedef struct {
     ps_ctx *ctx;
     ps_sampler *smp;
     ps_tok_stream *stream;
-    int32_t *toks;        /* (n_ctx) prompt then generated tokens */
+    int32_t *toks;        /* (n_ctx + 1) prompt then generated tokens */
     int n_toks;
     int n_prompt;
     float *logits;        /* (vocab) */
@@ -300,7 +300,8 @@ static ps_status run_setup(run_state *st) {
     if ((s = ps_ctx_create(st->m, &cp, st->pool, &st->ctx, err, el))) return s;
     if ((s = ps_sampler_create(st->m->hp.vocab, &st->smp, err, el))) return s;
     if (st->tok && (s = ps_tok_stream_create(st->tok, 0, &st->stream))) return s;
-    st->toks = malloc((size_t)n_ctx * sizeof *st->toks);
+    /* n_ctx positions, plus the last sampled token, which is printed but never fed */
+    st->toks = malloc(((size_t)n_ctx + 1) * sizeof *st->toks);
     st->logits = malloc((size_t)st->m->hp.vocab * sizeof *st->logits);
     if (!st->toks || !st->logits) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
@@ -349,7 +350,7 @@ static ps_status generate(run_state *st) {
         if (!o->ignore_eos && st->tok && ps_tok_is_eog(st->tok, tok)) break;
         st->toks[st->n_toks++] = tok;
         if ((s = emit(st, tok))) return s;
-        if ((o->n_predict >= 0 && i + 1 == o->n_predict) || st->n_toks == n_ctx) break;
+        if ((o->n_predict >= 0 && i + 1 == o->n_predict) || st->n_toks > n_ctx) break; /* nowhere to feed it */
         double t1 = ps_now();
         if ((s = ps_forward(st->ctx, &tok, 1, st->n_toks - 1, st->logits, 1, st->err, sizeof st->err))) return s;
         td += ps_now() - t1;
