@@ -23,6 +23,19 @@ int ps_test_skip(const char *why) {
     return 77;
 }
 
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+
+void ps_test_rng_seed(uint64_t seed) { rng_state = seed; }
+
+uint32_t ps_test_rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+float ps_test_rng_f(void) { return (float)ps_test_rng_u32() / 2147483648.0f - 1.0f; }
+
 const char *ps_test_tmp(const char *name) {
     static char buf[4096];
     const char *dir = getenv("PS_TEST_TMP");

@@ -47,6 +47,10 @@ extern int ps_test_checks;
 
 int ps_test_done(void);
 int ps_test_skip(const char *why);
+/* Deterministic test data: xorshift64, one stream per test process. */
+void ps_test_rng_seed(uint64_t seed);
+uint32_t ps_test_rng_u32(void);
+float ps_test_rng_f(void); /* uniform in [-1, 1) */
 /* Path of a file under $PS_TEST_TMP (or /tmp), in a static buffer overwritten by the next call. */
 const char *ps_test_tmp(const char *name);
 /* Path of ../shared/models/<name> (via $PS_SHARED_MODELS) or NULL when the file is absent. */

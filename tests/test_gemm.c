@@ -30,28 +30,16 @@
 #define YPAD 3     /* y_stride = ROWS + YPAD */
 #define SENTINEL 0x7fc0dead
 
-// Random data
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dULL;
-
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-/* Uniform in [-1, 1). */
-static float rng_f(void) { return (float)rng_u32() / 2147483648.0f - 1.0f; }
+// Random data (ps_test_rng_*, seeded in main)
 
 /* Activations: mostly small, some outliers, a few -0.0 and some all-zero 32-runs. */
 static void fill_x(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        x[i] = rng_f();
-        if (rng_u32() % 61 == 0) x[i] *= 40.0f;
-        if (rng_u32() % 97 == 0) x[i] = -0.0f;
+        x[i] = ps_test_rng_f();
+        if (ps_test_rng_u32() % 61 == 0) x[i] *= 40.0f;
+        if (ps_test_rng_u32() % 97 == 0) x[i] = -0.0f;
     }
-    if (n >= 64 && rng_u32() % 3 == 0) memset(x + 32, 0, 32 * sizeof *x);
+    if (n >= 64 && ps_test_rng_u32() % 3 == 0) memset(x + 32, 0, 32 * sizeof *x);
 }
 
 /* Quantized weights of rows × cols; row scales vary over three decades, and row 3 is all
@@ -62,7 +50,7 @@ static uint8_t *make_weights(ps_type t, int64_t rows, int64_t cols, size_t rb) {
     if (!w || !tmp) abort();
     for (int64_t r = 0; r < rows; r++) {
         float scale = powf(10.0f, (float)(r % 7) / 2.0f - 1.5f);
-        for (int64_t c = 0; c < cols; c++) tmp[c] = r == 3 ? 0.0f : rng_f() * scale;
+        for (int64_t c = 0; c < cols; c++) tmp[c] = r == 3 ? 0.0f : ps_test_rng_f() * scale;
         if (ps_quantize_row(t, tmp, w + 1 + rb * (size_t)r, cols) != PS_OK) abort();
     }
     free(tmp);
@@ -275,6 +263,7 @@ static void test_api(void) {
 }
 
 int main(void) {
+    ps_test_rng_seed(0x2545f4914f6cdd1dULL);
     test_api();
     test_type(PS_TYPE_F32, 300);
     test_type(PS_TYPE_F16, 300);

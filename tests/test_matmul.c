@@ -14,27 +14,15 @@
 #include "tensor/cpu.h"
 #include "tensor/matmul.h"
 
-// Random data
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
-
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-/* Uniform in [-1, 1). */
-static float rng_f(void) { return (float)rng_u32() / 2147483648.0f - 1.0f; }
+// Random data (ps_test_rng_*, seeded in main)
 
 /* Activation-like values: mostly small, a few outliers, some all-zero 32-blocks. */
 static void fill_x(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        x[i] = rng_f();
-        if (rng_u32() % 61 == 0) x[i] *= 20.0f;
+        x[i] = ps_test_rng_f();
+        if (ps_test_rng_u32() % 61 == 0) x[i] *= 20.0f;
     }
-    if (n >= 64 && rng_u32() % 3 == 0) memset(x + 32, 0, 32 * sizeof *x);
+    if (n >= 64 && ps_test_rng_u32() % 3 == 0) memset(x + 32, 0, 32 * sizeof *x);
 }
 
 // Thread pool
@@ -99,8 +87,8 @@ static ps_status problem_make(problem *p, ps_type type, int64_t rows, int64_t co
     if (!p->w || !p->wf || !p->x) return PS_ERR_NOMEM;
     float *row = p->wf;
     for (int64_t r = 0; r < rows; r++, row += cols) {
-        float scale = 0.5f + (float)(rng_u32() % 100) / 50.0f;
-        for (int64_t c = 0; c < cols; c++) row[c] = rng_f() * scale;
+        float scale = 0.5f + (float)(ps_test_rng_u32() % 100) / 50.0f;
+        for (int64_t c = 0; c < cols; c++) row[c] = ps_test_rng_f() * scale;
         ps_status s = ps_quantize_row(type, row, (uint8_t *)p->w + rb * (size_t)r, cols);
         if (s == PS_OK) s = ps_dequantize_row(type, (uint8_t *)p->w + rb * (size_t)r, row, cols);
         if (s != PS_OK) return s;
@@ -330,6 +318,7 @@ static void cols_for(ps_type t, int64_t out[3]) {
 }
 
 int main(void) {
+    ps_test_rng_seed(0x9e3779b97f4a7c15ULL);
     test_pool();
     ps_pool *pools[4] = {NULL};
     for (int i = 1; i < 4; i++) PS_CHECK_OK(ps_pool_create(i, &pools[i]));
