@@ -39,7 +39,7 @@ if ((want_python)); then
     echo "setup: creating .cache/venv"
     python3 -m venv .cache/venv
   fi
-  if ! "$py" -c "import numpy, gguf, tokenizers, sentencepiece, jinja2" 2>/dev/null; then
+  if ! "$py" -c "import numpy, gguf, tokenizers, sentencepiece, jinja2, xxhash" 2>/dev/null; then
     echo "setup: installing Python test references into .cache/venv"
     "$py" -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
   fi
