@@ -1,0 +1,408 @@
+/* auth.c - shared keys and the connection handshake (see net.h for the exchange).
+ *
+ * Payloads (little-endian, ps_wbuf/ps_rbuf encoding; str = u32 length + bytes, no NUL):
+ *   hello        u8 role, i32 stage, i32 stage_count, i32 layer_begin, i32 layer_end,
+ *                i32 n_layer, str model_fp, str shard_fp, u64 session
+ *   HELLO        hello, nonce_c[32], u8 has_key
+ *   HELLO_REPLY  hello, nonce_s[32], u8 has_key, proof_s[32]
+ *   AUTH         proof_c[32]
+ *   WELCOME      empty
+ *   REFUSE       the reason, UTF-8, the whole payload; header flag NET_FLAG_REFUSE_AUTH set
+ *                when the refusal is about keys or proofs
+ * Every payload must be consumed exactly (trailing bytes are an error). A received hello
+ * must have a known role, 0 <= stage < stage_count, 0 <= layer_begin <= layer_end <=
+ * n_layer, and fingerprints that are empty or exactly 32 hex digits; has_key is 0 or 1,
+ * and a proof without a key is all zero.
+ *
+ * Keys never appear in messages; proofs are compared with crypto_auth_verify (constant
+ * time). The nonces make every proof fresh, and the distinct labels keep a server's proof
+ * from being replayed as a client's. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "net_internal.h"
+
+#define KEY_MIN_BYTES 16
+#define KEY_MAX_BYTES (64 * 1024)
+#define HS_NONCE_BYTES 32
+#define HS_PROOF_BYTES crypto_auth_BYTES
+#define HS_REASON_SHOW 400 /* longest refusal reason quoted in an error line */
+
+_Static_assert(crypto_auth_BYTES == 32, "proofs are 32 bytes on the wire");
+_Static_assert(crypto_auth_KEYBYTES == 32, "shared keys are 32 bytes");
+
+static const char label_server[] = "pipeshard server";
+static const char label_client[] = "pipeshard client";
+
+/* sodium_init, once per process (it is idempotent and thread-safe). */
+static ps_status sodium_ready(char *err, size_t errlen) {
+    if (sodium_init() < 0) return ps_errf(err, errlen, PS_ERR_INTERNAL, "libsodium failed to initialise");
+    return PS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Keys */
+
+/* Reads at most KEY_MAX_BYTES + 1 bytes of fd into buf; returns the count or -1 (errno). */
+static ssize_t read_upto(int fd, uint8_t *buf, size_t cap) {
+    size_t got = 0;
+    while (got < cap) {
+        ssize_t n = read(fd, buf + got, cap - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return -1;
+        if (n == 0) break;
+        got += (size_t)n;
+    }
+    return (ssize_t)got;
+}
+
+ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t errlen) {
+    char eb[128];
+    ps_status st = sodium_ready(err, errlen);
+    if (st != PS_OK) return st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open key file %s: %s",
+                       path, net_errno_str(errno, eb, sizeof eb));
+    uint8_t *buf = malloc(KEY_MAX_BYTES + 1);
+    if (!buf) {
+        close(fd);
+        return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory reading key file %s", path);
+    }
+    ssize_t n = read_upto(fd, buf, KEY_MAX_BYTES + 1);
+    int read_errno = errno;
+    close(fd);
+    if (n < 0)
+        st = ps_errf(err, errlen, PS_ERR_IO, "cannot read key file %s: %s", path,
+                     net_errno_str(read_errno, eb, sizeof eb));
+    else if (n < KEY_MIN_BYTES)
+        st = ps_errf(err, errlen, PS_ERR_ARG, "key file %s is too short (%zd bytes; at least %d)", path, n,
+                     KEY_MIN_BYTES);
+    else if (n > KEY_MAX_BYTES)
+        st = ps_errf(err, errlen, PS_ERR_ARG, "key file %s is too large (more than %d bytes)", path, KEY_MAX_BYTES);
+    else
+        crypto_generichash(key, 32, buf, (unsigned long long)n, NULL, 0);
+    sodium_memzero(buf, KEY_MAX_BYTES + 1);
+    free(buf);
+    return st;
+}
+
+/* proof = HMAC-SHA-512-256(key, label || n1 || n2), or all zero without a key. */
+static void make_proof(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
+                       uint8_t out[HS_PROOF_BYTES]) {
+    uint8_t msg[16 + 2 * HS_NONCE_BYTES];
+    _Static_assert(sizeof label_server - 1 == 16 && sizeof label_client - 1 == 16, "labels are 16 bytes");
+    memcpy(msg, label, 16);
+    memcpy(msg + 16, n1, HS_NONCE_BYTES);
+    memcpy(msg + 16 + HS_NONCE_BYTES, n2, HS_NONCE_BYTES);
+    if (key)
+        crypto_auth(out, msg, sizeof msg, key);
+    else
+        memset(out, 0, HS_PROOF_BYTES);
+}
+
+/* Whether proof is the one key gives for label || n1 || n2 (constant time). */
+static bool proof_ok(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
+                     const uint8_t *proof) {
+    uint8_t msg[16 + 2 * HS_NONCE_BYTES];
+    memcpy(msg, label, 16);
+    memcpy(msg + 16, n1, HS_NONCE_BYTES);
+    memcpy(msg + 16 + HS_NONCE_BYTES, n2, HS_NONCE_BYTES);
+    return crypto_auth_verify(proof, msg, sizeof msg, key) == 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Hello */
+
+static void hello_put(ps_wbuf *b, const ps_hello *h) {
+    ps_wbuf_u8(b, h->role);
+    ps_wbuf_i32(b, h->stage);
+    ps_wbuf_i32(b, h->stage_count);
+    ps_wbuf_i32(b, h->layer_begin);
+    ps_wbuf_i32(b, h->layer_end);
+    ps_wbuf_i32(b, h->n_layer);
+    ps_wbuf_str(b, h->model_fp);
+    ps_wbuf_str(b, h->shard_fp);
+    ps_wbuf_u64(b, h->session);
+}
+
+/* Reads a hello (bad set when it is cut short or a fingerprint is too long). */
+static void hello_get(ps_rbuf *r, ps_hello *h) {
+    *h = (ps_hello){0};
+    h->role = ps_rbuf_u8(r);
+    h->stage = ps_rbuf_i32(r);
+    h->stage_count = ps_rbuf_i32(r);
+    h->layer_begin = ps_rbuf_i32(r);
+    h->layer_end = ps_rbuf_i32(r);
+    h->n_layer = ps_rbuf_i32(r);
+    ps_rbuf_str(r, h->model_fp, sizeof h->model_fp);
+    ps_rbuf_str(r, h->shard_fp, sizeof h->shard_fp);
+    h->session = ps_rbuf_u64(r);
+}
+
+/* A fingerprint: empty or exactly 32 hex digits (NUL-terminated within 33 bytes). */
+static bool fp_ok(const char fp[33]) {
+    size_t n = strnlen(fp, 33);
+    if (n != 0 && n != 32) return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = fp[i];
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F'))) return false;
+    }
+    return true;
+}
+
+/* Checks the fields of a hello; false with the first problem in why. */
+static bool hello_valid(const ps_hello *h, char *why, size_t cap) {
+    if (h->role < PS_ROLE_COORD || h->role > PS_ROLE_WORKER)
+        snprintf(why, cap, "unknown role %u", (unsigned)h->role);
+    else if (h->stage_count < 1 || h->stage < 0 || h->stage >= h->stage_count)
+        snprintf(why, cap, "stage %" PRId32 " of %" PRId32 " is out of range", h->stage, h->stage_count);
+    else if (h->n_layer < 0 || h->layer_begin < 0 || h->layer_begin > h->layer_end || h->layer_end > h->n_layer)
+        snprintf(why, cap, "layer range [%" PRId32 ", %" PRId32 ") does not fit a model of %" PRId32 " layers",
+                 h->layer_begin, h->layer_end, h->n_layer);
+    else if (!fp_ok(h->model_fp))
+        snprintf(why, cap, "model fingerprint is not 32 hex digits");
+    else if (!fp_ok(h->shard_fp))
+        snprintf(why, cap, "shard fingerprint is not 32 hex digits");
+    else
+        return true;
+    return false;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Steps */
+
+/* Sends REFUSE {reason} (best effort: the connection may be gone) and returns st with
+ * "refused PEER: reason" in err. The auth flag is set when st is PS_ERR_AUTH. */
+static ps_status refuse(ps_conn *c, ps_status st, int timeout_ms, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static ps_status refuse(ps_conn *c, ps_status st, int timeout_ms, char *err, size_t errlen, const char *fmt, ...) {
+    char reason[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    struct iovec iov = {.iov_base = reason, .iov_len = strlen(reason)};
+    (void)net_send_frame(c, PS_MSG_REFUSE, st == PS_ERR_AUTH ? NET_FLAG_REFUSE_AUTH : 0, &iov, 1, timeout_ms, NULL, 0);
+    return ps_errf(err, errlen, st, "refused %s: %s", c->peer, reason);
+}
+
+/* Copies a peer's reason for an error line: control bytes become '?', cut at
+ * HS_REASON_SHOW bytes. */
+static void show_reason(char *out, size_t cap, const uint8_t *p, uint32_t len) {
+    size_t n = 0;
+    for (; n < len && n < HS_REASON_SHOW && n + 4 < cap; n++) out[n] = (p[n] < 0x20 || p[n] == 0x7f) ? '?' : (char)p[n];
+    if (n < len) out[n++] = '.', out[n++] = '.', out[n++] = '.';
+    out[n] = 0;
+}
+
+static const char *msg_name(uint16_t type) {
+    switch (type) {
+    case PS_MSG_HELLO: return "HELLO";
+    case PS_MSG_HELLO_REPLY: return "HELLO_REPLY";
+    case PS_MSG_AUTH: return "AUTH";
+    case PS_MSG_WELCOME: return "WELCOME";
+    case PS_MSG_REFUSE: return "REFUSE";
+    default: return "?";
+    }
+}
+
+/* Receives the next handshake frame, which must be of type want. A REFUSE becomes
+ * "PEER refused: reason" (PS_ERR_AUTH when flagged so, else PS_ERR_PROTOCOL); another
+ * type is refused. *h is as net_recv_frame leaves it. */
+static ps_status expect(ps_conn *c, uint16_t want, int timeout_ms, ps_frame_hdr *h, ps_rbuf *r, char *err,
+                        size_t errlen) {
+    const uint8_t *p = NULL;
+    ps_status st = net_recv_frame(c, timeout_ms, h, &p, err, errlen);
+    if (st != PS_OK) return st;
+    if (h->type == PS_MSG_REFUSE) {
+        char why[HS_REASON_SHOW + 8];
+        show_reason(why, sizeof why, p, h->len);
+        return ps_errf(err, errlen, (h->flags & NET_FLAG_REFUSE_AUTH) ? PS_ERR_AUTH : PS_ERR_PROTOCOL,
+                       "%s refused: %s", c->peer, why);
+    }
+    if (h->type != want)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "expected %s, got message type %u", msg_name(want),
+                      (unsigned)h->type);
+    *r = (ps_rbuf){.p = p, .len = h->len};
+    return PS_OK;
+}
+
+/* Sends a handshake frame from b (PS_ERR_NOMEM when building it failed). */
+static ps_status send_buf(ps_conn *c, uint16_t type, const ps_wbuf *b, int timeout_ms, char *err, size_t errlen) {
+    if (b->oom) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for a handshake message");
+    struct iovec iov = {.iov_base = b->p, .iov_len = b->len};
+    return net_send_frame(c, type, 0, &iov, 1, timeout_ms, err, errlen);
+}
+
+/* Runs the application's check of the peer's hello; a failure is refused with its reason. */
+static ps_status run_check(ps_conn *c, ps_hello_check_fn check, void *ctx, const ps_hello *peer, int timeout_ms,
+                           char *err, size_t errlen) {
+    if (!check) return PS_OK;
+    char why[400] = "";
+    ps_status st = check(ctx, peer, why, sizeof why);
+    if (st == PS_OK) return PS_OK;
+    return refuse(c, st, timeout_ms, err, errlen, "%s", why[0] ? why : ps_strerror(st));
+}
+
+/* Whether n bytes at p are all zero. */
+static bool all_zero(const uint8_t *p, size_t n) {
+    uint8_t acc = 0;
+    for (size_t i = 0; i < n; i++) acc |= p[i];
+    return acc == 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Client */
+
+/* Parses HELLO_REPLY and checks the server's key and proof. */
+static ps_status client_check_reply(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, ps_rbuf *r,
+                                    ps_hello *peer, uint8_t nonce_s[HS_NONCE_BYTES], int timeout_ms, char *err,
+                                    size_t errlen) {
+    char why[160];
+    hello_get(r, peer);
+    const uint8_t *ns = ps_rbuf_bytes(r, HS_NONCE_BYTES);
+    uint8_t has_key = ps_rbuf_u8(r);
+    const uint8_t *proof_s = ps_rbuf_bytes(r, HS_PROOF_BYTES);
+    if (r->bad || r->off != r->len)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO_REPLY (%zu bytes)", r->len);
+    if (!hello_valid(peer, why, sizeof why))
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO_REPLY: %s", why);
+    if (has_key > 1)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO_REPLY: has_key is %u",
+                      (unsigned)has_key);
+    memcpy(nonce_s, ns, HS_NONCE_BYTES);
+    if (key && !has_key)
+        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "we require a shared key (--key-file) but the peer has none");
+    if (!key && has_key)
+        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "the peer has a shared key but we have none");
+    if (!key && !all_zero(proof_s, HS_PROOF_BYTES))
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO_REPLY: a proof without a key");
+    if (key && !proof_ok(key, label_server, nonce_c, nonce_s, proof_s))
+        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen,
+                      "wrong shared key: the peer's proof does not match our key (compare the --key-file of both sides)");
+    return PS_OK;
+}
+
+ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
+                                  char *err, size_t errlen) {
+    char why[160];
+    ps_status st = sodium_ready(err, errlen);
+    if (st != PS_OK) return st;
+    if (!hello_valid(mine, why, sizeof why)) return ps_errf(err, errlen, PS_ERR_ARG, "our own hello is invalid: %s", why);
+    uint8_t nonce_c[HS_NONCE_BYTES], nonce_s[HS_NONCE_BYTES], proof[HS_PROOF_BYTES];
+    randombytes_buf(nonce_c, sizeof nonce_c);
+    ps_wbuf b = {0};
+    hello_put(&b, mine);
+    ps_wbuf_bytes(&b, nonce_c, sizeof nonce_c);
+    ps_wbuf_u8(&b, key != NULL);
+    st = send_buf(c, PS_MSG_HELLO, &b, timeout_ms, err, errlen);
+    ps_frame_hdr h;
+    ps_rbuf r;
+    ps_hello peer;
+    if (st == PS_OK) st = expect(c, PS_MSG_HELLO_REPLY, timeout_ms, &h, &r, err, errlen);
+    if (st == PS_OK) st = client_check_reply(c, key, nonce_c, &r, &peer, nonce_s, timeout_ms, err, errlen);
+    if (st == PS_OK) st = run_check(c, check, check_ctx, &peer, timeout_ms, err, errlen);
+    if (st == PS_OK) {
+        make_proof(key, label_client, nonce_s, nonce_c, proof);
+        b.len = 0;
+        ps_wbuf_bytes(&b, proof, sizeof proof);
+        st = send_buf(c, PS_MSG_AUTH, &b, timeout_ms, err, errlen);
+    }
+    if (st == PS_OK) st = expect(c, PS_MSG_WELCOME, timeout_ms, &h, &r, err, errlen);
+    if (st == PS_OK && r.len != 0) st = ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s sent a malformed WELCOME", c->peer);
+    ps_wbuf_free(&b);
+    if (st != PS_OK) return st;
+    if (max_payload) ps_conn_set_max_payload(c, max_payload);
+    if (peer_out) *peer_out = peer;
+    return PS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Server */
+
+/* Receives HELLO: refuses a stale protocol version, a malformed hello and a key mismatch. */
+static ps_status server_get_hello(ps_conn *c, const uint8_t *key, int timeout_ms, ps_hello *peer,
+                                  uint8_t nonce_c[HS_NONCE_BYTES], char *err, size_t errlen) {
+    ps_frame_hdr h;
+    ps_rbuf r;
+    char why[160];
+    ps_status st = expect(c, PS_MSG_HELLO, timeout_ms, &h, &r, err, errlen);
+    if (st == PS_ERR_PROTOCOL && h.magic == PS_NET_MAGIC && h.version != PS_NET_VERSION)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen,
+                      "protocol version %u is not supported; this worker speaks %d", (unsigned)h.version,
+                      PS_NET_VERSION);
+    if (st != PS_OK) return st;
+    hello_get(&r, peer);
+    const uint8_t *nc = ps_rbuf_bytes(&r, HS_NONCE_BYTES);
+    uint8_t has_key = ps_rbuf_u8(&r);
+    if (r.bad || r.off != r.len)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO (%zu bytes)", r.len);
+    if (!hello_valid(peer, why, sizeof why))
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO: %s", why);
+    if (has_key > 1)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO: has_key is %u",
+                      (unsigned)has_key);
+    memcpy(nonce_c, nc, HS_NONCE_BYTES);
+    if (key && !has_key)
+        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "this worker requires a shared key (--key-file)");
+    if (!key && has_key)
+        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "the peer has a shared key but we have none");
+    return PS_OK;
+}
+
+/* Receives AUTH and checks the client's proof. */
+static ps_status server_get_auth(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, const uint8_t *nonce_s,
+                                 int timeout_ms, char *err, size_t errlen) {
+    ps_frame_hdr h;
+    ps_rbuf r;
+    ps_status st = expect(c, PS_MSG_AUTH, timeout_ms, &h, &r, err, errlen);
+    if (st != PS_OK) return st;
+    const uint8_t *proof_c = ps_rbuf_bytes(&r, HS_PROOF_BYTES);
+    if (r.bad || r.off != r.len)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed AUTH (%zu bytes)", r.len);
+    if (!key && !all_zero(proof_c, HS_PROOF_BYTES))
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed AUTH: a proof without a key");
+    if (key && !proof_ok(key, label_client, nonce_s, nonce_c, proof_c))
+        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen,
+                      "wrong shared key: the peer's proof does not match our key (compare the --key-file of both sides)");
+    return PS_OK;
+}
+
+ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
+                                  char *err, size_t errlen) {
+    char why[160];
+    ps_status st = sodium_ready(err, errlen);
+    if (st != PS_OK) return st;
+    if (!hello_valid(mine, why, sizeof why)) return ps_errf(err, errlen, PS_ERR_ARG, "our own hello is invalid: %s", why);
+    uint8_t nonce_c[HS_NONCE_BYTES], nonce_s[HS_NONCE_BYTES], proof[HS_PROOF_BYTES];
+    ps_hello peer;
+    ps_wbuf b = {0};
+    st = server_get_hello(c, key, timeout_ms, &peer, nonce_c, err, errlen);
+    if (st == PS_OK) {
+        randombytes_buf(nonce_s, sizeof nonce_s);
+        make_proof(key, label_server, nonce_c, nonce_s, proof);
+        hello_put(&b, mine);
+        ps_wbuf_bytes(&b, nonce_s, sizeof nonce_s);
+        ps_wbuf_u8(&b, key != NULL);
+        ps_wbuf_bytes(&b, proof, sizeof proof);
+        st = send_buf(c, PS_MSG_HELLO_REPLY, &b, timeout_ms, err, errlen);
+    }
+    if (st == PS_OK) st = server_get_auth(c, key, nonce_c, nonce_s, timeout_ms, err, errlen);
+    if (st == PS_OK) st = run_check(c, check, check_ctx, &peer, timeout_ms, err, errlen);
+    if (st == PS_OK) st = net_send_frame(c, PS_MSG_WELCOME, 0, NULL, 0, timeout_ms, err, errlen);
+    ps_wbuf_free(&b);
+    if (st != PS_OK) return st;
+    if (max_payload) ps_conn_set_max_payload(c, max_payload);
+    if (peer_out) *peer_out = peer;
+    return PS_OK;
+}

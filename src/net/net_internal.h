@@ -1,0 +1,84 @@
+/* net_internal.h - the connection's private state, shared by the files of src/net/.
+ *
+ * frame.c  header codec, payload builders/readers, addresses, listen/accept/dial,
+ *          synchronous send and receive of one frame, stats
+ * link.c   the sender thread: a FIFO of frames and link emulation
+ * auth.c   shared keys and the handshake
+ *
+ * Every connection socket is non-blocking (O_NONBLOCK): each read and write waits in
+ * poll() with the time left before its deadline, so no call can block past its timeout. */
+#ifndef PS_NET_INTERNAL_H
+#define PS_NET_INTERNAL_H
+
+#include <pthread.h>
+
+#include "net.h"
+
+#define NET_DEFAULT_MAX_PAYLOAD (64u * 1024u) /* payload limit until the handshake raises it */
+#define NET_PEER_MAX 320                      /* "[host]:port" with a 255-byte host name */
+
+/* Header flags. Bit 0 of a REFUSE frame: the refusal is about keys or proofs (the
+ * receiver returns PS_ERR_AUTH rather than PS_ERR_PROTOCOL). Other bits are reserved:
+ * sent as 0, ignored on receipt. */
+#define NET_FLAG_REFUSE_AUTH 1u
+
+typedef struct net_sender net_sender; /* link.c */
+
+struct ps_conn {
+    int fd;                  /* connected TCP socket, O_NONBLOCK, owned */
+    char peer[NET_PEER_MAX]; /* "HOST:PORT" of the other end, for messages */
+    uint32_t max_payload;    /* largest payload recv accepts */
+    uint8_t *rbuf;           /* (rcap) receive buffer, grown to the largest payload seen */
+    size_t rcap;
+    pthread_mutex_t stats_mu; /* guards stats: the sender thread adds to them too */
+    ps_conn_stats stats;
+    net_sender *snd; /* NULL until ps_conn_start_sender */
+};
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t net_now_ns(void);
+/* Absolute deadline timeout_ms from now; -1 (no deadline) for a negative timeout. */
+int64_t net_deadline(int timeout_ms);
+
+/* errno's message for err lines: lowercase first letter ("connection refused"), in buf. */
+const char *net_errno_str(int errnum, char *buf, size_t cap);
+
+/* Writes every byte of iov[0..iovcnt) to fd (sendmsg, MSG_NOSIGNAL, restarting after
+ * EINTR and partial writes; iov is advanced in place). Waits in poll() until deadline_ns
+ * (-1 = none) and, when wake_fd >= 0, until wake_fd becomes readable. Returns 0, or the
+ * errno that stopped it: ETIMEDOUT past the deadline, ECANCELED when woken. */
+int net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t deadline_ns);
+
+/* The err line for a write to c that net_write_all stopped with errnum (PS_ERR_TIMEOUT
+ * for ETIMEDOUT, naming timeout_ms; else PS_ERR_NET naming the peer). */
+ps_status net_write_error(const ps_conn *c, int errnum, int timeout_ms, char *err, size_t errlen);
+
+/* Encodes the header of a frame of type/flags whose payload is iov[0..iovcnt): len and
+ * the XXH3-64 checksum are computed here. Fails (PS_ERR_ARG) when the payload exceeds
+ * 4 GiB - 1. */
+ps_status net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
+                           uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen);
+
+/* ps_conn_send with header flags; never goes through the sender thread. */
+ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
+                         int timeout_ms, char *err, size_t errlen);
+
+/* ps_conn_recv returning the whole header. *h is zeroed first and filled as soon as a
+ * header has been read, so after an error the caller can tell a frame of another
+ * protocol version (PS_ERR_PROTOCOL with h->magic == PS_NET_MAGIC and h->version !=
+ * PS_NET_VERSION; its payload has been read and dropped when it was within the limit, so
+ * the connection can still carry a REFUSE). */
+ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint8_t **payload, char *err,
+                         size_t errlen);
+
+/* Adds one sent frame to c's stats (thread-safe). */
+void net_stats_add(ps_conn *c, uint64_t bytes, double ms);
+
+/* Stops and frees the sender thread of c (link.c); NULL-safe. Queued frames are dropped. */
+void net_sender_free(net_sender *s);
+/* Queues one frame through c's sender thread and waits for it to be written (what
+ * ps_conn_send does while a sender runs, so the two cannot interleave on the socket). */
+ps_status net_sender_send_sync(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
+                               char *err, size_t errlen);
+
+#endif
