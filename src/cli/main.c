@@ -14,6 +14,7 @@ static const struct {
     {"inspect", ps_cli_inspect, "describe a GGUF model"},
     {"synth", ps_cli_synth, "write a GGUF model with random weights"},
     {"bench", ps_cli_bench, "measure prefill and decode speed"},
+    {"worker", ps_cli_worker, "serve one shard of a split model to a coordinator"},
     {"split", ps_cli_split, "cut a model by layers into shards and write fleet.json"},
 };
 

@@ -7,16 +7,19 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "../coord/coord.h"
 #include "../model/model.h"
 #include "../sample/sample.h"
 #include "../tokenize/chat.h"
 #include "../tokenize/tokenize.h"
 #include "args.h"
 #include "cli.h"
+#include "local_fleet.h"
 
 typedef struct {
-    const char *model, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system;
-    long long n_predict, threads, ctx, batch;
+    const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
+    long long n_predict, threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
+    ps_link_sim sim;
     bool ignore_eos, chat, stats, print_ids, seeded;
     ps_act act;
     ps_sample_params sp;
@@ -24,8 +27,18 @@ typedef struct {
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: pipeshard run -m MODEL [-p PROMPT | -f FILE] [options]\n"
+            "usage: pipeshard run (-m MODEL | --fleet FLEET.json) [-p PROMPT | -f FILE] [options]\n"
             "  -m, --model FILE        GGUF model\n"
+            "  --fleet FILE            run a split model: fleet.json written by `pipeshard split`; stage 0\n"
+            "                          runs here, the other stages on the workers it lists\n"
+            "  --local-stages N        split -m MODEL into N stages and run stages 1..N-1 as local worker\n"
+            "                          processes on loopback (default 1: no split)\n"
+            "  --prefill-chunk N       prompt positions per micro-batch travelling the ring (default: -b)\n"
+            "  --key-file F            shared key the workers require (--local-stages: default a fresh one)\n"
+            "  --sim-latency-ms MS     emulated one-way delay on every outgoing hop (with --local-stages,\n"
+            "                          on the workers' hops too)\n"
+            "  --sim-bandwidth-mbps R  emulated rate limit of every outgoing hop, megabits/s (0 = none)\n"
+            "  --stage-timeout-ms MS   report a stage that does not answer within MS (default 60000)\n"
             "  -p, --prompt TEXT       prompt text\n"
             "  -f, --file FILE         read the prompt from FILE\n"
             "  -n, --n-predict N       tokens to generate (default 128; -1 = until end of text or context)\n"
@@ -48,7 +61,8 @@ static void run_usage(FILE *f) {
             "  --chat                  wrap the prompt in the model's chat template as a user message\n"
             "  --chat-template NAME    chat template family (chatml, llama2, llama3, mistral, gemma, phi3, zephyr)\n"
             "  --system TEXT           system message for --chat\n"
-            "  --stats                 print a JSON line of timings on stderr at the end\n"
+            "  --stats                 print a JSON line of timings on stderr at the end (with a fleet:\n"
+            "                          per-stage compute and per-hop bytes and milliseconds)\n"
             "  --prompt-ids IDS        comma-separated token ids instead of a text prompt (no BOS added)\n"
             "  --print-ids             print generated token ids (space-separated) instead of text\n"
             "  --dump-logits FILE      write each generated step's logits (float32, vocab per step) to FILE\n");
@@ -56,7 +70,8 @@ static void run_usage(FILE *f) {
 
 /* The option table: flags taking a value. */
 enum { O_MODEL, O_PROMPT, O_FILE, O_N, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_PRES, O_FREQ, O_SEED,
-       O_THREADS, O_CTX, O_BATCH, O_TEMPLATE, O_SYSTEM, O_IDS, O_DUMP, O_ACT };
+       O_THREADS, O_CTX, O_BATCH, O_TEMPLATE, O_SYSTEM, O_IDS, O_DUMP, O_ACT, O_FLEET, O_LOCAL, O_CHUNK, O_KEY,
+       O_LAT, O_BW, O_TIMEOUT };
 static const struct {
     const char *s, *l;
     int id;
@@ -67,7 +82,9 @@ static const struct {
     {NULL, "--frequency-penalty", O_FREQ}, {NULL, "--seed", O_SEED}, {"-t", "--threads", O_THREADS},
     {"-c", "--ctx-size", O_CTX}, {"-b", "--batch-size", O_BATCH}, {NULL, "--chat-template", O_TEMPLATE},
     {NULL, "--system", O_SYSTEM}, {NULL, "--prompt-ids", O_IDS}, {NULL, "--dump-logits", O_DUMP},
-    {NULL, "--activations", O_ACT},
+    {NULL, "--activations", O_ACT}, {NULL, "--fleet", O_FLEET}, {NULL, "--local-stages", O_LOCAL},
+    {NULL, "--prefill-chunk", O_CHUNK}, {NULL, "--key-file", O_KEY}, {NULL, "--sim-latency-ms", O_LAT},
+    {NULL, "--sim-bandwidth-mbps", O_BW}, {NULL, "--stage-timeout-ms", O_TIMEOUT},
 };
 
 /* Applies one valued flag; false after printing what is wrong. */
@@ -82,6 +99,13 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     case O_SYSTEM: o->system = v; return true;
     case O_IDS: o->prompt_ids = v; return true;
     case O_DUMP: o->dump_logits = v; return true;
+    case O_FLEET: o->fleet = v; return true;
+    case O_KEY: o->key_file = v; return true;
+    case O_LOCAL: return ps_arg_int("run", flag, v, 1, PS_SHARD_MAX_STAGES, &o->local_stages);
+    case O_CHUNK: return ps_arg_int("run", flag, v, 1, 1 << 16, &o->prefill_chunk);
+    case O_TIMEOUT: return ps_arg_int("run", flag, v, 1, 86400000, &o->timeout_ms);
+    case O_LAT: return ps_arg_float("run", flag, v, 0, 1e5, &o->sim.latency_ms);
+    case O_BW: return ps_arg_float("run", flag, v, 0, 1e6, &o->sim.bandwidth_mbps);
     case O_ACT:
         if (!ps_act_from_name(v, &o->act)) return true;
         fprintf(stderr, "pipeshard run: %s must be q8 or f32, got '%s'\n", flag, v);
@@ -107,7 +131,8 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
 
 /* Parses argv; returns -1 to go on, else the exit status (0 after --help). */
 static int run_parse(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.n_predict = 128, .threads = ps_cpu_count(), .batch = 128, .sp = ps_sample_params_default()};
+    *o = (run_opts){.n_predict = 128, .threads = ps_cpu_count(), .batch = 128, .local_stages = 1, .timeout_ms = 60000,
+                    .sp = ps_sample_params_default()};
     o->sp.temperature = 0.8f, o->sp.top_k = 40, o->sp.top_p = 0.95f, o->sp.min_p = 0.05f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -128,7 +153,10 @@ static int run_parse(int argc, char **argv, run_opts *o) {
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
     }
     const char *why = NULL;
-    if (!o->model) why = "no model given (-m MODEL)";
+    if (!o->model == !o->fleet) why = o->model ? "give -m MODEL or --fleet FLEET.json, not both" : "no model given (-m MODEL or --fleet FLEET.json)";
+    else if (o->fleet && o->local_stages > 1) why = "--local-stages splits -m MODEL; --fleet runs a fleet already split";
+    else if (o->dump_logits && (o->fleet || o->local_stages > 1))
+        why = "--dump-logits needs the whole model in this process (logits never cross the network)";
     else if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids > 1) why = "give only one of -p, -f and --prompt-ids";
     else if (o->chat && o->prompt_ids) why = "--chat needs a text prompt, not --prompt-ids";
     if (why) {
@@ -145,16 +173,15 @@ static int run_parse(int argc, char **argv, run_opts *o) {
 
 typedef struct {
     const run_opts *o;
-    ps_model *m;
+    ps_local_fleet *local; /* --local-stages > 1 */
+    ps_fleet *fleet;       /* --fleet, or the local one */
+    ps_coord *coord;
+    const ps_model *m;     /* stage 0's model (the tokenizer's metadata) */
     ps_tok *tok;          /* NULL when ids go in and out (--prompt-ids with --print-ids) */
-    ps_pool *pool;
-    ps_ctx *ctx;
-    ps_sampler *smp;
     ps_tok_stream *stream;
     int32_t *toks;        /* (n_ctx + 1) prompt then generated tokens */
     int n_toks;
     int n_prompt;
-    float *logits;        /* (vocab) */
     FILE *dump;           /* --dump-logits */
     double t_load, t_prefill, t_first, t_decode;
     int n_decode;         /* single-token forward passes timed in t_decode */
@@ -280,30 +307,56 @@ static ps_status tokenize_prompt(run_state *st, int cap) {
     return PS_OK;
 }
 
-/* Loads the model, tokenizer, sampler and context. */
+/* Starts the fleet: --local-stages workers, or --fleet's; NULL fleet = the whole model. */
+static ps_status start_fleet(run_state *st, uint8_t *key, bool *have_key) {
+    const run_opts *o = st->o;
+    char *err = st->err;
+    size_t el = sizeof st->err;
+    ps_status s = PS_OK;
+    *have_key = false;
+    if (o->local_stages > 1) {
+        if (!(st->local = calloc(1, sizeof *st->local))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
+        s = ps_local_fleet_start(o->model, (int)o->local_stages, (int)o->threads, &o->sim, o->key_file, st->local, err,
+                                 el);
+        if (s) return s;
+        st->fleet = &st->local->fleet;
+        memcpy(key, st->local->key, 32);
+        *have_key = true;
+        return PS_OK;
+    }
+    if (o->key_file && (s = ps_net_key_load(o->key_file, key, err, el))) return s;
+    *have_key = o->key_file != NULL;
+    if (!o->fleet) return PS_OK;
+    if (!(st->fleet = malloc(sizeof *st->fleet))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
+    return ps_fleet_load(o->fleet, st->fleet, err, el);
+}
+
+/* Starts the fleet and the coordinator, loads the tokenizer, tokenizes the prompt. */
 static ps_status run_setup(run_state *st) {
     const run_opts *o = st->o;
     char *err = st->err;
     size_t el = sizeof st->err;
     double t0 = ps_now();
-    ps_status s = ps_model_load(o->model, &st->m, err, el);
+    uint8_t key[32];
+    bool have_key;
+    ps_status s = start_fleet(st, key, &have_key);
     if (s) return s;
+    if ((s = ps_sample_params_check(&o->sp, err, el))) return s;
+    ps_coord_opts co = {.model = st->fleet ? NULL : o->model, .fleet = st->fleet, .threads = (int)o->threads,
+                        .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
+                        .act = o->act, .key = have_key ? key : NULL, .sim = o->sim, .timeout_ms = (int)o->timeout_ms};
+    if ((s = ps_coord_create(&co, &st->coord, err, el))) return s;
+    if ((s = ps_coord_connect(st->coord, err, el))) return s;
+    st->m = ps_coord_model(st->coord);
     bool need_tok = !(o->prompt_ids && o->print_ids);
     if (need_tok && (s = ps_tok_create(st->m->gguf, &st->tok, err, el))) return s;
     if (st->tok && ps_tok_n_vocab(st->tok) > st->m->hp.vocab)
         return ps_errf(err, el, PS_ERR_FORMAT, "the tokenizer has %d tokens but the model only %d rows",
                        ps_tok_n_vocab(st->tok), st->m->hp.vocab);
-    if ((s = ps_sample_params_check(&o->sp, err, el))) return s;
-    int n_ctx = o->ctx ? (int)o->ctx : (st->m->hp.ctx_train < 4096 ? st->m->hp.ctx_train : 4096);
-    if ((s = ps_pool_create((int)o->threads, &st->pool))) return ps_errf(err, el, s, "cannot start %lld threads", o->threads);
-    ps_ctx_params cp = {.n_ctx = n_ctx, .max_batch = (int)o->batch, .act = o->act};
-    if ((s = ps_ctx_create(st->m, &cp, st->pool, &st->ctx, err, el))) return s;
-    if ((s = ps_sampler_create(st->m->hp.vocab, &st->smp, err, el))) return s;
+    int n_ctx = ps_coord_n_ctx(st->coord);
     if (st->tok && (s = ps_tok_stream_create(st->tok, 0, &st->stream))) return s;
     /* n_ctx positions, plus the last sampled token, which is printed but never fed */
-    st->toks = malloc(((size_t)n_ctx + 1) * sizeof *st->toks);
-    st->logits = malloc((size_t)st->m->hp.vocab * sizeof *st->logits);
-    if (!st->toks || !st->logits) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
+    if (!(st->toks = malloc(((size_t)n_ctx + 1) * sizeof *st->toks))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
         return ps_errf(err, el, PS_ERR_IO, "cannot create '%s': %s", o->dump_logits, strerror(errno));
     st->t_load = ps_now() - t0;
@@ -325,34 +378,37 @@ static ps_status emit(run_state *st, int32_t tok) {
     return PS_OK;
 }
 
-/* Samples the next token from st->logits at position st->n_toks. */
-static ps_status next_token(run_state *st, int32_t *tok) {
-    if (st->dump && fwrite(st->logits, sizeof(float), (size_t)st->m->hp.vocab, st->dump) != (size_t)st->m->hp.vocab)
+/* Writes the logits behind the latest token (--dump-logits). */
+static ps_status dump_logits(run_state *st) {
+    const float *lg = ps_coord_logits(st->coord);
+    size_t v = (size_t)st->m->hp.vocab;
+    if (st->dump && (!lg || fwrite(lg, sizeof(float), v, st->dump) != v))
         return ps_errf(st->err, sizeof st->err, PS_ERR_IO, "cannot write '%s'", st->o->dump_logits);
-    ps_status s = ps_sample(st->smp, &st->o->sp, st->logits, st->toks, st->n_toks, (uint64_t)st->n_toks, tok);
-    if (s) return ps_errf(st->err, sizeof st->err, s, "sampling failed: %s", ps_sampler_error(st->smp));
     return PS_OK;
 }
 
-/* Prefill, then sample / print / feed until -n tokens, end of text or the context is full. */
+/* Prefill, then print / feed / sample until -n tokens, end of text or the context is full.
+ * The last stage samples each token at position n_toks from the logits and the history. */
 static ps_status generate(run_state *st) {
     const run_opts *o = st->o;
-    int n_ctx = ps_ctx_n_ctx(st->ctx);
+    int n_ctx = ps_coord_n_ctx(st->coord);
+    char *err = st->err;
+    size_t el = sizeof st->err;
     double t0 = ps_now();
-    ps_status s = ps_forward(st->ctx, st->toks, st->n_toks, 0, st->logits, 1, st->err, sizeof st->err);
+    int32_t tok;
+    ps_status s = ps_coord_next(st->coord, st->toks, st->n_toks, 0, &o->sp, &tok, err, el);
     if (s) return s;
-    st->t_prefill = ps_now() - t0;
+    st->t_prefill = st->t_first = ps_now() - t0;
     double td = 0;
     for (long long i = 0; o->n_predict < 0 || i < o->n_predict; i++) {
-        int32_t tok;
-        if ((s = next_token(st, &tok))) return s;
-        if (i == 0) st->t_first = ps_now() - t0;
+        if ((s = dump_logits(st))) return s;
         if (!o->ignore_eos && st->tok && ps_tok_is_eog(st->tok, tok)) break;
         st->toks[st->n_toks++] = tok;
         if ((s = emit(st, tok))) return s;
         if ((o->n_predict >= 0 && i + 1 == o->n_predict) || st->n_toks > n_ctx) break; /* nowhere to feed it */
         double t1 = ps_now();
-        if ((s = ps_forward(st->ctx, &tok, 1, st->n_toks - 1, st->logits, 1, st->err, sizeof st->err))) return s;
+        if ((s = ps_coord_next(st->coord, &st->toks[st->n_toks - 1], 1, st->n_toks - 1, &o->sp, &tok, err, el)))
+            return s;
         td += ps_now() - t1;
         st->n_decode++;
     }
@@ -370,6 +426,30 @@ static ps_status generate(run_state *st) {
     return PS_OK;
 }
 
+/* Per-stage compute and per-hop traffic, for --stats. */
+static void add_fleet_stats(const run_state *st, cJSON *j) {
+    ps_coord_stats cs;
+    ps_coord_get_stats(st->coord, &cs);
+    cJSON_AddNumberToObject(j, "stages", cs.n_stages);
+    cJSON *stages = cJSON_AddArrayToObject(j, "stage_stats"), *hops = cJSON_AddArrayToObject(j, "hops");
+    for (int k = 0; k < cs.n_stages; k++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "stage", k);
+        cJSON_AddStringToObject(e, "address", st->fleet ? st->fleet->stages[k].address : "local");
+        cJSON_AddNumberToObject(e, "compute_ms", cs.compute_ms[k]);
+        cJSON_AddItemToArray(stages, e);
+        if (cs.n_stages == 1) continue;
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddNumberToObject(h, "from", k);
+        if (k + 1 < cs.n_stages) cJSON_AddNumberToObject(h, "to", k + 1);
+        else cJSON_AddStringToObject(h, "to", "coordinator");
+        cJSON_AddNumberToObject(h, "frames", (double)cs.hop[k].frames);
+        cJSON_AddNumberToObject(h, "bytes", (double)cs.hop[k].bytes);
+        cJSON_AddNumberToObject(h, "ms", cs.hop[k].send_ms);
+        cJSON_AddItemToArray(hops, h);
+    }
+}
+
 /* The --stats JSON line. */
 static void print_stats(const run_state *st) {
     cJSON *j = cJSON_CreateObject();
@@ -381,12 +461,13 @@ static void print_stats(const run_state *st) {
     cJSON_AddNumberToObject(j, "prefill_tok_s", st->t_prefill > 0 ? st->n_prompt / st->t_prefill : 0);
     cJSON_AddNumberToObject(j, "decode_tok_s", st->t_decode > 0 ? st->n_decode / st->t_decode : 0);
     cJSON_AddNumberToObject(j, "threads", (double)st->o->threads);
-    cJSON_AddNumberToObject(j, "n_ctx", ps_ctx_n_ctx(st->ctx));
+    cJSON_AddNumberToObject(j, "n_ctx", ps_coord_n_ctx(st->coord));
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->o->sp.seed);
     cJSON_AddRawToObject(j, "seed", seed); /* exact: a double would round seeds above 2^53 */
     cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
     cJSON_AddStringToObject(j, "activations", ps_act_name(st->o->act));
+    add_fleet_stats(st, j);
     char *txt = cJSON_PrintUnformatted(j);
     fprintf(stderr, "%s\n", txt);
     free(txt);
@@ -395,13 +476,13 @@ static void print_stats(const run_state *st) {
 
 static void run_cleanup(run_state *st) {
     if (st->dump) fclose(st->dump);
-    free(st->toks), free(st->logits);
+    free(st->toks);
     ps_tok_stream_free(st->stream);
-    ps_sampler_free(st->smp);
-    ps_ctx_free(st->ctx);
-    ps_pool_free(st->pool);
     ps_tok_free(st->tok);
-    ps_model_free(st->m);
+    ps_coord_free(st->coord);
+    if (st->local) ps_local_fleet_stop(st->local);
+    else free(st->fleet);
+    free(st->local);
 }
 
 int ps_cli_run(int argc, char **argv) {

@@ -302,11 +302,15 @@ static void ffn_block(ps_ctx *c, int li, int n) {
     for (size_t i = 0; i < (size_t)n * dim; i++) c->x[i] += c->xb[i];
 }
 
-/* One chunk of at most max_batch tokens; logits for chunk rows [first_logit, n). */
-static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, int n, int pos, float *logits, int first_logit) {
+/* One chunk of at most max_batch tokens. In: tokens (stage 0) or x_in rows. Out: logits
+ * of chunk rows [first_logit, n) when the model holds the head, else all n rows of the
+ * residual stream. */
+static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, int pos, float *out,
+                               int first_logit) {
     const ps_model *m = c->m;
     int dim = m->hp.dim;
-    for (int t = 0; t < n; t++) {
+    if (!m->has_embed) memcpy(c->x, x_in, (size_t)n * dim * sizeof(float));
+    for (int t = 0; m->has_embed && t < n; t++) {
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * ps_row_bytes(m->tok_embd.type, dim);
         ps_status s = ps_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * dim, dim);
         if (s) return s;
@@ -316,11 +320,42 @@ static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, int n, int pos,
         attention_block(c, li, n, pos);
         ffn_block(c, li, n);
     }
+    if (!m->has_head) {
+        memcpy(out, c->x, (size_t)n * dim * sizeof(float));
+        return PS_OK;
+    }
     int nl = n - first_logit;
     if (nl <= 0) return PS_OK;
     for (int t = 0; t < nl; t++)
         rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)(first_logit + t) * dim, m->out_norm, dim, m->hp.rms_eps);
-    mm(c, &m->output, c->xb, nl, logits, m->hp.vocab);
+    mm(c, &m->output, c->xb, nl, out, m->hp.vocab);
+    return PS_OK;
+}
+
+ps_status ps_forward_stage(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, int pos, float *out,
+                           int n_logits, char *err, size_t errlen) {
+    const ps_model *m = c->m;
+    int dim = m->hp.dim;
+    if (!m->has_head) n_logits = 0;
+    if (n < 0 || n_logits < 0 || n_logits > n || pos < 0 || (m->has_embed ? !tokens : !x_in))
+        return ps_errf(err, errlen, PS_ERR_ARG, "bad forward arguments (n=%d, pos=%d, n_logits=%d)", n, pos, n_logits);
+    if ((long long)pos + n > c->n_ctx)
+        return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d exceed the context size of %d", n, pos,
+                       c->n_ctx);
+    for (int i = 0; m->has_embed && i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->hp.vocab)
+            return ps_errf(err, errlen, PS_ERR_ARG, "token id %d is outside the vocabulary (0..%d)", tokens[i],
+                           m->hp.vocab - 1);
+    int first_logit = n - n_logits;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < c->max_batch ? n - done : c->max_batch;
+        int fl = first_logit > done ? first_logit - done : 0;
+        float *o = m->has_head ? out + (size_t)(done + fl - first_logit) * m->hp.vocab : out + (size_t)done * dim;
+        ps_status s = forward_chunk(c, m->has_embed ? tokens + done : NULL, m->has_embed ? NULL : x_in + (size_t)done * dim,
+                                    chunk, pos + done, o, fl);
+        if (s) return ps_errf(err, errlen, s, "forward pass failed: %s", ps_strerror(s));
+        done += chunk;
+    }
     return PS_OK;
 }
 
@@ -330,23 +365,5 @@ ps_status ps_forward(ps_ctx *c, const int32_t *tokens, int n, int pos, float *lo
     if (!m->has_embed || !m->has_head)
         return ps_errf(err, errlen, PS_ERR_ARG, "this model file holds layers %d..%d only, not the whole model",
                        m->layer_begin, m->layer_end);
-    if (n < 0 || n_logits < 0 || n_logits > n || pos < 0)
-        return ps_errf(err, errlen, PS_ERR_ARG, "bad forward arguments (n=%d, pos=%d, n_logits=%d)", n, pos, n_logits);
-    if ((long long)pos + n > c->n_ctx)
-        return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d exceed the context size of %d", n, pos,
-                       c->n_ctx);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= m->hp.vocab)
-            return ps_errf(err, errlen, PS_ERR_ARG, "token id %d is outside the vocabulary (0..%d)", tokens[i],
-                           m->hp.vocab - 1);
-    int first_logit = n - n_logits;
-    for (int done = 0; done < n;) {
-        int chunk = n - done < c->max_batch ? n - done : c->max_batch;
-        int fl = first_logit > done ? first_logit - done : 0;
-        float *lg = logits + (size_t)(done + fl - first_logit) * m->hp.vocab;
-        ps_status s = forward_chunk(c, tokens + done, chunk, pos + done, lg, fl);
-        if (s) return ps_errf(err, errlen, s, "forward pass failed: %s", ps_strerror(s));
-        done += chunk;
-    }
-    return PS_OK;
+    return ps_forward_stage(c, tokens, NULL, n, pos, logits, n_logits, err, errlen);
 }

@@ -201,7 +201,8 @@ static ps_status bind_layer(binder *b, int il, ps_layer *L) {
     return PS_OK;
 }
 
-/* Binds the embedding, head and rope factors present in the file, and sets hp.vocab. */
+/* Binds the embedding (stage 0), the head (last stage) and the rope factors, and sets
+ * hp.vocab (from the embedding or head, or a shard's metadata when it holds neither). */
 static ps_status bind_ends(binder *b) {
     ps_model *m = b->m;
     ps_hparams *hp = &m->hp;
@@ -209,12 +210,16 @@ static ps_status bind_ends(binder *b) {
     const ps_gguf_tensor *emb = ps_gguf_find_tensor(m->gguf, "token_embd.weight");
     const ps_gguf_tensor *out = ps_gguf_find_tensor(m->gguf, "output.weight");
     const ps_gguf_tensor *shape = emb ? emb : out;
-    if (!shape) return ps_errf(b->err, b->errlen, PS_ERR_FORMAT, "model lacks tensor 'token_embd.weight'");
-    if (shape->n_dims != 2 || shape->ne[1] < 1 || shape->ne[1] > (1 << 24))
-        return ps_errf(b->err, b->errlen, PS_ERR_FORMAT, "tensor '%s' does not have a vocabulary shape", shape->name);
-    hp->vocab = (int)shape->ne[1];
     m->has_embed = m->layer_begin == 0;
     m->has_head = m->layer_end == hp->n_layer;
+    if (!shape && (m->has_embed || m->has_head))
+        return ps_errf(b->err, b->errlen, PS_ERR_FORMAT, "model lacks tensor 'token_embd.weight'");
+    if (shape && (shape->n_dims != 2 || shape->ne[1] < 1 || shape->ne[1] > (1 << 24)))
+        return ps_errf(b->err, b->errlen, PS_ERR_FORMAT, "tensor '%s' does not have a vocabulary shape", shape->name);
+    hp->vocab = shape ? (int)shape->ne[1] : m->shard.vocab;
+    if (m->shard.present && hp->vocab != m->shard.vocab)
+        return ps_errf(b->err, b->errlen, PS_ERR_FORMAT, "shard metadata says %d vocabulary rows, tensors have %d",
+                       m->shard.vocab, hp->vocab);
     if (m->has_embed && (s = bind_mat(b, "token_embd.weight", hp->vocab, hp->dim, &m->tok_embd))) return s;
     if (m->has_head) {
         if ((s = bind_vec(b, "output_norm.weight", hp->dim, false, &m->out_norm))) return s;
@@ -237,8 +242,9 @@ ps_status ps_model_load(const char *path, ps_model **out, char *err, size_t errl
     ps_status s = ps_gguf_open(path, &m->gguf, err, errlen);
     if (s) goto err;
     if ((s = read_hparams(m->gguf, &m->hp, err, errlen))) goto err;
-    m->layer_begin = 0;
-    m->layer_end = m->hp.n_layer;
+    if ((s = ps_shard_meta_read(m->gguf, &m->shard, err, errlen))) goto err;
+    m->layer_begin = m->shard.present ? m->shard.layer_begin : 0;
+    m->layer_end = m->shard.present ? m->shard.layer_end : m->hp.n_layer;
     int nl = m->layer_end - m->layer_begin;
     binder b = {.m = m, .arena_cap = arena_floats(&m->hp, nl), .err = err, .errlen = errlen};
     m->owned = b.arena = malloc(b.arena_cap * sizeof(float));

@@ -14,6 +14,7 @@
 #include "../gguf/gguf.h"
 #include "../ps.h"
 #include "../tensor/matmul.h"
+#include "shard.h"
 
 typedef enum { PS_ARCH_LLAMA, PS_ARCH_QWEN2, PS_ARCH_QWEN3 } ps_arch;
 
@@ -65,10 +66,13 @@ typedef struct {
     const float *rope_freqs;/* (rope_dim / 2) Llama 3.1 frequency divisors, else NULL */
     ps_layer *layers;       /* [layer_end - layer_begin] */
     float *owned;           /* one block holding every converted small vector */
+    ps_shard_meta shard;    /* pipeshard.* metadata (shard.present = false for a whole model) */
 } ps_model;
 
-/* Opens a GGUF model and binds its tensors. Unsupported architectures, missing tensors
- * and wrong shapes are errors naming the thing. *out is owned by the caller (ps_model_free). */
+/* Opens a GGUF model, or one shard of it (a file written by `pipeshard split`: then only
+ * its layer range, and the embedding / head it holds), and binds its tensors.
+ * Unsupported architectures, missing tensors and wrong shapes are errors naming the
+ * thing. *out is owned by the caller (ps_model_free). */
 ps_status ps_model_load(const char *path, ps_model **out, char *err, size_t errlen);
 void ps_model_free(ps_model *m); /* NULL is a no-op */
 
@@ -107,5 +111,14 @@ int ps_ctx_n_ctx(const ps_ctx *c);
  * PS_ERR_RANGE when pos + n > n_ctx, PS_ERR_ARG for token ids out of range. */
 ps_status ps_forward(ps_ctx *c, const int32_t *tokens, int n, int pos, float *logits, int n_logits, char *err,
                      size_t errlen);
+
+/* The forward pass of one stage: runs n positions from pos through the model's layers.
+ * In: tokens when the model holds the embedding (stage 0), else x_in (n × dim), the
+ * activations the previous stage produced. Out: when the model holds the head, the
+ * logits of the last n_logits tokens (n_logits × vocab); else the activations
+ * (n × dim, n_logits ignored) for the next stage. Same results as ps_forward however the
+ * layers are split: activations pass as exact f32. */
+ps_status ps_forward_stage(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, int pos, float *out,
+                           int n_logits, char *err, size_t errlen);
 
 #endif

@@ -25,6 +25,11 @@ int ps_pool_size(const ps_pool *p);
 /* Runs fn(ctx, ith, nth) for ith in [0, nth) on the pool's threads (the caller runs ith 0)
  * and returns when all have returned. Not reentrant: fn must not call ps_pool_run. */
 void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+/* Tells idle workers to sleep now rather than spin for their usual while: call it before
+ * blocking on something slow (a network hop), so that spinning threads do not take the
+ * cores from another process (another stage on the same host). The next ps_pool_run
+ * wakes them. */
+void ps_pool_park(ps_pool *p);
 
 /* Matrices ------------------------------------------------------------------------- */
 typedef struct {

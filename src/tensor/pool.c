@@ -47,6 +47,7 @@ struct ps_pool {
     atomic_int pending;           /* workers that have not finished the current job */
     atomic_int sleepers;          /* workers asleep or about to sleep on gen */
     atomic_bool stop;
+    atomic_bool parked;           /* ps_pool_park: idle workers sleep at once instead of spinning */
     void (*fn)(void *ctx, int ith, int nth);
     void *ctx;
 #ifndef __linux__
@@ -95,7 +96,7 @@ static unsigned next_gen(ps_pool *p, unsigned seen) {
         if (g != seen) return g;
         cpu_relax();
         if ((i & 255) != 255) continue;
-        if (now_ns() - t0 > SPIN_NS) break;
+        if (now_ns() - t0 > SPIN_NS || atomic_load_explicit(&p->parked, memory_order_relaxed)) break;
         if ((i & 4095) == 4095) sched_yield(); /* let a descheduled peer run */
     }
     for (;;) {
@@ -123,6 +124,7 @@ static void *worker_main(void *arg) {
 
 /* Publishes a job (fn/ctx are read by workers after they see the new generation). */
 static void start_job(ps_pool *p) {
+    atomic_store_explicit(&p->parked, false, memory_order_relaxed);
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
     atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->sleepers) > 0) gen_wake(p);
@@ -179,6 +181,10 @@ void ps_pool_free(ps_pool *p) {
 }
 
 int ps_pool_size(const ps_pool *p) { return p ? p->n : 1; }
+
+void ps_pool_park(ps_pool *p) {
+    if (p) atomic_store_explicit(&p->parked, true, memory_order_relaxed);
+}
 
 void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
     if (!p || p->n == 1) {

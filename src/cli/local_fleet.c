@@ -1,0 +1,172 @@
+/* local_fleet.c - a fleet of child processes on loopback. */
+#include "local_fleet.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../gguf/gguf.h"
+
+/* How long a worker may take to load its shard and start listening. */
+#define START_TIMEOUT_MS 120000
+
+/* Default (bytes-balanced) layer bounds of model for n stages. */
+static ps_status plan(const char *model, int n, int *bounds, char *err, size_t errlen) {
+    ps_gguf *g;
+    ps_status s = ps_gguf_open(model, &g, err, errlen);
+    if (s) return s;
+    ps_gguf_str arch;
+    char key[96];
+    uint32_t n_layer = 0;
+    s = ps_gguf_get_str(g, "general.architecture", &arch, err, errlen);
+    if (!s) {
+        snprintf(key, sizeof key, "%.*s.block_count", (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+        s = ps_gguf_get_u32(g, key, &n_layer, err, errlen);
+    }
+    uint64_t *lb = s ? NULL : calloc(n_layer ? n_layer : 1, sizeof *lb), eb = 0, hb = 0;
+    if (!s && !lb) s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    if (!s) s = ps_shard_layer_bytes(g, (int)n_layer, lb, &eb, &hb, err, errlen);
+    if (!s) s = ps_shard_plan(lb, (int)n_layer, eb, hb, n, bounds, err, errlen);
+    free(lb);
+    ps_gguf_close(g);
+    return s;
+}
+
+/* Reads the port a starting worker writes to fd, within START_TIMEOUT_MS. */
+static int read_port(int fd) {
+    char buf[16];
+    size_t n = 0;
+    while (n < sizeof buf - 1) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, START_TIMEOUT_MS) <= 0) return -1;
+        ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        n += (size_t)r;
+        if (memchr(buf, '\n', n)) break;
+    }
+    buf[n] = 0;
+    int port = atoi(buf);
+    return port > 0 && port < 65536 ? port : -1;
+}
+
+/* Starts the worker of stage k; its messages go to dir/worker-K.log. */
+static ps_status spawn(ps_local_fleet *lf, int k, int threads, const ps_link_sim *sim, const char *key_path,
+                       char *err, size_t errlen) {
+    int pfd[2];
+    if (pipe(pfd)) return ps_errf(err, errlen, PS_ERR_IO, "pipe: %s", strerror(errno));
+    char log[4200], t[16], rfd[16], lat[32], bw[32];
+    snprintf(log, sizeof log, "%s/worker-%d.log", lf->dir, k);
+    snprintf(t, sizeof t, "%d", threads);
+    snprintf(rfd, sizeof rfd, "%d", pfd[1]);
+    snprintf(lat, sizeof lat, "%g", sim->latency_ms);
+    snprintf(bw, sizeof bw, "%g", sim->bandwidth_mbps);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(pfd[0]), close(pfd[1]);
+        return ps_errf(err, errlen, PS_ERR_IO, "fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the coordinator */
+        close(pfd[0]);
+        int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (lfd >= 0) dup2(lfd, 2), close(lfd);
+        char *args[] = {"pipeshard", "worker", "--shard", lf->fleet.stages[k].shard, "--listen", "127.0.0.1:0",
+                        "-t", t, "--key-file", (char *)key_path, "--ready-fd", rfd, "--sim-latency-ms", lat,
+                        "--sim-bandwidth-mbps", bw, NULL};
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    close(pfd[1]);
+    lf->pids[k] = pid;
+    int port = read_port(pfd[0]);
+    close(pfd[0]);
+    if (port < 0) {
+        char tail[512] = "";
+        FILE *f = fopen(log, "r");
+        if (f) {
+            size_t n = fread(tail, 1, sizeof tail - 1, f);
+            tail[n] = 0;
+            fclose(f);
+            for (char *p = tail; *p; p++)
+                if (*p == '\n') *p = ' ';
+        }
+        return ps_errf(err, errlen, PS_ERR_IO, "the local worker of stage %d did not start: %s", k,
+                       tail[0] ? tail : "no message");
+    }
+    snprintf(lf->fleet.stages[k].address, sizeof lf->fleet.stages[k].address, "127.0.0.1:%d", port);
+    return PS_OK;
+}
+
+/* Writes the key file: key_file's key, or 32 fresh random bytes. */
+static ps_status make_key(ps_local_fleet *lf, const char *key_file, char *path, size_t cap, char *err,
+                          size_t errlen) {
+    if (key_file) {
+        snprintf(path, cap, "%s", key_file);
+        return ps_net_key_load(key_file, lf->key, err, errlen);
+    }
+    uint8_t raw[32];
+    if (getrandom(raw, sizeof raw, 0) != sizeof raw) return ps_errf(err, errlen, PS_ERR_IO, "no random bytes for a key");
+    snprintf(path, cap, "%s/key", lf->dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    bool ok = fd >= 0 && write(fd, raw, sizeof raw) == (ssize_t)sizeof raw;
+    if (fd >= 0) close(fd);
+    if (!ok) return ps_errf(err, errlen, PS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    return ps_net_key_load(path, lf->key, err, errlen);
+}
+
+ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, const ps_link_sim *sim,
+                               const char *key_file, ps_local_fleet *lf, char *err, size_t errlen) {
+    memset(lf, 0, sizeof *lf);
+    const char *tmp = getenv("TMPDIR");
+    snprintf(lf->dir, sizeof lf->dir, "%s/pipeshard-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(lf->dir)) {
+        ps_status s = ps_errf(err, errlen, PS_ERR_IO, "cannot create %s: %s", lf->dir, strerror(errno));
+        lf->dir[0] = 0;
+        return s;
+    }
+    int bounds[PS_SHARD_MAX_STAGES + 1];
+    char fleet_path[4200], key_path[4200];
+    snprintf(fleet_path, sizeof fleet_path, "%s/fleet.json", lf->dir);
+    ps_status s = plan(model, n_stages, bounds, err, errlen);
+    if (!s) s = ps_shard_split(model, n_stages, bounds, NULL, lf->dir, NULL, NULL, err, errlen);
+    if (!s) s = ps_fleet_load(fleet_path, &lf->fleet, err, errlen);
+    if (!s) s = make_key(lf, key_file, key_path, sizeof key_path, err, errlen);
+    lf->n = lf->fleet.n_stages;
+    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, threads, sim, key_path, err, errlen);
+    return s;
+}
+
+void ps_local_fleet_stop(ps_local_fleet *lf) {
+    for (int k = 1; k < lf->n; k++)
+        if (lf->pids[k] > 0) kill(lf->pids[k], SIGTERM);
+    for (int k = 1; k < lf->n; k++) {
+        if (lf->pids[k] <= 0) continue;
+        int st;
+        for (int i = 0; i < 500 && waitpid(lf->pids[k], &st, WNOHANG) == 0; i++) usleep(10000);
+        if (waitpid(lf->pids[k], &st, WNOHANG) == 0) {
+            kill(lf->pids[k], SIGKILL);
+            waitpid(lf->pids[k], &st, 0);
+        }
+        lf->pids[k] = 0;
+    }
+    if (!lf->dir[0]) return;
+    DIR *d = opendir(lf->dir);
+    struct dirent *e;
+    char path[4400];
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            snprintf(path, sizeof path, "%s/%s", lf->dir, e->d_name), unlink(path);
+    if (d) closedir(d);
+    rmdir(lf->dir);
+    lf->dir[0] = 0;
+}

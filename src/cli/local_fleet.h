@@ -1,0 +1,26 @@
+/* local_fleet.h - `run --local-stages N`: split a model into a temporary directory,
+ * start N-1 workers on loopback as child processes, and stop them afterwards. */
+#ifndef PS_CLI_LOCAL_FLEET_H
+#define PS_CLI_LOCAL_FLEET_H
+
+#include <sys/types.h>
+
+#include "../model/shard.h"
+#include "../net/net.h"
+
+typedef struct {
+    char dir[4096];                   /* temporary directory: shards, fleet.json, key, logs */
+    int n;                            /* stages */
+    pid_t pids[PS_SHARD_MAX_STAGES];  /* workers (index 0 unused) */
+    ps_fleet fleet;                   /* with the workers' loopback addresses */
+    uint8_t key[32];                  /* the shared key every process of the fleet holds */
+} ps_local_fleet;
+
+/* Splits model into n_stages (bytes balanced) and starts the workers with threads
+ * threads each, the link emulation sim, and key_file (NULL: a fresh random key). */
+ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, const ps_link_sim *sim,
+                               const char *key_file, ps_local_fleet *lf, char *err, size_t errlen);
+/* Stops the workers and removes the directory. Safe on a partly started fleet. */
+void ps_local_fleet_stop(ps_local_fleet *lf);
+
+#endif

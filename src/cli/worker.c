@@ -1,0 +1,78 @@
+/* worker.c - `pipeshard worker`: serve one shard on a TCP port. */
+#include "../stage/worker.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "args.h"
+#include "cli.h"
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig) {
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void worker_usage(FILE *f) {
+    fprintf(f,
+            "usage: pipeshard worker --shard FILE --listen HOST:PORT [options]\n"
+            "  --shard FILE              shard of stage 1 or later, written by `pipeshard split`\n"
+            "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr)\n"
+            "  -t, --threads N           compute threads (default: all cores)\n"
+            "  --key-file F              shared key: peers must prove they hold the same file\n"
+            "  --sim-latency-ms MS       emulated one-way delay added to every outgoing hop (default 0)\n"
+            "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
+            "  --timeout-ms MS           handshakes and frame transfers time out after MS (default 30000)\n"
+            "  --no-verify               skip recomputing the shard's fingerprint at start-up\n"
+            "  --ready-fd N              (for --local-stages) write the port to file descriptor N once listening\n");
+}
+
+int ps_cli_worker(int argc, char **argv) {
+    ps_worker_opts o = {.threads = ps_cpu_count(), .timeout_ms = 30000, .ready_fd = -1, .verify = true,
+                        .stop = &stop_flag};
+    const char *key_file = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        long long n;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return worker_usage(stdout), 0;
+        if (!strcmp(a, "--no-verify")) {
+            o.verify = false;
+            continue;
+        }
+        bool ok = (v = ps_arg_value("worker", argc, argv, &i)) != NULL;
+        if (!ok) return 2;
+        if (!strcmp(a, "--shard")) o.shard = v;
+        else if (!strcmp(a, "--listen")) o.listen = v;
+        else if (!strcmp(a, "--key-file")) key_file = v;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = ps_arg_int("worker", a, v, 1, 1024, &n) && ((o.threads = (int)n), 1);
+        else if (!strcmp(a, "--sim-latency-ms")) ok = ps_arg_float("worker", a, v, 0, 1e5, &o.sim.latency_ms);
+        else if (!strcmp(a, "--sim-bandwidth-mbps")) ok = ps_arg_float("worker", a, v, 0, 1e6, &o.sim.bandwidth_mbps);
+        else if (!strcmp(a, "--timeout-ms")) ok = ps_arg_int("worker", a, v, 1, 86400000, &n) && ((o.timeout_ms = (int)n), 1);
+        else if (!strcmp(a, "--ready-fd")) ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
+        else {
+            fprintf(stderr, "pipeshard worker: unknown option '%s' (see pipeshard worker --help)\n", a);
+            return 2;
+        }
+        if (!ok) return 2;
+    }
+    if (!o.shard || !o.listen) {
+        fprintf(stderr, "pipeshard worker: %s\n", !o.shard ? "no shard given (--shard FILE)" : "no address given (--listen HOST:PORT)");
+        return 2;
+    }
+    char err[1024] = "";
+    uint8_t key[32];
+    if (key_file && ps_net_key_load(key_file, key, err, sizeof err)) {
+        fprintf(stderr, "pipeshard worker: %s\n", err);
+        return 1;
+    }
+    o.key = key_file ? key : NULL;
+    struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: poll returns on a signal */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    ps_status s = ps_worker_serve(&o, err, sizeof err);
+    if (s) fprintf(stderr, "pipeshard worker: %s\n", err[0] ? err : ps_strerror(s));
+    return s ? 1 : 0;
+}

@@ -1,0 +1,435 @@
+/* coord.c - the coordinator's side of the ring. */
+#include "coord.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "../stage/stage.h"
+
+/* What the coordinator knows of one stage. */
+typedef struct {
+    ps_conn *conn;          /* worker stages: its connection (stage 1: also the data hop) */
+    ps_stage_stat cur;      /* this session's counters, as the latest token brought them */
+    ps_stage_stat base;     /* ... at the last reset */
+    int probe;              /* PROBE_*: its answer when the ring went silent */
+    int fail;               /* FAIL_*: what went wrong, when something did */
+    char why[512];
+} stage_view;
+
+enum { FAIL_NONE, FAIL_DEAD, FAIL_SELF, FAIL_PREV, FAIL_NEXT };
+enum { PROBE_SILENT, PROBE_BEHIND, PROBE_DONE };
+
+struct ps_coord {
+    ps_coord_opts o;
+    ps_fleet fleet;           /* a copy (one stage when running a whole model) */
+    int n;                    /* stages */
+    ps_stage *stage0;
+    ps_hello me;
+    bool connected;
+    uint32_t mb;              /* micro-batches sent in this session */
+    int32_t token;            /* the awaited token, once it came (-1 before) */
+    int max_mb;
+    stage_view st[PS_SHARD_MAX_STAGES];
+    ps_wbuf wb;
+    char err[600];
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// ---------------------------------------------------------------------------------------
+// Connecting the fleet
+
+/* The handshake's check of worker k against fleet.json. */
+typedef struct {
+    const ps_coord *c;
+    int k;
+    const char *addr;
+} expect;
+
+static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t errlen) {
+    const expect *e = ctx;
+    const ps_fleet_stage *fs = &e->c->fleet.stages[e->k];
+    if (p->role != PS_ROLE_WORKER) return ps_errf(err, errlen, PS_ERR_ARG, "%s is not a worker", e->addr);
+    if (strcmp(p->model_fp, e->c->fleet.model_fp))
+        return ps_errf(err, errlen, PS_ERR_ARG, "%s serves a shard of another model (fingerprint %s; fleet.json's model "
+                       "is %s)", e->addr, p->model_fp, e->c->fleet.model_fp);
+    if (p->stage != e->k || p->layer_begin != fs->layer_begin || p->layer_end != fs->layer_end)
+        return ps_errf(err, errlen, PS_ERR_ARG, "%s serves stage %d (layers %d..%d), but fleet.json puts stage %d "
+                       "(layers %d..%d) there", e->addr, p->stage, p->layer_begin, p->layer_end, e->k, fs->layer_begin,
+                       fs->layer_end);
+    if (fs->fingerprint[0] && strcmp(p->shard_fp, fs->fingerprint))
+        return ps_errf(err, errlen, PS_ERR_ARG, "%s serves stage %d with shard fingerprint %s, fleet.json lists %s",
+                       e->addr, e->k, p->shard_fp, fs->fingerprint);
+    return PS_OK;
+}
+
+/* Closes every worker connection (after telling them the session is over, when asked). */
+static void disconnect(ps_coord *c, bool bye) {
+    for (int k = 1; k < c->n; k++) {
+        stage_view *v = &c->st[k];
+        if (bye && v->conn && k > 1) ps_conn_send(v->conn, PS_MSG_BYE, NULL, 0, 1000, NULL, 0);
+        if (bye && v->conn && k == 1) {
+            ps_conn_send_async(v->conn, PS_MSG_BYE, NULL, 0, 1000, NULL, 0);
+            ps_conn_flush(v->conn, 1000, NULL, 0);
+        }
+        ps_conn_free(v->conn);
+        v->conn = NULL;
+    }
+    c->connected = false;
+}
+
+/* Names stage k in messages: "stage 2 (10.0.0.3:7702)". */
+static const char *stage_name(const ps_coord *c, int k, char *buf, size_t cap) {
+    snprintf(buf, cap, "stage %d (%s)", k, c->fleet.stages[k].address);
+    return buf;
+}
+
+/* Connects, authenticates and sets up worker k; its next stage is already set up. */
+static ps_status connect_stage(ps_coord *c, int k) {
+    stage_view *v = &c->st[k];
+    const ps_fleet_stage *fs = &c->fleet.stages[k];
+    char name[300];
+    stage_name(c, k, name, sizeof name);
+    char e[500];
+    ps_status s = ps_net_dial(fs->address, c->o.timeout_ms, &v->conn, e, sizeof e);
+    expect ex = {c, k, fs->address};
+    ps_hello peer;
+    uint32_t limit = (uint32_t)(4096 + (uint64_t)c->max_mb * (4 + 4 * (uint64_t)ps_stage_model(c->stage0)->hp.dim));
+    if (!s) s = ps_net_handshake_client(v->conn, c->o.key, &c->me, check_worker, &ex, limit, c->o.timeout_ms, &peer, e,
+                                        sizeof e);
+    if (s) return ps_errf(c->err, sizeof c->err, s, "%s: %s", name, e);
+    c->wb.len = 0;
+    ps_wbuf_u64(&c->wb, c->me.session);
+    ps_wbuf_i32(&c->wb, ps_stage_n_ctx(c->stage0));
+    ps_wbuf_i32(&c->wb, c->o.max_batch);
+    ps_wbuf_i32(&c->wb, c->max_mb);
+    ps_wbuf_u8(&c->wb, (uint8_t)c->o.act);
+    ps_wbuf_str(&c->wb, k + 1 < c->n ? c->fleet.stages[k + 1].address : "");
+    struct iovec iov = {c->wb.p, c->wb.len};
+    uint16_t type;
+    const uint8_t *p;
+    uint32_t len;
+    if ((s = ps_conn_send(v->conn, PS_MSG_SETUP, &iov, 1, c->o.timeout_ms, e, sizeof e)) ||
+        (s = ps_conn_recv(v->conn, c->o.timeout_ms, &type, &p, &len, e, sizeof e)))
+        return ps_errf(c->err, sizeof c->err, s, "%s: %s", name, e);
+    if (type == PS_MSG_ERROR) {
+        ps_rbuf r = {.p = p, .len = len};
+        ps_rbuf_u8(&r);
+        ps_rbuf_str(&r, e, sizeof e);
+        return ps_errf(c->err, sizeof c->err, PS_ERR_NET, "%s could not start the session: %s", name,
+                       r.bad ? "(malformed error message)" : e);
+    }
+    if (type != PS_MSG_READY)
+        return ps_errf(c->err, sizeof c->err, PS_ERR_PROTOCOL, "%s answered SETUP with message type %u", name, type);
+    v->fail = FAIL_NONE, v->why[0] = 0;
+    memset(&v->cur, 0, sizeof v->cur), memset(&v->base, 0, sizeof v->base);
+    return PS_OK;
+}
+
+/* Starts a session on every worker, last stage first (each connects to its next). */
+static ps_status connect_fleet(ps_coord *c) {
+    if (getrandom(&c->me.session, sizeof c->me.session, 0) != sizeof c->me.session || !c->me.session)
+        c->me.session = (uint64_t)now_ms() | 1;
+    c->mb = 0;
+    memset(&c->st[0].base.hop, 0, sizeof c->st[0].base.hop);
+    for (int k = c->n - 1; k >= 1; k--) {
+        ps_status s = connect_stage(c, k);
+        if (s) {
+            disconnect(c, false);
+            return s;
+        }
+    }
+    ps_status s = ps_conn_start_sender(c->st[1].conn, &c->o.sim, c->err, sizeof c->err);
+    if (s) {
+        disconnect(c, false);
+        return s;
+    }
+    ps_conn_reset_stats(c->st[1].conn);
+    c->connected = true;
+    return PS_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// Waiting for the last stage
+
+/* Handles one frame from worker k: the awaited TOKENS (sets *token), a PROBE answer
+ * about micro-batch want_mb, or an ERROR; anything else is a failure of k. */
+static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token) {
+    stage_view *v = &c->st[k];
+    uint16_t type;
+    const uint8_t *p;
+    uint32_t len;
+    if (ps_conn_recv(v->conn, c->o.timeout_ms, &type, &p, &len, v->why, sizeof v->why)) {
+        v->fail = FAIL_DEAD;
+        return;
+    }
+    ps_rbuf r = {.p = p, .len = len};
+    if (type == PS_MSG_TOKENS && k == c->n - 1) {
+        ps_rbuf_u64(&r);
+        uint32_t mb = ps_rbuf_u32(&r);
+        ps_rbuf_i32(&r);
+        int32_t tok = ps_rbuf_i32(&r), n_stats = ps_rbuf_i32(&r);
+        for (int i = 0; !r.bad && i < n_stats && i < c->n; i++) {
+            ps_stage_stat st;
+            ps_stage_stat_decode(&r, &st);
+            if (st.stage > 0 && st.stage < c->n) c->st[st.stage].cur = st;
+        }
+        if (!r.bad && r.off == len && mb == want_mb && tok >= 0) {
+            *token = tok;
+            return;
+        }
+    } else if (type == PS_MSG_STATS) {
+        int32_t stage = ps_rbuf_i32(&r);
+        uint32_t done = ps_rbuf_u32(&r), mb = ps_rbuf_u32(&r);
+        if (!r.bad && r.off == len && stage == k) {
+            v->probe = done && mb >= want_mb ? PROBE_DONE : PROBE_BEHIND;
+            return;
+        }
+    } else if (type == PS_MSG_ERROR) {
+        uint8_t kind = ps_rbuf_u8(&r);
+        ps_rbuf_str(&r, v->why, sizeof v->why);
+        v->fail = r.bad || kind > PS_ERR_KIND_NEXT ? FAIL_SELF : FAIL_SELF + kind;
+        return;
+    }
+    v->fail = FAIL_SELF;
+    snprintf(v->why, sizeof v->why, "sent a malformed or unexpected message (type %u, %u bytes)", type, len);
+}
+
+/* Polls the workers' connections for up to ms, handling what arrives; stops early when
+ * done(c) holds. Returns false when a worker failed. */
+static bool pump(ps_coord *c, double ms, uint32_t want_mb, int32_t *token, bool (*done)(const ps_coord *c)) {
+    double end = now_ms() + ms;
+    for (double left; (left = end - now_ms()) > 0 && !done(c);) {
+        struct pollfd fds[PS_SHARD_MAX_STAGES];
+        int ks[PS_SHARD_MAX_STAGES], m = 0;
+        for (int k = 1; k < c->n; k++)
+            if (c->st[k].fail != FAIL_DEAD) fds[m] = (struct pollfd){ps_conn_fd(c->st[k].conn), POLLIN, 0}, ks[m++] = k;
+        int r = m ? poll(fds, (nfds_t)m, (int)left + 1) : 0;
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        for (int i = 0; i < m; i++)
+            if (fds[i].revents) on_frame(c, ks[i], want_mb, token);
+        for (int k = 1; k < c->n; k++)
+            if (c->st[k].fail) return false;
+    }
+    return true;
+}
+
+static bool never(const ps_coord *c) {
+    (void)c;
+    return false;
+}
+
+/* After a first failure, listens to the other workers for a moment, then writes the
+ * error that names the culprit: a stage that died, else one that failed by itself, else
+ * the neighbour a stage lost. */
+static ps_status blame(ps_coord *c) {
+    int32_t tok;
+    pump(c, 300, UINT32_MAX, &tok, never);
+    char name[300];
+    for (int want = FAIL_DEAD; want <= FAIL_NEXT; want++)
+        for (int k = 1; k < c->n; k++) {
+            const stage_view *v = &c->st[k];
+            if (v->fail != want) continue;
+            int culprit = want == FAIL_PREV ? k - 1 : want == FAIL_NEXT ? k + 1 : k;
+            if (culprit < 0 || culprit >= c->n) culprit = k;
+            stage_name(c, culprit, name, sizeof name);
+            if (want == FAIL_DEAD)
+                ps_errf(c->err, sizeof c->err, PS_ERR_NET, "%s failed: %s (did the worker stop?)", name, v->why);
+            else if (want == FAIL_SELF)
+                ps_errf(c->err, sizeof c->err, PS_ERR_NET, "%s failed: %s", name, v->why);
+            else
+                ps_errf(c->err, sizeof c->err, PS_ERR_NET, "%s failed: stage %d lost it: %s", name, k, v->why);
+            disconnect(c, false);
+            return PS_ERR_NET;
+        }
+    disconnect(c, false);
+    return ps_errf(c->err, sizeof c->err, PS_ERR_NET, "the fleet failed for no reason a worker gave");
+}
+
+static bool all_probed(const ps_coord *c) {
+    for (int k = 1; k < c->n; k++)
+        if (c->st[k].probe == PROBE_SILENT) return false;
+    return true;
+}
+
+/* The ring has been silent for the whole timeout: asks every worker which micro-batch it
+ * finished last. The first stage (in ring order) that has not finished want_mb, or does
+ * not answer within a second, is the one that stalled. */
+static ps_status stalled(ps_coord *c, uint32_t want_mb) {
+    for (int k = 1; k < c->n; k++) {
+        c->st[k].probe = PROBE_SILENT;
+        if (k == 1) ps_conn_send_async(c->st[k].conn, PS_MSG_PROBE, NULL, 0, 1000, NULL, 0);
+        else ps_conn_send(c->st[k].conn, PS_MSG_PROBE, NULL, 0, 1000, NULL, 0);
+    }
+    int32_t tok = -1;
+    if (!pump(c, 1000, want_mb, &tok, all_probed)) return blame(c);
+    int k = 1;
+    while (k < c->n - 1 && c->st[k].probe == PROBE_DONE) k++;
+    char name[300];
+    ps_errf(c->err, sizeof c->err, PS_ERR_TIMEOUT, "%s did not answer within %.1f s (stalled?)",
+            stage_name(c, k, name, sizeof name), c->o.timeout_ms / 1e3);
+    disconnect(c, false);
+    return PS_ERR_TIMEOUT;
+}
+
+static bool have_token(const ps_coord *c) { return c->token >= 0; }
+
+/* Waits for the token of micro-batch want_mb, watching every worker. */
+static ps_status wait_token(ps_coord *c, uint32_t want_mb, int32_t *token) {
+    c->token = -1;
+    if (!pump(c, c->o.timeout_ms, want_mb, &c->token, have_token)) return blame(c);
+    if (c->token < 0) return stalled(c, want_mb);
+    *token = c->token;
+    return PS_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// Public API
+
+/* Checks the stage-0 shard's metadata against the fleet. */
+static ps_status check_stage0(ps_coord *c, char *err, size_t errlen) {
+    const ps_model *m = ps_stage_model(c->stage0);
+    const ps_fleet_stage *fs = &c->fleet.stages[0];
+    const ps_shard_meta *sm = &m->shard;
+    if (!c->o.fleet) return PS_OK;
+    if (!sm->present || sm->stage_index != 0 || sm->stage_count != c->n || strcmp(sm->model_fp, c->fleet.model_fp) ||
+        m->layer_begin != fs->layer_begin || m->layer_end != fs->layer_end ||
+        (fs->fingerprint[0] && strcmp(sm->shard_fp, fs->fingerprint)))
+        return ps_errf(err, errlen, PS_ERR_ARG, "%s is not the stage-0 shard fleet.json describes (stage %d of %d, layers "
+                       "%d..%d, model %s)", fs->shard, sm->stage_index, sm->stage_count, m->layer_begin, m->layer_end,
+                       sm->model_fp);
+    return PS_OK;
+}
+
+ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, size_t errlen) {
+    *out = NULL;
+    ps_coord *c = calloc(1, sizeof *c);
+    if (!c) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    c->o = *o;
+    if (o->fleet) {
+        c->fleet = *o->fleet;
+    } else {
+        c->fleet.n_stages = 1;
+        snprintf(c->fleet.stages[0].shard, sizeof c->fleet.stages[0].shard, "%s", o->model);
+        snprintf(c->fleet.stages[0].address, sizeof c->fleet.stages[0].address, "local");
+    }
+    c->n = c->fleet.n_stages;
+    ps_status s = ps_stage_open(c->fleet.stages[0].shard, o->threads, &c->stage0, err, errlen);
+    if (!s) s = check_stage0(c, err, errlen);
+    if (s) goto fail;
+    const ps_model *m = ps_stage_model(c->stage0);
+    if (!o->fleet && !m->has_head) {
+        s = ps_errf(err, errlen, PS_ERR_ARG, "%s is a shard (layers %d..%d of %d); run a fleet with --fleet FLEET.json",
+                    o->model, m->layer_begin, m->layer_end, m->hp.n_layer);
+        goto fail;
+    }
+    int n_ctx = o->n_ctx ? o->n_ctx : (m->hp.ctx_train < 4096 ? m->hp.ctx_train : 4096);
+    c->max_mb = o->prefill_chunk ? o->prefill_chunk : o->max_batch;
+    if (c->max_mb > n_ctx) c->max_mb = n_ctx;
+    ps_ctx_params cp = {.n_ctx = n_ctx, .max_batch = o->max_batch, .act = o->act};
+    if ((s = ps_stage_begin(c->stage0, &cp, c->max_mb, err, errlen))) goto fail;
+    const ps_shard_meta *sm = &m->shard;
+    c->me = (ps_hello){.role = PS_ROLE_COORD, .stage = 0, .stage_count = c->n, .layer_begin = m->layer_begin,
+                       .layer_end = m->layer_end, .n_layer = m->hp.n_layer};
+    snprintf(c->me.model_fp, sizeof c->me.model_fp, "%s", sm->model_fp);
+    snprintf(c->me.shard_fp, sizeof c->me.shard_fp, "%s", sm->shard_fp);
+    *out = c;
+    return PS_OK;
+fail:
+    ps_coord_free(c);
+    return s;
+}
+
+void ps_coord_free(ps_coord *c) {
+    if (!c) return;
+    if (c->connected) disconnect(c, true);
+    ps_stage_free(c->stage0);
+    ps_wbuf_free(&c->wb);
+    free(c);
+}
+
+ps_status ps_coord_connect(ps_coord *c, char *err, size_t errlen) {
+    if (c->n == 1 || c->connected) return PS_OK;
+    ps_status s = connect_fleet(c);
+    if (s) ps_errf(err, errlen, s, "%s", c->err);
+    return s;
+}
+
+const ps_model *ps_coord_model(const ps_coord *c) { return ps_stage_model(c->stage0); }
+int ps_coord_n_ctx(const ps_coord *c) { return ps_stage_n_ctx(c->stage0); }
+int ps_coord_n_stages(const ps_coord *c) { return c->n; }
+const float *ps_coord_logits(const ps_coord *c) { return c->n == 1 ? ps_stage_logits(c->stage0) : NULL; }
+
+ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp,
+                        int32_t *token, char *err, size_t errlen) {
+    *token = -1;
+    c->err[0] = 0;
+    ps_status s = PS_OK;
+    if (c->n > 1 && !c->connected && (s = connect_fleet(c))) goto out;
+    int dim = ps_stage_model(c->stage0)->hp.dim;
+    uint32_t last_mb = 0;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < c->max_mb ? n - done : c->max_mb;
+        ps_mb mb = {.seq = 1, .mb = c->mb++, .pos = pos + done, .n = chunk, .sp = *sp, .tokens = tokens + done};
+        if (done + chunk == n) mb.flags = PS_MB_SAMPLE;
+        const float *x = NULL;
+        double t0 = now_ms();
+        if ((s = ps_stage_run(c->stage0, &mb, &x, token, c->err, sizeof c->err))) goto out;
+        c->st[0].cur.compute_ms += now_ms() - t0;
+        if (c->n > 1) {
+            struct iovec iov[2];
+            mb.x = x;
+            ps_mb_encode(&c->wb, &mb, dim, iov);
+            if (c->wb.oom) {
+                s = ps_errf(c->err, sizeof c->err, PS_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            char e[400];
+            if ((s = ps_conn_send_async(c->st[1].conn, PS_MSG_FORWARD, iov, 2, c->o.timeout_ms, e, sizeof e))) {
+                c->st[1].fail = FAIL_DEAD;
+                snprintf(c->st[1].why, sizeof c->st[1].why, "%s", e);
+                s = blame(c);
+                goto out;
+            }
+        }
+        last_mb = mb.mb;
+        done += chunk;
+    }
+    ps_pool_park(ps_stage_pool(c->stage0));
+    if (c->n > 1) s = wait_token(c, last_mb, token);
+out:
+    if (s) ps_errf(err, errlen, s, "%s", c->err[0] ? c->err : ps_strerror(s));
+    return s;
+}
+
+/* Stage 0's hop is the coordinator's own connection to stage 1. */
+static void refresh_stage0(ps_coord *c) {
+    if (c->n > 1 && c->st[1].conn) ps_conn_get_stats(c->st[1].conn, &c->st[0].cur.hop);
+}
+
+void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->n_stages = c->n;
+    refresh_stage0(c);
+    for (int k = 0; k < c->n; k++) {
+        const ps_stage_stat *a = &c->st[k].cur, *b = &c->st[k].base;
+        out->compute_ms[k] = a->compute_ms - b->compute_ms;
+        out->hop[k] = (ps_conn_stats){a->hop.frames - b->hop.frames, a->hop.bytes - b->hop.bytes,
+                                      a->hop.send_ms - b->hop.send_ms};
+    }
+}
+
+void ps_coord_reset_stats(ps_coord *c) {
+    refresh_stage0(c);
+    for (int k = 0; k < c->n; k++) c->st[k].base = c->st[k].cur;
+}

@@ -1,0 +1,68 @@
+/* coord.h - the coordinator: runs stage 0 in-process and drives the rest of the fleet
+ * around the ring (DESIGN.md, "Data flow").
+ *
+ * For each call the coordinator cuts the positions into micro-batches (prefill chunks),
+ * runs each through stage 0 and sends it on; the stages pass it along; the last stage
+ * samples and answers with the token alone. While stage k works on chunk i, stage k-1
+ * already works on chunk i+1, so a long prompt's time to first token falls as stages are
+ * added. The coordinator watches every worker's connection while it waits: a worker that
+ * dies, fails or stalls is reported by stage index and address within the timeout, and
+ * the fleet is reconnected on the next call. */
+#ifndef PS_COORD_H
+#define PS_COORD_H
+
+#include <stdint.h>
+
+#include "../model/model.h"
+#include "../model/shard.h"
+#include "../net/net.h"
+#include "../sample/sample.h"
+
+typedef struct {
+    const char *model;       /* a whole model run as the only stage, or NULL with fleet */
+    const ps_fleet *fleet;   /* the fleet: stage 0 runs here, the others on workers */
+    int threads;             /* threads of stage 0 */
+    int n_ctx;               /* positions; 0 = the model's context, at most 4096 */
+    int max_batch;           /* tokens per forward pass */
+    int prefill_chunk;       /* positions per micro-batch; 0 = max_batch */
+    ps_act act;              /* matmul arithmetic of every stage */
+    const uint8_t *key;      /* 32-byte shared key, or NULL */
+    ps_link_sim sim;         /* emulation of the coordinator's outgoing hop */
+    int timeout_ms;          /* a stage silent for this long is reported as stalled */
+} ps_coord_opts;
+
+typedef struct ps_coord ps_coord;
+
+/* Loads stage 0 (checked against the fleet) and starts its threads; workers are
+ * connected on the first ps_coord_next. *out owned by the caller. */
+ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, size_t errlen);
+/* Ends the session on every worker (BYE) and frees. NULL is a no-op. */
+void ps_coord_free(ps_coord *c);
+
+/* Connects the workers now (ps_coord_next does it when needed), so that the first
+ * request's timings do not include the handshakes. */
+ps_status ps_coord_connect(ps_coord *c, char *err, size_t errlen);
+
+const ps_model *ps_coord_model(const ps_coord *c); /* stage 0's model (tokenizer metadata) */
+int ps_coord_n_ctx(const ps_coord *c);
+int ps_coord_n_stages(const ps_coord *c);
+
+/* Runs tokens[0..n) at positions pos..pos+n-1 around the ring (discarding every stage's
+ * KV beyond pos) and returns the token the last stage samples at position pos + n. */
+ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp,
+                        int32_t *token, char *err, size_t errlen);
+/* The logits behind the latest token when the model runs as one stage, else NULL
+ * (logits never cross the network). */
+const float *ps_coord_logits(const ps_coord *c);
+
+/* What the fleet did since the last reset. Hop k goes from stage k to stage k+1; the
+ * last hop goes from the last stage back to the coordinator. */
+typedef struct {
+    int n_stages;
+    double compute_ms[PS_SHARD_MAX_STAGES];
+    ps_conn_stats hop[PS_SHARD_MAX_STAGES];
+} ps_coord_stats;
+void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out);
+void ps_coord_reset_stats(ps_coord *c);
+
+#endif

@@ -1,0 +1,220 @@
+/* net.h - framed messages over TCP, the connection handshake with shared-key
+ * authentication, and link emulation (one-way delay and rate limit on outgoing hops).
+ *
+ * Every message is a frame: a fixed 24-byte little-endian header followed by `len` payload
+ * bytes. Everything read from a socket is checked before use (magic, version, length
+ * against the receiver's limit, checksum); a bad frame is an error naming what is wrong,
+ * never a crash. Every blocking call takes a timeout. */
+#ifndef PS_NET_H
+#define PS_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "../ps.h"
+
+// ---------------------------------------------------------------------------------------
+// Frames
+
+#define PS_NET_MAGIC 0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
+#define PS_NET_VERSION 1         /* bump on any incompatible change of a message */
+#define PS_NET_HDR_BYTES 24
+
+/* The header as it travels (little-endian, no padding; encoded/decoded field by field). */
+typedef struct {
+    uint32_t magic;    /* PS_NET_MAGIC */
+    uint16_t version;  /* sender's PS_NET_VERSION */
+    uint16_t type;     /* ps_msg_type */
+    uint32_t flags;    /* reserved, 0 */
+    uint32_t len;      /* payload bytes */
+    uint64_t checksum; /* XXH3-64 of the payload (seed 0) */
+} ps_frame_hdr;
+_Static_assert(sizeof(ps_frame_hdr) == PS_NET_HDR_BYTES, "frame header is 24 bytes");
+
+/* Message types. Never renumbered; new ones at the end. 1..15 belong to the handshake
+ * (this module), 16.. to the stage protocol (src/stage). */
+typedef enum {
+    PS_MSG_HELLO = 1,       /* client → server: who I am, my nonce */
+    PS_MSG_HELLO_REPLY = 2, /* server → client: who I am, my nonce, my proof */
+    PS_MSG_AUTH = 3,        /* client → server: my proof */
+    PS_MSG_WELCOME = 4,     /* server → client: accepted */
+    PS_MSG_REFUSE = 5,      /* either way: refused, payload = UTF-8 reason */
+    PS_MSG_SETUP = 16,      /* coordinator → worker: start a session */
+    PS_MSG_READY = 17,      /* worker → coordinator: session ready (or ERROR) */
+    PS_MSG_FORWARD = 18,    /* stage → next stage: a micro-batch */
+    PS_MSG_TOKENS = 19,     /* last stage → coordinator: sampled tokens */
+    PS_MSG_STATS = 20,      /* worker → coordinator: its progress, answering PROBE */
+    PS_MSG_ERROR = 21,      /* worker → coordinator: a failure, payload = UTF-8 reason */
+    PS_MSG_BYE = 22,        /* coordinator → worker: end of session */
+    PS_MSG_PROBE = 23,      /* coordinator → worker: which micro-batch did you finish last? */
+} ps_msg_type;
+
+/* Encodes h into 24 bytes / decodes 24 bytes (no validation on decode). */
+void ps_frame_hdr_encode(const ps_frame_hdr *h, uint8_t out[PS_NET_HDR_BYTES]);
+void ps_frame_hdr_decode(const uint8_t in[PS_NET_HDR_BYTES], ps_frame_hdr *h);
+
+// ---------------------------------------------------------------------------------------
+// Little-endian payload builders and bounded readers
+
+/* A growable output buffer, reused across messages (len = 0 to restart). An allocation
+ * failure sets oom and makes later appends no-ops. */
+typedef struct {
+    uint8_t *p;
+    size_t len, cap;
+    bool oom;
+} ps_wbuf;
+void ps_wbuf_free(ps_wbuf *b); /* frees p; the struct may be reused */
+void ps_wbuf_u8(ps_wbuf *b, uint8_t v);
+void ps_wbuf_u16(ps_wbuf *b, uint16_t v);
+void ps_wbuf_u32(ps_wbuf *b, uint32_t v);
+void ps_wbuf_u64(ps_wbuf *b, uint64_t v);
+void ps_wbuf_i32(ps_wbuf *b, int32_t v);
+void ps_wbuf_f32(ps_wbuf *b, float v);
+void ps_wbuf_bytes(ps_wbuf *b, const void *p, size_t n);
+void ps_wbuf_str(ps_wbuf *b, const char *s); /* u32 length, then the bytes (no NUL) */
+
+/* A bounded reader over a received payload: reading past the end sets bad and returns
+ * zeros (or NULL), so a parser can read every field and check bad once at the end. */
+typedef struct {
+    const uint8_t *p;
+    size_t len, off;
+    bool bad;
+} ps_rbuf;
+uint8_t ps_rbuf_u8(ps_rbuf *r);
+uint16_t ps_rbuf_u16(ps_rbuf *r);
+uint32_t ps_rbuf_u32(ps_rbuf *r);
+uint64_t ps_rbuf_u64(ps_rbuf *r);
+int32_t ps_rbuf_i32(ps_rbuf *r);
+float ps_rbuf_f32(ps_rbuf *r);
+const void *ps_rbuf_bytes(ps_rbuf *r, size_t n); /* pointer into the payload, or NULL */
+/* Copies a ps_wbuf_str string into out (NUL-terminated); a string longer than cap - 1
+ * bytes or containing a NUL sets bad. */
+void ps_rbuf_str(ps_rbuf *r, char *out, size_t cap);
+
+// ---------------------------------------------------------------------------------------
+// Connections
+
+typedef struct ps_conn ps_conn;
+
+/* Parses "HOST:PORT" ("[v6]:PORT" too); PORT 0..65535. Clear error on anything else. */
+ps_status ps_net_parse_addr(const char *hostport, char *host, size_t hostcap, int *port, char *err, size_t errlen);
+
+/* A listening TCP socket on HOST:PORT (SO_REUSEADDR; PORT 0 picks a free port). *fd_out is
+ * owned by the caller (close it). bound receives the actual "HOST:PORT". */
+ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err,
+                        size_t errlen);
+/* Accepts one connection on a listening socket, waiting at most timeout_ms (-1 = forever).
+ * PS_ERR_TIMEOUT when none came. *out is owned by the caller (ps_conn_free). */
+ps_status ps_net_accept(int listen_fd, int timeout_ms, ps_conn **out, char *err, size_t errlen);
+/* Connects to HOST:PORT within timeout_ms. Errors name the address ("cannot connect to
+ * 10.0.0.2:7701: connection refused"). TCP_NODELAY is set on every connection. */
+ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char *err, size_t errlen);
+/* Stops the sender thread (if any, without waiting for queued frames), closes, frees.
+ * NULL is a no-op. */
+void ps_conn_free(ps_conn *c);
+int ps_conn_fd(const ps_conn *c);
+const char *ps_conn_peer(const ps_conn *c); /* "HOST:PORT" of the other end */
+
+/* Largest payload ps_conn_recv accepts (default 64 KiB, until the handshake is done; a
+ * larger frame is PS_ERR_PROTOCOL "frame of N bytes exceeds the limit of M"). */
+void ps_conn_set_max_payload(ps_conn *c, uint32_t max);
+
+/* Sends one frame (header + the payload gathered from iov) with writev, blocking at most
+ * timeout_ms in all. Not to be mixed with a running sender thread (see below). */
+ps_status ps_conn_send(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms, char *err,
+                       size_t errlen);
+/* Receives one whole frame within timeout_ms (-1 = forever). Reads exactly the frame's
+ * bytes (never more), so poll() on ps_conn_fd stays accurate between frames. *payload
+ * points into the connection's reusable buffer, valid until the next recv on c.
+ * Errors: PS_ERR_TIMEOUT, PS_ERR_NET ("peer closed the connection", socket errors),
+ * PS_ERR_PROTOCOL (bad magic, other version: "peer speaks protocol version 3, this
+ * build speaks 1", payload over the limit, checksum mismatch). */
+ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t **payload, uint32_t *len,
+                       char *err, size_t errlen);
+
+// ---------------------------------------------------------------------------------------
+// Asynchronous sending and link emulation
+
+/* Emulated link of one outgoing hop: every frame is delivered latency_ms after it was
+ * queued, and frames leave no faster than bandwidth_mbps (megabits per second, 0 = no
+ * limit): frame i starts transmitting at max(queued_i + latency, end_{i-1}) and takes
+ * (24 + len) * 8 / (bandwidth_mbps * 1e6) seconds. Deterministic: no jitter. */
+typedef struct {
+    double latency_ms;
+    double bandwidth_mbps;
+} ps_link_sim;
+
+/* Starts a sender thread on c: from now on, ps_conn_send_async queues frames (copying
+ * the payload into reusable buffers) and the thread writes them in order, applying sim
+ * (NULL or zeros = plain TCP). The caller keeps computing while its frame travels. */
+ps_status ps_conn_start_sender(ps_conn *c, const ps_link_sim *sim, char *err, size_t errlen);
+/* Queues one frame. Returns at once, unless the queue holds more than 64 MiB, then waits
+ * for room (at most timeout_ms). A write error of the thread is returned by the next call
+ * (and by ps_conn_flush), naming the peer. */
+ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
+                             char *err, size_t errlen);
+/* Waits until every queued frame has been written (at most timeout_ms). */
+ps_status ps_conn_flush(ps_conn *c, int timeout_ms, char *err, size_t errlen);
+
+/* Counters of what c sent (sync and async), for --stats. */
+typedef struct {
+    uint64_t frames;   /* frames sent */
+    uint64_t bytes;    /* header + payload bytes */
+    double send_ms;    /* sum over frames of queued → last byte written (emulated delay included) */
+} ps_conn_stats;
+void ps_conn_get_stats(const ps_conn *c, ps_conn_stats *out);
+void ps_conn_reset_stats(ps_conn *c);
+
+// ---------------------------------------------------------------------------------------
+// Handshake and authentication
+
+/* Loads a shared key: the file's bytes (at least 16, at most 64 KiB), hashed to 32 bytes
+ * with BLAKE2b (libsodium crypto_generichash). Errors name the file. */
+ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t errlen);
+
+/* Who is on each end of a connection. */
+typedef enum { PS_ROLE_COORD = 1, PS_ROLE_PREV_STAGE = 2, PS_ROLE_WORKER = 3 } ps_role;
+typedef struct {
+    uint8_t role;          /* ps_role */
+    int32_t stage;         /* the sender's stage index (coordinator: 0) */
+    int32_t stage_count;   /* stages in the fleet */
+    int32_t layer_begin;   /* the sender's layer range [begin, end) */
+    int32_t layer_end;
+    int32_t n_layer;       /* layers of the whole model */
+    char model_fp[33];     /* hex fingerprint of the whole model, NUL-terminated */
+    char shard_fp[33];     /* hex fingerprint of the sender's shard */
+    uint64_t session;      /* coordinator-chosen session id (0 from a worker) */
+} ps_hello;
+
+/* Application check of the peer's hello: returns PS_OK, or an error status with a reason
+ * in err (e.g. "stage 2 expects layers from 16, stage 1 ends at 14"). */
+typedef ps_status (*ps_hello_check_fn)(void *ctx, const ps_hello *peer, char *err, size_t errlen);
+
+/* The handshake, run on a fresh connection before anything else:
+ *   client → HELLO {hello, nonce_c (32 random bytes), has_key}
+ *   server → HELLO_REPLY {hello, nonce_s, has_key, proof_s} or REFUSE {reason}
+ *   client → AUTH {proof_c} or REFUSE {reason}
+ *   server → WELCOME or REFUSE {reason}
+ * proof_s = HMAC(key, "pipeshard server" || nonce_c || nonce_s), proof_c = HMAC(key,
+ * "pipeshard client" || nonce_s || nonce_c) with libsodium's crypto_auth (HMAC-SHA-512-256),
+ * checked with crypto_auth_verify (constant time); proofs are all-zero without a key.
+ * A side with a key refuses a peer without one, and the reverse ("this worker requires a
+ * shared key (--key-file)", "the peer has a shared key but we have none"). The server
+ * checks the frame version first (a stale peer gets REFUSE "protocol version 0 is not
+ * supported; this worker speaks 1"), then keys, then check(peer hello) after proof_c
+ * verifies; the client checks proof_s, then check(peer hello). Whoever refuses sends
+ * REFUSE with the reason and returns it in err; whoever receives REFUSE returns
+ * PS_ERR_AUTH (proof or key) or PS_ERR_PROTOCOL (anything else) with
+ * "HOST:PORT refused: <reason>". key may be NULL (no key). Each step waits at most
+ * timeout_ms. On success *peer_out holds the peer's hello and the connection's payload
+ * limit is raised to max_payload. */
+ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
+                                  char *err, size_t errlen);
+ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
+                                  char *err, size_t errlen);
+
+#endif

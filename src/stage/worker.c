@@ -1,0 +1,321 @@
+/* worker.c - the worker's event loop: one poll() over the listening socket, the
+ * coordinator's connection and the previous stage's, on one thread; compute runs on the
+ * stage's pool, outgoing frames on the connection's sender thread. */
+#include "worker.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "stage.h"
+
+typedef struct {
+    const ps_worker_opts *o;
+    ps_stage *stage;
+    const ps_model *m;
+    ps_hello me;         /* our hello (session filled per session) */
+    int lfd;             /* listening socket */
+    ps_conn *ctrl;       /* the coordinator's connection (NULL: no session) */
+    ps_conn *in;         /* the previous stage's connection (stage 1: ctrl) */
+    ps_conn *out;        /* the next stage's connection (last stage: ctrl) */
+    bool ctrl_async;     /* ctrl has a sender thread (last stage) */
+    bool out_failed;     /* the last error came from the next stage's connection */
+    double compute_ms;   /* in forward passes, this session */
+    bool done;           /* done_mb is valid */
+    uint32_t done_mb;    /* the latest micro-batch finished */
+    ps_mb mb;            /* the one being run */
+    uint64_t session;
+    ps_wbuf wb;          /* reusable payload buffer */
+    char err[512];
+} worker;
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* One line on stderr: "pipeshard worker: stage K: ...". */
+static void say(const worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const worker *w, const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "pipeshard worker: stage %d: %s\n", w->me.stage, line);
+}
+
+// ---------------------------------------------------------------------------------------
+// Sessions
+
+/* Sends a frame to the coordinator (through ctrl's sender thread on the last stage). */
+static ps_status ctrl_send(worker *w, uint16_t type, const void *p, size_t len) {
+    struct iovec iov = {(void *)p, len};
+    if (w->ctrl_async) return ps_conn_send_async(w->ctrl, type, &iov, 1, w->o->timeout_ms, w->err, sizeof w->err);
+    return ps_conn_send(w->ctrl, type, &iov, 1, w->o->timeout_ms, w->err, sizeof w->err);
+}
+
+/* Tells the coordinator why the session failed (best effort: an ERROR of the given
+ * ps_err_kind) and ends the session; why NULL = a normal end. */
+static void end_session(worker *w, int kind, const char *why) {
+    if (why) say(w, "session %016llx ended: %s", (unsigned long long)w->session, why);
+    if (w->ctrl && why) {
+        w->wb.len = 0;
+        ps_wbuf_u8(&w->wb, (uint8_t)kind);
+        ps_wbuf_str(&w->wb, why);
+        if (!w->wb.oom && !ctrl_send(w, PS_MSG_ERROR, w->wb.p, w->wb.len) && w->ctrl_async)
+            ps_conn_flush(w->ctrl, 1000, NULL, 0);
+    }
+    if (w->in != w->ctrl) ps_conn_free(w->in);
+    if (w->out != w->ctrl) ps_conn_free(w->out);
+    ps_conn_free(w->ctrl);
+    w->ctrl = w->in = w->out = NULL;
+    w->ctrl_async = false;
+    w->session = 0;
+}
+
+/* Whether the coordinator's connection is closed (peeked without blocking). */
+static bool ctrl_closed(const worker *w) {
+    char b;
+    ssize_t r = recv(ps_conn_fd(w->ctrl), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* The handshake's check of whoever connects: a coordinator of the same model with no
+ * session running, or the previous stage of the current session. */
+static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errlen) {
+    worker *w = ctx;
+    const ps_hello *me = &w->me;
+    if (strcmp(p->model_fp, me->model_fp))
+        return ps_errf(err, errlen, PS_ERR_ARG, "model fingerprint %s does not match this shard's model %s", p->model_fp,
+                       me->model_fp);
+    if (p->stage_count != me->stage_count || p->n_layer != me->n_layer)
+        return ps_errf(err, errlen, PS_ERR_ARG, "a fleet of %d stages over %d layers does not match this shard (stage %d "
+                       "of %d, %d layers)", p->stage_count, p->n_layer, me->stage, me->stage_count, me->n_layer);
+    if (p->role == PS_ROLE_COORD) {
+        if (w->ctrl && !ctrl_closed(w))
+            return ps_errf(err, errlen, PS_ERR_ARG, "busy: serving a session of coordinator %s", ps_conn_peer(w->ctrl));
+        return PS_OK;
+    }
+    if (p->role != PS_ROLE_PREV_STAGE)
+        return ps_errf(err, errlen, PS_ERR_ARG, "a peer of role %d cannot connect to a worker", p->role);
+    if (!w->ctrl || p->session != w->session)
+        return ps_errf(err, errlen, PS_ERR_ARG, "no session %016llx here", (unsigned long long)p->session);
+    if (p->stage != me->stage - 1 || p->layer_end != me->layer_begin)
+        return ps_errf(err, errlen, PS_ERR_ARG, "stage %d (layers %d..%d) cannot feed stage %d (layers %d..%d)", p->stage,
+                       p->layer_begin, p->layer_end, me->stage, me->layer_begin, me->layer_end);
+    return PS_OK;
+}
+
+/* The check of the next stage, which we dial. */
+static ps_status check_next(void *ctx, const ps_hello *p, char *err, size_t errlen) {
+    const ps_hello *me = &((worker *)ctx)->me;
+    if (p->role != PS_ROLE_WORKER || strcmp(p->model_fp, me->model_fp))
+        return ps_errf(err, errlen, PS_ERR_ARG, "the next stage serves another model (%s, ours %s)", p->model_fp,
+                       me->model_fp);
+    if (p->stage != me->stage + 1 || p->layer_begin != me->layer_end)
+        return ps_errf(err, errlen, PS_ERR_ARG, "the next stage is stage %d (layers %d..%d), expected stage %d from layer "
+                       "%d", p->stage, p->layer_begin, p->layer_end, me->stage + 1, me->layer_end);
+    return PS_OK;
+}
+
+/* Max payload of a session's frames: a micro-batch of max_mb positions. */
+static uint32_t payload_limit(const ps_model *m, int max_mb) {
+    uint64_t b = 4096 + (uint64_t)max_mb * (4 + 4 * (uint64_t)m->hp.dim);
+    return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+}
+
+/* SETUP: starts the session's run state and the outgoing hop, answers READY. */
+static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
+    ps_rbuf r = {.p = p, .len = len};
+    uint64_t session = ps_rbuf_u64(&r);
+    ps_ctx_params cp = {.n_ctx = ps_rbuf_i32(&r), .max_batch = ps_rbuf_i32(&r)};
+    int max_mb = ps_rbuf_i32(&r);
+    uint8_t act = ps_rbuf_u8(&r);
+    char next[256];
+    ps_rbuf_str(&r, next, sizeof next);
+    if (r.bad || r.off != len || act > PS_ACT_F32 || session == 0)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "malformed SETUP message");
+    cp.act = (ps_act)act;
+    bool last = w->m->has_head;
+    if (last != !next[0])
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP %s a next stage, but this is %s the last stage",
+                       next[0] ? "names" : "lacks", last ? "" : "not");
+    w->session = w->me.session = session;
+    w->compute_ms = 0, w->done = false;
+    ps_status s = ps_stage_begin(w->stage, &cp, max_mb, w->err, sizeof w->err);
+    if (s) return s;
+    ps_conn_set_max_payload(w->ctrl, payload_limit(w->m, max_mb));
+    if (last) {
+        w->out = w->ctrl;
+        w->ctrl_async = true;
+        if ((s = ps_conn_start_sender(w->ctrl, &w->o->sim, w->err, sizeof w->err))) return s;
+    } else {
+        if ((s = ps_net_dial(next, w->o->timeout_ms, &w->out, w->err, sizeof w->err))) return s;
+        ps_hello peer;
+        w->me.role = PS_ROLE_PREV_STAGE;
+        s = ps_net_handshake_client(w->out, w->o->key, &w->me, check_next, w, payload_limit(w->m, max_mb),
+                                    w->o->timeout_ms, &peer, w->err, sizeof w->err);
+        w->me.role = PS_ROLE_WORKER;
+        if (s) return s;
+        if ((s = ps_conn_start_sender(w->out, &w->o->sim, w->err, sizeof w->err))) return s;
+    }
+    ps_conn_reset_stats(w->out);
+    if (w->me.stage == 1) w->in = w->ctrl;
+    say(w, "session %016llx: %d positions, activations %s, micro-batches of up to %d, next %s",
+        (unsigned long long)session, cp.n_ctx, ps_act_name(cp.act), max_mb, last ? "the coordinator" : next);
+    return ctrl_send(w, PS_MSG_READY, NULL, 0);
+}
+
+/* FORWARD: runs a micro-batch and passes it on with our stats appended; the last stage
+ * answers the coordinator with the token and everyone's stats. */
+static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
+    if (!w->out) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch before SETUP");
+    ps_mb *mb = &w->mb;
+    int dim = w->m->hp.dim;
+    ps_status s = ps_mb_decode(p, len, dim, ps_stage_max_mb(w->stage), mb, w->err, sizeof w->err);
+    if (s) return s;
+    if (!mb->x) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch without activations");
+    double t0 = now_ms();
+    const float *x = NULL;
+    int32_t tok;
+    if ((s = ps_stage_run(w->stage, mb, &x, &tok, w->err, sizeof w->err))) return s;
+    w->compute_ms += now_ms() - t0;
+    w->done_mb = mb->mb, w->done = true;
+    ps_stage_stat *me = &mb->stats[mb->n_stats++];
+    *me = (ps_stage_stat){.stage = w->me.stage, .compute_ms = w->compute_ms};
+    ps_conn_get_stats(w->out, &me->hop);
+    if (!w->m->has_head) {
+        struct iovec iov[2];
+        mb->x = x;
+        ps_mb_encode(&w->wb, mb, dim, iov);
+        if (w->wb.oom) return ps_errf(w->err, sizeof w->err, PS_ERR_NOMEM, "out of memory");
+        s = ps_conn_send_async(w->out, PS_MSG_FORWARD, iov, 2, w->o->timeout_ms, w->err, sizeof w->err);
+        w->out_failed = s != PS_OK;
+        return s;
+    }
+    if (!(mb->flags & PS_MB_SAMPLE)) return PS_OK;
+    w->wb.len = 0;
+    ps_wbuf_u64(&w->wb, mb->seq);
+    ps_wbuf_u32(&w->wb, mb->mb);
+    ps_wbuf_i32(&w->wb, mb->pos + mb->n);
+    ps_wbuf_i32(&w->wb, tok);
+    ps_wbuf_i32(&w->wb, mb->n_stats);
+    for (int i = 0; i < mb->n_stats; i++) ps_stage_stat_encode(&w->wb, &mb->stats[i]);
+    if (w->wb.oom) return ps_errf(w->err, sizeof w->err, PS_ERR_NOMEM, "out of memory");
+    return ctrl_send(w, PS_MSG_TOKENS, w->wb.p, w->wb.len);
+}
+
+/* PROBE: tells the coordinator which micro-batch we finished last. */
+static ps_status probe(worker *w) {
+    w->wb.len = 0;
+    ps_wbuf_i32(&w->wb, w->me.stage);
+    ps_wbuf_u32(&w->wb, w->done);
+    ps_wbuf_u32(&w->wb, w->done_mb);
+    return ctrl_send(w, PS_MSG_STATS, w->wb.p, w->wb.len);
+}
+
+/* Accepts a connection: a coordinator starting a session, or the previous stage joining. */
+static void accept_peer(worker *w) {
+    ps_conn *c;
+    if (ps_net_accept(w->lfd, 0, &c, w->err, sizeof w->err)) return;
+    ps_hello peer;
+    ps_status s = ps_net_handshake_server(c, w->o->key, &w->me, check_peer, w, 64 << 10, w->o->timeout_ms, &peer,
+                                          w->err, sizeof w->err);
+    if (s) {
+        say(w, "refused %s: %s", ps_conn_peer(c), w->err);
+        ps_conn_free(c);
+        return;
+    }
+    if (peer.role == PS_ROLE_COORD) {
+        if (w->ctrl) say(w, "the coordinator of session %016llx went away", (unsigned long long)w->session);
+        if (w->ctrl) end_session(w, 0, NULL);
+        w->ctrl = c;
+        say(w, "coordinator %s connected", ps_conn_peer(c));
+        return;
+    }
+    if (w->in && w->in != w->ctrl) ps_conn_free(w->in);
+    ps_conn_set_max_payload(c, payload_limit(w->m, ps_stage_max_mb(w->stage)));
+    w->in = c;
+}
+
+/* Handles one frame from the coordinator or the previous stage. */
+static void on_frame(worker *w, ps_conn *c) {
+    uint16_t type;
+    const uint8_t *p;
+    uint32_t len;
+    ps_status s = ps_conn_recv(c, w->o->timeout_ms, &type, &p, &len, w->err, sizeof w->err);
+    if (!s && c == w->ctrl && type == PS_MSG_SETUP) s = setup(w, p, len);
+    else if (!s && c == w->ctrl && type == PS_MSG_BYE) return end_session(w, 0, NULL);
+    else if (!s && c == w->ctrl && type == PS_MSG_PROBE) s = probe(w);
+    else if (!s && c == w->in && type == PS_MSG_FORWARD) s = forward(w, p, len);
+    else if (!s) s = ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "unexpected message type %u from %s", type,
+                             ps_conn_peer(c));
+    if (!s) return;
+    int kind = PS_ERR_KIND_SELF;
+    if (c != w->ctrl && (s == PS_ERR_NET || s == PS_ERR_TIMEOUT)) kind = PS_ERR_KIND_PREV;
+    else if (w->out_failed) kind = PS_ERR_KIND_NEXT;
+    w->out_failed = false;
+    end_session(w, kind, w->err);
+}
+
+ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
+    worker w = {.o = o, .lfd = -1};
+    ps_status s = ps_stage_open(o->shard, o->threads, &w.stage, err, errlen);
+    if (s) return s;
+    w.m = ps_stage_model(w.stage);
+    const ps_shard_meta *sm = &w.m->shard;
+    w.me = (ps_hello){.role = PS_ROLE_WORKER, .stage = sm->present ? sm->stage_index : 0,
+                      .stage_count = sm->present ? sm->stage_count : 1, .layer_begin = w.m->layer_begin,
+                      .layer_end = w.m->layer_end, .n_layer = w.m->hp.n_layer};
+    snprintf(w.me.model_fp, sizeof w.me.model_fp, "%s", sm->model_fp);
+    snprintf(w.me.shard_fp, sizeof w.me.shard_fp, "%s", sm->shard_fp);
+    if (!sm->present || w.me.stage == 0) {
+        s = ps_errf(err, errlen, PS_ERR_ARG, "%s is %s; a worker serves a shard of stage 1 or later (stage 0 runs in "
+                    "the coordinator)", o->shard, sm->present ? "the stage-0 shard" : "a whole model, not a shard");
+        goto out;
+    }
+    if (o->verify) {
+        char fp[33];
+        if ((s = ps_shard_fingerprint(w.m->gguf, sm, fp, err, errlen))) goto out;
+        if (strcmp(fp, sm->shard_fp)) {
+            s = ps_errf(err, errlen, PS_ERR_FORMAT, "%s: shard fingerprint %s does not match its contents (%s)", o->shard,
+                        sm->shard_fp, fp);
+            goto out;
+        }
+    }
+    char bound[300];
+    if ((s = ps_net_listen(o->listen, &w.lfd, bound, sizeof bound, err, errlen))) goto out;
+    say(&w, "layers %d..%d of %d, listening on %s%s", w.me.layer_begin, w.me.layer_end, w.me.n_layer, bound,
+        o->key ? " (shared key required)" : "");
+    if (o->ready_fd >= 0) {
+        const char *colon = strrchr(bound, ':');
+        dprintf(o->ready_fd, "%s\n", colon ? colon + 1 : bound);
+        close(o->ready_fd);
+    }
+    while (!*o->stop) {
+        struct pollfd fds[3] = {{.fd = w.lfd, .events = POLLIN}};
+        int n = 1;
+        if (w.ctrl) fds[n++] = (struct pollfd){.fd = ps_conn_fd(w.ctrl), .events = POLLIN};
+        if (w.in && w.in != w.ctrl) fds[n++] = (struct pollfd){.fd = ps_conn_fd(w.in), .events = POLLIN};
+        ps_pool_park(ps_stage_pool(w.stage));
+        if (poll(fds, (nfds_t)n, 1000) <= 0) continue;
+        if (w.in && w.in != w.ctrl && fds[n - 1].revents) on_frame(&w, w.in);
+        if (w.ctrl && n > 1 && fds[1].revents) on_frame(&w, w.ctrl);
+        if (fds[0].revents) accept_peer(&w);
+    }
+    say(&w, "stopping");
+out:
+    if (w.ctrl) end_session(&w, 0, NULL);
+    if (w.lfd >= 0) close(w.lfd);
+    ps_wbuf_free(&w.wb);
+    ps_stage_free(w.stage);
+    return s;
+}

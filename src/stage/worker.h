@@ -1,0 +1,35 @@
+/* worker.h - a stage behind a socket: `pipeshard worker`.
+ *
+ * A worker serves one shard to one coordinator session at a time. The coordinator
+ * connects, authenticates and sends SETUP; the worker then connects to the next stage
+ * (or, on the last stage, answers on the coordinator's connection), receives micro-batches
+ * from the previous stage (stage 1: from the coordinator), runs them and passes them on.
+ * When any connection of the session fails, the session ends and the worker waits for
+ * the next one: a worker never exits because of a peer. */
+#ifndef PS_WORKER_H
+#define PS_WORKER_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../net/net.h"
+#include "../ps.h"
+
+typedef struct {
+    const char *shard;         /* shard file (or a whole model: then the only stage) */
+    const char *listen;        /* "HOST:PORT" (PORT 0 = any free port) */
+    int threads;               /* compute threads */
+    const uint8_t *key;        /* 32-byte shared key, or NULL for none */
+    ps_link_sim sim;           /* emulation of the outgoing hop */
+    int timeout_ms;            /* handshakes, and a frame once it has begun to arrive */
+    int ready_fd;              /* >= 0: write "PORT\n" there once listening, then close it */
+    bool verify;               /* recompute the shard fingerprint at start-up */
+    volatile sig_atomic_t *stop; /* set by a signal handler: return after the current step */
+} ps_worker_opts;
+
+/* Loads the shard and serves sessions until *o->stop is set. Returns an error only when
+ * it cannot start (bad shard, address in use); logs one line per event on stderr. */
+ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen);
+
+#endif
