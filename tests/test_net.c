@@ -743,6 +743,37 @@ static void test_handshake_stale_and_malformed(void) {
         ps_conn_free(b);
     }
 
+    /* a valid HELLO cut at every byte, and one with a trailing byte */
+    ps_wbuf w = {0};
+    ps_hello cm2 = hello_of(PS_ROLE_COORD, 0, 0, 10);
+    ps_wbuf_u8(&w, cm2.role);
+    ps_wbuf_i32(&w, cm2.stage);
+    ps_wbuf_i32(&w, cm2.stage_count);
+    ps_wbuf_i32(&w, cm2.layer_begin);
+    ps_wbuf_i32(&w, cm2.layer_end);
+    ps_wbuf_i32(&w, cm2.n_layer);
+    ps_wbuf_str(&w, cm2.model_fp);
+    ps_wbuf_str(&w, cm2.shard_fp);
+    ps_wbuf_u64(&w, cm2.session);
+    uint8_t nonce[32] = {7};
+    ps_wbuf_bytes(&w, nonce, 32);
+    ps_wbuf_u8(&w, 0);
+    ps_wbuf_u8(&w, 0); /* the trailing byte */
+    int refused = 0;
+    for (size_t cut = 0; cut <= w.len; cut++) {
+        if (cut == w.len - 1) continue; /* the valid length */
+        if (!make_pair(&a, &b)) break;
+        struct iovec iov = {w.p, cut};
+        PS_CHECK_OK(ps_conn_send(a, PS_MSG_HELLO, &iov, 1, 1000, err, sizeof err));
+        ps_status s = ps_net_handshake_server(b, NULL, &mine, NULL, NULL, 0, 1000, &peer, err, sizeof err);
+        snprintf(want, sizeof want, "refused %s: malformed HELLO (%zu bytes)", ps_conn_peer(b), cut);
+        refused += s == PS_ERR_PROTOCOL && strcmp(err, want) == 0;
+        ps_conn_free(a);
+        ps_conn_free(b);
+    }
+    PS_CHECK_EQ_INT(refused, w.len);
+    ps_wbuf_free(&w);
+
     /* a message of the wrong type first, then a silent client */
     if (!make_pair(&a, &b)) return;
     PS_CHECK_OK(ps_conn_send(a, PS_MSG_FORWARD, NULL, 0, 1000, err, sizeof err));

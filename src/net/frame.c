@@ -56,7 +56,7 @@ const char *net_errno_str(int errnum, char *buf, size_t cap) {
     char tmp[128];
     const char *s = strerror_r(errnum, tmp, sizeof tmp); /* GNU variant (_GNU_SOURCE) */
     snprintf(buf, cap, "%s", s);
-    if (cap > 0 && buf[0] >= 'A' && buf[0] <= 'Z' && !(buf[1] >= 'A' && buf[1] <= 'Z')) buf[0] += 'a' - 'A';
+    if (cap > 1 && buf[0] >= 'A' && buf[0] <= 'Z' && !(buf[1] >= 'A' && buf[1] <= 'Z')) buf[0] += 'a' - 'A';
     return buf;
 }
 
@@ -312,6 +312,7 @@ static ps_status conn_new(int fd, const char *peer, ps_conn **out, char *err, si
     return PS_OK;
 }
 
+/* The sender thread goes first: it writes to fd until it is stopped. */
 void ps_conn_free(ps_conn *c) {
     if (!c) return;
     net_sender_free(c->snd);
@@ -325,6 +326,8 @@ int ps_conn_fd(const ps_conn *c) { return c->fd; }
 const char *ps_conn_peer(const ps_conn *c) { return c->peer; }
 void ps_conn_set_max_payload(ps_conn *c, uint32_t max) { c->max_payload = max; }
 
+/* The listening socket is non-blocking, so that ps_net_accept never blocks in accept4
+ * when a connection vanished between poll and accept. */
 ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err,
                         size_t errlen) {
     char host[256], eb[128];
@@ -336,7 +339,7 @@ ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t b
     int fd = -1, last = 0;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
         int one = 1;
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
         if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
             bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0)
             break;
@@ -359,6 +362,8 @@ ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t b
     return PS_OK;
 }
 
+/* Polls the listening socket, then accept4; a connection that vanished in between (or a
+ * spurious wake-up) goes back to waiting until the deadline. */
 ps_status ps_net_accept(int listen_fd, int timeout_ms, ps_conn **out, char *err, size_t errlen) {
     int64_t deadline = net_deadline(timeout_ms);
     char eb[128];
@@ -421,6 +426,9 @@ fail:
     return -1;
 }
 
+/* Tries every address of the host in turn (IPv4 and IPv6) until one connects; the
+ * deadline covers them all (name resolution itself is not bounded: use numeric
+ * addresses where that matters). */
 ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char *err, size_t errlen) {
     char host[256], peer[NET_PEER_MAX], eb[128];
     int port;
@@ -510,6 +518,8 @@ ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct
     return PS_OK;
 }
 
+/* While a sender thread runs, the frame goes through its queue (and this waits until it
+ * is written), so that frames never interleave on the socket. */
 ps_status ps_conn_send(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms, char *err,
                        size_t errlen) {
     if (c->snd) return net_sender_send_sync(c, type, iov, iovcnt, timeout_ms, err, errlen);
@@ -578,8 +588,8 @@ static ps_status rbuf_reserve(ps_conn *c, size_t n, char *err, size_t errlen) {
     return PS_OK;
 }
 
-/* Reads a payload of h->len bytes into the receive buffer; what = "header"/"payload" for
- * messages. */
+/* Reads the h->len payload bytes of a frame into the receive buffer (grown as needed),
+ * with the err lines of a payload cut short by a timeout or by the peer closing. */
 static ps_status read_payload(ps_conn *c, const ps_frame_hdr *h, int64_t deadline, int timeout_ms, char *err,
                               size_t errlen) {
     size_t got;
@@ -641,6 +651,7 @@ ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint
     return PS_OK;
 }
 
+/* net_recv_frame without the header; the out-parameters are set only on success. */
 ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t **payload, uint32_t *len,
                        char *err, size_t errlen) {
     ps_frame_hdr h;
