@@ -216,6 +216,7 @@ static bool pump(ps_coord *c, double ms, uint32_t want_mb, int32_t *token, bool 
         int r = m ? poll(fds, (nfds_t)m, (int)left + 1) : 0;
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
+        ps_pool_wake(ps_stage_pool(c->stage0)); /* likely the token: stage 0 runs next */
         for (int i = 0; i < m; i++)
             if (fds[i].revents) on_frame(c, ks[i], want_mb, token);
         for (int k = 1; k < c->n; k++)

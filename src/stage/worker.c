@@ -307,6 +307,7 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         if (w.in && w.in != w.ctrl) fds[n++] = (struct pollfd){.fd = ps_conn_fd(w.in), .events = POLLIN};
         ps_pool_park(ps_stage_pool(w.stage));
         if (poll(fds, (nfds_t)n, 1000) <= 0) continue;
+        if (n > 1) ps_pool_wake(ps_stage_pool(w.stage)); /* likely a micro-batch: wake the threads meanwhile */
         if (w.in && w.in != w.ctrl && fds[n - 1].revents) on_frame(&w, w.in);
         if (w.ctrl && n > 1 && fds[1].revents) on_frame(&w, w.ctrl);
         if (fds[0].revents) accept_peer(&w);

@@ -30,6 +30,10 @@ void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx)
  * cores from another process (another stage on the same host). The next ps_pool_run
  * wakes them. */
 void ps_pool_park(ps_pool *p);
+/* Undoes ps_pool_park ahead of time: sleeping workers wake and spin, so that the next
+ * ps_pool_run does not wait for them to be scheduled (call it when input arrives, before
+ * decoding it). */
+void ps_pool_wake(ps_pool *p);
 
 /* Matrices ------------------------------------------------------------------------- */
 typedef struct {

@@ -90,21 +90,23 @@ static void gen_wake(ps_pool *p) {
  * count is raised (seq_cst) before the futex re-checks gen, and the caller bumps gen
  * (seq_cst) before it reads sleepers, so one of them always sees the other. */
 static unsigned next_gen(ps_pool *p, unsigned seen) {
-    long long t0 = now_ns();
-    for (int i = 0;; i++) {
-        unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        if (g != seen) return g;
-        cpu_relax();
-        if ((i & 255) != 255) continue;
-        if (now_ns() - t0 > SPIN_NS || atomic_load_explicit(&p->parked, memory_order_relaxed)) break;
-        if ((i & 4095) == 4095) sched_yield(); /* let a descheduled peer run */
-    }
     for (;;) {
-        atomic_fetch_add(&p->sleepers, 1);
-        gen_wait(p, seen);
-        atomic_fetch_sub(&p->sleepers, 1);
-        unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        if (g != seen) return g;
+        long long t0 = now_ns();
+        for (int i = 0;; i++) {
+            unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
+            if (g != seen) return g;
+            cpu_relax();
+            if ((i & 255) != 255) continue;
+            if (now_ns() - t0 > SPIN_NS || atomic_load_explicit(&p->parked, memory_order_relaxed)) break;
+            if ((i & 4095) == 4095) sched_yield(); /* let a descheduled peer run */
+        }
+        do {
+            atomic_fetch_add(&p->sleepers, 1);
+            gen_wait(p, seen);
+            atomic_fetch_sub(&p->sleepers, 1);
+            unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
+            if (g != seen) return g;
+        } while (atomic_load_explicit(&p->parked, memory_order_relaxed)); /* ps_pool_wake: spin again */
     }
 }
 
@@ -184,6 +186,12 @@ int ps_pool_size(const ps_pool *p) { return p ? p->n : 1; }
 
 void ps_pool_park(ps_pool *p) {
     if (p) atomic_store_explicit(&p->parked, true, memory_order_relaxed);
+}
+
+void ps_pool_wake(ps_pool *p) {
+    if (!p || p->n == 1) return;
+    atomic_store(&p->parked, false);
+    if (atomic_load(&p->sleepers) > 0) gen_wake(p);
 }
 
 void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx) {

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""pipeline.py - a split model against the unsplit one, measured side by side in one run.
+
+  bench/pipeline.py [--threads 2] [--repeats 3] [--tokens 64] [--models "llama-3.2-1b:Q4_0 smollm2-135m:Q8_0"]
+                    [--latencies 0,10,50,100] [--ttft-prompt 1024] [--skip decode,latency,ttft]
+
+Models are written by `pipeshard synth` into .cache/bench (kept between runs); shards into
+bench/out. Every stage runs with --threads threads; workers are `pipeshard worker` processes on
+loopback. Three tables:
+  1. decode tok/s of 1, 2 and 3 stages, runs interleaved, medians of --repeats; ratio = split/unsplit;
+  2. decode tok/s of 2 and 3 stages at each emulated one-way latency per hop (--sim-latency-ms on the
+     coordinator and on every worker);
+  3. time to first token of a --ttft-prompt-token prompt on 1, 2 and 3 stages (--prefill-chunk 128).
+     When the machine has at least threads x stages cores, each stage is pinned to its own cores
+     (taskset), as if every stage had a machine of its own; otherwise the stages share the cores,
+     and pipelining cannot shorten the prefill.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "pipeshard")
+OUT = os.path.join(ROOT, "bench", "out")
+
+
+def sh(args, **kw):
+    return subprocess.run(args, check=True, capture_output=True, text=True, **kw)
+
+
+def model_path(spec):
+    shape, typ = spec.split(":")
+    path = os.path.join(ROOT, ".cache", "bench", f"{shape}-{typ}.gguf")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        sh([BIN, "synth", "--like", shape, "--type", typ, "-o", path])
+    return path
+
+
+class Fleet:
+    """Workers of a split model on loopback (stages 1..n-1), optionally pinned to cores."""
+
+    def __init__(self, model, n, threads, latency=0.0, cpus=None):
+        self.n, self.procs = n, []
+        name = os.path.basename(model).rsplit(".", 1)[0]
+        self.dir = os.path.join(OUT, f"{name}-{n}")
+        fleet_json = os.path.join(self.dir, "fleet.json")
+        if not os.path.exists(fleet_json) or os.path.getmtime(fleet_json) < os.path.getmtime(model):
+            shutil.rmtree(self.dir, ignore_errors=True)
+            sh([BIN, "split", "-m", model, "--stages", str(n), "-o", self.dir, "--quiet"])
+        fleet = json.load(open(fleet_json))
+        for k in range(1, n):
+            r, w = os.pipe()
+            cmd = [BIN, "worker", "--shard", os.path.join(self.dir, fleet["stages"][k]["shard"]),
+                   "--listen", "127.0.0.1:0", "-t", str(threads), "--ready-fd", str(w),
+                   "--sim-latency-ms", str(latency)]
+            if cpus:
+                cmd = ["taskset", "-c", cpus[k]] + cmd
+            log = open(os.path.join(self.dir, f"worker-{k}.log"), "w")
+            self.procs.append(subprocess.Popen(cmd, pass_fds=(w,), stderr=log))
+            os.close(w)
+            port = os.read(r, 16).decode().strip()
+            os.close(r)
+            if not port:
+                raise RuntimeError(f"worker {k} did not start: see {log.name}")
+            fleet["stages"][k]["address"] = f"127.0.0.1:{port}"
+        self.fleet_json = os.path.join(self.dir, "fleet-bench.json")
+        json.dump(fleet, open(self.fleet_json, "w"))
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(timeout=30)
+
+
+def run(model_args, threads, prompt, n, extra=(), cpus0=None):
+    cmd = [BIN, "run"] + list(model_args) + ["-t", str(threads), "--prompt-ids", ",".join(map(str, prompt)),
+                                              "-n", str(n), "--ignore-eos", "--temp", "0", "--print-ids",
+                                              "--stats", "-c", "2048"] + list(extra)
+    if cpus0:
+        cmd = ["taskset", "-c", cpus0] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()[-500:]}")
+    return json.loads(p.stderr.strip().splitlines()[-1])
+
+
+def decode_table(models, threads, repeats, tokens):
+    print(f"\n1. decode, {threads} threads per stage, loopback, {tokens} tokens, medians of {repeats} (runs interleaved)")
+    print(f"{'model':26} {'stages':>6} {'tok/s':>9} {'ratio':>7}   per-stage compute ms/token")
+    prompt = list(range(1, 17))
+    for spec in models:
+        model = model_path(spec)
+        fleets = {n: Fleet(model, n, threads) for n in (2, 3)}
+        try:
+            res = {1: [], 2: [], 3: []}
+            for _ in range(repeats):
+                for n in (1, 2, 3):
+                    args = ["-m", model] if n == 1 else ["--fleet", fleets[n].fleet_json]
+                    res[n].append(run(args, threads, prompt, tokens))
+        finally:
+            for f in fleets.values():
+                f.stop()
+        base = statistics.median(j["decode_tok_s"] for j in res[1])
+        for n in (1, 2, 3):
+            tps = statistics.median(j["decode_tok_s"] for j in res[n])
+            j = res[n][-1]
+            per = [s["compute_ms"] / max(1, j["generated_tokens"]) for s in j["stage_stats"]]
+            print(f"{spec:26} {n:6} {tps:9.2f} {tps / base:7.3f}   " + " ".join(f"{x:.2f}" for x in per))
+
+
+def latency_table(models, threads, latencies):
+    print(f"\n2. decode tok/s with emulated one-way latency per hop ({threads} threads per stage, 16 tokens)")
+    print(f"{'model':26} {'stages':>6} " + " ".join(f"{str(l) + ' ms':>9}" for l in latencies))
+    prompt = list(range(1, 17))
+    for spec in models:
+        model = model_path(spec)
+        for n in (2, 3):
+            row = []
+            for lat in latencies:
+                f = Fleet(model, n, threads, latency=lat)
+                try:
+                    j = run(["--fleet", f.fleet_json], threads, prompt, 16, ["--sim-latency-ms", str(lat)])
+                finally:
+                    f.stop()
+                row.append(j["decode_tok_s"])
+            print(f"{spec:26} {n:6} " + " ".join(f"{x:9.2f}" for x in row))
+
+
+def ttft_table(models, threads, n_prompt):
+    ncpu = len(os.sched_getaffinity(0))
+    pin = ncpu >= 3 * threads
+    where = "each stage pinned to its own cores" if pin else f"all stages share this machine's {ncpu} cores"
+    print(f"\n3. time to first token, {n_prompt}-token prompt, --prefill-chunk 128, {threads} threads per stage, {where}")
+    print(f"{'model':26} {'stages':>6} {'ttft ms':>9} {'vs 1':>7}")
+    rng = random.Random(1)
+    for spec in models:
+        model = model_path(spec)
+        prompt = [rng.randrange(1, 40000) for _ in range(n_prompt)]
+        base = None
+        for n in (1, 2, 3):
+            cpus = [f"{k * threads}-{k * threads + threads - 1}" for k in range(n)] if pin else None
+            f = Fleet(model, n, threads, cpus=cpus) if n > 1 else None
+            try:
+                args = ["-m", model] if n == 1 else ["--fleet", f.fleet_json]
+                ms = statistics.median(run(args, threads, prompt, 1, ["--prefill-chunk", "128"],
+                                           cpus0=cpus[0] if cpus else None)["ttft_ms"] for _ in range(2))
+            finally:
+                if f:
+                    f.stop()
+            base = base or ms
+            print(f"{spec:26} {n:6} {ms:9.1f} {ms / base:7.3f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--models", default="llama-3.2-1b:Q4_0 smollm2-135m:Q8_0")
+    ap.add_argument("--latencies", default="0,10,50,100")
+    ap.add_argument("--ttft-prompt", type=int, default=1024)
+    ap.add_argument("--skip", default="")
+    a = ap.parse_args()
+    subprocess.run(["cmake", "-S", ROOT, "-B", os.path.join(ROOT, "build"), "-DCMAKE_BUILD_TYPE=Release"],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", os.path.join(ROOT, "build"), "-j", "--target", "pipeshard"], check=True,
+                   capture_output=True)
+    os.makedirs(OUT, exist_ok=True)
+    models, skip = a.models.split(), a.skip.split(",")
+    print(f"pipeshard {time.strftime('%Y-%m-%d %H:%M')}, {len(os.sched_getaffinity(0))} cores")
+    if "decode" not in skip:
+        decode_table(models, a.threads, a.repeats, a.tokens)
+    if "latency" not in skip:
+        latency_table(models, a.threads, [float(x) for x in a.latencies.split(",")])
+    if "ttft" not in skip:
+        ttft_table(models, a.threads, a.ttft_prompt)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
