@@ -33,6 +33,8 @@ struct ps_coord {
     bool connected;
     uint32_t mb;              /* micro-batches sent in this session */
     int32_t token;            /* the awaited token, once it came (-1 before) */
+    int32_t *hist;            /* (n_ctx) the sequence's tokens, to rebuild the workers' KV
+                                 after a reconnection (DESIGN.md, invariant 3) */
     int max_mb;
     stage_view st[PS_SHARD_MAX_STAGES];
     ps_wbuf wb;
@@ -72,9 +74,11 @@ static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t er
     return PS_OK;
 }
 
-/* Closes every worker connection (after telling them the session is over, when asked). */
+/* Closes every worker connection (after telling them the session is over, when asked).
+ * BYE goes from the last stage back to stage 1: each worker has its BYE before its previous
+ * stage, ending the session, hangs up on it. */
 static void disconnect(ps_coord *c, bool bye) {
-    for (int k = 1; k < c->n; k++) {
+    for (int k = c->n - 1; k >= 1; k--) {
         stage_view *v = &c->st[k];
         if (bye && v->conn && k > 1) ps_conn_send(v->conn, PS_MSG_BYE, NULL, 0, 1000, NULL, 0);
         if (bye && v->conn && k == 1) {
@@ -183,7 +187,7 @@ static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token) {
             ps_stage_stat_decode(&r, &st);
             if (st.stage > 0 && st.stage < c->n) c->st[st.stage].cur = st;
         }
-        if (!r.bad && r.off == len && mb == want_mb && tok >= 0) {
+        if (!r.bad && r.off == len && mb == want_mb && tok >= 0 && tok < ps_stage_model(c->stage0)->hp.vocab) {
             *token = tok;
             return;
         }
@@ -339,6 +343,10 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
     if (c->max_mb > n_ctx) c->max_mb = n_ctx;
     ps_ctx_params cp = {.n_ctx = n_ctx, .max_batch = o->max_batch, .act = o->act};
     if ((s = ps_stage_begin(c->stage0, &cp, c->max_mb, err, errlen))) goto fail;
+    if (!(c->hist = malloc((size_t)n_ctx * sizeof *c->hist))) {
+        s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     const ps_shard_meta *sm = &m->shard;
     c->me = (ps_hello){.role = PS_ROLE_COORD, .stage = 0, .stage_count = c->n, .layer_begin = m->layer_begin,
                        .layer_end = m->layer_end, .n_layer = m->hp.n_layer};
@@ -356,6 +364,7 @@ void ps_coord_free(ps_coord *c) {
     if (c->connected) disconnect(c, true);
     ps_stage_free(c->stage0);
     ps_wbuf_free(&c->wb);
+    free(c->hist);
     free(c);
 }
 
@@ -376,7 +385,14 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
     *token = -1;
     c->err[0] = 0;
     ps_status s = PS_OK;
-    if (c->n > 1 && !c->connected && (s = connect_fleet(c))) goto out;
+    if (n < 1 || pos < 0 || (long long)pos + n > ps_coord_n_ctx(c))
+        return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d do not fit the context of %d", n, pos,
+                       ps_coord_n_ctx(c));
+    memcpy(c->hist + pos, tokens, (size_t)n * sizeof *tokens);
+    if (c->n > 1 && !c->connected) {
+        if ((s = connect_fleet(c))) goto out;
+        tokens = c->hist, n += pos, pos = 0; /* fresh workers: replay the sequence so far */
+    }
     int dim = ps_stage_model(c->stage0)->hp.dim;
     uint32_t last_mb = 0;
     for (int done = 0; done < n;) {

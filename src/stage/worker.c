@@ -15,6 +15,9 @@
 
 #include "stage.h"
 
+/* Longest wait for each step of an incoming handshake. */
+#define HANDSHAKE_MS 5000
+
 typedef struct {
     const ps_worker_opts *o;
     ps_stage *stage;
@@ -227,10 +230,14 @@ static void accept_peer(worker *w) {
     ps_conn *c;
     if (ps_net_accept(w->lfd, 0, &c, w->err, sizeof w->err)) return;
     ps_hello peer;
-    ps_status s = ps_net_handshake_server(c, w->o->key, &w->me, check_peer, w, 64 << 10, w->o->timeout_ms, &peer,
-                                          w->err, sizeof w->err);
+    /* the loop waits for the handshake: keep a silent peer from holding a session long */
+    int hs_ms = w->o->timeout_ms < HANDSHAKE_MS ? w->o->timeout_ms : HANDSHAKE_MS;
+    ps_status s = ps_net_handshake_server(c, w->o->key, &w->me, check_peer, w, 64 << 10, hs_ms, &peer, w->err,
+                                          sizeof w->err);
     if (s) {
-        say(w, "refused %s: %s", ps_conn_peer(c), w->err);
+        /* the handshake's errors name the peer already ("refused P: why", "P refused: why") */
+        if (strstr(w->err, ps_conn_peer(c))) say(w, "%s", w->err);
+        else say(w, "handshake with %s failed: %s", ps_conn_peer(c), w->err);
         ps_conn_free(c);
         return;
     }
@@ -308,8 +315,12 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         ps_pool_park(ps_stage_pool(w.stage));
         if (poll(fds, (nfds_t)n, 1000) <= 0) continue;
         if (n > 1) ps_pool_wake(ps_stage_pool(w.stage)); /* likely a micro-batch: wake the threads meanwhile */
-        if (w.in && w.in != w.ctrl && fds[n - 1].revents) on_frame(&w, w.in);
+        /* the coordinator's frames first: at the end of a session its BYE is already here when
+           the previous stage hangs up (it says BYE from the last stage back), so the hang-up
+           is no error */
+        ps_conn *in = w.in && w.in != w.ctrl ? w.in : NULL;
         if (w.ctrl && n > 1 && fds[1].revents) on_frame(&w, w.ctrl);
+        if (in && w.in == in && fds[n - 1].revents) on_frame(&w, in);
         if (fds[0].revents) accept_peer(&w);
     }
     say(&w, "stopping");
