@@ -1,0 +1,730 @@
+#!/usr/bin/env python3
+"""test_pipeline.py - a model split into stages across worker processes gives the unsplit tokens,
+refuses wrong peers with a reason on both sides, and reports dead or stalled workers in time.
+
+Models: a 6-layer synthetic model written by `$PIPESHARD_BIN synth` (always, so the test never
+fully skips), ../shared/models/stories260K.gguf (5 layers) and $PS_MODEL_CACHE/SmolLM2-135M-
+Instruct.Q4_1.gguf when present (those parts skip with a message when absent). The reference is
+always the unsplit `run -m MODEL --print-ids`, greedy and seeded (--temp 0.8 --seed 7 --top-k 40
+--repeat-penalty 1.3, so the last stage's token history matters). Cases:
+  1. bit-exactness: `run --local-stages N` for N = 1..4 prints the reference ids; so does an
+     explicit `split` + `worker` processes + `run --fleet` (3 stages; --stats counts 3 hops), a
+     20+-token prompt with --prefill-chunk 3 (pipelined chunked prefill), and --activations f32
+     against the unsplit f32 run. SmolLM2 stays cheap: greedy on 1..4 stages, seeded on 2 and 4
+     (under the sanitizer build: greedy on 4 only). A normally ended session leaves no error in
+     any worker's log (regression: stage 2 used to log its previous stage's hang-up as a failure).
+  2. the same with every worker in its own network namespace (ip netns: a hub namespace holding a
+     bridge, a veth per worker and one from the root namespace, where the coordinator runs), on a
+     private /24, 4 stages, with a shared key; skipped with a message where namespaces cannot be
+     made. Always cleaned up; leftovers of dead earlier runs are deleted first.
+  3. refusals, each stated by the coordinator (run's stderr) AND the worker (its log): wrong key,
+     key on one side only (both ways), shards out of order, a shard of another model, a second
+     coordinator while a session runs (busy; the first run still prints the unsplit ids), a stale
+     protocol version (a Python client sending HELLO with header version 0 gets a REFUSE naming
+     the version; a fake Python worker answering with a version-0 frame makes `run` fail naming
+     its address and the version). After each, the workers serve a correct run.
+  4. failures, in the middle of a 400-token generation: a worker SIGKILLed (stage 2, then stage 1)
+     makes `run` exit non-zero within --stage-timeout-ms, naming "stage K (ADDRESS)", the tokens
+     printed until then being the unsplit run's; restarted on the same port it serves the next run
+     exactly; a SIGSTOPped worker (stage 2, then stage 1) makes `run` exit non-zero in about the
+     timeout naming the stalled stage, and once resumed serves again; the other workers survive.
+  5. worker start-up errors: a whole model or the stage-0 shard as --shard, a --listen port in
+     use: exit 1 with one clear line.
+Every worker log and run stderr is also scanned for sanitizer reports (scripts/test.sh runs this
+test on the ASan build too). Workers die with the test (PR_SET_PDEATHSIG). Exit 0 pass, 1 fail
+(never skips as a whole: the synthetic model is always there).
+"""
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import xxhash  # noqa: E402
+from pstest import check, failures, verdict  # noqa: E402
+
+BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
+SHARED = os.environ.get("PS_SHARED_MODELS", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models"))
+CACHE = os.environ.get("PS_MODEL_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "models"))
+TMP = None
+SANITIZED = False
+WORKERS = []   # every Worker started, stopped at the end
+SAN_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
+
+GREEDY = ["--temp", "0"]
+SEEDED = ["--temp", "0.8", "--seed", "7", "--top-k", "40", "--repeat-penalty", "1.3"]
+GEN = ["-n", "24", "--ignore-eos", "--print-ids", "-t", "1"]
+TIMEOUT_MS = 5000  # --stage-timeout-ms of the failure runs
+
+# net.h: 24-byte little-endian header magic u32, version u16, type u16, flags u32, len u32, XXH3-64 u64
+MAGIC = 0x3144534E
+HDR = struct.Struct("<IHHIIQ")
+MSG_HELLO, MSG_HELLO_REPLY, MSG_REFUSE = 1, 2, 5
+
+
+# ------------------------------------------------------------------------------ helpers
+def san_check(text, what):
+    bad = [m for m in SAN_MARKS if m in text]
+    check(not bad, f"{what}: sanitizer report:\n{text[-3000:]}")
+
+
+def pipeshard(args, timeout=180):
+    """Runs `pipeshard args`; returns the CompletedProcess (text)."""
+    p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    san_check(p.stderr, "pipeshard " + " ".join(args))
+    return p
+
+
+def ids(args, what, timeout=180):
+    """The ids `run args` prints; a failed run is a check failure (returns None)."""
+    p = pipeshard(["run"] + args, timeout)
+    if not check(p.returncode == 0, f"{what}: run exited {p.returncode}: {p.stderr[-1500:]}"):
+        return None
+    return p.stdout.split()
+
+
+def same(got, want, what):
+    return check(got is not None and got == want, f"{what}: ids\n  {got}\ndiffer from the unsplit run's\n  {want}")
+
+
+def split(model, n, out):
+    p = pipeshard(["split", "-m", model, "--stages", str(n), "-o", out, "--quiet"])
+    if p.returncode != 0:
+        raise AssertionError(f"split {model} into {n}: exit {p.returncode}: {p.stderr}")
+    return os.path.join(out, "fleet.json")
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_fleet(fleet, addrs, name):
+    """A copy of fleet.json (next to it, so shard paths still resolve) with stage k at addrs[k-1]."""
+    j = load_json(fleet)
+    for k, a in enumerate(addrs, 1):
+        j["stages"][k]["address"] = a
+    path = os.path.join(os.path.dirname(fleet), name)
+    with open(path, "w") as f:
+        json.dump(j, f)
+    return path
+
+
+def shard(fleet, k):
+    return os.path.join(os.path.dirname(fleet), f"stage-{k}.gguf")
+
+
+def key_file(name):
+    path = os.path.join(TMP, name)
+    with open(path, "wb") as f:
+        f.write(os.urandom(32))
+    return path
+
+
+_prctl = ctypes.CDLL(None).prctl
+
+
+def die_with_parent():
+    """preexec_fn of workers and background runs: SIGKILL (which a stopped worker obeys too)
+    when this test dies, say killed by CTest's timeout."""
+    _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
+class Worker:
+    """`pipeshard worker` on a shard: listens on HOST:0 (or a given port), learns its port through
+    --ready-fd, logs stderr to TMP/<name>.log. `ip netns exec NS` in front when netns is given."""
+
+    def __init__(self, shard_path, name, host="127.0.0.1", port=0, key=None, netns=None, threads=1):
+        self.name, self.log = name, os.path.join(TMP, f"{name}.log")
+        r, w = os.pipe()
+        cmd = [BIN, "worker", "--shard", shard_path, "--listen", f"{host}:{port}", "-t", str(threads),
+               "--ready-fd", str(w), "--timeout-ms", "5000"]
+        if key:
+            cmd += ["--key-file", key]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns] + cmd
+        with open(self.log, "ab") as lf:
+            self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=lf,
+                                      pass_fds=(w,), preexec_fn=die_with_parent)
+        os.close(w)
+        WORKERS.append(self)
+        got = b""
+        deadline = time.time() + 60
+        while b"\n" not in got and time.time() < deadline:
+            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.time()))
+            chunk = os.read(r, 64) if ready else b""
+            if not chunk:
+                break
+            got += chunk
+        os.close(r)
+        if not got.strip().isdigit():
+            self.stop()
+            raise AssertionError(f"worker {name} did not start: {self.text()}")
+        self.port = int(got)
+        self.addr = f"{host}:{self.port}"
+
+    def text(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def wait_log(self, needle, timeout=5.0):
+        """Whether needle shows up in the log within timeout (the worker may write its line just
+        after the coordinator has exited)."""
+        deadline = time.time() + timeout
+        while True:
+            if needle in self.text():
+                return True
+            if time.time() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def stop(self):
+        if self.p.poll() is None:
+            try:
+                self.p.send_signal(signal.SIGCONT)
+                self.p.terminate()
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(timeout=10)
+        san_check(self.text(), f"worker {self.name}")
+
+
+def quiet_ends(w, what):
+    """Sessions that ended normally (BYE) leave no 'ended: <error>' line in the worker's log."""
+    time.sleep(0.05)
+    bad = [line for line in w.text().splitlines() if " ended: " in line]
+    check(not bad, f"{what}: worker {w.name} logged an error at the end of a normal session: {bad}")
+
+
+def start_workers(fleet, tag, **kw):
+    n = len(load_json(fleet)["stages"])
+    return [Worker(shard(fleet, k), f"{tag}-w{k}", **kw) for k in range(1, n)]
+
+
+def stop_all(workers):
+    for w in workers:
+        w.stop()
+
+
+# ------------------------------------------------------------------------------ models
+class Model:
+    def __init__(self, name, path, prompt, long_prompt, cheap=True):
+        self.name, self.path, self.prompt, self.long_prompt, self.cheap = name, path, prompt, long_prompt, cheap
+        self.ref = {}
+
+    def reference(self, sampling, extra=(), prompt=None, n=24):
+        """The unsplit run's n ids (memoized)."""
+        key = (tuple(sampling), tuple(extra), tuple(prompt or self.prompt), n)
+        if key not in self.ref:
+            gen = ["-n", str(n)] + GEN[2:]
+            got = ids(["-m", self.path] + (prompt or self.prompt) + gen + sampling + list(extra),
+                      f"{self.name} unsplit {' '.join(sampling + list(extra))}")
+            check(got is not None and len(got) == n, f"{self.name}: unsplit run printed {got}, not {n} ids")
+            self.ref[key] = got
+        return self.ref[key]
+
+
+def synth_model(name, seed):
+    path = os.path.join(TMP, f"{name}.gguf")
+    p = pipeshard(["synth", "--like", "tiny", "--layers", "6", "--dim", "128", "--ffn", "384", "--heads", "4",
+                   "--kv-heads", "2", "--vocab", "768", "--type", "Q8_0", "--seed", str(seed), "-o", path])
+    if p.returncode != 0:
+        raise AssertionError(f"synth: {p.stderr}")
+    return path
+
+
+def sanitized():
+    """Whether BIN is a sanitizer build (slower by ~10x: the SmolLM2 part shrinks to one split)."""
+    try:
+        return "libasan" in subprocess.run(["ldd", BIN], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def models():
+    ids_short = ",".join(str((i * 53 + 5) % 768) for i in range(8))
+    ids_long = ",".join(str((i * 37 + 11) % 768) for i in range(26))
+    out = [Model("synth", synth_model("synth-a", 1), ["--prompt-ids", ids_short], ["--prompt-ids", ids_long])]
+    story = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her "\
+            "dog, a big brown dog named Max, and her best friend Tom."
+    stories = os.path.join(SHARED, "stories260K.gguf")
+    if os.path.exists(stories):
+        out.append(Model("stories260K", stories, ["-p", "Once upon a time"], ["-p", story]))
+    else:
+        print(f"stories260K parts skipped: {stories} is absent")
+    smol = os.path.join(CACHE, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if os.path.exists(smol):
+        out.append(Model("SmolLM2", smol, ["-p", "The capital of France is"], ["-p", story], cheap=False))
+        if SANITIZED:
+            print("SmolLM2 under the sanitizer build: greedy on 4 stages only (the release run does 1-4 stages)")
+    else:
+        print(f"SmolLM2 parts skipped: {smol} is absent (scripts/setup.sh fetches it)")
+    return out
+
+
+# ------------------------------------------------------------------------------ case 1: bit-exactness
+def case_exact(m):
+    t0 = time.time()
+    g = m.reference(GREEDY)
+    s = m.reference(SEEDED) if m.cheap or not SANITIZED else None
+    check(g != s, f"{m.name}: seeded sampling gave the greedy ids {g}")
+    for n in (4,) if SANITIZED and not m.cheap else (1, 2, 3, 4):
+        same(ids(["-m", m.path, "--local-stages", str(n)] + m.prompt + GEN + GREEDY, f"{m.name} {n} stages greedy"),
+             g, f"{m.name}: --local-stages {n} greedy")
+        if m.cheap or (n in (2, 4) and not SANITIZED):
+            same(ids(["-m", m.path, "--local-stages", str(n)] + m.prompt + GEN + SEEDED,
+                     f"{m.name} {n} stages seeded"), s, f"{m.name}: --local-stages {n} seeded")
+    if not m.cheap:
+        print(f"  {m.name}: local stages in {time.time() - t0:.1f} s")
+        return
+    # split + workers + run --fleet (workers on 2 threads, the coordinator on 1: threads change nothing)
+    fleet = split(m.path, 3, os.path.join(TMP, f"{m.name}-fleet3"))
+    ws = []
+    try:
+        ws = start_workers(fleet, f"exact-{m.name}", threads=2)
+        f = write_fleet(fleet, [w.addr for w in ws], "fleet-local.json")
+        for sampling, want in ((GREEDY, g), (SEEDED, s)):
+            p = pipeshard(["run", "--fleet", f, "--stats"] + m.prompt + GEN + sampling)
+            if check(p.returncode == 0, f"{m.name}: run --fleet: {p.stderr[-1500:]}"):
+                same(p.stdout.split(), want, f"{m.name}: split + 2 workers + run --fleet {' '.join(sampling)}")
+                stats = json.loads(p.stderr.strip().splitlines()[-1])
+                check(stats["stages"] == 3 and len(stats["hops"]) == 3 and all(h["bytes"] > 0 for h in stats["hops"]),
+                      f"{m.name}: --stats of a 3-stage fleet: {stats}")
+        for w in ws:
+            check(w.alive() and "session" in w.text(), f"{m.name}: worker {w.name} served no session: {w.text()}")
+            quiet_ends(w, m.name)
+    finally:
+        stop_all(ws)
+    # pipelined chunked prefill of a 20+-token prompt: 3 positions per micro-batch
+    want = m.reference(GREEDY, prompt=m.long_prompt)
+    p = pipeshard(["run", "-m", m.path, "--local-stages", "3", "--prefill-chunk", "3", "--stats"] + m.long_prompt +
+                  GEN + GREEDY)
+    if check(p.returncode == 0, f"{m.name}: --prefill-chunk 3: {p.stderr[-1500:]}"):
+        same(p.stdout.split(), want, f"{m.name}: 3 stages --prefill-chunk 3")
+        n_prompt = json.loads(p.stderr.strip().splitlines()[-1])["prompt_tokens"]
+        check(n_prompt >= 20, f"{m.name}: the long prompt has only {n_prompt} tokens")
+    # f32 activations
+    want = m.reference(GREEDY, extra=["--activations", "f32"])
+    same(ids(["-m", m.path, "--local-stages", "3", "--activations", "f32"] + m.prompt + GEN + GREEDY,
+             f"{m.name} f32"), want, f"{m.name}: 3 stages --activations f32")
+    print(f"  {m.name}: bit-exact cases in {time.time() - t0:.1f} s")
+
+
+# ------------------------------------------------------------------------------ case 2: network namespaces
+def sh_ip(*args, ns=None, ok=False):
+    cmd = (["ip", "netns", "exec", ns, "ip"] if ns else ["ip"]) + list(args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    if p.returncode != 0 and not ok:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return p
+
+
+class Netns:
+    """A hub namespace with a bridge, one namespace per worker with a veth into the bridge, and a
+    veth from the root namespace: 10.77.S.1 (root), 10.77.S.(10+k) (worker k). Names carry this
+    process's id; leftovers of dead earlier runs are deleted first."""
+    PREFIX = "pstpipe"
+
+    def __init__(self, n_workers):
+        self.tag = f"{self.PREFIX}{os.getpid()}"
+        self.sub = f"10.77.{20 + os.getpid() % 200}"
+        self.hub = f"{self.tag}h"
+        self.ns = [f"{self.tag}w{k}" for k in range(1, n_workers + 1)]
+        self.root_if = f"pst{os.getpid() % 100000}r"
+        self.made = []
+
+    @classmethod
+    def clean_leftovers(cls):
+        p = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20)
+        for line in p.stdout.splitlines():
+            name = line.split()[0] if line.split() else ""
+            if not name.startswith(cls.PREFIX):
+                continue
+            digits = ""
+            for ch in name[len(cls.PREFIX):]:
+                if not ch.isdigit():
+                    break
+                digits += ch
+            if digits and not os.path.exists(f"/proc/{digits}"):
+                subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+
+    def addr(self, k):
+        return f"{self.sub}.{10 + k}"
+
+    def up(self):
+        self.clean_leftovers()
+        sh_ip("link", "del", self.root_if, ok=True)
+        for ns in [self.hub] + self.ns:
+            sh_ip("netns", "add", ns)
+            self.made.append(ns)
+            sh_ip("link", "set", "lo", "up", ns=ns)
+        sh_ip("link", "add", "br0", "type", "bridge", ns=self.hub)
+        sh_ip("link", "set", "br0", "up", ns=self.hub)
+        # root namespace <-> hub
+        sh_ip("link", "add", self.root_if, "type", "veth", "peer", "name", "hroot", "netns", self.hub)
+        sh_ip("addr", "add", f"{self.sub}.1/24", "dev", self.root_if)
+        sh_ip("link", "set", self.root_if, "up")
+        sh_ip("link", "set", "hroot", "master", "br0", "up", ns=self.hub)
+        # each worker namespace <-> hub
+        for k, ns in enumerate(self.ns, 1):
+            sh_ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"h{k}", "netns", self.hub)
+            sh_ip("addr", "add", f"{self.addr(k)}/24", "dev", "eth0", ns=ns)
+            sh_ip("link", "set", "eth0", "up", ns=ns)
+            sh_ip("link", "set", f"h{k}", "master", "br0", "up", ns=self.hub)
+
+    def down(self):
+        sh_ip("link", "del", self.root_if, ok=True)
+        for ns in reversed(self.made):
+            sh_ip("netns", "del", ns, ok=True)
+        self.made = []
+
+
+def case_netns(ms):
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        print("network namespace case skipped: needs root and iproute2 (ip)")
+        return
+    net = Netns(3)
+    ws = []
+    try:
+        try:
+            net.up()
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            print(f"network namespace case skipped: cannot make namespaces: {e}")
+            return
+        t0 = time.time()
+        key = key_file("netns.key")
+        for m in [m for m in ms if m.cheap]:
+            fleet = split(m.path, 4, os.path.join(TMP, f"{m.name}-fleet4"))
+            ws = [Worker(shard(fleet, k), f"netns-{m.name}-w{k}", host=net.addr(k), key=key, netns=net.ns[k - 1])
+                  for k in (1, 2, 3)]
+            f = write_fleet(fleet, [w.addr for w in ws], "fleet-netns.json")
+            for sampling, want in ((GREEDY, m.reference(GREEDY)), (SEEDED, m.reference(SEEDED))):
+                p = pipeshard(["run", "--fleet", f, "--key-file", key, "--stats"] + m.prompt + GEN + sampling)
+                if check(p.returncode == 0, f"netns {m.name}: run --fleet: {p.stderr[-1500:]}"):
+                    same(p.stdout.split(), want, f"netns {m.name}: 4 stages in namespaces {' '.join(sampling)}")
+            for k, w in enumerate(ws, 1):
+                want = f"next {net.addr(k + 1)}:" if k < 3 else "next the coordinator"
+                check(w.alive() and want in w.text(), f"netns {m.name}: worker {k} log lacks '{want}': {w.text()}")
+                quiet_ends(w, f"netns {m.name}")
+            stop_all(ws)
+            ws = []
+        print(f"  network namespaces ({net.sub}.0/24): ok in {time.time() - t0:.1f} s")
+    finally:
+        stop_all(ws)
+        net.down()
+
+
+# ------------------------------------------------------------------------------ case 3: refusals
+def frame(typ, payload, version=1):
+    return HDR.pack(MAGIC, version, typ, 0, len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
+
+
+def recv_exact(s, n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise ConnectionError(f"closed after {len(b)} of {n} bytes")
+        b += c
+    return b
+
+
+def recv_frame(s):
+    magic, ver, typ, flags, n, ck = HDR.unpack(recv_exact(s, HDR.size))
+    payload = recv_exact(s, n)
+    return magic, ver, typ, flags, payload, ck
+
+
+def hello_payload(fleet):
+    """A coordinator's HELLO payload (auth.c): hello, nonce_c[32], has_key."""
+    j = load_json(fleet)
+    def s(x):
+        return struct.pack("<I", len(x)) + x.encode()
+    st0 = j["stages"][0]
+    return (struct.pack("<Biiiii", 1, 0, len(j["stages"]), st0["layers"][0], st0["layers"][1], j["n_layer"]) +
+            s(j["model_fingerprint"]) + s(st0["fingerprint"]) + struct.pack("<Q", 12345) + os.urandom(32) + b"\0")
+
+
+def refused(p, coord_says, worker, worker_says, what):
+    """run p failed with coord_says on its stderr, and the worker logged worker_says."""
+    check(p.returncode != 0, f"{what}: run succeeded")
+    check(coord_says in p.stderr, f"{what}: run's stderr lacks '{coord_says}': {p.stderr[-1500:]}")
+    check(p.stderr.startswith("pipeshard run: ") and len(p.stderr.strip().splitlines()) == 1,
+          f"{what}: run's stderr is not one 'pipeshard run: ...' line: {p.stderr[-1500:]}")
+    check(worker.wait_log(worker_says), f"{what}: the worker's log lacks '{worker_says}': {worker.text()[-1500:]}")
+
+
+def serves(fleet, m, what, key=None):
+    args = ["run", "--fleet", fleet] + (["--key-file", key] if key else []) + m.prompt + GEN + GREEDY
+    p = pipeshard(args)
+    if check(p.returncode == 0, f"{what}: the next run failed: {p.stderr[-1500:]}"):
+        same(p.stdout.split(), m.reference(GREEDY), f"{what}: the next run")
+
+
+def case_refusals(m):
+    t0 = time.time()
+    fleet = split(m.path, 3, os.path.join(TMP, "refuse-a"))
+    fleet_b = split(synth_model("synth-b", 2), 3, os.path.join(TMP, "refuse-b"))
+    key_a, key_b = key_file("a.key"), key_file("b.key")
+    ws = []
+    try:
+        keyed = start_workers(fleet, "keyed", key=key_a)
+        plain = start_workers(fleet, "plain")
+        other = Worker(shard(fleet_b, 1), "other-model-w1")
+        ws = keyed + plain + [other]
+        f_keyed = write_fleet(fleet, [w.addr for w in keyed], "fleet-keyed.json")
+        f_plain = write_fleet(fleet, [w.addr for w in plain], "fleet-plain.json")
+        a2 = keyed[1].addr  # the coordinator sets up the last stage first: stage 2 hears of it first
+
+        # wrong key: the coordinator checks the worker's proof first and refuses it
+        p = pipeshard(["run", "--fleet", f_keyed, "--key-file", key_b] + m.prompt + GEN + GREEDY, 60)
+        refused(p, f"stage 2 ({a2}): refused {a2}: wrong shared key", keyed[1], "wrong shared key", "wrong key")
+        serves(f_keyed, m, "wrong key", key_a)
+        # a key on the worker, none on the coordinator
+        p = pipeshard(["run", "--fleet", f_keyed] + m.prompt + GEN + GREEDY, 60)
+        refused(p, f"stage 2 ({a2}): {a2} refused: this worker requires a shared key", keyed[1],
+                "this worker requires a shared key", "no key on the coordinator")
+        serves(f_keyed, m, "no key on the coordinator", key_a)
+        # a key on the coordinator, none on the worker
+        p2 = plain[1].addr
+        p = pipeshard(["run", "--fleet", f_plain, "--key-file", key_a] + m.prompt + GEN + GREEDY, 60)
+        refused(p, f"stage 2 ({p2}): {p2} refused: the peer has a shared key but we have none", plain[1],
+                "the peer has a shared key but we have none", "no key on the worker")
+        serves(f_plain, m, "no key on the worker")
+        # shards out of order: stage 1's and stage 2's addresses swapped
+        f = write_fleet(fleet, [plain[1].addr, plain[0].addr], "fleet-swapped.json")
+        a1 = plain[0].addr
+        why = f"{a1} serves stage 1 (layers 2..4), but fleet.json puts stage 2 (layers 4..6) there"
+        p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + GREEDY, 60)
+        refused(p, why, plain[0], why, "shards out of order")
+        serves(f_plain, m, "shards out of order")
+        # stage 1 of another model split the same way
+        f = write_fleet(fleet, [other.addr, plain[1].addr], "fleet-other.json")
+        why = f"{other.addr} serves a shard of another model (fingerprint "
+        p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + GREEDY, 60)
+        refused(p, why, other, why, "a shard of another model")
+        check("stage 1 (" in p.stderr, f"a shard of another model: stage 1 not named: {p.stderr}")
+        serves(f_plain, m, "a shard of another model")
+        check(other.alive(), "the worker of another model died after refusing")
+        # a second coordinator while a session runs: refused as busy, the first run unharmed
+        busy(m, f_plain, plain)
+        # a stale protocol version, client side: HELLO with header version 0
+        host, port = plain[0].addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(frame(MSG_HELLO, hello_payload(fleet), version=0))
+            magic, ver, typ, flags, payload, ck = recv_frame(s)
+        reason = payload.decode(errors="replace")
+        check(magic == MAGIC and typ == MSG_REFUSE and ver == 1 and ck == xxhash.xxh3_64_intdigest(payload),
+              f"stale HELLO: answered with magic {magic:#x} version {ver} type {typ}, not a version-1 REFUSE")
+        check("protocol version 0 is not supported" in reason, f"stale HELLO: REFUSE says '{reason}'")
+        check(plain[0].wait_log("protocol version 0 is not supported"),
+              f"stale HELLO: the worker's log lacks it: {plain[0].text()[-1500:]}")
+        serves(f_plain, m, "stale HELLO")
+        # a stale protocol version, server side: a fake worker answering HELLO with a version-0 frame
+        stale_worker(m, fleet, plain)
+        for w in ws:
+            check(w.alive(), f"worker {w.name} died during the refusals: {w.text()[-1500:]}")
+        print(f"  refusals: ok in {time.time() - t0:.1f} s")
+    finally:
+        stop_all(ws)
+
+
+def busy(m, fleet, plain):
+    args = [BIN, "run", "--fleet", fleet, "-n", "100", "--ignore-eos", "--print-ids", "-t", "1",
+            "--sim-latency-ms", "10"] + m.prompt + GREEDY
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    try:
+        time.sleep(0.5)
+        p = pipeshard(["run", "--fleet", fleet] + m.prompt + GEN + GREEDY, 60)
+        running = first.poll() is None
+        out, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    check(running, "busy: the first run was over before the second one connected")
+    a2 = plain[1].addr
+    refused(p, f"stage 2 ({a2}): {a2} refused: busy: serving a session of coordinator 127.0.0.1:", plain[1],
+            "busy: serving a session of coordinator", "a second coordinator")
+    check(first.returncode == 0, f"busy: the first run failed: {err[-1500:]}")
+    same(out.split(), m.reference(GREEDY, n=100), "busy: the first run")
+
+
+def stale_worker(m, fleet, plain):
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(30)
+    addr = f"127.0.0.1:{srv.getsockname()[1]}"
+    seen = {}
+
+    def serve():
+        try:
+            c, _ = srv.accept()
+            with c:
+                c.settimeout(30)
+                _, ver, typ, _, payload, _ = recv_frame(c)
+                seen["hello"] = (ver, typ)
+                c.sendall(frame(MSG_HELLO_REPLY, b"\0" * 64, version=0))
+                c.recv(4096)  # until the coordinator hangs up
+        except OSError as e:
+            seen["error"] = str(e)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        f = write_fleet(fleet, [plain[0].addr, addr], "fleet-stale.json")
+        p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + GREEDY, 60)
+        t.join(30)
+        check(seen.get("hello") == (1, MSG_HELLO), f"fake worker: expected a version-1 HELLO, saw {seen}")
+        check(p.returncode != 0, "fake worker of version 0: run succeeded")
+        check(f"stage 2 ({addr})" in p.stderr and "version 0" in p.stderr,
+              f"fake worker of version 0: run's stderr does not name {addr} and version 0: {p.stderr[-1500:]}")
+        serves(write_fleet(fleet, [w.addr for w in plain], "fleet-plain.json"), m, "fake worker of version 0")
+    finally:
+        srv.close()
+
+
+# ------------------------------------------------------------------------------ case 4: failures
+def long_run(fleet, m):
+    """A generation of several seconds: 400 tokens, 10 ms emulated delay on the coordinator's hop."""
+    args = [BIN, "run", "--fleet", fleet, "-n", "400", "--ignore-eos", "--print-ids", "-t", "1",
+            "--sim-latency-ms", "10", "--stage-timeout-ms", str(TIMEOUT_MS)] + m.prompt + GREEDY
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+
+
+def interrupted(fleet, m, ws, k, sig, limit_s, what):
+    """Starts a long run, sends sig to worker k after ~1 s; run must fail within limit_s naming it,
+    the tokens printed before being the unsplit run's. Returns run's stderr."""
+    p = long_run(fleet, m)
+    try:
+        time.sleep(1.0)
+        check(p.poll() is None, f"{what}: the long run ended within 1 s (rc {p.returncode}): nothing interrupted")
+        ws[k - 1].p.send_signal(sig)
+        t0 = time.time()
+        try:
+            out, err = p.communicate(timeout=limit_s + 20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            err += "\n(still running: killed by the test)"
+        took = time.time() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    san_check(err, what)
+    name = f"stage {k} ({ws[k - 1].addr})"
+    check(p.returncode not in (0, None), f"{what}: run exited {p.returncode}")
+    check(took < limit_s, f"{what}: run took {took:.1f} s to fail, more than {limit_s} s")
+    check(name in err, f"{what}: run's stderr does not name '{name}': {err[-1500:]}")
+    got, want = out.split(), m.reference(GREEDY, n=400)
+    check(len(got) > 10, f"{what}: only {len(got)} tokens came before the failure")
+    check(got == want[:len(got)], f"{what}: the {len(got)} tokens before the failure are not the unsplit run's")
+    print(f"  {what}: run failed after {took:.1f} s: {err.strip()[-300:]}")
+    return err
+
+
+def case_failures(m):
+    t0 = time.time()
+    fleet = split(m.path, 3, os.path.join(TMP, "fail-3"))
+    ws = []
+    try:
+        ws = start_workers(fleet, "fail")
+        f = write_fleet(fleet, [w.addr for w in ws], "fleet-fail.json")
+        serves(f, m, "before the failures")
+        # SIGKILL the last stage's worker mid-generation: a closed connection, seen at once
+        interrupted(f, m, ws, 2, signal.SIGKILL, TIMEOUT_MS / 1e3 + 2, "stage 2 killed")
+        ws[1].p.wait(timeout=10)
+        check(ws[0].alive(), f"stage 1's worker died with stage 2: {ws[0].text()[-1500:]}")
+        p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + GREEDY, 60)
+        check(p.returncode != 0 and f"stage 2 ({ws[1].addr})" in p.stderr,
+              f"with stage 2 down, run should fail naming it: rc {p.returncode}, {p.stderr[-800:]}")
+        ws[1] = Worker(shard(fleet, 2), "fail-w2-restarted", port=ws[1].port)
+        serves(f, m, "stage 2 restarted on the same port")
+        # SIGKILL stage 1, the coordinator's own next hop
+        interrupted(f, m, ws, 1, signal.SIGKILL, TIMEOUT_MS / 1e3 + 2, "stage 1 killed")
+        ws[0].p.wait(timeout=10)
+        check(ws[1].alive(), f"stage 2's worker died with stage 1: {ws[1].text()[-1500:]}")
+        ws[0] = Worker(shard(fleet, 1), "fail-w1-restarted", port=ws[0].port)
+        serves(f, m, "stage 1 restarted on the same port")
+        # SIGSTOP stage 2: nothing closes, the coordinator must notice the silence
+        err = interrupted(f, m, ws, 2, signal.SIGSTOP, TIMEOUT_MS / 1e3 + 1 + 3, "stage 2 stalled")
+        check("did not answer" in err, f"stage 2 stalled: run's stderr does not say it did not answer: {err[-800:]}")
+        ws[1].p.send_signal(signal.SIGCONT)
+        serves(f, m, "stage 2 stalled then resumed")
+        # SIGSTOP stage 1: the coordinator's own next hop falls silent
+        err = interrupted(f, m, ws, 1, signal.SIGSTOP, TIMEOUT_MS / 1e3 + 1 + 3, "stage 1 stalled")
+        ws[0].p.send_signal(signal.SIGCONT)
+        serves(f, m, "stage 1 stalled then resumed")
+        for w in ws:
+            check(w.alive(), f"worker {w.name} died: {w.text()[-1500:]}")
+        print(f"  failures: ok in {time.time() - t0:.1f} s")
+    finally:
+        stop_all(ws)
+
+
+# ------------------------------------------------------------------------------ case 5: start-up errors
+def case_startup(m):
+    fleet = split(m.path, 3, os.path.join(TMP, "startup-3"))
+    for path, says in ((m.path, "is a whole model, not a shard"), (shard(fleet, 0), "is the stage-0 shard")):
+        p = pipeshard(["worker", "--shard", path, "--listen", "127.0.0.1:0"], 30)
+        check(p.returncode == 1 and says in p.stderr and path in p.stderr and len(p.stderr.splitlines()) == 1,
+              f"worker --shard {path}: rc {p.returncode}, stderr {p.stderr!r}; expected exit 1 and '{says}'")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
+        p = pipeshard(["worker", "--shard", shard(fleet, 1), "--listen", addr], 30)
+    check(p.returncode == 1 and f"cannot listen on {addr}: address already in use" in p.stderr,
+          f"worker --listen {addr} (in use): rc {p.returncode}, stderr {p.stderr!r}")
+    print("  worker start-up errors: ok")
+
+
+# ------------------------------------------------------------------------------ main
+def main():
+    global TMP, SANITIZED
+    if not os.access(BIN, os.X_OK):
+        print(f"PIPESHARD_BIN={BIN} is not executable")
+        return 1
+    base = os.environ.get("PS_TEST_TMP") or None
+    if base:
+        os.makedirs(base, exist_ok=True)
+    TMP = tempfile.mkdtemp(prefix="pipeline-", dir=base)
+    SANITIZED = sanitized()
+    t0 = time.time()
+    try:
+        ms = models()
+        for m in ms:
+            case_exact(m)
+        case_netns(ms)
+        case_refusals(ms[0])
+        case_failures(ms[0])
+        case_startup(ms[0])
+    finally:
+        stop_all(WORKERS)
+    if failures():
+        print(f"logs kept in {TMP}")
+    else:
+        shutil.rmtree(TMP, ignore_errors=True)
+    return verdict(f" in {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
