@@ -11,9 +11,10 @@ loopback. Three tables:
   2. decode tok/s of 2 and 3 stages at each emulated one-way latency per hop (--sim-latency-ms on the
      coordinator and on every worker);
   3. time to first token of a --ttft-prompt-token prompt on 1, 2 and 3 stages (--prefill-chunk 128).
-     When the machine has at least threads x stages cores, each stage is pinned to its own cores
-     (taskset), as if every stage had a machine of its own; otherwise the stages share the cores,
-     and pipelining cannot shorten the prefill.
+     When the machine has at least threads x 3 cores, each stage is pinned to cores of its own
+     (taskset), as if every stage had a machine of its own. Otherwise the stages share the cores
+     (pipelining cannot shorten the prefill then), and a second set of rows gives each stage one
+     core of its own, for as many stages as there are cores.
 """
 import argparse
 import json
@@ -134,29 +135,35 @@ def latency_table(models, threads, latencies):
             print(f"{spec:26} {n:6} " + " ".join(f"{x:9.2f}" for x in row))
 
 
+def ttft_rows(spec, model, prompt, threads, stages, pin):
+    base = None
+    for n in stages:
+        cpus = [f"{k * threads}-{k * threads + threads - 1}" for k in range(n)] if pin else None
+        f = Fleet(model, n, threads, cpus=cpus) if n > 1 else None
+        try:
+            args = ["-m", model] if n == 1 else ["--fleet", f.fleet_json]
+            ms = statistics.median(run(args, threads, prompt, 1, ["--prefill-chunk", "128"],
+                                       cpus0=cpus[0] if cpus else None)["ttft_ms"] for _ in range(2))
+        finally:
+            if f:
+                f.stop()
+        base = base or ms
+        print(f"{spec:26} {n:6} {threads:7} {'own' if pin else 'shared':>6} {ms:9.1f} {ms / base:7.3f}")
+
+
 def ttft_table(models, threads, n_prompt):
     ncpu = len(os.sched_getaffinity(0))
-    pin = ncpu >= 3 * threads
-    where = "each stage pinned to its own cores" if pin else f"all stages share this machine's {ncpu} cores"
-    print(f"\n3. time to first token, {n_prompt}-token prompt, --prefill-chunk 128, {threads} threads per stage, {where}")
-    print(f"{'model':26} {'stages':>6} {'ttft ms':>9} {'vs 1':>7}")
+    print(f"\n3. time to first token, {n_prompt}-token prompt, --prefill-chunk 128, medians of 2; 'own': each stage"
+          f" pinned to cores of its own (as if on its own machine), 'shared': all stages on this machine's {ncpu} cores")
+    print(f"{'model':26} {'stages':>6} {'threads':>7} {'cores':>6} {'ttft ms':>9} {'vs 1':>7}")
     rng = random.Random(1)
     for spec in models:
         model = model_path(spec)
         prompt = [rng.randrange(1, 40000) for _ in range(n_prompt)]
-        base = None
-        for n in (1, 2, 3):
-            cpus = [f"{k * threads}-{k * threads + threads - 1}" for k in range(n)] if pin else None
-            f = Fleet(model, n, threads, cpus=cpus) if n > 1 else None
-            try:
-                args = ["-m", model] if n == 1 else ["--fleet", f.fleet_json]
-                ms = statistics.median(run(args, threads, prompt, 1, ["--prefill-chunk", "128"],
-                                           cpus0=cpus[0] if cpus else None)["ttft_ms"] for _ in range(2))
-            finally:
-                if f:
-                    f.stop()
-            base = base or ms
-            print(f"{spec:26} {n:6} {ms:9.1f} {ms / base:7.3f}")
+        own = ncpu >= 3 * threads
+        ttft_rows(spec, model, prompt, threads, (1, 2, 3), own)
+        if not own:  # one core per stage, as many stages as cores (up to 3)
+            ttft_rows(spec, model, prompt, 1, tuple(range(1, min(3, ncpu) + 1)), True)
 
 
 def main():

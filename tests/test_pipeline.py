@@ -508,16 +508,17 @@ def case_refusals(m):
         # shards out of order: stage 1's and stage 2's addresses swapped
         f = write_fleet(fleet, [plain[1].addr, plain[0].addr], "fleet-swapped.json")
         a1 = plain[0].addr
-        why = f"{a1} serves stage 1 (layers 2..4), but fleet.json puts stage 2 (layers 4..6) there"
+        why = "the worker serves stage 1 (layers 2..4), but fleet.json puts stage 2 (layers 4..6) there"
         p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + GREEDY, 60)
-        refused(p, why, plain[0], why, "shards out of order")
+        refused(p, f"stage 2 ({a1}): refused {a1}: {why}", plain[0], why, "shards out of order")
         serves(f_plain, m, "shards out of order")
         # stage 1 of another model split the same way
         f = write_fleet(fleet, [other.addr, plain[1].addr], "fleet-other.json")
-        why = f"{other.addr} serves a shard of another model (fingerprint "
+        why = "the worker serves a shard of another model (fingerprint "
         p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + GREEDY, 60)
         refused(p, why, other, why, "a shard of another model")
-        check("stage 1 (" in p.stderr, f"a shard of another model: stage 1 not named: {p.stderr}")
+        check(f"stage 1 ({other.addr}): refused {other.addr}: " in p.stderr,
+              f"a shard of another model: stage 1 not named: {p.stderr}")
         serves(f_plain, m, "a shard of another model")
         check(other.alive(), "the worker of another model died after refusing")
         # a second coordinator while a session runs: refused as busy, the first run unharmed

@@ -54,23 +54,22 @@ static double now_ms(void) {
 typedef struct {
     const ps_coord *c;
     int k;
-    const char *addr;
 } expect;
 
 static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t errlen) {
     const expect *e = ctx;
     const ps_fleet_stage *fs = &e->c->fleet.stages[e->k];
-    if (p->role != PS_ROLE_WORKER) return ps_errf(err, errlen, PS_ERR_ARG, "%s is not a worker", e->addr);
+    if (p->role != PS_ROLE_WORKER) return ps_errf(err, errlen, PS_ERR_ARG, "the peer is not a worker");
     if (strcmp(p->model_fp, e->c->fleet.model_fp))
-        return ps_errf(err, errlen, PS_ERR_ARG, "%s serves a shard of another model (fingerprint %s; fleet.json's model "
-                       "is %s)", e->addr, p->model_fp, e->c->fleet.model_fp);
+        return ps_errf(err, errlen, PS_ERR_ARG, "the worker serves a shard of another model (fingerprint %s; "
+                       "fleet.json's model is %s)", p->model_fp, e->c->fleet.model_fp);
     if (p->stage != e->k || p->layer_begin != fs->layer_begin || p->layer_end != fs->layer_end)
-        return ps_errf(err, errlen, PS_ERR_ARG, "%s serves stage %d (layers %d..%d), but fleet.json puts stage %d "
-                       "(layers %d..%d) there", e->addr, p->stage, p->layer_begin, p->layer_end, e->k, fs->layer_begin,
+        return ps_errf(err, errlen, PS_ERR_ARG, "the worker serves stage %d (layers %d..%d), but fleet.json puts stage "
+                       "%d (layers %d..%d) there", p->stage, p->layer_begin, p->layer_end, e->k, fs->layer_begin,
                        fs->layer_end);
     if (fs->fingerprint[0] && strcmp(p->shard_fp, fs->fingerprint))
-        return ps_errf(err, errlen, PS_ERR_ARG, "%s serves stage %d with shard fingerprint %s, fleet.json lists %s",
-                       e->addr, e->k, p->shard_fp, fs->fingerprint);
+        return ps_errf(err, errlen, PS_ERR_ARG, "the worker serves stage %d with shard fingerprint %s, fleet.json lists "
+                       "%s (split again?)", e->k, p->shard_fp, fs->fingerprint);
     return PS_OK;
 }
 
@@ -105,7 +104,7 @@ static ps_status connect_stage(ps_coord *c, int k) {
     stage_name(c, k, name, sizeof name);
     char e[500];
     ps_status s = ps_net_dial(fs->address, c->o.timeout_ms, &v->conn, e, sizeof e);
-    expect ex = {c, k, fs->address};
+    expect ex = {c, k};
     ps_hello peer;
     uint32_t limit = (uint32_t)(4096 + (uint64_t)c->max_mb * (4 + 4 * (uint64_t)ps_stage_model(c->stage0)->hp.dim));
     if (!s) s = ps_net_handshake_client(v->conn, c->o.key, &c->me, check_worker, &ex, limit, c->o.timeout_ms, &peer, e,
