@@ -402,6 +402,7 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
         double t0 = now_ms();
         if ((s = ps_stage_run(c->stage0, &mb, &x, token, c->err, sizeof c->err))) goto out;
         c->st[0].cur.compute_ms += now_ms() - t0;
+        if (done + chunk == n) ps_pool_park(ps_stage_pool(c->stage0)); /* before the send: see worker.c */
         if (c->n > 1) {
             struct iovec iov[2];
             mb.x = x;
@@ -421,7 +422,6 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
         last_mb = mb.mb;
         done += chunk;
     }
-    ps_pool_park(ps_stage_pool(c->stage0));
     if (c->n > 1) s = wait_token(c, last_mb, token);
 out:
     if (s) ps_errf(err, errlen, s, "%s", c->err[0] ? c->err : ps_strerror(s));

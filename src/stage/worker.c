@@ -191,6 +191,8 @@ static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
     int32_t tok;
     if ((s = ps_stage_run(w->stage, mb, &x, &tok, w->err, sizeof w->err))) return s;
     w->compute_ms += now_ms() - t0;
+    /* idle threads sleep before the send: on a shared host, the receiver may run on this core */
+    ps_pool_park(ps_stage_pool(w->stage));
     w->done_mb = mb->mb, w->done = true;
     ps_stage_stat *me = &mb->stats[mb->n_stats++];
     *me = (ps_stage_stat){.stage = w->me.stage, .compute_ms = w->compute_ms};

@@ -4,7 +4,9 @@
  * microsecond or so. Workers spin on a generation counter for a while after each job and
  * only then sleep on it (a futex on Linux, a condition variable elsewhere); the caller
  * wakes sleepers only when there are any. The calling thread runs part 0 itself, then
- * spins until every worker has reported back. */
+ * runs every part that no worker has claimed yet (a worker still waking up, or one whose
+ * core another process took), then spins until the claimed parts are done. Which thread
+ * runs a part never changes what the part computes, so results stay bit-identical. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -38,6 +40,7 @@ typedef struct {
     ps_pool *pool;
     int ith;
     pthread_t thread;
+    atomic_uint claim; /* the generation for which part ith was last claimed (by anyone) */
 } worker;
 
 struct ps_pool {
@@ -112,6 +115,15 @@ static unsigned next_gen(ps_pool *p, unsigned seen) {
 
 // Workers
 
+/* Claims part w->ith of job `gen` for the calling thread. A part can be claimed once per
+ * job; a worker that wakes late (its gen already finished, or a later one running) finds
+ * the part claimed for gen or later and leaves fn/ctx alone: the caller cannot start
+ * another job while a part it did not claim is unfinished. */
+static bool claim(worker *w, unsigned gen) {
+    unsigned c = atomic_load(&w->claim);
+    return (int)(c - gen) < 0 && atomic_compare_exchange_strong(&w->claim, &c, gen);
+}
+
 static void *worker_main(void *arg) {
     worker *w = arg;
     ps_pool *p = w->pool;
@@ -119,6 +131,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         seen = next_gen(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
+        if (!claim(w, seen)) continue; /* the caller ran our part: that job is over for us */
         p->fn(p->ctx, w->ith, p->n);
         atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
@@ -202,6 +215,12 @@ void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx)
     p->fn = fn;
     p->ctx = ctx;
     start_job(p);
+    unsigned gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
     fn(ctx, 0, p->n);
+    for (int i = 1; i < p->n; i++) /* parts nobody took yet */
+        if (claim(&p->workers[i - 1], gen)) {
+            fn(ctx, i, p->n);
+            atomic_fetch_sub_explicit(&p->pending, 1, memory_order_relaxed);
+        }
     wait_job(p);
 }
