@@ -133,6 +133,8 @@ def latency_table(models, threads, latencies):
                     f.stop()
                 row.append(j["decode_tok_s"])
             print(f"{spec:26} {n:6} " + " ".join(f"{x:9.2f}" for x in row))
+            ideal = [1 / (n * lat / 1e3 + 1 / row[0]) for lat in latencies]  # n hops per token
+            print(f"{'  bound: 1/(hops*lat + 1/tok_s@0)':33} " + " ".join(f"{x:9.2f}" for x in ideal))
 
 
 def ttft_rows(spec, model, prompt, threads, stages, pin):
