@@ -162,8 +162,30 @@ def case_prompt_fills_context():
     print(f"  ok: prompt filling the context gives one token {p.stdout.split()}")
 
 
+def case_fleet_flags():
+    # flags of the split pipeline, checked before anything starts
+    ids = ["--prompt-ids", "1,2", "-n", "1"]
+    fleet = os.path.join(TMP, "no-such-fleet.json")
+    expect_error(["-m", GOOD, "--fleet", fleet] + ids, ["-m", "--fleet", "not both"])
+    expect_error(["--fleet", fleet, "--local-stages", "2"] + ids, ["--local-stages"])
+    expect_error(["-m", GOOD, "--local-stages", "2", "--dump-logits", os.path.join(TMP, "l.bin")] + ids,
+                 ["--dump-logits", "network"])
+    expect_error(["-m", GOOD, "--local-stages", "0"] + ids, ["--local-stages"], one_line=False)
+    expect_error(["-m", GOOD, "--local-stages", "65"] + ids, ["--local-stages"], one_line=False)
+    expect_error(["-m", GOOD, "--sim-latency-ms", "-1"] + ids, ["--sim-latency-ms"], one_line=False)
+    expect_error(["-m", GOOD, "--prefill-chunk", "0"] + ids, ["--prefill-chunk"], one_line=False)
+    expect_error(["--fleet", fleet] + ids, ["no-such-fleet.json"])
+    with open(os.path.join(TMP, "bad-fleet.json"), "w") as f:
+        f.write('{"pipeshard_fleet": 1, "stages": "x"}')
+    expect_error(["--fleet", os.path.join(TMP, "bad-fleet.json")] + ids, ["bad-fleet.json"])
+    # a model of 1 layer cannot be cut in 2
+    expect_error(["-m", GOOD, "--local-stages", "2"] + ids, ["cannot cut 1 layer into 2 stages"])
+    expect_error(["-m", GOOD, "--key-file", os.path.join(TMP, "no-such.key")] + ids, ["no-such.key"])
+
+
 CASES = [
     case_good_model_runs,
+    case_fleet_flags,
     case_prompt_fills_context,
     case_missing_model,
     case_not_gguf,

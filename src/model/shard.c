@@ -271,7 +271,8 @@ ps_status ps_shard_plan(const uint64_t *layer_bytes, int n_layer, uint64_t embed
                        PS_SHARD_MAX_STAGES);
     if (n_stages > n_layer)
         return ps_errf(err, errlen, PS_ERR_RANGE,
-                       "cannot cut %d layers into %d stages: every stage needs at least one layer", n_layer, n_stages);
+                       "cannot cut %d layer%s into %d stages: every stage needs at least one layer", n_layer,
+                       n_layer == 1 ? "" : "s", n_stages);
     size_t cells = (size_t)n_stages * (size_t)(n_layer + 1);
     uint64_t *pre = malloc((size_t)(n_layer + 1) * sizeof *pre);
     uint64_t *best = malloc(cells * sizeof *best);
@@ -670,8 +671,8 @@ static ps_status open_model(const char *model_path, int n_stages, const int *bou
     if ((s = read_block_count(*g, &sc->n_layer, err, errlen))) return s;
     if (n_stages > sc->n_layer)
         return ps_errf(err, errlen, PS_ERR_RANGE,
-                       "cannot cut %d layers into %d stages: every stage needs at least one layer", sc->n_layer,
-                       n_stages);
+                       "cannot cut %d layer%s into %d stages: every stage needs at least one layer", sc->n_layer,
+                       sc->n_layer == 1 ? "" : "s", n_stages);
     if ((s = check_bounds(bounds, n_stages, sc->n_layer, err, errlen))) return s;
     uint64_t *lb = malloc((size_t)sc->n_layer * sizeof *lb), eb, hb;
     if (!lb) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
