@@ -79,11 +79,7 @@ static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t er
 static void disconnect(ps_coord *c, bool bye) {
     for (int k = c->n - 1; k >= 1; k--) {
         stage_view *v = &c->st[k];
-        if (bye && v->conn && k > 1) ps_conn_send(v->conn, PS_MSG_BYE, NULL, 0, 1000, NULL, 0);
-        if (bye && v->conn && k == 1) {
-            ps_conn_send_async(v->conn, PS_MSG_BYE, NULL, 0, 1000, NULL, 0);
-            ps_conn_flush(v->conn, 1000, NULL, 0);
-        }
+        if (bye && v->conn) ps_conn_send(v->conn, PS_MSG_BYE, NULL, 0, 1000, NULL, 0);
         ps_conn_free(v->conn);
         v->conn = NULL;
     }
@@ -272,8 +268,7 @@ static bool all_probed(const ps_coord *c) {
 static ps_status stalled(ps_coord *c, uint32_t want_mb) {
     for (int k = 1; k < c->n; k++) {
         c->st[k].probe = PROBE_SILENT;
-        if (k == 1) ps_conn_send_async(c->st[k].conn, PS_MSG_PROBE, NULL, 0, 1000, NULL, 0);
-        else ps_conn_send(c->st[k].conn, PS_MSG_PROBE, NULL, 0, 1000, NULL, 0);
+        ps_conn_send(c->st[k].conn, PS_MSG_PROBE, NULL, 0, 1000, NULL, 0);
     }
     int32_t tok = -1;
     if (!pump(c, 1000, want_mb, &tok, all_probed)) return blame(c);

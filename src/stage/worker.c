@@ -27,7 +27,6 @@ typedef struct {
     ps_conn *ctrl;       /* the coordinator's connection (NULL: no session) */
     ps_conn *in;         /* the previous stage's connection (stage 1: ctrl) */
     ps_conn *out;        /* the next stage's connection (last stage: ctrl) */
-    bool ctrl_async;     /* ctrl has a sender thread (last stage) */
     bool out_failed;     /* the last error came from the next stage's connection */
     double compute_ms;   /* in forward passes, this session */
     bool done;           /* done_mb is valid */
@@ -58,11 +57,11 @@ static void say(const worker *w, const char *fmt, ...) {
 // ---------------------------------------------------------------------------------------
 // Sessions
 
-/* Sends a frame to the coordinator (through ctrl's sender thread on the last stage). */
+/* Sends a frame to the coordinator (through ctrl's sender thread, and its link emulation,
+ * on the last stage, whose outgoing hop it is). */
 static ps_status ctrl_send(worker *w, uint16_t type, const void *p, size_t len) {
     struct iovec iov = {(void *)p, len};
-    if (w->ctrl_async) return ps_conn_send_async(w->ctrl, type, &iov, 1, w->o->timeout_ms, w->err, sizeof w->err);
-    return ps_conn_send(w->ctrl, type, &iov, 1, w->o->timeout_ms, w->err, sizeof w->err);
+    return ps_conn_send_async(w->ctrl, type, &iov, 1, w->o->timeout_ms, w->err, sizeof w->err);
 }
 
 /* Tells the coordinator why the session failed (best effort: an ERROR of the given
@@ -73,14 +72,12 @@ static void end_session(worker *w, int kind, const char *why) {
         w->wb.len = 0;
         ps_wbuf_u8(&w->wb, (uint8_t)kind);
         ps_wbuf_str(&w->wb, why);
-        if (!w->wb.oom && !ctrl_send(w, PS_MSG_ERROR, w->wb.p, w->wb.len) && w->ctrl_async)
-            ps_conn_flush(w->ctrl, 1000, NULL, 0);
+        if (!w->wb.oom && !ctrl_send(w, PS_MSG_ERROR, w->wb.p, w->wb.len)) ps_conn_flush(w->ctrl, 1000, NULL, 0);
     }
     if (w->in != w->ctrl) ps_conn_free(w->in);
     if (w->out != w->ctrl) ps_conn_free(w->out);
     ps_conn_free(w->ctrl);
     w->ctrl = w->in = w->out = NULL;
-    w->ctrl_async = false;
     w->session = 0;
 }
 
@@ -158,7 +155,6 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     ps_conn_set_max_payload(w->ctrl, payload_limit(w->m, max_mb));
     if (last) {
         w->out = w->ctrl;
-        w->ctrl_async = true;
         if ((s = ps_conn_start_sender(w->ctrl, &w->o->sim, w->err, sizeof w->err))) return s;
     } else {
         if ((s = ps_net_dial(next, w->o->timeout_ms, &w->out, w->err, sizeof w->err))) return s;
@@ -269,8 +265,8 @@ static void on_frame(worker *w, ps_conn *c) {
                              ps_conn_peer(c));
     if (!s) return;
     int kind = PS_ERR_KIND_SELF;
-    if (c != w->ctrl && (s == PS_ERR_NET || s == PS_ERR_TIMEOUT)) kind = PS_ERR_KIND_PREV;
-    else if (w->out_failed) kind = PS_ERR_KIND_NEXT;
+    if (w->out_failed) kind = PS_ERR_KIND_NEXT;
+    else if (c != w->ctrl && (s == PS_ERR_NET || s == PS_ERR_TIMEOUT)) kind = PS_ERR_KIND_PREV;
     w->out_failed = false;
     end_session(w, kind, w->err);
 }
