@@ -194,6 +194,24 @@ static ps_status refuse(ps_conn *c, ps_status st, int timeout_ms, char *err, siz
     return ps_errf(err, errlen, st, "refused %s: %s", c->peer, reason);
 }
 
+/* Whether n bytes at p are all zero. */
+static bool all_zero(const uint8_t *p, size_t n) {
+    uint8_t acc = 0;
+    for (size_t i = 0; i < n; i++) acc |= p[i];
+    return acc == 0;
+}
+
+/* Checks the peer's proof in message `what` (all zeros without a key); refuses on a mismatch. */
+static ps_status check_proof(ps_conn *c, const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
+                             const uint8_t *proof, const char *what, int timeout_ms, char *err, size_t errlen) {
+    if (!key && !all_zero(proof, HS_PROOF_BYTES))
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed %s: a proof without a key", what);
+    if (key && !proof_ok(key, label, n1, n2, proof))
+        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen,
+                      "wrong shared key: the peer's proof does not match our key (compare the --key-file of both sides)");
+    return PS_OK;
+}
+
 /* Copies a peer's reason for an error line: control bytes become '?', cut at
  * HS_REASON_SHOW bytes. */
 static void show_reason(char *out, size_t cap, const uint8_t *p, uint32_t len) {
@@ -252,12 +270,6 @@ static ps_status run_check(ps_conn *c, ps_hello_check_fn check, void *ctx, const
     return refuse(c, st, timeout_ms, err, errlen, "%s", why[0] ? why : ps_strerror(st));
 }
 
-/* Whether n bytes at p are all zero. */
-static bool all_zero(const uint8_t *p, size_t n) {
-    uint8_t acc = 0;
-    for (size_t i = 0; i < n; i++) acc |= p[i];
-    return acc == 0;
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Client */
@@ -283,12 +295,7 @@ static ps_status client_check_reply(ps_conn *c, const uint8_t *key, const uint8_
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "we require a shared key (--key-file) but the peer has none");
     if (!key && has_key)
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "the peer has a shared key but we have none");
-    if (!key && !all_zero(proof_s, HS_PROOF_BYTES))
-        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO_REPLY: a proof without a key");
-    if (key && !proof_ok(key, label_server, nonce_c, nonce_s, proof_s))
-        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen,
-                      "wrong shared key: the peer's proof does not match our key (compare the --key-file of both sides)");
-    return PS_OK;
+    return check_proof(c, key, label_server, nonce_c, nonce_s, proof_s, "HELLO_REPLY", timeout_ms, err, errlen);
 }
 
 ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
@@ -369,12 +376,7 @@ static ps_status server_get_auth(ps_conn *c, const uint8_t *key, const uint8_t *
     const uint8_t *proof_c = ps_rbuf_bytes(&r, HS_PROOF_BYTES);
     if (r.bad || r.off != r.len)
         return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed AUTH (%zu bytes)", r.len);
-    if (!key && !all_zero(proof_c, HS_PROOF_BYTES))
-        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed AUTH: a proof without a key");
-    if (key && !proof_ok(key, label_client, nonce_s, nonce_c, proof_c))
-        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen,
-                      "wrong shared key: the peer's proof does not match our key (compare the --key-file of both sides)");
-    return PS_OK;
+    return check_proof(c, key, label_client, nonce_s, nonce_c, proof_c, "AUTH", timeout_ms, err, errlen);
 }
 
 ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
