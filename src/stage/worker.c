@@ -143,6 +143,9 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     ps_rbuf_str(&r, next, sizeof next);
     if (r.bad || r.off != len || act > PS_ACT_F32 || session == 0)
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "malformed SETUP message");
+    if (cp.n_ctx < 1 || cp.n_ctx > (1 << 24) || cp.max_batch < 1 || cp.max_batch > (1 << 16))
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP asks for %d positions in batches of %d (at most "
+                       "%d and %d)", cp.n_ctx, cp.max_batch, 1 << 24, 1 << 16);
     cp.act = (ps_act)act;
     bool last = w->m->has_head;
     if (last != !next[0])
