@@ -16,7 +16,8 @@ for a in "$@"; do
 done
 
 debs=(build-essential cmake pkg-config python3 python3-venv iproute2
-      libpcre2-dev libutf8proc-dev libcjson-dev libxxhash-dev libsodium-dev libmicrohttpd-dev)
+      libpcre2-dev libutf8proc-dev libcjson-dev libxxhash-dev libsodium-dev libmicrohttpd-dev
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)  # the last three: tests/cross_neon.sh
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

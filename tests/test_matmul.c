@@ -1,7 +1,8 @@
 /* test_matmul.c - the thread pool, and ps_matmul for every weight type and kernel family:
  *   - the ref kernels against a double-precision dot of the dequantized weights and the
  *     exact quantized activations;
- *   - every other available family against ref, under a named tolerance per type;
+ *   - every other available family against ref, under a named tolerance per type, and
+ *     bit for bit for the families that promise it (neon, neondot);
  *   - batch invariance: for each family, y[t][r] bit-identical whatever n_tok, the token's
  *     place in the batch, the thread count and the row range asked for;
  *   - scratch and weight buffers allocated to the byte, so that sanitizers catch overreads. */
@@ -146,6 +147,9 @@ static double tol_family(ps_type t) {
     }
 }
 
+/* Families whose kernels reproduce ref's float operations exactly (kern_neon.h). */
+static bool family_bit_exact(int isa) { return isa == PS_ISA_NEON || isa == PS_ISA_NEONDOT; }
+
 /* sum |w x| and the exact dot for (row r, token t). */
 static void exact_dot(const problem *p, const double *xa, int64_t r, double *dot, double *mag) {
     const float *w = p->wf + r * p->cols;
@@ -192,6 +196,14 @@ static void test_accuracy(ps_type type, int64_t rows, int64_t cols, int64_t n_to
             if (!(fabs(y[i] - yref[i]) <= tol_family(type) * mag[i] + 1e-30) && bad++ < 3)
                 fprintf(stderr, "%s %s: row %lld tok %lld: %.9g vs ref %.9g (|wx| %.3g)\n", ps_type_name(type),
                         ps_isa_name((ps_isa)isa), (long long)(i % rows), (long long)(i / rows), y[i], yref[i], mag[i]);
+        PS_CHECK_EQ_INT(bad, 0);
+        if (!family_bit_exact(isa)) continue;
+        bad = 0;
+        for (int64_t i = 0; i < rows * n_tok; i++)
+            if (memcmp(&y[i], &yref[i], sizeof(float)) != 0 && bad++ < 3)
+                fprintf(stderr, "%s %s: row %lld tok %lld: %.9g differs from ref %.9g in its bits\n",
+                        ps_type_name(type), ps_isa_name((ps_isa)isa), (long long)(i % rows), (long long)(i / rows),
+                        y[i], yref[i]);
         PS_CHECK_EQ_INT(bad, 0);
     }
     free(yref);
@@ -323,6 +335,10 @@ int main(void) {
     ps_pool *pools[4] = {NULL};
     for (int i = 1; i < 4; i++) PS_CHECK_OK(ps_pool_create(i, &pools[i]));
     printf("best kernel family: %s\n", ps_matmul_isa());
+    printf("kernel families tested:");
+    for (int isa = 0; isa < PS_ISA_COUNT; isa++)
+        if (ps_isa_available((ps_isa)isa)) printf(" %s", ps_isa_name((ps_isa)isa));
+    printf("\n");
     for (size_t i = 0; i < PS_ARRAY_LEN(all_types); i++) {
         ps_type t = all_types[i];
         PS_CHECK(ps_matmul_supported(t));

@@ -1,4 +1,5 @@
-/* cpu.c - CPU feature detection (cpuid + xgetbv) and kernel family selection. */
+/* cpu.c - CPU feature detection (cpuid + xgetbv on x86, the OS's hwcaps on aarch64) and
+ * kernel family selection. */
 #include "cpu.h"
 
 #include <stdatomic.h>
@@ -6,6 +7,15 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define PS_X86 1
+#endif
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1ul << 20)
+#endif
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
 #endif
 
 // Detection
@@ -45,6 +55,24 @@ static void detect_x86(ps_cpu_features *f) {
 }
 #endif
 
+#ifdef __aarch64__
+/* Whether the cores have the ARMv8.2 dot product (sdot/udot). Compile-time flags are not
+ * enough: the usual build targets plain ARMv8-A and picks the kernels at run time. */
+static bool detect_arm_dotprod(void) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, NULL, 0) == 0 && v;
+#elif defined(__ARM_FEATURE_DOTPROD)
+    return true;
+#else
+    return false;
+#endif
+}
+#endif
+
 static ps_cpu_features g_features;
 static atomic_int g_features_state; /* 0 unknown, 1 being filled, 2 ready */
 
@@ -58,6 +86,9 @@ const ps_cpu_features *ps_cpu_features_get(void) {
 #endif
 #if defined(__ARM_NEON) || defined(__aarch64__)
     f.neon = true;
+#endif
+#ifdef __aarch64__
+    f.neon_dot = detect_arm_dotprod();
 #endif
     int expect = 0;
     if (atomic_compare_exchange_strong(&g_features_state, &expect, 1)) {
@@ -74,7 +105,7 @@ const ps_cpu_features *ps_cpu_features_get(void) {
 
 static const char *const isa_names[PS_ISA_COUNT] = {
     [PS_ISA_REF] = "ref", [PS_ISA_AVX2] = "avx2", [PS_ISA_AVX512] = "avx512",
-    [PS_ISA_AVX512VNNI] = "avx512vnni", [PS_ISA_NEON] = "neon",
+    [PS_ISA_AVX512VNNI] = "avx512vnni", [PS_ISA_NEON] = "neon", [PS_ISA_NEONDOT] = "neondot",
 };
 
 const char *ps_isa_name(ps_isa isa) {
@@ -91,12 +122,13 @@ bool ps_isa_available(ps_isa isa) {
     case PS_ISA_AVX512: return avx512;
     case PS_ISA_AVX512VNNI: return avx512 && f->avx512vnni && f->avx512vbmi && f->avx512bitalg;
     case PS_ISA_NEON: return f->neon;
+    case PS_ISA_NEONDOT: return f->neon && f->neon_dot;
     default: return false;
     }
 }
 
 ps_isa ps_isa_best(void) {
-    static const ps_isa order[] = {PS_ISA_AVX512VNNI, PS_ISA_AVX512, PS_ISA_AVX2, PS_ISA_NEON};
+    static const ps_isa order[] = {PS_ISA_AVX512VNNI, PS_ISA_AVX512, PS_ISA_AVX2, PS_ISA_NEONDOT, PS_ISA_NEON};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (ps_isa_available(order[i])) return order[i];
     return PS_ISA_REF;
@@ -109,17 +141,20 @@ static const ps_kernel *family_kernel(ps_isa isa, uint32_t t) {
     case PS_ISA_AVX512: return ps_kern_avx512(t);
     case PS_ISA_AVX512VNNI: return ps_kern_avx512vnni(t);
     case PS_ISA_NEON: return ps_kern_neon(t);
+    case PS_ISA_NEONDOT: return ps_kern_neondot(t);
     default: return ps_kern_ref(t);
     }
 }
 
-/* Falls back vnni -> avx512 -> avx2 -> ref (neon -> ref) until a family has type t. */
+/* Falls back vnni -> avx512 -> avx2 -> ref (neondot -> neon -> ref) until a family has
+ * type t. */
 const ps_kernel *ps_kernel_get(ps_isa isa, uint32_t t) {
     for (;;) {
         const ps_kernel *k = family_kernel(isa, t);
         if (k || isa == PS_ISA_REF) return k;
         isa = isa == PS_ISA_AVX512VNNI ? PS_ISA_AVX512
               : isa == PS_ISA_AVX512   ? PS_ISA_AVX2
+              : isa == PS_ISA_NEONDOT  ? PS_ISA_NEON
                                        : PS_ISA_REF;
     }
 }

@@ -1,10 +1,11 @@
 /* cpu.h - CPU feature detection and the per-ISA matmul kernel tables (internal to
  * src/tensor/ and its tests).
  *
- * Each kernel family (ref, avx2, avx512, avx512vnni, neon) gives, per weight type, a
- * ps_kernel: how to quantize one activation row into the format its dot products consume,
+ * Each kernel family (ref, avx2, avx512, avx512vnni, neon, neondot) gives, per weight type,
+ * a ps_kernel: how to quantize one activation row into the format its dot products consume,
  * and a tile routine that fills a block of outputs. A family may lack a type; the lookup
- * then falls back to the next simpler family (avx512vnni -> avx512 -> avx2 -> ref).
+ * then falls back to the next simpler family (avx512vnni -> avx512 -> avx2 -> ref,
+ * neondot -> neon -> ref).
  *
  * Batch invariance (DESIGN.md invariant 1) is each kernel's contract: the value written
  * for (row r, token t) depends only on W row r and activation row t, never on nr, nt or
@@ -24,7 +25,8 @@ typedef struct {
     bool avx512f, avx512bw, avx512vl;     /* with OS support for zmm/opmask state */
     bool avx512dq, avx512vnni, avx512vbmi;
     bool avx512bitalg, avx512bf16;
-    bool neon;
+    bool neon;                            /* aarch64 Advanced SIMD */
+    bool neon_dot;                        /* ARMv8.2 dot product (sdot), as the OS reports it */
 } ps_cpu_features;
 
 /* Features of this CPU, detected once (thread-safe after the first call returns). */
@@ -35,7 +37,8 @@ typedef enum {
     PS_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
     PS_ISA_AVX512 = 2,     /* AVX-512 F/BW/VL/DQ + the above */
     PS_ISA_AVX512VNNI = 3, /* plus VNNI, VBMI and BITALG (Ice Lake, Zen 4 and later) */
-    PS_ISA_NEON = 4,
+    PS_ISA_NEON = 4,       /* aarch64 Advanced SIMD: bit-identical to ref */
+    PS_ISA_NEONDOT = 5,    /* plus the ARMv8.2 dot product; bit-identical to ref */
     PS_ISA_COUNT
 } ps_isa;
 
@@ -69,6 +72,7 @@ const ps_kernel *ps_kern_avx2(uint32_t t);
 const ps_kernel *ps_kern_avx512(uint32_t t);
 const ps_kernel *ps_kern_avx512vnni(uint32_t t);
 const ps_kernel *ps_kern_neon(uint32_t t);
+const ps_kernel *ps_kern_neondot(uint32_t t);
 
 /* The kernel family isa uses for type t, after fallback; NULL for unsupported types. */
 const ps_kernel *ps_kernel_get(ps_isa isa, uint32_t t);
