@@ -30,11 +30,22 @@ struct ps_ctx {
     void *scratch;      /* matmul scratch */
 };
 
+/* The attention loops are plain C whose order of operations is fixed in the source; built
+ * for the baseline x86-64 they would run on SSE2. Clones for AVX2 and AVX-512 (picked by
+ * the loader) let the compiler use wider vectors for the same operations in the same order
+ * (no fused multiply-adds: floating-point contraction is off), so the bits do not change. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SIMD_CLONES
+#endif
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 // ---------------------------------------------------------------------------------------
 // Vector helpers (fixed reduction order: 16 lanes, then a fixed tree)
 
 /* sum a[i] * b[i] for i < n, in an order that depends only on n. */
-static float dot_f32(const float *a, const float *b, int n) {
+static ALWAYS_INLINE float dot_f32(const float *a, const float *b, int n) {
     float acc[16] = {0};
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -176,7 +187,7 @@ typedef struct {
 
 /* Causal attention of one (token, head) pair: att = softmax(q·K / sqrt(hd)) V over
  * positions 0..pos+t, each sum taken in position order. */
-static void attend_one(const attn_job *j, int t, int h, float *scores) {
+static ALWAYS_INLINE void attend_one(const attn_job *j, int t, int h, float *scores) {
     const ps_ctx *c = j->c;
     const ps_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, kvh = h / (hp->n_head / hp->n_head_kv), last = j->pos + t;
@@ -197,13 +208,13 @@ static void attend_one(const attn_job *j, int t, int h, float *scores) {
     }
 }
 
-/* Pool task: thread ith takes a contiguous share of the (token, head) pairs. */
-static void attend_task(void *ctx, int ith, int nth) {
+/* Pool task: thread ith takes every nth (token, head) pair, so that the later tokens of a
+ * causal chunk, which attend to more positions, are spread over the threads. */
+SIMD_CLONES static void attend_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     int nh = j->c->m->hp.n_head, total = j->n * nh;
-    int begin = (int)((long long)total * ith / nth), end = (int)((long long)total * (ith + 1) / nth);
     float *scores = j->c->scores + (size_t)ith * j->c->n_ctx;
-    for (int i = begin; i < end; i++) attend_one(j, i / nh, i % nh, scores);
+    for (int i = ith; i < total; i += nth) attend_one(j, i / nh, i % nh, scores);
 }
 
 // ---------------------------------------------------------------------------------------
