@@ -698,6 +698,41 @@ def case_startup(m):
     print("  worker start-up errors: ok")
 
 
+# ------------------------------------------------------------------------------ case 6: the split cache
+def case_split_cache(m):
+    """--local-stages keeps its split in $PIPESHARD_CACHE/splits/<model fingerprint>-<N> and reuses
+    it while the model is unchanged (a copy of the file too: the key is its contents)."""
+    cache = os.path.join(TMP, "split-cache")
+    old = os.environ.get("PIPESHARD_CACHE")
+    os.environ["PIPESHARD_CACHE"] = cache
+    try:
+        g = m.reference(GREEDY)
+        run = ["--local-stages", "3"] + m.prompt + GEN + GREEDY
+        same(ids(["-m", m.path] + run, "cached split, first run"), g, "split cache: first run")
+        with open(m.path, "rb") as f:
+            fp = xxhash.xxh3_128_hexdigest(f.read())
+        d = os.path.join(cache, "splits", f"{fp}-3")
+        fleet = os.path.join(d, "fleet.json")
+        if not check(os.path.exists(fleet), f"split cache: {fleet} was not written"):
+            return
+        check(load_json(fleet)["model_fingerprint"] == fp, "split cache: fleet.json names another model")
+        stamps = {f: os.stat(os.path.join(d, f)).st_mtime_ns for f in os.listdir(d)}
+        copy = os.path.join(TMP, "copy-of-" + os.path.basename(m.path))
+        shutil.copyfile(m.path, copy)
+        same(ids(["-m", copy] + run, "cached split, second run"), g, "split cache: second run (a copy of the model)")
+        check({f: os.stat(os.path.join(d, f)).st_mtime_ns for f in os.listdir(d)} == stamps,
+              "split cache: the second run wrote the split again")
+        check(os.listdir(os.path.join(cache, "splits")) == [f"{fp}-3"], "split cache: more than one split written")
+        os.environ["PIPESHARD_CACHE"] = "off"
+        same(ids(["-m", m.path] + run, "split cache off"), g, "split cache off")
+        check(os.listdir(os.path.join(cache, "splits")) == [f"{fp}-3"], "PIPESHARD_CACHE=off wrote to the cache")
+    finally:
+        if old is None:
+            os.environ.pop("PIPESHARD_CACHE", None)
+        else:
+            os.environ["PIPESHARD_CACHE"] = old
+
+
 # ------------------------------------------------------------------------------ main
 def main():
     global TMP, SANITIZED
@@ -718,6 +753,7 @@ def main():
         case_refusals(ms[0])
         case_failures(ms[0])
         case_startup(ms[0])
+        case_split_cache(ms[0])
     finally:
         stop_all(WORKERS)
     if failures():

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -124,6 +125,68 @@ static ps_status make_key(ps_local_fleet *lf, const char *key_file, char *path, 
     return ps_net_key_load(path, lf->key, err, errlen);
 }
 
+/* mkdir -p: creates path and its missing parents (mode 0700). */
+static bool make_dirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0700) && errno != EEXIST) return false;
+            *p = '/';
+        }
+    return !mkdir(buf, 0700) || errno == EEXIST;
+}
+
+/* The directory of the split cache ($PIPESHARD_CACHE, else $XDG_CACHE_HOME/pipeshard, else
+ * ~/.cache/pipeshard), or false when caching is off (PIPESHARD_CACHE=off) or unknown. */
+static bool cache_root(char *out, size_t cap) {
+    const char *env = getenv("PIPESHARD_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (env && !strcmp(env, "off")) return false;
+    if (env && *env) snprintf(out, cap, "%s", env);
+    else if (xdg && *xdg) snprintf(out, cap, "%s/pipeshard", xdg);
+    else if (home && *home) snprintf(out, cap, "%s/.cache/pipeshard", home);
+    else return false;
+    return true;
+}
+
+/* Whether dir holds a complete split of the model with fingerprint fp along bounds. */
+static bool cached_split_ok(const char *dir, const char *fp, int n, const int *bounds, ps_fleet *fleet) {
+    char path[4300];
+    snprintf(path, sizeof path, "%s/fleet.json", dir);
+    if (access(path, R_OK) || ps_fleet_load(path, fleet, NULL, 0) || strcmp(fleet->model_fp, fp) ||
+        fleet->n_stages != n)
+        return false;
+    for (int k = 0; k < n; k++)
+        if (fleet->stages[k].layer_begin != bounds[k] || fleet->stages[k].layer_end != bounds[k + 1] ||
+            access(fleet->stages[k].shard, R_OK))
+            return false;
+    return true;
+}
+
+/* Finds or writes the split: in the cache (splits/<model fingerprint>-<n>), reused while the
+ * model file is unchanged, or, with the cache off, in the run's own directory. */
+static ps_status get_split(ps_local_fleet *lf, const char *model, int n, char *err, size_t errlen) {
+    int bounds[PS_SHARD_MAX_STAGES + 1];
+    char dir[4200], fp[33], path[4300];
+    ps_status s = plan(model, n, bounds, err, errlen);
+    if (s) return s;
+    if (cache_root(dir, sizeof dir)) {
+        if ((s = ps_fingerprint_file(model, fp, err, errlen))) return s;
+        size_t len = strlen(dir);
+        snprintf(dir + len, sizeof dir - len, "/splits/%s-%d", fp, n);
+        if (cached_split_ok(dir, fp, n, bounds, &lf->fleet)) return PS_OK;
+        if (!make_dirs(dir)) return ps_errf(err, errlen, PS_ERR_IO, "cannot create the split cache %s: %s "
+                                            "(PIPESHARD_CACHE=off splits into a temporary directory)", dir, strerror(errno));
+    } else {
+        snprintf(dir, sizeof dir, "%s/shards", lf->dir);
+        if (mkdir(dir, 0700)) return ps_errf(err, errlen, PS_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
+    }
+    if ((s = ps_shard_split(model, n, bounds, NULL, dir, NULL, NULL, err, errlen))) return s;
+    snprintf(path, sizeof path, "%s/fleet.json", dir);
+    return ps_fleet_load(path, &lf->fleet, err, errlen);
+}
+
 ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, const ps_link_sim *sim,
                                const char *key_file, ps_local_fleet *lf, char *err, size_t errlen) {
     memset(lf, 0, sizeof *lf);
@@ -134,16 +197,28 @@ ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, con
         lf->dir[0] = 0;
         return s;
     }
-    int bounds[PS_SHARD_MAX_STAGES + 1];
-    char fleet_path[4200], key_path[4200];
-    snprintf(fleet_path, sizeof fleet_path, "%s/fleet.json", lf->dir);
-    ps_status s = plan(model, n_stages, bounds, err, errlen);
-    if (!s) s = ps_shard_split(model, n_stages, bounds, NULL, lf->dir, NULL, NULL, err, errlen);
-    if (!s) s = ps_fleet_load(fleet_path, &lf->fleet, err, errlen);
+    char key_path[4200];
+    ps_status s = get_split(lf, model, n_stages, err, errlen);
     if (!s) s = make_key(lf, key_file, key_path, sizeof key_path, err, errlen);
     lf->n = lf->fleet.n_stages;
     for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, threads, sim, key_path, err, errlen);
     return s;
+}
+
+/* Removes the files of dir and dir itself (one level: the run's directory has no others
+ * but shards/, emptied first). */
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[4400];
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (!strcmp(e->d_name, "shards")) remove_dir(path);
+        else unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
 }
 
 void ps_local_fleet_stop(ps_local_fleet *lf) {
@@ -160,13 +235,6 @@ void ps_local_fleet_stop(ps_local_fleet *lf) {
         lf->pids[k] = 0;
     }
     if (!lf->dir[0]) return;
-    DIR *d = opendir(lf->dir);
-    struct dirent *e;
-    char path[4400];
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            snprintf(path, sizeof path, "%s/%s", lf->dir, e->d_name), unlink(path);
-    if (d) closedir(d);
-    rmdir(lf->dir);
+    remove_dir(lf->dir);
     lf->dir[0] = 0;
 }

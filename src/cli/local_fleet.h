@@ -1,5 +1,6 @@
-/* local_fleet.h - `run --local-stages N`: split a model into a temporary directory,
- * start N-1 workers on loopback as child processes, and stop them afterwards. */
+/* local_fleet.h - `run --local-stages N`: split a model (or reuse its split from the cache,
+ * $PIPESHARD_CACHE or ~/.cache/pipeshard/splits/<model fingerprint>-N), start N-1 workers
+ * on loopback as child processes, and stop them afterwards. */
 #ifndef PS_CLI_LOCAL_FLEET_H
 #define PS_CLI_LOCAL_FLEET_H
 
@@ -9,14 +10,16 @@
 #include "../net/net.h"
 
 typedef struct {
-    char dir[4096];                   /* temporary directory: shards, fleet.json, key, logs */
+    char dir[4096];                   /* the run's temporary directory: key, logs (and the
+                                         shards when the cache is off) */
     int n;                            /* stages */
     pid_t pids[PS_SHARD_MAX_STAGES];  /* workers (index 0 unused) */
     ps_fleet fleet;                   /* with the workers' loopback addresses */
     uint8_t key[32];                  /* the shared key every process of the fleet holds */
 } ps_local_fleet;
 
-/* Splits model into n_stages (bytes balanced) and starts the workers with threads
+/* Splits model into n_stages (bytes balanced; reusing the cached split of an unchanged
+ * model) and starts the workers with threads
  * threads each, the link emulation sim, and key_file (NULL: a fresh random key). */
 ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, const ps_link_sim *sim,
                                const char *key_file, ps_local_fleet *lf, char *err, size_t errlen);
