@@ -30,6 +30,7 @@ typedef struct {
     bool out_failed;     /* the last error came from the next stage's connection */
     double compute_ms;   /* in forward passes, this session */
     bool done;           /* done_mb is valid */
+    int32_t filled;      /* positions [0, filled) were computed in this session */
     uint32_t done_mb;    /* the latest micro-batch finished */
     ps_mb mb;            /* the one being run */
     uint64_t session;
@@ -106,7 +107,8 @@ static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errl
     }
     if (p->role != PS_ROLE_PREV_STAGE)
         return ps_errf(err, errlen, PS_ERR_ARG, "a peer of role %d cannot connect to a worker", p->role);
-    if (!w->ctrl || p->session != w->session)
+    /* only once SETUP has started a session (its id is 0 until then) */
+    if (!w->ctrl || !w->out || p->session != w->session)
         return ps_errf(err, errlen, PS_ERR_ARG, "no session %016llx here", (unsigned long long)p->session);
     if (p->stage != me->stage - 1 || p->layer_end != me->layer_begin)
         return ps_errf(err, errlen, PS_ERR_ARG, "stage %d (layers %d..%d) cannot feed stage %d (layers %d..%d)", p->stage,
@@ -132,8 +134,19 @@ static uint32_t payload_limit(const ps_model *m, int max_mb) {
     return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
 }
 
-/* SETUP: starts the session's run state and the outgoing hop, answers READY. */
+/* Whether s is a plausible HOST:PORT: printable ASCII, no spaces (it is dialled and logged). */
+static bool printable(const char *s) {
+    for (const unsigned char *q = (const unsigned char *)s; *q; q++)
+        if (*q <= ' ' || *q > '~') return false;
+    return true;
+}
+
+/* SETUP: starts the session's run state and the outgoing hop, answers READY. Once per
+ * connection: a second one would dial the next stage again. */
 static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
+    if (w->out)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "a second SETUP in session %016llx",
+                       (unsigned long long)w->session);
     ps_rbuf r = {.p = p, .len = len};
     uint64_t session = ps_rbuf_u64(&r);
     ps_ctx_params cp = {.n_ctx = ps_rbuf_i32(&r), .max_batch = ps_rbuf_i32(&r)};
@@ -143,16 +156,19 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     ps_rbuf_str(&r, next, sizeof next);
     if (r.bad || r.off != len || act > PS_ACT_F32 || session == 0)
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "malformed SETUP message");
+    if (!printable(next))
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                       "malformed SETUP message: the next stage's address has a control, space or non-ASCII byte");
     if (cp.n_ctx < 1 || cp.n_ctx > (1 << 24) || cp.max_batch < 1 || cp.max_batch > (1 << 16))
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP asks for %d positions in batches of %d (at most "
                        "%d and %d)", cp.n_ctx, cp.max_batch, 1 << 24, 1 << 16);
     cp.act = (ps_act)act;
     bool last = w->m->has_head;
     if (last != !next[0])
-        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP %s a next stage, but this is %s the last stage",
-                       next[0] ? "names" : "lacks", last ? "" : "not");
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP %s a next stage, but this is %sthe last stage",
+                       next[0] ? "names" : "lacks", last ? "" : "not ");
     w->session = w->me.session = session;
-    w->compute_ms = 0, w->done = false;
+    w->compute_ms = 0, w->done = false, w->filled = 0;
     ps_status s = ps_stage_begin(w->stage, &cp, max_mb, w->err, sizeof w->err);
     if (s) return s;
     ps_conn_set_max_payload(w->ctrl, payload_limit(w->m, max_mb));
@@ -185,11 +201,18 @@ static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
     ps_status s = ps_mb_decode(p, len, dim, ps_stage_max_mb(w->stage), mb, w->err, sizeof w->err);
     if (s) return s;
     if (!mb->x) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch without activations");
+    /* a micro-batch attends to every position before it: those must be this session's (the
+       context is reused across sessions, so a gap would read another session's keys, values
+       and tokens) */
+    if (mb->pos > w->filled)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch at position %d skips positions %d..%d, "
+                       "never sent in this session", mb->pos, w->filled, mb->pos - 1);
     double t0 = now_ms();
     const float *x = NULL;
     int32_t tok;
     if ((s = ps_stage_run(w->stage, mb, &x, &tok, w->err, sizeof w->err))) return s;
     w->compute_ms += now_ms() - t0;
+    w->filled = mb->pos + mb->n; /* writing at pos discards what came after it */
     /* idle threads sleep before the send: on a shared host, the receiver may run on this core */
     ps_pool_park(ps_stage_pool(w->stage));
     w->done_mb = mb->mb, w->done = true;

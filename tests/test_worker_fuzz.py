@@ -1,0 +1,1115 @@
+#!/usr/bin/env python3
+"""test_worker_fuzz.py - hostile traffic against running `pipeshard worker`s: every malformed input
+gets a clear error, loses nothing, and never crashes, hangs or leaks.
+
+A 4-layer synthetic model (dim 64, vocab 512, Q8_0) is split into 3 stages; workers serve stage 1
+(layers 1..3) and stage 2 (the last, layers 3..4) with --timeout-ms 2000 and no key, so this
+script can complete the handshake itself: as the coordinator (HELLO role 1, stage 0, the fleet's
+stage count, layer count and model fingerprint from fleet.json; HELLO_REPLY read; AUTH with the
+all-zero proof; WELCOME), and as stage 1 towards stage 2 (role 2, the session of a live SETUP).
+In Python it also drives whole sessions: SETUP both workers (stage 1's next = stage 2), FORWARD a
+micro-batch of random activations into stage 1, read stage 2's TOKENS; the same micro-batch always
+gives the same token. Then, each on a fresh connection:
+  * handshake: random bytes, a wrong checksum, a len of 4 GB, an unknown type, another version, a
+    truncated HELLO or one with trailing bytes, invalid hellos (role, stage, layers, fingerprints,
+    another model or fleet shape, a worker's role, a previous stage of no session, key flags), a
+    non-zero or short AUTH, HELLO instead of AUTH, silence, a header cut then silence, closes;
+  * SETUP: random bytes, every truncation, trailing bytes, session 0, act 2 / 7 / 255, n_ctx 0 /
+    -1 / 2^30 / -2^31, max_batch 0 / -5 / 2^20, max_mb -1 / 0 / n_ctx + 1 / 2^31-1, next strings of
+    length 4 GB, with a NUL, too long, with control / space / non-ASCII bytes (no forged log lines),
+    next addresses that are garbage, name a closed port, a listener that never answers, the worker
+    itself, a peer answering garbage, a worker without the session; a next on the last stage / none
+    on stage 1; SETUP twice; the largest SETUP allowed (2^24 positions) then a frame of 4 GB;
+  * FORWARD before SETUP, n 0 / -1 / 2^31-1 / max_mb + 1, pos -1 / -2^31, pos + n beyond n_ctx,
+    positions skipped (at the start, after a continuation, after a rewind: the context is reused
+    across sessions, so a gap would attend to another session's keys and tokens), width dim + 1 /
+    2^32-1, no activations, n_stats -1 / 64 / 2^31-1 / more than present, unknown flags, cuts at
+    random lengths, trailing bytes, random bytes; into stage 1 and straight into the last stage,
+    which also gets bad sampling parameters, out-of-range token ids under penalties and NaN / inf
+    activations;
+  * frames before and after SETUP: wrong checksums, a len of 4 GB or just over the limit, unknown
+    types and types only workers send, another version, bad magic, closes in the middle of a header
+    and of a payload, a header or payload cut then silence (dropped in about --timeout-ms, not a
+    hang), a coordinator that never reads its answers (the worker's send times out);
+  * a second coordinator while a session is live (refused as busy; the live session still gives
+    the right tokens), a previous stage of another session, or before any SETUP;
+  * 300 seeded random mutations of a valid SETUP (into the last stage, plus 50 of its numeric
+    fields into stage 1) and 300 of a valid FORWARD (half into stage 1, half into the last stage,
+    half continuing a session): field-aware boundary values, bit flips, cuts, insertions, deletions
+    and a few header corruptions.
+After every attack both workers are alive and their logs hold no sanitizer report; for most cases
+the worker's log and the ERROR / REFUSE sent back name the problem. Before, a few times in between
+and at the end, a real `pipeshard run --fleet ... --print-ids --temp 0` through the same workers
+prints exactly the ids of the unsplit `run -m`; the idle workers hold as many file descriptors and
+threads as at the start (no leaked connection or sender thread), and exit 0 on SIGTERM (no leak
+report under the sanitizer build). Exit 0 pass, 1 fail, 77 skip (no pipeshard binary).
+"""
+import ctypes
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import xxhash  # noqa: E402
+from pstest import check, failures, verdict  # noqa: E402
+
+BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
+TMP = None
+SAN_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
+TIMEOUT_MS = 2000        # the workers' --timeout-ms
+SEED = 20240611
+N_MUTATIONS = 300        # of SETUP, and of FORWARD
+
+# the model (synth flags) and its split
+DIM, VOCAB, N_LAYER = 64, 512, 4
+SYNTH = ["--like", "tiny", "--layers", str(N_LAYER), "--dim", str(DIM), "--ffn", "192", "--heads", "4",
+         "--kv-heads", "2", "--vocab", str(VOCAB), "--type", "Q8_0", "--seed", "5"]
+PROMPT = ["--prompt-ids", ",".join(str((i * 41 + 7) % VOCAB) for i in range(6))]
+GEN = ["-n", "12", "--ignore-eos", "--print-ids", "-t", "1", "--temp", "0"]
+
+# net.h: 24-byte header magic u32, version u16, type u16, flags u32, len u32, XXH3-64 u64
+MAGIC = 0x3144534E
+HDR = struct.Struct("<IHHIIQ")
+HELLO, HELLO_REPLY, AUTH, WELCOME, REFUSE = 1, 2, 3, 4, 5
+SETUP, READY, FORWARD, TOKENS, STATS, ERROR, BYE, PROBE = 16, 17, 18, 19, 20, 21, 22, 23
+ROLE_COORD, ROLE_PREV, ROLE_WORKER = 1, 2, 3
+MB_SAMPLE = 1
+# stage.c: the 72 fixed bytes of a FORWARD: seq, mb, pos, n, flags, xdim, n_stats, then the sampling
+# parameters temperature, top_k, top_p, min_p, repetition_penalty, penalty_last_n, presence, frequency, seed
+MB_FIXED = struct.Struct("<QIiiIIi" "fifffiff" "Q")
+assert MB_FIXED.size == 72
+STAT = struct.Struct("<iIdQQd")  # stage, pad, compute_ms, frames, bytes, send_ms
+# (offset, struct code) of each field, for field-aware mutations
+MB_FIELDS = [(0, "Q"), (8, "I"), (12, "i"), (16, "i"), (20, "I"), (24, "I"), (28, "i"), (32, "f"), (36, "i"),
+             (40, "f"), (44, "f"), (48, "f"), (52, "i"), (56, "f"), (60, "f"), (64, "Q")]
+SETUP_FIELDS = [(0, "Q"), (8, "i"), (12, "i"), (16, "i"), (20, "B"), (21, "I")]
+
+
+# ------------------------------------------------------------------------------ processes
+_prctl = ctypes.CDLL(None).prctl
+
+
+def die_with_parent():
+    _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: workers die with the test
+
+
+def pipeshard(args, timeout=120):
+    p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    bad = [m for m in SAN_MARKS if m in p.stderr]
+    check(not bad, f"pipeshard {' '.join(args)}: sanitizer report:\n{p.stderr[-3000:]}")
+    return p
+
+
+class Worker:
+    """`pipeshard worker` on a shard, on 127.0.0.1:<free port> (learnt through --ready-fd), its stderr
+    in TMP/<name>.log."""
+
+    def __init__(self, shard, name):
+        self.name, self.log, self.scanned = name, os.path.join(TMP, f"{name}.log"), 0
+        r, w = os.pipe()
+        cmd = [BIN, "worker", "--shard", shard, "--listen", "127.0.0.1:0", "-t", "1", "--ready-fd", str(w),
+               "--timeout-ms", str(TIMEOUT_MS)]
+        # a sanitizer build returns NULL for an allocation it cannot make, as malloc does, rather
+        # than abort: a SETUP of 2^24 positions must be an "out of memory" error on a small machine
+        env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":allocator_may_return_null=1")
+        with open(self.log, "ab") as lf:
+            self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=lf,
+                                      pass_fds=(w,), preexec_fn=die_with_parent, env=env)
+        os.close(w)
+        got, deadline = b"", time.time() + 60
+        while time.time() < deadline:  # until the worker closes the pipe (its idle fds are then counted)
+            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.time()))
+            chunk = os.read(r, 64) if ready else b""
+            if not chunk:
+                break
+            got += chunk
+        os.close(r)
+        if not got.strip().isdigit():
+            self.stop()
+            raise AssertionError(f"worker {name} did not start: {self.text()}")
+        self.port = int(got)
+        self.addr = f"127.0.0.1:{self.port}"
+
+    def text(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def new_text(self):
+        """The log written since the last call."""
+        with open(self.log, "rb") as f:
+            f.seek(self.scanned)
+            b = f.read()
+        self.scanned += len(b)
+        return b.decode(errors="replace")
+
+    def wait_log(self, needle, timeout=5.0, since=0):
+        deadline = time.time() + timeout
+        while True:
+            if needle in self.text()[since:]:
+                return True
+            if time.time() > deadline:
+                return False
+            time.sleep(0.02)
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def resources(self):
+        """(open file descriptors, threads) of the process."""
+        try:
+            return len(os.listdir(f"/proc/{self.p.pid}/fd")), len(os.listdir(f"/proc/{self.p.pid}/task"))
+        except OSError:
+            return None
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(timeout=10)
+
+
+# ------------------------------------------------------------------------------ the protocol in Python
+class Closed(Exception):
+    pass
+
+
+def frame(typ, payload, version=1, magic=MAGIC, flags=0, length=None, checksum=None):
+    if checksum is None:
+        checksum = xxhash.xxh3_64_intdigest(payload)
+    return HDR.pack(magic, version, typ, flags, len(payload) if length is None else length, checksum) + payload
+
+
+def pstr(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<I", len(b)) + b
+
+
+class Conn:
+    def __init__(self, addr, timeout=10.0, rcvbuf=None):
+        host, port = addr.rsplit(":", 1)
+        self.s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:  # before connecting, so that the window stays small
+            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.s.settimeout(timeout)
+        self.s.connect((host, int(port)))
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send_raw(self, b):
+        self.s.sendall(b)
+
+    def send(self, typ, payload=b"", **kw):
+        self.s.sendall(frame(typ, payload, **kw))
+
+    def _exact(self, n, deadline):
+        b = b""
+        while len(b) < n:
+            left = deadline - time.time()
+            if left <= 0:
+                raise TimeoutError(f"timed out with {len(b)} of {n} bytes")
+            self.s.settimeout(left)
+            try:
+                c = self.s.recv(n - len(b))
+            except ConnectionResetError:
+                c = b""
+            if not c:
+                raise Closed(f"closed after {len(b)} of {n} bytes")
+            b += c
+        return b
+
+    def recv(self, timeout=10.0):
+        """(type, payload) of the next frame, checked (the worker's frames must be well formed)."""
+        deadline = time.time() + timeout
+        magic, ver, typ, flags, n, ck = HDR.unpack(self._exact(HDR.size, deadline))
+        check(magic == MAGIC and ver == 1, f"worker sent a frame with magic {magic:#x} version {ver}")
+        payload = self._exact(n, deadline)
+        check(ck == xxhash.xxh3_64_intdigest(payload), f"worker sent a frame of type {typ} with a bad checksum")
+        return typ, payload
+
+    def drain(self, timeout=10.0):
+        """Frames until the worker closes (closed=True) or timeout: (frames, closed, seconds)."""
+        t0, frames = time.time(), []
+        while True:
+            try:
+                frames.append(self.recv(max(0.0, t0 + timeout - time.time())))
+            except Closed:
+                return frames, True, time.time() - t0
+            except (TimeoutError, socket.timeout):
+                return frames, False, time.time() - t0
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+class Fleet:
+    def __init__(self, path):
+        j = json.load(open(path))
+        self.path, self.j = path, j
+        self.model_fp, self.n_layer, self.n = j["model_fingerprint"], j["n_layer"], len(j["stages"])
+        self.layers = [tuple(s["layers"]) for s in j["stages"]]
+        self.fps = [s["fingerprint"] for s in j["stages"]]
+
+    def hello(self, role=ROLE_COORD, stage=0, session=0, **over):
+        k = stage if 0 <= stage < self.n else 0
+        f = dict(role=role, stage=stage, stage_count=self.n, lb=self.layers[k][0], le=self.layers[k][1],
+                 n_layer=self.n_layer, model_fp=self.model_fp, shard_fp=self.fps[k], session=session)
+        f.update(over)
+        return (struct.pack("<Biiiii", f["role"], f["stage"], f["stage_count"], f["lb"], f["le"], f["n_layer"]) +
+                pstr(f["model_fp"]) + pstr(f["shard_fp"]) + struct.pack("<Q", f["session"]))
+
+
+FLEET = None
+
+
+class Refused(Exception):
+    pass
+
+
+def handshake(addr, role=ROLE_COORD, stage=0, session=0, hello=None, tries=40, rcvbuf=None):
+    """A connection through the whole handshake (no key), or Refused(reason). A refusal as busy is
+    retried for a while: the worker may not have seen the previous connection close yet."""
+    for attempt in range(tries):
+        c = Conn(addr, rcvbuf=rcvbuf)
+        try:
+            c.send(HELLO, (hello or FLEET.hello(role, stage, session)) + os.urandom(32) + b"\0")
+            typ, p = c.recv()
+            if typ == REFUSE:
+                raise Refused(p.decode(errors="replace"))
+            check(typ == HELLO_REPLY and len(p) == len(FLEET.hello()) + 65,
+                  f"handshake: reply of type {typ}, {len(p)} bytes")
+            check(p[0] == ROLE_WORKER and p[-33] == 0 and p[-32:] == bytes(32),
+                  f"handshake: HELLO_REPLY of role {p[0]}, has_key {p[-33]}, proof {p[-32:].hex()}")
+            c.send(AUTH, bytes(32))
+            typ, p = c.recv()
+            if typ == REFUSE:
+                raise Refused(p.decode(errors="replace"))
+            check(typ == WELCOME and p == b"", f"handshake: expected WELCOME, got type {typ}")
+            return c
+        except Refused as e:
+            c.close()
+            if "busy" not in str(e) or attempt == tries - 1:
+                raise
+            time.sleep(0.05)
+        except BaseException:
+            c.close()
+            raise
+
+
+def setup_payload(session, n_ctx=64, max_batch=8, max_mb=8, act=0, nxt=""):
+    return struct.pack("<QiiiB", session, n_ctx, max_batch, max_mb, act) + pstr(nxt)
+
+
+def mb_payload(seq=1, mb=0, pos=0, n=4, flags=MB_SAMPLE, xdim=DIM, n_stats=1, temp=0.0, top_k=40, top_p=0.95,
+               min_p=0.05, rep=1.0, last_n=64, presence=0.0, frequency=0.0, seed=7, tokens=None, x=None,
+               stats=None, rng=None):
+    rng = rng or random.Random(seq * 1000003 + pos)
+    tokens = [(pos + i) * 37 % VOCAB for i in range(n)] if tokens is None else tokens
+    if x is None:
+        x = [rng.gauss(0.0, 1.0) for _ in range(n * xdim)] if xdim else []
+    stats = [STAT.pack(0, 0, 0.5, 1, 1000, 0.1)] * n_stats if stats is None else stats
+    return (MB_FIXED.pack(seq, mb, pos, n, flags, xdim, n_stats, temp, top_k, top_p, min_p, rep, last_n, presence,
+                          frequency, seed) + struct.pack(f"<{len(tokens)}i", *tokens) + b"".join(stats) +
+            struct.pack(f"<{len(x)}f", *x))
+
+
+def parse_error(p):
+    """(kind, reason) of an ERROR payload."""
+    kind, n = struct.unpack_from("<BI", p)
+    return kind, p[5:5 + n].decode(errors="replace")
+
+
+def parse_tokens(p):
+    seq, mb, pos, tok, n_stats = struct.unpack_from("<QIiii", p)
+    check(len(p) == 24 + n_stats * STAT.size, f"TOKENS of {len(p)} bytes for {n_stats} stats")
+    return seq, mb, pos, tok
+
+
+# ------------------------------------------------------------------------------ sessions
+W1 = W2 = None
+SESSIONS = random.Random(SEED ^ 0x5E55)
+
+
+def new_session():
+    return SESSIONS.getrandbits(64) | 1
+
+
+def coord(w):
+    return handshake(w.addr)
+
+
+def expect_frame(c, want, what, timeout=10.0):
+    """The next frame must be of type want; returns its payload (None after a check failure)."""
+    try:
+        typ, p = c.recv(timeout)
+    except (Closed, TimeoutError, socket.timeout) as e:
+        check(False, f"{what}: expected a frame of type {want}, got {e}")
+        return None
+    if typ == ERROR:
+        check(typ == want, f"{what}: ERROR {parse_error(p)}")
+        return None
+    check(typ == want, f"{what}: expected a frame of type {want}, got type {typ}")
+    return p if typ == want else None
+
+
+def setup_last(session, **kw):
+    """A coordinator connection to stage 2 with session set up (READY checked)."""
+    c = coord(W2)
+    c.send(SETUP, setup_payload(session, **kw))
+    expect_frame(c, READY, "SETUP of stage 2")
+    return c
+
+
+def setup_chain(**kw):
+    """Coordinator connections to stage 2 then stage 1 (next = stage 2), both set up: (c1, c2)."""
+    s = new_session()
+    c2 = setup_last(s, **kw)
+    c1 = coord(W1)
+    c1.send(SETUP, setup_payload(s, nxt=W2.addr, **kw))
+    expect_frame(c1, READY, "SETUP of stage 1")
+    return c1, c2, s
+
+
+def chain_token(payload, what):
+    """Runs a micro-batch through stage 1 and stage 2; the token stage 2 sampled (None on failure)."""
+    c1, c2, _ = setup_chain()
+    try:
+        c1.send(FORWARD, payload)
+        p = expect_frame(c2, TOKENS, what)
+        return parse_tokens(p)[3] if p is not None else None
+    finally:
+        c1.close()
+        c2.close()
+
+
+def last_token(payload, what):
+    """Runs a micro-batch straight into stage 2 (we play stage 1); the token it sampled."""
+    s = new_session()
+    c2 = setup_last(s)
+    prev = handshake(W2.addr, ROLE_PREV, 1, s)
+    try:
+        prev.send(FORWARD, payload)
+        p = expect_frame(c2, TOKENS, what)
+        return parse_tokens(p)[3] if p is not None else None
+    finally:
+        prev.close()
+        c2.close()
+
+
+# ------------------------------------------------------------------------------ checks after attacks
+def healthy(what):
+    """Both workers alive, nothing alarming in what they logged since the last look."""
+    for w in (W1, W2):
+        t = w.new_text()
+        bad = [m for m in SAN_MARKS if m in t]
+        check(not bad, f"{what}: worker {w.name}: sanitizer report or crash:\n{t[-4000:]}")
+        if not check(w.alive(), f"{what}: worker {w.name} died (exit {w.p.returncode}):\n{w.text()[-3000:]}"):
+            raise SystemExit(verdict())
+
+
+def dropped(c, what, says=None, within=TIMEOUT_MS / 1e3 + 3, seen=()):
+    """The worker closes c within `within` s; an ERROR or REFUSE it sent on the way (or among the
+    frames `seen` already) contains `says`. Returns (the reasons, seconds)."""
+    frames, closed, took = c.drain(within)
+    c.close()
+    check(closed, f"{what}: the worker did not close the connection within {within:.1f} s")
+    reasons = [parse_error(p)[1] if t == ERROR else p.decode(errors="replace") for t, p in list(seen) + frames
+               if t in (ERROR, REFUSE)]
+    if says:
+        check(any(says in r for r in reasons), f"{what}: no ERROR/REFUSE saying '{says}' (got {reasons})")
+    return reasons, took
+
+
+def half_close(c, raw=b""):
+    """Sends raw, then shuts our side for writing: the worker reads what came, then end of file."""
+    try:
+        if raw:
+            c.send_raw(raw)
+        c.s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def logged(w, says, what, since):
+    check(w.wait_log(says, since=since), f"{what}: worker {w.name}'s log lacks '{says}':\n{w.text()[since:][-2000:]}")
+
+
+REF = None
+
+
+def real_run(what):
+    """`run --fleet` through the workers prints the unsplit run's ids."""
+    p = pipeshard(["run", "--fleet", FLEET.path, "--stage-timeout-ms", "20000"] + PROMPT + GEN)
+    if check(p.returncode == 0, f"real run {what}: exit {p.returncode}: {p.stderr[-1500:]}"):
+        check(p.stdout.split() == REF, f"real run {what}: ids {p.stdout.split()} differ from the unsplit {REF}")
+    healthy(f"real run {what}")
+
+
+# ------------------------------------------------------------------------------ attacks
+def attack(what, w, send, says=None, log=None, within=TIMEOUT_MS / 1e3 + 3, hs=True):
+    """A fresh connection to w (through the handshake as the coordinator when hs), send(c) (which
+    may return frames it read), then the worker must drop it, saying `says` to us and `log` in its
+    log. Returns (the reasons it gave, seconds until it dropped us)."""
+    mark = len(w.text())
+    c = coord(w) if hs else Conn(w.addr)
+    seen = []
+    try:
+        seen = send(c) or []
+    except (OSError, Closed):
+        pass  # the worker may drop us before we are done
+    r = dropped(c, what, says, within, seen)
+    if log:
+        logged(w, log, what, mark)
+    healthy(what)
+    return r
+
+
+def exchange(c, hello):
+    """HELLO with this hello payload (no key), and AUTH with the zero proof if the worker answers;
+    returns the frames read."""
+    c.send(HELLO, hello + os.urandom(32) + b"\0")
+    typ, p = c.recv()
+    if typ == HELLO_REPLY:
+        c.send(AUTH, bytes(32))
+    return [(typ, p)]
+
+
+def case_handshake():
+    t0 = time.time()
+    rng = random.Random(SEED + 1)
+    for w in (W1, W2):
+        attack(f"{w.name}: random bytes", w, lambda c: c.send_raw(bytes(rng.randrange(256) for _ in range(200))),
+               log="bad magic", hs=False)
+        attack(f"{w.name}: HELLO with a wrong checksum", w,
+               lambda c: c.send(HELLO, FLEET.hello() + bytes(33), checksum=12345), log="checksum mismatch", hs=False)
+        attack(f"{w.name}: HELLO of 4 GB", w, lambda c: c.send(HELLO, b"x" * 64, length=0xFFFFFFFF),
+               log="frame of 4294967295 bytes exceeds the limit", hs=False)
+        attack(f"{w.name}: a frame of type 99 first", w, lambda c: c.send(99, b"hi"), says="expected HELLO, got "
+               "message type 99", log="expected HELLO, got message type 99", hs=False)
+        attack(f"{w.name}: HELLO of another version", w,
+               lambda c: c.send(HELLO, FLEET.hello() + bytes(33), version=9) or [c.recv()],
+               says="protocol version 9 is not supported", hs=False)
+        good = FLEET.hello() + bytes(33)
+        for cut in (0, 1, 5, 20, len(good) - 40, len(good) - 1):
+            attack(f"{w.name}: HELLO cut at {cut}", w, lambda c, cut=cut: c.send(HELLO, good[:cut]) or [c.recv()],
+                   says="malformed HELLO", hs=False)
+        attack(f"{w.name}: HELLO with trailing bytes", w, lambda c: c.send(HELLO, good + b"\0") or [c.recv()],
+               says="malformed HELLO", hs=False)
+        bad_hellos = [
+            ({"role": 9}, "unknown role 9"), ({"role": 0}, "unknown role 0"),
+            ({"stage": 3}, "stage 3 of 3 is out of range"), ({"stage": -1}, "is out of range"),
+            ({"stage_count": 0}, "is out of range"), ({"lb": 3, "le": 1}, "does not fit"),
+            ({"le": 9}, "does not fit"), ({"n_layer": -4}, "does not fit"),
+            ({"model_fp": "xyz"}, "model fingerprint is not 32 hex digits"),
+            ({"model_fp": "g" * 32}, "model fingerprint is not 32 hex digits"),
+            ({"model_fp": "a" * 33}, "malformed HELLO"), ({"shard_fp": "0" * 31}, "shard fingerprint is not"),
+            ({"model_fp": "0" * 32}, "does not match this shard's model"),
+            ({"stage_count": 2, "stage": 0, "le": 1}, "does not match this shard"),
+            ({"role": ROLE_WORKER}, "a peer of role 3 cannot connect"),
+            ({"role": ROLE_PREV, "stage": 1, "session": 42}, "no session 000000000000002a here"),
+        ]
+        for over, why in bad_hellos:
+            attack(f"{w.name}: HELLO {over}", w, lambda c, over=over: exchange(c, FLEET.hello(**over)),
+                   says=why, log=why, hs=False)
+        attack(f"{w.name}: HELLO with has_key 2", w, lambda c: c.send(HELLO, good[:-1] + b"\2") or [c.recv()],
+               says="has_key is 2", hs=False)
+        attack(f"{w.name}: HELLO with a key", w, lambda c: c.send(HELLO, good[:-1] + b"\1") or [c.recv()],
+               says="the peer has a shared key but we have none", hs=False)
+
+        def auth(c, proof, typ=AUTH):
+            c.send(HELLO, good)
+            typ_r, _ = c.recv()
+            check(typ_r == HELLO_REPLY, f"expected HELLO_REPLY, got {typ_r}")
+            c.send(typ, proof)
+        attack(f"{w.name}: AUTH with a non-zero proof", w, lambda c: auth(c, b"\1" + bytes(31)),
+               says="a proof without a key", log="a proof without a key", hs=False)
+        attack(f"{w.name}: AUTH of 31 bytes", w, lambda c: auth(c, bytes(31)), says="malformed AUTH", hs=False)
+        attack(f"{w.name}: HELLO again instead of AUTH", w, lambda c: auth(c, good, HELLO),
+               says="expected AUTH, got message type 1", hs=False)
+        attack(f"{w.name}: close in the middle of HELLO", w, lambda c: half_close(c, frame(HELLO, good)[:40]),
+               log="closed the connection in the middle of a frame (got 16 of", within=3, hs=False)
+        attack(f"{w.name}: close after HELLO", w, lambda c: half_close(c, frame(HELLO, good)) or [c.recv()],
+               log="closed the connection", within=3, hs=False)
+    # silence: the handshake times out in --timeout-ms (the loop is blocked meanwhile, so do both
+    # workers at once)
+    marks = [len(w.text()) for w in (W1, W2)]
+    cs = [Conn(w.addr) for w in (W1, W2)]
+    cut = [Conn(w.addr) for w in (W1, W2)]
+    for c in cut:
+        c.send_raw(frame(HELLO, FLEET.hello() + bytes(33))[:10])
+    for what, group in (("silent client", cs), ("HELLO header cut at 10 bytes", cut)):
+        for w, c in zip((W1, W2), group):
+            dropped(c, f"{w.name}: {what}", within=2 * TIMEOUT_MS / 1e3 + 3)
+    for w, mark in zip((W1, W2), marks):
+        logged(w, f"timed out after {TIMEOUT_MS} ms waiting for a frame from", "silent client", mark)
+        logged(w, "(got 10 of 24 header bytes)", "HELLO header cut", mark)
+    healthy("silent handshakes")
+    print(f"  handshake attacks: ok in {time.time() - t0:.1f} s")
+
+
+def case_setup():
+    t0 = time.time()
+    rng = random.Random(SEED + 2)
+    for w, nxt in ((W1, W2.addr), (W2, "")):
+        good = setup_payload(new_session(), nxt="" if w is W2 else "127.0.0.1:1")  # stage 1: fails dialling only
+        attack(f"{w.name}: SETUP of random bytes", w,
+               lambda c: c.send(SETUP, bytes(rng.randrange(256) for _ in range(30))), says="malformed SETUP",
+               log="malformed SETUP message")
+        for cut in range(len(good)):
+            attack(f"{w.name}: SETUP cut at {cut}", w, lambda c, cut=cut: c.send(SETUP, good[:cut]),
+                   says="malformed SETUP")
+        attack(f"{w.name}: SETUP with a trailing byte", w, lambda c: c.send(SETUP, good + b"\0"),
+               says="malformed SETUP")
+        s = new_session()
+        for kw, why in [({"session": 0}, "malformed SETUP"), ({"act": 7}, "malformed SETUP"),
+                        ({"act": 2}, "malformed SETUP"), ({"act": 255}, "malformed SETUP"),
+                        ({"n_ctx": 0}, "SETUP asks for 0 positions"), ({"n_ctx": -1}, "SETUP asks for -1"),
+                        ({"n_ctx": 1 << 30}, "SETUP asks for 1073741824"), ({"n_ctx": -(1 << 31)}, "SETUP asks"),
+                        ({"max_batch": 0}, "in batches of 0"), ({"max_batch": 1 << 20}, "in batches of 1048576"),
+                        ({"max_batch": -5}, "in batches of -5"), ({"max_mb": -1}, "micro-batch size -1"),
+                        ({"max_mb": 0}, "micro-batch size 0"), ({"max_mb": 65}, "micro-batch size 65"),
+                        ({"max_mb": (1 << 31) - 1}, "micro-batch size 2147483647")]:
+            args = dict(session=s, nxt=nxt)
+            args.update(kw)
+            attack(f"{w.name}: SETUP {kw}", w, lambda c, a=args: c.send(SETUP, setup_payload(**a)), says=why,
+                   log=why)
+        attack(f"{w.name}: SETUP with a next of length 4 GB", w,
+               lambda c: c.send(SETUP, setup_payload(s)[:-4] + struct.pack("<I", 0xFFFFFFFF) + b"abc"),
+               says="malformed SETUP")
+        attack(f"{w.name}: SETUP with a NUL in next", w, lambda c: c.send(SETUP, setup_payload(s, nxt="1\0x")),
+               says="malformed SETUP")
+        attack(f"{w.name}: SETUP with a 300-byte next", w, lambda c: c.send(SETUP, setup_payload(s, nxt="a" * 300)),
+               says="malformed SETUP")
+    s = new_session()
+    attack("w2: SETUP naming a next stage", W2, lambda c: c.send(SETUP, setup_payload(s, nxt=W1.addr)),
+           says="SETUP names a next stage, but this is the last stage")
+    attack("w1: SETUP without a next stage", W1, lambda c: c.send(SETUP, setup_payload(s)),
+           says="SETUP lacks a next stage, but this is not the last stage")
+    # next addresses that cannot be a next stage
+    with socket.socket() as closed_port:
+        closed_port.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{closed_port.getsockname()[1]}"  # bound, not listening: connection refused
+        for nxt, why in [("garbage", "bad address \"garbage\""), ("127.0.0.1:99999", "port must be a number"),
+                         (":7701", "no host"), ("1:2:3", "an IPv6 host goes in brackets"), ("[::1", "bad address"),
+                         (dead, f"cannot connect to {dead}: connection refused"),
+                         (W2.addr, "no session"),  # stage 2 has no such session: it refuses stage 1
+                         ("127.0.0.1:1\n" + "pipeshard worker: stage 1: forged line", "malformed SETUP"),
+                         ("127.0.0.1:1 ", "malformed SETUP"), ("h\xe9te:1", "malformed SETUP")]:
+            attack(f"w1: SETUP with next {nxt!r}", W1, lambda c, nxt=nxt: c.send(SETUP, setup_payload(s, nxt=nxt)),
+                   says=why, log=why)
+    # a next that accepts and never answers, and the worker itself (it cannot answer its own dial):
+    # both time out in about --timeout-ms
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        for nxt in (f"127.0.0.1:{silent.getsockname()[1]}", W1.addr):
+            attack(f"w1: SETUP with silent next {nxt}", W1, lambda c, nxt=nxt: c.send(SETUP, setup_payload(s, nxt=nxt)),
+                   says=f"timed out after {TIMEOUT_MS} ms")
+    # a next that answers HELLO with garbage
+    with socket.socket() as liar:
+        liar.bind(("127.0.0.1", 0))
+        liar.listen(4)
+        nxt = f"127.0.0.1:{liar.getsockname()[1]}"
+        c = coord(W1)
+        c.send(SETUP, setup_payload(s, nxt=nxt))
+        liar.settimeout(5)
+        peer, _ = liar.accept()
+        peer.sendall(frame(HELLO_REPLY, b"\0" * 20))
+        dropped(c, "w1: next answering garbage", says="malformed HELLO_REPLY")
+        peer.close()
+    healthy("bad next stages")
+    # SETUP twice in one session (stage 1 would dial its next stage a second time)
+    for w in (W1, W2):
+        c1, c2, s = setup_chain()
+        c = c1 if w is W1 else c2
+        c.send(SETUP, setup_payload(s, nxt=W2.addr if w is W1 else ""))
+        dropped(c, f"{w.name}: a second SETUP", says=f"a second SETUP in session {s:016x}")
+        c1.close()
+        c2.close()
+        healthy(f"{w.name}: a second SETUP")
+    # the largest session SETUP allows (2^24 positions, micro-batches as large): its frame limit is
+    # then 4 GB, and a frame announcing that much is read into a buffer of that size (untouched
+    # virtual memory) until the sender hangs up after 1 MB
+    big, s = 1 << 24, new_session()
+
+    def huge_frame(c):
+        c.send(SETUP, setup_payload(s, n_ctx=big, max_batch=1, max_mb=big))
+        typ, p = c.recv()
+        if typ == ERROR and "out of memory" in parse_error(p)[1]:
+            print(f"    SETUP of 2^24 positions: {parse_error(p)[1]} (a 4 GB frame not tried)")
+            return
+        check(typ == READY, f"w2: SETUP of 2^24 positions: answered {typ} {p}")
+        half_close(c, HDR.pack(MAGIC, 1, FORWARD, 0, 0xFFFFFFFF, 0) + bytes(1 << 20))
+        huge_frame.sent = True
+    huge_frame.sent = False
+    mark = len(W2.text())
+    attack("w2: a 4 GB frame after a SETUP of 2^24 positions", W2, huge_frame)
+    if huge_frame.sent:
+        logged(W2, "of 4294967295 payload bytes", "w2: a 4 GB frame", mark)
+    print(f"  SETUP attacks: ok in {time.time() - t0:.1f} s")
+
+
+def forward_attacks():
+    """(what, payload, ERROR text, valid micro-batches sent before it) of malformed micro-batches,
+    valid in every other field."""
+    out = [("n 0", mb_payload(n=0, x=[]), "micro-batch of 0 positions"),
+           ("n -1", mb_payload(n=0, x=[])[:16] + struct.pack("<i", -1) + mb_payload(n=0, x=[])[20:],
+            "micro-batch of -1 positions"),
+           ("n 2^31-1", MB_FIXED.pack(1, 0, 0, 0x7FFFFFFF, 1, DIM, 0, 0, 40, .95, .05, 1, 64, 0, 0, 7),
+            "micro-batch of 2147483647 positions"),
+           ("n max_mb+1", mb_payload(n=9), "micro-batch of 9 positions"),
+           ("pos -1", mb_payload(pos=-1), "micro-batch of 4 positions at -1"),
+           ("pos -2^31", mb_payload(pos=-(1 << 31)), "at -2147483648"),
+           ("pos 2^31-1", mb_payload(pos=(1 << 31) - 1, n=1), "skips positions 0..2147483646"),
+           ("a gap at the start", mb_payload(pos=4), "micro-batch at position 4 skips positions 0..3, never sent"),
+           ("width dim+1", mb_payload(xdim=DIM + 1), "micro-batch activations are 65 wide, this model's are 64"),
+           ("width 2^32-1", mb_payload(xdim=DIM)[:24] + struct.pack("<I", 0xFFFFFFFF) + mb_payload(xdim=DIM)[28:],
+            "wide"),
+           ("no activations", mb_payload(xdim=0), "micro-batch without activations"),
+           ("n_stats -1", mb_payload(n_stats=0)[:28] + struct.pack("<i", -1) + mb_payload(n_stats=0)[32:],
+            "micro-batch carries -1 stage stats"),
+           ("n_stats 64", mb_payload(n_stats=64), "micro-batch carries 64 stage stats"),
+           ("n_stats 2^31-1", mb_payload(n_stats=0)[:28] + struct.pack("<i", 0x7FFFFFFF) + mb_payload(n_stats=0)[32:],
+            "stage stats"),
+           ("n_stats 3 with 1 present", mb_payload(n_stats=1)[:28] + struct.pack("<i", 3) + mb_payload(n_stats=1)[32:],
+            "expected"),
+           ("flags 0x80", mb_payload(flags=0x80), "unknown flags 0x80"),
+           ("empty", b"", "micro-batch header truncated"),
+           ("header only", mb_payload()[:72], "expected"),
+           ("a trailing byte", mb_payload() + b"\0", "expected"),
+           ("a float missing", mb_payload()[:-4], "expected")]
+    good = mb_payload()
+    rng = random.Random(SEED + 3)
+    for cut in sorted(rng.sample(range(1, len(good)), 12)):
+        out.append((f"cut at {cut}", good[:cut], "micro-batch"))
+    for i in range(4):
+        out.append((f"random bytes {i}", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 1200))),
+                    "micro-batch"))
+    out = [(what, p, why, []) for what, p, why in out]
+    # after valid micro-batches (not sampled) of the session: the context's end, gaps after a
+    # continuation, after a rewind (writing at pos discards what came after it)
+    full = [mb_payload(pos=k * 8, n=8, flags=0) for k in range(8)]
+    out += [("pos + n beyond n_ctx", mb_payload(pos=62), "micro-batch of 4 positions at 62 does not fit", full),
+            ("pos 2^31-1 after 64", mb_payload(pos=(1 << 31) - 1, n=1), "skips positions 64..", full),
+            ("a gap after 8", mb_payload(pos=9), "skips positions 8..8", full[:1]),
+            ("a gap after a rewind", mb_payload(pos=8), "skips positions 4..7", [full[0], mb_payload(flags=0)])]
+    return out
+
+
+def case_forward():
+    t0 = time.time()
+    # before SETUP: stage 1 takes micro-batches from the coordinator only once set up
+    attack("w1: FORWARD before SETUP", W1, lambda c: c.send(FORWARD, mb_payload()),
+           says="unexpected message type 18", log="unexpected message type 18")
+    attack("w2: FORWARD from the coordinator", W2, lambda c: c.send(FORWARD, mb_payload()),
+           says="unexpected message type 18")
+    # malformed micro-batches into stage 1 (the coordinator's connection)
+    for what, payload, why, prefix in forward_attacks():
+        c1, c2, _ = setup_chain()
+        mark = len(W1.text())
+        c1.send_raw(b"".join(frame(FORWARD, p) for p in prefix + [payload]))
+        dropped(c1, f"w1: FORWARD {what}", says=why)
+        logged(W1, why, f"w1: FORWARD {what}", mark)
+        dropped(c2, f"w1: FORWARD {what}: stage 2's session")  # stage 1 hung up on stage 2: session over
+        healthy(f"w1: FORWARD {what}")
+    # and into the last stage (we play stage 1), plus what only the last stage checks
+    last_only = [("temperature NaN", mb_payload(temp=float("nan")), "temperature nan"),
+                 ("temperature -1", mb_payload(temp=-1.0), "temperature -1"),
+                 ("top_k -3", mb_payload(top_k=-3), "top_k -3"),
+                 ("top_p 0", mb_payload(top_p=0.0), "top_p 0"),
+                 ("min_p 2", mb_payload(min_p=2.0), "min_p 2"),
+                 ("repetition_penalty inf", mb_payload(rep=float("inf")), "repetition_penalty inf"),
+                 ("penalty_last_n -5", mb_payload(last_n=-5), "penalty_last_n -5"),
+                 ("presence NaN", mb_payload(presence=float("nan")), "presence_penalty"),
+                 ("token -1 with penalties", mb_payload(rep=1.3, tokens=[1, 2, -1, 3]), "is not a token id"),
+                 ("token 2^31-1 with penalties", mb_payload(rep=1.3, tokens=[1, 2, 0x7FFFFFFF, 3]),
+                  "is not a token id"),
+                 ("NaN activations", mb_payload(x=[float("nan")] * (4 * DIM)), "logit of token 0 is NaN"),
+                 ("inf activations", mb_payload(x=[float("inf")] * (4 * DIM)), "logit of token 0 is NaN"),
+                 ("huge activations", mb_payload(x=[3e38] * (4 * DIM)), "")]
+    for what, payload, why, prefix in forward_attacks() + [t + ([],) for t in last_only]:
+        s = new_session()
+        c2 = setup_last(s)
+        prev = handshake(W2.addr, ROLE_PREV, 1, s)
+        mark = len(W2.text())
+        # then end of file: the session ends either way
+        half_close(prev, b"".join(frame(FORWARD, p) for p in prefix + [payload]))
+        reasons, _ = dropped(c2, f"w2: FORWARD {what}")
+        if why:
+            check(any(why in r for r in reasons), f"w2: FORWARD {what}: no ERROR saying '{why}' (got {reasons})")
+            logged(W2, why, f"w2: FORWARD {what}", mark)
+        prev.close()
+        healthy(f"w2: FORWARD {what}")
+    # NaN / inf activations into stage 1: it computes garbage, stage 2's sampler refuses it
+    for what, x in (("NaN", float("nan")), ("inf", float("inf")), ("-inf", float("-inf"))):
+        c1, c2, _ = setup_chain()
+        half_close(c1, frame(FORWARD, mb_payload(x=[x] * (4 * DIM))))
+        reasons, _ = dropped(c2, f"w1: FORWARD of {what} activations")
+        check(reasons, f"w1: FORWARD of {what} activations: stage 2 sent no ERROR")
+        print(f"    {what} activations into stage 1: stage 2 says {reasons}")
+        c1.close()
+        healthy(f"w1: FORWARD of {what} activations")
+    print(f"  FORWARD attacks: ok in {time.time() - t0:.1f} s")
+
+
+def case_frames():
+    t0 = time.time()
+    for w in (W1, W2):
+        nxt = W2.addr if w is W1 else ""
+
+        def live(c, w=w, nxt=nxt):
+            """c, set up (stage 1's next must then hold the session too)."""
+            s = new_session()
+            if w is W1:
+                live.c2 = setup_last(s)
+            c.send(SETUP, setup_payload(s, nxt=nxt))
+            check(c.recv()[0] == READY, f"{w.name}: SETUP not READY")
+
+        def run(what, send, says=None, log=None, within=TIMEOUT_MS / 1e3 + 3, setup=True):
+            def go(c):
+                if setup:
+                    live(c)
+                send(c)
+            r = attack(f"{w.name}: {what}", w, go, says, log, within)
+            if w is W1 and setup:
+                live.c2.close()
+            return r
+        for setup in (False, True):
+            tag = "after SETUP" if setup else "before SETUP"
+            run(f"a wrong checksum {tag}", lambda c: c.send(PROBE, b"", checksum=1), "checksum mismatch",
+                "checksum mismatch in a frame of type 23", setup=setup)
+            run(f"a SETUP with a wrong checksum {tag}", lambda c: c.send(SETUP, setup_payload(3), checksum=0),
+                "checksum mismatch", setup=setup)
+            run(f"len 4 GB {tag}", lambda c: c.send(FORWARD, b"", length=0xFFFFFFFF),
+                "frame of 4294967295 bytes exceeds the limit", "exceeds the limit", setup=setup)
+            run(f"len 64 KiB + 1 {tag}", lambda c: c.send(SETUP, b"", length=(64 << 10) + 1) if not setup else
+                c.send(FORWARD, b"", length=4096 + 8 * (4 + 4 * DIM) + 1), "exceeds the limit", setup=setup)
+            for typ in (0, 2, 4, 5, 15, 24, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH):
+                run(f"message type {typ} {tag}", lambda c, typ=typ: c.send(typ, b"abc"),
+                    f"unexpected message type {typ}", f"unexpected message type {typ}", setup=setup)
+            run(f"version 2 {tag}", lambda c: c.send(PROBE, b"", version=2), "speaks protocol version 2",
+                setup=setup)
+            run(f"bad magic {tag}", lambda c: c.send(PROBE, b"", magic=0x12345678), "bad magic 0x12345678",
+                setup=setup)
+            run(f"close in the middle of a header {tag}", lambda c: half_close(c, frame(PROBE, b"")[:7]),
+                log="in the middle of a frame header (got 7 of 24 bytes)", within=3, setup=setup)
+            run(f"close in the middle of a payload {tag}", lambda c: half_close(c, frame(SETUP, setup_payload(5))[:30]),
+                log="in the middle of a frame (got 6 of 25 payload bytes)", within=3, setup=setup)
+        # PROBE before and after SETUP is fine: STATS comes back, the session goes on
+        c = coord(w)
+        c.send(PROBE)
+        p = expect_frame(c, STATS, f"{w.name}: PROBE before SETUP")
+        check(p is not None and struct.unpack("<iII", p) == (1 if w is W1 else 2, 0, 0),
+              f"{w.name}: STATS before SETUP: {p}")
+        c.send(BYE)
+        frames, closed, _ = c.drain(3)
+        check(closed and not frames, f"{w.name}: BYE: closed {closed}, frames {frames}")
+        c.close()
+        healthy(f"{w.name}: PROBE, BYE")
+    # a header cut in the middle, then silence: the worker drops the connection in about
+    # --timeout-ms (both workers at once: each one's loop waits meanwhile); the same for a payload
+    for what, raw, says in (("a header cut at 10 bytes", frame(PROBE, b"")[:10], "(got 10 of 24 header bytes)"),
+                            ("a payload cut at 6 bytes", frame(SETUP, setup_payload(5))[:30],
+                             "(got 6 of 25 payload bytes)")):
+        cs = []
+        marks = [len(w.text()) for w in (W1, W2)]
+        for w in (W1, W2):
+            c = coord(w)
+            c.send_raw(raw)
+            cs.append(c)
+        for w, c, mark in zip((W1, W2), cs, marks):
+            dropped(c, f"{w.name}: {what} then silence", says=f"timed out after {TIMEOUT_MS} ms")
+            logged(w, says, f"{w.name}: {what} then silence", mark)
+        healthy(what)
+    # a coordinator that never reads: PROBEs until the STATS answers fill the socket; the worker's
+    # send times out in --timeout-ms and it drops the connection
+    c = handshake(W1.addr, rcvbuf=2048)
+    mark, blob, t = len(W1.text()), frame(PROBE, b"") * 20000, time.time()
+    try:
+        while time.time() - t < 60:
+            c.s.sendall(blob)
+    except OSError:
+        pass
+    took = time.time() - t
+    c.close()
+    check(took < 60, "w1: a coordinator that never reads: the worker never dropped it")
+    logged(W1, f"ended: timed out after {TIMEOUT_MS} ms sending to", "w1: a coordinator that never reads", mark)
+    healthy("a coordinator that never reads")
+    print(f"  frame attacks: ok in {time.time() - t0:.1f} s (a coordinator that never reads: dropped after "
+          f"{took:.1f} s)")
+
+
+def case_sessions(want):
+    t0 = time.time()
+    # a second coordinator while a session is live: busy; the live session goes on unharmed
+    for w in (W1, W2):
+        c1, c2, s = setup_chain()
+        mark = len(w.text())
+        try:
+            handshake(w.addr, tries=1).close()
+            check(False, f"{w.name}: a second coordinator was let in while a session is live")
+        except Refused as e:
+            check("busy: serving a session of coordinator" in str(e), f"{w.name}: second coordinator: refused '{e}'")
+        logged(w, "busy: serving a session of coordinator", f"{w.name}: second coordinator", mark)
+        c1.send(FORWARD, mb_payload())
+        p = expect_frame(c2, TOKENS, f"{w.name}: the live session after a second coordinator")
+        check(p is not None and parse_tokens(p) == (1, 0, 4, want),
+              f"{w.name}: the live session after a second coordinator: {p and parse_tokens(p)}, want token {want}")
+        # and the session goes on to the next position
+        c1.send(FORWARD, mb_payload(pos=4, n=1, mb=1))
+        p = expect_frame(c2, TOKENS, f"{w.name}: the next micro-batch")
+        check(p is not None and parse_tokens(p)[:3] == (1, 1, 5), f"{w.name}: next micro-batch: {p}")
+        c1.close()
+        c2.close()
+        healthy(f"{w.name}: second coordinator")
+    # a previous stage with another session, and one before any SETUP (session 0)
+    c2 = setup_last(new_session())
+    try:
+        handshake(W2.addr, ROLE_PREV, 1, 12345, tries=1).close()
+        check(False, "w2: a previous stage of another session was let in")
+    except Refused as e:
+        check("no session 0000000000003039 here" in str(e), f"w2: previous stage of another session: '{e}'")
+    c2.close()
+    for w in (W1, W2):
+        c = coord(w)
+        try:
+            prev = handshake(w.addr, ROLE_PREV, 0 if w is W1 else 1, 0, tries=1)
+            prev.send(FORWARD, mb_payload())
+            dropped(prev, f"{w.name}: a previous stage before SETUP")
+            check(False, f"{w.name}: a previous stage was let in before any SETUP")
+        except Refused as e:
+            check("no session 0000000000000000 here" in str(e), f"{w.name}: previous stage before SETUP: '{e}'")
+        c.close()
+        healthy(f"{w.name}: previous stage before SETUP")
+    print(f"  session attacks: ok in {time.time() - t0:.1f} s")
+
+
+# ------------------------------------------------------------------------------ random mutations
+INTS = [0, 1, -1, 2, 3, 4, 7, 8, 9, 63, 64, 65, 127, 128, 255, 256, 511, 512, 4096, 65535, 65536, 65537,
+        1 << 24, (1 << 24) + 1, 1 << 30, (1 << 31) - 1, -(1 << 31), -2]
+FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 1e-45, 3.4e38, -3.4e38, float("inf"), float("-inf"), float("nan")]
+U64S = [0, 1, 2, (1 << 63), (1 << 64) - 1, 0x5EED]
+
+
+def mutate(rng, data, fields):
+    b = bytearray(data)
+    for _ in range(rng.choice((1, 1, 1, 2, 3))):
+        op = rng.randrange(10)
+        if op < 4 and fields:  # a field gets a boundary value
+            off, code = rng.choice(fields)
+            if off + struct.calcsize("<" + code) > len(b):
+                continue
+            if code in "iI":
+                v = rng.choice(INTS)
+                b[off:off + 4] = struct.pack("<i", v) if -(1 << 31) <= v < (1 << 31) else struct.pack("<I", v)
+            elif code == "f":
+                b[off:off + 4] = struct.pack("<f", rng.choice(FLOATS))
+            elif code == "Q":
+                b[off:off + 8] = struct.pack("<Q", rng.choice(U64S))
+            else:
+                b[off] = rng.choice((0, 1, 2, 7, 0x7F, 0x80, 0xFF))
+        elif op == 4 and b:  # a bit flip
+            i = rng.randrange(len(b))
+            b[i] ^= 1 << rng.randrange(8)
+        elif op == 5 and b:  # an interesting byte
+            b[rng.randrange(len(b))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF))
+        elif op == 6:  # cut
+            del b[rng.randrange(len(b) + 1):]
+        elif op == 7:  # insertion
+            i = rng.randrange(len(b) + 1)
+            b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
+        elif op == 8 and b:  # deletion
+            i = rng.randrange(len(b))
+            del b[i:i + rng.randrange(1, 9)]
+        elif b:  # a random 32-bit word anywhere
+            i = rng.randrange(len(b))
+            b[i:i + 4] = struct.pack("<I", rng.getrandbits(32))
+    return bytes(b)
+
+
+def mutated_frame(rng, typ, payload):
+    """The frame of payload, its header corrupted one time in ten (never a len larger than the
+    payload: we close right after, so that one only tests the close in the middle of a frame)."""
+    r = rng.random()
+    if r < 0.03:
+        return frame(typ, payload, checksum=rng.getrandbits(64))
+    if r < 0.05:
+        return frame(typ, payload, length=rng.randrange(len(payload) + 1))
+    if r < 0.07:
+        return frame(rng.choice((0, SETUP, FORWARD, PROBE, BYE, 77)), payload)
+    if r < 0.08:
+        return frame(typ, payload, version=rng.choice((0, 2)))
+    if r < 0.1:
+        return frame(typ, payload, length=len(payload) + rng.randrange(1, 100))
+    return frame(typ, payload)
+
+
+def finish(c, what, within=TIMEOUT_MS / 1e3 + 3):
+    """Sends PROBE, half-closes, reads until the worker closes: every frame before was handled."""
+    try:
+        c.send(PROBE)
+        c.s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    frames, closed, _ = c.drain(within)
+    c.close()
+    check(closed, f"{what}: the worker did not close the connection")
+    return frames
+
+
+def case_mutations(want_last):
+    t0 = time.time()
+    rng = random.Random(SEED + 4)
+    outcomes = {}
+    # SETUP, into the last stage (no dialling: a mutated address never leaves the worker)
+    for i in range(N_MUTATIONS):
+        payload = mutate(rng, setup_payload(new_session(), n_ctx=rng.choice((64, 256)), max_mb=8),
+                         SETUP_FIELDS)
+        c = coord(W2)
+        c.send_raw(mutated_frame(rng, SETUP, payload))
+        frames = finish(c, f"SETUP mutation {i}")
+        kind = "READY" if frames and frames[0][0] == READY else "refused"
+        outcomes[f"setup {kind}"] = outcomes.get(f"setup {kind}", 0) + 1
+        healthy(f"SETUP mutation {i} ({payload.hex()})")
+    # SETUP into stage 1: the 21 bytes before the address only (a mutated address could name a
+    # host to resolve: DNS is no part of this test); stage 2 has no such session: it refuses
+    for i in range(N_MUTATIONS // 6):
+        payload = mutate(rng, setup_payload(new_session())[:21], SETUP_FIELDS[:5]) + pstr(W2.addr)
+        c = coord(W1)
+        c.send_raw(mutated_frame(rng, SETUP, payload))
+        finish(c, f"w1 SETUP mutation {i}")
+        healthy(f"w1 SETUP mutation {i} ({payload.hex()})")
+    mid = time.time()
+    # FORWARD, straight into the last stage and through stage 1
+    for i in range(N_MUTATIONS):
+        # half of them continue a session: after 4 valid positions (not sampled)
+        prefix = [mb_payload(seq=3, n=4, flags=0, rng=rng)] if rng.random() < 0.5 else []
+        base = mb_payload(seq=3, pos=4 if prefix else 0, n=rng.choice((1, 4, 8)), n_stats=rng.choice((0, 1, 2)),
+                          rep=rng.choice((1.0, 1.1)), rng=rng)
+        payload = mutate(rng, base, MB_FIELDS)
+        into_last = i % 2 == 0
+        s = new_session()
+        c2 = setup_last(s)
+        if into_last:
+            c = handshake(W2.addr, ROLE_PREV, 1, s)
+        else:
+            c = coord(W1)
+            c.send(SETUP, setup_payload(s, nxt=W2.addr))
+            expect_frame(c, READY, f"FORWARD mutation {i}: SETUP of stage 1")
+        half_close(c, b"".join(frame(FORWARD, p) for p in prefix) + mutated_frame(rng, FORWARD, payload))
+        frames, closed, _ = c2.drain(TIMEOUT_MS / 1e3 + 3)
+        check(closed, f"FORWARD mutation {i}: stage 2 did not end the session once its input closed")
+        types = [t for t, _ in frames]
+        kind = "TOKENS" if TOKENS in types else "ERROR" if ERROR in types else "nothing"
+        outcomes[f"forward {kind}"] = outcomes.get(f"forward {kind}", 0) + 1
+        c.drain(3)
+        c.close()
+        c2.close()
+        healthy(f"FORWARD mutation {i} ({'last stage' if into_last else 'stage 1'}: {payload[:80].hex()}...)")
+        if i % 100 == 99:
+            real_run(f"after {i + 1} FORWARD mutations")
+    # the valid micro-batch still gives the same token
+    check(last_token(mb_payload(), "after the mutations") == want_last, "the last stage's token changed")
+    print(f"  mutations: SETUP {mid - t0:.1f} s, FORWARD {time.time() - mid:.1f} s: "
+          f"{', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))}")
+
+
+# ------------------------------------------------------------------------------ main
+def idle_resources(w, base, what):
+    """The idle worker's fds and threads come back to base (the worker may still be ending a session)."""
+    deadline = time.time() + 5
+    while w.resources() != base and time.time() < deadline:
+        time.sleep(0.05)
+    check(w.resources() == base, f"{what}: idle worker {w.name} holds (fds, threads) {w.resources()}, "
+          f"{base} at the start: a leaked connection or thread")
+
+
+def main():
+    global TMP, FLEET, W1, W2, REF
+    if not os.access(BIN, os.X_OK):
+        print(f"skipped: PIPESHARD_BIN={BIN} is not executable")
+        return 77
+    base = os.environ.get("PS_TEST_TMP") or None
+    if base:
+        os.makedirs(base, exist_ok=True)
+    TMP = tempfile.mkdtemp(prefix="worker-fuzz-", dir=base)
+    t0 = time.time()
+    workers = []
+    try:
+        model = os.path.join(TMP, "m.gguf")
+        p = pipeshard(["synth"] + SYNTH + ["-o", model])
+        if p.returncode != 0:
+            raise AssertionError(f"synth: {p.stderr}")
+        p = pipeshard(["split", "-m", model, "--stages", "3", "-o", os.path.join(TMP, "fleet"), "--quiet"])
+        if p.returncode != 0:
+            raise AssertionError(f"split: {p.stderr}")
+        fleet_path = os.path.join(TMP, "fleet", "fleet.json")
+        p = pipeshard(["run", "-m", model] + PROMPT + GEN)
+        REF = p.stdout.split()
+        if not check(p.returncode == 0 and len(REF) == 12, f"unsplit run: {p.returncode} {p.stdout} {p.stderr}"):
+            return verdict()
+        W1 = Worker(os.path.join(TMP, "fleet", "stage-1.gguf"), "w1")
+        W2 = Worker(os.path.join(TMP, "fleet", "stage-2.gguf"), "w2")
+        workers = [W1, W2]
+        j = json.load(open(fleet_path))
+        j["stages"][1]["address"], j["stages"][2]["address"] = W1.addr, W2.addr
+        with open(fleet_path, "w") as f:
+            json.dump(j, f)
+        FLEET = Fleet(fleet_path)
+        base_res = {w.name: w.resources() for w in workers}  # idle: listening, no session yet
+        real_run("before the attacks")
+        for w in workers:
+            idle_resources(w, base_res[w.name], "after a real run")
+        # the Python coordinator's own sessions: a micro-batch gives the same token every time
+        want = chain_token(mb_payload(), "a valid session")
+        check(want is not None and chain_token(mb_payload(), "the same again") == want,
+              "two runs of the same micro-batch through stage 1 and 2 gave different tokens")
+        want_last = last_token(mb_payload(), "a valid micro-batch into stage 2")
+        check(want_last is not None and last_token(mb_payload(), "again") == want_last,
+              "two runs of the same micro-batch into stage 2 gave different tokens")
+        print(f"  valid sessions from Python: tokens {want} (stage 1 + 2), {want_last} (stage 2)")
+        case_handshake()
+        real_run("after the handshake attacks")
+        case_setup()
+        real_run("after the SETUP attacks")
+        case_forward()
+        case_frames()
+        real_run("after the FORWARD and frame attacks")
+        case_sessions(want)
+        for w in workers:
+            idle_resources(w, base_res[w.name], "after the attacks")
+        case_mutations(want_last)
+        check(chain_token(mb_payload(), "at the end") == want, "the token through stage 1 and 2 changed")
+        real_run("at the end")
+        for w in workers:
+            idle_resources(w, base_res[w.name], "at the end")
+    finally:
+        for w in workers:
+            w.stop()
+            t = w.text()
+            bad = [m for m in SAN_MARKS if m in t]
+            check(not bad, f"worker {w.name}: sanitizer report at exit:\n{t[-4000:]}")
+            check(w.p.returncode == 0, f"worker {w.name} exited {w.p.returncode} on SIGTERM")
+    if failures():
+        print(f"logs kept in {TMP}")
+    else:
+        shutil.rmtree(TMP, ignore_errors=True)
+    return verdict(f" in {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
