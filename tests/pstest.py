@@ -5,8 +5,10 @@
     return verdict()                 # prints "ok: N checks" or "FAILED: ..."; 0 or 1
 """
 import os
+import select
 import subprocess
 import sys
+import time
 
 _count = {"checks": 0, "failures": 0}
 
@@ -51,3 +53,17 @@ def reexec_with_asan(lib=None):
                        ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
             sys.stdout.flush()
             os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+def read_ready_port(r, timeout=60):
+    """The port a starting `pipeshard worker --ready-fd W` writes to the pipe whose read end is r,
+    read until the worker closes its end (r is closed here); None when it did not start."""
+    got, deadline = b"", time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.time()))
+        chunk = os.read(r, 64) if ready else b""
+        if not chunk:
+            break
+        got += chunk
+    os.close(r)
+    return int(got) if got.strip().isdigit() else None

@@ -37,7 +37,6 @@ test on the ASan build too). Workers die with the test (PR_SET_PDEATHSIG). Exit 
 import ctypes
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -51,7 +50,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import xxhash  # noqa: E402
-from pstest import check, failures, verdict  # noqa: E402
+from pstest import check, failures, read_ready_port, verdict  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 SHARED = os.environ.get("PS_SHARED_MODELS", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models"))
@@ -158,19 +157,10 @@ class Worker:
                                       pass_fds=(w,), preexec_fn=die_with_parent)
         os.close(w)
         WORKERS.append(self)
-        got = b""
-        deadline = time.time() + 60
-        while b"\n" not in got and time.time() < deadline:
-            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.time()))
-            chunk = os.read(r, 64) if ready else b""
-            if not chunk:
-                break
-            got += chunk
-        os.close(r)
-        if not got.strip().isdigit():
+        self.port = read_ready_port(r)
+        if self.port is None:
             self.stop()
             raise AssertionError(f"worker {name} did not start: {self.text()}")
-        self.port = int(got)
         self.addr = f"{host}:{self.port}"
 
     def text(self):

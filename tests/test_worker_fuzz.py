@@ -48,7 +48,6 @@ import ctypes
 import json
 import os
 import random
-import select
 import shutil
 import signal
 import socket
@@ -61,7 +60,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import xxhash  # noqa: E402
-from pstest import check, failures, verdict  # noqa: E402
+from pstest import check, failures, read_ready_port, verdict  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 TMP = None
@@ -126,18 +125,10 @@ class Worker:
             self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=lf,
                                       pass_fds=(w,), preexec_fn=die_with_parent, env=env)
         os.close(w)
-        got, deadline = b"", time.time() + 60
-        while time.time() < deadline:  # until the worker closes the pipe (its idle fds are then counted)
-            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.time()))
-            chunk = os.read(r, 64) if ready else b""
-            if not chunk:
-                break
-            got += chunk
-        os.close(r)
-        if not got.strip().isdigit():
+        self.port = read_ready_port(r)  # read until the worker closes the pipe (its idle fds are then counted)
+        if self.port is None:
             self.stop()
             raise AssertionError(f"worker {name} did not start: {self.text()}")
-        self.port = int(got)
         self.addr = f"127.0.0.1:{self.port}"
 
     def text(self):

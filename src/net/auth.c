@@ -298,13 +298,20 @@ static ps_status client_check_reply(ps_conn *c, const uint8_t *key, const uint8_
     return check_proof(c, key, label_server, nonce_c, nonce_s, proof_s, "HELLO_REPLY", timeout_ms, err, errlen);
 }
 
-ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
-                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
-                                  char *err, size_t errlen) {
+/* What both ends check before the first frame: libsodium is up, our own hello is valid. */
+static ps_status handshake_ready(const ps_hello *mine, char *err, size_t errlen) {
     char why[160];
     ps_status st = sodium_ready(err, errlen);
     if (st != PS_OK) return st;
     if (!hello_valid(mine, why, sizeof why)) return ps_errf(err, errlen, PS_ERR_ARG, "our own hello is invalid: %s", why);
+    return PS_OK;
+}
+
+ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
+                                  char *err, size_t errlen) {
+    ps_status st = handshake_ready(mine, err, errlen);
+    if (st != PS_OK) return st;
     uint8_t nonce_c[HS_NONCE_BYTES], nonce_s[HS_NONCE_BYTES], proof[HS_PROOF_BYTES];
     randombytes_buf(nonce_c, sizeof nonce_c);
     ps_wbuf b = {0};
@@ -382,10 +389,8 @@ static ps_status server_get_auth(ps_conn *c, const uint8_t *key, const uint8_t *
 ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
                                   void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
                                   char *err, size_t errlen) {
-    char why[160];
-    ps_status st = sodium_ready(err, errlen);
+    ps_status st = handshake_ready(mine, err, errlen);
     if (st != PS_OK) return st;
-    if (!hello_valid(mine, why, sizeof why)) return ps_errf(err, errlen, PS_ERR_ARG, "our own hello is invalid: %s", why);
     uint8_t nonce_c[HS_NONCE_BYTES], nonce_s[HS_NONCE_BYTES], proof[HS_PROOF_BYTES];
     ps_hello peer;
     ps_wbuf b = {0};
