@@ -729,8 +729,10 @@ def case_forward():
                  ("token -1 with penalties", mb_payload(rep=1.3, tokens=[1, 2, -1, 3]), "is not a token id"),
                  ("token 2^31-1 with penalties", mb_payload(rep=1.3, tokens=[1, 2, 0x7FFFFFFF, 3]),
                   "is not a token id"),
-                 ("NaN activations", mb_payload(x=[float("nan")] * (4 * DIM)), "logit of token 0 is NaN"),
-                 ("inf activations", mb_payload(x=[float("inf")] * (4 * DIM)), "logit of token 0 is NaN"),
+                 ("NaN activations", mb_payload(x=[float("nan")] * (4 * DIM)),
+                  "the micro-batch from stage 1 carries a non-finite activation (nan at position 0, element 0)"),
+                 ("inf activations", mb_payload(x=[float("inf")] * (4 * DIM)),
+                  "the micro-batch from stage 1 carries a non-finite activation (inf at position 0, element 0)"),
                  ("huge activations", mb_payload(x=[3e38] * (4 * DIM)), "")]
     for what, payload, why, prefix in forward_attacks() + [t + ([],) for t in last_only]:
         s = new_session()
@@ -745,14 +747,17 @@ def case_forward():
             logged(W2, why, f"w2: FORWARD {what}", mark)
         prev.close()
         healthy(f"w2: FORWARD {what}")
-    # NaN / inf activations into stage 1: it computes garbage, stage 2's sampler refuses it
+    # NaN / inf activations into stage 1: stage 1 refuses them, naming the stage that sent them
     for what, x in (("NaN", float("nan")), ("inf", float("inf")), ("-inf", float("-inf"))):
         c1, c2, _ = setup_chain()
+        mark = len(W1.text())
         half_close(c1, frame(FORWARD, mb_payload(x=[x] * (4 * DIM))))
-        reasons, _ = dropped(c2, f"w1: FORWARD of {what} activations")
-        check(reasons, f"w1: FORWARD of {what} activations: stage 2 sent no ERROR")
-        print(f"    {what} activations into stage 1: stage 2 says {reasons}")
+        reasons, _ = dropped(c1, f"w1: FORWARD of {what} activations")
+        why = "the micro-batch from stage 0 carries a non-finite activation"
+        check(any(why in r for r in reasons), f"w1: FORWARD of {what} activations: no ERROR saying '{why}' ({reasons})")
+        logged(W1, why, f"w1: FORWARD of {what} activations", mark)
         c1.close()
+        c2.close()
         healthy(f"w1: FORWARD of {what} activations")
     print(f"  FORWARD attacks: ok in {time.time() - t0:.1f} s")
 

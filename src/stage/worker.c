@@ -4,6 +4,7 @@
 #include "worker.h"
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -201,6 +202,11 @@ static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
     ps_status s = ps_mb_decode(p, len, dim, ps_stage_max_mb(w->stage), mb, w->err, sizeof w->err);
     if (s) return s;
     if (!mb->x) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch without activations");
+    for (size_t i = 0; i < (size_t)mb->n * dim; i++) /* name the stage that made them, not the sampler */
+        if (!isfinite(mb->x[i]))
+            return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "the micro-batch from stage %d carries a non-finite "
+                           "activation (%g at position %lld, element %lld)", w->me.stage - 1, (double)mb->x[i],
+                           (long long)(mb->pos + (int64_t)(i / (size_t)dim)), (long long)(i % (size_t)dim));
     /* a micro-batch attends to every position before it: those must be this session's (the
        context is reused across sessions, so a gap would read another session's keys, values
        and tokens) */
