@@ -432,6 +432,12 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
     ps_coord_stats cs;
     ps_coord_get_stats(st->coord, &cs);
     cJSON_AddNumberToObject(j, "stages", cs.n_stages);
+    if (cs.n_stages > 1) {
+        double workers = 0;
+        for (int k = 1; k < cs.n_stages; k++) workers += cs.compute_ms[k];
+        cJSON_AddNumberToObject(j, "wait_ms", cs.wait_ms);
+        cJSON_AddNumberToObject(j, "ring_overhead_ms", cs.wait_ms - workers);
+    }
     cJSON *stages = cJSON_AddArrayToObject(j, "stage_stats"), *hops = cJSON_AddArrayToObject(j, "hops");
     for (int k = 0; k < cs.n_stages; k++) {
         cJSON *e = cJSON_CreateObject();

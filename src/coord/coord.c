@@ -33,6 +33,7 @@ struct ps_coord {
     bool connected;
     uint32_t mb;              /* micro-batches sent in this session */
     int32_t token;            /* the awaited token, once it came (-1 before) */
+    double wait_ms, wait_base; /* time spent in wait_token, and its value at the last reset */
     int32_t *hist;            /* (n_ctx) the sequence's tokens, to rebuild the workers' KV
                                  after a reconnection (DESIGN.md, invariant 3) */
     int max_mb;
@@ -389,6 +390,7 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
     }
     int dim = ps_stage_model(c->stage0)->hp.dim;
     uint32_t last_mb = 0;
+    double t_last = 0; /* when stage 0 finished the last chunk: the ring's part begins */
     for (int done = 0; done < n;) {
         int chunk = n - done < c->max_mb ? n - done : c->max_mb;
         ps_mb mb = {.seq = 1, .mb = c->mb++, .pos = pos + done, .n = chunk, .sp = *sp, .tokens = tokens + done};
@@ -396,7 +398,8 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
         const float *x = NULL;
         double t0 = now_ms();
         if ((s = ps_stage_run(c->stage0, &mb, &x, token, c->err, sizeof c->err))) goto out;
-        c->st[0].cur.compute_ms += now_ms() - t0;
+        t_last = now_ms();
+        c->st[0].cur.compute_ms += t_last - t0;
         if (done + chunk == n) ps_pool_park(ps_stage_pool(c->stage0)); /* before the send: see worker.c */
         if (c->n > 1) {
             struct iovec iov[2];
@@ -417,7 +420,10 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
         last_mb = mb.mb;
         done += chunk;
     }
-    if (c->n > 1) s = wait_token(c, last_mb, token);
+    if (c->n > 1) {
+        s = wait_token(c, last_mb, token);
+        c->wait_ms += now_ms() - t_last;
+    }
 out:
     if (s) ps_errf(err, errlen, s, "%s", c->err[0] ? c->err : ps_strerror(s));
     return s;
@@ -431,6 +437,7 @@ static void refresh_stage0(ps_coord *c) {
 void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out) {
     memset(out, 0, sizeof *out);
     out->n_stages = c->n;
+    out->wait_ms = c->wait_ms - c->wait_base;
     refresh_stage0(c);
     for (int k = 0; k < c->n; k++) {
         const ps_stage_stat *a = &c->st[k].cur, *b = &c->st[k].base;
@@ -441,6 +448,7 @@ void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out) {
 }
 
 void ps_coord_reset_stats(ps_coord *c) {
+    c->wait_base = c->wait_ms;
     refresh_stage0(c);
     for (int k = 0; k < c->n; k++) c->st[k].base = c->st[k].cur;
 }

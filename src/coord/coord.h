@@ -60,6 +60,9 @@ const float *ps_coord_logits(const ps_coord *c);
 typedef struct {
     int n_stages;
     double compute_ms[PS_SHARD_MAX_STAGES];
+    double wait_ms;  /* from stage 0's last chunk to the token, summed: the other stages' compute
+                        plus every hop, wake-up and queue on the way (minus their compute: the
+                        ring's overhead; during a pipelined prefill their compute overlaps ours) */
     ps_conn_stats hop[PS_SHARD_MAX_STAGES];
 } ps_coord_stats;
 void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out);
