@@ -294,6 +294,10 @@ def case_exact(m):
                 stats = json.loads(p.stderr.strip().splitlines()[-1])
                 check(stats["stages"] == 3 and len(stats["hops"]) == 3 and all(h["bytes"] > 0 for h in stats["hops"]),
                       f"{m.name}: --stats of a 3-stage fleet: {stats}")
+                # the coordinator waits for every token through both workers' compute
+                workers = sum(st["compute_ms"] for st in stats["stage_stats"][1:])
+                check(stats["wait_ms"] > 0 and abs(stats["wait_ms"] - workers - stats["ring_overhead_ms"]) < 1e-6,
+                      f"{m.name}: --stats wait_ms / ring_overhead_ms inconsistent: {stats}")
         for w in ws:
             check(w.alive() and "session" in w.text(), f"{m.name}: worker {w.name} served no session: {w.text()}")
             quiet_ends(w, m.name)
