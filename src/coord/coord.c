@@ -204,30 +204,35 @@ static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token) {
     snprintf(v->why, sizeof v->why, "sent a malformed or unexpected message (type %u, %u bytes)", type, len);
 }
 
-/* Polls the workers' connections for up to ms, handling what arrives; stops early when
- * done(c) holds. Returns false when a worker failed. */
+static bool never(const ps_coord *c) {
+    (void)c;
+    return false;
+}
+
+/* Polls the connections of the workers that have not failed for up to ms, handling what
+ * arrives; stops early when done(c) holds, or (unless done is `never`: the grace period
+ * after a failure, when the others' reports are collected) when a worker fails. A failed
+ * worker is not polled again: its first report stands (the hang-up that follows an ERROR
+ * must not turn it into "died"). Returns false when a worker failed. */
 static bool pump(ps_coord *c, double ms, uint32_t want_mb, int32_t *token, bool (*done)(const ps_coord *c)) {
     double end = now_ms() + ms;
     for (double left; (left = end - now_ms()) > 0 && !done(c);) {
         struct pollfd fds[PS_SHARD_MAX_STAGES];
         int ks[PS_SHARD_MAX_STAGES], m = 0;
         for (int k = 1; k < c->n; k++)
-            if (c->st[k].fail != FAIL_DEAD) fds[m] = (struct pollfd){ps_conn_fd(c->st[k].conn), POLLIN, 0}, ks[m++] = k;
+            if (!c->st[k].fail) fds[m] = (struct pollfd){ps_conn_fd(c->st[k].conn), POLLIN, 0}, ks[m++] = k;
         int r = m ? poll(fds, (nfds_t)m, (int)left + 1) : 0;
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         ps_pool_wake(ps_stage_pool(c->stage0)); /* likely the token: stage 0 runs next */
         for (int i = 0; i < m; i++)
             if (fds[i].revents) on_frame(c, ks[i], want_mb, token);
-        for (int k = 1; k < c->n; k++)
+        for (int k = 1; done != never && k < c->n; k++)
             if (c->st[k].fail) return false;
     }
+    for (int k = 1; k < c->n; k++)
+        if (c->st[k].fail) return false;
     return true;
-}
-
-static bool never(const ps_coord *c) {
-    (void)c;
-    return false;
 }
 
 /* After a first failure, listens to the other workers for a moment, then writes the
