@@ -103,7 +103,7 @@ static ps_status connect_stage(ps_coord *c, int k) {
     ps_status s = ps_net_dial(fs->address, c->o.timeout_ms, &v->conn, e, sizeof e);
     expect ex = {c, k};
     ps_hello peer;
-    uint32_t limit = (uint32_t)(4096 + (uint64_t)c->max_mb * (4 + 4 * (uint64_t)ps_stage_model(c->stage0)->hp.dim));
+    uint32_t limit = ps_mb_max_bytes(ps_stage_model(c->stage0)->hp.dim, c->max_mb);
     if (!s) s = ps_net_handshake_client(v->conn, c->o.key, &c->me, check_worker, &ex, limit, c->o.timeout_ms, &peer, e,
                                         sizeof e);
     if (s) return ps_errf(c->err, sizeof c->err, s, "%s: %s", name, e);

@@ -77,6 +77,11 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
     }
 }
 
+uint32_t ps_mb_max_bytes(int dim, int max_mb) {
+    uint64_t b = 4096 + (uint64_t)max_mb * (4 + 4 * (uint64_t)dim); /* 4096 > fixed fields + 64 stats */
+    return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+}
+
 ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *out, char *err, size_t errlen) {
     ps_rbuf r = {.p = p, .len = len};
     ps_sample_params *sp = &out->sp;

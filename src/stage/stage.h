@@ -72,6 +72,9 @@ typedef struct {
  * then x (n × dim f32) when x is non-NULL. The x bytes are not copied when iov is given: iov[0] gets
  * b's bytes, iov[1] the activations, for ps_conn_send_async. */
 void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]);
+/* The largest payload of a session's frames: a FORWARD of max_mb positions of dim-wide
+ * activations with every stage's stats (and room to spare for the small messages). */
+uint32_t ps_mb_max_bytes(int dim, int max_mb);
 /* Parses a FORWARD payload; tokens and x point into it (x is NULL when it carries no
  * activations). Every count is checked against len, dim and max_n. */
 ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *out, char *err, size_t errlen);

@@ -129,12 +129,6 @@ static ps_status check_next(void *ctx, const ps_hello *p, char *err, size_t errl
     return PS_OK;
 }
 
-/* Max payload of a session's frames: a micro-batch of max_mb positions. */
-static uint32_t payload_limit(const ps_model *m, int max_mb) {
-    uint64_t b = 4096 + (uint64_t)max_mb * (4 + 4 * (uint64_t)m->hp.dim);
-    return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
-}
-
 /* Whether s is a plausible HOST:PORT: printable ASCII, no spaces (it is dialled and logged). */
 static bool printable(const char *s) {
     for (const unsigned char *q = (const unsigned char *)s; *q; q++)
@@ -172,7 +166,7 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     w->compute_ms = 0, w->done = false, w->filled = 0;
     ps_status s = ps_stage_begin(w->stage, &cp, max_mb, w->err, sizeof w->err);
     if (s) return s;
-    ps_conn_set_max_payload(w->ctrl, payload_limit(w->m, max_mb));
+    ps_conn_set_max_payload(w->ctrl, ps_mb_max_bytes(w->m->hp.dim, max_mb));
     if (last) {
         w->out = w->ctrl;
         if ((s = ps_conn_start_sender(w->ctrl, &w->o->sim, w->err, sizeof w->err))) return s;
@@ -180,7 +174,7 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
         if ((s = ps_net_dial(next, w->o->timeout_ms, &w->out, w->err, sizeof w->err))) return s;
         ps_hello peer;
         w->me.role = PS_ROLE_PREV_STAGE;
-        s = ps_net_handshake_client(w->out, w->o->key, &w->me, check_next, w, payload_limit(w->m, max_mb),
+        s = ps_net_handshake_client(w->out, w->o->key, &w->me, check_next, w, ps_mb_max_bytes(w->m->hp.dim, max_mb),
                                     w->o->timeout_ms, &peer, w->err, sizeof w->err);
         w->me.role = PS_ROLE_WORKER;
         if (s) return s;
@@ -279,7 +273,7 @@ static void accept_peer(worker *w) {
         return;
     }
     if (w->in && w->in != w->ctrl) ps_conn_free(w->in);
-    ps_conn_set_max_payload(c, payload_limit(w->m, ps_stage_max_mb(w->stage)));
+    ps_conn_set_max_payload(c, ps_mb_max_bytes(w->m->hp.dim, ps_stage_max_mb(w->stage)));
     w->in = c;
 }
 
