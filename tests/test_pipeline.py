@@ -34,7 +34,6 @@ Every worker log and run stderr is also scanned for sanitizer reports (scripts/t
 test on the ASan build too). Workers die with the test (PR_SET_PDEATHSIG). Exit 0 pass, 1 fail
 (never skips as a whole: the synthetic model is always there).
 """
-import ctypes
 import json
 import os
 import shutil
@@ -50,7 +49,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import xxhash  # noqa: E402
-from pstest import check, failures, read_ready_port, verdict  # noqa: E402
+from pstest import check, failures, verdict  # noqa: E402
+import psworker  # noqa: E402
+from psworker import HDR, MAGIC, die_with_parent, frame, pstr, san_check  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 SHARED = os.environ.get("PS_SHARED_MODELS", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models"))
@@ -58,25 +59,16 @@ CACHE = os.environ.get("PS_MODEL_CACHE", os.path.join(os.path.dirname(__file__),
 TMP = None
 SANITIZED = False
 WORKERS = []   # every Worker started, stopped at the end
-SAN_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
 
 GREEDY = ["--temp", "0"]
 SEEDED = ["--temp", "0.8", "--seed", "7", "--top-k", "40", "--repeat-penalty", "1.3"]
 GEN = ["-n", "24", "--ignore-eos", "--print-ids", "-t", "1"]
 TIMEOUT_MS = 5000  # --stage-timeout-ms of the failure runs
 
-# net.h: 24-byte little-endian header magic u32, version u16, type u16, flags u32, len u32, XXH3-64 u64
-MAGIC = 0x3144534E
-HDR = struct.Struct("<IHHIIQ")
 MSG_HELLO, MSG_HELLO_REPLY, MSG_REFUSE = 1, 2, 5
 
 
 # ------------------------------------------------------------------------------ helpers
-def san_check(text, what):
-    bad = [m for m in SAN_MARKS if m in text]
-    check(not bad, f"{what}: sanitizer report:\n{text[-3000:]}")
-
-
 def pipeshard(args, timeout=180):
     """Runs `pipeshard args`; returns the CompletedProcess (text)."""
     p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -130,66 +122,16 @@ def key_file(name):
     return path
 
 
-_prctl = ctypes.CDLL(None).prctl
+class Worker(psworker.Worker):
+    """A worker of this test: logs in TMP/<name>.log, stopped at the end (WORKERS), its log checked
+    for sanitizer reports when it stops."""
 
-
-def die_with_parent():
-    """preexec_fn of workers and background runs: SIGKILL (which a stopped worker obeys too)
-    when this test dies, say killed by CTest's timeout."""
-    _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-
-
-class Worker:
-    """`pipeshard worker` on a shard: listens on HOST:0 (or a given port), learns its port through
-    --ready-fd, logs stderr to TMP/<name>.log. `ip netns exec NS` in front when netns is given."""
-
-    def __init__(self, shard_path, name, host="127.0.0.1", port=0, key=None, netns=None, threads=1):
-        self.name, self.log = name, os.path.join(TMP, f"{name}.log")
-        r, w = os.pipe()
-        cmd = [BIN, "worker", "--shard", shard_path, "--listen", f"{host}:{port}", "-t", str(threads),
-               "--ready-fd", str(w), "--timeout-ms", "5000"]
-        if key:
-            cmd += ["--key-file", key]
-        if netns:
-            cmd = ["ip", "netns", "exec", netns] + cmd
-        with open(self.log, "ab") as lf:
-            self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=lf,
-                                      pass_fds=(w,), preexec_fn=die_with_parent)
-        os.close(w)
+    def __init__(self, shard_path, name, **kw):
+        super().__init__(BIN, shard_path, os.path.join(TMP, f"{name}.log"), name, **kw)
         WORKERS.append(self)
-        self.port = read_ready_port(r)
-        if self.port is None:
-            self.stop()
-            raise AssertionError(f"worker {name} did not start: {self.text()}")
-        self.addr = f"{host}:{self.port}"
-
-    def text(self):
-        with open(self.log, errors="replace") as f:
-            return f.read()
-
-    def wait_log(self, needle, timeout=5.0):
-        """Whether needle shows up in the log within timeout (the worker may write its line just
-        after the coordinator has exited)."""
-        deadline = time.time() + timeout
-        while True:
-            if needle in self.text():
-                return True
-            if time.time() > deadline:
-                return False
-            time.sleep(0.05)
-
-    def alive(self):
-        return self.p.poll() is None
 
     def stop(self):
-        if self.p.poll() is None:
-            try:
-                self.p.send_signal(signal.SIGCONT)
-                self.p.terminate()
-                self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(timeout=10)
+        super().stop()
         san_check(self.text(), f"worker {self.name}")
 
 
@@ -423,10 +365,6 @@ def case_netns(ms):
 
 
 # ------------------------------------------------------------------------------ case 3: refusals
-def frame(typ, payload, version=1):
-    return HDR.pack(MAGIC, version, typ, 0, len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
-
-
 def recv_exact(s, n):
     b = b""
     while len(b) < n:
@@ -446,11 +384,9 @@ def recv_frame(s):
 def hello_payload(fleet):
     """A coordinator's HELLO payload (auth.c): hello, nonce_c[32], has_key."""
     j = load_json(fleet)
-    def s(x):
-        return struct.pack("<I", len(x)) + x.encode()
     st0 = j["stages"][0]
     return (struct.pack("<Biiiii", 1, 0, len(j["stages"]), st0["layers"][0], st0["layers"][1], j["n_layer"]) +
-            s(j["model_fingerprint"]) + s(st0["fingerprint"]) + struct.pack("<Q", 12345) + os.urandom(32) + b"\0")
+            pstr(j["model_fingerprint"]) + pstr(st0["fingerprint"]) + struct.pack("<Q", 12345) + os.urandom(32) + b"\0")
 
 
 def refused(p, coord_says, worker, worker_says, what):

@@ -44,12 +44,10 @@ prints exactly the ids of the unsplit `run -m`; the idle workers hold as many fi
 threads as at the start (no leaked connection or sender thread), and exit 0 on SIGTERM (no leak
 report under the sanitizer build). Exit 0 pass, 1 fail, 77 skip (no pipeshard binary).
 """
-import ctypes
 import json
 import os
 import random
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -60,11 +58,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import xxhash  # noqa: E402
-from pstest import check, failures, read_ready_port, verdict  # noqa: E402
+from pstest import check, failures, verdict  # noqa: E402
+import psworker  # noqa: E402
+from psworker import HDR, MAGIC, frame, pstr, san_check  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 TMP = None
-SAN_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
 TIMEOUT_MS = 2000        # the workers' --timeout-ms
 SEED = 20240611
 N_MUTATIONS = 300        # of SETUP, and of FORWARD
@@ -76,9 +75,6 @@ SYNTH = ["--like", "tiny", "--layers", str(N_LAYER), "--dim", str(DIM), "--ffn",
 PROMPT = ["--prompt-ids", ",".join(str((i * 41 + 7) % VOCAB) for i in range(6))]
 GEN = ["-n", "12", "--ignore-eos", "--print-ids", "-t", "1", "--temp", "0"]
 
-# net.h: 24-byte header magic u32, version u16, type u16, flags u32, len u32, XXH3-64 u64
-MAGIC = 0x3144534E
-HDR = struct.Struct("<IHHIIQ")
 HELLO, HELLO_REPLY, AUTH, WELCOME, REFUSE = 1, 2, 3, 4, 5
 SETUP, READY, FORWARD, TOKENS, STATS, ERROR, BYE, PROBE = 16, 17, 18, 19, 20, 21, 22, 23
 ROLE_COORD, ROLE_PREV, ROLE_WORKER = 1, 2, 3
@@ -95,45 +91,21 @@ SETUP_FIELDS = [(0, "Q"), (8, "i"), (12, "i"), (16, "i"), (20, "B"), (21, "I")]
 
 
 # ------------------------------------------------------------------------------ processes
-_prctl = ctypes.CDLL(None).prctl
-
-
-def die_with_parent():
-    _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: workers die with the test
-
-
 def pipeshard(args, timeout=120):
     p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    bad = [m for m in SAN_MARKS if m in p.stderr]
-    check(not bad, f"pipeshard {' '.join(args)}: sanitizer report:\n{p.stderr[-3000:]}")
+    san_check(p.stderr, f"pipeshard {' '.join(args)}")
     return p
 
 
-class Worker:
-    """`pipeshard worker` on a shard, on 127.0.0.1:<free port> (learnt through --ready-fd), its stderr
-    in TMP/<name>.log."""
+class Worker(psworker.Worker):
+    """A worker of this test: 127.0.0.1:<free port>, the workers' --timeout-ms, logs in TMP/<name>.log."""
 
     def __init__(self, shard, name):
-        self.name, self.log, self.scanned = name, os.path.join(TMP, f"{name}.log"), 0
-        r, w = os.pipe()
-        cmd = [BIN, "worker", "--shard", shard, "--listen", "127.0.0.1:0", "-t", "1", "--ready-fd", str(w),
-               "--timeout-ms", str(TIMEOUT_MS)]
         # a sanitizer build returns NULL for an allocation it cannot make, as malloc does, rather
         # than abort: a SETUP of 2^24 positions must be an "out of memory" error on a small machine
         env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":allocator_may_return_null=1")
-        with open(self.log, "ab") as lf:
-            self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=lf,
-                                      pass_fds=(w,), preexec_fn=die_with_parent, env=env)
-        os.close(w)
-        self.port = read_ready_port(r)  # read until the worker closes the pipe (its idle fds are then counted)
-        if self.port is None:
-            self.stop()
-            raise AssertionError(f"worker {name} did not start: {self.text()}")
-        self.addr = f"127.0.0.1:{self.port}"
-
-    def text(self):
-        with open(self.log, errors="replace") as f:
-            return f.read()
+        super().__init__(BIN, shard, os.path.join(TMP, f"{name}.log"), name, timeout_ms=TIMEOUT_MS, env=env)
+        self.scanned = 0
 
     def new_text(self):
         """The log written since the last call."""
@@ -143,18 +115,6 @@ class Worker:
         self.scanned += len(b)
         return b.decode(errors="replace")
 
-    def wait_log(self, needle, timeout=5.0, since=0):
-        deadline = time.time() + timeout
-        while True:
-            if needle in self.text()[since:]:
-                return True
-            if time.time() > deadline:
-                return False
-            time.sleep(0.02)
-
-    def alive(self):
-        return self.p.poll() is None
-
     def resources(self):
         """(open file descriptors, threads) of the process."""
         try:
@@ -162,30 +122,10 @@ class Worker:
         except OSError:
             return None
 
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(timeout=10)
-
 
 # ------------------------------------------------------------------------------ the protocol in Python
 class Closed(Exception):
     pass
-
-
-def frame(typ, payload, version=1, magic=MAGIC, flags=0, length=None, checksum=None):
-    if checksum is None:
-        checksum = xxhash.xxh3_64_intdigest(payload)
-    return HDR.pack(magic, version, typ, flags, len(payload) if length is None else length, checksum) + payload
-
-
-def pstr(s):
-    b = s.encode() if isinstance(s, str) else s
-    return struct.pack("<I", len(b)) + b
 
 
 class Conn:
@@ -405,9 +345,7 @@ def last_token(payload, what):
 def healthy(what):
     """Both workers alive, nothing alarming in what they logged since the last look."""
     for w in (W1, W2):
-        t = w.new_text()
-        bad = [m for m in SAN_MARKS if m in t]
-        check(not bad, f"{what}: worker {w.name}: sanitizer report or crash:\n{t[-4000:]}")
+        san_check(w.new_text(), f"{what}: worker {w.name}")
         if not check(w.alive(), f"{what}: worker {w.name} died (exit {w.p.returncode}):\n{w.text()[-3000:]}"):
             raise SystemExit(verdict())
 
@@ -1096,9 +1034,7 @@ def main():
     finally:
         for w in workers:
             w.stop()
-            t = w.text()
-            bad = [m for m in SAN_MARKS if m in t]
-            check(not bad, f"worker {w.name}: sanitizer report at exit:\n{t[-4000:]}")
+            san_check(w.text(), f"worker {w.name} at exit")
             check(w.p.returncode == 0, f"worker {w.name} exited {w.p.returncode} on SIGTERM")
     if failures():
         print(f"logs kept in {TMP}")
