@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """pipeline.py - a split model against the unsplit one, measured side by side in one run.
 
-  bench/pipeline.py [--threads 2] [--repeats 3] [--tokens 64] [--models "llama-3.2-1b:Q4_0 smollm2-135m:Q8_0"]
+  bench/pipeline.py [--threads 2] [--repeats 6] [--tokens 64] [--models "llama-3.2-1b:Q4_0 smollm2-135m:Q8_0"]
                     [--latencies 0,10,50,100] [--ttft-prompt 1024] [--skip decode,latency,ttft]
 
 Models are written by `pipeshard synth` into .cache/bench (kept between runs); shards into
 bench/out. Every stage runs with --threads threads; workers are `pipeshard worker` processes on
 loopback. Three tables:
-  1. decode tok/s of 1, 2 and 3 stages, runs interleaved, medians of --repeats; ratio = split/unsplit;
+  1. decode tok/s of 1, 2 and 3 stages in --repeats rounds (1, 2 and 3 stages back to back, the
+     order rotating); ratio = split/unsplit within a round, median over the rounds, and its range;
   2. decode tok/s of 2 and 3 stages at each emulated one-way latency per hop (--sim-latency-ms on the
      coordinator and on every worker);
   3. time to first token of a --ttft-prompt-token prompt on 1, 2 and 3 stages (--prefill-chunk 128).
@@ -94,27 +95,31 @@ def run(model_args, threads, prompt, n, extra=(), cpus0=None):
 
 
 def decode_table(models, threads, repeats, tokens):
-    print(f"\n1. decode, {threads} threads per stage, loopback, {tokens} tokens, medians of {repeats} (runs interleaved)")
-    print(f"{'model':26} {'stages':>6} {'tok/s':>9} {'ratio':>7}   per-stage compute ms/token")
+    print(f"\n1. decode, {threads} threads per stage, loopback, {tokens} tokens, {repeats} rounds; a round runs 1, 2"
+          f" and 3 stages back to back (the order rotating), and its ratios compare runs seconds apart; tok/s and"
+          f" ratio are medians over the rounds, 'range' the rounds' lowest and highest ratio")
+    print(f"{'model':26} {'stages':>6} {'tok/s':>9} {'ratio':>7} {'range':>13}   per-stage compute ms/token")
     prompt = list(range(1, 17))
     for spec in models:
         model = model_path(spec)
         fleets = {n: Fleet(model, n, threads) for n in (2, 3)}
         try:
             res = {1: [], 2: [], 3: []}
-            for _ in range(repeats):
-                for n in (1, 2, 3):
+            for r in range(repeats):
+                order = (1, 2, 3)[r % 3:] + (1, 2, 3)[:r % 3]  # drift in the machine's speed favours no one
+                for n in order:
                     args = ["-m", model] if n == 1 else ["--fleet", fleets[n].fleet_json]
                     res[n].append(run(args, threads, prompt, tokens))
         finally:
             for f in fleets.values():
                 f.stop()
-        base = statistics.median(j["decode_tok_s"] for j in res[1])
         for n in (1, 2, 3):
-            tps = statistics.median(j["decode_tok_s"] for j in res[n])
+            tps = [j["decode_tok_s"] for j in res[n]]
+            ratios = [t / b["decode_tok_s"] for t, b in zip(tps, res[1])]
             j = res[n][-1]
             per = [s["compute_ms"] / max(1, j["generated_tokens"]) for s in j["stage_stats"]]
-            print(f"{spec:26} {n:6} {tps:9.2f} {tps / base:7.3f}   " + " ".join(f"{x:.2f}" for x in per))
+            print(f"{spec:26} {n:6} {statistics.median(tps):9.2f} {statistics.median(ratios):7.3f} "
+                  f"{min(ratios):6.3f}-{max(ratios):.3f}   " + " ".join(f"{x:.2f}" for x in per))
 
 
 def latency_table(models, threads, latencies):
@@ -171,7 +176,7 @@ def ttft_table(models, threads, n_prompt):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--models", default="llama-3.2-1b:Q4_0 smollm2-135m:Q8_0")
     ap.add_argument("--latencies", default="0,10,50,100")

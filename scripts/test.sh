@@ -15,5 +15,5 @@ ctest --test-dir build --output-on-failure -j"$jobs" || status=1
 echo "== sanitizer build: C unit tests, and the tests that feed bad input to the binary or the library"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit || status=1
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
-  -R '^py_test_(cli_errors|gguf_interop|gguf_inspect|chat_ref|synth|split|pipeline|worker_fuzz)$' || status=1
+  -R '^py_test_(cli_errors|gguf_interop|gguf_inspect|chat_ref|synth|split|pipeline|worker_fuzz|bench_cli)$' || status=1
 exit $status

@@ -1,6 +1,8 @@
 /* bench.c - `pipeshard bench`: prefill and decode speed of a model on this machine, and
  * decode's share of the memory-bandwidth limit (weight bytes read per token ÷ measured
- * read bandwidth). */
+ * read bandwidth). The bandwidth is measured just before each repetition and each
+ * repetition's share uses its own: a virtual machine's bandwidth drifts by tens of per
+ * cent within a minute, so a figure taken once would compare different moments. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,8 +30,8 @@ static void bench_usage(FILE *f) {
             "  -t THREADS  threads (default: all cores)\n"
             "  -r REPS     repetitions; figures are medians (default 3)\n"
             "  --activations q8|f32  matmul arithmetic (default q8; see pipeshard run --help)\n"
-            "  --mem-bw GBS  memory read bandwidth for the decode limit (default: measured here,\n"
-            "              best of 5 reads of 512 MiB with the same threads)\n"
+            "  --mem-bw GBS  memory read bandwidth for the decode limit (default: measured here\n"
+            "              before each repetition, best of 3 reads of 512 MiB with the same threads)\n"
             "  --json      one JSON object instead of a table\n");
 }
 
@@ -103,21 +105,18 @@ static void bw_task(void *ctx, int ith, int nth) {
     j->sums[ith & 63] = s;
 }
 
-/* Read bandwidth in bytes/s of the pool's threads over a 512 MiB buffer (best of 5). */
-static double measure_bandwidth(ps_pool *pool) {
-    size_t n = (512u << 20) / sizeof(uint64_t);
-    uint64_t *buf = malloc(n * sizeof *buf);
-    if (!buf) return 0;
-    for (size_t i = 0; i < n; i++) buf[i] = i;
-    bw_job j = {.buf = buf, .n = n};
+#define BW_WORDS ((512u << 20) / sizeof(uint64_t))
+
+/* Read bandwidth in bytes/s of the pool's threads over buf (BW_WORDS, best of 3). */
+static double measure_bandwidth(ps_pool *pool, const uint64_t *buf) {
+    bw_job j = {.buf = buf, .n = BW_WORDS};
     double best = 0;
-    for (int r = 0; r < 5; r++) {
+    for (int r = 0; r < 3; r++) {
         double t0 = ps_now();
         ps_pool_run(pool, bw_task, &j);
-        double bw = (double)(n * sizeof *buf) / (ps_now() - t0);
+        double bw = (double)(BW_WORDS * sizeof *buf) / (ps_now() - t0);
         if (bw > best) best = bw;
     }
-    free(buf);
     return best;
 }
 
@@ -150,8 +149,10 @@ static ps_status bench_once(ps_ctx *c, const bench_opts *o, int vocab, int32_t *
     return PS_OK;
 }
 
-static void bench_report(const bench_opts *o, const ps_model *m, double pp, double tg, double bytes, double bw) {
-    double limit = bw > 0 ? bw / bytes : 0, share = limit > 0 ? tg / limit : 0;
+/* bw and share are medians over the repetitions (each share with its repetition's bw). */
+static void bench_report(const bench_opts *o, const ps_model *m, double pp, double tg, double bytes, double bw,
+                         double share) {
+    double limit = bw / bytes;
     if (o->json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "model", o->model);
@@ -178,6 +179,9 @@ static void bench_report(const bench_opts *o, const ps_model *m, double pp, doub
     printf("decode     %8.2f tok/s  (tg%lld, median of %lld)\n", tg, o->n_gen, o->reps);
     printf("bandwidth  %8.1f GB/s read; %.1f MB of weights per token -> limit %.2f tok/s; decode at %.0f%%\n",
            bw / 1e9, bytes / 1e6, limit, 100 * share);
+    if (o->mem_bw <= 0)
+        printf("           (bandwidth measured before each repetition; the share is the median of the\n"
+               "            repetitions' own shares)\n");
 }
 
 int ps_cli_bench(int argc, char **argv) {
@@ -191,26 +195,33 @@ int ps_cli_bench(int argc, char **argv) {
     ps_ctx *c = NULL;
     int32_t *toks = malloc((size_t)o.n_prompt * sizeof *toks);
     double *pp = calloc((size_t)o.reps, sizeof *pp), *tg = calloc((size_t)o.reps, sizeof *tg);
+    double *bw = calloc((size_t)o.reps, sizeof *bw), *share = calloc((size_t)o.reps, sizeof *share);
+    uint64_t *bwbuf = o.mem_bw > 0 ? NULL : malloc(BW_WORDS * sizeof *bwbuf);
     float *logits = NULL;
     ps_status s = PS_ERR_NOMEM;
-    if (!toks || !pp || !tg) goto out;
+    if (!toks || !pp || !tg || !bw || !share || (o.mem_bw <= 0 && !bwbuf)) goto out;
+    if (bwbuf)
+        for (size_t i = 0; i < BW_WORDS; i++) bwbuf[i] = i;
     if ((s = ps_model_load(o.model, &m, err, sizeof err))) goto out;
     if ((s = ps_pool_create((int)o.threads, &pool))) goto out;
     ps_ctx_params cp = {.n_ctx = (int)(o.n_prompt + o.n_gen), .max_batch = (int)o.n_prompt, .act = o.act};
     if ((s = ps_ctx_create(m, &cp, pool, &c, err, sizeof err))) goto out;
     if (!(logits = malloc((size_t)m->hp.vocab * sizeof *logits))) goto out;
     for (long long i = 0; i < o.n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.vocab);
+    double bytes = decode_bytes(m);
     for (int r = 0; r < o.reps; r++) {
         double a, b;
+        bw[r] = bwbuf ? measure_bandwidth(pool, bwbuf) : o.mem_bw * 1e9;
         if ((s = bench_once(c, &o, m->hp.vocab, toks, logits, &a, &b, err, sizeof err))) goto out;
         pp[r] = (double)o.n_prompt / a;
         tg[r] = (double)o.n_gen / b;
+        share[r] = tg[r] * bytes / bw[r];
     }
-    bench_report(&o, m, median(pp, (int)o.reps), median(tg, (int)o.reps), decode_bytes(m),
-                 o.mem_bw > 0 ? o.mem_bw * 1e9 : measure_bandwidth(pool));
+    bench_report(&o, m, median(pp, (int)o.reps), median(tg, (int)o.reps), bytes, median(bw, (int)o.reps),
+                 median(share, (int)o.reps));
 out:
     if (s) fprintf(stderr, "pipeshard bench: %s\n", err[0] ? err : ps_strerror(s));
-    free(logits), free(toks), free(pp), free(tg);
+    free(logits), free(toks), free(pp), free(tg), free(bw), free(share), free(bwbuf);
     ps_ctx_free(c);
     ps_pool_free(pool);
     ps_model_free(m);

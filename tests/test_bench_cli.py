@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""test_bench_cli.py - `pipeshard bench`: its figures are what it says they are, and bad
+command lines are clear errors.
+
+On synthetic models (`pipeshard synth`, tied and untied, Q8_0 and Q4_K_M):
+  * --json carries every field, with the numbers of the command line (n_prompt, n_gen, threads);
+  * decode_bytes_per_token equals the weight bytes one decode step reads, counted here from the
+    file with the `gguf` package: every layer matrix, the output head (token_embd when tied),
+    one embedding row;
+  * with --mem-bw G the limit is G / bytes and the share decode / limit;
+  * measured bandwidth: positive and finite, share = decode / limit within the spread of the
+    repetitions (each repetition's share uses its own bandwidth);
+  * the table form prints the prefill, decode and bandwidth lines;
+  * bad flags and files: non-zero exit and one clear line.
+Exit 0 pass, 1 fail.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gguf  # noqa: E402
+from pstest import check, verdict  # noqa: E402
+
+BIN = os.environ.get("PIPESHARD_BIN", "")
+LAYER_MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def bench(args, timeout=300):
+    return subprocess.run([BIN, "bench"] + args, capture_output=True, text=True, timeout=timeout)
+
+
+def decode_bytes(path):
+    """Weight bytes one decode step reads, from the file alone."""
+    r = gguf.GGUFReader(path)
+    t = {x.name: x for x in r.tensors}
+    b = sum(int(x.n_bytes) for n, x in t.items() if n.startswith("blk.") and n.split(".")[2] in LAYER_MATS)
+    head = t.get("output.weight", t["token_embd.weight"])
+    emb = t["token_embd.weight"]
+    rows = int(emb.shape[-1])  # gguf lists the row count last
+    return b + int(head.n_bytes) + int(emb.n_bytes) // rows
+
+
+def synth(tmp, name, typ, untied):
+    path = os.path.join(tmp, name)
+    cmd = [BIN, "synth", "--layers", "3", "--dim", "256", "--heads", "4", "--kv-heads", "2", "--ffn", "512",
+           "--vocab", "600", "--type", typ, "-o", path]
+    subprocess.run(cmd + (["--untied"] if untied else []), check=True, capture_output=True, timeout=300)
+    return path
+
+
+def case_json(path, typ, untied):
+    what = f"{typ} {'untied' if untied else 'tied'}"
+    p = bench(["-m", path, "-p", "8", "-n", "6", "-t", "2", "-r", "3", "--json", "--mem-bw", "12.5"])
+    check(p.returncode == 0, f"{what}: bench --json exits 0 (stderr {p.stderr[-300:]!r})")
+    if p.returncode:
+        return
+    j = json.loads(p.stdout)
+    for k in ("model", "isa", "activations", "threads", "n_prompt", "n_gen", "prefill_tok_s", "decode_tok_s",
+              "decode_bytes_per_token", "read_bandwidth_gb_s", "decode_limit_tok_s", "bandwidth_share"):
+        check(k in j, f"{what}: --json has {k}")
+    check(j["n_prompt"] == 8 and j["n_gen"] == 6 and j["threads"] == 2, f"{what}: n_prompt, n_gen, threads as given")
+    check(j["activations"] == "q8", f"{what}: q8 activations by default")
+    check(j["prefill_tok_s"] > 0 and j["decode_tok_s"] > 0, f"{what}: positive speeds {j['prefill_tok_s']:.1f} / "
+          f"{j['decode_tok_s']:.1f}")
+    want = decode_bytes(path)
+    check(j["decode_bytes_per_token"] == want, f"{what}: decode bytes per token {j['decode_bytes_per_token']} == "
+          f"{want} counted from the file")
+    check(j["read_bandwidth_gb_s"] == 12.5, f"{what}: --mem-bw 12.5 is the bandwidth used")
+    limit = 12.5e9 / want
+    check(math.isclose(j["decode_limit_tok_s"], limit, rel_tol=1e-9), f"{what}: limit = bandwidth / bytes")
+    check(math.isclose(j["bandwidth_share"], j["decode_tok_s"] / limit, rel_tol=1e-9),
+          f"{what}: share = decode / limit with a fixed bandwidth")
+
+
+def case_measured(path):
+    p = bench(["-m", path, "-p", "4", "-n", "4", "-t", "1", "-r", "3", "--json", "--activations", "f32"])
+    check(p.returncode == 0, f"measured bandwidth: exits 0 (stderr {p.stderr[-300:]!r})")
+    if p.returncode:
+        return
+    j = json.loads(p.stdout)
+    bw = j["read_bandwidth_gb_s"]
+    check(math.isfinite(bw) and 0.1 < bw < 10000, f"measured bandwidth {bw:.1f} GB/s is plausible")
+    check(j["activations"] == "f32", "--activations f32 reported")
+    # each repetition's share uses its own bandwidth, so the median share is near, not equal to,
+    # median decode / median limit: the repetitions' bandwidths differ by far less than 4x
+    ratio = j["bandwidth_share"] / (j["decode_tok_s"] / j["decode_limit_tok_s"])
+    check(0.25 < ratio < 4, f"median share consistent with decode / limit (ratio {ratio:.3f})")
+
+
+def case_table(path):
+    p = bench(["-m", path, "-p", "4", "-n", "2", "-r", "1"])
+    check(p.returncode == 0, "table form exits 0")
+    for word in ("prefill", "decode", "bandwidth", "measured before each repetition"):
+        check(word in p.stdout, f"table form prints {word!r}")
+
+
+def case_errors(tmp, path):
+    junk = os.path.join(tmp, "junk.gguf")
+    with open(junk, "wb") as f:
+        f.write(b"not a model at all" * 10)
+    cases = [
+        ([], ["no model given"]),
+        (["-m", path, "-r", "0"], ["-r"]),
+        (["-m", path, "-p", "0"], ["-p"]),
+        (["-m", path, "-n", "-3"], ["-n"]),
+        (["-m", path, "-t", "x"], ["-t"]),
+        (["-m", path, "--mem-bw", "0"], ["--mem-bw"]),
+        (["-m", path, "--mem-bw"], ["--mem-bw"]),
+        (["-m", path, "--activations", "int4"], ["--activations", "int4"]),
+        (["-m", path, "--frobnicate"], ["unknown option", "--frobnicate"]),
+        (["-m", os.path.join(tmp, "missing.gguf")], ["missing.gguf"]),
+        (["-m", junk], ["junk.gguf"]),
+    ]
+    for args, words in cases:
+        p = bench(args)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        first = lines[0] if lines else ""
+        check(0 < p.returncode < 128 and all(w.lower() in first.lower() for w in words),
+              f"bench {' '.join(args)!r}: clean failure naming {words} (exit {p.returncode}, {first!r})")
+
+
+def main():
+    if not BIN or not os.access(BIN, os.X_OK):
+        print(f"PIPESHARD_BIN={BIN!r} is not an executable (run through ctest)")
+        return 1
+    with tempfile.TemporaryDirectory(dir=os.environ.get("PS_TEST_TMP")) as tmp:
+        q8 = synth(tmp, "q8.gguf", "Q8_0", False)
+        case_json(q8, "Q8_0", False)
+        case_json(synth(tmp, "q8u.gguf", "Q8_0", True), "Q8_0", True)
+        case_json(synth(tmp, "km.gguf", "Q4_K_M", True), "Q4_K_M", True)
+        case_measured(q8)
+        case_table(q8)
+        case_errors(tmp, q8)
+    return verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
