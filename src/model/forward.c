@@ -3,6 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #include "../tensor/gemm.h"
 #include "../tensor/types.h"
@@ -22,11 +25,13 @@ struct ps_ctx {
     float *att;         /* (max_batch, q_dim) attention output */
     float *hb;          /* (max_batch, ffn_dim) gate, then silu(gate) * up */
     float *hb2;         /* (max_batch, ffn_dim) up */
-    float *scores;      /* (threads, n_ctx) attention weights, one row per thread */
+    float *scores;      /* (threads, n_ctx + 16) attention weights, one row per thread */
     float *rope_cs;     /* (max_batch, rope_dim / 2, 2) cos and sin for the chunk's positions */
     double *inv_freq;   /* (rope_dim / 2) rotation frequency of each pair */
-    float *k_cache;     /* (layers, n_ctx, kv_dim) */
-    float *v_cache;     /* (layers, n_ctx, kv_dim) */
+    float *k_cache;     /* (layers, n_ctx, kv_dim), in kv_mem */
+    float *v_cache;     /* (layers, n_ctx, kv_dim), in kv_mem */
+    void *kv_mem;       /* kv_alloc */
+    size_t kv_bytes;
     void *scratch;      /* matmul scratch */
 };
 
@@ -40,6 +45,32 @@ struct ps_ctx {
 #define SIMD_CLONES
 #endif
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* Zeroed memory for the KV cache. On Linux, in huge pages where the kernel gives them:
+ * attention reads a few hundred bytes of each position's row, so with 4 KiB pages a long
+ * context costs a TLB miss every few positions (decode at 1536 positions: 1.3x faster). */
+static void *kv_alloc(size_t bytes) {
+#ifdef __linux__
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE); /* a hint: without it, normal pages */
+#endif
+    return p;
+#else
+    return calloc(1, bytes);
+#endif
+}
+
+static void kv_free(void *p, size_t bytes) {
+    if (!p) return;
+#ifdef __linux__
+    munmap(p, bytes);
+#else
+    (void)bytes;
+    free(p);
+#endif
+}
 
 // ---------------------------------------------------------------------------------------
 // Vector helpers (fixed reduction order: 16 lanes, then a fixed tree)
@@ -147,11 +178,11 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     c->att = malloc(B * c->q_dim * sizeof(float));
     c->hb = malloc(B * hp->ffn_dim * sizeof(float));
     c->hb2 = malloc(B * hp->ffn_dim * sizeof(float));
-    c->scores = malloc((size_t)threads * n_ctx * sizeof(float));
+    c->scores = malloc((size_t)threads * (n_ctx + 16) * sizeof(float));
     c->rope_cs = malloc(B * hp->rope_dim * sizeof(float));
     c->inv_freq = malloc((size_t)hp->rope_dim / 2 * sizeof(double) + 1);
-    c->k_cache = calloc(kv, sizeof(float));
-    c->v_cache = calloc(kv, sizeof(float));
+    c->kv_bytes = 2 * kv * sizeof(float);
+    if ((c->kv_mem = kv_alloc(c->kv_bytes))) c->k_cache = c->kv_mem, c->v_cache = c->k_cache + kv;
     size_t sb = scratch_bytes(m, p->act, max_batch, threads);
     c->scratch = sb ? malloc(sb) : NULL;
     if (!c->x || !c->xb || !c->q || !c->att || !c->hb || !c->hb2 || !c->scores || !c->rope_cs || !c->inv_freq ||
@@ -168,7 +199,8 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
 void ps_ctx_free(ps_ctx *c) {
     if (!c) return;
     free(c->x), free(c->xb), free(c->q), free(c->att), free(c->hb), free(c->hb2), free(c->scores);
-    free(c->rope_cs), free(c->inv_freq), free(c->k_cache), free(c->v_cache), free(c->scratch);
+    free(c->rope_cs), free(c->inv_freq), free(c->scratch);
+    kv_free(c->kv_mem, c->kv_bytes);
     free(c);
 }
 
@@ -185,26 +217,158 @@ typedef struct {
     const float *vc; /* this layer's value cache */
 } attn_job;
 
+/* Attention in 16-lane vectors (GCC vector extensions: AVX-512, two AVX2 or four SSE/NEON
+ * registers, the same lane operations in each). The order of every sum is the one the
+ * scalar definition gives (dot_f32's 16 lanes and tree for q·k, then positions in order),
+ * so the bits do not depend on the vector width; the vectors only let 16 positions'
+ * scores share one reduction network instead of a tree each. */
+typedef float v16 __attribute__((vector_size(64)));
+/* No vector crosses a call (the helpers are always inlined), so the vector-ABI note that
+ * GCC gives for the clones without AVX-512 (reported at the end of the file) does not apply. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+/* n (<= 16) floats from p, the other lanes 0 (head widths that are not a multiple of 16). */
+static ALWAYS_INLINE v16 load_part(const float *p, int n) {
+    v16 v = {0};
+    memcpy(&v, p, (size_t)n * sizeof(float));
+    return v;
+}
+
+static ALWAYS_INLINE v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Lane i of the result = dot_f32's tree over the 16 lanes of a[i]: halves (l + 8 into l),
+ * quarters, pairs, then the last pair, done for 16 vectors at once. Each addition adds the
+ * same two numbers as the scalar tree, so the sums are bit-identical. */
+static ALWAYS_INLINE v16 tree16(v16 a[16]) {
+    v16 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++) /* w = 8: lanes 0-7 from a[2i], 8-15 from a[2i+1] */
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                       31);
+    for (int i = 0; i < 4; i++) /* w = 4: four lanes per vector of a */
+        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    for (int i = 0; i < 2; i++) /* w = 2 */
+        d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    /* w = 1 */
+    return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+/* e^x for x <= 0 in every lane (the softmax's exponent): x = n ln 2 + r with |r| <= ln 2 / 2,
+ * e^r by Cephes' degree-6 polynomial (within 2 ulp of e^x), times 2^n built in the exponent
+ * bits; x < -87 (e^x below the smallest normal float) gives 0. Plain lane operations in a
+ * fixed order, so every vector width gives the same bits. */
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* Lanes of a where m is all ones, of b where m is 0. */
+static ALWAYS_INLINE v16 select16(v16i m, v16 a, v16 b) {
+    v16i ia, ib;
+    memcpy(&ia, &a, sizeof ia);
+    memcpy(&ib, &b, sizeof ib);
+    ia = (ia & m) | (ib & ~m);
+    memcpy(&a, &ia, sizeof a);
+    return a;
+}
+
+static ALWAYS_INLINE v16 vexp_neg(v16 x) {
+    const v16 big = (v16){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    v16i tiny = x < -87.0f;
+    v16 xc = select16(tiny, (v16){0} - 87.0f, x);
+    v16 n = (xc * 1.44269504088896341f + big) - big;
+    v16 r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    v16 p = (v16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3333452677e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+    v16 scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return select16(tiny, (v16){0}, p * scale);
+}
+
+/* Sum of a vector's 16 lanes in dot_f32's tree order. */
+static ALWAYS_INLINE float hsum16(v16 a) {
+    float l[16];
+    memcpy(l, &a, sizeof l);
+    for (int w = 8; w; w >>= 1)
+        for (int i = 0; i < w; i++) l[i] += l[i + w];
+    return l[0];
+}
+
 /* Causal attention of one (token, head) pair: att = softmax(q·K / sqrt(hd)) V over
- * positions 0..pos+t, each sum taken in position order. */
-static ALWAYS_INLINE void attend_one(const attn_job *j, int t, int h, float *scores) {
+ * positions 0..pos+t, each sum taken in position order. NV = hd / 16 when hd is a multiple
+ * of 16 (the compiler keeps the head's vectors in registers), else 0 (any hd <= 256).
+ * scores has room for the positions rounded up to 16. */
+static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h, float *scores, const int NV) {
     const ps_ctx *c = j->c;
     const ps_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, kvh = h / (hp->n_head / hp->n_head_kv), last = j->pos + t;
+    int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16;
     const float *q = c->q + (size_t)t * c->q_dim + (size_t)h * hd;
-    float scale = 1.0f / sqrtf((float)hd), max = -INFINITY;
-    for (int p = 0; p <= last; p++) {
-        scores[p] = dot_f32(q, j->kc + (size_t)p * c->kv_dim + (size_t)kvh * hd, hd) * scale;
-        if (scores[p] > max) max = scores[p];
+    const float *kc = j->kc + (size_t)kvh * hd, *vc = j->vc + (size_t)kvh * hd;
+    size_t stride = (size_t)c->kv_dim;
+    v16 qv[17];
+    for (int i = 0; i < nv; i++) qv[i] = load16(q + 16 * i);
+    if (tail) qv[nv] = load_part(q + 16 * nv, tail);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int p0 = 0; p0 <= last; p0 += 16) {
+        v16 acc[16];
+        for (int r = 0; r < 16; r++) {
+            int p = p0 + r <= last ? p0 + r : last; /* past the end: any valid row, result unused */
+            const float *k = kc + (size_t)p * stride;
+            v16 a = {0};
+            for (int i = 0; i < nv; i++) a += qv[i] * load16(k + 16 * i);
+            if (tail) a += qv[nv] * load_part(k + 16 * nv, tail);
+            acc[r] = a;
+        }
+        v16 sc = tree16(acc) * scale;
+        memcpy(scores + p0, &sc, sizeof sc);
     }
-    float sum = 0;
-    for (int p = 0; p <= last; p++) sum += scores[p] = expf(scores[p] - max);
-    float *o = c->att + (size_t)t * c->q_dim + (size_t)h * hd;
-    memset(o, 0, (size_t)hd * sizeof(float));
+    /* softmax: the largest score; e = exp(score - max) and its 16 lane sums over positions
+       p0 + lane (a tree at the end); weights e / sum. Lanes past the last position are 0. */
+    int n_pos = last + 1, tail_pos = n_pos % 16, full = n_pos - tail_pos;
+    float max = -INFINITY;
+    for (int p = 0; p < n_pos; p++)
+        if (scores[p] > max) max = scores[p];
+    v16 sum16 = {0};
+    for (int p0 = 0; p0 < n_pos; p0 += 16) {
+        v16 e = vexp_neg(load16(scores + p0) - max);
+        if (p0 == full) /* the partial last block */
+            for (int l = tail_pos; l < 16; l++) e[l] = 0;
+        memcpy(scores + p0, &e, sizeof e);
+        sum16 += e;
+    }
+    float sum = hsum16(sum16);
+    for (int p = 0; p < n_pos; p++) scores[p] /= sum;
+    v16 o[17];
+    for (int i = 0; i <= nv; i++) o[i] = (v16){0};
     for (int p = 0; p <= last; p++) {
-        const float *v = j->vc + (size_t)p * c->kv_dim + (size_t)kvh * hd;
-        float w = scores[p] / sum;
-        for (int d = 0; d < hd; d++) o[d] += w * v[d];
+        const float *v = vc + (size_t)p * stride;
+        float w = scores[p];
+        for (int i = 0; i < nv; i++) o[i] += w * load16(v + 16 * i);
+        if (tail) o[nv] += w * load_part(v + 16 * nv, tail);
+    }
+    float *out = c->att + (size_t)t * c->q_dim + (size_t)h * hd;
+    for (int i = 0; i < nv; i++) memcpy(out + 16 * i, &o[i], sizeof o[i]);
+    if (tail) memcpy(out + 16 * nv, &o[nv], (size_t)tail * sizeof(float));
+}
+
+static ALWAYS_INLINE void attend_one(const attn_job *j, int t, int h, float *scores) {
+    switch (j->c->m->hp.head_dim) {
+    case 64: attend_nv(j, t, h, scores, 4); break;
+    case 128: attend_nv(j, t, h, scores, 8); break;
+    default: attend_nv(j, t, h, scores, 0); break;
     }
 }
 
@@ -213,7 +377,7 @@ static ALWAYS_INLINE void attend_one(const attn_job *j, int t, int h, float *sco
 SIMD_CLONES static void attend_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     int nh = j->c->m->hp.n_head, total = j->n * nh;
-    float *scores = j->c->scores + (size_t)ith * j->c->n_ctx;
+    float *scores = j->c->scores + (size_t)ith * (j->c->n_ctx + 16);
     for (int i = ith; i < total; i += nth) attend_one(j, i / nh, i % nh, scores);
 }
 

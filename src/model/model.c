@@ -94,6 +94,8 @@ static ps_status read_hparams(const ps_gguf *g, ps_hparams *hp, char *err, size_
     if (hp->n_head % hp->n_head_kv)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
                        hp->n_head_kv);
+    if (hp->head_dim > 256)
+        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "head size %d is not supported (at most 256)", hp->head_dim);
     if (hp->rope_dim > hp->head_dim || hp->rope_dim % 2 || hp->head_dim % 2)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "rope dimension %d does not fit head size %d", hp->rope_dim,
                        hp->head_dim);
