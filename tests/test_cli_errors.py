@@ -115,6 +115,12 @@ def case_prompt_longer_than_model_context():
     expect_error(["-m", path, "--prompt-ids", prompt, "-n", "1"], ["context"])
 
 
+def case_head_size_too_large():
+    path = write_model(os.path.join(TMP, "hd512.gguf"), "llama", n_layer=1, n_embd=64, n_head=1, n_head_kv=1,
+                       head_dim=512)
+    expect_error(["-m", path, "--prompt-ids", "1,2", "-n", "1"], ["head size 512", "at most 256"])
+
+
 def case_prompt_longer_than_ctx_size_flag():
     prompt = ",".join(str(10 + i) for i in range(12))
     expect_error(["-m", GOOD, "--prompt-ids", prompt, "-n", "1", "--ctx-size", "8"], ["context"])
@@ -193,6 +199,7 @@ CASES = [
     case_truncated_gguf,
     case_unsupported_arch,
     case_prompt_longer_than_model_context,
+    case_head_size_too_large,
     case_prompt_longer_than_ctx_size_flag,
     case_token_id_out_of_range,
     case_unknown_flag,
