@@ -11,6 +11,10 @@
 #include "../tensor/types.h"
 #include "model.h"
 
+/* Heads attended in one pass (at most): the heads of a key/value group share every K and V
+ * row, which the first head brings into L1 for the others. */
+#define ATT_HEADS 8
+
 struct ps_ctx {
     const ps_model *m;
     ps_pool *pool;      /* not owned */
@@ -25,7 +29,7 @@ struct ps_ctx {
     float *att;         /* (max_batch, q_dim) attention output */
     float *hb;          /* (max_batch, ffn_dim) gate, then silu(gate) * up */
     float *hb2;         /* (max_batch, ffn_dim) up */
-    float *scores;      /* (threads, n_ctx + 16) attention weights, one row per thread */
+    float *scores;      /* (threads, ATT_HEADS, n_ctx + 16) attention weights of each thread's heads */
     float *rope_cs;     /* (max_batch, rope_dim / 2, 2) cos and sin for the chunk's positions */
     double *inv_freq;   /* (rope_dim / 2) rotation frequency of each pair */
     float *k_cache;     /* (layers, n_ctx, kv_dim), in kv_mem */
@@ -178,7 +182,7 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     c->att = malloc(B * c->q_dim * sizeof(float));
     c->hb = malloc(B * hp->ffn_dim * sizeof(float));
     c->hb2 = malloc(B * hp->ffn_dim * sizeof(float));
-    c->scores = malloc((size_t)threads * (n_ctx + 16) * sizeof(float));
+    c->scores = malloc((size_t)threads * ATT_HEADS * (n_ctx + 16) * sizeof(float));
     c->rope_cs = malloc(B * hp->rope_dim * sizeof(float));
     c->inv_freq = malloc((size_t)hp->rope_dim / 2 * sizeof(double) + 1);
     c->kv_bytes = 2 * kv * sizeof(float);
@@ -306,79 +310,115 @@ static ALWAYS_INLINE float hsum16(v16 a) {
     return l[0];
 }
 
-/* Causal attention of one (token, head) pair: att = softmax(q·K / sqrt(hd)) V over
- * positions 0..pos+t, each sum taken in position order. NV = hd / 16 when hd is a multiple
- * of 16 (the compiler keeps the head's vectors in registers), else 0 (any hd <= 256).
- * scores has room for the positions rounded up to 16. */
-static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h, float *scores, const int NV) {
+/* Causal attention of heads h0..h0+nh-1 of token t, all of one key/value group:
+ * att = softmax(q·K / sqrt(hd)) V over positions 0..pos+t, each head's sums in position
+ * order (the order does not depend on which heads share the pass). NV = hd / 16 when hd is
+ * a multiple of 16 (the compiler keeps a head's vectors in registers), else 0 (any
+ * hd <= 256). scores: nh rows of n_ctx + 16 floats. */
+static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, float *scores, const int NV) {
     const ps_ctx *c = j->c;
     const ps_hparams *hp = &c->m->hp;
-    int hd = hp->head_dim, kvh = h / (hp->n_head / hp->n_head_kv), last = j->pos + t;
+    int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = j->pos + t + 1;
     int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16;
-    const float *q = c->q + (size_t)t * c->q_dim + (size_t)h * hd;
+    size_t stride = (size_t)c->kv_dim, srow = (size_t)c->n_ctx + 16;
     const float *kc = j->kc + (size_t)kvh * hd, *vc = j->vc + (size_t)kvh * hd;
-    size_t stride = (size_t)c->kv_dim;
-    v16 qv[17];
-    for (int i = 0; i < nv; i++) qv[i] = load16(q + 16 * i);
-    if (tail) qv[nv] = load_part(q + 16 * nv, tail);
     float scale = 1.0f / sqrtf((float)hd);
-    for (int p0 = 0; p0 <= last; p0 += 16) {
-        v16 acc[16];
-        for (int r = 0; r < 16; r++) {
-            int p = p0 + r <= last ? p0 + r : last; /* past the end: any valid row, result unused */
-            const float *k = kc + (size_t)p * stride;
-            v16 a = {0};
-            for (int i = 0; i < nv; i++) a += qv[i] * load16(k + 16 * i);
-            if (tail) a += qv[nv] * load_part(k + 16 * nv, tail);
-            acc[r] = a;
+    /* scores, 16 positions at a time (past the end: the last row again, results unused) */
+    for (int p0 = 0; p0 < n_pos; p0 += 16)
+        for (int k = 0; k < nh; k++) {
+            const float *q = c->q + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
+            v16 qv[17], acc[16];
+            for (int i = 0; i < nv; i++) qv[i] = load16(q + 16 * i);
+            if (tail) qv[nv] = load_part(q + 16 * nv, tail);
+            for (int r = 0; r < 16; r++) {
+                const float *kr = kc + (size_t)(p0 + r < n_pos ? p0 + r : n_pos - 1) * stride;
+                v16 a = {0};
+                for (int i = 0; i < nv; i++) a += qv[i] * load16(kr + 16 * i);
+                if (tail) a += qv[nv] * load_part(kr + 16 * nv, tail);
+                acc[r] = a;
+            }
+            v16 sc = tree16(acc) * scale;
+            memcpy(scores + k * srow + p0, &sc, sizeof sc);
         }
-        v16 sc = tree16(acc) * scale;
-        memcpy(scores + p0, &sc, sizeof sc);
+    /* softmax of each head: the largest score; e = exp(score - max) and its 16 lane sums
+       over positions p0 + lane (a tree at the end); weights e / sum. Lanes past the last
+       position are 0. */
+    int tail_pos = n_pos % 16, full = n_pos - tail_pos;
+    for (int k = 0; k < nh; k++) {
+        float *sk = scores + k * srow, max = -INFINITY;
+        for (int p = 0; p < n_pos; p++)
+            if (sk[p] > max) max = sk[p];
+        v16 sum16 = {0};
+        for (int p0 = 0; p0 < n_pos; p0 += 16) {
+            v16 e = vexp_neg(load16(sk + p0) - max);
+            if (p0 == full)
+                for (int l = tail_pos; l < 16; l++) e[l] = 0;
+            memcpy(sk + p0, &e, sizeof e);
+            sum16 += e;
+        }
+        float sum = hsum16(sum16);
+        for (int p = 0; p < n_pos; p++) sk[p] /= sum;
     }
-    /* softmax: the largest score; e = exp(score - max) and its 16 lane sums over positions
-       p0 + lane (a tree at the end); weights e / sum. Lanes past the last position are 0. */
-    int n_pos = last + 1, tail_pos = n_pos % 16, full = n_pos - tail_pos;
-    float max = -INFINITY;
-    for (int p = 0; p < n_pos; p++)
-        if (scores[p] > max) max = scores[p];
-    v16 sum16 = {0};
+    /* outputs: each head's accumulators over one block of positions at a time */
+    v16 o[ATT_HEADS][17];
+    for (int k = 0; k < nh; k++)
+        for (int i = 0; i <= nv; i++) o[k][i] = (v16){0};
     for (int p0 = 0; p0 < n_pos; p0 += 16) {
-        v16 e = vexp_neg(load16(scores + p0) - max);
-        if (p0 == full) /* the partial last block */
-            for (int l = tail_pos; l < 16; l++) e[l] = 0;
-        memcpy(scores + p0, &e, sizeof e);
-        sum16 += e;
+        int pe = p0 + 16 < n_pos ? p0 + 16 : n_pos;
+        for (int k = 0; k < nh; k++) {
+            const float *w = scores + k * srow;
+            v16 ok[17];
+            for (int i = 0; i <= nv; i++) ok[i] = o[k][i];
+            for (int p = p0; p < pe; p++) {
+                const float *vr = vc + (size_t)p * stride;
+                for (int i = 0; i < nv; i++) ok[i] += w[p] * load16(vr + 16 * i);
+                if (tail) ok[nv] += w[p] * load_part(vr + 16 * nv, tail);
+            }
+            for (int i = 0; i <= nv; i++) o[k][i] = ok[i];
+        }
     }
-    float sum = hsum16(sum16);
-    for (int p = 0; p < n_pos; p++) scores[p] /= sum;
-    v16 o[17];
-    for (int i = 0; i <= nv; i++) o[i] = (v16){0};
-    for (int p = 0; p <= last; p++) {
-        const float *v = vc + (size_t)p * stride;
-        float w = scores[p];
-        for (int i = 0; i < nv; i++) o[i] += w * load16(v + 16 * i);
-        if (tail) o[nv] += w * load_part(v + 16 * nv, tail);
-    }
-    float *out = c->att + (size_t)t * c->q_dim + (size_t)h * hd;
-    for (int i = 0; i < nv; i++) memcpy(out + 16 * i, &o[i], sizeof o[i]);
-    if (tail) memcpy(out + 16 * nv, &o[nv], (size_t)tail * sizeof(float));
-}
-
-static ALWAYS_INLINE void attend_one(const attn_job *j, int t, int h, float *scores) {
-    switch (j->c->m->hp.head_dim) {
-    case 64: attend_nv(j, t, h, scores, 4); break;
-    case 128: attend_nv(j, t, h, scores, 8); break;
-    default: attend_nv(j, t, h, scores, 0); break;
+    for (int k = 0; k < nh; k++) {
+        float *out = c->att + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
+        for (int i = 0; i < nv; i++) memcpy(out + 16 * i, &o[k][i], sizeof o[k][i]);
+        if (tail) memcpy(out + 16 * nv, &o[k][nv], (size_t)tail * sizeof(float));
     }
 }
 
-/* Pool task: thread ith takes every nth (token, head) pair, so that the later tokens of a
- * causal chunk, which attend to more positions, are spread over the threads. */
+/* Heads h0..h1-1 of token t, in passes of at most ATT_HEADS heads of one group. */
+static ALWAYS_INLINE void attend_heads(const attn_job *j, int t, int h0, int h1, float *scores) {
+    int g = j->c->m->hp.n_head / j->c->m->hp.n_head_kv;
+    for (int h = h0; h < h1;) {
+        int end = (h / g + 1) * g, nh = (end < h1 ? end : h1) - h;
+        nh = nh < ATT_HEADS ? nh : ATT_HEADS;
+        switch (j->c->m->hp.head_dim) {
+        case 64: attend_nv(j, t, h, nh, scores, 4); break;
+        case 128: attend_nv(j, t, h, nh, scores, 8); break;
+        default: attend_nv(j, t, h, nh, scores, 0); break;
+        }
+        h += nh;
+    }
+}
+
+/* Pool task. Enough (token, group) pairs: thread ith takes every nth, so that the later
+ * tokens of a causal chunk, which attend to more positions, are spread over the threads.
+ * Fewer (decode of a model with few key/value heads): thread ith takes its contiguous
+ * share of the (token, head) pairs, so that the threads are balanced to a head and each
+ * reads a group's rows once per pass. Which thread computes a head changes no bits. */
 SIMD_CLONES static void attend_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
-    int nh = j->c->m->hp.n_head, total = j->n * nh;
-    float *scores = j->c->scores + (size_t)ith * (j->c->n_ctx + 16);
-    for (int i = ith; i < total; i += nth) attend_one(j, i / nh, i % nh, scores);
+    const ps_hparams *hp = &j->c->m->hp;
+    int nh = hp->n_head, nkv = hp->n_head_kv, g = nh / nkv, units = j->n * nkv;
+    float *scores = j->c->scores + (size_t)ith * ATT_HEADS * (j->c->n_ctx + 16);
+    if (units >= 4 * nth) {
+        for (int u = ith; u < units; u += nth) attend_heads(j, u / nkv, (u % nkv) * g, (u % nkv + 1) * g, scores);
+        return;
+    }
+    int total = j->n * nh, b = (int)((int64_t)total * ith / nth), e = (int)((int64_t)total * (ith + 1) / nth);
+    for (int i = b; i < e;) { /* split at token boundaries */
+        int t = i / nh, end = (t + 1) * nh < e ? (t + 1) * nh : e;
+        attend_heads(j, t, i % nh, i % nh + (end - i), scores);
+        i = end;
+    }
 }
 
 // ---------------------------------------------------------------------------------------
