@@ -32,8 +32,9 @@ struct ps_ctx {
     float *scores;      /* (threads, ATT_HEADS, n_ctx + 16) attention weights of each thread's heads */
     float *rope_cs;     /* (max_batch, rope_dim / 2, 2) cos and sin for the chunk's positions */
     double *inv_freq;   /* (rope_dim / 2) rotation frequency of each pair */
-    float *k_cache;     /* (layers, n_ctx, kv_dim), in kv_mem */
-    float *v_cache;     /* (layers, n_ctx, kv_dim), in kv_mem */
+    float *kt, *vt;     /* (max_batch, kv_dim) the chunk's keys and values, before the cache */
+    float *k_cache;     /* (layers, n_head_kv, n_ctx, head_dim), in kv_mem: each key/value */
+    float *v_cache;     /* head's positions contiguous, as attention reads them */
     void *kv_mem;       /* kv_alloc */
     size_t kv_bytes;
     void *scratch;      /* matmul scratch */
@@ -180,6 +181,8 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     c->xb = malloc(B * hp->dim * sizeof(float));
     c->q = malloc(B * c->q_dim * sizeof(float));
     c->att = malloc(B * c->q_dim * sizeof(float));
+    c->kt = malloc(B * c->kv_dim * sizeof(float));
+    c->vt = malloc(B * c->kv_dim * sizeof(float));
     c->hb = malloc(B * hp->ffn_dim * sizeof(float));
     c->hb2 = malloc(B * hp->ffn_dim * sizeof(float));
     c->scores = malloc((size_t)threads * ATT_HEADS * (n_ctx + 16) * sizeof(float));
@@ -189,7 +192,7 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     if ((c->kv_mem = kv_alloc(c->kv_bytes))) c->k_cache = c->kv_mem, c->v_cache = c->k_cache + kv;
     size_t sb = scratch_bytes(m, p->act, max_batch, threads);
     c->scratch = sb ? malloc(sb) : NULL;
-    if (!c->x || !c->xb || !c->q || !c->att || !c->hb || !c->hb2 || !c->scores || !c->rope_cs || !c->inv_freq ||
+    if (!c->x || !c->xb || !c->q || !c->att || !c->kt || !c->vt || !c->hb || !c->hb2 || !c->scores || !c->rope_cs || !c->inv_freq ||
         !c->k_cache || !c->v_cache || (sb && !c->scratch)) {
         ps_ctx_free(c);
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for a %d-position context (KV cache %.1f MiB)", n_ctx,
@@ -202,7 +205,7 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
 
 void ps_ctx_free(ps_ctx *c) {
     if (!c) return;
-    free(c->x), free(c->xb), free(c->q), free(c->att), free(c->hb), free(c->hb2), free(c->scores);
+    free(c->x), free(c->xb), free(c->q), free(c->att), free(c->kt), free(c->vt), free(c->hb), free(c->hb2), free(c->scores);
     free(c->rope_cs), free(c->inv_freq), free(c->scratch);
     kv_free(c->kv_mem, c->kv_bytes);
     free(c);
@@ -217,7 +220,7 @@ typedef struct {
     ps_ctx *c;
     int n;           /* tokens in the chunk */
     int pos;         /* position of the first */
-    const float *kc; /* this layer's key cache (n_ctx, kv_dim) */
+    const float *kc; /* this layer's key cache (n_head_kv, n_ctx, head_dim) */
     const float *vc; /* this layer's value cache */
 } attn_job;
 
@@ -320,8 +323,8 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
     const ps_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = j->pos + t + 1;
     int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16;
-    size_t stride = (size_t)c->kv_dim, srow = (size_t)c->n_ctx + 16;
-    const float *kc = j->kc + (size_t)kvh * hd, *vc = j->vc + (size_t)kvh * hd;
+    size_t stride = (size_t)hd, srow = (size_t)c->n_ctx + 16;
+    const float *kc = j->kc + (size_t)kvh * c->n_ctx * hd, *vc = j->vc + (size_t)kvh * c->n_ctx * hd;
     float scale = 1.0f / sqrtf((float)hd);
     /* scores, 16 positions at a time (past the end: the last row again, results unused) */
     for (int p0 = 0; p0 < n_pos; p0 += 16)
@@ -463,8 +466,9 @@ static void attention_block(ps_ctx *c, int li, int n, int pos) {
     const ps_hparams *hp = &c->m->hp;
     const ps_layer *L = &c->m->layers[li];
     int dim = hp->dim, hd = hp->head_dim;
-    float *kc = c->k_cache + (size_t)li * c->n_ctx * c->kv_dim, *vc = c->v_cache + (size_t)li * c->n_ctx * c->kv_dim;
-    float *k = kc + (size_t)pos * c->kv_dim, *v = vc + (size_t)pos * c->kv_dim;
+    size_t plane = (size_t)c->n_ctx * hd; /* one key/value head's positions */
+    float *kc = c->k_cache + (size_t)li * hp->n_head_kv * plane, *vc = c->v_cache + (size_t)li * hp->n_head_kv * plane;
+    float *k = c->kt, *v = c->vt;
     for (int t = 0; t < n; t++) rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)t * dim, L->attn_norm, dim, hp->rms_eps);
     const ps_mat *qkv[] = {&L->wq, &L->wk, &L->wv};
     mm_multi(c, qkv, 3, c->xb, n, (float *[]){c->q, k, v}, (int64_t[]){c->q_dim, c->kv_dim, c->kv_dim});
@@ -482,6 +486,9 @@ static void attention_block(ps_ctx *c, int li, int n, int pos) {
             float *kh = k + (size_t)t * c->kv_dim + (size_t)h * hd;
             if (L->k_norm) rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
             rope(kh, cs, hp->rope_dim, hp->rope_neox);
+            size_t at = (size_t)h * plane + (size_t)(pos + t) * hd;
+            memcpy(kc + at, kh, (size_t)hd * sizeof(float));
+            memcpy(vc + at, v + (size_t)t * c->kv_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
         }
     }
     attn_job job = {.c = c, .n = n, .pos = pos, .kc = kc, .vc = vc};
