@@ -4,9 +4,10 @@ command lines are clear errors.
 
 On synthetic models (`pipeshard synth`, tied and untied, Q8_0 and Q4_K_M):
   * --json carries every field, with the numbers of the command line (n_prompt, n_gen, threads);
-  * decode_bytes_per_token equals the weight bytes one decode step reads, counted here from the
-    file with the `gguf` package: every layer matrix, the output head (token_embd when tied),
-    one embedding row;
+  * decode_bytes_per_token equals the bytes one decode step reads, counted here from the file
+    with the `gguf` package: every layer matrix, the output head (token_embd when tied), one
+    embedding row, and the f32 keys and values of the positions attended to (on average over
+    the steps: step i after a p-token prompt attends to p + i + 1 positions);
   * with --mem-bw G the limit is G / bytes and the share decode / limit;
   * measured bandwidth: positive and finite, share = decode / limit within the spread of the
     repetitions (each repetition's share uses its own bandwidth);
@@ -34,15 +35,20 @@ def bench(args, timeout=300):
     return subprocess.run([BIN, "bench"] + args, capture_output=True, text=True, timeout=timeout)
 
 
-def decode_bytes(path):
-    """Weight bytes one decode step reads, from the file alone."""
+def decode_bytes(path, n_prompt, n_gen):
+    """Bytes one decode step reads (mean over the steps), from the file alone:
+    (weights, keys and values)."""
     r = gguf.GGUFReader(path)
     t = {x.name: x for x in r.tensors}
     b = sum(int(x.n_bytes) for n, x in t.items() if n.startswith("blk.") and n.split(".")[2] in LAYER_MATS)
     head = t.get("output.weight", t["token_embd.weight"])
     emb = t["token_embd.weight"]
     rows = int(emb.shape[-1])  # gguf lists the row count last
-    return b + int(head.n_bytes) + int(emb.n_bytes) // rows
+    weights = b + int(head.n_bytes) + int(emb.n_bytes) // rows
+    layers = len({n.split(".")[1] for n in t if n.startswith("blk.")})
+    kv_dim = int(t["blk.0.attn_k.weight"].shape[-1])  # rows of the key projection
+    positions = sum(n_prompt + i + 1 for i in range(n_gen)) / n_gen
+    return weights, 2 * 4 * kv_dim * layers * positions
 
 
 def synth(tmp, name, typ, untied):
@@ -67,9 +73,12 @@ def case_json(path, typ, untied):
     check(j["activations"] == "q8", f"{what}: q8 activations by default")
     check(j["prefill_tok_s"] > 0 and j["decode_tok_s"] > 0, f"{what}: positive speeds {j['prefill_tok_s']:.1f} / "
           f"{j['decode_tok_s']:.1f}")
-    want = decode_bytes(path)
-    check(j["decode_bytes_per_token"] == want, f"{what}: decode bytes per token {j['decode_bytes_per_token']} == "
-          f"{want} counted from the file")
+    weights, kv = decode_bytes(path, 8, 6)
+    want = weights + kv
+    check(math.isclose(j["kv_bytes_per_token"], kv, rel_tol=1e-12), f"{what}: key/value bytes per token "
+          f"{j['kv_bytes_per_token']} == {kv} counted from the shapes")
+    check(math.isclose(j["decode_bytes_per_token"], want, rel_tol=1e-12), f"{what}: decode bytes per token "
+          f"{j['decode_bytes_per_token']} == {want} counted from the file")
     check(j["read_bandwidth_gb_s"] == 12.5, f"{what}: --mem-bw 12.5 is the bandwidth used")
     limit = 12.5e9 / want
     check(math.isclose(j["decode_limit_tok_s"], limit, rel_tol=1e-9), f"{what}: limit = bandwidth / bytes")

@@ -1,6 +1,6 @@
 /* bench.c - `pipeshard bench`: prefill and decode speed of a model on this machine, and
- * decode's share of the memory-bandwidth limit (weight bytes read per token ÷ measured
- * read bandwidth). The bandwidth is measured just before each repetition and each
+ * decode's share of the memory-bandwidth limit (weight, key and value bytes read per
+ * token ÷ measured read bandwidth). The bandwidth is measured just before each repetition and each
  * repetition's share uses its own: a virtual machine's bandwidth drifts by tens of per
  * cent within a minute, so a figure taken once would compare different moments. */
 #include <cjson/cJSON.h>
@@ -79,7 +79,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
 
 /* Bytes of weights one decode step reads: every layer matrix, the output head, one
  * embedding row. */
-static double decode_bytes(const ps_model *m) {
+static double weight_bytes(const ps_model *m) {
     double b = 0;
 #define MB(mat) ((double)ps_row_bytes((mat).type, (mat).cols) * (double)(mat).rows)
     for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
@@ -89,6 +89,13 @@ static double decode_bytes(const ps_model *m) {
     b += MB(m->output) + (double)ps_row_bytes(m->tok_embd.type, m->tok_embd.cols);
 #undef MB
     return b;
+}
+
+/* Bytes of keys and values (f32) a decode step reads, averaged over the n_gen steps after an
+ * n_prompt-token prompt: step i attends to n_prompt + i + 1 positions. */
+static double kv_bytes(const ps_model *m, long long n_prompt, long long n_gen) {
+    double per_pos = 2.0 * sizeof(float) * m->hp.n_head_kv * m->hp.head_dim * (m->layer_end - m->layer_begin);
+    return per_pos * ((double)n_prompt + (double)(n_gen + 1) / 2);
 }
 
 typedef struct {
@@ -150,8 +157,8 @@ static ps_status bench_once(ps_ctx *c, const bench_opts *o, int vocab, int32_t *
 }
 
 /* bw and share are medians over the repetitions (each share with its repetition's bw). */
-static void bench_report(const bench_opts *o, const ps_model *m, double pp, double tg, double bytes, double bw,
-                         double share) {
+static void bench_report(const bench_opts *o, const ps_model *m, double pp, double tg, double bytes, double kv,
+                         double bw, double share) {
     double limit = bw / bytes;
     if (o->json) {
         cJSON *j = cJSON_CreateObject();
@@ -164,6 +171,7 @@ static void bench_report(const bench_opts *o, const ps_model *m, double pp, doub
         cJSON_AddNumberToObject(j, "prefill_tok_s", pp);
         cJSON_AddNumberToObject(j, "decode_tok_s", tg);
         cJSON_AddNumberToObject(j, "decode_bytes_per_token", bytes);
+        cJSON_AddNumberToObject(j, "kv_bytes_per_token", kv);
         cJSON_AddNumberToObject(j, "read_bandwidth_gb_s", bw / 1e9);
         cJSON_AddNumberToObject(j, "decode_limit_tok_s", limit);
         cJSON_AddNumberToObject(j, "bandwidth_share", share);
@@ -177,8 +185,9 @@ static void bench_report(const bench_opts *o, const ps_model *m, double pp, doub
     printf("kernels    %s, %s activations, %lld threads\n", ps_matmul_isa(), ps_act_name(o->act), o->threads);
     printf("prefill    %8.1f tok/s  (pp%lld, median of %lld)\n", pp, o->n_prompt, o->reps);
     printf("decode     %8.2f tok/s  (tg%lld, median of %lld)\n", tg, o->n_gen, o->reps);
-    printf("bandwidth  %8.1f GB/s read; %.1f MB of weights per token -> limit %.2f tok/s; decode at %.0f%%\n",
-           bw / 1e9, bytes / 1e6, limit, 100 * share);
+    printf("bandwidth  %8.1f GB/s read; %.1f MB per token (%.1f MB of keys and values) -> limit %.2f tok/s; "
+           "decode at %.0f%%\n",
+           bw / 1e9, bytes / 1e6, kv / 1e6, limit, 100 * share);
     if (o->mem_bw <= 0)
         printf("           (bandwidth measured before each repetition; the share is the median of the\n"
                "            repetitions' own shares)\n");
@@ -208,7 +217,7 @@ int ps_cli_bench(int argc, char **argv) {
     if ((s = ps_ctx_create(m, &cp, pool, &c, err, sizeof err))) goto out;
     if (!(logits = malloc((size_t)m->hp.vocab * sizeof *logits))) goto out;
     for (long long i = 0; i < o.n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.vocab);
-    double bytes = decode_bytes(m);
+    double kv = kv_bytes(m, o.n_prompt, o.n_gen), bytes = weight_bytes(m) + kv;
     for (int r = 0; r < o.reps; r++) {
         double a, b;
         bw[r] = bwbuf ? measure_bandwidth(pool, bwbuf) : o.mem_bw * 1e9;
@@ -217,7 +226,7 @@ int ps_cli_bench(int argc, char **argv) {
         tg[r] = (double)o.n_gen / b;
         share[r] = tg[r] * bytes / bw[r];
     }
-    bench_report(&o, m, median(pp, (int)o.reps), median(tg, (int)o.reps), bytes, median(bw, (int)o.reps),
+    bench_report(&o, m, median(pp, (int)o.reps), median(tg, (int)o.reps), bytes, kv, median(bw, (int)o.reps),
                  median(share, (int)o.reps));
 out:
     if (s) fprintf(stderr, "pipeshard bench: %s\n", err[0] ? err : ps_strerror(s));
