@@ -269,10 +269,6 @@ static ALWAYS_INLINE v16 tree16(v16 a[16]) {
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-/* e^x for x <= 0 in every lane (the softmax's exponent): x = n ln 2 + r with |r| <= ln 2 / 2,
- * e^r by Cephes' degree-6 polynomial (within 2 ulp of e^x), times 2^n built in the exponent
- * bits; x < -87 (e^x below the smallest normal float) gives 0. Plain lane operations in a
- * fixed order, so every vector width gives the same bits. */
 typedef int32_t v16i __attribute__((vector_size(64)));
 
 /* Lanes of a where m is all ones, of b where m is 0. */
@@ -285,6 +281,10 @@ static ALWAYS_INLINE v16 select16(v16i m, v16 a, v16 b) {
     return a;
 }
 
+/* e^x for x <= 0 in every lane (the softmax's exponent): x = n ln 2 + r with |r| <= ln 2 / 2,
+ * e^r by Cephes' degree-6 polynomial (within 2 ulp of e^x), times 2^n built in the exponent
+ * bits; x < -87 (e^x below the smallest normal float) gives 0. Plain lane operations in a
+ * fixed order, so every vector width gives the same bits. */
 static ALWAYS_INLINE v16 vexp_neg(v16 x) {
     const v16 big = (v16){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     v16i tiny = x < -87.0f;
