@@ -1,8 +1,8 @@
 /* bench.c - `pipeshard bench`: prefill and decode speed of a model on this machine, and
  * decode's share of the memory-bandwidth limit (weight, key and value bytes read per
- * token ÷ measured read bandwidth). The bandwidth is measured just before each repetition and each
- * repetition's share uses its own: a virtual machine's bandwidth drifts by tens of per
- * cent within a minute, so a figure taken once would compare different moments. */
+ * token ÷ measured read bandwidth). The bandwidth is measured just before each repetition,
+ * and each repetition's share uses its own: a virtual machine's bandwidth drifts by tens of
+ * per cent within a minute, so a figure taken once would compare different moments. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,17 +205,21 @@ int ps_cli_bench(int argc, char **argv) {
     int32_t *toks = malloc((size_t)o.n_prompt * sizeof *toks);
     double *pp = calloc((size_t)o.reps, sizeof *pp), *tg = calloc((size_t)o.reps, sizeof *tg);
     double *bw = calloc((size_t)o.reps, sizeof *bw), *share = calloc((size_t)o.reps, sizeof *share);
-    uint64_t *bwbuf = o.mem_bw > 0 ? NULL : malloc(BW_WORDS * sizeof *bwbuf);
+    uint64_t *bwbuf = NULL;
     float *logits = NULL;
     ps_status s = PS_ERR_NOMEM;
-    if (!toks || !pp || !tg || !bw || !share || (o.mem_bw <= 0 && !bwbuf)) goto out;
-    if (bwbuf)
-        for (size_t i = 0; i < BW_WORDS; i++) bwbuf[i] = i;
+    if (!toks || !pp || !tg || !bw || !share) goto out;
     if ((s = ps_model_load(o.model, &m, err, sizeof err))) goto out;
     if ((s = ps_pool_create((int)o.threads, &pool))) goto out;
     ps_ctx_params cp = {.n_ctx = (int)(o.n_prompt + o.n_gen), .max_batch = (int)o.n_prompt, .act = o.act};
     if ((s = ps_ctx_create(m, &cp, pool, &c, err, sizeof err))) goto out;
+    s = PS_ERR_NOMEM;
     if (!(logits = malloc((size_t)m->hp.vocab * sizeof *logits))) goto out;
+    if (o.mem_bw <= 0) {
+        if (!(bwbuf = malloc(BW_WORDS * sizeof *bwbuf))) goto out;
+        for (size_t i = 0; i < BW_WORDS; i++) bwbuf[i] = i;
+    }
+    s = PS_OK;
     for (long long i = 0; i < o.n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.vocab);
     double kv = kv_bytes(m, o.n_prompt, o.n_gen), bytes = weight_bytes(m) + kv;
     for (int r = 0; r < o.reps; r++) {
