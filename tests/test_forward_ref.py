@@ -359,15 +359,15 @@ def test_invariance():
 
 
 # ---------------------------------------------------------------- synthetic architectures
-def synth_case(arch, **kw):
+def synth_case(arch, name=None, **kw):
     from ref.synth import write_model
-    path = write_model(os.path.join(TMP, f"synth-{arch}.gguf"), arch, **kw)
+    name = name or f"synth-{arch}"
+    path = write_model(os.path.join(TMP, f"{name}.gguf"), arch, **kw)
     ref = Model(path)
     ref_ids, ref_lg = greedy(ref, SYNTH_PROMPT, SYNTH_STEPS)
-    maxd, _, div = compare_greedy(f"synth-{arch}", path, ref_ids, ref_lg, SYNTH_PROMPT,
-                                  tol_flip=10 * SYNTH_TOL)
+    maxd, _, div = compare_greedy(name, path, ref_ids, ref_lg, SYNTH_PROMPT, tol_flip=10 * SYNTH_TOL)
     m = float(np.nanmax(maxd))
-    print(f"  synth-{arch}: ids {ref_ids[:12]}...; max |engine - reference| logit = {m:.3g} "
+    print(f"  {name}: ids {ref_ids[:12]}...; max |engine - reference| logit = {m:.3g} "
           f"(tolerance {SYNTH_TOL}), divergences {div}")
     assert m < SYNTH_TOL, f"logits differ by {m} (> {SYNTH_TOL})"
 
@@ -386,6 +386,13 @@ def test_synth_qwen3():
     synth_case("qwen3", n_head=4, n_head_kv=2, head_dim=32)
 
 
+def test_synth_head_dims():
+    # the attention's specialised paths: head_dim 128 (8 vectors, four query heads per key/value
+    # head in one pass) and 40 (two vectors and a partial one, three query heads per group)
+    synth_case("llama", name="synth-hd128", n_head=4, n_head_kv=1, head_dim=128, embd_scale=0.3, weight_scale=2.0)
+    synth_case("llama", name="synth-hd40", n_head=6, n_head_kv=2, head_dim=40, embd_scale=0.3, weight_scale=2.0)
+
+
 CASES = [
     ("stories260K", test_stories260k),
     ("smollm2", test_smollm2),
@@ -394,6 +401,7 @@ CASES = [
     ("smollm2-f32", test_smollm2_f32),
     ("synth-qwen2", test_synth_qwen2),
     ("synth-qwen3", test_synth_qwen3),
+    ("synth-head-dims", test_synth_head_dims),
 ]
 
 
