@@ -3,11 +3,15 @@
     from pstest import check, verdict, reexec_with_asan
     check(cond, "what went wrong")   # counts, prints FAIL lines on stderr, returns cond
     return verdict()                 # prints "ok: N checks" or "FAILED: ..."; 0 or 1
+    tmp = tmpdir("name-")            # a fresh folder under $PS_TEST_TMP (or the system's)
+    return conclude(tmp, t0)         # removes it unless a check failed, then verdict()
 """
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 _count = {"checks": 0, "failures": 0}
@@ -34,6 +38,25 @@ def verdict(extra=""):
         return 1
     print(f"ok: {n} checks{extra}")
     return 0
+
+
+def tmpdir(prefix):
+    """A fresh folder for a test's files, under $PS_TEST_TMP when it is set (created if need
+    be), else the system's temporary folder."""
+    base = os.environ.get("PS_TEST_TMP") or None
+    if base:
+        os.makedirs(base, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
+def conclude(tmp, t0):
+    """Removes tmp, or keeps it (and says so) when a check failed; returns verdict() with the
+    time since t0."""
+    if failures():
+        print(f"logs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return verdict(f" in {time.time() - t0:.1f} s")
 
 
 def reexec_with_asan(lib=None):

@@ -42,14 +42,13 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import xxhash  # noqa: E402
-from pstest import check, failures, verdict  # noqa: E402
+from pstest import check, conclude, tmpdir  # noqa: E402
 import psworker  # noqa: E402
 from psworker import HDR, MAGIC, die_with_parent, frame, pstr, san_check  # noqa: E402
 
@@ -669,10 +668,7 @@ def main():
     if not os.access(BIN, os.X_OK):
         print(f"PIPESHARD_BIN={BIN} is not executable")
         return 1
-    base = os.environ.get("PS_TEST_TMP") or None
-    if base:
-        os.makedirs(base, exist_ok=True)
-    TMP = tempfile.mkdtemp(prefix="pipeline-", dir=base)
+    TMP = tmpdir("pipeline-")
     SANITIZED = sanitized()
     t0 = time.time()
     try:
@@ -686,11 +682,7 @@ def main():
         case_split_cache(ms[0])
     finally:
         stop_all(WORKERS)
-    if failures():
-        print(f"logs kept in {TMP}")
-    else:
-        shutil.rmtree(TMP, ignore_errors=True)
-    return verdict(f" in {time.time() - t0:.1f} s")
+    return conclude(TMP, t0)
 
 
 if __name__ == "__main__":

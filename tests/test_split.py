@@ -30,13 +30,12 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gguf  # noqa: E402
 import xxhash  # noqa: E402
-from pstest import reexec_with_asan  # noqa: E402
+from pstest import reexec_with_asan, tmpdir  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN")
 TMP = None
@@ -661,9 +660,7 @@ def main():
         LIB = Lib(libpath)
     else:
         print(f"note: PS_LIBPSCORE={libpath!r} is absent: the library cases are skipped")
-    base = os.environ.get("PS_TEST_TMP") or tempfile.gettempdir()
-    os.makedirs(base, exist_ok=True)
-    TMP = tempfile.mkdtemp(prefix="split-", dir=base)
+    TMP = tmpdir("split-")
     failed = skipped = 0
     for name, fn in CASES:
         print(f"{name}:")

@@ -47,18 +47,16 @@ report under the sanitizer build). Exit 0 pass, 1 fail, 77 skip (no pipeshard bi
 import json
 import os
 import random
-import shutil
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import xxhash  # noqa: E402
-from pstest import check, failures, verdict  # noqa: E402
+from pstest import check, conclude, tmpdir, verdict  # noqa: E402
 import psworker  # noqa: E402
 from psworker import HDR, MAGIC, frame, pstr, san_check  # noqa: E402
 
@@ -315,16 +313,22 @@ def setup_chain(**kw):
     return c1, c2, s
 
 
+def sampled_token(sender, last, payload, what):
+    """Sends a micro-batch on sender; the token the last stage answers on last (None on
+    failure). Closes both connections."""
+    try:
+        sender.send(FORWARD, payload)
+        p = expect_frame(last, TOKENS, what)
+        return parse_tokens(p)[3] if p is not None else None
+    finally:
+        sender.close()
+        last.close()
+
+
 def chain_token(payload, what):
     """Runs a micro-batch through stage 1 and stage 2; the token stage 2 sampled (None on failure)."""
     c1, c2, _ = setup_chain()
-    try:
-        c1.send(FORWARD, payload)
-        p = expect_frame(c2, TOKENS, what)
-        return parse_tokens(p)[3] if p is not None else None
-    finally:
-        c1.close()
-        c2.close()
+    return sampled_token(c1, c2, payload, what)
 
 
 def last_token(payload, what):
@@ -332,13 +336,7 @@ def last_token(payload, what):
     s = new_session()
     c2 = setup_last(s)
     prev = handshake(W2.addr, ROLE_PREV, 1, s)
-    try:
-        prev.send(FORWARD, payload)
-        p = expect_frame(c2, TOKENS, what)
-        return parse_tokens(p)[3] if p is not None else None
-    finally:
-        prev.close()
-        c2.close()
+    return sampled_token(prev, c2, payload, what)
 
 
 # ------------------------------------------------------------------------------ checks after attacks
@@ -977,10 +975,7 @@ def main():
     if not os.access(BIN, os.X_OK):
         print(f"skipped: PIPESHARD_BIN={BIN} is not executable")
         return 77
-    base = os.environ.get("PS_TEST_TMP") or None
-    if base:
-        os.makedirs(base, exist_ok=True)
-    TMP = tempfile.mkdtemp(prefix="worker-fuzz-", dir=base)
+    TMP = tmpdir("worker-fuzz-")
     t0 = time.time()
     workers = []
     try:
@@ -1036,11 +1031,7 @@ def main():
             w.stop()
             san_check(w.text(), f"worker {w.name} at exit")
             check(w.p.returncode == 0, f"worker {w.name} exited {w.p.returncode} on SIGTERM")
-    if failures():
-        print(f"logs kept in {TMP}")
-    else:
-        shutil.rmtree(TMP, ignore_errors=True)
-    return verdict(f" in {time.time() - t0:.1f} s")
+    return conclude(TMP, t0)
 
 
 if __name__ == "__main__":

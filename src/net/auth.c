@@ -271,6 +271,28 @@ static ps_status run_check(ps_conn *c, ps_hello_check_fn check, void *ctx, const
 }
 
 
+/* Reads the body HELLO and HELLO_REPLY share — the hello, a nonce, the has_key flag, and for
+ * HELLO_REPLY (proof non-NULL) the proof — and refuses a malformed one. what names the
+ * message. */
+static ps_status read_hello_body(ps_conn *c, ps_rbuf *r, const char *what, ps_hello *peer,
+                                 uint8_t nonce[HS_NONCE_BYTES], uint8_t *has_key, const uint8_t **proof,
+                                 int timeout_ms, char *err, size_t errlen) {
+    char why[160];
+    hello_get(r, peer);
+    const uint8_t *n = ps_rbuf_bytes(r, HS_NONCE_BYTES);
+    *has_key = ps_rbuf_u8(r);
+    if (proof) *proof = ps_rbuf_bytes(r, HS_PROOF_BYTES);
+    if (r->bad || r->off != r->len)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed %s (%zu bytes)", what, r->len);
+    if (!hello_valid(peer, why, sizeof why))
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed %s: %s", what, why);
+    if (*has_key > 1)
+        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed %s: has_key is %u", what,
+                      (unsigned)*has_key);
+    memcpy(nonce, n, HS_NONCE_BYTES);
+    return PS_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Client */
 
@@ -278,19 +300,10 @@ static ps_status run_check(ps_conn *c, ps_hello_check_fn check, void *ctx, const
 static ps_status client_check_reply(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, ps_rbuf *r,
                                     ps_hello *peer, uint8_t nonce_s[HS_NONCE_BYTES], int timeout_ms, char *err,
                                     size_t errlen) {
-    char why[160];
-    hello_get(r, peer);
-    const uint8_t *ns = ps_rbuf_bytes(r, HS_NONCE_BYTES);
-    uint8_t has_key = ps_rbuf_u8(r);
-    const uint8_t *proof_s = ps_rbuf_bytes(r, HS_PROOF_BYTES);
-    if (r->bad || r->off != r->len)
-        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO_REPLY (%zu bytes)", r->len);
-    if (!hello_valid(peer, why, sizeof why))
-        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO_REPLY: %s", why);
-    if (has_key > 1)
-        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO_REPLY: has_key is %u",
-                      (unsigned)has_key);
-    memcpy(nonce_s, ns, HS_NONCE_BYTES);
+    uint8_t has_key;
+    const uint8_t *proof_s;
+    ps_status st = read_hello_body(c, r, "HELLO_REPLY", peer, nonce_s, &has_key, &proof_s, timeout_ms, err, errlen);
+    if (st != PS_OK) return st;
     if (key && !has_key)
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "we require a shared key (--key-file) but the peer has none");
     if (!key && has_key)
@@ -348,24 +361,14 @@ static ps_status server_get_hello(ps_conn *c, const uint8_t *key, int timeout_ms
                                   uint8_t nonce_c[HS_NONCE_BYTES], char *err, size_t errlen) {
     ps_frame_hdr h;
     ps_rbuf r;
-    char why[160];
     ps_status st = expect(c, PS_MSG_HELLO, timeout_ms, &h, &r, err, errlen);
     if (st == PS_ERR_PROTOCOL && h.magic == PS_NET_MAGIC && h.version != PS_NET_VERSION)
         return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen,
                       "protocol version %u is not supported; this worker speaks %d", (unsigned)h.version,
                       PS_NET_VERSION);
     if (st != PS_OK) return st;
-    hello_get(&r, peer);
-    const uint8_t *nc = ps_rbuf_bytes(&r, HS_NONCE_BYTES);
-    uint8_t has_key = ps_rbuf_u8(&r);
-    if (r.bad || r.off != r.len)
-        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO (%zu bytes)", r.len);
-    if (!hello_valid(peer, why, sizeof why))
-        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO: %s", why);
-    if (has_key > 1)
-        return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed HELLO: has_key is %u",
-                      (unsigned)has_key);
-    memcpy(nonce_c, nc, HS_NONCE_BYTES);
+    uint8_t has_key;
+    if ((st = read_hello_body(c, &r, "HELLO", peer, nonce_c, &has_key, NULL, timeout_ms, err, errlen))) return st;
     if (key && !has_key)
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "this worker requires a shared key (--key-file)");
     if (!key && has_key)
