@@ -14,6 +14,8 @@
 /* Heads attended in one pass (at most): the heads of a key/value group share every K and V
  * row, which the first head brings into L1 for the others. */
 #define ATT_HEADS 8
+/* Floats per head in a thread's scores: every position, rounded up to whole 16-lane blocks. */
+#define SCORES_ROW(n_ctx) ((size_t)(n_ctx) + 16)
 
 struct ps_ctx {
     const ps_model *m;
@@ -29,7 +31,7 @@ struct ps_ctx {
     float *att;         /* (max_batch, q_dim) attention output */
     float *hb;          /* (max_batch, ffn_dim) gate, then silu(gate) * up */
     float *hb2;         /* (max_batch, ffn_dim) up */
-    float *scores;      /* (threads, ATT_HEADS, n_ctx + 16) attention weights of each thread's heads */
+    float *scores;      /* (threads, ATT_HEADS, SCORES_ROW(n_ctx)) attention weights of each thread's heads */
     float *rope_cs;     /* (max_batch, rope_dim / 2, 2) cos and sin for the chunk's positions */
     double *inv_freq;   /* (rope_dim / 2) rotation frequency of each pair */
     float *kt, *vt;     /* (max_batch, kv_dim) the chunk's keys and values, before the cache */
@@ -80,6 +82,13 @@ static void kv_free(void *p, size_t bytes) {
 // ---------------------------------------------------------------------------------------
 // Vector helpers (fixed reduction order: 16 lanes, then a fixed tree)
 
+/* The sum of 16 lanes in the one fixed tree: l + 8 into l, then l + 4, l + 2, l + 1. */
+static ALWAYS_INLINE float tree_sum16(float l[16]) {
+    for (int w = 8; w; w >>= 1)
+        for (int i = 0; i < w; i++) l[i] += l[i + w];
+    return l[0];
+}
+
 /* sum a[i] * b[i] for i < n, in an order that depends only on n. */
 static ALWAYS_INLINE float dot_f32(const float *a, const float *b, int n) {
     float acc[16] = {0};
@@ -87,9 +96,7 @@ static ALWAYS_INLINE float dot_f32(const float *a, const float *b, int n) {
     for (; i + 16 <= n; i += 16)
         for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
     for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
-    for (int w = 8; w; w >>= 1)
-        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-    return acc[0];
+    return tree_sum16(acc);
 }
 
 /* out = x / rms(x) * w over n elements (out may alias x). */
@@ -185,7 +192,7 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     c->vt = malloc(B * c->kv_dim * sizeof(float));
     c->hb = malloc(B * hp->ffn_dim * sizeof(float));
     c->hb2 = malloc(B * hp->ffn_dim * sizeof(float));
-    c->scores = malloc((size_t)threads * ATT_HEADS * (n_ctx + 16) * sizeof(float));
+    c->scores = malloc((size_t)threads * ATT_HEADS * SCORES_ROW(n_ctx) * sizeof(float));
     c->rope_cs = malloc(B * hp->rope_dim * sizeof(float));
     c->inv_freq = malloc((size_t)hp->rope_dim / 2 * sizeof(double) + 1);
     c->kv_bytes = 2 * kv * sizeof(float) + 64; /* never 0 */
@@ -308,22 +315,20 @@ static ALWAYS_INLINE v16 vexp_neg(v16 x) {
 static ALWAYS_INLINE float hsum16(v16 a) {
     float l[16];
     memcpy(l, &a, sizeof l);
-    for (int w = 8; w; w >>= 1)
-        for (int i = 0; i < w; i++) l[i] += l[i + w];
-    return l[0];
+    return tree_sum16(l);
 }
 
 /* Causal attention of heads h0..h0+nh-1 of token t, all of one key/value group:
  * att = softmax(q·K / sqrt(hd)) V over positions 0..pos+t, each head's sums in position
  * order (the order does not depend on which heads share the pass). NV = hd / 16 when hd is
  * a multiple of 16 (the compiler keeps a head's vectors in registers), else 0 (any
- * hd <= 256). scores: nh rows of n_ctx + 16 floats. */
+ * hd <= 256). scores: nh rows of SCORES_ROW(n_ctx) floats. */
 static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, float *scores, const int NV) {
     const ps_ctx *c = j->c;
     const ps_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = j->pos + t + 1;
     int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16;
-    size_t stride = (size_t)hd, srow = (size_t)c->n_ctx + 16;
+    size_t stride = (size_t)hd, srow = SCORES_ROW(c->n_ctx);
     const float *kc = j->kc + (size_t)kvh * c->n_ctx * hd, *vc = j->vc + (size_t)kvh * c->n_ctx * hd;
     float scale = 1.0f / sqrtf((float)hd);
     /* scores, 16 positions at a time (past the end: the last row again, results unused) */
@@ -411,7 +416,7 @@ SIMD_CLONES static void attend_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     const ps_hparams *hp = &j->c->m->hp;
     int nh = hp->n_head, nkv = hp->n_head_kv, g = nh / nkv, units = j->n * nkv;
-    float *scores = j->c->scores + (size_t)ith * ATT_HEADS * (j->c->n_ctx + 16);
+    float *scores = j->c->scores + (size_t)ith * ATT_HEADS * SCORES_ROW(j->c->n_ctx);
     if (units >= 4 * nth) {
         for (int u = ith; u < units; u += nth) attend_heads(j, u / nkv, (u % nkv) * g, (u % nkv + 1) * g, scores);
         return;
