@@ -1,8 +1,15 @@
-/* ps.c - status messages. */
+/* ps.c - status messages and the clock. */
 #include "ps.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
+
+double ps_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static const char *const status_msg[PS_STATUS_COUNT] = {
     [PS_OK] = "ok",

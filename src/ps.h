@@ -34,6 +34,9 @@ const char *ps_strerror(ps_status s);
 ps_status ps_errf(char *err, size_t errlen, ps_status s, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Monotonic clock in seconds. */
+double ps_now(void);
+
 #define PS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

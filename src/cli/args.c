@@ -6,7 +6,6 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 const char *ps_arg_value(const char *cmd, int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
@@ -55,10 +54,4 @@ int ps_cpu_count(void) {
         if (n > 0) return n;
     }
     return 1;
-}
-
-double ps_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
 #include "../stage/stage.h"
 
@@ -42,11 +41,7 @@ struct ps_coord {
     char err[600];
 };
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+static double now_ms(void) { return ps_now() * 1e3; }
 
 // ---------------------------------------------------------------------------------------
 // Connecting the fleet

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "stage.h"
@@ -39,11 +38,7 @@ typedef struct {
     char err[512];
 } worker;
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+static double now_ms(void) { return ps_now() * 1e3; }
 
 /* One line on stderr: "pipeshard worker: stage K: ...". */
 static void say(const worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
