@@ -25,18 +25,12 @@ static ps_status plan(const char *model, int n, int *bounds, char *err, size_t e
     ps_gguf *g;
     ps_status s = ps_gguf_open(model, &g, err, errlen);
     if (s) return s;
-    ps_gguf_str arch;
-    char key[96];
-    uint32_t n_layer = 0;
-    s = ps_gguf_get_str(g, "general.architecture", &arch, err, errlen);
-    if (!s) {
-        snprintf(key, sizeof key, "%.*s.block_count", (int)(arch.len > 64 ? 64 : arch.len), arch.data);
-        s = ps_gguf_get_u32(g, key, &n_layer, err, errlen);
-    }
-    uint64_t *lb = s ? NULL : calloc(n_layer ? n_layer : 1, sizeof *lb), eb = 0, hb = 0;
+    int n_layer = 0;
+    s = ps_shard_n_layer(g, &n_layer, err, errlen);
+    uint64_t *lb = s ? NULL : calloc((size_t)n_layer, sizeof *lb), eb = 0, hb = 0;
     if (!s && !lb) s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-    if (!s) s = ps_shard_layer_bytes(g, (int)n_layer, lb, &eb, &hb, err, errlen);
-    if (!s) s = ps_shard_plan(lb, (int)n_layer, eb, hb, n, bounds, err, errlen);
+    if (!s) s = ps_shard_layer_bytes(g, n_layer, lb, &eb, &hb, err, errlen);
+    if (!s) s = ps_shard_plan(lb, n_layer, eb, hb, n, bounds, err, errlen);
     free(lb);
     ps_gguf_close(g);
     return s;

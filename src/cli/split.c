@@ -154,22 +154,6 @@ static bool parse_workers(const char *list, int n_stages, char *buf, size_t cap,
 // ---------------------------------------------------------------------------------------
 // Plan
 
-/* The model's layer count, "<general.architecture>.block_count"; exit status 1 on failure. */
-static int model_layers(const ps_gguf *g, const char *path, int *n_layer) {
-    ps_gguf_str arch;
-    char key[160], err[256] = "";
-    if (ps_gguf_get_str(g, "general.architecture", &arch, err, sizeof err))
-        return fail(1, "%s: %s", path, *err ? err : "metadata lacks 'general.architecture'");
-    snprintf(key, sizeof key, "%.*s.block_count", (int)(arch.len > 100 ? 100 : arch.len), arch.data);
-    uint32_t v;
-    ps_status s = ps_gguf_get_u32(g, key, &v, err, sizeof err);
-    if (s == PS_ERR_NOT_FOUND) return fail(1, "%s: metadata lacks '%s'", path, key);
-    if (s) return fail(1, "%s: %s", path, err);
-    if (v < 1 || v > 1u << 20) return fail(1, "%s: %s = %u is out of range", path, key, v);
-    *n_layer = (int)v;
-    return 0;
-}
-
 /* Opens the model and decides the layer bounds (from --layers or the default plan) and the
  * stage count; returns -1 to go on, else the exit status. */
 static int plan(const opts *o, int *bounds, int *n_stages) {
@@ -188,8 +172,10 @@ static int plan(const opts *o, int *bounds, int *n_stages) {
         fail(1, "%s is a shard (stage %d of %d), not a whole model", o->model, meta.stage_index, meta.stage_count);
         goto out;
     }
-    if ((rc = model_layers(g, o->model, &n_layer))) goto out;
-    rc = 1;
+    if ((s = ps_shard_n_layer(g, &n_layer, err, sizeof err))) {
+        fail(1, "%s: %s", o->model, err);
+        goto out;
+    }
     if (!(lb = malloc((size_t)n_layer * sizeof *lb))) {
         fail(1, "out of memory");
         goto out;

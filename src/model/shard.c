@@ -163,6 +163,21 @@ static bool stage_holds(place_kind kind, int layer, int k, int n, int begin, int
 /* See shard.h. Every tensor must have a place (classify) and every layer at least one
  * tensor; the embedding must be present. Tied models (no output.weight) count the
  * embedding's bytes in the head too, since the last stage gets a copy. */
+ps_status ps_shard_n_layer(const ps_gguf *g, int *n_layer, char *err, size_t errlen) {
+    ps_gguf_str arch;
+    char key[160], why[256] = "";
+    if (ps_gguf_get_str(g, "general.architecture", &arch, why, sizeof why))
+        return ps_errf(err, errlen, PS_ERR_FORMAT, "%s", *why ? why : "metadata lacks 'general.architecture'");
+    snprintf(key, sizeof key, "%.*s.block_count", (int)(arch.len > 100 ? 100 : arch.len), arch.data);
+    uint32_t v;
+    ps_status s = ps_gguf_get_u32(g, key, &v, why, sizeof why);
+    if (s == PS_ERR_NOT_FOUND) return ps_errf(err, errlen, s, "metadata lacks '%s'", key);
+    if (s) return ps_errf(err, errlen, s, "%s", why);
+    if (v < 1 || v > 1u << 20) return ps_errf(err, errlen, PS_ERR_RANGE, "%s = %u is out of range", key, v);
+    *n_layer = (int)v;
+    return PS_OK;
+}
+
 ps_status ps_shard_layer_bytes(const ps_gguf *g, int n_layer, uint64_t *layer_bytes, uint64_t *embed_bytes,
                                uint64_t *head_bytes, char *err, size_t errlen) {
     if (!g || !layer_bytes || !embed_bytes || !head_bytes)

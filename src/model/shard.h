@@ -37,6 +37,10 @@
  * low64, as Python's xxhash.xxh3_128_hexdigest prints it). */
 ps_status ps_fingerprint_file(const char *path, char hex[33], char *err, size_t errlen);
 
+/* The model's layer count, "<general.architecture>.block_count" (1..2^20); err says which
+ * key is missing or out of range. */
+ps_status ps_shard_n_layer(const ps_gguf *g, int *n_layer, char *err, size_t errlen);
+
 /* Bytes of each layer's tensors in g (n_layer entries, caller-allocated), and of the
  * embedding and head (head = output_norm + output, or the tied embedding's size). */
 ps_status ps_shard_layer_bytes(const ps_gguf *g, int n_layer, uint64_t *layer_bytes, uint64_t *embed_bytes,
