@@ -119,19 +119,6 @@ static ps_status make_key(ps_local_fleet *lf, const char *key_file, char *path, 
     return ps_net_key_load(path, lf->key, err, errlen);
 }
 
-/* mkdir -p: creates path and its missing parents (mode 0700). */
-static bool make_dirs(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0700) && errno != EEXIST) return false;
-            *p = '/';
-        }
-    return !mkdir(buf, 0700) || errno == EEXIST;
-}
-
 /* The directory of the split cache ($PIPESHARD_CACHE, else $XDG_CACHE_HOME/pipeshard, else
  * ~/.cache/pipeshard), or false when caching is off (PIPESHARD_CACHE=off) or unknown. */
 static bool cache_root(char *out, size_t cap) {
@@ -170,8 +157,10 @@ static ps_status get_split(ps_local_fleet *lf, const char *model, int n, char *e
         size_t len = strlen(dir);
         snprintf(dir + len, sizeof dir - len, "/splits/%s-%d", fp, n);
         if (cached_split_ok(dir, fp, n, bounds, &lf->fleet)) return PS_OK;
-        if (!make_dirs(dir)) return ps_errf(err, errlen, PS_ERR_IO, "cannot create the split cache %s: %s "
-                                            "(PIPESHARD_CACHE=off splits into a temporary directory)", dir, strerror(errno));
+        char why[4400];
+        if (ps_make_dirs(dir, 0700, why, sizeof why))
+            return ps_errf(err, errlen, PS_ERR_IO, "cannot create the split cache %s: %s (PIPESHARD_CACHE=off splits "
+                           "into a temporary directory)", dir, why);
     } else {
         snprintf(dir, sizeof dir, "%s/shards", lf->dir);
         if (mkdir(dir, 0700)) return ps_errf(err, errlen, PS_ERR_IO, "cannot create %s: %s", dir, strerror(errno));

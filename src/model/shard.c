@@ -410,8 +410,7 @@ static bool address_ok(const char *s) {
     return true;
 }
 
-/* Creates dir and any missing parents (like mkdir -p). */
-static ps_status make_dirs(const char *dir, char *err, size_t errlen) {
+ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen) {
     char path[4096];
     size_t len = strlen(dir);
     if (!len || len >= sizeof path) return ps_errf(err, errlen, PS_ERR_ARG, "output directory name is empty or too long");
@@ -421,7 +420,7 @@ static ps_status make_dirs(const char *dir, char *err, size_t errlen) {
         char c = path[i];
         path[i] = 0;
         struct stat sb;
-        if (mkdir(path, 0755) < 0 && errno != EEXIST)
+        if (mkdir(path, (mode_t)mode) < 0 && errno != EEXIST)
             return ps_errf(err, errlen, PS_ERR_IO, "cannot create directory '%s': %s", path, strerror(errno));
         if (stat(path, &sb) < 0 || !S_ISDIR(sb.st_mode))
             return ps_errf(err, errlen, PS_ERR_IO, "cannot create directory '%s': '%s' is not a directory", dir, path);
@@ -737,7 +736,7 @@ ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds
         stage_tensors(&sc, k);
         for (int i = 0; i < sc.n_list; i++) sc.total += sc.list[i].src->nbytes;
     }
-    if ((s = ps_fingerprint_file(model_path, sc.model_fp, err, errlen)) || (s = make_dirs(dir, err, errlen))) goto out;
+    if ((s = ps_fingerprint_file(model_path, sc.model_fp, err, errlen)) || (s = ps_make_dirs(dir, 0755, err, errlen))) goto out;
     for (int k = 0; k < n_stages; k++) {
         snprintf(shards[k], sizeof shards[k], "stage-%d.gguf", k);
         struct stat sb;

@@ -37,6 +37,10 @@
  * low64, as Python's xxhash.xxh3_128_hexdigest prints it). */
 ps_status ps_fingerprint_file(const char *path, char hex[33], char *err, size_t errlen);
 
+/* Creates dir and any missing parents with the given mode (like mkdir -p); an existing
+ * path that is not a directory is an error. */
+ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen);
+
 /* The model's layer count, "<general.architecture>.block_count" (1..2^20); err says which
  * key is missing or out of range. */
 ps_status ps_shard_n_layer(const ps_gguf *g, int *n_layer, char *err, size_t errlen);
