@@ -78,7 +78,7 @@ class Worker:
         with open(self.log, errors="replace") as f:
             return f.read()
 
-    def wait_log(self, needle, timeout=5.0, since=0):
+    def wait_log(self, needle, timeout=30.0, since=0):
         """Whether needle shows up in the log (from character since on) within timeout: the worker
         may write its line just after its peer has gone."""
         deadline = time.time() + timeout

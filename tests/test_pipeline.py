@@ -36,6 +36,7 @@ test on the ASan build too). Workers die with the test (PR_SET_PDEATHSIG). Exit 
 """
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -474,12 +475,16 @@ def case_refusals(m):
 
 
 def busy(m, fleet, plain):
+    """The first run holds stage 2 from its session line on, for about 2 s (100 tokens, each 20 ms
+    late on the coordinator's hop): the second run comes in that window."""
     args = [BIN, "run", "--fleet", fleet, "-n", "100", "--ignore-eos", "--print-ids", "-t", "1",
-            "--sim-latency-ms", "10"] + m.prompt + GREEDY
+            "--sim-latency-ms", "20"] + m.prompt + GREEDY
+    mark = len(plain[1].text())
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     try:
-        time.sleep(0.5)
+        check(plain[1].wait_log(": session ", since=mark),
+              f"busy: the first run started no session on stage 2: {plain[1].text()[mark:][-1500:]}")
         p = pipeshard(["run", "--fleet", fleet] + m.prompt + GEN + GREEDY, 60)
         running = first.poll() is None
         out, err = first.communicate(timeout=60)
@@ -539,13 +544,28 @@ def long_run(fleet, m):
                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
 
+def read_ids(p, n, timeout=60):
+    """What run p prints on stdout until it has printed n ids (it flushes each), closed stdout, or
+    timeout s passed. Read raw from the pipe, so p.communicate() can take over after."""
+    got, deadline = b"", time.time() + timeout
+    while len(got.split()) < n and time.time() < deadline:
+        if select.select([p.stdout], [], [], max(0.0, deadline - time.time()))[0]:
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            got += chunk
+    return got.decode()
+
+
 def interrupted(fleet, m, ws, k, sig, limit_s, what):
-    """Starts a long run, sends sig to worker k after ~1 s; run must fail within limit_s naming it,
-    the tokens printed before being the unsplit run's. Returns run's stderr."""
+    """Starts a long run, sends sig to worker k once 11 tokens have come; run must fail within
+    limit_s naming it, the tokens printed before being the unsplit run's. Returns run's stderr."""
     p = long_run(fleet, m)
     try:
-        time.sleep(1.0)
-        check(p.poll() is None, f"{what}: the long run ended within 1 s (rc {p.returncode}): nothing interrupted")
+        early = read_ids(p, 11)
+        n = len(early.split())
+        check(n >= 11 and p.poll() is None,
+              f"{what}: the long run printed {n} tokens in 60 s (rc {p.poll()}): not 11 while running")
         ws[k - 1].p.send_signal(sig)
         t0 = time.time()
         try:
@@ -554,6 +574,7 @@ def interrupted(fleet, m, ws, k, sig, limit_s, what):
             p.kill()
             out, err = p.communicate()
             err += "\n(still running: killed by the test)"
+        out = early + out
         took = time.time() - t0
     finally:
         if p.poll() is None:
@@ -569,6 +590,15 @@ def interrupted(fleet, m, ws, k, sig, limit_s, what):
     check(got == want[:len(got)], f"{what}: the {len(got)} tokens before the failure are not the unsplit run's")
     print(f"  {what}: run failed after {took:.1f} s: {err.strip()[-300:]}")
     return err
+
+
+def resume(w, mark, what):
+    """SIGCONT to a stalled worker, then waits until it has ended the failed run's session (logged
+    after mark): until then it may still have that coordinator's frames to read, and would refuse
+    the next one as busy."""
+    w.p.send_signal(signal.SIGCONT)
+    check(w.wait_log(" ended: ", since=mark),
+          f"{what}: once resumed, worker {w.name} did not end the session: {w.text()[mark:][-1500:]}")
 
 
 def case_failures(m):
@@ -595,13 +625,15 @@ def case_failures(m):
         ws[0] = Worker(shard(fleet, 1), "fail-w1-restarted", port=ws[0].port)
         serves(f, m, "stage 1 restarted on the same port")
         # SIGSTOP stage 2: nothing closes, the coordinator must notice the silence
+        mark = len(ws[1].text())
         err = interrupted(f, m, ws, 2, signal.SIGSTOP, TIMEOUT_MS / 1e3 + 1 + 3, "stage 2 stalled")
         check("did not answer" in err, f"stage 2 stalled: run's stderr does not say it did not answer: {err[-800:]}")
-        ws[1].p.send_signal(signal.SIGCONT)
+        resume(ws[1], mark, "stage 2 stalled")
         serves(f, m, "stage 2 stalled then resumed")
         # SIGSTOP stage 1: the coordinator's own next hop falls silent
+        mark = len(ws[0].text())
         err = interrupted(f, m, ws, 1, signal.SIGSTOP, TIMEOUT_MS / 1e3 + 1 + 3, "stage 1 stalled")
-        ws[0].p.send_signal(signal.SIGCONT)
+        resume(ws[0], mark, "stage 1 stalled")
         serves(f, m, "stage 1 stalled then resumed")
         for w in ws:
             check(w.alive(), f"worker {w.name} died: {w.text()[-1500:]}")

@@ -209,10 +209,12 @@ class Refused(Exception):
     pass
 
 
-def handshake(addr, role=ROLE_COORD, stage=0, session=0, hello=None, tries=40, rcvbuf=None):
+def handshake(addr, role=ROLE_COORD, stage=0, session=0, hello=None, retry_s=30, rcvbuf=None):
     """A connection through the whole handshake (no key), or Refused(reason). A refusal as busy is
-    retried for a while: the worker may not have seen the previous connection close yet."""
-    for attempt in range(tries):
+    retried for up to retry_s seconds (0: not at all): the worker may not have seen the previous
+    connection close yet."""
+    deadline = time.time() + retry_s
+    while True:
         c = Conn(addr, rcvbuf=rcvbuf)
         try:
             c.send(HELLO, (hello or FLEET.hello(role, stage, session)) + os.urandom(32) + b"\0")
@@ -231,7 +233,7 @@ def handshake(addr, role=ROLE_COORD, stage=0, session=0, hello=None, tries=40, r
             return c
         except Refused as e:
             c.close()
-            if "busy" not in str(e) or attempt == tries - 1:
+            if "busy" not in str(e) or time.time() >= deadline:
                 raise
             time.sleep(0.05)
         except BaseException:
@@ -792,7 +794,7 @@ def case_sessions(want):
         c1, c2, s = setup_chain()
         mark = len(w.text())
         try:
-            handshake(w.addr, tries=1).close()
+            handshake(w.addr, retry_s=0).close()
             check(False, f"{w.name}: a second coordinator was let in while a session is live")
         except Refused as e:
             check("busy: serving a session of coordinator" in str(e), f"{w.name}: second coordinator: refused '{e}'")
@@ -811,7 +813,7 @@ def case_sessions(want):
     # a previous stage with another session, and one before any SETUP (session 0)
     c2 = setup_last(new_session())
     try:
-        handshake(W2.addr, ROLE_PREV, 1, 12345, tries=1).close()
+        handshake(W2.addr, ROLE_PREV, 1, 12345, retry_s=0).close()
         check(False, "w2: a previous stage of another session was let in")
     except Refused as e:
         check("no session 0000000000003039 here" in str(e), f"w2: previous stage of another session: '{e}'")
@@ -819,7 +821,7 @@ def case_sessions(want):
     for w in (W1, W2):
         c = coord(w)
         try:
-            prev = handshake(w.addr, ROLE_PREV, 0 if w is W1 else 1, 0, tries=1)
+            prev = handshake(w.addr, ROLE_PREV, 0 if w is W1 else 1, 0, retry_s=0)
             prev.send(FORWARD, mb_payload())
             dropped(prev, f"{w.name}: a previous stage before SETUP")
             check(False, f"{w.name}: a previous stage was let in before any SETUP")
@@ -963,7 +965,7 @@ def case_mutations(want_last):
 # ------------------------------------------------------------------------------ main
 def idle_resources(w, base, what):
     """The idle worker's fds and threads come back to base (the worker may still be ending a session)."""
-    deadline = time.time() + 5
+    deadline = time.time() + 30
     while w.resources() != base and time.time() < deadline:
         time.sleep(0.05)
     check(w.resources() == base, f"{what}: idle worker {w.name} holds (fds, threads) {w.resources()}, "
