@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """pipeline.py - a split model against the unsplit one, measured side by side in one run.
 
-  bench/pipeline.py [--threads 2] [--repeats 6] [--tokens 64] [--models "llama-3.2-1b:Q4_0 smollm2-135m:Q8_0"]
+  bench/pipeline.py [--threads 2] [--repeats 10] [--tokens 128] [--models "llama-3.2-1b:Q4_0 smollm2-135m:Q8_0"]
                     [--latencies 0,10,50,100] [--ttft-prompt 1024] [--skip decode,latency,ttft]
 
 Models are written by `pipeshard synth` into .cache/bench (kept between runs); shards into
 bench/out. Every stage runs with --threads threads; workers are `pipeshard worker` processes on
 loopback. Three tables:
-  1. decode tok/s of 1, 2 and 3 stages in --repeats rounds (1, 2 and 3 stages back to back, the
-     order rotating); ratio = split/unsplit within a round, median over the rounds, and its range;
+  1. decode tok/s of 1, 2 and 3 stages in --repeats rounds; a round runs the unsplit model, then 2
+     and 3 stages (the order rotating), then the unsplit model again, and compares each split run
+     with the mean of the round's two unsplit runs (a drift of the machine's speed within the round
+     cancels); ratio = the median over the rounds, and its range; and what the ring's hops cost per
+     token (the stats' ring_overhead_ms: the coordinator's wait minus the workers' compute);
   2. decode tok/s of 2 and 3 stages at each emulated one-way latency per hop (--sim-latency-ms on the
      coordinator and on every worker);
   3. time to first token of a --ttft-prompt-token prompt on 1, 2 and 3 stages (--prefill-chunk 128).
@@ -88,38 +91,45 @@ def run(model_args, threads, prompt, n, extra=(), cpus0=None):
                                               "--stats", "-c", "2048"] + list(extra)
     if cpus0:
         cmd = ["taskset", "-c", cpus0] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    # the ids go nowhere: a reader woken by every token would take a core from the stages
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
     if p.returncode:
         raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()[-500:]}")
     return json.loads(p.stderr.strip().splitlines()[-1])
 
 
 def decode_table(models, threads, repeats, tokens):
-    print(f"\n1. decode, {threads} threads per stage, loopback, {tokens} tokens, {repeats} rounds; a round runs 1, 2"
-          f" and 3 stages back to back (the order rotating), and its ratios compare runs seconds apart; tok/s and"
-          f" ratio are medians over the rounds, 'range' the rounds' lowest and highest ratio")
-    print(f"{'model':26} {'stages':>6} {'tok/s':>9} {'ratio':>7} {'range':>13}   per-stage compute ms/token")
+    print(f"\n1. decode, {threads} threads per stage, loopback, {tokens} tokens, {repeats} rounds; a round runs the"
+          f" unsplit model, 2 and 3 stages (the order rotating), and the unsplit model again; ratio = split tok/s"
+          f" / the mean of the round's two unsplit runs; tok/s and ratio are medians over the rounds, 'range' the"
+          f" rounds' lowest and highest ratio; 'hops' = ring overhead in us per token (median)")
+    print(f"{'model':26} {'stages':>6} {'tok/s':>9} {'ratio':>7} {'range':>13} {'hops':>6}   per-stage compute ms/token")
     prompt = list(range(1, 17))
     for spec in models:
         model = model_path(spec)
         fleets = {n: Fleet(model, n, threads) for n in (2, 3)}
         try:
             res = {1: [], 2: [], 3: []}
+            base = []
             for r in range(repeats):
-                order = (1, 2, 3)[r % 3:] + (1, 2, 3)[:r % 3]  # drift in the machine's speed favours no one
-                for n in order:
-                    args = ["-m", model] if n == 1 else ["--fleet", fleets[n].fleet_json]
-                    res[n].append(run(args, threads, prompt, tokens))
+                split = (2, 3) if r % 2 == 0 else (3, 2)  # drift in the machine's speed favours no one
+                first = run(["-m", model], threads, prompt, tokens)
+                for n in split:
+                    res[n].append(run(["--fleet", fleets[n].fleet_json], threads, prompt, tokens))
+                last = run(["-m", model], threads, prompt, tokens)
+                res[1] += [first, last]
+                base.append((first["decode_tok_s"] + last["decode_tok_s"]) / 2)
         finally:
             for f in fleets.values():
                 f.stop()
         for n in (1, 2, 3):
             tps = [j["decode_tok_s"] for j in res[n]]
-            ratios = [t / b["decode_tok_s"] for t, b in zip(tps, res[1])]
+            ratios = [1.0] if n == 1 else [t / b for t, b in zip(tps, base)]
+            hops = "" if n == 1 else f"{statistics.median(j['ring_overhead_ms'] / j['generated_tokens'] * 1e3 for j in res[n]):6.0f}"
             j = res[n][-1]
             per = [s["compute_ms"] / max(1, j["generated_tokens"]) for s in j["stage_stats"]]
             print(f"{spec:26} {n:6} {statistics.median(tps):9.2f} {statistics.median(ratios):7.3f} "
-                  f"{min(ratios):6.3f}-{max(ratios):.3f}   " + " ".join(f"{x:.2f}" for x in per))
+                  f"{min(ratios):6.3f}-{max(ratios):.3f} {hops:>6}   " + " ".join(f"{x:.2f}" for x in per))
 
 
 def latency_table(models, threads, latencies):
@@ -176,8 +186,8 @@ def ttft_table(models, threads, n_prompt):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=6)
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--models", default="llama-3.2-1b:Q4_0 smollm2-135m:Q8_0")
     ap.add_argument("--latencies", default="0,10,50,100")
     ap.add_argument("--ttft-prompt", type=int, default=1024)
