@@ -453,6 +453,8 @@ def case_refusals(m):
         check(other.alive(), "the worker of another model died after refusing")
         # a second coordinator while a session runs: refused as busy, the first run unharmed
         busy(m, f_plain, plain)
+        # peers that connect during a run and never speak: the session goes on
+        silent_peers(m, f_plain, plain)
         # a stale protocol version, client side: HELLO with header version 0
         host, port = plain[0].addr.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as s:
@@ -498,6 +500,47 @@ def busy(m, fleet, plain):
             "busy: serving a session of coordinator", "a second coordinator")
     check(first.returncode == 0, f"busy: the first run failed: {err[-1500:]}")
     same(out.split(), m.reference(GREEDY, n=100), "busy: the first run")
+
+
+def silent_peers(m, fleet, plain):
+    """Nine peers connect to stage 1 during a run and say nothing. Handshakes run beside the
+    worker's loop, so no token waits for the 5 s a handshake step may take (before, one silent
+    peer stopped the ring for 5 s); the ninth, beyond the eight handshakes under way, is dropped
+    at once; the tokens are the unsplit run's, and the next run is served."""
+    mark = len(plain[0].text())
+    p = long_run(fleet, m)
+    socks = []
+    try:
+        got = read_ids(p, 11)
+        check(len(got.split()) >= 11 and p.poll() is None,
+              f"silent peers: the long run printed {len(got.split())} tokens in 60 s: not 11 while running")
+        host, port = plain[0].addr.rsplit(":", 1)
+        socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(9)]
+        gap, last = 0.0, time.time()
+        while True:  # the longest wait for a token from now on
+            if not select.select([p.stdout], [], [], 60)[0]:
+                break
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            got += chunk.decode()
+            gap, last = max(gap, time.time() - last), time.time()
+        err = p.stderr.read()
+        p.wait(timeout=60)
+    finally:
+        for s in socks:
+            s.close()
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    san_check(err, "silent peers")
+    check(p.returncode == 0, f"silent peers: the run failed: {err[-1500:]}")
+    same(got.split(), m.reference(GREEDY, n=400), "silent peers: the run")
+    check(gap < 2.5, f"silent peers: a token took {gap:.2f} s after they connected (a handshake step waits 5 s)")
+    check(plain[0].wait_log("8 handshakes are under way already", since=mark),
+          f"silent peers: stage 1 did not drop the ninth: {plain[0].text()[mark:][-1500:]}")
+    serves(fleet, m, "silent peers")
+    print(f"  silent peers: longest wait for a token {gap * 1e3:.0f} ms")
 
 
 def stale_worker(m, fleet, plain):

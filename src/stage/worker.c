@@ -1,11 +1,20 @@
 /* worker.c - the worker's event loop: one poll() over the listening socket, the
  * coordinator's connection and the previous stage's, on one thread; compute runs on the
- * stage's pool, outgoing frames on the connection's sender thread. */
+ * stage's pool, outgoing frames on the connection's sender thread.
+ *
+ * Incoming handshakes run on threads of their own, at most MAX_HANDSHAKES at once, so that
+ * a peer that connects and stays silent holds its thread for up to HANDSHAKE_MS a step,
+ * never the loop and the session it serves. A thread's result comes back to the loop
+ * through a pipe; the loop adopts the connection. The handshake's check of the peer reads
+ * the session fields (ctrl, out, session) under mu; the loop, their only writer, changes
+ * them under mu. */
 #include "worker.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,10 +24,24 @@
 
 #include "stage.h"
 
-/* Longest wait for each step of an incoming handshake. */
+/* Longest wait for each step of an incoming handshake, and how many run at once. */
 #define HANDSHAKE_MS 5000
+#define MAX_HANDSHAKES 8
 
+typedef struct worker worker;
+
+/* One incoming handshake: its thread owns c until it says done through the pipe. */
 typedef struct {
+    worker *w;
+    pthread_t thread;
+    ps_conn *c;
+    ps_hello mine, peer;
+    ps_status s;
+    char err[512];
+    bool busy; /* a thread runs or ran here and the loop has not collected it (the loop's own flag) */
+} handshake;
+
+struct worker {
     const ps_worker_opts *o;
     ps_stage *stage;
     const ps_model *m;
@@ -36,7 +59,10 @@ typedef struct {
     uint64_t session;
     ps_wbuf wb;          /* reusable payload buffer */
     char err[512];
-} worker;
+    pthread_mutex_t mu;  /* ctrl, out and session against the handshake threads' reads */
+    handshake hs[MAX_HANDSHAKES];
+    int hs_pipe[2];      /* a finished handshake writes its slot number */
+};
 
 static double now_ms(void) { return ps_now() * 1e3; }
 
@@ -71,11 +97,14 @@ static void end_session(worker *w, int kind, const char *why) {
         ps_wbuf_str(&w->wb, why);
         if (!w->wb.oom && !ctrl_send(w, PS_MSG_ERROR, w->wb.p, w->wb.len)) ps_conn_flush(w->ctrl, 1000, NULL, 0);
     }
-    if (w->in != w->ctrl) ps_conn_free(w->in);
-    if (w->out != w->ctrl) ps_conn_free(w->out);
-    ps_conn_free(w->ctrl);
+    ps_conn *ctrl = w->ctrl, *in = w->in, *out = w->out;
+    pthread_mutex_lock(&w->mu);
     w->ctrl = w->in = w->out = NULL;
     w->session = 0;
+    pthread_mutex_unlock(&w->mu);
+    if (in != ctrl) ps_conn_free(in);
+    if (out != ctrl) ps_conn_free(out);
+    ps_conn_free(ctrl);
 }
 
 /* Whether the coordinator's connection is closed (peeked without blocking). */
@@ -83,6 +112,17 @@ static bool ctrl_closed(const worker *w) {
     char b;
     ssize_t r = recv(ps_conn_fd(w->ctrl), &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Whether the current session leaves no room for peer p (called under mu, or by the loop):
+ * a coordinator while another one's session runs; a previous stage of another session, or
+ * before SETUP has started one (its id is 0 until then). */
+static ps_status session_refuses(const worker *w, const ps_hello *p, char *err, size_t errlen) {
+    if (p->role == PS_ROLE_COORD && w->ctrl && !ctrl_closed(w))
+        return ps_errf(err, errlen, PS_ERR_ARG, "busy: serving a session of coordinator %s", ps_conn_peer(w->ctrl));
+    if (p->role == PS_ROLE_PREV_STAGE && (!w->ctrl || !w->out || p->session != w->session))
+        return ps_errf(err, errlen, PS_ERR_ARG, "no session %016llx here", (unsigned long long)p->session);
+    return PS_OK;
 }
 
 /* The handshake's check of whoever connects: a coordinator of the same model with no
@@ -96,17 +136,13 @@ static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errl
     if (p->stage_count != me->stage_count || p->n_layer != me->n_layer)
         return ps_errf(err, errlen, PS_ERR_ARG, "a fleet of %d stages over %d layers does not match this shard (stage %d "
                        "of %d, %d layers)", p->stage_count, p->n_layer, me->stage, me->stage_count, me->n_layer);
-    if (p->role == PS_ROLE_COORD) {
-        if (w->ctrl && !ctrl_closed(w))
-            return ps_errf(err, errlen, PS_ERR_ARG, "busy: serving a session of coordinator %s", ps_conn_peer(w->ctrl));
-        return PS_OK;
-    }
-    if (p->role != PS_ROLE_PREV_STAGE)
+    if (p->role != PS_ROLE_COORD && p->role != PS_ROLE_PREV_STAGE)
         return ps_errf(err, errlen, PS_ERR_ARG, "a peer of role %d cannot connect to a worker", p->role);
-    /* only once SETUP has started a session (its id is 0 until then) */
-    if (!w->ctrl || !w->out || p->session != w->session)
-        return ps_errf(err, errlen, PS_ERR_ARG, "no session %016llx here", (unsigned long long)p->session);
-    if (p->stage != me->stage - 1 || p->layer_end != me->layer_begin)
+    pthread_mutex_lock(&w->mu);
+    ps_status s = session_refuses(w, p, err, errlen);
+    pthread_mutex_unlock(&w->mu);
+    if (s) return s;
+    if (p->role == PS_ROLE_PREV_STAGE && (p->stage != me->stage - 1 || p->layer_end != me->layer_begin))
         return ps_errf(err, errlen, PS_ERR_ARG, "stage %d (layers %d..%d) cannot feed stage %d (layers %d..%d)", p->stage,
                        p->layer_begin, p->layer_end, me->stage, me->layer_begin, me->layer_end);
     return PS_OK;
@@ -157,24 +193,30 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     if (last != !next[0])
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP %s a next stage, but this is %sthe last stage",
                        next[0] ? "names" : "lacks", last ? "" : "not ");
+    pthread_mutex_lock(&w->mu);
     w->session = w->me.session = session;
+    pthread_mutex_unlock(&w->mu);
     w->compute_ms = 0, w->done = false, w->filled = 0;
     ps_status s = ps_stage_begin(w->stage, &cp, max_mb, w->err, sizeof w->err);
     if (s) return s;
     ps_conn_set_max_payload(w->ctrl, ps_mb_max_bytes(w->m->hp.dim, max_mb));
-    if (last) {
-        w->out = w->ctrl;
-        if ((s = ps_conn_start_sender(w->ctrl, &w->o->sim, w->err, sizeof w->err))) return s;
-    } else {
-        if ((s = ps_net_dial(next, w->o->timeout_ms, &w->out, w->err, sizeof w->err))) return s;
-        ps_hello peer;
-        w->me.role = PS_ROLE_PREV_STAGE;
-        s = ps_net_handshake_client(w->out, w->o->key, &w->me, check_next, w, ps_mb_max_bytes(w->m->hp.dim, max_mb),
-                                    w->o->timeout_ms, &peer, w->err, sizeof w->err);
-        w->me.role = PS_ROLE_WORKER;
-        if (s) return s;
-        if ((s = ps_conn_start_sender(w->out, &w->o->sim, w->err, sizeof w->err))) return s;
+    ps_conn *out = w->ctrl;
+    if (!last) {
+        ps_hello me = w->me, peer;
+        me.role = PS_ROLE_PREV_STAGE;
+        s = ps_net_dial(next, w->o->timeout_ms, &out, w->err, sizeof w->err);
+        if (!s)
+            s = ps_net_handshake_client(out, w->o->key, &me, check_next, w, ps_mb_max_bytes(w->m->hp.dim, max_mb),
+                                        w->o->timeout_ms, &peer, w->err, sizeof w->err);
     }
+    if (!s) s = ps_conn_start_sender(out, &w->o->sim, w->err, sizeof w->err);
+    if (s) {
+        if (out != w->ctrl) ps_conn_free(out);
+        return s;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->out = out;
+    pthread_mutex_unlock(&w->mu);
     ps_conn_reset_stats(w->out);
     if (w->me.stage == 1) w->in = w->ctrl;
     say(w, "session %016llx: %d positions, activations %s, micro-batches of up to %d, next %s",
@@ -244,32 +286,87 @@ static ps_status probe(worker *w) {
     return ctrl_send(w, PS_MSG_STATS, w->wb.p, w->wb.len);
 }
 
-/* Accepts a connection: a coordinator starting a session, or the previous stage joining. */
+/* The thread of one incoming handshake: runs it, then hands its slot to the loop. */
+static void *handshake_main(void *arg) {
+    handshake *h = arg;
+    worker *w = h->w;
+    int ms = w->o->timeout_ms < HANDSHAKE_MS ? w->o->timeout_ms : HANDSHAKE_MS;
+    h->s = ps_net_handshake_server(h->c, w->o->key, &h->mine, check_peer, w, 64 << 10, ms, &h->peer, h->err,
+                                   sizeof h->err);
+    uint8_t slot = (uint8_t)(h - w->hs);
+    (void)!write(w->hs_pipe[1], &slot, 1); /* the pipe holds far more than MAX_HANDSHAKES bytes */
+    return NULL;
+}
+
+/* Accepts a connection and starts its handshake on a thread of its own; with
+ * MAX_HANDSHAKES under way already, closes it at once. */
 static void accept_peer(worker *w) {
     ps_conn *c;
     if (ps_net_accept(w->lfd, 0, &c, w->err, sizeof w->err)) return;
-    ps_hello peer;
-    /* the loop waits for the handshake: keep a silent peer from holding a session long */
-    int hs_ms = w->o->timeout_ms < HANDSHAKE_MS ? w->o->timeout_ms : HANDSHAKE_MS;
-    ps_status s = ps_net_handshake_server(c, w->o->key, &w->me, check_peer, w, 64 << 10, hs_ms, &peer, w->err,
-                                          sizeof w->err);
-    if (s) {
-        /* the handshake's errors name the peer already ("refused P: why", "P refused: why") */
-        if (strstr(w->err, ps_conn_peer(c))) say(w, "%s", w->err);
-        else say(w, "handshake with %s failed: %s", ps_conn_peer(c), w->err);
+    handshake *h = NULL;
+    for (int i = 0; i < MAX_HANDSHAKES && !h; i++)
+        if (!w->hs[i].busy) h = &w->hs[i];
+    if (!h) {
+        say(w, "dropped %s: %d handshakes are under way already", ps_conn_peer(c), MAX_HANDSHAKES);
         ps_conn_free(c);
         return;
     }
-    if (peer.role == PS_ROLE_COORD) {
+    *h = (handshake){.w = w, .c = c, .mine = w->me};
+    h->busy = true;
+    if (pthread_create(&h->thread, NULL, handshake_main, h)) {
+        say(w, "dropped %s: cannot start a thread for its handshake", ps_conn_peer(c));
+        ps_conn_free(c);
+        h->busy = false;
+    }
+}
+
+/* Takes a finished handshake's connection: a coordinator starting a session, or the
+ * previous stage joining. The session may have changed while it ran: checked again. */
+static void adopt_peer(worker *w, handshake *h) {
+    pthread_join(h->thread, NULL);
+    ps_conn *c = h->c;
+    ps_status s = h->s;
+    if (s) {
+        /* the handshake's errors name the peer already ("refused P: why", "P refused: why") */
+        if (strstr(h->err, ps_conn_peer(c))) say(w, "%s", h->err);
+        else say(w, "handshake with %s failed: %s", ps_conn_peer(c), h->err);
+    } else if ((s = session_refuses(w, &h->peer, w->err, sizeof w->err))) {
+        say(w, "dropped %s after its handshake: %s", ps_conn_peer(c), w->err);
+    }
+    if (s) {
+        ps_conn_free(c);
+    } else if (h->peer.role == PS_ROLE_COORD) {
         if (w->ctrl) say(w, "the coordinator of session %016llx went away", (unsigned long long)w->session);
         if (w->ctrl) end_session(w, 0, NULL);
+        pthread_mutex_lock(&w->mu);
         w->ctrl = c;
+        pthread_mutex_unlock(&w->mu);
         say(w, "coordinator %s connected", ps_conn_peer(c));
-        return;
+    } else {
+        if (w->in && w->in != w->ctrl) ps_conn_free(w->in);
+        ps_conn_set_max_payload(c, ps_mb_max_bytes(w->m->hp.dim, ps_stage_max_mb(w->stage)));
+        w->in = c;
     }
-    if (w->in && w->in != w->ctrl) ps_conn_free(w->in);
-    ps_conn_set_max_payload(c, ps_mb_max_bytes(w->m->hp.dim, ps_stage_max_mb(w->stage)));
-    w->in = c;
+    h->busy = false;
+}
+
+/* Adopts the handshakes whose threads have written their slot to the pipe. */
+static void adopt_finished(worker *w) {
+    uint8_t slots[MAX_HANDSHAKES];
+    ssize_t n = read(w->hs_pipe[0], slots, sizeof slots);
+    for (ssize_t i = 0; i < n; i++)
+        if (slots[i] < MAX_HANDSHAKES) adopt_peer(w, &w->hs[slots[i]]);
+}
+
+/* At the end: cuts the handshakes still under way short and collects every thread. */
+static void stop_handshakes(worker *w) {
+    for (int i = 0; i < MAX_HANDSHAKES; i++)
+        if (w->hs[i].busy) shutdown(ps_conn_fd(w->hs[i].c), SHUT_RDWR);
+    for (int i = 0; i < MAX_HANDSHAKES; i++)
+        if (w->hs[i].busy) {
+            pthread_join(w->hs[i].thread, NULL);
+            ps_conn_free(w->hs[i].c);
+        }
 }
 
 /* Handles one frame from the coordinator or the previous stage. */
@@ -293,7 +390,7 @@ static void on_frame(worker *w, ps_conn *c) {
 }
 
 ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
-    worker w = {.o = o, .lfd = -1};
+    worker w = {.o = o, .lfd = -1, .hs_pipe = {-1, -1}, .mu = PTHREAD_MUTEX_INITIALIZER};
     ps_status s = ps_stage_open(o->shard, o->threads, &w.stage, err, errlen);
     if (s) return s;
     w.m = ps_stage_model(w.stage);
@@ -317,6 +414,10 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
             goto out;
         }
     }
+    if (pipe2(w.hs_pipe, O_CLOEXEC | O_NONBLOCK)) {
+        s = ps_errf(err, errlen, PS_ERR_IO, "cannot make a pipe: %s", strerror(errno));
+        goto out;
+    }
     char bound[300];
     if ((s = ps_net_listen(o->listen, &w.lfd, bound, sizeof bound, err, errlen))) goto out;
     say(&w, "layers %d..%d of %d, listening on %s%s", w.me.layer_begin, w.me.layer_end, w.me.n_layer, bound,
@@ -327,25 +428,29 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         close(o->ready_fd);
     }
     while (!*o->stop) {
-        struct pollfd fds[3] = {{.fd = w.lfd, .events = POLLIN}};
-        int n = 1;
-        if (w.ctrl) fds[n++] = (struct pollfd){.fd = ps_conn_fd(w.ctrl), .events = POLLIN};
-        if (w.in && w.in != w.ctrl) fds[n++] = (struct pollfd){.fd = ps_conn_fd(w.in), .events = POLLIN};
+        struct pollfd fds[4] = {{.fd = w.lfd, .events = POLLIN}, {.fd = w.hs_pipe[0], .events = POLLIN}};
+        int n = 2, ctrl = -1, in = -1;
+        if (w.ctrl) fds[ctrl = n++] = (struct pollfd){.fd = ps_conn_fd(w.ctrl), .events = POLLIN};
+        if (w.in && w.in != w.ctrl) fds[in = n++] = (struct pollfd){.fd = ps_conn_fd(w.in), .events = POLLIN};
         ps_pool_park(ps_stage_pool(w.stage));
         if (poll(fds, (nfds_t)n, 1000) <= 0) continue;
-        if (n > 1) ps_pool_wake(ps_stage_pool(w.stage)); /* likely a micro-batch: wake the threads meanwhile */
+        if (ctrl >= 0) ps_pool_wake(ps_stage_pool(w.stage)); /* likely a micro-batch: wake the threads meanwhile */
         /* the coordinator's frames first: at the end of a session its BYE is already here when
            the previous stage hangs up (it says BYE from the last stage back), so the hang-up
            is no error */
-        ps_conn *in = w.in && w.in != w.ctrl ? w.in : NULL;
-        if (w.ctrl && n > 1 && fds[1].revents) on_frame(&w, w.ctrl);
-        if (in && w.in == in && fds[n - 1].revents) on_frame(&w, in);
+        ps_conn *prev = in >= 0 ? w.in : NULL;
+        if (ctrl >= 0 && fds[ctrl].revents) on_frame(&w, w.ctrl);
+        if (prev && w.in == prev && fds[in].revents) on_frame(&w, prev);
+        if (fds[1].revents) adopt_finished(&w);
         if (fds[0].revents) accept_peer(&w);
     }
     say(&w, "stopping");
 out:
+    stop_handshakes(&w);
     if (w.ctrl) end_session(&w, 0, NULL);
     if (w.lfd >= 0) close(w.lfd);
+    for (int i = 0; i < 2; i++)
+        if (w.hs_pipe[i] >= 0) close(w.hs_pipe[i]);
     ps_wbuf_free(&w.wb);
     ps_stage_free(w.stage);
     return s;
