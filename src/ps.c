@@ -1,4 +1,4 @@
-/* ps.c - status messages and the clock. */
+/* ps.c - status messages, the clock, printable text. */
 #include "ps.h"
 
 #include <stdarg.h>
@@ -9,6 +9,11 @@ double ps_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void ps_printable(char *s) {
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) *s = '?';
 }
 
 static const char *const status_msg[PS_STATUS_COUNT] = {

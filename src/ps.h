@@ -37,6 +37,11 @@ ps_status ps_errf(char *err, size_t errlen, ps_status s, const char *fmt, ...)
 /* Monotonic clock in seconds. */
 double ps_now(void);
 
+/* Replaces every byte of s outside printable ASCII (0x20..0x7e) with '?', in place: for
+ * text from a peer on its way to a terminal or a log (no escape sequences, no line
+ * breaks, no bidi controls). */
+void ps_printable(char *s);
+
 #define PS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

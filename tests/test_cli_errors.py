@@ -178,6 +178,9 @@ def case_fleet_flags():
                  ["--dump-logits", "network"])
     expect_error(["-m", GOOD, "--local-stages", "0"] + ids, ["--local-stages"], one_line=False)
     expect_error(["-m", GOOD, "--local-stages", "65"] + ids, ["--local-stages"], one_line=False)
+    # a rate so low that a frame's emulated time would overflow
+    expect_error(["-m", GOOD, "--local-stages", "2", "--sim-bandwidth-mbps", "1e-300"] + ids,
+                 ["--sim-bandwidth-mbps", "0 (no limit) or between 0.001 and"], one_line=False)
     expect_error(["-m", GOOD, "--sim-latency-ms", "-1"] + ids, ["--sim-latency-ms"], one_line=False)
     expect_error(["-m", GOOD, "--prefill-chunk", "0"] + ids, ["--prefill-chunk"], one_line=False)
     expect_error(["--fleet", fleet] + ids, ["no-such-fleet.json"])

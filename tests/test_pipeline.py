@@ -65,7 +65,8 @@ SEEDED = ["--temp", "0.8", "--seed", "7", "--top-k", "40", "--repeat-penalty", "
 GEN = ["-n", "24", "--ignore-eos", "--print-ids", "-t", "1"]
 TIMEOUT_MS = 5000  # --stage-timeout-ms of the failure runs
 
-MSG_HELLO, MSG_HELLO_REPLY, MSG_REFUSE = 1, 2, 5
+MSG_HELLO, MSG_HELLO_REPLY, MSG_AUTH, MSG_WELCOME, MSG_REFUSE = 1, 2, 3, 4, 5
+MSG_SETUP, MSG_ERROR = 16, 21
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -469,6 +470,8 @@ def case_refusals(m):
         serves(f_plain, m, "stale HELLO")
         # a stale protocol version, server side: a fake worker answering HELLO with a version-0 frame
         stale_worker(m, fleet, plain)
+        # a fake worker whose ERROR carries terminal escapes: the coordinator prints them defused
+        escaping_worker(m, fleet, plain)
         for w in ws:
             check(w.alive(), f"worker {w.name} died during the refusals: {w.text()[-1500:]}")
         print(f"  refusals: ok in {time.time() - t0:.1f} s")
@@ -574,6 +577,53 @@ def stale_worker(m, fleet, plain):
         check(f"stage 2 ({addr})" in p.stderr and "version 0" in p.stderr,
               f"fake worker of version 0: run's stderr does not name {addr} and version 0: {p.stderr[-1500:]}")
         serves(write_fleet(fleet, [w.addr for w in plain], "fleet-plain.json"), m, "fake worker of version 0")
+    finally:
+        srv.close()
+
+
+def escaping_worker(m, fleet, plain):
+    """A fake last stage (no key) that passes the handshake and answers SETUP with an ERROR full
+    of terminal escapes, a bidi override and a line break: run's error line shows them as '?'."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(30)
+    addr = f"127.0.0.1:{srv.getsockname()[1]}"
+    j = load_json(fleet)
+    st2 = j["stages"][2]
+    reason = "evil \x1b[2J\x1b]0;owned\x07 \u202e\nend".encode()
+    seen = {}
+
+    def serve():
+        try:
+            c, _ = srv.accept()
+            with c:
+                c.settimeout(30)
+                recv_frame(c)  # HELLO
+                hello = (struct.pack("<Biiiii", 3, 2, len(j["stages"]), st2["layers"][0], st2["layers"][1],
+                                     j["n_layer"]) + pstr(j["model_fingerprint"]) + pstr(st2["fingerprint"]) +
+                         struct.pack("<Q", 0))
+                c.sendall(frame(MSG_HELLO_REPLY, hello + os.urandom(32) + b"\0" + b"\0" * 32))
+                seen["auth"] = recv_frame(c)[2]
+                c.sendall(frame(MSG_WELCOME, b""))
+                seen["setup"] = recv_frame(c)[2]
+                c.sendall(frame(MSG_ERROR, b"\0" + pstr(reason.decode())))
+                c.recv(4096)  # until the coordinator hangs up
+        except (OSError, ConnectionError) as e:
+            seen["error"] = str(e)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        p = pipeshard(["run", "--fleet", write_fleet(fleet, [plain[0].addr, addr], "fleet-escaping.json")] + m.prompt +
+                      GEN + GREEDY, 60)
+        t.join(30)
+        check(seen.get("auth") == MSG_AUTH and seen.get("setup") == MSG_SETUP,
+              f"escaping worker: the coordinator did not authenticate and send SETUP: {seen}")
+        check(p.returncode != 0 and f"stage 2 ({addr}) could not start the session: evil ?[2J?]0;owned? ???" in p.stderr,
+              f"escaping worker: run's stderr does not show the reason defused: {p.stderr!r}")
+        check(not any(ch in p.stderr for ch in "\x1b\x07\u202e") and len(p.stderr.strip().splitlines()) == 1,
+              f"escaping worker: control bytes reached run's stderr: {p.stderr!r}")
     finally:
         srv.close()
 
@@ -699,6 +749,13 @@ def case_startup(m):
         p = pipeshard(["worker", "--shard", shard(fleet, 1), "--listen", addr], 30)
     check(p.returncode == 1 and f"cannot listen on {addr}: address already in use" in p.stderr,
           f"worker --listen {addr} (in use): rc {p.returncode}, stderr {p.stderr!r}")
+    w1 = shard(fleet, 1)
+    for flags, says in ((["-t", "0"], "-t must be between 1 and 1024"),
+                        (["--timeout-ms", "0"], "--timeout-ms must be between 1 and"),
+                        (["--sim-bandwidth-mbps", "1e-300"], "--sim-bandwidth-mbps must be 0 (no limit) or between 0.001"),
+                        (["--sim-latency-ms", "nan"], "--sim-latency-ms expects a number")):
+        p = pipeshard(["worker", "--shard", w1, "--listen", "127.0.0.1:0"] + flags, 30)
+        check(p.returncode == 2 and says in p.stderr, f"worker {' '.join(flags)}: rc {p.returncode}, stderr {p.stderr!r}")
     print("  worker start-up errors: ok")
 
 

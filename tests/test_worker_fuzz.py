@@ -810,6 +810,29 @@ def case_sessions(want):
         c1.close()
         c2.close()
         healthy(f"{w.name}: second coordinator")
+    # while a session is live: its id is told to no one in HELLO_REPLY, and a second previous
+    # stage of that session (on stage 1, one beside the coordinator) is refused
+    c1, c2, s = setup_chain()
+    probe = Conn(W2.addr)
+    probe.send(HELLO, FLEET.hello() + os.urandom(32) + b"\0")
+    typ, p = probe.recv()
+    probe.close()
+    check(typ == HELLO_REPLY and p[len(p) - 73:len(p) - 65] == bytes(8),
+          f"w2: HELLO_REPLY during a session: type {typ}, session field {p[len(p) - 73:len(p) - 65].hex()}")
+    for w, stage in ((W2, 1), (W1, 0)):
+        try:
+            handshake(w.addr, ROLE_PREV, stage, s, retry_s=0).close()
+            check(False, f"{w.name}: a second previous stage of the live session was let in")
+        except Refused as e:
+            check(f"session {s:016x} has its previous stage already" in str(e),
+                  f"{w.name}: a second previous stage: refused '{e}'")
+    c1.send(FORWARD, mb_payload())
+    p = expect_frame(c2, TOKENS, "the live session after a second previous stage")
+    check(p is not None and parse_tokens(p) == (1, 0, 4, want),
+          f"the live session after a second previous stage: {p and parse_tokens(p)}, want token {want}")
+    c1.close()
+    c2.close()
+    healthy("a second previous stage")
     # a previous stage with another session, and one before any SETUP (session 0)
     c2 = setup_last(new_session())
     try:

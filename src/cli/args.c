@@ -47,6 +47,14 @@ bool ps_arg_float(const char *cmd, const char *flag, const char *s, double min, 
     return true;
 }
 
+bool ps_arg_mbps(const char *cmd, const char *flag, const char *s, double *out) {
+    if (!ps_arg_float(cmd, flag, s, 0, 1e6, out)) return false;
+    if (*out == 0 || *out >= PS_LINK_MIN_MBPS) return true;
+    fprintf(stderr, "pipeshard %s: %s must be 0 (no limit) or between %g and 1e+06, got %g\n", cmd, flag,
+            PS_LINK_MIN_MBPS, *out);
+    return false;
+}
+
 int ps_cpu_count(void) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) {

@@ -7,12 +7,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../ps.h" /* ps_now */
+#include "../net/net.h" /* PS_LINK_MIN_MBPS */
+#include "../ps.h"     /* ps_now */
 
 /* The value after flag argv[*i] (advancing *i), or NULL with a message when it is missing. */
 const char *ps_arg_value(const char *cmd, int argc, char **argv, int *i);
 bool ps_arg_int(const char *cmd, const char *flag, const char *s, long long min, long long max, long long *out);
 bool ps_arg_float(const char *cmd, const char *flag, const char *s, double min, double max, double *out);
+/* An emulated link rate in Mbit/s: 0 (no limit) or PS_LINK_MIN_MBPS to 1e6. */
+bool ps_arg_mbps(const char *cmd, const char *flag, const char *s, double *out);
 /* Number of CPU cores this process may use (at least 1). */
 int ps_cpu_count(void);
 

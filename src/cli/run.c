@@ -106,7 +106,7 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     case O_CHUNK: return ps_arg_int("run", flag, v, 1, 1 << 16, &o->prefill_chunk);
     case O_TIMEOUT: return ps_arg_int("run", flag, v, 1, 86400000, &o->timeout_ms);
     case O_LAT: return ps_arg_float("run", flag, v, 0, 1e5, &o->sim.latency_ms);
-    case O_BW: return ps_arg_float("run", flag, v, 0, 1e6, &o->sim.bandwidth_mbps);
+    case O_BW: return ps_arg_mbps("run", flag, v, &o->sim.bandwidth_mbps);
     case O_ACT:
         if (!ps_act_from_name(v, &o->act)) return true;
         fprintf(stderr, "pipeshard run: %s must be q8 or f32, got '%s'\n", flag, v);

@@ -48,7 +48,7 @@ int ps_cli_worker(int argc, char **argv) {
         else if (!strcmp(a, "--key-file")) key_file = v;
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = ps_arg_int("worker", a, v, 1, 1024, &n) && ((o.threads = (int)n), 1);
         else if (!strcmp(a, "--sim-latency-ms")) ok = ps_arg_float("worker", a, v, 0, 1e5, &o.sim.latency_ms);
-        else if (!strcmp(a, "--sim-bandwidth-mbps")) ok = ps_arg_float("worker", a, v, 0, 1e6, &o.sim.bandwidth_mbps);
+        else if (!strcmp(a, "--sim-bandwidth-mbps")) ok = ps_arg_mbps("worker", a, v, &o.sim.bandwidth_mbps);
         else if (!strcmp(a, "--timeout-ms")) ok = ps_arg_int("worker", a, v, 1, 86400000, &n) && ((o.timeout_ms = (int)n), 1);
         else if (!strcmp(a, "--ready-fd")) ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
         else {

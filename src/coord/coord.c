@@ -120,6 +120,7 @@ static ps_status connect_stage(ps_coord *c, int k) {
         ps_rbuf r = {.p = p, .len = len};
         ps_rbuf_u8(&r);
         ps_rbuf_str(&r, e, sizeof e);
+        ps_printable(e);
         return ps_errf(c->err, sizeof c->err, PS_ERR_NET, "%s could not start the session: %s", name,
                        r.bad ? "(malformed error message)" : e);
     }
@@ -192,6 +193,7 @@ static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token) {
     } else if (type == PS_MSG_ERROR) {
         uint8_t kind = ps_rbuf_u8(&r);
         ps_rbuf_str(&r, v->why, sizeof v->why);
+        ps_printable(v->why);
         v->fail = r.bad || kind > PS_ERR_KIND_NEXT ? FAIL_SELF : FAIL_SELF + kind;
         return;
     }

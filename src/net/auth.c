@@ -212,13 +212,14 @@ static ps_status check_proof(ps_conn *c, const uint8_t *key, const char *label, 
     return PS_OK;
 }
 
-/* Copies a peer's reason for an error line: control bytes become '?', cut at
- * HS_REASON_SHOW bytes. */
+/* Copies a peer's reason for an error line, cut at HS_REASON_SHOW bytes: only printable
+ * ASCII (ps_printable). */
 static void show_reason(char *out, size_t cap, const uint8_t *p, uint32_t len) {
     size_t n = 0;
-    for (; n < len && n < HS_REASON_SHOW && n + 4 < cap; n++) out[n] = (p[n] < 0x20 || p[n] == 0x7f) ? '?' : (char)p[n];
+    for (; n < len && n < HS_REASON_SHOW && n + 4 < cap; n++) out[n] = p[n] ? (char)p[n] : '?';
     if (n < len) out[n++] = '.', out[n++] = '.', out[n++] = '.';
     out[n] = 0;
+    ps_printable(out);
 }
 
 static const char *msg_name(uint16_t type) {

@@ -158,9 +158,9 @@ void net_sender_free(net_sender *s) {
 static ps_status check_sim(const ps_link_sim *sim, char *err, size_t errlen) {
     if (!(sim->latency_ms >= 0 && sim->latency_ms <= 86400e3))
         return ps_errf(err, errlen, PS_ERR_ARG, "link latency %g ms is out of range (0 to 86400000)", sim->latency_ms);
-    if (!(sim->bandwidth_mbps >= 0 && isfinite(sim->bandwidth_mbps)))
-        return ps_errf(err, errlen, PS_ERR_ARG, "link bandwidth %g Mbit/s is out of range (0 = no limit)",
-                       sim->bandwidth_mbps);
+    if (!(sim->bandwidth_mbps == 0 || (sim->bandwidth_mbps >= PS_LINK_MIN_MBPS && sim->bandwidth_mbps <= 1e6)))
+        return ps_errf(err, errlen, PS_ERR_ARG, "link bandwidth %g Mbit/s is out of range (0 = no limit, else %g to "
+                       "1e+06)", sim->bandwidth_mbps, PS_LINK_MIN_MBPS);
     return PS_OK;
 }
 

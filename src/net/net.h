@@ -140,7 +140,9 @@ ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t
 /* Emulated link of one outgoing hop: every frame is delivered latency_ms after it was
  * queued, and frames leave no faster than bandwidth_mbps (megabits per second, 0 = no
  * limit): frame i starts transmitting at max(queued_i + latency, end_{i-1}) and takes
- * (24 + len) * 8 / (bandwidth_mbps * 1e6) seconds. Deterministic: no jitter. */
+ * (24 + len) * 8 / (bandwidth_mbps * 1e6) seconds. Deterministic: no jitter. A rate is 0
+ * or PS_LINK_MIN_MBPS (1 kbit/s) to 1e6. */
+#define PS_LINK_MIN_MBPS 0.001
 typedef struct {
     double latency_ms;
     double bandwidth_mbps;

@@ -6,8 +6,8 @@
  * a peer that connects and stays silent holds its thread for up to HANDSHAKE_MS a step,
  * never the loop and the session it serves. A thread's result comes back to the loop
  * through a pipe; the loop adopts the connection. The handshake's check of the peer reads
- * the session fields (ctrl, out, session) under mu; the loop, their only writer, changes
- * them under mu. */
+ * the session fields (ctrl, in, out, session) under mu; the loop, their only writer,
+ * changes them under mu. */
 #include "worker.h"
 
 #include <errno.h>
@@ -59,7 +59,7 @@ struct worker {
     uint64_t session;
     ps_wbuf wb;          /* reusable payload buffer */
     char err[512];
-    pthread_mutex_t mu;  /* ctrl, out and session against the handshake threads' reads */
+    pthread_mutex_t mu;  /* ctrl, in, out and session against the handshake threads' reads */
     handshake hs[MAX_HANDSHAKES];
     int hs_pipe[2];      /* a finished handshake writes its slot number */
 };
@@ -115,13 +115,17 @@ static bool ctrl_closed(const worker *w) {
 }
 
 /* Whether the current session leaves no room for peer p (called under mu, or by the loop):
- * a coordinator while another one's session runs; a previous stage of another session, or
- * before SETUP has started one (its id is 0 until then). */
+ * a coordinator while another one's session runs; a previous stage of another session,
+ * before SETUP has started one (its id is 0 until then), or once the session has its
+ * previous stage (on stage 1, the coordinator itself). */
 static ps_status session_refuses(const worker *w, const ps_hello *p, char *err, size_t errlen) {
     if (p->role == PS_ROLE_COORD && w->ctrl && !ctrl_closed(w))
         return ps_errf(err, errlen, PS_ERR_ARG, "busy: serving a session of coordinator %s", ps_conn_peer(w->ctrl));
     if (p->role == PS_ROLE_PREV_STAGE && (!w->ctrl || !w->out || p->session != w->session))
         return ps_errf(err, errlen, PS_ERR_ARG, "no session %016llx here", (unsigned long long)p->session);
+    if (p->role == PS_ROLE_PREV_STAGE && w->in)
+        return ps_errf(err, errlen, PS_ERR_ARG, "session %016llx has its previous stage already",
+                       (unsigned long long)p->session);
     return PS_OK;
 }
 
@@ -216,9 +220,9 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     }
     pthread_mutex_lock(&w->mu);
     w->out = out;
+    if (w->me.stage == 1) w->in = w->ctrl;
     pthread_mutex_unlock(&w->mu);
     ps_conn_reset_stats(w->out);
-    if (w->me.stage == 1) w->in = w->ctrl;
     say(w, "session %016llx: %d positions, activations %s, micro-batches of up to %d, next %s",
         (unsigned long long)session, cp.n_ctx, ps_act_name(cp.act), max_mb, last ? "the coordinator" : next);
     return ctrl_send(w, PS_MSG_READY, NULL, 0);
@@ -312,6 +316,7 @@ static void accept_peer(worker *w) {
         return;
     }
     *h = (handshake){.w = w, .c = c, .mine = w->me};
+    h->mine.session = 0; /* told to nobody before they prove the key */
     h->busy = true;
     if (pthread_create(&h->thread, NULL, handshake_main, h)) {
         say(w, "dropped %s: cannot start a thread for its handshake", ps_conn_peer(c));
@@ -343,9 +348,10 @@ static void adopt_peer(worker *w, handshake *h) {
         pthread_mutex_unlock(&w->mu);
         say(w, "coordinator %s connected", ps_conn_peer(c));
     } else {
-        if (w->in && w->in != w->ctrl) ps_conn_free(w->in);
         ps_conn_set_max_payload(c, ps_mb_max_bytes(w->m->hp.dim, ps_stage_max_mb(w->stage)));
+        pthread_mutex_lock(&w->mu);
         w->in = c;
+        pthread_mutex_unlock(&w->mu);
     }
     h->busy = false;
 }
