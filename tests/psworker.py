@@ -55,13 +55,14 @@ class Worker:
     --ready-fd), its stderr appended to log; `ip netns exec NS` in front when netns is given."""
 
     def __init__(self, bin_path, shard, log, name, host="127.0.0.1", port=0, threads=1, timeout_ms=5000, key=None,
-                 netns=None, env=None):
+                 netns=None, env=None, extra=()):
         self.name, self.log = name, log
         r, w = os.pipe()
         cmd = [bin_path, "worker", "--shard", shard, "--listen", f"{host}:{port}", "-t", str(threads),
                "--ready-fd", str(w), "--timeout-ms", str(timeout_ms)]
         if key:
             cmd += ["--key-file", key]
+        cmd += list(extra)
         if netns:
             cmd = ["ip", "netns", "exec", netns] + cmd
         with open(log, "ab") as lf:

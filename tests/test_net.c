@@ -990,6 +990,17 @@ static void test_link_stop_and_errors(void) {
     ps_conn_free(b);
     free(big);
 
+    /* the same peer, tiny frames: at most 4096 wait in the queue (beyond what the sockets'
+     * buffers took), however little room they need */
+    if (!make_pair(&a, &b)) return;
+    PS_CHECK_OK(ps_conn_start_sender(a, NULL, err, sizeof err));
+    s = PS_OK;
+    for (int i = 0; i < 1000000 && s == PS_OK; i++) s = ps_conn_send_async(a, PS_MSG_FORWARD, &iov, 1, 50, err, sizeof err);
+    PS_CHECK_EQ_INT(s, PS_ERR_TIMEOUT);
+    CHECK_HAS(err, "(4096 frames queued)");
+    ps_conn_free(a);
+    ps_conn_free(b);
+
     /* the peer goes away: a later call reports the thread's write error, naming the peer */
     if (!make_pair(&a, &b)) return;
     PS_CHECK_OK(ps_conn_start_sender(a, NULL, err, sizeof err));

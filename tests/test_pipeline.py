@@ -66,7 +66,7 @@ GEN = ["-n", "24", "--ignore-eos", "--print-ids", "-t", "1"]
 TIMEOUT_MS = 5000  # --stage-timeout-ms of the failure runs
 
 MSG_HELLO, MSG_HELLO_REPLY, MSG_AUTH, MSG_WELCOME, MSG_REFUSE = 1, 2, 3, 4, 5
-MSG_SETUP, MSG_ERROR = 16, 21
+MSG_SETUP, MSG_READY, MSG_TOKENS, MSG_ERROR = 16, 17, 19, 21
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -472,6 +472,8 @@ def case_refusals(m):
         stale_worker(m, fleet, plain)
         # a fake worker whose ERROR carries terminal escapes: the coordinator prints them defused
         escaping_worker(m, fleet, plain)
+        # a fake worker dripping its answer: the coordinator gives up within --stage-timeout-ms
+        dripping_worker(m)
         for w in ws:
             check(w.alive(), f"worker {w.name} died during the refusals: {w.text()[-1500:]}")
         print(f"  refusals: ok in {time.time() - t0:.1f} s")
@@ -581,51 +583,90 @@ def stale_worker(m, fleet, plain):
         srv.close()
 
 
-def escaping_worker(m, fleet, plain):
-    """A fake last stage (no key) that passes the handshake and answers SETUP with an ERROR full
-    of terminal escapes, a bidi override and a line break: run's error line shows them as '?'."""
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
-    srv.settimeout(30)
-    addr = f"127.0.0.1:{srv.getsockname()[1]}"
-    j = load_json(fleet)
-    st2 = j["stages"][2]
-    reason = "evil \x1b[2J\x1b]0;owned\x07 \u202e\nend".encode()
-    seen = {}
+class FakeWorker:
+    """A fake worker (no key) for stage k of fleet on a port of its own: it passes the coordinator's
+    handshake, then script(conn) plays the rest; what it saw goes into .seen."""
 
-    def serve():
+    def __init__(self, fleet, k, script):
+        self.srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(4)
+        self.srv.settimeout(30)
+        self.addr = f"127.0.0.1:{self.srv.getsockname()[1]}"
+        self.seen = {}
+        j = load_json(fleet)
+        st = j["stages"][k]
+        self.hello = (struct.pack("<Biiiii", 3, k, len(j["stages"]), st["layers"][0], st["layers"][1], j["n_layer"]) +
+                      pstr(j["model_fingerprint"]) + pstr(st["fingerprint"]) + struct.pack("<Q", 0))
+        self.t = threading.Thread(target=self.serve, args=(script,), daemon=True)
+        self.t.start()
+
+    def serve(self, script):
         try:
-            c, _ = srv.accept()
+            c, _ = self.srv.accept()
             with c:
                 c.settimeout(30)
                 recv_frame(c)  # HELLO
-                hello = (struct.pack("<Biiiii", 3, 2, len(j["stages"]), st2["layers"][0], st2["layers"][1],
-                                     j["n_layer"]) + pstr(j["model_fingerprint"]) + pstr(st2["fingerprint"]) +
-                         struct.pack("<Q", 0))
-                c.sendall(frame(MSG_HELLO_REPLY, hello + os.urandom(32) + b"\0" + b"\0" * 32))
-                seen["auth"] = recv_frame(c)[2]
+                c.sendall(frame(MSG_HELLO_REPLY, self.hello + os.urandom(32) + b"\0" + b"\0" * 32))
+                self.seen["auth"] = recv_frame(c)[2]
                 c.sendall(frame(MSG_WELCOME, b""))
-                seen["setup"] = recv_frame(c)[2]
-                c.sendall(frame(MSG_ERROR, b"\0" + pstr(reason.decode())))
+                self.seen["setup"] = recv_frame(c)[2]
+                script(c)
                 c.recv(4096)  # until the coordinator hangs up
         except (OSError, ConnectionError) as e:
-            seen["error"] = str(e)
+            self.seen["error"] = str(e)
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    def close(self):
+        self.t.join(30)
+        self.srv.close()
+
+
+def escaping_worker(m, fleet, plain):
+    """A fake last stage that answers SETUP with an ERROR full of terminal escapes, a bidi override
+    and a line break: run's error line shows them as '?'."""
+    reason = "evil \x1b[2J\x1b]0;owned\x07 \u202e\nend"
+    fake = FakeWorker(fleet, 2, lambda c: c.sendall(frame(MSG_ERROR, b"\0" + pstr(reason))))
     try:
-        p = pipeshard(["run", "--fleet", write_fleet(fleet, [plain[0].addr, addr], "fleet-escaping.json")] + m.prompt +
-                      GEN + GREEDY, 60)
-        t.join(30)
-        check(seen.get("auth") == MSG_AUTH and seen.get("setup") == MSG_SETUP,
-              f"escaping worker: the coordinator did not authenticate and send SETUP: {seen}")
-        check(p.returncode != 0 and f"stage 2 ({addr}) could not start the session: evil ?[2J?]0;owned? ???" in p.stderr,
-              f"escaping worker: run's stderr does not show the reason defused: {p.stderr!r}")
-        check(not any(ch in p.stderr for ch in "\x1b\x07\u202e") and len(p.stderr.strip().splitlines()) == 1,
-              f"escaping worker: control bytes reached run's stderr: {p.stderr!r}")
+        p = pipeshard(["run", "--fleet", write_fleet(fleet, [plain[0].addr, fake.addr], "fleet-escaping.json")] +
+                      m.prompt + GEN + GREEDY, 60)
     finally:
-        srv.close()
+        fake.close()
+    check(fake.seen.get("auth") == MSG_AUTH and fake.seen.get("setup") == MSG_SETUP,
+          f"escaping worker: the coordinator did not authenticate and send SETUP: {fake.seen}")
+    addr = fake.addr
+    check(p.returncode != 0 and f"stage 2 ({addr}) could not start the session: evil ?[2J?]0;owned? ???" in p.stderr,
+          f"escaping worker: run's stderr does not show the reason defused: {p.stderr!r}")
+    check(not any(ch in p.stderr for ch in "\x1b\x07\u202e") and len(p.stderr.strip().splitlines()) == 1,
+          f"escaping worker: control bytes reached run's stderr: {p.stderr!r}")
+
+
+def dripping_worker(m):
+    """A fake last stage of 2 that sends its first byte 0.9 T after the micro-batch came, then one
+    byte every 0.5 s: the coordinator gives up within about T (--stage-timeout-ms), not 2 T."""
+    fleet = split(m.path, 2, os.path.join(TMP, "drip-2"))
+    T = 3.0
+    times = {}
+
+    def script(c):
+        c.sendall(frame(MSG_READY, b""))
+        recv_frame(c)  # FORWARD
+        times["forward"] = time.time()
+        time.sleep(0.9 * T)
+        for b in frame(MSG_TOKENS, bytes(40)):
+            c.sendall(bytes([b]))
+            time.sleep(0.5)
+
+    fake = FakeWorker(fleet, 1, script)
+    try:
+        p = pipeshard(["run", "--fleet", write_fleet(fleet, [fake.addr], "fleet-drip.json"), "--stage-timeout-ms",
+                       str(int(T * 1e3))] + m.prompt + GEN + GREEDY, 60)
+        took = time.time() - times.get("forward", time.time())
+    finally:
+        fake.srv.close()
+    check(p.returncode != 0 and f"stage 1 ({fake.addr}) failed: timed out after" in p.stderr,
+          f"dripping worker: run's stderr: {p.stderr[-800:]}")
+    check(took < T + 1.5, f"dripping worker: the coordinator gave up {took:.1f} s after the micro-batch (T = {T} s)")
+    print(f"  dripping worker: given up after {took:.1f} s (T = {T} s)")
 
 
 # ------------------------------------------------------------------------------ case 4: failures
@@ -749,6 +790,19 @@ def case_startup(m):
         p = pipeshard(["worker", "--shard", shard(fleet, 1), "--listen", addr], 30)
     check(p.returncode == 1 and f"cannot listen on {addr}: address already in use" in p.stderr,
           f"worker --listen {addr} (in use): rc {p.returncode}, stderr {p.stderr!r}")
+    # --max-ctx: a session asking for more positions is refused, naming the limit
+    ws = start_workers(fleet, "maxctx", extra=["--max-ctx", "64"])
+    try:
+        f = write_fleet(fleet, [w.addr for w in ws], "fleet-maxctx.json")
+        p = pipeshard(["run", "--fleet", f, "-c", "65"] + m.prompt + GEN + GREEDY, 60)
+        says = f"stage 2 ({ws[1].addr}) could not start the session: SETUP asks for 65 positions; this worker serves at " \
+               f"most 64 (--max-ctx)"
+        check(p.returncode == 1 and says in p.stderr, f"--max-ctx 64, run -c 65: rc {p.returncode}, {p.stderr[-800:]}")
+        p = pipeshard(["run", "--fleet", f, "-c", "64"] + m.prompt + GEN + GREEDY, 60)
+        if check(p.returncode == 0, f"--max-ctx 64, run -c 64: rc {p.returncode}, {p.stderr[-800:]}"):
+            same(p.stdout.split(), m.reference(GREEDY), "--max-ctx 64, run -c 64")
+    finally:
+        stop_all(ws)
     w1 = shard(fleet, 1)
     for flags, says in ((["-t", "0"], "-t must be between 1 and 1024"),
                         (["--timeout-ms", "0"], "--timeout-ms must be between 1 and"),

@@ -100,9 +100,11 @@ class Worker(psworker.Worker):
 
     def __init__(self, shard, name):
         # a sanitizer build returns NULL for an allocation it cannot make, as malloc does, rather
-        # than abort: a SETUP of 2^24 positions must be an "out of memory" error on a small machine
+        # than abort: a SETUP of 2^24 positions (allowed by --max-ctx) must be an "out of memory"
+        # error on a small machine
         env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":allocator_may_return_null=1")
-        super().__init__(BIN, shard, os.path.join(TMP, f"{name}.log"), name, timeout_ms=TIMEOUT_MS, env=env)
+        super().__init__(BIN, shard, os.path.join(TMP, f"{name}.log"), name, timeout_ms=TIMEOUT_MS, env=env,
+                         extra=["--max-ctx", str(1 << 24)])
         self.scanned = 0
 
     def new_text(self):
@@ -769,10 +771,13 @@ def case_frames():
             dropped(c, f"{w.name}: {what} then silence", says=f"timed out after {TIMEOUT_MS} ms")
             logged(w, says, f"{w.name}: {what} then silence", mark)
         healthy(what)
-    # a coordinator that never reads: PROBEs until the STATS answers fill the socket; the worker's
-    # send times out in --timeout-ms and it drops the connection
-    c = handshake(W1.addr, rcvbuf=2048)
-    mark, blob, t = len(W1.text()), frame(PROBE, b"") * 20000, time.time()
+    # a coordinator that never reads: SETUP (else the worker drops it for want of one), then PROBEs
+    # until the STATS answers fill the socket and the last stage's send queue; queuing times out in
+    # --timeout-ms and the worker drops the connection
+    c = handshake(W2.addr, rcvbuf=2048)
+    c.send(SETUP, setup_payload(new_session()))
+    expect_frame(c, READY, "w2: SETUP of a coordinator that never reads")
+    mark, blob, t = len(W2.text()), frame(PROBE, b"") * 20000, time.time()
     try:
         while time.time() - t < 60:
             c.s.sendall(blob)
@@ -780,8 +785,9 @@ def case_frames():
         pass
     took = time.time() - t
     c.close()
-    check(took < 60, "w1: a coordinator that never reads: the worker never dropped it")
-    logged(W1, f"ended: timed out after {TIMEOUT_MS} ms sending to", "w1: a coordinator that never reads", mark)
+    check(took < 60, "w2: a coordinator that never reads: the worker never dropped it")
+    logged(W2, f"ended: timed out after {TIMEOUT_MS} ms waiting for room in the send queue to",
+           "w2: a coordinator that never reads", mark)
     healthy("a coordinator that never reads")
     print(f"  frame attacks: ok in {time.time() - t0:.1f} s (a coordinator that never reads: dropped after "
           f"{took:.1f} s)")
@@ -810,6 +816,13 @@ def case_sessions(want):
         c1.close()
         c2.close()
         healthy(f"{w.name}: second coordinator")
+    # a coordinator that authenticates and then says nothing: dropped after --timeout-ms, so that
+    # it cannot keep the worker busy; the next coordinator is served
+    for w in (W1, W2):
+        _, took = attack(f"{w.name}: a coordinator without SETUP", w, lambda c: None,
+                         says=f"sent no SETUP within {TIMEOUT_MS} ms", log=f"sent no SETUP within {TIMEOUT_MS} ms")
+        check(took >= TIMEOUT_MS / 1e3 - 0.1, f"{w.name}: a coordinator without SETUP was dropped after {took:.1f} s")
+    real_run("after coordinators without SETUP")
     # while a session is live: its id is told to no one in HELLO_REPLY, and a second previous
     # stage of that session (on stage 1, one beside the coordinator) is refused
     c1, c2, s = setup_chain()

@@ -77,7 +77,7 @@ static ps_status spawn(ps_local_fleet *lf, int k, int threads, const ps_link_sim
         if (lfd >= 0) dup2(lfd, 2), close(lfd);
         char *args[] = {"pipeshard", "worker", "--shard", lf->fleet.stages[k].shard, "--listen", "127.0.0.1:0",
                         "-t", t, "--key-file", (char *)key_path, "--ready-fd", rfd, "--sim-latency-ms", lat,
-                        "--sim-bandwidth-mbps", bw, NULL};
+                        "--sim-bandwidth-mbps", bw, "--max-ctx", "16777216" /* ours: whatever run -c asks */, NULL};
         execv("/proc/self/exe", args);
         _exit(127);
     }

@@ -25,6 +25,7 @@ static void worker_usage(FILE *f) {
             "  --sim-latency-ms MS       emulated one-way delay added to every outgoing hop (default 0)\n"
             "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
             "  --timeout-ms MS           handshakes and frame transfers time out after MS (default 30000)\n"
+            "  --max-ctx N               most positions a session may ask for (default: the model's trained context)\n"
             "  --no-verify               skip recomputing the shard's fingerprint at start-up\n"
             "  --ready-fd N              (for --local-stages) write the port to file descriptor N once listening\n");
 }
@@ -50,6 +51,7 @@ int ps_cli_worker(int argc, char **argv) {
         else if (!strcmp(a, "--sim-latency-ms")) ok = ps_arg_float("worker", a, v, 0, 1e5, &o.sim.latency_ms);
         else if (!strcmp(a, "--sim-bandwidth-mbps")) ok = ps_arg_mbps("worker", a, v, &o.sim.bandwidth_mbps);
         else if (!strcmp(a, "--timeout-ms")) ok = ps_arg_int("worker", a, v, 1, 86400000, &n) && ((o.timeout_ms = (int)n), 1);
+        else if (!strcmp(a, "--max-ctx")) ok = ps_arg_int("worker", a, v, 1, 1 << 24, &n) && ((o.max_ctx = (int)n), 1);
         else if (!strcmp(a, "--ready-fd")) ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
         else {
             fprintf(stderr, "pipeshard worker: unknown option '%s' (see pipeshard worker --help)\n", a);

@@ -2,6 +2,7 @@
 #include "coord.h"
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,14 +158,14 @@ static ps_status connect_fleet(ps_coord *c) {
 // ---------------------------------------------------------------------------------------
 // Waiting for the last stage
 
-/* Handles one frame from worker k: the awaited TOKENS (sets *token), a PROBE answer
- * about micro-batch want_mb, or an ERROR; anything else is a failure of k. */
-static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token) {
+/* Handles one frame from worker k, read within ms: the awaited TOKENS (sets *token), a
+ * PROBE answer about micro-batch want_mb, or an ERROR; anything else is a failure of k. */
+static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token, int ms) {
     stage_view *v = &c->st[k];
     uint16_t type;
     const uint8_t *p;
     uint32_t len;
-    if (ps_conn_recv(v->conn, c->o.timeout_ms, &type, &p, &len, v->why, sizeof v->why)) {
+    if (ps_conn_recv(v->conn, ms, &type, &p, &len, v->why, sizeof v->why)) {
         v->fail = FAIL_DEAD;
         return;
     }
@@ -222,8 +223,8 @@ static bool pump(ps_coord *c, double ms, uint32_t want_mb, int32_t *token, bool 
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         ps_pool_wake(ps_stage_pool(c->stage0)); /* likely the token: stage 0 runs next */
-        for (int i = 0; i < m; i++)
-            if (fds[i].revents) on_frame(c, ks[i], want_mb, token);
+        for (int i = 0; i < m; i++) /* within what is left: a worker dripping a frame cannot stretch it */
+            if (fds[i].revents) on_frame(c, ks[i], want_mb, token, (int)fmax(1, end - now_ms()));
         for (int k = 1; done != never && k < c->n; k++)
             if (c->st[k].fail) return false;
     }

@@ -286,13 +286,19 @@ static ps_status resolve(const char *host, int port, bool passive, struct addrin
 /* ---------------------------------------------------------------------------------------------
  * Connections */
 
-/* A ps_conn around a connected socket (made non-blocking here, TCP_NODELAY set). Takes
- * ownership of fd, also on failure. */
+/* A ps_conn around a connected socket (made non-blocking here, TCP_NODELAY set, and TCP
+ * keepalive probes after 10 s of silence, so that a peer whose host vanished without a word
+ * is noticed within about 25 s even by a side that only waits). Takes ownership of fd,
+ * also on failure. */
 static ps_status conn_new(int fd, const char *peer, ps_conn **out, char *err, size_t errlen) {
-    int one = 1;
+    int one = 1, idle = 10, intvl = 5, cnt = 3;
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) {
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) < 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) < 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) < 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) < 0) {
         char eb[128];
         ps_status s = ps_errf(err, errlen, PS_ERR_NET, "cannot set up the connection to %s: %s", peer,
                               net_errno_str(errno, eb, sizeof eb));

@@ -2,8 +2,8 @@
  * optional link emulation (one-way delay and rate limit).
  *
  * The queue is a ring of slots; each slot keeps its payload buffer after its frame has
- * gone, so once the ring and its buffers have grown to the traffic's size, queuing a
- * frame allocates nothing. Producers copy payloads in under the lock; the thread copies
+ * gone (up to LINK_KEEP_BYTES of them beyond the queued frames' own), so once the ring and
+ * its buffers have grown to the traffic's size, queuing a frame allocates nothing. Producers copy payloads in under the lock; the thread copies
  * the head slot's pointers out, writes without the lock, then pops the head. Only the
  * thread pops, and producers only touch the tail slot, so the buffer being written never
  * moves (growing the ring moves slot structs, not buffers).
@@ -30,6 +30,8 @@
 #include "net_internal.h"
 
 #define LINK_QUEUE_LIMIT (64ull << 20) /* queued header + payload bytes before send_async waits */
+#define LINK_QUEUE_FRAMES 4096        /* queued frames before send_async waits */
+#define LINK_KEEP_BYTES (64ull << 20)  /* payload buffers kept for reuse beyond those of queued frames */
 
 typedef struct {
     uint8_t hdr[PS_NET_HDR_BYTES]; /* encoded header, checksum included */
@@ -50,6 +52,7 @@ struct net_sender {
     link_frame *q;       /* ring of qcap slots; frames at head .. head + count - 1 */
     size_t qcap, head, count;
     uint64_t queued_bytes; /* header + payload bytes in the ring */
+    uint64_t buf_bytes;    /* capacity of every slot's payload buffer, queued or kept */
     int64_t latency_ns;
     double ns_per_byte; /* 0 = no rate limit */
     int64_t prev_end_ns; /* emulated end of the previous frame */
@@ -125,9 +128,16 @@ static void *sender_main(void *arg) {
             continue;
         }
         net_stats_add(s->c, PS_NET_HDR_BYTES + (uint64_t)f.len, (double)(done - f.queued_ns) / 1e6);
+        link_frame *sent = &s->q[s->head];
         s->head = (s->head + 1) % s->qcap;
         s->count--;
         s->queued_bytes -= PS_NET_HDR_BYTES + (uint64_t)f.len;
+        if (s->buf_bytes > s->queued_bytes + LINK_KEEP_BYTES) { /* enough kept: let this one go */
+            s->buf_bytes -= sent->cap;
+            free(sent->p);
+            sent->p = NULL;
+            sent->cap = 0;
+        }
         pthread_cond_broadcast(&s->room);
     }
     pthread_mutex_unlock(&s->mu);
@@ -230,7 +240,7 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
     if (st != PS_OK) return st;
     uint64_t bytes = PS_NET_HDR_BYTES + (uint64_t)len;
     pthread_mutex_lock(&s->mu);
-    while (!s->fail && s->count > 0 && s->queued_bytes + bytes > LINK_QUEUE_LIMIT) {
+    while (!s->fail && s->count > 0 && (s->queued_bytes + bytes > LINK_QUEUE_LIMIT || s->count >= LINK_QUEUE_FRAMES)) {
         if (!cond_wait_until(&s->room, &s->mu, deadline)) {
             size_t n = s->count;
             pthread_mutex_unlock(&s->mu);
@@ -267,6 +277,7 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
     if (f->cap < len) {
         uint8_t *p = realloc(f->p, len);
         if (!p) goto nomem;
+        s->buf_bytes += len - f->cap;
         f->p = p;
         f->cap = len;
     }

@@ -152,8 +152,8 @@ typedef struct {
  * the payload into reusable buffers) and the thread writes them in order, applying sim
  * (NULL or zeros = plain TCP). The caller keeps computing while its frame travels. */
 ps_status ps_conn_start_sender(ps_conn *c, const ps_link_sim *sim, char *err, size_t errlen);
-/* Queues one frame. Returns at once, unless the queue holds more than 64 MiB, then waits
- * for room (at most timeout_ms). A write error of the thread is returned by the next call
+/* Queues one frame. Returns at once, unless the queue holds more than 64 MiB or 4096
+ * frames, then waits for room (at most timeout_ms). A write error of the thread is returned by the next call
  * (and by ps_conn_flush), naming the peer. */
 ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
                              char *err, size_t errlen);

@@ -48,6 +48,7 @@ struct worker {
     ps_hello me;         /* our hello (session filled per session) */
     int lfd;             /* listening socket */
     ps_conn *ctrl;       /* the coordinator's connection (NULL: no session) */
+    double ctrl_since;   /* when it connected (ps_now): SETUP must follow within --timeout-ms */
     ps_conn *in;         /* the previous stage's connection (stage 1: ctrl) */
     ps_conn *out;        /* the next stage's connection (last stage: ctrl) */
     bool out_failed;     /* the last error came from the next stage's connection */
@@ -192,6 +193,11 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     if (cp.n_ctx < 1 || cp.n_ctx > (1 << 24) || cp.max_batch < 1 || cp.max_batch > (1 << 16))
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP asks for %d positions in batches of %d (at most "
                        "%d and %d)", cp.n_ctx, cp.max_batch, 1 << 24, 1 << 16);
+    int max_ctx = w->o->max_ctx ? w->o->max_ctx : w->m->hp.ctx_train;
+    if (cp.n_ctx > max_ctx)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_ARG, "SETUP asks for %d positions; this worker serves at most %d "
+                       "(--max-ctx)", cp.n_ctx, max_ctx);
+    if (cp.max_batch > cp.n_ctx) cp.max_batch = cp.n_ctx; /* no forward pass is longer (same bits: invariant 1) */
     cp.act = (ps_act)act;
     bool last = w->m->has_head;
     if (last != !next[0])
@@ -346,6 +352,7 @@ static void adopt_peer(worker *w, handshake *h) {
         pthread_mutex_lock(&w->mu);
         w->ctrl = c;
         pthread_mutex_unlock(&w->mu);
+        w->ctrl_since = ps_now();
         say(w, "coordinator %s connected", ps_conn_peer(c));
     } else {
         ps_conn_set_max_payload(c, ps_mb_max_bytes(w->m->hp.dim, ps_stage_max_mb(w->stage)));
@@ -434,6 +441,10 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         close(o->ready_fd);
     }
     while (!*o->stop) {
+        if (w.ctrl && !w.out && (ps_now() - w.ctrl_since) * 1e3 > o->timeout_ms) { /* it would hold us: busy */
+            snprintf(w.err, sizeof w.err, "coordinator %s sent no SETUP within %d ms", ps_conn_peer(w.ctrl), o->timeout_ms);
+            end_session(&w, PS_ERR_KIND_SELF, w.err);
+        }
         struct pollfd fds[4] = {{.fd = w.lfd, .events = POLLIN}, {.fd = w.hs_pipe[0], .events = POLLIN}};
         int n = 2, ctrl = -1, in = -1;
         if (w.ctrl) fds[ctrl = n++] = (struct pollfd){.fd = ps_conn_fd(w.ctrl), .events = POLLIN};

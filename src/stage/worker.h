@@ -24,6 +24,7 @@ typedef struct {
     ps_link_sim sim;           /* emulation of the outgoing hop */
     int timeout_ms;            /* handshakes, and a frame once it has begun to arrive */
     int ready_fd;              /* >= 0: write "PORT\n" there once listening, then close it */
+    int max_ctx;               /* most positions a session may ask for (0: the model's trained context) */
     bool verify;               /* recompute the shard fingerprint at start-up */
     volatile sig_atomic_t *stop; /* set by a signal handler: return after the current step */
 } ps_worker_opts;
