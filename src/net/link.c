@@ -3,10 +3,11 @@
  *
  * The queue is a ring of slots; each slot keeps its payload buffer after its frame has
  * gone (up to LINK_KEEP_BYTES of them beyond the queued frames' own), so once the ring and
- * its buffers have grown to the traffic's size, queuing a frame allocates nothing. Producers copy payloads in under the lock; the thread copies
- * the head slot's pointers out, writes without the lock, then pops the head. Only the
- * thread pops, and producers only touch the tail slot, so the buffer being written never
- * moves (growing the ring moves slot structs, not buffers).
+ * its buffers have grown to the traffic's size, queuing a frame allocates nothing.
+ * Producers copy payloads in under the lock; the thread copies the head slot's pointers
+ * out, writes without the lock, then pops the head. Only the thread pops, and producers
+ * only touch the tail slot, so the buffer being written never moves (growing the ring
+ * moves slot structs, not buffers).
  *
  * Emulation (ps_link_sim): frame i is due at end_i = start_i + (24 + len) * 8 / rate, with
  * start_i = max(queued_i + latency, end_{i-1}): computed from the queue times alone, so the
@@ -30,7 +31,7 @@
 #include "net_internal.h"
 
 #define LINK_QUEUE_LIMIT (64ull << 20) /* queued header + payload bytes before send_async waits */
-#define LINK_QUEUE_FRAMES 4096        /* queued frames before send_async waits */
+#define LINK_QUEUE_FRAMES 4096         /* queued frames before send_async waits */
 #define LINK_KEEP_BYTES (64ull << 20)  /* payload buffers kept for reuse beyond those of queued frames */
 
 typedef struct {
