@@ -47,6 +47,7 @@ report under the sanitizer build). Exit 0 pass, 1 fail, 77 skip (no pipeshard bi
 import json
 import os
 import random
+import re
 import socket
 import struct
 import subprocess
@@ -999,6 +1000,31 @@ def case_mutations(want_last):
 
 
 # ------------------------------------------------------------------------------ main
+def case_log_flood(n=400):
+    """n connections to W1 that close at once: each is one line about a failed or dropped
+    connection, but the log takes a burst of 100 and then 10 a second; the rest are counted in
+    "N more lines ... left out" lines. Shown + left out = n exactly; then a real run is served."""
+    t0, mark = time.time(), len(W1.text())
+    host, port = W1.addr.rsplit(":", 1)
+    for _ in range(n):
+        socket.create_connection((host, int(port)), timeout=10).close()
+    pattern = re.compile(r"(\d+) more lines about failed or dropped connections left out")
+    deadline, shown, left = time.time() + 30, 0, 0
+    while time.time() < deadline:
+        lines = W1.text()[mark:].splitlines()
+        left = sum(int(m.group(1)) for m in map(pattern.search, lines) if m)
+        shown = sum(1 for line in lines if ("closed the connection" in line or "handshakes are under way" in line))
+        if shown + left >= n:
+            break
+        time.sleep(0.2)
+    took = time.time() - t0
+    check(shown + left == n, f"log flood: {shown} lines shown + {left} left out, not {n}")
+    check(left > 0 and shown <= 100 + 10 * took + 2,
+          f"log flood: {shown} lines shown in {took:.1f} s (a burst of 100, then 10 a second), {left} left out")
+    real_run("after a log flood")
+    print(f"  log flood: {n} connections, {shown} lines shown, {left} counted as left out ({took:.1f} s)")
+
+
 def idle_resources(w, base, what):
     """The idle worker's fds and threads come back to base (the worker may still be ending a session)."""
     deadline = time.time() + 30
@@ -1064,6 +1090,7 @@ def main():
         real_run("at the end")
         for w in workers:
             idle_resources(w, base_res[w.name], "at the end")
+        case_log_flood()  # last: it spends the worker's room for lines about connections
     finally:
         for w in workers:
             w.stop()

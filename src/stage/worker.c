@@ -27,6 +27,11 @@
 /* Longest wait for each step of an incoming handshake, and how many run at once. */
 #define HANDSHAKE_MS 5000
 #define MAX_HANDSHAKES 8
+/* Lines about connections that failed or were dropped: a burst of PEER_LINES_BURST, then
+ * PEER_LINES_PER_S a second (a peer can open connections faster than a log should grow);
+ * the lines left out are counted in one line when there is room again. */
+#define PEER_LINES_BURST 100
+#define PEER_LINES_PER_S 10
 
 typedef struct worker worker;
 
@@ -63,6 +68,8 @@ struct worker {
     pthread_mutex_t mu;  /* ctrl, in, out and session against the handshake threads' reads */
     handshake hs[MAX_HANDSHAKES];
     int hs_pipe[2];      /* a finished handshake writes its slot number */
+    double peer_room, peer_t; /* lines that may be shown now, and when that was counted (ps_now) */
+    int peer_hidden;     /* lines left out since the last one shown */
 };
 
 static double now_ms(void) { return ps_now() * 1e3; }
@@ -296,6 +303,26 @@ static ps_status probe(worker *w) {
     return ctrl_send(w, PS_MSG_STATS, w->wb.p, w->wb.len);
 }
 
+/* Adds the room the time since the last count gives, and says how many lines were left
+ * out once there is room for that line. */
+static void peer_refill(worker *w) {
+    double now = ps_now();
+    w->peer_room = fmin(PEER_LINES_BURST, w->peer_room + (now - w->peer_t) * PEER_LINES_PER_S);
+    w->peer_t = now;
+    if (w->peer_hidden && w->peer_room >= 1) {
+        say(w, "%d more lines about failed or dropped connections left out", w->peer_hidden);
+        w->peer_room -= 1, w->peer_hidden = 0;
+    }
+}
+
+/* Whether a line about a failed or dropped connection may be shown now (else it is counted). */
+static bool peer_line(worker *w) {
+    peer_refill(w);
+    if (w->peer_room >= 1) return w->peer_room -= 1, true;
+    w->peer_hidden++;
+    return false;
+}
+
 /* The thread of one incoming handshake: runs it, then hands its slot to the loop. */
 static void *handshake_main(void *arg) {
     handshake *h = arg;
@@ -317,7 +344,7 @@ static void accept_peer(worker *w) {
     for (int i = 0; i < MAX_HANDSHAKES && !h; i++)
         if (!w->hs[i].busy) h = &w->hs[i];
     if (!h) {
-        say(w, "dropped %s: %d handshakes are under way already", ps_conn_peer(c), MAX_HANDSHAKES);
+        if (peer_line(w)) say(w, "dropped %s: %d handshakes are under way already", ps_conn_peer(c), MAX_HANDSHAKES);
         ps_conn_free(c);
         return;
     }
@@ -325,7 +352,7 @@ static void accept_peer(worker *w) {
     h->mine.session = 0; /* told to nobody before they prove the key */
     h->busy = true;
     if (pthread_create(&h->thread, NULL, handshake_main, h)) {
-        say(w, "dropped %s: cannot start a thread for its handshake", ps_conn_peer(c));
+        if (peer_line(w)) say(w, "dropped %s: cannot start a thread for its handshake", ps_conn_peer(c));
         ps_conn_free(c);
         h->busy = false;
     }
@@ -337,11 +364,11 @@ static void adopt_peer(worker *w, handshake *h) {
     pthread_join(h->thread, NULL);
     ps_conn *c = h->c;
     ps_status s = h->s;
-    if (s) {
+    if (s && peer_line(w)) {
         /* the handshake's errors name the peer already ("refused P: why", "P refused: why") */
         if (strstr(h->err, ps_conn_peer(c))) say(w, "%s", h->err);
         else say(w, "handshake with %s failed: %s", ps_conn_peer(c), h->err);
-    } else if ((s = session_refuses(w, &h->peer, w->err, sizeof w->err))) {
+    } else if (!s && (s = session_refuses(w, &h->peer, w->err, sizeof w->err)) && peer_line(w)) {
         say(w, "dropped %s after its handshake: %s", ps_conn_peer(c), w->err);
     }
     if (s) {
@@ -403,7 +430,8 @@ static void on_frame(worker *w, ps_conn *c) {
 }
 
 ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
-    worker w = {.o = o, .lfd = -1, .hs_pipe = {-1, -1}, .mu = PTHREAD_MUTEX_INITIALIZER};
+    worker w = {.o = o, .lfd = -1, .hs_pipe = {-1, -1}, .mu = PTHREAD_MUTEX_INITIALIZER, .peer_room = PEER_LINES_BURST,
+                .peer_t = ps_now()};
     ps_status s = ps_stage_open(o->shard, o->threads, &w.stage, err, errlen);
     if (s) return s;
     w.m = ps_stage_model(w.stage);
@@ -441,6 +469,7 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         close(o->ready_fd);
     }
     while (!*o->stop) {
+        peer_refill(&w); /* says what was left out, once it can */
         if (w.ctrl && !w.out && (ps_now() - w.ctrl_since) * 1e3 > o->timeout_ms) { /* it would hold us: busy */
             snprintf(w.err, sizeof w.err, "coordinator %s sent no SETUP within %d ms", ps_conn_peer(w.ctrl), o->timeout_ms);
             end_session(&w, PS_ERR_KIND_SELF, w.err);
