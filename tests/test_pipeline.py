@@ -549,45 +549,31 @@ def silent_peers(m, fleet, plain):
 
 
 def stale_worker(m, fleet, plain):
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
-    srv.settimeout(30)
-    addr = f"127.0.0.1:{srv.getsockname()[1]}"
-    seen = {}
+    def script(c, seen):
+        _, ver, typ, _, payload, _ = recv_frame(c)
+        seen["hello"] = (ver, typ)
+        c.sendall(frame(MSG_HELLO_REPLY, b"\0" * 64, version=0))
 
-    def serve():
-        try:
-            c, _ = srv.accept()
-            with c:
-                c.settimeout(30)
-                _, ver, typ, _, payload, _ = recv_frame(c)
-                seen["hello"] = (ver, typ)
-                c.sendall(frame(MSG_HELLO_REPLY, b"\0" * 64, version=0))
-                c.recv(4096)  # until the coordinator hangs up
-        except OSError as e:
-            seen["error"] = str(e)
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    fake = FakeWorker(fleet, 2, script, handshake=False)
+    addr = fake.addr
     try:
         f = write_fleet(fleet, [plain[0].addr, addr], "fleet-stale.json")
         p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + GREEDY, 60)
-        t.join(30)
-        check(seen.get("hello") == (1, MSG_HELLO), f"fake worker: expected a version-1 HELLO, saw {seen}")
-        check(p.returncode != 0, "fake worker of version 0: run succeeded")
-        check(f"stage 2 ({addr})" in p.stderr and "version 0" in p.stderr,
-              f"fake worker of version 0: run's stderr does not name {addr} and version 0: {p.stderr[-1500:]}")
-        serves(write_fleet(fleet, [w.addr for w in plain], "fleet-plain.json"), m, "fake worker of version 0")
     finally:
-        srv.close()
+        fake.close()
+    check(fake.seen.get("hello") == (1, MSG_HELLO), f"fake worker: expected a version-1 HELLO, saw {fake.seen}")
+    check(p.returncode != 0, "fake worker of version 0: run succeeded")
+    check(f"stage 2 ({addr})" in p.stderr and "version 0" in p.stderr,
+          f"fake worker of version 0: run's stderr does not name {addr} and version 0: {p.stderr[-1500:]}")
+    serves(write_fleet(fleet, [w.addr for w in plain], "fleet-plain.json"), m, "fake worker of version 0")
 
 
 class FakeWorker:
     """A fake worker (no key) for stage k of fleet on a port of its own: it passes the coordinator's
-    handshake, then script(conn) plays the rest; what it saw goes into .seen."""
+    handshake (unless handshake is False), then script(conn, seen) plays the rest; what it saw goes
+    into .seen."""
 
-    def __init__(self, fleet, k, script):
+    def __init__(self, fleet, k, script, handshake=True):
         self.srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.srv.bind(("127.0.0.1", 0))
         self.srv.listen(4)
@@ -598,20 +584,21 @@ class FakeWorker:
         st = j["stages"][k]
         self.hello = (struct.pack("<Biiiii", 3, k, len(j["stages"]), st["layers"][0], st["layers"][1], j["n_layer"]) +
                       pstr(j["model_fingerprint"]) + pstr(st["fingerprint"]) + struct.pack("<Q", 0))
-        self.t = threading.Thread(target=self.serve, args=(script,), daemon=True)
+        self.t = threading.Thread(target=self.serve, args=(script, handshake), daemon=True)
         self.t.start()
 
-    def serve(self, script):
+    def serve(self, script, handshake):
         try:
             c, _ = self.srv.accept()
             with c:
                 c.settimeout(30)
-                recv_frame(c)  # HELLO
-                c.sendall(frame(MSG_HELLO_REPLY, self.hello + os.urandom(32) + b"\0" + b"\0" * 32))
-                self.seen["auth"] = recv_frame(c)[2]
-                c.sendall(frame(MSG_WELCOME, b""))
-                self.seen["setup"] = recv_frame(c)[2]
-                script(c)
+                if handshake:
+                    recv_frame(c)  # HELLO
+                    c.sendall(frame(MSG_HELLO_REPLY, self.hello + os.urandom(32) + b"\0" + b"\0" * 32))
+                    self.seen["auth"] = recv_frame(c)[2]
+                    c.sendall(frame(MSG_WELCOME, b""))
+                    self.seen["setup"] = recv_frame(c)[2]
+                script(c, self.seen)
                 c.recv(4096)  # until the coordinator hangs up
         except (OSError, ConnectionError) as e:
             self.seen["error"] = str(e)
@@ -625,7 +612,7 @@ def escaping_worker(m, fleet, plain):
     """A fake last stage that answers SETUP with an ERROR full of terminal escapes, a bidi override
     and a line break: run's error line shows them as '?'."""
     reason = "evil \x1b[2J\x1b]0;owned\x07 \u202e\nend"
-    fake = FakeWorker(fleet, 2, lambda c: c.sendall(frame(MSG_ERROR, b"\0" + pstr(reason))))
+    fake = FakeWorker(fleet, 2, lambda c, seen: c.sendall(frame(MSG_ERROR, b"\0" + pstr(reason))))
     try:
         p = pipeshard(["run", "--fleet", write_fleet(fleet, [plain[0].addr, fake.addr], "fleet-escaping.json")] +
                       m.prompt + GEN + GREEDY, 60)
@@ -647,7 +634,7 @@ def dripping_worker(m):
     T = 3.0
     times = {}
 
-    def script(c):
+    def script(c, seen):
         c.sendall(frame(MSG_READY, b""))
         recv_frame(c)  # FORWARD
         times["forward"] = time.time()

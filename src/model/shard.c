@@ -160,9 +160,6 @@ static bool stage_holds(place_kind kind, int layer, int k, int n, int begin, int
     return false;
 }
 
-/* See shard.h. Every tensor must have a place (classify) and every layer at least one
- * tensor; the embedding must be present. Tied models (no output.weight) count the
- * embedding's bytes in the head too, since the last stage gets a copy. */
 ps_status ps_shard_n_layer(const ps_gguf *g, int *n_layer, char *err, size_t errlen) {
     ps_gguf_str arch;
     char key[160], why[256] = "";
@@ -178,6 +175,9 @@ ps_status ps_shard_n_layer(const ps_gguf *g, int *n_layer, char *err, size_t err
     return PS_OK;
 }
 
+/* See shard.h. Every tensor must have a place (classify) and every layer at least one
+ * tensor; the embedding must be present. Tied models (no output.weight) count the
+ * embedding's bytes in the head too, since the last stage gets a copy. */
 ps_status ps_shard_layer_bytes(const ps_gguf *g, int n_layer, uint64_t *layer_bytes, uint64_t *embed_bytes,
                                uint64_t *head_bytes, char *err, size_t errlen) {
     if (!g || !layer_bytes || !embed_bytes || !head_bytes)

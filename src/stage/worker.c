@@ -216,15 +216,16 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     w->compute_ms = 0, w->done = false, w->filled = 0;
     ps_status s = ps_stage_begin(w->stage, &cp, max_mb, w->err, sizeof w->err);
     if (s) return s;
-    ps_conn_set_max_payload(w->ctrl, ps_mb_max_bytes(w->m->hp.dim, max_mb));
+    uint32_t limit = ps_mb_max_bytes(w->m->hp.dim, max_mb);
+    ps_conn_set_max_payload(w->ctrl, limit);
     ps_conn *out = w->ctrl;
     if (!last) {
         ps_hello me = w->me, peer;
         me.role = PS_ROLE_PREV_STAGE;
         s = ps_net_dial(next, w->o->timeout_ms, &out, w->err, sizeof w->err);
         if (!s)
-            s = ps_net_handshake_client(out, w->o->key, &me, check_next, w, ps_mb_max_bytes(w->m->hp.dim, max_mb),
-                                        w->o->timeout_ms, &peer, w->err, sizeof w->err);
+            s = ps_net_handshake_client(out, w->o->key, &me, check_next, w, limit, w->o->timeout_ms, &peer, w->err,
+                                        sizeof w->err);
     }
     if (!s) s = ps_conn_start_sender(out, &w->o->sim, w->err, sizeof w->err);
     if (s) {
@@ -374,8 +375,10 @@ static void adopt_peer(worker *w, handshake *h) {
     if (s) {
         ps_conn_free(c);
     } else if (h->peer.role == PS_ROLE_COORD) {
-        if (w->ctrl) say(w, "the coordinator of session %016llx went away", (unsigned long long)w->session);
-        if (w->ctrl) end_session(w, 0, NULL);
+        if (w->ctrl) {
+            say(w, "the coordinator of session %016llx went away", (unsigned long long)w->session);
+            end_session(w, 0, NULL);
+        }
         pthread_mutex_lock(&w->mu);
         w->ctrl = c;
         pthread_mutex_unlock(&w->mu);
@@ -469,7 +472,7 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         close(o->ready_fd);
     }
     while (!*o->stop) {
-        peer_refill(&w); /* says what was left out, once it can */
+        if (w.peer_hidden) peer_refill(&w); /* says what was left out, once it can */
         if (w.ctrl && !w.out && (ps_now() - w.ctrl_since) * 1e3 > o->timeout_ms) { /* it would hold us: busy */
             snprintf(w.err, sizeof w.err, "coordinator %s sent no SETUP within %d ms", ps_conn_peer(w.ctrl), o->timeout_ms);
             end_session(&w, PS_ERR_KIND_SELF, w.err);
