@@ -7,11 +7,12 @@
 Models are written by `pipeshard synth` into .cache/bench (kept between runs); shards into
 bench/out. Every stage runs with --threads threads; workers are `pipeshard worker` processes on
 loopback. Three tables:
-  1. decode tok/s of 1, 2 and 3 stages in --repeats rounds; a round runs the unsplit model, then 2
-     and 3 stages (the order rotating), then the unsplit model again, and compares each split run
-     with the mean of the round's two unsplit runs (a drift of the machine's speed within the round
-     cancels); ratio = the median over the rounds, and its range; and what the ring's hops cost per
-     token (the stats' ring_overhead_ms: the coordinator's wait minus the workers' compute);
+  1. decode tok/s of 1, 2 and 3 stages, from `pipeshard bench --stages 2,3` (see its --help): one
+     process holds the unsplit model and a local fleet of each size, and they decode in turns of 8
+     tokens, so that a drift of the machine's speed slows them alike; --repeats repetitions of
+     --tokens tokens each; ratio = split tok/s / unsplit tok/s, the spread of single rounds' ratios,
+     and what the ring's hops cost per token (the coordinator's wait minus the workers' compute);
+     threads placed by the scheduler, then pinned (--pin);
   2. decode tok/s of 2 and 3 stages at each emulated one-way latency per hop (--sim-latency-ms on the
      coordinator and on every worker);
   3. time to first token of a --ttft-prompt-token prompt on 1, 2 and 3 stages (--prefill-chunk 128).
@@ -99,37 +100,22 @@ def run(model_args, threads, prompt, n, extra=(), cpus0=None):
 
 
 def decode_table(models, threads, repeats, tokens):
-    print(f"\n1. decode, {threads} threads per stage, loopback, {tokens} tokens, {repeats} rounds; a round runs the"
-          f" unsplit model, 2 and 3 stages (the order rotating), and the unsplit model again; ratio = split tok/s"
-          f" / the mean of the round's two unsplit runs; tok/s and ratio are medians over the rounds, 'range' the"
-          f" rounds' lowest and highest ratio; 'hops' = ring overhead in us per token (median)")
-    print(f"{'model':26} {'stages':>6} {'tok/s':>9} {'ratio':>7} {'range':>13} {'hops':>6}   per-stage compute ms/token")
-    prompt = list(range(1, 17))
+    print(f"\n1. decode, {threads} threads per stage, loopback: `pipeshard bench --stages 2,3` (one process holds the"
+          f" unsplit model and both local fleets; after a 16-token prompt each decodes {tokens} tokens in turns of 8,"
+          f" the order rotating, x {repeats} repetitions; greedy, tokens checked equal); ratio = decode tok/s / the"
+          f" unsplit model's; 'rounds' = the p10/median/p90 of the ratios of single rounds; 'hops' = ring overhead"
+          f" in us per token; threads as the scheduler places them, then pinned (--pin) in every configuration")
+    print(f"{'model':26} {'threads':>8} {'stages':>6} {'tok/s':>9} {'ratio':>7} {'rounds p10/50/90':>20} {'hops':>6}")
     for spec in models:
         model = model_path(spec)
-        fleets = {n: Fleet(model, n, threads) for n in (2, 3)}
-        try:
-            res = {1: [], 2: [], 3: []}
-            base = []
-            for r in range(repeats):
-                split = (2, 3) if r % 2 == 0 else (3, 2)  # drift in the machine's speed favours no one
-                first = run(["-m", model], threads, prompt, tokens)
-                for n in split:
-                    res[n].append(run(["--fleet", fleets[n].fleet_json], threads, prompt, tokens))
-                last = run(["-m", model], threads, prompt, tokens)
-                res[1] += [first, last]
-                base.append((first["decode_tok_s"] + last["decode_tok_s"]) / 2)
-        finally:
-            for f in fleets.values():
-                f.stop()
-        for n in (1, 2, 3):
-            tps = [j["decode_tok_s"] for j in res[n]]
-            ratios = [1.0] if n == 1 else [t / b for t, b in zip(tps, base)]
-            hops = "" if n == 1 else f"{statistics.median(j['ring_overhead_ms'] / j['generated_tokens'] * 1e3 for j in res[n]):6.0f}"
-            j = res[n][-1]
-            per = [s["compute_ms"] / max(1, j["generated_tokens"]) for s in j["stage_stats"]]
-            print(f"{spec:26} {n:6} {statistics.median(tps):9.2f} {statistics.median(ratios):7.3f} "
-                  f"{min(ratios):6.3f}-{max(ratios):.3f} {hops:>6}   " + " ".join(f"{x:.2f}" for x in per))
+        for pin in ([], ["--pin"]):
+            out = sh([BIN, "bench", "-m", model, "--stages", "2,3", "-t", str(threads), "-p", "16", "-n", str(tokens),
+                      "-r", str(repeats), "--json"] + pin, timeout=3600).stdout
+            for c in json.loads(out)["configs"]:
+                hops = f"{c['ring_overhead_us_per_token']:6.0f}" if c["stages"] > 1 else ""
+                rounds = f"{c['round_ratio_p10']:.3f}/{c['round_ratio_median']:.3f}/{c['round_ratio_p90']:.3f}"
+                print(f"{spec:26} {'pinned' if pin else 'free':>8} {c['stages']:6} {c['decode_tok_s']:9.2f} "
+                      f"{c['ratio']:7.3f} {rounds:>20} {hops:>6}", flush=True)
 
 
 def latency_table(models, threads, latencies):
@@ -186,7 +172,7 @@ def ttft_table(models, threads, n_prompt):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--models", default="llama-3.2-1b:Q4_0 smollm2-135m:Q8_0")
     ap.add_argument("--latencies", default="0,10,50,100")

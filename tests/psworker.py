@@ -52,10 +52,11 @@ def pstr(s):
 
 class Worker:
     """`pipeshard worker` on a shard, listening on host:port (0: a free one, learnt through
-    --ready-fd), its stderr appended to log; `ip netns exec NS` in front when netns is given."""
+    --ready-fd), its stderr appended to log; `ip netns exec NS` in front when netns is given, and
+    prefix (say taskset) in front of all."""
 
     def __init__(self, bin_path, shard, log, name, host="127.0.0.1", port=0, threads=1, timeout_ms=5000, key=None,
-                 netns=None, env=None, extra=()):
+                 netns=None, env=None, extra=(), prefix=()):
         self.name, self.log = name, log
         r, w = os.pipe()
         cmd = [bin_path, "worker", "--shard", shard, "--listen", f"{host}:{port}", "-t", str(threads),
@@ -65,6 +66,7 @@ class Worker:
         cmd += list(extra)
         if netns:
             cmd = ["ip", "netns", "exec", netns] + cmd
+        cmd = list(prefix) + cmd
         with open(log, "ab") as lf:
             self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=lf,
                                       pass_fds=(w,), preexec_fn=die_with_parent, env=env)

@@ -12,7 +12,11 @@ On synthetic models (`pipeshard synth`, tied and untied, Q8_0 and Q4_K_M):
   * measured bandwidth: positive and finite; with one repetition, share = decode / limit exactly
     (with several, each repetition's share uses its own bandwidth, so the medians need not agree);
   * the table form prints the prefill, decode and bandwidth lines;
-  * bad flags and files: non-zero exit and one clear line.
+  * bad flags and files: non-zero exit and one clear line;
+  * --stages 2,3 (split against unsplit, one process): a row per stage count with 1 first, every
+    ratio = that row's decode speed / the unsplit one, the rounds' quantiles ordered, a ring
+    overhead only for splits; a split whose stage 0 computes something else (its cached shard
+    bent) is caught by the token comparison; --pin runs; bad --stages/--segment lines fail.
 Exit 0 pass, 1 fail.
 """
 import json
@@ -124,6 +128,15 @@ def case_errors(tmp, path):
         (["-m", path, "--frobnicate"], ["unknown option", "--frobnicate"]),
         (["-m", os.path.join(tmp, "missing.gguf")], ["missing.gguf"]),
         (["-m", junk], ["junk.gguf"]),
+        (["-m", path, "--stages", "1"], ["--stages", "distinct stage counts 2..64"]),
+        (["-m", path, "--stages", "2,2"], ["--stages", "'2,2'"]),
+        (["-m", path, "--stages", "2,"], ["--stages", "'2,'"]),
+        (["-m", path, "--stages", "65"], ["--stages", "'65'"]),
+        (["-m", path, "--stages", "x"], ["--stages", "'x'"]),
+        (["-m", path, "--stages", "2", "--segment", "0"], ["--segment"]),
+        (["-m", path, "--segment", "4"], ["--segment goes with --stages"]),
+        (["-m", path, "--stages", "2", "--mem-bw", "10"], ["--mem-bw", "not with --stages"]),
+        (["-m", path, "--stages", "4"], ["cannot cut 3 layers into 4 stages"]),
     ]
     for args, words in cases:
         p = bench(args)
@@ -131,6 +144,47 @@ def case_errors(tmp, path):
         first = lines[0] if lines else ""
         check(0 < p.returncode < 128 and all(w.lower() in first.lower() for w in words),
               f"bench {' '.join(args)!r}: clean failure naming {words} (exit {p.returncode}, {first!r})")
+
+
+def case_stages(tmp, path):
+    env = dict(os.environ, PIPESHARD_CACHE=os.path.join(tmp, "cache"))
+    p = subprocess.run([BIN, "bench", "-m", path, "--stages", "2,3", "-p", "6", "-n", "10", "--segment", "3", "-r", "2",
+                        "-t", "1", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    if not check(p.returncode == 0, f"--stages 2,3: exits 0 (stderr {p.stderr[-500:]!r})"):
+        return
+    j = json.loads(p.stdout)
+    check((j["n_prompt"], j["n_gen"], j["segment"], j["reps"], j["rounds"]) == (6, 10, 3, 2, 8),
+          f"--stages: n_prompt, n_gen, segment, reps and rounds (ceil(10 / 3) x 2 = 8): {j}")
+    cs = j["configs"]
+    check([c["stages"] for c in cs] == [1, 2, 3], f"--stages 2,3: rows for 1, 2, 3 stages: {cs}")
+    base = cs[0]["decode_tok_s"]
+    for c in cs:
+        n = c["stages"]
+        check(c["decode_tok_s"] > 0 and c["prefill_tok_s"] > 0, f"--stages: {n} stages, positive speeds")
+        check(math.isclose(c["ratio"], c["decode_tok_s"] / base, rel_tol=1e-12),
+              f"--stages: {n} stages, ratio {c['ratio']} = {c['decode_tok_s']} / {base}")
+        check(0 < c["round_ratio_p10"] <= c["round_ratio_median"] <= c["round_ratio_p90"],
+              f"--stages: {n} stages, rounds' ratio quantiles ordered: {c}")
+        check((c["ring_overhead_us_per_token"] > 0) == (n > 1), f"--stages: ring overhead only for splits: {c}")
+    check(cs[0]["round_ratio_p10"] == cs[0]["round_ratio_p90"] == 1, "--stages: the unsplit row's rounds are 1")
+    p = subprocess.run([BIN, "bench", "-m", path, "--stages", "2", "-p", "4", "-n", "4", "-r", "1", "-t", "2", "--pin"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    rows = [l.split()[0] for l in p.stdout.splitlines() if l.split() and l.split()[0].isdigit()]
+    check(p.returncode == 0 and rows == ["1", "2"] and "ratio" in p.stdout,
+          f"--stages 2 --pin, table: rows 1 and 2 (exit {p.returncode}, {p.stdout!r}, {p.stderr[-300:]!r})")
+    # bend stage 0 of the cached 2-stage split (the coordinator maps it without rehashing):
+    # its tokens then differ from the unsplit model's, and the benchmark must say so
+    cached = [os.path.join(r, "stage-0.gguf") for r, _, fs in os.walk(env["PIPESHARD_CACHE"]) if r.endswith("-2")]
+    if not check(len(cached) == 1, f"--stages: one cached 2-stage split: {cached}"):
+        return
+    t = {x.name: x for x in gguf.GGUFReader(cached[0]).tensors}["blk.0.ffn_down.weight"]
+    with open(cached[0], "r+b") as f:
+        f.seek(int(t.data_offset))
+        f.write(bytes(int(t.n_bytes)))
+    p = subprocess.run([BIN, "bench", "-m", path, "--stages", "2", "-p", "6", "-n", "10", "-r", "1", "-t", "1"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    check(p.returncode == 1 and "2 stages generated token" in p.stderr and "where the unsplit model generated" in p.stderr,
+          f"--stages with a bent stage 0: exit 1 naming the first differing token (exit {p.returncode}, {p.stderr!r})")
 
 
 def main():
@@ -145,6 +199,7 @@ def main():
         case_measured(q8)
         case_table(q8)
         case_errors(tmp, q8)
+        case_stages(tmp, q8)
     return verdict()
 
 

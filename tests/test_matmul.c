@@ -5,7 +5,8 @@
  *     bit for bit for the families that promise it (neon, neondot);
  *   - batch invariance: for each family, y[t][r] bit-identical whatever n_tok, the token's
  *     place in the batch, the thread count and the row range asked for;
- *   - scratch and weight buffers allocated to the byte, so that sanitizers catch overreads. */
+ *   - scratch and weight buffers allocated to the byte, so that sanitizers catch overreads;
+ *   - ps_pool_pin / ps_pool_unpin_self (Linux). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -61,6 +62,66 @@ static void test_pool(void) {
     ps_pool_run(NULL, probe_task, &p);
     PS_CHECK_EQ_INT(atomic_load(&p.calls[0]), 1);
 }
+
+#ifdef __linux__
+#include <dirent.h>
+#include <sched.h>
+#include <unistd.h>
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* The ids of this process's threads but the main one, sorted (the order they were started
+ * in). Returns how many. */
+static int thread_ids(int *out, int cap) {
+    int n = 0, self = getpid();
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d)) && n < cap;)
+        if (e->d_name[0] != '.' && atoi(e->d_name) != self) out[n++] = atoi(e->d_name);
+    if (d) closedir(d);
+    qsort(out, (size_t)n, sizeof *out, cmp_int);
+    return n;
+}
+
+/* Whether thread tid (0: the calling thread) may run on cpu alone. */
+static bool on_cpu(int tid, int cpu) {
+    cpu_set_t got, want;
+    CPU_ZERO(&want);
+    CPU_SET(cpu, &want);
+    return sched_getaffinity(tid, sizeof got, &got) == 0 && CPU_EQUAL(&got, &want);
+}
+
+/* ps_pool_pin: thread i on the i-th CPU this process could use (the caller is thread 0),
+ * a second pool pinned while the caller is pinned still spreads over every CPU, and
+ * ps_pool_unpin_self gives the caller its CPUs back. Runs last, with no other pool alive:
+ * it pins the test's thread. */
+static void test_pool_pin(void) {
+    cpu_set_t orig, now;
+    PS_CHECK(sched_getaffinity(0, sizeof orig, &orig) == 0);
+    int cpus[CPU_SETSIZE], m = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &orig)) cpus[m++] = c;
+    char err[256];
+    for (int round = 0; round < 2; round++) { /* round 1: the caller is pinned already */
+        int before[64], after[64], nb = thread_ids(before, 64), k = 0;
+        ps_pool *pool = NULL;
+        PS_CHECK_OK(ps_pool_create(4, &pool));
+        PS_CHECK_OK(ps_pool_pin(pool, err, sizeof err));
+        int na = thread_ids(after, 64);
+        PS_CHECK(on_cpu(0, cpus[0]));
+        for (int i = 0; i < na; i++) { /* the pool's threads: those not there before */
+            bool old = false;
+            for (int j = 0; j < nb; j++) old |= after[i] == before[j];
+            if (old) continue;
+            k++;
+            PS_CHECK(on_cpu(after[i], cpus[k % m]));
+        }
+        PS_CHECK_EQ_INT(k, 3);
+        ps_pool_free(pool);
+    }
+    ps_pool_unpin_self();
+    PS_CHECK(sched_getaffinity(0, sizeof now, &now) == 0 && CPU_EQUAL(&now, &orig));
+}
+#endif
 
 // A test problem
 
@@ -354,5 +415,8 @@ int main(void) {
     PS_CHECK(!ps_matmul_supported(PS_TYPE_Q2_K));
     PS_CHECK(ps_matmul_set_isa("nonsense") == PS_ERR_ARG);
     for (int i = 1; i < 4; i++) ps_pool_free(pools[i]);
+#ifdef __linux__
+    test_pool_pin();
+#endif
     return ps_test_done();
 }

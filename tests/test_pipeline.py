@@ -800,6 +800,34 @@ def case_startup(m):
     print("  worker start-up errors: ok")
 
 
+def thread_cpus(pid):
+    """Each thread's allowed CPUs (a list of Cpus_allowed_list strings), main thread first."""
+    out = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=lambda t: (int(t) != pid, int(t))):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            out += [l.split()[1] for l in f if l.startswith("Cpus_allowed_list:")]
+    return out
+
+
+def case_pin(m):
+    """--pin: thread i of a stage on the i-th CPU the process may use (taskset respected), and
+    the same tokens."""
+    fleet = split(m.path, 2, os.path.join(TMP, "pin-2"))
+    cpus = sorted(os.sched_getaffinity(0))
+    for name, prefix, allowed in (("pin", [], cpus), ("pin-taskset", ["taskset", "-c", str(cpus[-1])], cpus[-1:])):
+        w = Worker(shard(fleet, 1), name, threads=3, extra=["--pin"], prefix=prefix)
+        try:
+            want = [str(allowed[i % len(allowed)]) for i in range(3)]
+            got = thread_cpus(w.p.pid)
+            check(got == want, f"worker -t 3 --pin on CPUs {allowed}: threads on {got}, expected {want}")
+        finally:
+            w.stop()
+    for args in (["-m", m.path], ["-m", m.path, "--local-stages", "3"]):
+        same(ids(args + ["--pin", "-t", "2"] + m.prompt + GEN + GREEDY, f"{m.name} --pin"), m.reference(GREEDY),
+             f"{m.name}: {' '.join(args[2:])} --pin")
+    print("  --pin: ok")
+
+
 # ------------------------------------------------------------------------------ case 6: the split cache
 def case_split_cache(m):
     """--local-stages keeps its split in $PIPESHARD_CACHE/splits/<model fingerprint>-<N> and reuses
@@ -852,6 +880,7 @@ def main():
         case_refusals(ms[0])
         case_failures(ms[0])
         case_startup(ms[0])
+        case_pin(ms[0])
         case_split_cache(ms[0])
     finally:
         stop_all(WORKERS)

@@ -817,6 +817,45 @@ def case_sessions(want):
         c1.close()
         c2.close()
         healthy(f"{w.name}: second coordinator")
+    # two coordinators whose handshakes overlap (both pass the check before the loop adopts
+    # either): one gets the session, the other an ERROR saying why in answer to its SETUP, not
+    # a bare close. Whether they overlap is up to the threads' timing (else the second is refused
+    # as busy in its handshake, also with the reason): tried until they have, at most 20 times
+    for w in (W1, W2):
+        overlaps = 0
+        for attempt in range(20):
+            s = new_session()
+            last = setup_last(s) if w is W1 else None  # stage 1's session needs stage 2's
+            cs = [Conn(w.addr) for _ in range(2)]
+            for c in cs:
+                c.send(HELLO, FLEET.hello() + os.urandom(32) + b"\0")
+                check(c.recv()[0] == HELLO_REPLY, f"{w.name}: overlapping handshakes: HELLO_REPLY")
+            for c in cs:  # both AUTHs at once: both checks run before the first WELCOME is adopted
+                c.send(AUTH, bytes(32))
+            answers = []
+            for c in cs:
+                typ, p = c.recv()
+                if typ == WELCOME:
+                    c.send(SETUP, setup_payload(s, nxt=W2.addr if w is W1 else ""))
+                    frames, _, _ = c.drain(3.0)
+                    answers.append([(t, parse_error(p)[1] if t == ERROR else p) for t, p in frames])
+                else:
+                    answers.append([(typ, p.decode(errors="replace"))])
+                c.close()
+            if last:
+                last.close()
+            ready = [a for a in answers if a and a[0][0] == READY]
+            busy = [a for a in answers if a and a[0][0] in (ERROR, REFUSE) and
+                    "busy: serving a session of coordinator 127.0.0.1:" in a[0][1]]
+            if not check(len(ready) == 1 and len(busy) == 1,
+                         f"{w.name}: overlapping handshakes: one READY and one saying busy, got {answers}"):
+                break
+            healthy(f"{w.name}: overlapping handshakes")
+            overlaps += busy[0][0][0] == ERROR
+            if overlaps:
+                break
+        check(overlaps == 1, f"{w.name}: the two handshakes never overlapped in {attempt + 1} tries")
+        print(f"  {w.name}: overlapping handshakes after {attempt + 1} tries")
     # a coordinator that authenticates and then says nothing: dropped after --timeout-ms, so that
     # it cannot keep the worker busy; the next coordinator is served
     for w in (W1, W2):

@@ -11,33 +11,57 @@
 #include "../model/model.h"
 #include "../tensor/types.h"
 #include "args.h"
+#include "bench.h"
 #include "cli.h"
 
-typedef struct {
-    const char *model;
-    long long n_prompt, n_gen, threads, reps;
-    double mem_bw;      /* GB/s given by --mem-bw, or 0: measure */
-    ps_act act;
-    bool json;
-} bench_opts;
 
 static void bench_usage(FILE *f) {
     fprintf(f,
-            "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [-r REPS] [--activations q8|f32]\n"
+            "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [--pin] [-r REPS] [--activations q8|f32]\n"
             "                       [--mem-bw GBS] [--json]\n"
+            "       pipeshard bench -m MODEL --stages 2,3 [--segment N] [-p N] [-n N] [-t THREADS] [--pin]\n"
+            "                       [-r REPS] [--activations q8|f32] [--json]\n"
             "  -p N        prompt tokens for the prefill measurement (default 128)\n"
             "  -n N        generated tokens for the decode measurement (default 64)\n"
             "  -t THREADS  threads (default: all cores)\n"
+            "  --pin       pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
             "  -r REPS     repetitions; figures are medians (default 3)\n"
             "  --activations q8|f32  matmul arithmetic (default q8; see pipeshard run --help)\n"
             "  --mem-bw GBS  memory read bandwidth for the decode limit (default: measured here\n"
             "              before each repetition, best of 3 reads of 512 MiB with the same threads)\n"
-            "  --json      one JSON object instead of a table\n");
+            "  --json      one JSON object instead of a table\n"
+            "  --stages LIST  decode of the model split into each of these stage counts (2..%d; a\n"
+            "              local fleet on loopback, THREADS per stage) against the unsplit model, in\n"
+            "              one run: after the same -p prompt they decode -n tokens in turns of\n"
+            "              --segment tokens, the order rotating; greedy, and every split must give\n"
+            "              the unsplit model's tokens. Ratio = split decode tok/s / unsplit's\n"
+            "  --segment N decode tokens per turn with --stages (default 8)\n",
+            PS_SHARD_MAX_STAGES);
+}
+
+/* --stages: a comma-separated list of distinct stage counts, each 2..PS_SHARD_MAX_STAGES. */
+static bool parse_stages(const char *v, bench_opts *o) {
+    o->n_split = 0;
+    for (const char *p = v;; p++) {
+        char *end;
+        long n = strtol(p, &end, 10);
+        bool dup = false;
+        for (int i = 0; i < o->n_split; i++) dup |= o->split[i] == n;
+        if (*p < '0' || *p > '9' || (*end && *end != ',') || n < 2 || n > PS_SHARD_MAX_STAGES || dup ||
+            o->n_split == PS_SHARD_MAX_STAGES) {
+            fprintf(stderr, "pipeshard bench: --stages takes distinct stage counts 2..%d separated by commas (the "
+                    "unsplit model always runs), got '%s'\n", PS_SHARD_MAX_STAGES, v);
+            return false;
+        }
+        o->split[o->n_split++] = (int)n;
+        if (!*(p = end)) return true;
+    }
 }
 
 /* Parses argv into o; returns 0 to go on, else the exit status (0 after --help). */
 static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
-    *o = (bench_opts){.n_prompt = 128, .n_gen = 64, .threads = ps_cpu_count(), .reps = 3};
+    *o = (bench_opts){.n_prompt = 128, .n_gen = 64, .threads = ps_cpu_count(), .reps = 3, .segment = 8};
+    bool segment = false;
     *done = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -47,9 +71,17 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
             return 0;
         } else if (!strcmp(a, "--json")) {
             o->json = true;
+        } else if (!strcmp(a, "--pin")) {
+            o->pin = true;
         } else if (!strcmp(a, "--mem-bw")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_float("bench", a, v, 0.1, 1e5, &o->mem_bw))
                 return 2;
+        } else if (!strcmp(a, "--stages")) {
+            if (!(v = ps_arg_value("bench", argc, argv, &i)) || !parse_stages(v, o)) return 2;
+        } else if (!strcmp(a, "--segment")) {
+            if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_int("bench", a, v, 1, 1 << 20, &o->segment))
+                return 2;
+            segment = true;
         } else if (!strcmp(a, "--activations")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
             if (ps_act_from_name(v, &o->act)) {
@@ -72,6 +104,14 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
     }
     if (!o->model) {
         fprintf(stderr, "pipeshard bench: no model given (-m MODEL)\n");
+        return 2;
+    }
+    if (o->n_split && o->mem_bw > 0) {
+        fprintf(stderr, "pipeshard bench: --mem-bw is for the engine's figures, not with --stages\n");
+        return 2;
+    }
+    if (segment && !o->n_split) {
+        fprintf(stderr, "pipeshard bench: --segment goes with --stages\n");
         return 2;
     }
     return 0;
@@ -198,6 +238,7 @@ int ps_cli_bench(int argc, char **argv) {
     bool done;
     int rc = bench_parse(argc, argv, &o, &done);
     if (rc || done) return rc;
+    if (o.n_split) return ps_bench_stages(&o);
     char err[512] = "";
     ps_model *m = NULL;
     ps_pool *pool = NULL;
@@ -211,6 +252,7 @@ int ps_cli_bench(int argc, char **argv) {
     if (!toks || !pp || !tg || !bw || !share) goto out;
     if ((s = ps_model_load(o.model, &m, err, sizeof err))) goto out;
     if ((s = ps_pool_create((int)o.threads, &pool))) goto out;
+    if (o.pin && (s = ps_pool_pin(pool, err, sizeof err))) goto out;
     ps_ctx_params cp = {.n_ctx = (int)(o.n_prompt + o.n_gen), .max_batch = (int)o.n_prompt, .act = o.act};
     if ((s = ps_ctx_create(m, &cp, pool, &c, err, sizeof err))) goto out;
     s = PS_ERR_NOMEM;

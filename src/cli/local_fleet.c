@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "../gguf/gguf.h"
+#include "../tensor/matmul.h"
 
 /* How long a worker may take to load its shard and start listening. */
 #define START_TIMEOUT_MS 120000
@@ -55,8 +56,8 @@ static int read_port(int fd) {
 }
 
 /* Starts the worker of stage k; its messages go to dir/worker-K.log. */
-static ps_status spawn(ps_local_fleet *lf, int k, int threads, const ps_link_sim *sim, const char *key_path,
-                       char *err, size_t errlen) {
+static ps_status spawn(ps_local_fleet *lf, int k, int threads, bool pin, const ps_link_sim *sim,
+                       const char *key_path, char *err, size_t errlen) {
     int pfd[2];
     if (pipe(pfd)) return ps_errf(err, errlen, PS_ERR_IO, "pipe: %s", strerror(errno));
     char log[4200], t[16], rfd[16], lat[32], bw[32];
@@ -72,12 +73,14 @@ static ps_status spawn(ps_local_fleet *lf, int k, int threads, const ps_link_sim
     }
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the coordinator */
+        ps_pool_unpin_self();             /* a --pin'd coordinator's thread has one CPU left */
         close(pfd[0]);
         int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (lfd >= 0) dup2(lfd, 2), close(lfd);
         char *args[] = {"pipeshard", "worker", "--shard", lf->fleet.stages[k].shard, "--listen", "127.0.0.1:0",
                         "-t", t, "--key-file", (char *)key_path, "--ready-fd", rfd, "--sim-latency-ms", lat,
-                        "--sim-bandwidth-mbps", bw, "--max-ctx", "16777216" /* ours: whatever run -c asks */, NULL};
+                        "--sim-bandwidth-mbps", bw, "--max-ctx", "16777216" /* ours: whatever run -c asks */,
+                        pin ? "--pin" : NULL, NULL};
         execv("/proc/self/exe", args);
         _exit(127);
     }
@@ -170,7 +173,7 @@ static ps_status get_split(ps_local_fleet *lf, const char *model, int n, char *e
     return ps_fleet_load(path, &lf->fleet, err, errlen);
 }
 
-ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, const ps_link_sim *sim,
+ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, bool pin, const ps_link_sim *sim,
                                const char *key_file, ps_local_fleet *lf, char *err, size_t errlen) {
     memset(lf, 0, sizeof *lf);
     const char *tmp = getenv("TMPDIR");
@@ -184,7 +187,7 @@ ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, con
     ps_status s = get_split(lf, model, n_stages, err, errlen);
     if (!s) s = make_key(lf, key_file, key_path, sizeof key_path, err, errlen);
     lf->n = lf->fleet.n_stages;
-    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, threads, sim, key_path, err, errlen);
+    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, threads, pin, sim, key_path, err, errlen);
     return s;
 }
 

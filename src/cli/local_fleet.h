@@ -19,9 +19,9 @@ typedef struct {
 } ps_local_fleet;
 
 /* Splits model into n_stages (bytes balanced; reusing the cached split of an unchanged
- * model) and starts the workers with threads
- * threads each, the link emulation sim, and key_file (NULL: a fresh random key). */
-ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, const ps_link_sim *sim,
+ * model) and starts the workers with threads threads each (pinned to CPUs with pin), the
+ * link emulation sim, and key_file (NULL: a fresh random key). */
+ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, bool pin, const ps_link_sim *sim,
                                const char *key_file, ps_local_fleet *lf, char *err, size_t errlen);
 /* Stops the workers and removes the directory. Safe on a partly started fleet. */
 void ps_local_fleet_stop(ps_local_fleet *lf);

@@ -21,6 +21,7 @@ static void worker_usage(FILE *f) {
             "  --shard FILE              shard of stage 1 or later, written by `pipeshard split`\n"
             "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
+            "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
             "  --key-file F              shared key: peers must prove they hold the same file\n"
             "  --sim-latency-ms MS       emulated one-way delay added to every outgoing hop (default 0)\n"
             "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
@@ -40,6 +41,10 @@ int ps_cli_worker(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return worker_usage(stdout), 0;
         if (!strcmp(a, "--no-verify")) {
             o.verify = false;
+            continue;
+        }
+        if (!strcmp(a, "--pin")) {
+            o.pin = true;
             continue;
         }
         bool ok = (v = ps_arg_value("worker", argc, argv, &i)) != NULL;

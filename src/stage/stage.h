@@ -84,8 +84,10 @@ ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *
 
 typedef struct ps_stage ps_stage;
 
-/* Loads a model or shard and starts n_threads threads. *out owned by the caller. */
-ps_status ps_stage_open(const char *path, int n_threads, ps_stage **out, char *err, size_t errlen);
+/* Loads a model or shard and starts n_threads threads, pinned to CPUs with pin (see
+ * ps_pool_pin: the calling thread must be the one that runs the stage). *out owned by the
+ * caller. */
+ps_status ps_stage_open(const char *path, int n_threads, bool pin, ps_stage **out, char *err, size_t errlen);
 void ps_stage_free(ps_stage *s); /* NULL is a no-op */
 const ps_model *ps_stage_model(const ps_stage *s);
 ps_pool *ps_stage_pool(ps_stage *s);

@@ -359,6 +359,24 @@ static void accept_peer(worker *w) {
     }
 }
 
+/* Tells a peer whose handshake passed, but for whom the session has no room any more (two
+ * coordinators whose handshakes overlapped), why it is dropped: an ERROR (best effort; a
+ * coordinator reads it as the answer to its SETUP), then the end of our side. What it sent
+ * meanwhile is read and dropped, so that closing does not reset the connection before the
+ * peer has read the ERROR. */
+static void drop_late(worker *w, ps_conn *c, const char *why) {
+    w->wb.len = 0;
+    ps_wbuf_u8(&w->wb, PS_ERR_KIND_SELF);
+    ps_wbuf_str(&w->wb, why);
+    struct iovec iov = {w->wb.p, w->wb.len};
+    if (!w->wb.oom) ps_conn_send(c, PS_MSG_ERROR, &iov, 1, 1000, NULL, 0);
+    shutdown(ps_conn_fd(c), SHUT_WR);
+    char junk[4096];
+    for (int i = 0; i < 64 && recv(ps_conn_fd(c), junk, sizeof junk, MSG_DONTWAIT) > 0; i++) {
+    }
+    ps_conn_free(c);
+}
+
 /* Takes a finished handshake's connection: a coordinator starting a session, or the
  * previous stage joining. The session may have changed while it ran: checked again. */
 static void adopt_peer(worker *w, handshake *h) {
@@ -369,8 +387,10 @@ static void adopt_peer(worker *w, handshake *h) {
         /* the handshake's errors name the peer already ("refused P: why", "P refused: why") */
         if (strstr(h->err, ps_conn_peer(c))) say(w, "%s", h->err);
         else say(w, "handshake with %s failed: %s", ps_conn_peer(c), h->err);
-    } else if (!s && (s = session_refuses(w, &h->peer, w->err, sizeof w->err)) && peer_line(w)) {
-        say(w, "dropped %s after its handshake: %s", ps_conn_peer(c), w->err);
+    } else if (!s && (s = session_refuses(w, &h->peer, w->err, sizeof w->err))) {
+        if (peer_line(w)) say(w, "dropped %s after its handshake: %s", ps_conn_peer(c), w->err);
+        drop_late(w, c, w->err);
+        c = NULL;
     }
     if (s) {
         ps_conn_free(c);
@@ -435,7 +455,7 @@ static void on_frame(worker *w, ps_conn *c) {
 ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
     worker w = {.o = o, .lfd = -1, .hs_pipe = {-1, -1}, .mu = PTHREAD_MUTEX_INITIALIZER, .peer_room = PEER_LINES_BURST,
                 .peer_t = ps_now()};
-    ps_status s = ps_stage_open(o->shard, o->threads, &w.stage, err, errlen);
+    ps_status s = ps_stage_open(o->shard, o->threads, o->pin, &w.stage, err, errlen);
     if (s) return s;
     w.m = ps_stage_model(w.stage);
     const ps_shard_meta *sm = &w.m->shard;

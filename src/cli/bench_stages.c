@@ -1,0 +1,220 @@
+/* bench_stages.c - `pipeshard bench --stages 2,3`: decode speed of the model split into
+ * each of those stage counts (a local fleet on loopback, as `run --local-stages`), against
+ * the unsplit model, measured side by side in one process.
+ *
+ * Every configuration holds its own coordinator (and workers) for the whole run. After each
+ * has prefilled the same prompt, they decode in turns of --segment tokens, the order of the
+ * turns rotating from round to round, so that every configuration decodes the same positions
+ * within a fraction of a second of the others: a virtual machine whose speed drifts by tens
+ * of per cent within seconds then slows them alike. A configuration's decode speed is its
+ * tokens over its summed time; its ratio is that over the unsplit speed. Each round's ratio
+ * (its turns alone) shows the spread. Decoding is greedy, and every configuration must
+ * produce the unsplit model's tokens, or the benchmark fails. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../coord/coord.h"
+#include "bench.h"
+#include "local_fleet.h"
+
+typedef struct {
+    int stages;
+    ps_local_fleet fleet; /* stages > 1 */
+    bool fleet_started;
+    ps_coord *coord;
+    int32_t *toks;        /* prompt, then what this configuration generated */
+    double t_prefill, t_decode, overhead_ms; /* seconds, seconds, ring overhead (ms) in decode */
+    long long n_decode;
+    double *round_s;      /* this configuration's time in each round */
+} config;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile of v[0..n) (sorted in place), by linear interpolation. */
+static double quantile(double *v, int n, double q) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double x = q * (n - 1);
+    int i = (int)x;
+    return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+static ps_status config_start(config *c, const bench_opts *o, char *err, size_t errlen) {
+    ps_coord_opts co = {.model = o->model, .threads = (int)o->threads, .pin = o->pin, .n_ctx = (int)(o->n_prompt + o->n_gen + 1),
+                        .max_batch = (int)o->n_prompt, .act = o->act, .timeout_ms = 30000};
+    if (c->stages > 1) {
+        ps_link_sim none = {0};
+        ps_status s = ps_local_fleet_start(o->model, c->stages, (int)o->threads, o->pin, &none, NULL, &c->fleet, err, errlen);
+        c->fleet_started = true;
+        if (s) return s;
+        co.model = NULL;
+        co.fleet = &c->fleet.fleet;
+        co.key = c->fleet.key;
+    }
+    ps_status s = ps_coord_create(&co, &c->coord, err, errlen);
+    return s ? s : ps_coord_connect(c->coord, err, errlen);
+}
+
+static void config_stop(config *c) {
+    ps_coord_free(c->coord);
+    if (c->fleet_started) ps_local_fleet_stop(&c->fleet);
+    free(c->toks);
+    free(c->round_s);
+}
+
+/* Ring overhead (ms) since the last reset: the coordinator's wait minus the workers' compute. */
+static double ring_overhead(ps_coord *c) {
+    ps_coord_stats st;
+    ps_coord_get_stats(c, &st);
+    double ms = st.wait_ms;
+    for (int k = 1; k < st.n_stages; k++) ms -= st.compute_ms[k];
+    return ms;
+}
+
+/* Faults every configuration's weights in (first touches of a mapped file are slow) and
+ * starts its threads: the prompt and one turn of decode, untimed. */
+static ps_status warm_up(config *cs, int nc, const bench_opts *o, char *err, size_t errlen) {
+    ps_sample_params sp = ps_sample_params_default();
+    sp.temperature = 0;
+    int p = (int)o->n_prompt;
+    for (int i = 0; i < nc; i++) {
+        ps_status s = ps_coord_next(cs[i].coord, cs[i].toks, p, 0, &sp, &cs[i].toks[p], err, errlen);
+        for (int pos = p; !s && pos < p + o->segment && pos < p + o->n_gen; pos++)
+            s = ps_coord_next(cs[i].coord, &cs[i].toks[pos], 1, pos, &sp, &cs[i].toks[pos + 1], err, errlen);
+        if (s) return s;
+    }
+    return PS_OK;
+}
+
+/* One repetition: every configuration prefills the prompt, then they decode o->n_gen tokens
+ * in turns. Fails when a configuration's token differs from the unsplit model's. */
+static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, char *err, size_t errlen) {
+    ps_sample_params sp = ps_sample_params_default();
+    sp.temperature = 0;
+    int p = (int)o->n_prompt;
+    for (int i = 0; i < nc; i++) {
+        config *c = &cs[(i + rep) % nc];
+        double t0 = ps_now();
+        ps_status s = ps_coord_next(c->coord, c->toks, p, 0, &sp, &c->toks[p], err, errlen);
+        if (s) return s;
+        c->t_prefill += ps_now() - t0;
+        ps_coord_reset_stats(c->coord);
+    }
+    int rounds = (int)((o->n_gen - 1 + o->segment) / o->segment);
+    for (int r = 0; r < rounds; r++) {
+        int from = p + (int)(r * o->segment), to = from + (int)o->segment;
+        if (to > p + o->n_gen) to = p + (int)o->n_gen;
+        for (int i = 0; i < nc; i++) {
+            config *c = &cs[(i + r + rep) % nc];
+            double t0 = ps_now();
+            for (int pos = from; pos < to; pos++) {
+                ps_status s = ps_coord_next(c->coord, &c->toks[pos], 1, pos, &sp, &c->toks[pos + 1], err, errlen);
+                if (s) return s;
+            }
+            double dt = ps_now() - t0;
+            c->t_decode += dt;
+            c->round_s[rep * rounds + r] = dt;
+        }
+    }
+    for (int i = 0; i < nc; i++) {
+        config *c = &cs[i];
+        c->n_decode += o->n_gen;
+        if (c->stages > 1) c->overhead_ms += ring_overhead(c->coord);
+        for (int pos = p; pos <= p + o->n_gen; pos++)
+            if (c->toks[pos] != cs[0].toks[pos])
+                return ps_errf(err, errlen, PS_ERR_INTERNAL, "%d stages generated token %d at position %d where the "
+                               "unsplit model generated %d", c->stages, c->toks[pos], pos, cs[0].toks[pos]);
+    }
+    return PS_OK;
+}
+
+static void report(const bench_opts *o, config *cs, int nc, int n_rounds) {
+    double base = (double)cs[0].n_decode / cs[0].t_decode;
+    double *rr = malloc((size_t)n_rounds * sizeof *rr);
+    cJSON *j = o->json ? cJSON_CreateObject() : NULL, *arr = NULL;
+    if (j) {
+        cJSON_AddStringToObject(j, "model", o->model);
+        cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
+        cJSON_AddStringToObject(j, "activations", ps_act_name(o->act));
+        cJSON_AddNumberToObject(j, "threads", (double)o->threads);
+        cJSON_AddNumberToObject(j, "n_prompt", (double)o->n_prompt);
+        cJSON_AddNumberToObject(j, "n_gen", (double)o->n_gen);
+        cJSON_AddNumberToObject(j, "segment", (double)o->segment);
+        cJSON_AddNumberToObject(j, "reps", (double)o->reps);
+        cJSON_AddNumberToObject(j, "rounds", n_rounds);
+        arr = cJSON_AddArrayToObject(j, "configs");
+    } else {
+        printf("model      %s, %lld threads per stage, %s, %s activations\n", o->model, o->threads, ps_matmul_isa(),
+               ps_act_name(o->act));
+        printf("decode     %lld tokens per configuration after a %lld-token prompt, x %lld repetitions, in turns of "
+               "%lld tokens (%d rounds, order rotating); every configuration's tokens equal the unsplit model's\n",
+               o->n_gen, o->n_prompt, o->reps, o->segment, n_rounds);
+        printf("%6s %12s %8s %24s %14s %14s\n", "stages", "decode tok/s", "ratio", "rounds' ratio p10/50/90",
+               "ring us/token", "prefill tok/s");
+    }
+    for (int i = 0; i < nc; i++) {
+        config *c = &cs[i];
+        double tps = (double)c->n_decode / c->t_decode, pps = (double)o->n_prompt * o->reps / c->t_prefill;
+        double q[3] = {1, 1, 1}, hop = c->stages > 1 ? c->overhead_ms * 1e3 / (double)c->n_decode : 0;
+        if (rr && i > 0) {
+            for (int r = 0; r < n_rounds; r++) rr[r] = cs[0].round_s[r] / c->round_s[r];
+            q[0] = quantile(rr, n_rounds, 0.1), q[1] = quantile(rr, n_rounds, 0.5), q[2] = quantile(rr, n_rounds, 0.9);
+        }
+        if (j) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "stages", c->stages);
+            cJSON_AddNumberToObject(e, "decode_tok_s", tps);
+            cJSON_AddNumberToObject(e, "ratio", tps / base);
+            cJSON_AddNumberToObject(e, "round_ratio_p10", q[0]);
+            cJSON_AddNumberToObject(e, "round_ratio_median", q[1]);
+            cJSON_AddNumberToObject(e, "round_ratio_p90", q[2]);
+            cJSON_AddNumberToObject(e, "ring_overhead_us_per_token", hop);
+            cJSON_AddNumberToObject(e, "prefill_tok_s", pps);
+            cJSON_AddItemToArray(arr, e);
+        } else {
+            char h[32] = "";
+            if (c->stages > 1) snprintf(h, sizeof h, "%.0f", hop);
+            printf("%6d %12.2f %8.3f %10.3f/%.3f/%.3f %14s %14.1f\n", c->stages, tps, tps / base, q[0], q[1], q[2],
+                   h, pps);
+        }
+    }
+    if (j) {
+        char *txt = cJSON_PrintUnformatted(j);
+        printf("%s\n", txt);
+        free(txt);
+        cJSON_Delete(j);
+    }
+    free(rr);
+}
+
+int ps_bench_stages(const bench_opts *o) {
+    char err[1024] = "";
+    int nc = o->n_split + 1;
+    int rounds = (int)((o->n_gen - 1 + o->segment) / o->segment), n_rounds = rounds * (int)o->reps;
+    config *cs = calloc((size_t)nc, sizeof *cs);
+    ps_status s = cs ? PS_OK : PS_ERR_NOMEM;
+    for (int i = 0; !s && i < nc; i++) {
+        config *c = &cs[i];
+        c->stages = i ? o->split[i - 1] : 1;
+        c->toks = calloc((size_t)(o->n_prompt + o->n_gen + 1), sizeof *c->toks);
+        c->round_s = calloc((size_t)n_rounds, sizeof *c->round_s);
+        if (!c->toks || !c->round_s) s = ps_errf(err, sizeof err, PS_ERR_NOMEM, "out of memory");
+        else s = config_start(c, o, err, sizeof err);
+    }
+    if (!s) {
+        int vocab = ps_coord_model(cs[0].coord)->hp.vocab;
+        for (int i = 0; i < nc; i++)
+            for (long long k = 0; k < o->n_prompt; k++) cs[i].toks[k] = (int32_t)((k * 7919 + 13) % vocab);
+    }
+    if (!s) s = warm_up(cs, nc, o, err, sizeof err);
+    for (int r = 0; !s && r < o->reps; r++) s = bench_rep(cs, nc, o, r, err, sizeof err);
+    if (!s) report(o, cs, nc, n_rounds);
+    for (int i = 0; cs && i < nc; i++) config_stop(&cs[i]);
+    free(cs);
+    if (s) fprintf(stderr, "pipeshard bench: %s\n", err[0] ? err : ps_strerror(s));
+    return s ? 1 : 0;
+}
