@@ -172,9 +172,29 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double median(double *v, int n) {
+double ps_bench_quantile(double *v, int n, double q) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    double x = q * (n - 1);
+    int i = (int)x;
+    return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+cJSON *ps_bench_json(const bench_opts *o) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", o->model);
+    cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
+    cJSON_AddStringToObject(j, "activations", ps_act_name(o->act));
+    cJSON_AddNumberToObject(j, "threads", (double)o->threads);
+    cJSON_AddNumberToObject(j, "n_prompt", (double)o->n_prompt);
+    cJSON_AddNumberToObject(j, "n_gen", (double)o->n_gen);
+    return j;
+}
+
+void ps_bench_json_print(cJSON *j) {
+    char *txt = cJSON_PrintUnformatted(j);
+    printf("%s\n", txt);
+    free(txt);
+    cJSON_Delete(j);
 }
 
 /* One repetition: prefill n_prompt tokens in one forward, then decode n_gen tokens one by one
@@ -201,13 +221,7 @@ static void bench_report(const bench_opts *o, const ps_model *m, double pp, doub
                          double bw, double share) {
     double limit = bw / bytes;
     if (o->json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "model", o->model);
-        cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
-        cJSON_AddStringToObject(j, "activations", ps_act_name(o->act));
-        cJSON_AddNumberToObject(j, "threads", (double)o->threads);
-        cJSON_AddNumberToObject(j, "n_prompt", (double)o->n_prompt);
-        cJSON_AddNumberToObject(j, "n_gen", (double)o->n_gen);
+        cJSON *j = ps_bench_json(o);
         cJSON_AddNumberToObject(j, "prefill_tok_s", pp);
         cJSON_AddNumberToObject(j, "decode_tok_s", tg);
         cJSON_AddNumberToObject(j, "decode_bytes_per_token", bytes);
@@ -215,10 +229,7 @@ static void bench_report(const bench_opts *o, const ps_model *m, double pp, doub
         cJSON_AddNumberToObject(j, "read_bandwidth_gb_s", bw / 1e9);
         cJSON_AddNumberToObject(j, "decode_limit_tok_s", limit);
         cJSON_AddNumberToObject(j, "bandwidth_share", share);
-        char *txt = cJSON_PrintUnformatted(j);
-        printf("%s\n", txt);
-        free(txt);
-        cJSON_Delete(j);
+        ps_bench_json_print(j);
         return;
     }
     printf("model      %s (%s, %d layers, dim %d)\n", o->model, m->hp.arch_name, m->hp.n_layer, m->hp.dim);
@@ -272,8 +283,9 @@ int ps_cli_bench(int argc, char **argv) {
         tg[r] = (double)o.n_gen / b;
         share[r] = tg[r] * bytes / bw[r];
     }
-    bench_report(&o, m, median(pp, (int)o.reps), median(tg, (int)o.reps), bytes, kv, median(bw, (int)o.reps),
-                 median(share, (int)o.reps));
+    int n = (int)o.reps;
+    bench_report(&o, m, ps_bench_quantile(pp, n, 0.5), ps_bench_quantile(tg, n, 0.5), bytes, kv,
+                 ps_bench_quantile(bw, n, 0.5), ps_bench_quantile(share, n, 0.5));
 out:
     if (s) fprintf(stderr, "pipeshard bench: %s\n", err[0] ? err : ps_strerror(s));
     free(logits), free(toks), free(pp), free(tg), free(bw), free(share), free(bwbuf);

@@ -22,4 +22,11 @@ typedef struct {
 /* `bench --stages`: prints the table (or JSON) and returns the exit status. */
 int ps_bench_stages(const bench_opts *o);
 
+/* Shared by both modes: the q-quantile of v[0..n) by linear interpolation (sorts v); a JSON
+ * object with the fields of o both report (model, isa, activations, threads, n_prompt, n_gen);
+ * printing it on one line (and freeing it). */
+double ps_bench_quantile(double *v, int n, double q);
+struct cJSON *ps_bench_json(const bench_opts *o);
+void ps_bench_json_print(struct cJSON *j);
+
 #endif

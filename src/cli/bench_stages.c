@@ -30,19 +30,6 @@ typedef struct {
     double *round_s;      /* this configuration's time in each round */
 } config;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The q-quantile of v[0..n) (sorted in place), by linear interpolation. */
-static double quantile(double *v, int n, double q) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    double x = q * (n - 1);
-    int i = (int)x;
-    return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
-}
-
 static ps_status config_start(config *c, const bench_opts *o, char *err, size_t errlen) {
     ps_coord_opts co = {.model = o->model, .threads = (int)o->threads, .pin = o->pin, .n_ctx = (int)(o->n_prompt + o->n_gen + 1),
                         .max_batch = (int)o->n_prompt, .act = o->act, .timeout_ms = 30000};
@@ -132,17 +119,11 @@ static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, cha
     return PS_OK;
 }
 
-static void report(const bench_opts *o, config *cs, int nc, int n_rounds) {
+/* rr: room for n_rounds ratios. */
+static void report(const bench_opts *o, config *cs, int nc, int n_rounds, double *rr) {
     double base = (double)cs[0].n_decode / cs[0].t_decode;
-    double *rr = malloc((size_t)n_rounds * sizeof *rr);
-    cJSON *j = o->json ? cJSON_CreateObject() : NULL, *arr = NULL;
+    cJSON *j = o->json ? ps_bench_json(o) : NULL, *arr = NULL;
     if (j) {
-        cJSON_AddStringToObject(j, "model", o->model);
-        cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
-        cJSON_AddStringToObject(j, "activations", ps_act_name(o->act));
-        cJSON_AddNumberToObject(j, "threads", (double)o->threads);
-        cJSON_AddNumberToObject(j, "n_prompt", (double)o->n_prompt);
-        cJSON_AddNumberToObject(j, "n_gen", (double)o->n_gen);
         cJSON_AddNumberToObject(j, "segment", (double)o->segment);
         cJSON_AddNumberToObject(j, "reps", (double)o->reps);
         cJSON_AddNumberToObject(j, "rounds", n_rounds);
@@ -160,9 +141,10 @@ static void report(const bench_opts *o, config *cs, int nc, int n_rounds) {
         config *c = &cs[i];
         double tps = (double)c->n_decode / c->t_decode, pps = (double)o->n_prompt * o->reps / c->t_prefill;
         double q[3] = {1, 1, 1}, hop = c->stages > 1 ? c->overhead_ms * 1e3 / (double)c->n_decode : 0;
-        if (rr && i > 0) {
+        if (i > 0) {
             for (int r = 0; r < n_rounds; r++) rr[r] = cs[0].round_s[r] / c->round_s[r];
-            q[0] = quantile(rr, n_rounds, 0.1), q[1] = quantile(rr, n_rounds, 0.5), q[2] = quantile(rr, n_rounds, 0.9);
+            static const double at[3] = {0.1, 0.5, 0.9};
+            for (int k = 0; k < 3; k++) q[k] = ps_bench_quantile(rr, n_rounds, at[k]);
         }
         if (j) {
             cJSON *e = cJSON_CreateObject();
@@ -182,13 +164,7 @@ static void report(const bench_opts *o, config *cs, int nc, int n_rounds) {
                    h, pps);
         }
     }
-    if (j) {
-        char *txt = cJSON_PrintUnformatted(j);
-        printf("%s\n", txt);
-        free(txt);
-        cJSON_Delete(j);
-    }
-    free(rr);
+    if (j) ps_bench_json_print(j);
 }
 
 int ps_bench_stages(const bench_opts *o) {
@@ -196,7 +172,8 @@ int ps_bench_stages(const bench_opts *o) {
     int nc = o->n_split + 1;
     int rounds = (int)((o->n_gen - 1 + o->segment) / o->segment), n_rounds = rounds * (int)o->reps;
     config *cs = calloc((size_t)nc, sizeof *cs);
-    ps_status s = cs ? PS_OK : PS_ERR_NOMEM;
+    double *rr = malloc((size_t)n_rounds * sizeof *rr);
+    ps_status s = cs && rr ? PS_OK : PS_ERR_NOMEM;
     for (int i = 0; !s && i < nc; i++) {
         config *c = &cs[i];
         c->stages = i ? o->split[i - 1] : 1;
@@ -212,9 +189,10 @@ int ps_bench_stages(const bench_opts *o) {
     }
     if (!s) s = warm_up(cs, nc, o, err, sizeof err);
     for (int r = 0; !s && r < o->reps; r++) s = bench_rep(cs, nc, o, r, err, sizeof err);
-    if (!s) report(o, cs, nc, n_rounds);
+    if (!s) report(o, cs, nc, n_rounds, rr);
     for (int i = 0; cs && i < nc; i++) config_stop(&cs[i]);
     free(cs);
+    free(rr);
     if (s) fprintf(stderr, "pipeshard bench: %s\n", err[0] ? err : ps_strerror(s));
     return s ? 1 : 0;
 }
