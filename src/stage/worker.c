@@ -4,8 +4,11 @@
  *
  * Incoming handshakes run on threads of their own, at most MAX_HANDSHAKES at once, so that
  * a peer that connects and stays silent holds its thread for up to HANDSHAKE_MS a step,
- * never the loop and the session it serves. A thread's result comes back to the loop
- * through a pipe; the loop adopts the connection. The handshake's check of the peer reads
+ * never the loop and the session it serves. When all are taken, a new connection cuts the
+ * oldest short: peers that connect and stay silent cannot keep a coordinator out unless
+ * they open MAX_HANDSHAKES connections within the time its handshake takes (a round trip or
+ * two). A thread's result comes back to the loop through a pipe; the loop adopts the
+ * connection. The handshake's check of the peer reads
  * the session fields (ctrl, in, out, session) under mu; the loop, their only writer,
  * changes them under mu. */
 #include "worker.h"
@@ -16,6 +19,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +47,8 @@ typedef struct {
     ps_hello mine, peer;
     ps_status s;
     char err[512];
+    double since;     /* when the connection was accepted */
+    atomic_bool done; /* the thread has finished (set before it writes its slot to the pipe) */
     bool busy; /* a thread runs or ran here and the loop has not collected it (the loop's own flag) */
 } handshake;
 
@@ -332,24 +338,44 @@ static void *handshake_main(void *arg) {
     h->s = ps_net_handshake_server(h->c, w->o->key, &h->mine, check_peer, w, 64 << 10, ms, &h->peer, h->err,
                                    sizeof h->err);
     uint8_t slot = (uint8_t)(h - w->hs);
+    atomic_store(&h->done, true);
     (void)!write(w->hs_pipe[1], &slot, 1); /* the pipe holds far more than MAX_HANDSHAKES bytes */
     return NULL;
 }
 
+/* Whether handshake a goes before b when one must be cut short: one still under way before
+ * one that has finished (about to be adopted), then the older. */
+static bool cut_first(handshake *a, handshake *b) {
+    bool da = atomic_load(&a->done), db = atomic_load(&b->done);
+    return da != db ? !da : a->since < b->since;
+}
+
+/* Cuts a handshake short (see cut_first; its peer gets no answer, its thread returns at
+ * once) and frees its slot for the connection from `newcomer`. */
+static handshake *evict_oldest(worker *w, const char *newcomer) {
+    handshake *h = &w->hs[0];
+    for (int i = 1; i < MAX_HANDSHAKES; i++)
+        if (cut_first(&w->hs[i], h)) h = &w->hs[i];
+    shutdown(ps_conn_fd(h->c), SHUT_RDWR);
+    pthread_join(h->thread, NULL);
+    if (peer_line(w))
+        say(w, "cut the handshake with %s short after %.0f ms: %d were under way and %s connected", ps_conn_peer(h->c),
+            (ps_now() - h->since) * 1e3, MAX_HANDSHAKES, newcomer);
+    ps_conn_free(h->c);
+    h->busy = false; /* its byte in the pipe finds the slot's next handshake not done, or the slot free */
+    return h;
+}
+
 /* Accepts a connection and starts its handshake on a thread of its own; with
- * MAX_HANDSHAKES under way already, closes it at once. */
+ * MAX_HANDSHAKES under way already, in the slot of the oldest. */
 static void accept_peer(worker *w) {
     ps_conn *c;
     if (ps_net_accept(w->lfd, 0, &c, w->err, sizeof w->err)) return;
     handshake *h = NULL;
     for (int i = 0; i < MAX_HANDSHAKES && !h; i++)
         if (!w->hs[i].busy) h = &w->hs[i];
-    if (!h) {
-        if (peer_line(w)) say(w, "dropped %s: %d handshakes are under way already", ps_conn_peer(c), MAX_HANDSHAKES);
-        ps_conn_free(c);
-        return;
-    }
-    *h = (handshake){.w = w, .c = c, .mine = w->me};
+    if (!h) h = evict_oldest(w, ps_conn_peer(c));
+    *h = (handshake){.w = w, .c = c, .mine = w->me, .since = ps_now()};
     h->mine.session = 0; /* told to nobody before they prove the key */
     h->busy = true;
     if (pthread_create(&h->thread, NULL, handshake_main, h)) {
@@ -417,8 +443,10 @@ static void adopt_peer(worker *w, handshake *h) {
 static void adopt_finished(worker *w) {
     uint8_t slots[MAX_HANDSHAKES];
     ssize_t n = read(w->hs_pipe[0], slots, sizeof slots);
-    for (ssize_t i = 0; i < n; i++)
-        if (slots[i] < MAX_HANDSHAKES) adopt_peer(w, &w->hs[slots[i]]);
+    for (ssize_t i = 0; i < n; i++) {
+        handshake *h = slots[i] < MAX_HANDSHAKES ? &w->hs[slots[i]] : NULL;
+        if (h && h->busy && atomic_load(&h->done)) adopt_peer(w, h);
+    }
 }
 
 /* At the end: cuts the handshakes still under way short and collects every thread. */
