@@ -20,6 +20,7 @@ SAN_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
 
 # net.h: 24-byte little-endian header: magic u32, version u16, type u16, flags u32, len u32, XXH3-64 u64
 MAGIC = 0x3144534E
+VERSION = 2  # PS_NET_VERSION
 HDR = struct.Struct("<IHHIIQ")
 
 _prctl = ctypes.CDLL(None).prctl
@@ -37,7 +38,7 @@ def die_with_parent():
     _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
-def frame(typ, payload, version=1, magic=MAGIC, flags=0, length=None, checksum=None):
+def frame(typ, payload, version=VERSION, magic=MAGIC, flags=0, length=None, checksum=None):
     """A frame of type typ around payload; the other arguments bend its header."""
     if checksum is None:
         checksum = xxhash.xxh3_64_intdigest(payload)

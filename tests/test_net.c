@@ -55,6 +55,8 @@ static void check_has(const char *got, const char *want, int line) {
     }
 }
 #define CHECK_HAS(got, want) check_has(got, want, __LINE__)
+#define PS_XSTR(x) #x
+#define PS_STR(x) PS_XSTR(x)
 
 /* ---- helpers: connections and raw bytes ---------------------------------------------- */
 
@@ -353,7 +355,7 @@ static void test_bad_frames(void) {
 
     /* bad magic */
     if (!make_pair(&a, &b)) return;
-    raw_hdr(h, 0xdeadbeef, 1, 18, 0, XXH3_64bits("", 0));
+    raw_hdr(h, 0xdeadbeef, PS_NET_VERSION, 18, 0, XXH3_64bits("", 0));
     raw_send(a, h, 24);
     PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_PROTOCOL);
     snprintf(want, sizeof want,
@@ -364,10 +366,11 @@ static void test_bad_frames(void) {
 
     /* another version; its payload is skipped, so the next frame still reads */
     if (!make_pair(&a, &b)) return;
-    raw_frame(a, 3, 18, "0123456789", 10);
-    raw_frame(a, 1, 19, "abc", 3);
+    raw_frame(a, PS_NET_VERSION + 1, 18, "0123456789", 10);
+    raw_frame(a, PS_NET_VERSION, 19, "abc", 3);
     PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_PROTOCOL);
-    snprintf(want, sizeof want, "%s speaks protocol version 3; this build speaks 1", ps_conn_peer(b));
+    snprintf(want, sizeof want, "%s speaks protocol version %d; this build speaks %d", ps_conn_peer(b), PS_NET_VERSION + 1,
+             PS_NET_VERSION);
     CHECK_STR(err, want);
     PS_CHECK_OK(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err));
     PS_CHECK(type == 19 && len == 3 && memcmp(p, "abc", 3) == 0);
@@ -376,7 +379,7 @@ static void test_bad_frames(void) {
 
     /* over the limit: the default 64 KiB, then a set one */
     if (!make_pair(&a, &b)) return;
-    raw_hdr(h, PS_NET_MAGIC, 1, 18, 65537, 0);
+    raw_hdr(h, PS_NET_MAGIC, PS_NET_VERSION, 18, 65537, 0);
     raw_send(a, h, 24);
     PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_PROTOCOL);
     snprintf(want, sizeof want, "%s: frame of 65537 bytes exceeds the limit of 65536", ps_conn_peer(b));
@@ -385,8 +388,8 @@ static void test_bad_frames(void) {
     ps_conn_free(b);
     if (!make_pair(&a, &b)) return;
     ps_conn_set_max_payload(b, 100);
-    raw_frame(a, 1, 18, pay, 100);
-    raw_hdr(h, PS_NET_MAGIC, 1, 18, 101, 0);
+    raw_frame(a, PS_NET_VERSION, 18, pay, 100);
+    raw_hdr(h, PS_NET_MAGIC, PS_NET_VERSION, 18, 101, 0);
     raw_send(a, h, 24);
     PS_CHECK_OK(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err));
     PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_PROTOCOL);
@@ -396,7 +399,7 @@ static void test_bad_frames(void) {
     ps_conn_free(a);
     ps_conn_free(b);
     if (!make_pair(&a, &b)) return;
-    raw_hdr(h, PS_NET_MAGIC, 1, 18, UINT32_MAX, 0);
+    raw_hdr(h, PS_NET_MAGIC, PS_NET_VERSION, 18, UINT32_MAX, 0);
     raw_send(a, h, 24);
     PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_PROTOCOL);
     ps_conn_free(a);
@@ -404,7 +407,7 @@ static void test_bad_frames(void) {
 
     /* checksum mismatch: one payload byte flipped */
     if (!make_pair(&a, &b)) return;
-    raw_hdr(h, PS_NET_MAGIC, 1, 18, 5, XXH3_64bits("hello", 5));
+    raw_hdr(h, PS_NET_MAGIC, PS_NET_VERSION, 18, 5, XXH3_64bits("hello", 5));
     raw_send(a, h, 24);
     raw_send(a, "hellp", 5);
     PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_PROTOCOL);
@@ -422,7 +425,7 @@ static void test_bad_frames(void) {
     CHECK_STR(err, want);
     ps_conn_free(b);
     if (!make_pair(&a, &b)) return;
-    raw_hdr(h, PS_NET_MAGIC, 1, 18, 100, 0);
+    raw_hdr(h, PS_NET_MAGIC, PS_NET_VERSION, 18, 100, 0);
     raw_send(a, h, 10);
     ps_conn_free(a);
     PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_NET);
@@ -619,6 +622,76 @@ static void test_handshake_ok(const uint8_t *key) {
     ps_conn_free(sv.c);
 }
 
+/* Reads exactly n bytes off c's socket, as a listener on the wire would see them. */
+static bool raw_recv(ps_conn *c, uint8_t *p, size_t n) {
+    double end = now_ms() + 2000;
+    for (size_t got = 0; got < n;) {
+        ssize_t r = recv(ps_conn_fd(c), p + got, n - got, MSG_DONTWAIT);
+        if (r > 0) got += (size_t)r;
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR) || now_ms() > end) return false;
+        else usleep(1000);
+    }
+    return true;
+}
+
+/* With a shared key the frames after the handshake are sealed: the wire carries no
+ * plaintext, both directions (sync, and through the sender thread) deliver the payload, and
+ * a frame replayed, altered in its payload or in its header, or sent in the clear fails to
+ * open with PS_ERR_AUTH, checksum fixed or not. Each case on a fresh connection, because a
+ * frame is opened under the number the receiver expects next. */
+static void test_sealed_frames(void) {
+    uint8_t key[32];
+    memset(key, 0x33, sizeof key);
+    static const char *what[] = {"a replayed frame", "a payload byte flipped", "the header's type changed",
+                                 "a frame in the clear"};
+    for (int round = 0; round < 4; round++) {
+        hs_side cl = {.key = key, .mine = hello_of(PS_ROLE_COORD, 0, 0, 10), .max_payload = 1u << 20};
+        hs_side sv = {.key = key, .mine = hello_of(PS_ROLE_WORKER, 1, 10, 20), .max_payload = 1u << 20};
+        ps_conn *a = run_handshake(&cl, &sv), *b = sv.c;
+        PS_CHECK(a != NULL);
+        if (!a) return;
+        char err[512];
+        uint16_t type;
+        const uint8_t *p;
+        uint32_t len;
+        uint8_t msg[1000], wire[PS_NET_HDR_BYTES + sizeof msg + 16];
+        memset(msg, 'x', sizeof msg);
+        struct iovec iov = {msg, sizeof msg};
+        PS_CHECK_OK(ps_conn_send(a, PS_MSG_FORWARD, &iov, 1, 1000, err, sizeof err));
+        PS_CHECK(raw_recv(b, wire, sizeof wire)); /* frame 0 as it crossed the wire */
+        ps_frame_hdr h;
+        ps_frame_hdr_decode(wire, &h);
+        PS_CHECK(h.len == sizeof msg + 16 && h.checksum == XXH3_64bits(wire + PS_NET_HDR_BYTES, h.len));
+        PS_CHECK(memmem(wire + PS_NET_HDR_BYTES, h.len, "xxxxxxxx", 8) == NULL);
+        if (round == 0) { /* delivered once (the copy is frame 0 to b), then refused as a replay */
+            raw_send(a, wire, sizeof wire);
+            PS_CHECK_OK(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err));
+            PS_CHECK(type == PS_MSG_FORWARD && len == sizeof msg && memcmp(p, msg, sizeof msg) == 0);
+            PS_CHECK_OK(ps_conn_start_sender(b, NULL, err, sizeof err)); /* the other way, queued */
+            for (int i = 0; i < 3; i++) {
+                msg[0] = (uint8_t)i;
+                PS_CHECK_OK(ps_conn_send_async(b, PS_MSG_TOKENS, &iov, 1, 1000, err, sizeof err));
+            }
+            for (int i = 0; i < 3; i++) {
+                PS_CHECK_OK(ps_conn_recv(a, 1000, &type, &p, &len, err, sizeof err));
+                PS_CHECK(type == PS_MSG_TOKENS && len == sizeof msg && p[0] == i && p[1] == 'x');
+            }
+        } else if (round == 1) {
+            wire[PS_NET_HDR_BYTES + 10] ^= 1;
+            put_le(wire + 16, XXH3_64bits(wire + PS_NET_HDR_BYTES, h.len), 8);
+        } else if (round == 2) {
+            put_le(wire + 6, PS_MSG_TOKENS, 2);
+        }
+        if (round < 3) raw_send(a, wire, sizeof wire);
+        else raw_frame(a, PS_NET_VERSION, PS_MSG_FORWARD, msg, sizeof msg);
+        PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_AUTH);
+        CHECK_HAS(err, "fails authentication");
+        if (!strstr(err, "fails authentication")) fprintf(stderr, "%s: %s\n", what[round], err);
+        ps_conn_free(a);
+        ps_conn_free(b);
+    }
+}
+
 /* Both sides fail with the given statuses; each message contains its want. */
 static void check_refused(hs_side *cl, hs_side *sv, ps_status cl_st, ps_status sv_st, const char *reason) {
     PS_CHECK(run_handshake(cl, sv) == NULL);
@@ -683,7 +756,7 @@ static void test_handshake_messages(void) {
 }
 
 /* A peer that sends a hand-made HELLO of protocol version 0, and one that answers with
- * version 2; a HELLO with invalid fields; a silent client. */
+ * the version after ours; a HELLO with invalid fields; a silent client. */
 static void test_handshake_stale_and_malformed(void) {
     ps_conn *a, *b;
     char err[512], want[512];
@@ -696,21 +769,22 @@ static void test_handshake_stale_and_malformed(void) {
     raw_frame(a, 0, PS_MSG_HELLO, "an old hello", 12);
     PS_CHECK_EQ_INT(ps_net_handshake_server(b, NULL, &mine, NULL, NULL, 0, 1000, &peer, err, sizeof err),
                     PS_ERR_PROTOCOL);
-    CHECK_HAS(err, "protocol version 0 is not supported; this worker speaks 1");
+    CHECK_HAS(err, "protocol version 0 is not supported; this worker speaks " PS_STR(PS_NET_VERSION));
     PS_CHECK_OK(ps_conn_recv(a, 1000, &type, &p, &len, err, sizeof err));
     PS_CHECK_EQ_INT(type, PS_MSG_REFUSE);
-    const char *reason = "protocol version 0 is not supported; this worker speaks 1";
+    const char *reason = "protocol version 0 is not supported; this worker speaks " PS_STR(PS_NET_VERSION);
     PS_CHECK(len == strlen(reason) && memcmp(p, reason, len) == 0);
     ps_conn_free(a);
     ps_conn_free(b);
 
-    /* the client meets a server of version 2 */
+    /* the client meets a server of the next version */
     if (!make_pair(&a, &b)) return;
-    raw_frame(b, 2, PS_MSG_HELLO_REPLY, "new", 3);
+    raw_frame(b, PS_NET_VERSION + 1, PS_MSG_HELLO_REPLY, "new", 3);
     ps_hello cm = hello_of(PS_ROLE_COORD, 0, 0, 10);
     PS_CHECK_EQ_INT(ps_net_handshake_client(a, NULL, &cm, NULL, NULL, 0, 1000, &peer, err, sizeof err),
                     PS_ERR_PROTOCOL);
-    snprintf(want, sizeof want, "%s speaks protocol version 2; this build speaks 1", ps_conn_peer(a));
+    snprintf(want, sizeof want, "%s speaks protocol version %d; this build speaks %d", ps_conn_peer(a), PS_NET_VERSION + 1,
+             PS_NET_VERSION);
     CHECK_STR(err, want);
     ps_conn_free(a);
     ps_conn_free(b);
@@ -1036,6 +1110,7 @@ int main(void) {
     uint8_t key[32];
     memset(key, 0x5a, sizeof key);
     test_handshake_ok(key);
+    test_sealed_frames();
     test_handshake_refusals();
     test_handshake_messages();
     test_handshake_stale_and_malformed();

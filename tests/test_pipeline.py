@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import xxhash  # noqa: E402
 from pstest import check, conclude, tmpdir  # noqa: E402
 import psworker  # noqa: E402
-from psworker import HDR, MAGIC, die_with_parent, frame, pstr, san_check  # noqa: E402
+from psworker import HDR, MAGIC, VERSION, die_with_parent, frame, pstr, san_check  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 SHARED = os.environ.get("PS_SHARED_MODELS", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models"))
@@ -462,8 +462,8 @@ def case_refusals(m):
             s.sendall(frame(MSG_HELLO, hello_payload(fleet), version=0))
             magic, ver, typ, flags, payload, ck = recv_frame(s)
         reason = payload.decode(errors="replace")
-        check(magic == MAGIC and typ == MSG_REFUSE and ver == 1 and ck == xxhash.xxh3_64_intdigest(payload),
-              f"stale HELLO: answered with magic {magic:#x} version {ver} type {typ}, not a version-1 REFUSE")
+        check(magic == MAGIC and typ == MSG_REFUSE and ver == VERSION and ck == xxhash.xxh3_64_intdigest(payload),
+              f"stale HELLO: answered with magic {magic:#x} version {ver} type {typ}, not a version-{VERSION} REFUSE")
         check("protocol version 0 is not supported" in reason, f"stale HELLO: REFUSE says '{reason}'")
         check(plain[0].wait_log("protocol version 0 is not supported"),
               f"stale HELLO: the worker's log lacks it: {plain[0].text()[-1500:]}")
@@ -561,7 +561,8 @@ def stale_worker(m, fleet, plain):
         p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + GREEDY, 60)
     finally:
         fake.close()
-    check(fake.seen.get("hello") == (1, MSG_HELLO), f"fake worker: expected a version-1 HELLO, saw {fake.seen}")
+    check(fake.seen.get("hello") == (VERSION, MSG_HELLO),
+          f"fake worker: expected a version-{VERSION} HELLO, saw {fake.seen}")
     check(p.returncode != 0, "fake worker of version 0: run succeeded")
     check(f"stage 2 ({addr})" in p.stderr and "version 0" in p.stderr,
           f"fake worker of version 0: run's stderr does not name {addr} and version 0: {p.stderr[-1500:]}")

@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import xxhash  # noqa: E402
 from pstest import check, conclude, tmpdir, verdict  # noqa: E402
 import psworker  # noqa: E402
-from psworker import HDR, MAGIC, frame, pstr, san_check  # noqa: E402
+from psworker import HDR, MAGIC, VERSION, frame, pstr, san_check  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 TMP = None
@@ -165,7 +165,7 @@ class Conn:
         """(type, payload) of the next frame, checked (the worker's frames must be well formed)."""
         deadline = time.time() + timeout
         magic, ver, typ, flags, n, ck = HDR.unpack(self._exact(HDR.size, deadline))
-        check(magic == MAGIC and ver == 1, f"worker sent a frame with magic {magic:#x} version {ver}")
+        check(magic == MAGIC and ver == VERSION, f"worker sent a frame with magic {magic:#x} version {ver}")
         payload = self._exact(n, deadline)
         check(ck == xxhash.xxh3_64_intdigest(payload), f"worker sent a frame of type {typ} with a bad checksum")
         return typ, payload
@@ -611,7 +611,7 @@ def case_setup():
             print(f"    SETUP of 2^24 positions: {parse_error(p)[1]} (a 4 GB frame not tried)")
             return
         check(typ == READY, f"w2: SETUP of 2^24 positions: answered {typ} {p}")
-        half_close(c, HDR.pack(MAGIC, 1, FORWARD, 0, 0xFFFFFFFF, 0) + bytes(1 << 20))
+        half_close(c, HDR.pack(MAGIC, VERSION, FORWARD, 0, 0xFFFFFFFF, 0) + bytes(1 << 20))
         huge_frame.sent = True
     huge_frame.sent = False
     mark = len(W2.text())
@@ -764,8 +764,8 @@ def case_frames():
             for typ in (0, 2, 4, 5, 15, 24, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH):
                 run(f"message type {typ} {tag}", lambda c, typ=typ: c.send(typ, b"abc"),
                     f"unexpected message type {typ}", f"unexpected message type {typ}", setup=setup)
-            run(f"version 2 {tag}", lambda c: c.send(PROBE, b"", version=2), "speaks protocol version 2",
-                setup=setup)
+            run(f"version {VERSION + 1} {tag}", lambda c: c.send(PROBE, b"", version=VERSION + 1),
+                f"speaks protocol version {VERSION + 1}", setup=setup)
             run(f"bad magic {tag}", lambda c: c.send(PROBE, b"", magic=0x12345678), "bad magic 0x12345678",
                 setup=setup)
             run(f"close in the middle of a header {tag}", lambda c: half_close(c, frame(PROBE, b"")[:7]),
@@ -988,7 +988,7 @@ def mutated_frame(rng, typ, payload):
     if r < 0.07:
         return frame(rng.choice((0, SETUP, FORWARD, PROBE, BYE, 77)), payload)
     if r < 0.08:
-        return frame(typ, payload, version=rng.choice((0, 2)))
+        return frame(typ, payload, version=rng.choice((0, VERSION + 1)))
     if r < 0.1:
         return frame(typ, payload, length=len(payload) + rng.randrange(1, 100))
     return frame(typ, payload)

@@ -16,7 +16,11 @@
  *
  * Keys never appear in messages; proofs are compared with crypto_auth_verify (constant
  * time). The nonces make every proof fresh, and the distinct labels keep a server's proof
- * from being replayed as a client's. */
+ * from being replayed as a client's.
+ *
+ * With a key, the frames after WELCOME are sealed (net_internal.h): the key of each
+ * direction is BLAKE2b-256 keyed with the shared key over a label of the direction and both
+ * nonces, so every connection has fresh keys and frame numbers can start at 0. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -26,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <xxhash.h>
 
 #include "net_internal.h"
 
@@ -40,6 +46,11 @@ _Static_assert(crypto_auth_KEYBYTES == 32, "shared keys are 32 bytes");
 
 static const char label_server[] = "pipeshard server";
 static const char label_client[] = "pipeshard client";
+static const char label_c2s[] = "pipeshard frames client to server";
+static const char label_s2c[] = "pipeshard frames server to client";
+
+_Static_assert(crypto_aead_chacha20poly1305_ietf_ABYTES == NET_TAG_BYTES, "tags are 16 bytes");
+_Static_assert(crypto_aead_chacha20poly1305_ietf_KEYBYTES == 32, "frame keys are 32 bytes");
 
 /* sodium_init, once per process (it is idempotent and thread-safe). */
 static ps_status sodium_ready(char *err, size_t errlen) {
@@ -295,6 +306,79 @@ static ps_status read_hello_body(ps_conn *c, ps_rbuf *r, const char *what, ps_he
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Sealed frames */
+
+/* The key of one direction: BLAKE2b-256 keyed with the shared key over label || nonces. */
+static void frame_key(const uint8_t *key, const char *label, const uint8_t *nonce_c, const uint8_t *nonce_s,
+                      uint8_t out[32]) {
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, key, crypto_auth_KEYBYTES, 32);
+    crypto_generichash_update(&st, (const uint8_t *)label, strlen(label));
+    crypto_generichash_update(&st, nonce_c, HS_NONCE_BYTES);
+    crypto_generichash_update(&st, nonce_s, HS_NONCE_BYTES);
+    crypto_generichash_final(&st, out, 32);
+}
+
+/* Seals c's frames from here on: the client once it has WELCOME, the server once it has sent it. */
+static ps_status start_sealing(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, const uint8_t *nonce_s,
+                               bool client, char *err, size_t errlen) {
+    net_seal *s = sodium_malloc(sizeof *s);
+    if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for the keys of %s", c->peer);
+    frame_key(key, client ? label_c2s : label_s2c, nonce_c, nonce_s, s->tx);
+    frame_key(key, client ? label_s2c : label_c2s, nonce_c, nonce_s, s->rx);
+    s->tx_n = s->rx_n = 0;
+    c->seal = s;
+    return PS_OK;
+}
+
+void net_seal_free(net_seal *s) {
+    if (s) sodium_free(s); /* zeroes it */
+}
+
+/* The 96-bit nonce of frame number n: n little-endian, then zeros. */
+static void frame_nonce(uint64_t n, uint8_t out[crypto_aead_chacha20poly1305_ietf_NPUBBYTES]) {
+    memset(out, 0, crypto_aead_chacha20poly1305_ietf_NPUBBYTES);
+    for (int i = 0; i < 8; i++) out[i] = (uint8_t)(n >> (8 * i));
+}
+
+#define AD_BYTES 16 /* the header's magic, version, type, flags and len */
+
+void net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
+                    uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len) {
+    size_t off = 0;
+    for (int i = 0; i < iovcnt; i++) {
+        if (iov[i].iov_len) memcpy(out + off, iov[i].iov_base, iov[i].iov_len);
+        off += iov[i].iov_len;
+    }
+    ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags,
+                      .len = len + NET_TAG_BYTES};
+    ps_frame_hdr_encode(&h, hdr); /* the authenticated part is final; the checksum comes last */
+    uint8_t nonce[crypto_aead_chacha20poly1305_ietf_NPUBBYTES];
+    frame_nonce(c->seal->tx_n++, nonce);
+    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, out + len, NULL, out, len, hdr, AD_BYTES, NULL, nonce,
+                                                       c->seal->tx);
+    h.checksum = XXH3_64bits(out, h.len);
+    ps_frame_hdr_encode(&h, hdr);
+    *wire_len = h.len;
+}
+
+ps_status net_open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_HDR_BYTES], uint8_t *payload,
+                         char *err, size_t errlen) {
+    uint8_t nonce[crypto_aead_chacha20poly1305_ietf_NPUBBYTES];
+    frame_nonce(c->seal->rx_n, nonce);
+    uint32_t len = h->len - NET_TAG_BYTES;
+    if (h->len < NET_TAG_BYTES ||
+        crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, payload + len, hdr, AD_BYTES,
+                                                           nonce, c->seal->rx) != 0)
+        return ps_errf(err, errlen, PS_ERR_AUTH, "%s sent a frame (type %u, %" PRIu32 " bytes) that fails "
+                       "authentication: altered, replayed or out of order on the way, or not sealed with our key",
+                       c->peer, (unsigned)h->type, h->len);
+    c->seal->rx_n++;
+    h->len = len;
+    return PS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Client */
 
 /* Parses HELLO_REPLY and checks the server's key and proof. */
@@ -347,6 +431,7 @@ ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello
     }
     if (st == PS_OK) st = expect(c, PS_MSG_WELCOME, timeout_ms, &h, &r, err, errlen);
     if (st == PS_OK && r.len != 0) st = ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s sent a malformed WELCOME", c->peer);
+    if (st == PS_OK && key) st = start_sealing(c, key, nonce_c, nonce_s, true, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;
     if (max_payload) ps_conn_set_max_payload(c, max_payload);
@@ -411,6 +496,7 @@ ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello
     if (st == PS_OK) st = server_get_auth(c, key, nonce_c, nonce_s, timeout_ms, err, errlen);
     if (st == PS_OK) st = run_check(c, check, check_ctx, &peer, timeout_ms, err, errlen);
     if (st == PS_OK) st = net_send_frame(c, PS_MSG_WELCOME, 0, NULL, 0, timeout_ms, err, errlen);
+    if (st == PS_OK && key) st = start_sealing(c, key, nonce_c, nonce_s, false, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;
     if (max_payload) ps_conn_set_max_payload(c, max_payload);

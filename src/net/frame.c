@@ -99,6 +99,16 @@ void ps_frame_hdr_decode(const uint8_t in[PS_NET_HDR_BYTES], ps_frame_hdr *h) {
     memcpy(&h->checksum, in + 16, 8);
 }
 
+ps_status net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
+                          size_t errlen) {
+    uint64_t total = 0;
+    for (int i = 0; i < iovcnt; i++) total += iov[i].iov_len;
+    if (total + (c->seal ? NET_TAG_BYTES : 0) > UINT32_MAX)
+        return ps_errf(err, errlen, PS_ERR_ARG, "payload of %" PRIu64 " bytes is too large for one frame", total);
+    *len = (uint32_t)total;
+    return PS_OK;
+}
+
 ps_status net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
                            uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen) {
     uint64_t total = 0;
@@ -324,6 +334,8 @@ void ps_conn_free(ps_conn *c) {
     net_sender_free(c->snd);
     close(c->fd);
     free(c->rbuf);
+    free(c->sbuf);
+    net_seal_free(c->seal);
     pthread_mutex_destroy(&c->stats_mu);
     free(c);
 }
@@ -510,8 +522,21 @@ ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct
     if (iovcnt < 0 || (iovcnt > 0 && !iov)) return ps_errf(err, errlen, PS_ERR_ARG, "bad iovec list");
     uint8_t hdr[PS_NET_HDR_BYTES];
     uint32_t len;
-    ps_status s = net_frame_header(type, flags, iov, iovcnt, hdr, &len, err, errlen);
+    ps_status s = c->seal ? net_payload_len(c, iov, iovcnt, &len, err, errlen)
+                          : net_frame_header(type, flags, iov, iovcnt, hdr, &len, err, errlen);
     if (s != PS_OK) return s;
+    struct iovec sealed;
+    if (c->seal) { /* sealed into sbuf: one contiguous payload */
+        if (c->scap < (size_t)len + NET_TAG_BYTES) {
+            uint8_t *p = realloc(c->sbuf, (size_t)len + NET_TAG_BYTES);
+            if (!p) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory sending to %s", c->peer);
+            c->sbuf = p, c->scap = (size_t)len + NET_TAG_BYTES;
+        }
+        net_seal_frame(c, type, flags, iov, iovcnt, len, c->sbuf, hdr, &len);
+        sealed = (struct iovec){.iov_base = c->sbuf, .iov_len = len};
+        iov = &sealed;
+        iovcnt = 1;
+    }
     struct iovec small[NET_IOV_BATCH], *v = small;
     if (iovcnt + 1 > NET_IOV_BATCH && !(v = malloc(sizeof *v * ((size_t)iovcnt + 1))))
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory sending to %s", c->peer);
@@ -643,7 +668,7 @@ ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s speaks protocol version %u; this build speaks %d", c->peer,
                        (unsigned)fh.version, PS_NET_VERSION);
     }
-    if (fh.len > c->max_payload)
+    if (fh.len > (uint64_t)c->max_payload + (c->seal ? NET_TAG_BYTES : 0))
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s: frame of %" PRIu32 " bytes exceeds the limit of %" PRIu32,
                        c->peer, fh.len, c->max_payload);
     s = read_payload(c, &fh, deadline, timeout_ms, err, errlen);
@@ -653,6 +678,7 @@ ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint
         return ps_errf(err, errlen, PS_ERR_PROTOCOL,
                        "%s: checksum mismatch in a frame of type %u, %" PRIu32 " bytes (corrupted in transit)",
                        c->peer, (unsigned)fh.type, fh.len);
+    if (c->seal && (s = net_open_frame(c, h, raw, c->rbuf, err, errlen))) return s;
     *payload = c->rbuf;
     return PS_OK;
 }

@@ -229,17 +229,35 @@ static ps_status sender_error(const net_sender *s, char *err, size_t errlen) {
     return ps_errf(err, errlen, s->fail, "%s", s->fail_msg);
 }
 
+/* Writes frame f (header and payload, from byte f->off) now without blocking; true when all
+ * of it went, else f->off says how much did. False with s->fail set on a socket error. */
+static bool write_now(net_sender *s, link_frame *f, const struct iovec *payload, int iovcnt) {
+    struct iovec v[17] = {{.iov_base = f->hdr, .iov_len = PS_NET_HDR_BYTES}};
+    if (iovcnt) memcpy(v + 1, payload, sizeof *v * (size_t)iovcnt);
+    struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)iovcnt + 1};
+    ssize_t n;
+    while ((n = sendmsg(s->c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR) {
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        sender_fail(s, errno);
+        return false;
+    }
+    f->off = n > 0 ? (size_t)n : 0;
+    return f->off == PS_NET_HDR_BYTES + (size_t)f->len;
+}
+
 ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
                              char *err, size_t errlen) {
     net_sender *s = c->snd;
     if (!s) return net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen); /* no thread: send now */
     if (iovcnt < 0 || (iovcnt > 0 && !iov)) return ps_errf(err, errlen, PS_ERR_ARG, "bad iovec list");
-    int64_t deadline = net_deadline(timeout_ms);
-    uint8_t hdr[PS_NET_HDR_BYTES];
-    uint32_t len;
-    ps_status st = net_frame_header(type, 0, iov, iovcnt, hdr, &len, err, errlen);
+    int64_t deadline = net_deadline(timeout_ms), t0 = net_now_ns();
+    uint32_t len; /* the payload's bytes; on the wire, with the tag of a sealed frame */
+    link_frame nf = {.off = 0};
+    ps_status st = c->seal ? net_payload_len(c, iov, iovcnt, &len, err, errlen)
+                           : net_frame_header(type, 0, iov, iovcnt, nf.hdr, &len, err, errlen);
     if (st != PS_OK) return st;
-    uint64_t bytes = PS_NET_HDR_BYTES + (uint64_t)len;
+    uint64_t bytes = PS_NET_HDR_BYTES + (uint64_t)len + (c->seal ? NET_TAG_BYTES : 0);
     pthread_mutex_lock(&s->mu);
     while (!s->fail && s->count > 0 && (s->queued_bytes + bytes > LINK_QUEUE_LIMIT || s->count >= LINK_QUEUE_FRAMES)) {
         if (!cond_wait_until(&s->room, &s->mu, deadline)) {
@@ -251,50 +269,48 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
         }
     }
     if (s->fail) goto fail;
-    size_t sent = 0;
-    if (s->count == 0 && s->latency_ns == 0 && s->ns_per_byte == 0 && iovcnt < 16) {
-        /* Fast path: the thread is idle and there is nothing to emulate, so write now
-         * without blocking (saving the thread's wake-up on every hop) and queue the rest. */
-        int64_t t0 = net_now_ns();
-        struct iovec v[17] = {{.iov_base = hdr, .iov_len = PS_NET_HDR_BYTES}};
-        if (iovcnt) memcpy(v + 1, iov, sizeof *v * (size_t)iovcnt);
-        struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)iovcnt + 1};
-        ssize_t n;
-        while ((n = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR) {
-        }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-            sender_fail(s, errno);
-            goto fail;
-        }
-        if (n == (ssize_t)bytes) {
-            pthread_mutex_unlock(&s->mu);
-            net_stats_add(c, bytes, (double)(net_now_ns() - t0) / 1e6);
-            return PS_OK;
-        }
-        sent = n > 0 ? (size_t)n : 0;
+    /* the thread is idle and there is nothing to emulate: write now, saving the thread's
+       wake-up on every hop, and queue only what the socket did not take */
+    bool now = s->count == 0 && s->latency_ns == 0 && s->ns_per_byte == 0 && iovcnt < 16;
+    if (now && !c->seal) { /* straight from the caller's buffers */
+        nf.len = len;
+        if (write_now(s, &nf, iov, iovcnt)) goto sent;
+        if (s->fail) goto fail;
     }
     if (s->count == s->qcap && !ring_grow(s)) goto nomem;
     link_frame *f = &s->q[(s->head + s->count) % s->qcap];
-    if (f->cap < len) {
-        uint8_t *p = realloc(f->p, len);
+    size_t need = (size_t)bytes - PS_NET_HDR_BYTES;
+    if (f->cap < need) {
+        uint8_t *p = realloc(f->p, need);
         if (!p) goto nomem;
-        s->buf_bytes += len - f->cap;
+        s->buf_bytes += need - f->cap;
         f->p = p;
-        f->cap = len;
+        f->cap = need;
     }
-    size_t off = 0;
-    for (int i = 0; i < iovcnt; i++) {
-        if (iov[i].iov_len) memcpy(f->p + off, iov[i].iov_base, iov[i].iov_len);
-        off += iov[i].iov_len;
+    if (c->seal) { /* sealed in the slot, under the lock: frame numbers follow the queue's order */
+        net_seal_frame(c, type, 0, iov, iovcnt, len, f->p, f->hdr, &f->len);
+        f->off = 0;
+        if (now && write_now(s, f, &(struct iovec){.iov_base = f->p, .iov_len = f->len}, 1)) goto sent;
+        if (s->fail) goto fail;
+    } else {
+        size_t off = 0;
+        for (int i = 0; i < iovcnt; i++) {
+            if (iov[i].iov_len) memcpy(f->p + off, iov[i].iov_base, iov[i].iov_len);
+            off += iov[i].iov_len;
+        }
+        memcpy(f->hdr, nf.hdr, sizeof nf.hdr);
+        f->len = len;
+        f->off = nf.off; /* what the write from the caller's buffers took */
     }
-    memcpy(f->hdr, hdr, sizeof hdr);
-    f->len = len;
-    f->off = sent;
     f->queued_ns = net_now_ns();
     s->count++;
     s->queued_bytes += bytes;
     pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->mu);
+    return PS_OK;
+sent:
+    pthread_mutex_unlock(&s->mu);
+    net_stats_add(c, bytes, (double)(net_now_ns() - t0) / 1e6);
     return PS_OK;
 fail:
     st = sender_error(s, err, errlen);

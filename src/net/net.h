@@ -4,7 +4,9 @@
  * Every message is a frame: a fixed 24-byte little-endian header followed by `len` payload
  * bytes. Everything read from a socket is checked before use (magic, version, length
  * against the receiver's limit, checksum); a bad frame is an error naming what is wrong,
- * never a crash. Every blocking call takes a timeout. */
+ * never a crash. Every blocking call takes a timeout. After a handshake with a shared key,
+ * every payload is sealed (encrypted and authenticated, see net_internal.h): the header's
+ * len then counts the 16-byte tag, and the receiver gets the plaintext. */
 #ifndef PS_NET_H
 #define PS_NET_H
 
@@ -19,7 +21,7 @@
 // Frames
 
 #define PS_NET_MAGIC 0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
-#define PS_NET_VERSION 1         /* bump on any incompatible change of a message */
+#define PS_NET_VERSION 2         /* bump on any incompatible change of a message (2: sealed frames) */
 #define PS_NET_HDR_BYTES 24
 
 /* The header as it travels (little-endian, no padding; encoded/decoded field by field). */

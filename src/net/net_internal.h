@@ -3,7 +3,7 @@
  * frame.c  header codec, payload builders/readers, addresses, listen/accept/dial,
  *          synchronous send and receive of one frame, stats
  * link.c   the sender thread: a FIFO of frames and link emulation
- * auth.c   shared keys and the handshake
+ * auth.c   shared keys, the handshake, and sealed frames
  *
  * Every connection socket is non-blocking (O_NONBLOCK): each read and write waits in
  * poll() with the time left before its deadline, so no call can block past its timeout. */
@@ -24,6 +24,17 @@
 
 typedef struct net_sender net_sender; /* link.c */
 
+/* Sealed frames (auth.c): after a handshake with a shared key, every payload travels
+ * encrypted and authenticated (ChaCha20-Poly1305, IETF) under a key per direction derived
+ * from the shared key and both handshake nonces; the nonce is the frame's number in its
+ * direction (never sent), and the first 16 header bytes (magic .. len) are authenticated
+ * too. A frame forged, altered, replayed, dropped or reordered fails to open. */
+#define NET_TAG_BYTES 16
+typedef struct {
+    uint8_t tx[32], rx[32]; /* keys of our frames and of the peer's */
+    uint64_t tx_n, rx_n;    /* numbers of the next frame sealed and opened */
+} net_seal;
+
 struct ps_conn {
     int fd;                  /* connected TCP socket, O_NONBLOCK, owned */
     char peer[NET_PEER_MAX]; /* "HOST:PORT" of the other end, for messages */
@@ -33,6 +44,9 @@ struct ps_conn {
     pthread_mutex_t stats_mu; /* guards stats: the sender thread adds to them too */
     ps_conn_stats stats;
     net_sender *snd; /* NULL until ps_conn_start_sender */
+    net_seal *seal;  /* NULL: plain frames (no shared key) */
+    uint8_t *sbuf;   /* (scap) sealed payload of a frame sent without the sender thread */
+    size_t scap;
 };
 
 /* CLOCK_MONOTONIC in nanoseconds. */
@@ -70,6 +84,24 @@ ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct
  * the connection can still carry a REFUSE). */
 ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint8_t **payload, char *err,
                          size_t errlen);
+
+/* With c->seal: copies the payload iov[0..iovcnt) (len bytes) into out (room for len +
+ * NET_TAG_BYTES), seals it there under the next send number, and encodes the header (len
+ * and checksum of what goes on the wire: *wire_len bytes). Callers seal in the order the
+ * frames go on the wire. */
+void net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
+                    uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len);
+/* With c->seal: opens a received payload in place (h->len bytes, tag included) under the
+ * next receive number; h->len becomes the plaintext's length. PS_ERR_AUTH when it fails. */
+ps_status net_open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_HDR_BYTES], uint8_t *payload,
+                         char *err, size_t errlen);
+
+/* Frees (and zeroes) the keys; NULL-safe. */
+void net_seal_free(net_seal *s);
+/* The payload length of iov[0..iovcnt) in *len; fails (PS_ERR_ARG) when the frame (with a
+ * tag when c is sealed) would exceed 4 GiB - 1. */
+ps_status net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
+                          size_t errlen);
 
 /* Adds one sent frame to c's stats (thread-safe). */
 void net_stats_add(ps_conn *c, uint64_t bytes, double ms);
