@@ -721,11 +721,13 @@ static void test_roundtrip(void) {
         const char *p = write_roundtrip(variants[v].version, variants[v].alignment, variants[v].name, given);
         if (!p) continue;
         snprintf(path, sizeof path, "%s", p);
-        ps_gguf *g = NULL;
-        PS_CHECK_OK(ps_gguf_open(path, &g, err, sizeof err));
-        if (*err) fprintf(stderr, "  %s\n", err);
-        if (g) check_roundtrip(g, variants[v].version, variants[v].alignment, given);
-        ps_gguf_close(g);
+        for (int how = PS_GGUF_MAP; how <= PS_GGUF_HUGE; how++) { /* mapped, and read into huge pages */
+            ps_gguf *g = NULL;
+            PS_CHECK_OK(ps_gguf_open_with(path, (ps_gguf_load)how, &g, err, sizeof err));
+            if (*err) fprintf(stderr, "  %s\n", err);
+            if (g) check_roundtrip(g, variants[v].version, variants[v].alignment, given);
+            ps_gguf_close(g);
+        }
         struct stat st;
         snprintf(path + strlen(path), sizeof path - strlen(path), ".tmp");
         PS_CHECK(stat(path, &st) < 0 && errno == ENOENT); /* no temporary left behind */

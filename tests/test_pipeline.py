@@ -810,9 +810,9 @@ def thread_cpus(pid):
     return out
 
 
-def case_pin(m):
-    """--pin: thread i of a stage on the i-th CPU the process may use (taskset respected), and
-    the same tokens."""
+def case_placement(m):
+    """--pin: thread i of a stage on the i-th CPU the process may use (taskset respected);
+    --mmap (the file mapped, not read into huge pages): the same tokens either way."""
     fleet = split(m.path, 2, os.path.join(TMP, "pin-2"))
     cpus = sorted(os.sched_getaffinity(0))
     for name, prefix, allowed in (("pin", [], cpus), ("pin-taskset", ["taskset", "-c", str(cpus[-1])], cpus[-1:])):
@@ -824,9 +824,10 @@ def case_pin(m):
         finally:
             w.stop()
     for args in (["-m", m.path], ["-m", m.path, "--local-stages", "3"]):
-        same(ids(args + ["--pin", "-t", "2"] + m.prompt + GEN + GREEDY, f"{m.name} --pin"), m.reference(GREEDY),
-             f"{m.name}: {' '.join(args[2:])} --pin")
-    print("  --pin: ok")
+        for flags in (["--pin", "-t", "2"], ["--mmap"], ["--mmap", "--pin"]):
+            same(ids(args + flags + m.prompt + GEN + GREEDY, f"{m.name} {' '.join(flags)}"), m.reference(GREEDY),
+                 f"{m.name}: {' '.join(args[2:] + flags)}")
+    print("  --pin, --mmap: ok")
 
 
 # ------------------------------------------------------------------------------ case 6: the split cache
@@ -881,7 +882,7 @@ def main():
         case_refusals(ms[0])
         case_failures(ms[0])
         case_startup(ms[0])
-        case_pin(ms[0])
+        case_placement(ms[0])
         case_split_cache(ms[0])
     finally:
         stop_all(WORKERS)

@@ -17,14 +17,15 @@
 
 static void bench_usage(FILE *f) {
     fprintf(f,
-            "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [--pin] [-r REPS] [--activations q8|f32]\n"
-            "                       [--mem-bw GBS] [--json]\n"
+            "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS]\n"
+            "                       [--activations q8|f32] [--mem-bw GBS] [--json]\n"
             "       pipeshard bench -m MODEL --stages 2,3 [--segment N] [-p N] [-n N] [-t THREADS] [--pin]\n"
-            "                       [-r REPS] [--activations q8|f32] [--json]\n"
+            "                       [--mmap] [-r REPS] [--activations q8|f32] [--json]\n"
             "  -p N        prompt tokens for the prefill measurement (default 128)\n"
             "  -n N        generated tokens for the decode measurement (default 64)\n"
             "  -t THREADS  threads (default: all cores)\n"
             "  --pin       pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
+            "  --mmap      map the model instead of reading it into huge pages (see pipeshard run --help)\n"
             "  -r REPS     repetitions; figures are medians (default 3)\n"
             "  --activations q8|f32  matmul arithmetic (default q8; see pipeshard run --help)\n"
             "  --mem-bw GBS  memory read bandwidth for the decode limit (default: measured here\n"
@@ -73,6 +74,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
             o->json = true;
         } else if (!strcmp(a, "--pin")) {
             o->pin = true;
+        } else if (!strcmp(a, "--mmap")) {
+            o->mmap = true;
         } else if (!strcmp(a, "--mem-bw")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_float("bench", a, v, 0.1, 1e5, &o->mem_bw))
                 return 2;
@@ -261,7 +264,7 @@ int ps_cli_bench(int argc, char **argv) {
     float *logits = NULL;
     ps_status s = PS_ERR_NOMEM;
     if (!toks || !pp || !tg || !bw || !share) goto out;
-    if ((s = ps_model_load(o.model, &m, err, sizeof err))) goto out;
+    if ((s = ps_model_load(o.model, o.mmap ? PS_GGUF_MAP : PS_GGUF_HUGE, &m, err, sizeof err))) goto out;
     if ((s = ps_pool_create((int)o.threads, &pool))) goto out;
     if (o.pin && (s = ps_pool_pin(pool, err, sizeof err))) goto out;
     ps_ctx_params cp = {.n_ctx = (int)(o.n_prompt + o.n_gen), .max_batch = (int)o.n_prompt, .act = o.act};

@@ -31,11 +31,13 @@ typedef struct {
 } config;
 
 static ps_status config_start(config *c, const bench_opts *o, char *err, size_t errlen) {
-    ps_coord_opts co = {.model = o->model, .threads = (int)o->threads, .pin = o->pin, .n_ctx = (int)(o->n_prompt + o->n_gen + 1),
-                        .max_batch = (int)o->n_prompt, .act = o->act, .timeout_ms = 30000};
+    ps_coord_opts co = {.model = o->model, .threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap,
+                        .n_ctx = (int)(o->n_prompt + o->n_gen + 1), .max_batch = (int)o->n_prompt, .act = o->act,
+                        .timeout_ms = 30000};
     if (c->stages > 1) {
         ps_link_sim none = {0};
-        ps_status s = ps_local_fleet_start(o->model, c->stages, (int)o->threads, o->pin, &none, NULL, &c->fleet, err, errlen);
+        ps_stage_opts so = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap};
+        ps_status s = ps_local_fleet_start(o->model, c->stages, &so, &none, NULL, &c->fleet, err, errlen);
         c->fleet_started = true;
         if (s) return s;
         co.model = NULL;

@@ -56,13 +56,13 @@ static int read_port(int fd) {
 }
 
 /* Starts the worker of stage k; its messages go to dir/worker-K.log. */
-static ps_status spawn(ps_local_fleet *lf, int k, int threads, bool pin, const ps_link_sim *sim,
+static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const ps_link_sim *sim,
                        const char *key_path, char *err, size_t errlen) {
     int pfd[2];
     if (pipe(pfd)) return ps_errf(err, errlen, PS_ERR_IO, "pipe: %s", strerror(errno));
     char log[4200], t[16], rfd[16], lat[32], bw[32];
     snprintf(log, sizeof log, "%s/worker-%d.log", lf->dir, k);
-    snprintf(t, sizeof t, "%d", threads);
+    snprintf(t, sizeof t, "%d", so->threads);
     snprintf(rfd, sizeof rfd, "%d", pfd[1]);
     snprintf(lat, sizeof lat, "%g", sim->latency_ms);
     snprintf(bw, sizeof bw, "%g", sim->bandwidth_mbps);
@@ -80,7 +80,11 @@ static ps_status spawn(ps_local_fleet *lf, int k, int threads, bool pin, const p
         char *args[] = {"pipeshard", "worker", "--shard", lf->fleet.stages[k].shard, "--listen", "127.0.0.1:0",
                         "-t", t, "--key-file", (char *)key_path, "--ready-fd", rfd, "--sim-latency-ms", lat,
                         "--sim-bandwidth-mbps", bw, "--max-ctx", "16777216" /* ours: whatever run -c asks */,
-                        pin ? "--pin" : NULL, NULL};
+                        NULL, NULL, NULL};
+        char **flag = args;
+        while (*flag) flag++;
+        if (so->pin) *flag++ = "--pin";
+        if (so->mmap) *flag++ = "--mmap";
         execv("/proc/self/exe", args);
         _exit(127);
     }
@@ -173,7 +177,7 @@ static ps_status get_split(ps_local_fleet *lf, const char *model, int n, char *e
     return ps_fleet_load(path, &lf->fleet, err, errlen);
 }
 
-ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, bool pin, const ps_link_sim *sim,
+ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
                                const char *key_file, ps_local_fleet *lf, char *err, size_t errlen) {
     memset(lf, 0, sizeof *lf);
     const char *tmp = getenv("TMPDIR");
@@ -187,7 +191,7 @@ ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, boo
     ps_status s = get_split(lf, model, n_stages, err, errlen);
     if (!s) s = make_key(lf, key_file, key_path, sizeof key_path, err, errlen);
     lf->n = lf->fleet.n_stages;
-    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, threads, pin, sim, key_path, err, errlen);
+    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, so, sim, key_path, err, errlen);
     return s;
 }
 

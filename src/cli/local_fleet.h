@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include "../model/shard.h"
+#include "../stage/stage.h"
 #include "../net/net.h"
 
 typedef struct {
@@ -19,9 +20,9 @@ typedef struct {
 } ps_local_fleet;
 
 /* Splits model into n_stages (bytes balanced; reusing the cached split of an unchanged
- * model) and starts the workers with threads threads each (pinned to CPUs with pin), the
+ * model) and starts the workers with the stage options so (threads, --pin, --mmap), the
  * link emulation sim, and key_file (NULL: a fresh random key). */
-ps_status ps_local_fleet_start(const char *model, int n_stages, int threads, bool pin, const ps_link_sim *sim,
+ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
                                const char *key_file, ps_local_fleet *lf, char *err, size_t errlen);
 /* Stops the workers and removes the directory. Safe on a partly started fleet. */
 void ps_local_fleet_stop(ps_local_fleet *lf);

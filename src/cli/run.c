@@ -20,7 +20,7 @@ typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
     long long n_predict, threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
     ps_link_sim sim;
-    bool ignore_eos, chat, stats, print_ids, seeded, pin;
+    bool ignore_eos, chat, stats, print_ids, seeded, pin, mmap;
     ps_act act;
     ps_sample_params sp;
 } run_opts;
@@ -57,6 +57,10 @@ static void run_usage(FILE *f) {
             "                          --local-stages, the workers' threads too): steadier, faster decode\n"
             "                          when the cores are this run's alone or its stages share them; not\n"
             "                          for processes that share cores with others (taskset them apart)\n"
+            "  --mmap                  map the model file (pages read on first use, shared with the page\n"
+            "                          cache) instead of reading it into huge pages at start (default\n"
+            "                          where transparent huge pages are on: decode is faster, start-up\n"
+            "                          slower); with --local-stages, the workers too\n"
             "  -c, --ctx-size N        context size in tokens (default: the model's, at most 4096)\n"
             "  -b, --batch-size N      prompt tokens per forward pass (default 128)\n"
             "  --activations q8|f32    matmul arithmetic: q8 = 8-bit activations, integer dot products\n"
@@ -147,6 +151,7 @@ static int run_parse(int argc, char **argv, run_opts *o) {
         if (!strcmp(a, "--stats")) { o->stats = true; continue; }
         if (!strcmp(a, "--print-ids")) { o->print_ids = true; continue; }
         if (!strcmp(a, "--pin")) { o->pin = true; continue; }
+        if (!strcmp(a, "--mmap")) { o->mmap = true; continue; }
         size_t k = 0;
         while (k < PS_ARRAY_LEN(value_flags) &&
                !((value_flags[k].s && !strcmp(a, value_flags[k].s)) || !strcmp(a, value_flags[k].l)))
@@ -322,8 +327,8 @@ static ps_status start_fleet(run_state *st, uint8_t *key, bool *have_key) {
     *have_key = false;
     if (o->local_stages > 1) {
         if (!(st->local = calloc(1, sizeof *st->local))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
-        s = ps_local_fleet_start(o->model, (int)o->local_stages, (int)o->threads, o->pin, &o->sim, o->key_file,
-                                 st->local, err, el);
+        ps_stage_opts so = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap};
+        s = ps_local_fleet_start(o->model, (int)o->local_stages, &so, &o->sim, o->key_file, st->local, err, el);
         if (s) return s;
         st->fleet = &st->local->fleet;
         memcpy(key, st->local->key, 32);
@@ -349,7 +354,7 @@ static ps_status run_setup(run_state *st) {
     if (s) return s;
     if ((s = ps_sample_params_check(&o->sp, err, el))) return s;
     ps_coord_opts co = {.model = st->fleet ? NULL : o->model, .fleet = st->fleet, .threads = (int)o->threads, .pin = o->pin,
-                        .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
+                        .mmap = o->mmap,                        .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
                         .act = o->act, .key = have_key ? key : NULL, .sim = o->sim, .timeout_ms = (int)o->timeout_ms};
     if ((s = ps_coord_create(&co, &st->coord, err, el))) return s;
     if ((s = ps_coord_connect(st->coord, err, el))) return s;

@@ -22,6 +22,7 @@ static void worker_usage(FILE *f) {
             "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr)\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
             "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
+            "  --mmap                    map the shard instead of reading it into huge pages (see pipeshard run --help)\n"
             "  --key-file F              shared key: peers must prove they hold the same file\n"
             "  --sim-latency-ms MS       emulated one-way delay added to every outgoing hop (default 0)\n"
             "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
@@ -45,6 +46,10 @@ int ps_cli_worker(int argc, char **argv) {
         }
         if (!strcmp(a, "--pin")) {
             o.pin = true;
+            continue;
+        }
+        if (!strcmp(a, "--mmap")) {
+            o.mmap = true;
             continue;
         }
         bool ok = (v = ps_arg_value("worker", argc, argv, &i)) != NULL;

@@ -23,6 +23,7 @@ typedef struct {
     const ps_fleet *fleet;   /* the fleet: stage 0 runs here, the others on workers */
     int threads;             /* threads of stage 0 */
     bool pin;                /* pin them to CPUs (ps_pool_pin; ps_coord_next's caller is thread 0) */
+    bool mmap;               /* map stage 0's file rather than read it into huge pages */
     int n_ctx;               /* positions; 0 = the model's context, at most 4096 */
     int max_batch;           /* tokens per forward pass */
     int prefill_chunk;       /* positions per micro-batch; 0 = max_batch */

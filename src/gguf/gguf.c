@@ -164,7 +164,8 @@ static void arena_free(arena_chunk *c) {
 struct ps_gguf {
     const uint8_t *base; /* the file's bytes */
     size_t size;
-    bool mapped; /* base came from mmap and is unmapped by close */
+    void *region;        /* what close unmaps: the file's mapping, or the memory it was read into */
+    size_t region_len;
     uint32_t version;
     uint32_t alignment;
     size_t data_offset; /* start of the data section */
@@ -596,13 +597,60 @@ err:
     return s;
 }
 
-/* Opens and validates the GGUF file at path: see gguf.h. The file is mapped read-only and
- * private; the descriptor is closed before returning. Errors name the path. */
-ps_status ps_gguf_open(const char *path, ps_gguf **out, char *err, size_t errlen) {
+#define HUGE_BYTES ((size_t)2 << 20)
+
+/* Whether transparent huge pages back memory that asks for them (enabled: always or madvise). */
+static bool huge_pages_on(void) {
+#ifdef MADV_HUGEPAGE
+    char line[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f && !fgets(line, sizeof line, f)) line[0] = 0;
+    if (f) fclose(f);
+    return strstr(line, "[always]") || strstr(line, "[madvise]");
+#else
+    return false;
+#endif
+}
+
+/* Reads the size bytes of fd into anonymous memory aligned to 2 MiB and advised to use huge
+ * pages, read-only afterwards; *region and *region_len are what close unmaps. */
+static ps_status read_huge(int fd, const char *path, size_t size, const uint8_t **base, void **region,
+                           size_t *region_len, char *err, size_t errlen) {
+#ifdef MADV_HUGEPAGE
+    size_t len = size + HUGE_BYTES;
+    uint8_t *r = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED)
+        return ps_errf(err, errlen, PS_ERR_NOMEM, "cannot allocate %zu bytes for '%s': %s", size, path, strerror(errno));
+    uint8_t *p = (uint8_t *)(((uintptr_t)r + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
+    madvise(p, size, MADV_HUGEPAGE);
+    for (size_t got = 0; got < size;) {
+        ssize_t n = pread(fd, p + got, size - got < ((size_t)1 << 30) ? size - got : (size_t)1 << 30, (off_t)got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            ps_status s = ps_errf(err, errlen, PS_ERR_IO, "cannot read '%s': %s", path,
+                                  n < 0 ? strerror(errno) : "the file shrank while it was read");
+            munmap(r, len);
+            return s;
+        }
+        got += (size_t)n;
+    }
+    mprotect(p, size, PROT_READ);
+    *base = p, *region = r, *region_len = len;
+    return PS_OK;
+#else
+    (void)fd, (void)size, (void)base, (void)region, (void)region_len;
+    return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "'%s': huge pages are not supported here", path);
+#endif
+}
+
+/* Opens and validates the GGUF file at path: see gguf.h. The descriptor is closed before
+ * returning. Errors name the path. */
+ps_status ps_gguf_open_with(const char *path, ps_gguf_load how, ps_gguf **out, char *err, size_t errlen) {
     ps_status s;
     char detail[512];
-    void *map = MAP_FAILED;
-    size_t size = 0;
+    const uint8_t *base = NULL;
+    void *region = NULL;
+    size_t size = 0, region_len = 0;
     int fd = -1;
     if (!out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_gguf_open: out is NULL");
     *out = NULL;
@@ -621,31 +669,39 @@ ps_status ps_gguf_open(const char *path, ps_gguf **out, char *err, size_t errlen
         s = ps_errf(err, errlen, PS_ERR_IO, "'%s' is not a regular file", path);
         goto err;
     }
-    if ((uint64_t)st.st_size > SIZE_MAX) {
+    if ((uint64_t)st.st_size > SIZE_MAX - HUGE_BYTES) {
         s = ps_errf(err, errlen, PS_ERR_IO, "'%s' is too large to map", path);
         goto err;
     }
     size = (size_t)st.st_size;
-    if (size > 0) {
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (size > 0 && how == PS_GGUF_HUGE && huge_pages_on()) {
+        if ((s = read_huge(fd, path, size, &base, &region, &region_len, err, errlen))) goto err;
+    } else if (size > 0) {
+        void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
             s = ps_errf(err, errlen, PS_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
             goto err;
         }
+        base = map, region = map, region_len = size;
     }
     close(fd);
     fd = -1;
-    s = gguf_parse(size ? map : "", size, out, detail, sizeof detail);
+    s = gguf_parse(size ? base : (const uint8_t *)"", size, out, detail, sizeof detail);
     if (s) {
         ps_errf(err, errlen, s, "%s: %s", path, detail);
         goto err;
     }
-    (*out)->mapped = size > 0;
+    (*out)->region = region;
+    (*out)->region_len = region_len;
     return PS_OK;
 err:
-    if (map != MAP_FAILED) munmap(map, size);
+    if (region) munmap(region, region_len);
     if (fd >= 0) close(fd);
     return s;
+}
+
+ps_status ps_gguf_open(const char *path, ps_gguf **out, char *err, size_t errlen) {
+    return ps_gguf_open_with(path, PS_GGUF_MAP, out, err, errlen);
 }
 
 /* Validates the GGUF image in buf: see gguf.h. The reader points into buf, which the caller
@@ -660,7 +716,7 @@ ps_status ps_gguf_open_mem(const void *buf, size_t len, ps_gguf **out, char *err
 /* Frees the reader and unmaps the file; every pointer it handed out dies here. */
 void ps_gguf_close(ps_gguf *g) {
     if (!g) return;
-    if (g->mapped) munmap((void *)g->base, g->size);
+    if (g->region) munmap(g->region, g->region_len);
     arena_free(g->arena);
     free(g);
 }

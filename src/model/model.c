@@ -237,11 +237,11 @@ static size_t arena_floats(const ps_hparams *hp, int n_layers) {
     return per_layer * (size_t)n_layers + (size_t)hp->dim + (size_t)hp->rope_dim / 2;
 }
 
-ps_status ps_model_load(const char *path, ps_model **out, char *err, size_t errlen) {
+ps_status ps_model_load(const char *path, ps_gguf_load how, ps_model **out, char *err, size_t errlen) {
     *out = NULL;
     ps_model *m = calloc(1, sizeof *m);
     if (!m) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-    ps_status s = ps_gguf_open(path, &m->gguf, err, errlen);
+    ps_status s = ps_gguf_open_with(path, how, &m->gguf, err, errlen);
     if (s) goto err;
     if ((s = read_hparams(m->gguf, &m->hp, err, errlen))) goto err;
     if ((s = ps_shard_meta_read(m->gguf, &m->shard, err, errlen))) goto err;

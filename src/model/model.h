@@ -72,8 +72,9 @@ typedef struct {
 /* Opens a GGUF model, or one shard of it (a file written by `pipeshard split`: then only
  * its layer range, and the embedding / head it holds), and binds its tensors.
  * Unsupported architectures, missing tensors and wrong shapes are errors naming the
- * thing. *out is owned by the caller (ps_model_free). */
-ps_status ps_model_load(const char *path, ps_model **out, char *err, size_t errlen);
+ * thing. how: map the file, or read it into huge pages (ps_gguf_open_with). *out is owned
+ * by the caller (ps_model_free). */
+ps_status ps_model_load(const char *path, ps_gguf_load how, ps_model **out, char *err, size_t errlen);
 void ps_model_free(ps_model *m); /* NULL is a no-op */
 
 /* Run state of one sequence. */

@@ -125,14 +125,14 @@ ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *
 // ---------------------------------------------------------------------------------------
 // Executor
 
-ps_status ps_stage_open(const char *path, int n_threads, bool pin, ps_stage **out, char *err, size_t errlen) {
+ps_status ps_stage_open(const char *path, const ps_stage_opts *o, ps_stage **out, char *err, size_t errlen) {
     *out = NULL;
     ps_stage *s = calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-    ps_status st = ps_model_load(path, &s->m, err, errlen);
-    if (!st && (st = ps_pool_create(n_threads, &s->pool)))
-        ps_errf(err, errlen, st, "cannot start %d threads", n_threads);
-    if (!st && pin) st = ps_pool_pin(s->pool, err, errlen);
+    ps_status st = ps_model_load(path, o->mmap ? PS_GGUF_MAP : PS_GGUF_HUGE, &s->m, err, errlen);
+    if (!st && (st = ps_pool_create(o->threads, &s->pool)))
+        ps_errf(err, errlen, st, "cannot start %d threads", o->threads);
+    if (!st && o->pin) st = ps_pool_pin(s->pool, err, errlen);
     if (!st && s->m->has_head && (st = ps_sampler_create(s->m->hp.vocab, &s->smp, err, errlen))) goto fail;
     if (st) goto fail;
     *out = s;

@@ -84,10 +84,14 @@ ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *
 
 typedef struct ps_stage ps_stage;
 
-/* Loads a model or shard and starts n_threads threads, pinned to CPUs with pin (see
- * ps_pool_pin: the calling thread must be the one that runs the stage). *out owned by the
- * caller. */
-ps_status ps_stage_open(const char *path, int n_threads, bool pin, ps_stage **out, char *err, size_t errlen);
+typedef struct {
+    int threads; /* compute threads */
+    bool pin;    /* pin them to CPUs (ps_pool_pin: the calling thread must be the one that runs the stage) */
+    bool mmap;   /* map the file rather than read it into huge pages (ps_gguf_open_with) */
+} ps_stage_opts;
+
+/* Loads a model or shard and starts its threads. *out owned by the caller. */
+ps_status ps_stage_open(const char *path, const ps_stage_opts *o, ps_stage **out, char *err, size_t errlen);
 void ps_stage_free(ps_stage *s); /* NULL is a no-op */
 const ps_model *ps_stage_model(const ps_stage *s);
 ps_pool *ps_stage_pool(ps_stage *s);

@@ -483,7 +483,8 @@ static void on_frame(worker *w, ps_conn *c) {
 ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
     worker w = {.o = o, .lfd = -1, .hs_pipe = {-1, -1}, .mu = PTHREAD_MUTEX_INITIALIZER, .peer_room = PEER_LINES_BURST,
                 .peer_t = ps_now()};
-    ps_status s = ps_stage_open(o->shard, o->threads, o->pin, &w.stage, err, errlen);
+    ps_stage_opts so = {.threads = o->threads, .pin = o->pin, .mmap = o->mmap};
+    ps_status s = ps_stage_open(o->shard, &so, &w.stage, err, errlen);
     if (s) return s;
     w.m = ps_stage_model(w.stage);
     const ps_shard_meta *sm = &w.m->shard;
