@@ -251,7 +251,7 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
     net_sender *s = c->snd;
     if (!s) return net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen); /* no thread: send now */
     if (iovcnt < 0 || (iovcnt > 0 && !iov)) return ps_errf(err, errlen, PS_ERR_ARG, "bad iovec list");
-    int64_t deadline = net_deadline(timeout_ms), t0 = net_now_ns();
+    int64_t deadline = net_deadline(timeout_ms);
     uint32_t len; /* the payload's bytes; on the wire, with the tag of a sealed frame */
     link_frame nf = {.off = 0};
     ps_status st = c->seal ? net_payload_len(c, iov, iovcnt, &len, err, errlen)
@@ -269,6 +269,7 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
         }
     }
     if (s->fail) goto fail;
+    int64_t t0 = net_now_ns();
     /* the thread is idle and there is nothing to emulate: write now, saving the thread's
        wake-up on every hop, and queue only what the socket did not take */
     bool now = s->count == 0 && s->latency_ns == 0 && s->ns_per_byte == 0 && iovcnt < 16;
