@@ -811,8 +811,9 @@ def thread_cpus(pid):
 
 
 def case_placement(m):
-    """--pin: thread i of a stage on the i-th CPU the process may use (taskset respected);
-    --mmap (the file mapped, not read into huge pages): the same tokens either way."""
+    """--pin: thread i of a stage on the i-th CPU the process may use (taskset respected); with
+    --local-stages, when the stages' threads fit the CPUs side by side, each stage on a block of
+    its own; --mmap (the file mapped, not read into huge pages): the same tokens either way."""
     fleet = split(m.path, 2, os.path.join(TMP, "pin-2"))
     cpus = sorted(os.sched_getaffinity(0))
     for name, prefix, allowed in (("pin", [], cpus), ("pin-taskset", ["taskset", "-c", str(cpus[-1])], cpus[-1:])):
@@ -823,6 +824,23 @@ def case_placement(m):
             check(got == want, f"worker -t 3 --pin on CPUs {allowed}: threads on {got}, expected {want}")
         finally:
             w.stop()
+    # --local-stages 2 -t 1 --pin: the coordinator on the first CPU, the worker on the second
+    p = subprocess.Popen([BIN, "run", "-m", m.path, "--local-stages", "2", "-t", "1", "--pin", "-n", "200",
+                          "--ignore-eos", "--print-ids", "--sim-latency-ms", "10"] + m.prompt + GREEDY,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         preexec_fn=die_with_parent)
+    try:
+        check(len(read_ids(p, 2).split()) >= 2, "--local-stages 2 -t 1 --pin: no tokens")
+        with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+        want = str(cpus[1]) if len(cpus) >= 2 else str(cpus[0])
+        got = [thread_cpus(k) for k in kids]
+        check(len(got) == 1 and set(got[0]) == {want} and thread_cpus(p.pid)[0] == str(cpus[0]),
+              f"--local-stages 2 -t 1 --pin on CPUs {cpus}: coordinator on {thread_cpus(p.pid)}, worker on {got}; "
+              f"expected the worker on {want} alone")
+    finally:
+        p.kill()
+        p.communicate()
     for args in (["-m", m.path], ["-m", m.path, "--local-stages", "3"]):
         for flags in (["--pin", "-t", "2"], ["--mmap"], ["--mmap", "--pin"]):
             same(ids(args + flags + m.prompt + GEN + GREEDY, f"{m.name} {' '.join(flags)}"), m.reference(GREEDY),

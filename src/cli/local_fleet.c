@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,23 @@ static int read_port(int fd) {
     return port > 0 && port < 65536 ? port : -1;
 }
 
+/* With --pin, in the child of stage k of n: when every stage's threads fit the CPUs side by
+ * side, keeps the k-th block of `threads` of them (stage 0, the coordinator, pins to the
+ * first block), so that each stage has cores of its own, as on a machine of its own (a
+ * prompt's chunks then overlap: stage k on chunk i while stage k+1 on chunk i-1). Otherwise
+ * every stage keeps them all, and they take turns on the same cores. */
+static void own_cores(int k, int n, int threads) {
+    cpu_set_t all, mine;
+    if (sched_getaffinity(0, sizeof all, &all)) return;
+    int cpus[CPU_SETSIZE], m = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) cpus[m++] = c;
+    if ((long long)threads * n > m) return;
+    CPU_ZERO(&mine);
+    for (int i = 0; i < threads; i++) CPU_SET(cpus[k * threads + i], &mine);
+    sched_setaffinity(0, sizeof mine, &mine);
+}
+
 /* Starts the worker of stage k; its messages go to dir/worker-K.log. */
 static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const ps_link_sim *sim,
                        const char *key_path, char *err, size_t errlen) {
@@ -74,6 +92,7 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the coordinator */
         ps_pool_unpin_self();             /* a --pin'd coordinator's thread has one CPU left */
+        if (so->pin) own_cores(k, lf->fleet.n_stages, so->threads);
         close(pfd[0]);
         int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (lfd >= 0) dup2(lfd, 2), close(lfd);
