@@ -692,6 +692,70 @@ static void test_sealed_frames(void) {
     }
 }
 
+/* A man in the middle of a handshake with a key: forwards HELLO, HELLO_REPLY (its stage
+ * field rewritten when bend is set, the checksum fixed), the client's answer, and WELCOME
+ * when there is one. */
+typedef struct {
+    ps_conn *to_client, *to_server; /* the proxy's ends */
+    bool bend;
+} mitm;
+
+static bool forward_frame(ps_conn *from, ps_conn *to, bool bend) {
+    uint8_t hdr[PS_NET_HDR_BYTES], body[4096];
+    ps_frame_hdr h;
+    if (!raw_recv(from, hdr, sizeof hdr)) return false;
+    ps_frame_hdr_decode(hdr, &h);
+    if (h.len > sizeof body || !raw_recv(from, body, h.len)) return false;
+    if (bend) { /* the hello's i32 stage follows its u8 role */
+        body[1] ^= 1;
+        put_le(hdr + 16, XXH3_64bits(body, h.len), 8);
+    }
+    raw_send(to, hdr, sizeof hdr);
+    raw_send(to, body, h.len);
+    return true;
+}
+
+static void *mitm_main(void *arg) {
+    mitm *m = arg;
+    if (forward_frame(m->to_client, m->to_server, false) && forward_frame(m->to_server, m->to_client, m->bend) &&
+        forward_frame(m->to_client, m->to_server, false))
+        forward_frame(m->to_server, m->to_client, false);
+    return NULL;
+}
+
+/* The proofs cover the hellos: a HELLO_REPLY rewritten on the way by someone without the key
+ * (here, another stage claimed, checksum fixed) fails the client's check of the server's
+ * proof; the same proxy forwarding faithfully lets the handshake through. */
+static void test_handshake_transcript(void) {
+    uint8_t key[32];
+    memset(key, 0x44, sizeof key);
+    for (int bend = 0; bend < 2; bend++) {
+        ps_conn *a, *p1, *p2, *b;
+        if (!make_pair(&a, &p1)) return;
+        if (!make_pair(&p2, &b)) return;
+        hs_side cl = {.key = key, .mine = hello_of(PS_ROLE_COORD, 0, 0, 10), .c = a, .check = check_cb};
+        hs_side sv = {.key = key, .mine = hello_of(PS_ROLE_WORKER, 1, 10, 20), .c = b, .check = check_cb};
+        mitm m = {.to_client = p1, .to_server = p2, .bend = bend};
+        pthread_t ts, tm;
+        pthread_create(&ts, NULL, hs_server_main, &sv);
+        pthread_create(&tm, NULL, mitm_main, &m);
+        cl.st = ps_net_handshake_client(a, key, &cl.mine, check_cb, &cl, 0, 1000, &cl.peer, cl.err, sizeof cl.err);
+        pthread_join(tm, NULL);
+        shutdown(ps_conn_fd(p2), SHUT_RDWR); /* the server, if still waiting, sees the end */
+        pthread_join(ts, NULL);
+        if (!bend) {
+            PS_CHECK_OK(cl.st);
+            PS_CHECK_OK(sv.st);
+            PS_CHECK(cl.peer.stage == 1);
+        } else {
+            PS_CHECK_EQ_INT(cl.st, PS_ERR_AUTH);
+            CHECK_HAS(cl.err, "the peer's proof does not match our key");
+            PS_CHECK(sv.st != PS_OK);
+        }
+        ps_conn_free(a), ps_conn_free(p1), ps_conn_free(p2), ps_conn_free(b);
+    }
+}
+
 /* Both sides fail with the given statuses; each message contains its want. */
 static void check_refused(hs_side *cl, hs_side *sv, ps_status cl_st, ps_status sv_st, const char *reason) {
     PS_CHECK(run_handshake(cl, sv) == NULL);
@@ -1111,6 +1175,7 @@ int main(void) {
     memset(key, 0x5a, sizeof key);
     test_handshake_ok(key);
     test_sealed_frames();
+    test_handshake_transcript();
     test_handshake_refusals();
     test_handshake_messages();
     test_handshake_stale_and_malformed();

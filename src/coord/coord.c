@@ -165,8 +165,9 @@ static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token, int m
     uint16_t type;
     const uint8_t *p;
     uint32_t len;
-    if (ps_conn_recv(v->conn, ms, &type, &p, &len, v->why, sizeof v->why)) {
-        v->fail = FAIL_DEAD;
+    ps_status s = ps_conn_recv(v->conn, ms, &type, &p, &len, v->why, sizeof v->why);
+    if (s) {
+        v->fail = s == PS_ERR_AUTH ? FAIL_SELF : FAIL_DEAD; /* a frame that fails to open: no hang-up */
         return;
     }
     ps_rbuf r = {.p = p, .len = len};

@@ -612,6 +612,18 @@ static bool huge_pages_on(void) {
 #endif
 }
 
+/* Whether a copy of size bytes leaves at least 1/8 of the memory the system could give now
+ * (MemAvailable) to everything else; else the file is mapped, and the kernel pages it. */
+static bool copy_fits(size_t size) {
+    unsigned long long kb = 0;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (double)size < 0.875 * (double)kb * 1024;
+}
+
 /* Reads the size bytes of fd into anonymous memory aligned to 2 MiB and advised to use huge
  * pages, read-only afterwards; *region and *region_len are what close unmaps. */
 static ps_status read_huge(int fd, const char *path, size_t size, const uint8_t **base, void **region,
@@ -622,7 +634,8 @@ static ps_status read_huge(int fd, const char *path, size_t size, const uint8_t 
     if (r == MAP_FAILED)
         return ps_errf(err, errlen, PS_ERR_NOMEM, "cannot allocate %zu bytes for '%s': %s", size, path, strerror(errno));
     uint8_t *p = (uint8_t *)(((uintptr_t)r + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
-    madvise(p, size, MADV_HUGEPAGE);
+    madvise(p, size, MADV_HUGEPAGE); /* hints: without them, normal pages, and a forked child's copy */
+    madvise(r, len, MADV_DONTFORK);
     for (size_t got = 0; got < size;) {
         ssize_t n = pread(fd, p + got, size - got < ((size_t)1 << 30) ? size - got : (size_t)1 << 30, (off_t)got);
         if (n < 0 && errno == EINTR) continue;
@@ -674,9 +687,13 @@ ps_status ps_gguf_open_with(const char *path, ps_gguf_load how, ps_gguf **out, c
         goto err;
     }
     size = (size_t)st.st_size;
-    if (size > 0 && how == PS_GGUF_HUGE && huge_pages_on()) {
-        if ((s = read_huge(fd, path, size, &base, &region, &region_len, err, errlen))) goto err;
-    } else if (size > 0) {
+    char magic[4] = "";
+    bool huge = size > 0 && how == PS_GGUF_HUGE && huge_pages_on() && copy_fits(size) &&
+                pread(fd, magic, 4, 0) == 4 && !memcmp(magic, GGUF_MAGIC, 4); /* else mapped (the parser
+                                                                                  says what is wrong) */
+    if (huge && (s = read_huge(fd, path, size, &base, &region, &region_len, err, errlen)) != PS_ERR_NOMEM && s)
+        goto err;
+    if (size > 0 && !region) { /* mapped by choice, or because memory for a copy was short */
         void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
             s = ps_errf(err, errlen, PS_ERR_IO, "cannot map '%s': %s", path, strerror(errno));

@@ -15,8 +15,9 @@
  * and a proof without a key is all zero.
  *
  * Keys never appear in messages; proofs are compared with crypto_auth_verify (constant
- * time). The nonces make every proof fresh, and the distinct labels keep a server's proof
- * from being replayed as a client's.
+ * time). The nonces make every proof fresh, the distinct labels keep a server's proof from
+ * being replayed as a client's, and the transcript (a hash of HELLO and of HELLO_REPLY up to
+ * its proof) in every proof keeps anyone without the key from rewriting a hello on the way.
  *
  * With a key, the frames after WELCOME are sealed (net_internal.h): the key of each
  * direction is BLAKE2b-256 keyed with the shared key over a label of the direction and both
@@ -105,27 +106,43 @@ ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t e
     return st;
 }
 
-/* proof = HMAC-SHA-512-256(key, label || n1 || n2), or all zero without a key. */
-static void make_proof(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
-                       uint8_t out[HS_PROOF_BYTES]) {
-    uint8_t msg[16 + 2 * HS_NONCE_BYTES];
+/* The transcript: BLAKE2b-256 of the HELLO payload and of the HELLO_REPLY payload up to its
+ * proof, as each side sent or received them. Proofs and frame keys cover it, so a hello
+ * rewritten on the way (another stage, layer range or fingerprint) fails the proofs. */
+typedef struct {
+    crypto_generichash_state st;
+    uint8_t hash[32]; /* once done */
+} transcript;
+
+static void transcript_add(transcript *t, const uint8_t *p, size_t n) { crypto_generichash_update(&t->st, p, n); }
+static void transcript_done(transcript *t) { crypto_generichash_final(&t->st, t->hash, sizeof t->hash); }
+
+#define PROOF_MSG (16 + 2 * HS_NONCE_BYTES + 32)
+static void proof_msg(const char *label, const uint8_t *n1, const uint8_t *n2, const transcript *t,
+                      uint8_t msg[PROOF_MSG]) {
     _Static_assert(sizeof label_server - 1 == 16 && sizeof label_client - 1 == 16, "labels are 16 bytes");
     memcpy(msg, label, 16);
     memcpy(msg + 16, n1, HS_NONCE_BYTES);
     memcpy(msg + 16 + HS_NONCE_BYTES, n2, HS_NONCE_BYTES);
+    memcpy(msg + 16 + 2 * HS_NONCE_BYTES, t->hash, 32);
+}
+
+/* proof = HMAC-SHA-512-256(key, label || n1 || n2 || transcript), or all zero without a key. */
+static void make_proof(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
+                       const transcript *t, uint8_t out[HS_PROOF_BYTES]) {
+    uint8_t msg[PROOF_MSG];
+    proof_msg(label, n1, n2, t, msg);
     if (key)
         crypto_auth(out, msg, sizeof msg, key);
     else
         memset(out, 0, HS_PROOF_BYTES);
 }
 
-/* Whether proof is the one key gives for label || n1 || n2 (constant time). */
+/* Whether proof is the one key gives for label || n1 || n2 || transcript (constant time). */
 static bool proof_ok(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
-                     const uint8_t *proof) {
-    uint8_t msg[16 + 2 * HS_NONCE_BYTES];
-    memcpy(msg, label, 16);
-    memcpy(msg + 16, n1, HS_NONCE_BYTES);
-    memcpy(msg + 16 + HS_NONCE_BYTES, n2, HS_NONCE_BYTES);
+                     const transcript *t, const uint8_t *proof) {
+    uint8_t msg[PROOF_MSG];
+    proof_msg(label, n1, n2, t, msg);
     return crypto_auth_verify(proof, msg, sizeof msg, key) == 0;
 }
 
@@ -214,12 +231,14 @@ static bool all_zero(const uint8_t *p, size_t n) {
 
 /* Checks the peer's proof in message `what` (all zeros without a key); refuses on a mismatch. */
 static ps_status check_proof(ps_conn *c, const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
-                             const uint8_t *proof, const char *what, int timeout_ms, char *err, size_t errlen) {
+                             const transcript *t, const uint8_t *proof, const char *what, int timeout_ms, char *err,
+                             size_t errlen) {
     if (!key && !all_zero(proof, HS_PROOF_BYTES))
         return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed %s: a proof without a key", what);
-    if (key && !proof_ok(key, label, n1, n2, proof))
+    if (key && !proof_ok(key, label, n1, n2, t, proof))
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen,
-                      "wrong shared key: the peer's proof does not match our key (compare the --key-file of both sides)");
+                      "wrong shared key: the peer's proof does not match our key (compare the --key-file of both "
+                      "sides), or the handshake was altered on the way");
     return PS_OK;
 }
 
@@ -308,24 +327,26 @@ static ps_status read_hello_body(ps_conn *c, ps_rbuf *r, const char *what, ps_he
 /* ---------------------------------------------------------------------------------------------
  * Sealed frames */
 
-/* The key of one direction: BLAKE2b-256 keyed with the shared key over label || nonces. */
+/* The key of one direction: BLAKE2b-256 keyed with the shared key over label || nonces ||
+ * transcript. */
 static void frame_key(const uint8_t *key, const char *label, const uint8_t *nonce_c, const uint8_t *nonce_s,
-                      uint8_t out[32]) {
+                      const transcript *t, uint8_t out[32]) {
     crypto_generichash_state st;
     crypto_generichash_init(&st, key, crypto_auth_KEYBYTES, 32);
     crypto_generichash_update(&st, (const uint8_t *)label, strlen(label));
     crypto_generichash_update(&st, nonce_c, HS_NONCE_BYTES);
     crypto_generichash_update(&st, nonce_s, HS_NONCE_BYTES);
+    crypto_generichash_update(&st, t->hash, sizeof t->hash);
     crypto_generichash_final(&st, out, 32);
 }
 
 /* Seals c's frames from here on: the client once it has WELCOME, the server once it has sent it. */
 static ps_status start_sealing(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, const uint8_t *nonce_s,
-                               bool client, char *err, size_t errlen) {
+                               const transcript *t, bool client, char *err, size_t errlen) {
     net_seal *s = sodium_malloc(sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for the keys of %s", c->peer);
-    frame_key(key, client ? label_c2s : label_s2c, nonce_c, nonce_s, s->tx);
-    frame_key(key, client ? label_s2c : label_c2s, nonce_c, nonce_s, s->rx);
+    frame_key(key, client ? label_c2s : label_s2c, nonce_c, nonce_s, t, s->tx);
+    frame_key(key, client ? label_s2c : label_c2s, nonce_c, nonce_s, t, s->rx);
     s->tx_n = s->rx_n = 0;
     c->seal = s;
     return PS_OK;
@@ -371,7 +392,7 @@ ps_status net_open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_H
         crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, payload + len, hdr, AD_BYTES,
                                                            nonce, c->seal->rx) != 0)
         return ps_errf(err, errlen, PS_ERR_AUTH, "%s sent a frame (type %u, %" PRIu32 " bytes) that fails "
-                       "authentication: altered, replayed or out of order on the way, or not sealed with our key",
+                       "authentication: altered, injected, replayed or lost on the way",
                        c->peer, (unsigned)h->type, h->len);
     c->seal->rx_n++;
     h->len = len;
@@ -383,17 +404,19 @@ ps_status net_open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_H
 
 /* Parses HELLO_REPLY and checks the server's key and proof. */
 static ps_status client_check_reply(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, ps_rbuf *r,
-                                    ps_hello *peer, uint8_t nonce_s[HS_NONCE_BYTES], int timeout_ms, char *err,
-                                    size_t errlen) {
+                                    transcript *t, ps_hello *peer, uint8_t nonce_s[HS_NONCE_BYTES], int timeout_ms,
+                                    char *err, size_t errlen) {
     uint8_t has_key;
     const uint8_t *proof_s;
     ps_status st = read_hello_body(c, r, "HELLO_REPLY", peer, nonce_s, &has_key, &proof_s, timeout_ms, err, errlen);
     if (st != PS_OK) return st;
+    transcript_add(t, r->p, r->len - HS_PROOF_BYTES); /* read_hello_body checked the length */
+    transcript_done(t);
     if (key && !has_key)
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "we require a shared key (--key-file) but the peer has none");
     if (!key && has_key)
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "the peer has a shared key but we have none");
-    return check_proof(c, key, label_server, nonce_c, nonce_s, proof_s, "HELLO_REPLY", timeout_ms, err, errlen);
+    return check_proof(c, key, label_server, nonce_c, nonce_s, t, proof_s, "HELLO_REPLY", timeout_ms, err, errlen);
 }
 
 /* What both ends check before the first frame: libsodium is up, our own hello is valid. */
@@ -416,22 +439,25 @@ ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello
     hello_put(&b, mine);
     ps_wbuf_bytes(&b, nonce_c, sizeof nonce_c);
     ps_wbuf_u8(&b, key != NULL);
+    transcript t;
+    crypto_generichash_init(&t.st, NULL, 0, sizeof t.hash);
+    if (!b.oom) transcript_add(&t, b.p, b.len);
     st = send_buf(c, PS_MSG_HELLO, &b, timeout_ms, err, errlen);
     ps_frame_hdr h;
     ps_rbuf r;
     ps_hello peer;
     if (st == PS_OK) st = expect(c, PS_MSG_HELLO_REPLY, timeout_ms, &h, &r, err, errlen);
-    if (st == PS_OK) st = client_check_reply(c, key, nonce_c, &r, &peer, nonce_s, timeout_ms, err, errlen);
+    if (st == PS_OK) st = client_check_reply(c, key, nonce_c, &r, &t, &peer, nonce_s, timeout_ms, err, errlen);
     if (st == PS_OK) st = run_check(c, check, check_ctx, &peer, timeout_ms, err, errlen);
     if (st == PS_OK) {
-        make_proof(key, label_client, nonce_s, nonce_c, proof);
+        make_proof(key, label_client, nonce_s, nonce_c, &t, proof);
         b.len = 0;
         ps_wbuf_bytes(&b, proof, sizeof proof);
         st = send_buf(c, PS_MSG_AUTH, &b, timeout_ms, err, errlen);
     }
     if (st == PS_OK) st = expect(c, PS_MSG_WELCOME, timeout_ms, &h, &r, err, errlen);
     if (st == PS_OK && r.len != 0) st = ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s sent a malformed WELCOME", c->peer);
-    if (st == PS_OK && key) st = start_sealing(c, key, nonce_c, nonce_s, true, err, errlen);
+    if (st == PS_OK && key) st = start_sealing(c, key, nonce_c, nonce_s, &t, true, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;
     if (max_payload) ps_conn_set_max_payload(c, max_payload);
@@ -443,7 +469,7 @@ ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello
  * Server */
 
 /* Receives HELLO: refuses a stale protocol version, a malformed hello and a key mismatch. */
-static ps_status server_get_hello(ps_conn *c, const uint8_t *key, int timeout_ms, ps_hello *peer,
+static ps_status server_get_hello(ps_conn *c, const uint8_t *key, int timeout_ms, transcript *t, ps_hello *peer,
                                   uint8_t nonce_c[HS_NONCE_BYTES], char *err, size_t errlen) {
     ps_frame_hdr h;
     ps_rbuf r;
@@ -455,6 +481,7 @@ static ps_status server_get_hello(ps_conn *c, const uint8_t *key, int timeout_ms
     if (st != PS_OK) return st;
     uint8_t has_key;
     if ((st = read_hello_body(c, &r, "HELLO", peer, nonce_c, &has_key, NULL, timeout_ms, err, errlen))) return st;
+    transcript_add(t, r.p, r.len);
     if (key && !has_key)
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "this worker requires a shared key (--key-file)");
     if (!key && has_key)
@@ -464,7 +491,7 @@ static ps_status server_get_hello(ps_conn *c, const uint8_t *key, int timeout_ms
 
 /* Receives AUTH and checks the client's proof. */
 static ps_status server_get_auth(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, const uint8_t *nonce_s,
-                                 int timeout_ms, char *err, size_t errlen) {
+                                 const transcript *t, int timeout_ms, char *err, size_t errlen) {
     ps_frame_hdr h;
     ps_rbuf r;
     ps_status st = expect(c, PS_MSG_AUTH, timeout_ms, &h, &r, err, errlen);
@@ -472,7 +499,7 @@ static ps_status server_get_auth(ps_conn *c, const uint8_t *key, const uint8_t *
     const uint8_t *proof_c = ps_rbuf_bytes(&r, HS_PROOF_BYTES);
     if (r.bad || r.off != r.len)
         return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed AUTH (%zu bytes)", r.len);
-    return check_proof(c, key, label_client, nonce_s, nonce_c, proof_c, "AUTH", timeout_ms, err, errlen);
+    return check_proof(c, key, label_client, nonce_s, nonce_c, t, proof_c, "AUTH", timeout_ms, err, errlen);
 }
 
 ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
@@ -483,20 +510,24 @@ ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello
     uint8_t nonce_c[HS_NONCE_BYTES], nonce_s[HS_NONCE_BYTES], proof[HS_PROOF_BYTES];
     ps_hello peer;
     ps_wbuf b = {0};
-    st = server_get_hello(c, key, timeout_ms, &peer, nonce_c, err, errlen);
+    transcript t;
+    crypto_generichash_init(&t.st, NULL, 0, sizeof t.hash);
+    st = server_get_hello(c, key, timeout_ms, &t, &peer, nonce_c, err, errlen);
     if (st == PS_OK) {
         randombytes_buf(nonce_s, sizeof nonce_s);
-        make_proof(key, label_server, nonce_c, nonce_s, proof);
         hello_put(&b, mine);
         ps_wbuf_bytes(&b, nonce_s, sizeof nonce_s);
         ps_wbuf_u8(&b, key != NULL);
+        if (!b.oom) transcript_add(&t, b.p, b.len);
+        transcript_done(&t);
+        make_proof(key, label_server, nonce_c, nonce_s, &t, proof);
         ps_wbuf_bytes(&b, proof, sizeof proof);
         st = send_buf(c, PS_MSG_HELLO_REPLY, &b, timeout_ms, err, errlen);
     }
-    if (st == PS_OK) st = server_get_auth(c, key, nonce_c, nonce_s, timeout_ms, err, errlen);
+    if (st == PS_OK) st = server_get_auth(c, key, nonce_c, nonce_s, &t, timeout_ms, err, errlen);
     if (st == PS_OK) st = run_check(c, check, check_ctx, &peer, timeout_ms, err, errlen);
     if (st == PS_OK) st = net_send_frame(c, PS_MSG_WELCOME, 0, NULL, 0, timeout_ms, err, errlen);
-    if (st == PS_OK && key) st = start_sealing(c, key, nonce_c, nonce_s, false, err, errlen);
+    if (st == PS_OK && key) st = start_sealing(c, key, nonce_c, nonce_s, &t, false, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;
     if (max_payload) ps_conn_set_max_payload(c, max_payload);

@@ -668,9 +668,10 @@ ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s speaks protocol version %u; this build speaks %d", c->peer,
                        (unsigned)fh.version, PS_NET_VERSION);
     }
-    if (fh.len > (uint64_t)c->max_payload + (c->seal ? NET_TAG_BYTES : 0))
-        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s: frame of %" PRIu32 " bytes exceeds the limit of %" PRIu32,
-                       c->peer, fh.len, c->max_payload);
+    uint32_t tag = c->seal ? NET_TAG_BYTES : 0;
+    if (fh.len > (uint64_t)c->max_payload + tag)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s: frame of %" PRIu32 " bytes exceeds the limit of %" PRIu32 "%s",
+                       c->peer, fh.len - tag, c->max_payload, tag ? " (its 16-byte tag not counted)" : "");
     s = read_payload(c, &fh, deadline, timeout_ms, err, errlen);
     if (s != PS_OK) return s;
     uint64_t sum = XXH3_64bits(c->rbuf, fh.len);

@@ -26,7 +26,7 @@ typedef struct net_sender net_sender; /* link.c */
 
 /* Sealed frames (auth.c): after a handshake with a shared key, every payload travels
  * encrypted and authenticated (ChaCha20-Poly1305, IETF) under a key per direction derived
- * from the shared key and both handshake nonces; the nonce is the frame's number in its
+ * from the shared key, both handshake nonces and its transcript; the nonce is the frame's number in its
  * direction (never sent), and the first 16 header bytes (magic .. len) are authenticated
  * too. A frame forged, altered, replayed, dropped or reordered fails to open. */
 #define NET_TAG_BYTES 16

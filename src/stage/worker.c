@@ -343,48 +343,6 @@ static void *handshake_main(void *arg) {
     return NULL;
 }
 
-/* Whether handshake a goes before b when one must be cut short: one still under way before
- * one that has finished (about to be adopted), then the older. */
-static bool cut_first(handshake *a, handshake *b) {
-    bool da = atomic_load(&a->done), db = atomic_load(&b->done);
-    return da != db ? !da : a->since < b->since;
-}
-
-/* Cuts a handshake short (see cut_first; its peer gets no answer, its thread returns at
- * once) and frees its slot for the connection from `newcomer`. */
-static handshake *evict_oldest(worker *w, const char *newcomer) {
-    handshake *h = &w->hs[0];
-    for (int i = 1; i < MAX_HANDSHAKES; i++)
-        if (cut_first(&w->hs[i], h)) h = &w->hs[i];
-    shutdown(ps_conn_fd(h->c), SHUT_RDWR);
-    pthread_join(h->thread, NULL);
-    if (peer_line(w))
-        say(w, "cut the handshake with %s short after %.0f ms: %d were under way and %s connected", ps_conn_peer(h->c),
-            (ps_now() - h->since) * 1e3, MAX_HANDSHAKES, newcomer);
-    ps_conn_free(h->c);
-    h->busy = false; /* its byte in the pipe finds the slot's next handshake not done, or the slot free */
-    return h;
-}
-
-/* Accepts a connection and starts its handshake on a thread of its own; with
- * MAX_HANDSHAKES under way already, in the slot of the oldest. */
-static void accept_peer(worker *w) {
-    ps_conn *c;
-    if (ps_net_accept(w->lfd, 0, &c, w->err, sizeof w->err)) return;
-    handshake *h = NULL;
-    for (int i = 0; i < MAX_HANDSHAKES && !h; i++)
-        if (!w->hs[i].busy) h = &w->hs[i];
-    if (!h) h = evict_oldest(w, ps_conn_peer(c));
-    *h = (handshake){.w = w, .c = c, .mine = w->me, .since = ps_now()};
-    h->mine.session = 0; /* told to nobody before they prove the key */
-    h->busy = true;
-    if (pthread_create(&h->thread, NULL, handshake_main, h)) {
-        if (peer_line(w)) say(w, "dropped %s: cannot start a thread for its handshake", ps_conn_peer(c));
-        ps_conn_free(c);
-        h->busy = false;
-    }
-}
-
 /* Tells a peer whose handshake passed, but for whom the session has no room any more (two
  * coordinators whose handshakes overlapped), why it is dropped: an ERROR (best effort; a
  * coordinator reads it as the answer to its SETUP), then the end of our side. What it sent
@@ -395,7 +353,7 @@ static void drop_late(worker *w, ps_conn *c, const char *why) {
     ps_wbuf_u8(&w->wb, PS_ERR_KIND_SELF);
     ps_wbuf_str(&w->wb, why);
     struct iovec iov = {w->wb.p, w->wb.len};
-    if (!w->wb.oom) ps_conn_send(c, PS_MSG_ERROR, &iov, 1, 1000, NULL, 0);
+    if (!w->wb.oom) ps_conn_send(c, PS_MSG_ERROR, &iov, 1, 100, NULL, 0);
     shutdown(ps_conn_fd(c), SHUT_WR);
     char junk[4096];
     for (int i = 0; i < 64 && recv(ps_conn_fd(c), junk, sizeof junk, MSG_DONTWAIT) > 0; i++) {
@@ -446,6 +404,52 @@ static void adopt_finished(worker *w) {
     for (ssize_t i = 0; i < n; i++) {
         handshake *h = slots[i] < MAX_HANDSHAKES ? &w->hs[slots[i]] : NULL;
         if (h && h->busy && atomic_load(&h->done)) adopt_peer(w, h);
+    }
+}
+
+/* Whether handshake a goes before b when one must be cut short: one still under way before
+ * one that has finished (about to be adopted), then the older. */
+static bool cut_first(handshake *a, handshake *b) {
+    bool da = atomic_load(&a->done), db = atomic_load(&b->done);
+    return da != db ? !da : a->since < b->since;
+}
+
+/* Frees a slot for the connection from `newcomer`: cuts a handshake short (see cut_first;
+ * its peer gets no answer, its thread returns at once), or adopts one that has finished. */
+static handshake *evict_oldest(worker *w, const char *newcomer) {
+    handshake *h = &w->hs[0];
+    for (int i = 1; i < MAX_HANDSHAKES; i++)
+        if (cut_first(&w->hs[i], h)) h = &w->hs[i];
+    if (atomic_load(&h->done)) { /* all eight have finished: adopt one (its pipe byte then finds nothing) */
+        adopt_peer(w, h);
+        return h;
+    }
+    shutdown(ps_conn_fd(h->c), SHUT_RDWR);
+    pthread_join(h->thread, NULL);
+    if (peer_line(w))
+        say(w, "cut the handshake with %s short after %.0f ms: %d were under way and %s connected", ps_conn_peer(h->c),
+            (ps_now() - h->since) * 1e3, MAX_HANDSHAKES, newcomer);
+    ps_conn_free(h->c);
+    h->busy = false; /* its byte in the pipe finds the slot's next handshake not done, or the slot free */
+    return h;
+}
+
+/* Accepts a connection and starts its handshake on a thread of its own; with
+ * MAX_HANDSHAKES under way already, in the slot of the oldest. */
+static void accept_peer(worker *w) {
+    ps_conn *c;
+    if (ps_net_accept(w->lfd, 0, &c, w->err, sizeof w->err)) return;
+    handshake *h = NULL;
+    for (int i = 0; i < MAX_HANDSHAKES && !h; i++)
+        if (!w->hs[i].busy) h = &w->hs[i];
+    if (!h) h = evict_oldest(w, ps_conn_peer(c));
+    *h = (handshake){.w = w, .c = c, .mine = w->me, .since = ps_now()};
+    h->mine.session = 0; /* told to nobody before they prove the key */
+    h->busy = true;
+    if (pthread_create(&h->thread, NULL, handshake_main, h)) {
+        if (peer_line(w)) say(w, "dropped %s: cannot start a thread for its handshake", ps_conn_peer(c));
+        ps_conn_free(c);
+        h->busy = false;
     }
 }
 
