@@ -1,6 +1,12 @@
 /* ps.c - status messages, the clock, printable text. */
 #include "ps.h"
 
+#include <errno.h>
+#include <pthread.h>
+#ifdef __linux__
+#include <sched.h>
+#endif
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
@@ -45,4 +51,32 @@ ps_status ps_errf(char *err, size_t errlen, ps_status s, const char *fmt, ...) {
         va_end(ap);
     }
     return s;
+}
+
+#ifdef __linux__
+static cpu_set_t first_cpus;
+static int first_err;
+static pthread_once_t first_once = PTHREAD_ONCE_INIT;
+static void read_first_cpus(void) { first_err = sched_getaffinity(0, sizeof first_cpus, &first_cpus) ? errno : 0; }
+#endif
+
+int ps_first_cpus(int *cpus, int cap) {
+#ifdef __linux__
+    pthread_once(&first_once, read_first_cpus);
+    if (first_err) return -first_err;
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < cap; c++)
+        if (CPU_ISSET(c, &first_cpus)) cpus[n++] = c;
+    return n;
+#else
+    (void)cpus, (void)cap;
+    return -ENOSYS;
+#endif
+}
+
+void ps_thread_unpin(void) {
+#ifdef __linux__
+    int cpus[1];
+    if (ps_first_cpus(cpus, 1) > 0) sched_setaffinity(0, sizeof first_cpus, &first_cpus);
+#endif
 }

@@ -42,6 +42,14 @@ double ps_now(void);
  * breaks, no bidi controls). */
 void ps_printable(char *s);
 
+/* The CPUs this process could use when first asked (the first call must come before any
+ * thread is pinned: ps_pool_pin makes it), in cpus[0..n) ascending: n, or -errno (-ENOSYS
+ * off Linux). */
+int ps_first_cpus(int *cpus, int cap);
+/* Gives the calling thread those CPUs back (a no-op before any ps_first_cpus): for threads
+ * started by a pinned thread (they inherit its one CPU), and a forked child about to exec. */
+void ps_thread_unpin(void);
+
 #define PS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

@@ -6,7 +6,7 @@
  *   - batch invariance: for each family, y[t][r] bit-identical whatever n_tok, the token's
  *     place in the batch, the thread count and the row range asked for;
  *   - scratch and weight buffers allocated to the byte, so that sanitizers catch overreads;
- *   - ps_pool_pin / ps_pool_unpin_self (Linux). */
+ *   - ps_pool_pin / ps_thread_unpin (Linux). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -92,7 +92,7 @@ static bool on_cpu(int tid, int cpu) {
 
 /* ps_pool_pin: thread i on the i-th CPU this process could use (the caller is thread 0),
  * a second pool pinned while the caller is pinned still spreads over every CPU, and
- * ps_pool_unpin_self gives the caller its CPUs back. Runs last, with no other pool alive:
+ * ps_thread_unpin gives the caller its CPUs back. Runs last, with no other pool alive:
  * it pins the test's thread. */
 static void test_pool_pin(void) {
     cpu_set_t orig, now;
@@ -118,7 +118,7 @@ static void test_pool_pin(void) {
         PS_CHECK_EQ_INT(k, 3);
         ps_pool_free(pool);
     }
-    ps_pool_unpin_self();
+    ps_thread_unpin();
     PS_CHECK(sched_getaffinity(0, sizeof now, &now) == 0 && CPU_EQUAL(&now, &orig));
 }
 #endif

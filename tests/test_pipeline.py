@@ -834,10 +834,15 @@ def case_placement(m):
         with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
             kids = [int(x) for x in f.read().split()]
         want = str(cpus[1]) if len(cpus) >= 2 else str(cpus[0])
-        got = [thread_cpus(k) for k in kids]
-        check(len(got) == 1 and set(got[0]) == {want} and thread_cpus(p.pid)[0] == str(cpus[0]),
-              f"--local-stages 2 -t 1 --pin on CPUs {cpus}: coordinator on {thread_cpus(p.pid)}, worker on {got}; "
+        got, coord = [thread_cpus(k) for k in kids], thread_cpus(p.pid)
+        with open("/proc/self/status") as f:
+            ours = [l.split()[1] for l in f if l.startswith("Cpus_allowed_list:")][0]
+        check(len(got) == 1 and set(got[0]) == {want} and coord[0] == str(cpus[0]),
+              f"--local-stages 2 -t 1 --pin on CPUs {cpus}: coordinator on {coord}, worker on {got}; "
               f"expected the worker on {want} alone")
+        # the coordinator's sender thread, started by its pinned thread, has every CPU back
+        check(len(coord) >= 2 and all(c == ours for c in coord[1:]),
+              f"--pin: the coordinator's other threads are on {coord[1:]}, not on all of {ours}")
     finally:
         p.kill()
         p.communicate()

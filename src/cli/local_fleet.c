@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "../gguf/gguf.h"
-#include "../tensor/matmul.h"
 
 /* How long a worker may take to load its shard and start listening. */
 #define START_TIMEOUT_MS 120000
@@ -91,7 +90,7 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
     }
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the coordinator */
-        ps_pool_unpin_self();             /* a --pin'd coordinator's thread has one CPU left */
+        ps_thread_unpin();                /* a --pin'd coordinator's thread has one CPU left */
         if (so->pin) own_cores(k, lf->fleet.n_stages, so->threads);
         close(pfd[0]);
         int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);

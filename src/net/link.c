@@ -107,6 +107,7 @@ static void skip_bytes(struct iovec iov[2], size_t n) {
 /* The thread: writes queued frames in order, each at its due time, until stop. */
 static void *sender_main(void *arg) {
     net_sender *s = arg;
+    ps_thread_unpin(); /* not on the one CPU of a pinned compute thread that started it */
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
         if (s->count == 0 || s->fail) {

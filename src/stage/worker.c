@@ -333,6 +333,7 @@ static bool peer_line(worker *w) {
 /* The thread of one incoming handshake: runs it, then hands its slot to the loop. */
 static void *handshake_main(void *arg) {
     handshake *h = arg;
+    ps_thread_unpin(); /* not on the one CPU of the pinned loop */
     worker *w = h->w;
     int ms = w->o->timeout_ms < HANDSHAKE_MS ? w->o->timeout_ms : HANDSHAKE_MS;
     h->s = ps_net_handshake_server(h->c, w->o->key, &h->mine, check_peer, w, 64 << 10, ms, &h->peer, h->err,

@@ -22,15 +22,13 @@ typedef struct ps_pool ps_pool;
 ps_status ps_pool_create(int n_threads, ps_pool **out);
 void ps_pool_free(ps_pool *p); /* NULL is a no-op */
 /* Pins thread i of the pool to the i-th CPU (mod their count) of those this process could
- * use when ps_pool_pin was first called; thread 0 is the calling thread, which must be the
- * one that calls ps_pool_run (threads it starts later inherit its CPU). Keeps the scheduler
+ * use when ps_pool_pin was first called (ps_first_cpus); thread 0 is the calling thread,
+ * which must be the one that calls ps_pool_run (threads it starts later inherit its CPU:
+ * they call ps_thread_unpin). Keeps the scheduler
  * from stacking two of the pool's threads on one core, or moving them, when other
  * processes (the other stages of a split model on one host) wake and sleep beside it.
  * Linux only; elsewhere PS_ERR_UNSUPPORTED. */
 ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen);
-/* Gives the calling thread back the CPUs of the first ps_pool_pin's caller (a no-op before
- * any): for a child process about to exec, which would otherwise inherit one CPU. */
-void ps_pool_unpin_self(void);
 int ps_pool_size(const ps_pool *p);
 /* Runs fn(ctx, ith, nth) for ith in [0, nth) on the pool's threads (the caller runs ith 0)
  * and returns when all have returned. Not reentrant: fn must not call ps_pool_run. */

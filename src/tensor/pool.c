@@ -199,31 +199,11 @@ void ps_pool_free(ps_pool *p) {
 
 int ps_pool_size(const ps_pool *p) { return p ? p->n : 1; }
 
-#ifdef __linux__
-static cpu_set_t first_cpus; /* the CPUs of the first ps_pool_pin's caller, before pinning */
-static int first_err;
-static atomic_bool first_read;
-static void read_first_cpus(void) {
-    first_err = sched_getaffinity(0, sizeof first_cpus, &first_cpus) ? errno : 0;
-    atomic_store(&first_read, true);
-}
-#endif
-
-void ps_pool_unpin_self(void) {
-#ifdef __linux__
-    if (atomic_load(&first_read) && !first_err) sched_setaffinity(0, sizeof first_cpus, &first_cpus);
-#endif
-}
-
 ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen) {
 #ifdef __linux__
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, read_first_cpus);
-    if (first_err) return ps_errf(err, errlen, PS_ERR_IO, "cannot read the CPUs this process may use: %s",
-                                  strerror(first_err));
-    int cpus[CPU_SETSIZE], m = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &first_cpus)) cpus[m++] = c;
+    int cpus[CPU_SETSIZE], m = ps_first_cpus(cpus, CPU_SETSIZE);
+    if (m <= 0) return ps_errf(err, errlen, PS_ERR_IO, "cannot read the CPUs this process may use: %s",
+                               m ? strerror(-m) : "none");
     for (int i = 0; i < ps_pool_size(p); i++) {
         cpu_set_t one;
         CPU_ZERO(&one);
