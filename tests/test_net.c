@@ -692,6 +692,33 @@ static void test_sealed_frames(void) {
     }
 }
 
+/* With a key, frames go in the clear only when both ends ask (ps_hello.plain): the wire
+ * then carries the payload as it is; when one end asks alone, sealed. */
+static void test_plain_frames(void) {
+    uint8_t key[32];
+    memset(key, 0x55, sizeof key);
+    for (int both = 0; both < 2; both++) {
+        hs_side cl = {.key = key, .mine = hello_of(PS_ROLE_COORD, 0, 0, 10), .max_payload = 1u << 20};
+        hs_side sv = {.key = key, .mine = hello_of(PS_ROLE_WORKER, 1, 10, 20), .max_payload = 1u << 20};
+        cl.mine.plain = true;
+        sv.mine.plain = both;
+        ps_conn *a = run_handshake(&cl, &sv), *b = sv.c;
+        PS_CHECK(a != NULL);
+        if (!a) return;
+        PS_CHECK(ps_conn_sealed(a) == !both && ps_conn_sealed(b) == !both);
+        char err[256];
+        uint8_t msg[100], wire[PS_NET_HDR_BYTES + sizeof msg + 16];
+        memset(msg, 'y', sizeof msg);
+        struct iovec iov = {msg, sizeof msg};
+        PS_CHECK_OK(ps_conn_send(a, PS_MSG_FORWARD, &iov, 1, 1000, err, sizeof err));
+        size_t n = PS_NET_HDR_BYTES + sizeof msg + (both ? 0 : 16);
+        PS_CHECK(raw_recv(b, wire, n));
+        PS_CHECK((memcmp(wire + PS_NET_HDR_BYTES, msg, sizeof msg) == 0) == both);
+        ps_conn_free(a);
+        ps_conn_free(b);
+    }
+}
+
 /* A man in the middle of a handshake with a key: forwards HELLO, HELLO_REPLY (its stage
  * field rewritten when bend is set, the checksum fixed), the client's answer, and WELCOME
  * when there is one. */
@@ -1176,6 +1203,7 @@ int main(void) {
     test_handshake_ok(key);
     test_sealed_frames();
     test_handshake_transcript();
+    test_plain_frames();
     test_handshake_refusals();
     test_handshake_messages();
     test_handshake_stale_and_malformed();

@@ -399,8 +399,8 @@ def refused(p, coord_says, worker, worker_says, what):
     check(worker.wait_log(worker_says), f"{what}: the worker's log lacks '{worker_says}': {worker.text()[-1500:]}")
 
 
-def serves(fleet, m, what, key=None):
-    args = ["run", "--fleet", fleet] + (["--key-file", key] if key else []) + m.prompt + GEN + GREEDY
+def serves(fleet, m, what, key=None, extra=()):
+    args = ["run", "--fleet", fleet] + (["--key-file", key] if key else []) + list(extra) + m.prompt + GEN + GREEDY
     p = pipeshard(args)
     if check(p.returncode == 0, f"{what}: the next run failed: {p.stderr[-1500:]}"):
         same(p.stdout.split(), m.reference(GREEDY), f"{what}: the next run")
@@ -424,7 +424,15 @@ def case_refusals(m):
         # wrong key: the coordinator checks the worker's proof first and refuses it
         p = pipeshard(["run", "--fleet", f_keyed, "--key-file", key_b] + m.prompt + GEN + GREEDY, 60)
         refused(p, f"stage 2 ({a2}): refused {a2}: wrong shared key", keyed[1], "wrong shared key", "wrong key")
+        mark = len(keyed[0].text())
         serves(f_keyed, m, "wrong key", key_a)
+        check(keyed[0].wait_log(", frames sealed", since=mark),
+              f"keyed fleet: stage 1 did not say its frames are sealed: {keyed[0].text()[mark:][-800:]}")
+        # --plain-frames on the coordinator alone: still sealed (both ends must ask)
+        mark = len(keyed[0].text())
+        serves(f_keyed, m, "--plain-frames on one end", key_a, ["--plain-frames"])
+        check(keyed[0].wait_log(", frames sealed", since=mark),
+              f"--plain-frames on the coordinator alone: stage 1's log: {keyed[0].text()[mark:][-800:]}")
         # a key on the worker, none on the coordinator
         p = pipeshard(["run", "--fleet", f_keyed] + m.prompt + GEN + GREEDY, 60)
         refused(p, f"stage 2 ({a2}): {a2} refused: this worker requires a shared key", keyed[1],

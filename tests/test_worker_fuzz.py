@@ -457,8 +457,8 @@ def case_handshake():
         for over, why in bad_hellos:
             attack(f"{w.name}: HELLO {over}", w, lambda c, over=over: exchange(c, FLEET.hello(**over)),
                    says=why, log=why, hs=False)
-        attack(f"{w.name}: HELLO with has_key 2", w, lambda c: c.send(HELLO, good[:-1] + b"\2") or [c.recv()],
-               says="has_key is 2", hs=False)
+        attack(f"{w.name}: HELLO with has_key 3", w, lambda c: c.send(HELLO, good[:-1] + b"\3") or [c.recv()],
+               says="has_key is 3", hs=False)
         attack(f"{w.name}: HELLO with a key", w, lambda c: c.send(HELLO, good[:-1] + b"\1") or [c.recv()],
                says="the peer has a shared key but we have none", hs=False)
 

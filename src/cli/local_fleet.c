@@ -98,7 +98,7 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
         char *args[] = {"pipeshard", "worker", "--shard", lf->fleet.stages[k].shard, "--listen", "127.0.0.1:0",
                         "-t", t, "--key-file", (char *)key_path, "--ready-fd", rfd, "--sim-latency-ms", lat,
                         "--sim-bandwidth-mbps", bw, "--max-ctx", "16777216" /* ours: whatever run -c asks */,
-                        NULL, NULL, NULL};
+                        "--plain-frames" /* loopback: sealing buys nothing */, NULL, NULL, NULL};
         char **flag = args;
         while (*flag) flag++;
         if (so->pin) *flag++ = "--pin";

@@ -20,7 +20,7 @@ typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
     long long n_predict, threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
     ps_link_sim sim;
-    bool ignore_eos, chat, stats, print_ids, seeded, pin, mmap;
+    bool ignore_eos, chat, stats, print_ids, seeded, pin, mmap, plain;
     ps_act act;
     ps_sample_params sp;
 } run_opts;
@@ -35,7 +35,12 @@ static void run_usage(FILE *f) {
             "                          processes on loopback (default 1: no split); the split is cached in\n"
             "                          $PIPESHARD_CACHE or ~/.cache/pipeshard (PIPESHARD_CACHE=off: no cache)\n"
             "  --prefill-chunk N       prompt positions per micro-batch travelling the ring (default: -b)\n"
-            "  --key-file F            shared key the workers require (--local-stages: default a fresh one)\n"
+            "  --key-file F            shared key the workers require (--local-stages: default a fresh one);\n"
+            "                          with a key, frames after the handshake are sealed (encrypted and\n"
+            "                          authenticated) unless both ends ask for --plain-frames\n"
+            "  --plain-frames          with a key: ask the workers for frames in the clear (the key still\n"
+            "                          authenticates each connection); for workers on this host, where\n"
+            "                          sealing only costs time (--local-stages asks by itself)\n"
             "  --sim-latency-ms MS     emulated one-way delay on every outgoing hop (with --local-stages,\n"
             "                          on the workers' hops too)\n"
             "  --sim-bandwidth-mbps R  emulated rate limit of every outgoing hop, megabits/s (0 = none)\n"
@@ -152,6 +157,7 @@ static int run_parse(int argc, char **argv, run_opts *o) {
         if (!strcmp(a, "--print-ids")) { o->print_ids = true; continue; }
         if (!strcmp(a, "--pin")) { o->pin = true; continue; }
         if (!strcmp(a, "--mmap")) { o->mmap = true; continue; }
+        if (!strcmp(a, "--plain-frames")) { o->plain = true; continue; }
         size_t k = 0;
         while (k < PS_ARRAY_LEN(value_flags) &&
                !((value_flags[k].s && !strcmp(a, value_flags[k].s)) || !strcmp(a, value_flags[k].l)))
@@ -354,7 +360,7 @@ static ps_status run_setup(run_state *st) {
     if (s) return s;
     if ((s = ps_sample_params_check(&o->sp, err, el))) return s;
     ps_coord_opts co = {.model = st->fleet ? NULL : o->model, .fleet = st->fleet, .threads = (int)o->threads, .pin = o->pin,
-                        .mmap = o->mmap,                        .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
+                        .mmap = o->mmap, .plain = o->plain || o->local_stages > 1,                        .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
                         .act = o->act, .key = have_key ? key : NULL, .sim = o->sim, .timeout_ms = (int)o->timeout_ms};
     if ((s = ps_coord_create(&co, &st->coord, err, el))) return s;
     if ((s = ps_coord_connect(st->coord, err, el))) return s;

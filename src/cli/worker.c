@@ -23,7 +23,10 @@ static void worker_usage(FILE *f) {
             "  -t, --threads N           compute threads (default: all cores)\n"
             "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
             "  --mmap                    map the shard instead of reading it into huge pages (see pipeshard run --help)\n"
-            "  --key-file F              shared key: peers must prove they hold the same file\n"
+            "  --key-file F              shared key: peers must prove they hold the same file; frames after\n"
+            "                            the handshake are then sealed (encrypted, authenticated)\n"
+            "  --plain-frames            with a key: frames in the clear when the peer asks too (peers on\n"
+            "                            this host only: sealing then buys nothing)\n"
             "  --sim-latency-ms MS       emulated one-way delay added to every outgoing hop (default 0)\n"
             "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
             "  --timeout-ms MS           handshakes and frame transfers time out after MS (default 30000)\n"
@@ -50,6 +53,10 @@ int ps_cli_worker(int argc, char **argv) {
         }
         if (!strcmp(a, "--mmap")) {
             o.mmap = true;
+            continue;
+        }
+        if (!strcmp(a, "--plain-frames")) {
+            o.plain = true;
             continue;
         }
         bool ok = (v = ps_arg_value("worker", argc, argv, &i)) != NULL;

@@ -349,7 +349,7 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
     }
     const ps_shard_meta *sm = &m->shard;
     c->me = (ps_hello){.role = PS_ROLE_COORD, .stage = 0, .stage_count = c->n, .layer_begin = m->layer_begin,
-                       .layer_end = m->layer_end, .n_layer = m->hp.n_layer};
+                       .layer_end = m->layer_end, .n_layer = m->hp.n_layer, .plain = o->plain};
     snprintf(c->me.model_fp, sizeof c->me.model_fp, "%s", sm->model_fp);
     snprintf(c->me.shard_fp, sizeof c->me.shard_fp, "%s", sm->shard_fp);
     *out = c;

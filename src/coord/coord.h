@@ -29,6 +29,7 @@ typedef struct {
     int prefill_chunk;       /* positions per micro-batch; 0 = max_batch */
     ps_act act;              /* matmul arithmetic of every stage */
     const uint8_t *key;      /* 32-byte shared key, or NULL */
+    bool plain;              /* with a key: ask for frames in the clear (ps_hello.plain) */
     ps_link_sim sim;         /* emulation of the coordinator's outgoing hop */
     int timeout_ms;          /* a stage silent for this long is reported as stalled */
 } ps_coord_opts;

@@ -5,13 +5,14 @@
  *                i32 n_layer, str model_fp, str shard_fp, u64 session
  *   HELLO        hello, nonce_c[32], u8 has_key
  *   HELLO_REPLY  hello, nonce_s[32], u8 has_key, proof_s[32]
+ * has_key: 0 no key, 1 a key, 2 a key and frames in the clear asked for (ps_hello.plain).
  *   AUTH         proof_c[32]
  *   WELCOME      empty
  *   REFUSE       the reason, UTF-8, the whole payload; header flag NET_FLAG_REFUSE_AUTH set
  *                when the refusal is about keys or proofs
  * Every payload must be consumed exactly (trailing bytes are an error). A received hello
  * must have a known role, 0 <= stage < stage_count, 0 <= layer_begin <= layer_end <=
- * n_layer, and fingerprints that are empty or exactly 32 hex digits; has_key is 0 or 1,
+ * n_layer, and fingerprints that are empty or exactly 32 hex digits; has_key is 0, 1 or 2,
  * and a proof without a key is all zero.
  *
  * Keys never appear in messages; proofs are compared with crypto_auth_verify (constant
@@ -317,10 +318,11 @@ static ps_status read_hello_body(ps_conn *c, ps_rbuf *r, const char *what, ps_he
         return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed %s (%zu bytes)", what, r->len);
     if (!hello_valid(peer, why, sizeof why))
         return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed %s: %s", what, why);
-    if (*has_key > 1)
+    if (*has_key > 2)
         return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "malformed %s: has_key is %u", what,
                       (unsigned)*has_key);
     memcpy(nonce, n, HS_NONCE_BYTES);
+    peer->plain = *has_key == 2;
     return PS_OK;
 }
 
@@ -438,7 +440,7 @@ ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello
     ps_wbuf b = {0};
     hello_put(&b, mine);
     ps_wbuf_bytes(&b, nonce_c, sizeof nonce_c);
-    ps_wbuf_u8(&b, key != NULL);
+    ps_wbuf_u8(&b, key ? 1 + mine->plain : 0);
     transcript t;
     crypto_generichash_init(&t.st, NULL, 0, sizeof t.hash);
     if (!b.oom) transcript_add(&t, b.p, b.len);
@@ -457,7 +459,8 @@ ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello
     }
     if (st == PS_OK) st = expect(c, PS_MSG_WELCOME, timeout_ms, &h, &r, err, errlen);
     if (st == PS_OK && r.len != 0) st = ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s sent a malformed WELCOME", c->peer);
-    if (st == PS_OK && key) st = start_sealing(c, key, nonce_c, nonce_s, &t, true, err, errlen);
+    if (st == PS_OK && key && !(mine->plain && peer.plain))
+        st = start_sealing(c, key, nonce_c, nonce_s, &t, true, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;
     if (max_payload) ps_conn_set_max_payload(c, max_payload);
@@ -517,7 +520,7 @@ ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello
         randombytes_buf(nonce_s, sizeof nonce_s);
         hello_put(&b, mine);
         ps_wbuf_bytes(&b, nonce_s, sizeof nonce_s);
-        ps_wbuf_u8(&b, key != NULL);
+        ps_wbuf_u8(&b, key ? 1 + mine->plain : 0);
         if (!b.oom) transcript_add(&t, b.p, b.len);
         transcript_done(&t);
         make_proof(key, label_server, nonce_c, nonce_s, &t, proof);
@@ -527,7 +530,8 @@ ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello
     if (st == PS_OK) st = server_get_auth(c, key, nonce_c, nonce_s, &t, timeout_ms, err, errlen);
     if (st == PS_OK) st = run_check(c, check, check_ctx, &peer, timeout_ms, err, errlen);
     if (st == PS_OK) st = net_send_frame(c, PS_MSG_WELCOME, 0, NULL, 0, timeout_ms, err, errlen);
-    if (st == PS_OK && key) st = start_sealing(c, key, nonce_c, nonce_s, &t, false, err, errlen);
+    if (st == PS_OK && key && !(mine->plain && peer.plain))
+        st = start_sealing(c, key, nonce_c, nonce_s, &t, false, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;
     if (max_payload) ps_conn_set_max_payload(c, max_payload);

@@ -342,6 +342,7 @@ void ps_conn_free(ps_conn *c) {
 
 int ps_conn_fd(const ps_conn *c) { return c->fd; }
 const char *ps_conn_peer(const ps_conn *c) { return c->peer; }
+bool ps_conn_sealed(const ps_conn *c) { return c->seal != NULL; }
 void ps_conn_set_max_payload(ps_conn *c, uint32_t max) { c->max_payload = max; }
 
 /* The listening socket is non-blocking, so that ps_net_accept never blocks in accept4

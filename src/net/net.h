@@ -118,6 +118,7 @@ ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char 
 void ps_conn_free(ps_conn *c);
 int ps_conn_fd(const ps_conn *c);
 const char *ps_conn_peer(const ps_conn *c); /* "HOST:PORT" of the other end */
+bool ps_conn_sealed(const ps_conn *c);       /* whether its frames are sealed (after a keyed handshake) */
 
 /* Largest payload ps_conn_recv accepts (default 64 KiB, until the handshake is done; a
  * larger frame is PS_ERR_PROTOCOL "frame of N bytes exceeds the limit of M"). */
@@ -190,6 +191,8 @@ typedef struct {
     char model_fp[33];     /* hex fingerprint of the whole model, NUL-terminated */
     char shard_fp[33];     /* hex fingerprint of the sender's shard */
     uint64_t session;      /* coordinator-chosen session id (0 from a worker) */
+    bool plain;            /* with a key: asks for frames in the clear after the handshake (they
+                              are sealed unless both sides ask; for peers on one host) */
 } ps_hello;
 
 /* Application check of the peer's hello: returns PS_OK, or an error status with a reason

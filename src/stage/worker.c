@@ -243,8 +243,9 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     if (w->me.stage == 1) w->in = w->ctrl;
     pthread_mutex_unlock(&w->mu);
     ps_conn_reset_stats(w->out);
-    say(w, "session %016llx: %d positions, activations %s, micro-batches of up to %d, next %s",
-        (unsigned long long)session, cp.n_ctx, ps_act_name(cp.act), max_mb, last ? "the coordinator" : next);
+    say(w, "session %016llx: %d positions, activations %s, micro-batches of up to %d, next %s, frames %s",
+        (unsigned long long)session, cp.n_ctx, ps_act_name(cp.act), max_mb, last ? "the coordinator" : next,
+        ps_conn_sealed(w->ctrl) ? "sealed" : w->o->key ? "in the clear (both ends asked)" : "in the clear (no key)");
     return ctrl_send(w, PS_MSG_READY, NULL, 0);
 }
 
@@ -495,7 +496,7 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
     const ps_shard_meta *sm = &w.m->shard;
     w.me = (ps_hello){.role = PS_ROLE_WORKER, .stage = sm->present ? sm->stage_index : 0,
                       .stage_count = sm->present ? sm->stage_count : 1, .layer_begin = w.m->layer_begin,
-                      .layer_end = w.m->layer_end, .n_layer = w.m->hp.n_layer};
+                      .layer_end = w.m->layer_end, .n_layer = w.m->hp.n_layer, .plain = o->plain};
     snprintf(w.me.model_fp, sizeof w.me.model_fp, "%s", sm->model_fp);
     snprintf(w.me.shard_fp, sizeof w.me.shard_fp, "%s", sm->shard_fp);
     if (!sm->present || w.me.stage == 0) {
