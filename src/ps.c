@@ -76,7 +76,7 @@ int ps_first_cpus(int *cpus, int cap) {
 
 void ps_thread_unpin(void) {
 #ifdef __linux__
-    int cpus[1];
-    if (ps_first_cpus(cpus, 1) > 0) sched_setaffinity(0, sizeof first_cpus, &first_cpus);
+    pthread_once(&first_once, read_first_cpus);
+    if (!first_err) sched_setaffinity(0, sizeof first_cpus, &first_cpus);
 #endif
 }

@@ -55,25 +55,27 @@ static void config_stop(config *c) {
     free(c->round_s);
 }
 
-/* Ring overhead (ms) since the last reset: the coordinator's wait minus the workers' compute. */
-static double ring_overhead(ps_coord *c) {
-    ps_coord_stats st;
-    ps_coord_get_stats(c, &st);
-    double ms = st.wait_ms;
-    for (int k = 1; k < st.n_stages; k++) ms -= st.compute_ms[k];
-    return ms;
+/* Runs c->toks[pos..pos+n) at positions pos.. and writes the greedy next token at pos + n. */
+static ps_status step(config *c, int pos, int n, char *err, size_t errlen) {
+    ps_sample_params sp = ps_sample_params_default();
+    sp.temperature = 0;
+    return ps_coord_next(c->coord, &c->toks[pos], n, pos, &sp, &c->toks[pos + n], err, errlen);
+}
+
+/* Decodes positions from..to-1 one token at a time. */
+static ps_status decode(config *c, int from, int to, char *err, size_t errlen) {
+    ps_status s = PS_OK;
+    for (int pos = from; !s && pos < to; pos++) s = step(c, pos, 1, err, errlen);
+    return s;
 }
 
 /* Faults every configuration's weights in (first touches of a mapped file are slow) and
  * starts its threads: the prompt and one turn of decode, untimed. */
 static ps_status warm_up(config *cs, int nc, const bench_opts *o, char *err, size_t errlen) {
-    ps_sample_params sp = ps_sample_params_default();
-    sp.temperature = 0;
-    int p = (int)o->n_prompt;
+    int p = (int)o->n_prompt, to = p + (int)(o->segment < o->n_gen ? o->segment : o->n_gen);
     for (int i = 0; i < nc; i++) {
-        ps_status s = ps_coord_next(cs[i].coord, cs[i].toks, p, 0, &sp, &cs[i].toks[p], err, errlen);
-        for (int pos = p; !s && pos < p + o->segment && pos < p + o->n_gen; pos++)
-            s = ps_coord_next(cs[i].coord, &cs[i].toks[pos], 1, pos, &sp, &cs[i].toks[pos + 1], err, errlen);
+        ps_status s = step(&cs[i], 0, p, err, errlen);
+        if (!s) s = decode(&cs[i], p, to, err, errlen);
         if (s) return s;
     }
     return PS_OK;
@@ -82,13 +84,11 @@ static ps_status warm_up(config *cs, int nc, const bench_opts *o, char *err, siz
 /* One repetition: every configuration prefills the prompt, then they decode o->n_gen tokens
  * in turns. Fails when a configuration's token differs from the unsplit model's. */
 static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, char *err, size_t errlen) {
-    ps_sample_params sp = ps_sample_params_default();
-    sp.temperature = 0;
     int p = (int)o->n_prompt;
     for (int i = 0; i < nc; i++) {
         config *c = &cs[(i + rep) % nc];
         double t0 = ps_now();
-        ps_status s = ps_coord_next(c->coord, c->toks, p, 0, &sp, &c->toks[p], err, errlen);
+        ps_status s = step(c, 0, p, err, errlen);
         if (s) return s;
         c->t_prefill += ps_now() - t0;
         ps_coord_reset_stats(c->coord);
@@ -100,10 +100,8 @@ static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, cha
         for (int i = 0; i < nc; i++) {
             config *c = &cs[(i + r + rep) % nc];
             double t0 = ps_now();
-            for (int pos = from; pos < to; pos++) {
-                ps_status s = ps_coord_next(c->coord, &c->toks[pos], 1, pos, &sp, &c->toks[pos + 1], err, errlen);
-                if (s) return s;
-            }
+            ps_status s = decode(c, from, to, err, errlen);
+            if (s) return s;
             double dt = ps_now() - t0;
             c->t_decode += dt;
             c->round_s[rep * rounds + r] = dt;
@@ -112,7 +110,11 @@ static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, cha
     for (int i = 0; i < nc; i++) {
         config *c = &cs[i];
         c->n_decode += o->n_gen;
-        if (c->stages > 1) c->overhead_ms += ring_overhead(c->coord);
+        if (c->stages > 1) {
+            ps_coord_stats st;
+            ps_coord_get_stats(c->coord, &st);
+            c->overhead_ms += ps_coord_ring_overhead_ms(&st);
+        }
         for (int pos = p; pos <= p + o->n_gen; pos++)
             if (c->toks[pos] != cs[0].toks[pos])
                 return ps_errf(err, errlen, PS_ERR_INTERNAL, "%d stages generated token %d at position %d where the "

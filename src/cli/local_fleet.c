@@ -61,12 +61,9 @@ static int read_port(int fd) {
  * prompt's chunks then overlap: stage k on chunk i while stage k+1 on chunk i-1). Otherwise
  * every stage keeps them all, and they take turns on the same cores. */
 static void own_cores(int k, int n, int threads) {
-    cpu_set_t all, mine;
-    if (sched_getaffinity(0, sizeof all, &all)) return;
-    int cpus[CPU_SETSIZE], m = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &all)) cpus[m++] = c;
-    if ((long long)threads * n > m) return;
+    int cpus[CPU_SETSIZE], m = ps_first_cpus(cpus, CPU_SETSIZE);
+    if (m <= 0 || (long long)threads * n > m) return;
+    cpu_set_t mine;
     CPU_ZERO(&mine);
     for (int i = 0; i < threads; i++) CPU_SET(cpus[k * threads + i], &mine);
     sched_setaffinity(0, sizeof mine, &mine);

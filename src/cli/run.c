@@ -359,8 +359,9 @@ static ps_status run_setup(run_state *st) {
     ps_status s = start_fleet(st, key, &have_key);
     if (s) return s;
     if ((s = ps_sample_params_check(&o->sp, err, el))) return s;
-    ps_coord_opts co = {.model = st->fleet ? NULL : o->model, .fleet = st->fleet, .threads = (int)o->threads, .pin = o->pin,
-                        .mmap = o->mmap, .plain = o->plain || o->local_stages > 1,                        .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
+    ps_coord_opts co = {.model = st->fleet ? NULL : o->model, .fleet = st->fleet, .threads = (int)o->threads,
+                        .pin = o->pin, .mmap = o->mmap, .plain = o->plain || o->local_stages > 1,
+                        .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
                         .act = o->act, .key = have_key ? key : NULL, .sim = o->sim, .timeout_ms = (int)o->timeout_ms};
     if ((s = ps_coord_create(&co, &st->coord, err, el))) return s;
     if ((s = ps_coord_connect(st->coord, err, el))) return s;
@@ -449,10 +450,8 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
     ps_coord_get_stats(st->coord, &cs);
     cJSON_AddNumberToObject(j, "stages", cs.n_stages);
     if (cs.n_stages > 1) {
-        double workers = 0;
-        for (int k = 1; k < cs.n_stages; k++) workers += cs.compute_ms[k];
         cJSON_AddNumberToObject(j, "wait_ms", cs.wait_ms);
-        cJSON_AddNumberToObject(j, "ring_overhead_ms", cs.wait_ms - workers);
+        cJSON_AddNumberToObject(j, "ring_overhead_ms", ps_coord_ring_overhead_ms(&cs));
     }
     cJSON *stages = cJSON_AddArrayToObject(j, "stage_stats"), *hops = cJSON_AddArrayToObject(j, "hops");
     for (int k = 0; k < cs.n_stages; k++) {

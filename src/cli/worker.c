@@ -43,20 +43,15 @@ int ps_cli_worker(int argc, char **argv) {
         const char *a = argv[i], *v;
         long long n;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return worker_usage(stdout), 0;
-        if (!strcmp(a, "--no-verify")) {
-            o.verify = false;
-            continue;
-        }
-        if (!strcmp(a, "--pin")) {
-            o.pin = true;
-            continue;
-        }
-        if (!strcmp(a, "--mmap")) {
-            o.mmap = true;
-            continue;
-        }
-        if (!strcmp(a, "--plain-frames")) {
-            o.plain = true;
+        const struct {
+            const char *flag;
+            bool *field, value;
+        } switches[] = {{"--no-verify", &o.verify, false}, {"--pin", &o.pin, true}, {"--mmap", &o.mmap, true},
+                        {"--plain-frames", &o.plain, true}};
+        size_t k = 0;
+        while (k < PS_ARRAY_LEN(switches) && strcmp(a, switches[k].flag)) k++;
+        if (k < PS_ARRAY_LEN(switches)) {
+            *switches[k].field = switches[k].value;
             continue;
         }
         bool ok = (v = ps_arg_value("worker", argc, argv, &i)) != NULL;

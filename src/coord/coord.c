@@ -439,6 +439,12 @@ static void refresh_stage0(ps_coord *c) {
     if (c->n > 1 && c->st[1].conn) ps_conn_get_stats(c->st[1].conn, &c->st[0].cur.hop);
 }
 
+double ps_coord_ring_overhead_ms(const ps_coord_stats *st) {
+    double workers = 0;
+    for (int k = 1; k < st->n_stages; k++) workers += st->compute_ms[k];
+    return st->wait_ms - workers;
+}
+
 void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out) {
     memset(out, 0, sizeof *out);
     out->n_stages = c->n;

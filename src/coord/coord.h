@@ -69,6 +69,8 @@ typedef struct {
     ps_conn_stats hop[PS_SHARD_MAX_STAGES];
 } ps_coord_stats;
 void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out);
+/* The ring's overhead in st: wait_ms minus the other stages' compute (hops, wake-ups, queues). */
+double ps_coord_ring_overhead_ms(const ps_coord_stats *st);
 void ps_coord_reset_stats(ps_coord *c);
 
 #endif

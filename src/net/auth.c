@@ -20,9 +20,10 @@
  * being replayed as a client's, and the transcript (a hash of HELLO and of HELLO_REPLY up to
  * its proof) in every proof keeps anyone without the key from rewriting a hello on the way.
  *
- * With a key, the frames after WELCOME are sealed (net_internal.h): the key of each
- * direction is BLAKE2b-256 keyed with the shared key over a label of the direction and both
- * nonces, so every connection has fresh keys and frame numbers can start at 0. */
+ * With a key, the frames after WELCOME are sealed (net_internal.h) unless both hellos ask
+ * for plain frames: the key of each direction is BLAKE2b-256 keyed with the shared key over
+ * a label of the direction, both nonces and the transcript, so every connection has fresh
+ * keys and frame numbers can start at 0. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -115,6 +116,7 @@ typedef struct {
     uint8_t hash[32]; /* once done */
 } transcript;
 
+static void transcript_init(transcript *t) { crypto_generichash_init(&t->st, NULL, 0, sizeof t->hash); }
 static void transcript_add(transcript *t, const uint8_t *p, size_t n) { crypto_generichash_update(&t->st, p, n); }
 static void transcript_done(transcript *t) { crypto_generichash_final(&t->st, t->hash, sizeof t->hash); }
 
@@ -342,9 +344,15 @@ static void frame_key(const uint8_t *key, const char *label, const uint8_t *nonc
     crypto_generichash_final(&st, out, 32);
 }
 
-/* Seals c's frames from here on: the client once it has WELCOME, the server once it has sent it. */
-static ps_status start_sealing(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, const uint8_t *nonce_s,
-                               const transcript *t, bool client, char *err, size_t errlen) {
+/* The hello's has_key byte: 0 without a key, 1 with one, 2 with one and plain frames asked for. */
+static uint8_t has_key_byte(const uint8_t *key, const ps_hello *mine) { return key ? 1 + mine->plain : 0; }
+
+/* Seals c's frames from here on (the client once it has WELCOME, the server once it has
+ * sent it), when there is a key and not both hellos asked for plain frames. */
+static ps_status start_sealing(ps_conn *c, const uint8_t *key, const ps_hello *mine, const ps_hello *peer,
+                               const uint8_t *nonce_c, const uint8_t *nonce_s, const transcript *t, bool client,
+                               char *err, size_t errlen) {
+    if (!key || (mine->plain && peer->plain)) return PS_OK;
     net_seal *s = sodium_malloc(sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for the keys of %s", c->peer);
     frame_key(key, client ? label_c2s : label_s2c, nonce_c, nonce_s, t, s->tx);
@@ -368,11 +376,7 @@ static void frame_nonce(uint64_t n, uint8_t out[crypto_aead_chacha20poly1305_iet
 
 void net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
                     uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len) {
-    size_t off = 0;
-    for (int i = 0; i < iovcnt; i++) {
-        if (iov[i].iov_len) memcpy(out + off, iov[i].iov_base, iov[i].iov_len);
-        off += iov[i].iov_len;
-    }
+    net_gather(out, iov, iovcnt);
     ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags,
                       .len = len + NET_TAG_BYTES};
     ps_frame_hdr_encode(&h, hdr); /* the authenticated part is final; the checksum comes last */
@@ -440,9 +444,9 @@ ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello
     ps_wbuf b = {0};
     hello_put(&b, mine);
     ps_wbuf_bytes(&b, nonce_c, sizeof nonce_c);
-    ps_wbuf_u8(&b, key ? 1 + mine->plain : 0);
+    ps_wbuf_u8(&b, has_key_byte(key, mine));
     transcript t;
-    crypto_generichash_init(&t.st, NULL, 0, sizeof t.hash);
+    transcript_init(&t);
     if (!b.oom) transcript_add(&t, b.p, b.len);
     st = send_buf(c, PS_MSG_HELLO, &b, timeout_ms, err, errlen);
     ps_frame_hdr h;
@@ -459,8 +463,7 @@ ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello
     }
     if (st == PS_OK) st = expect(c, PS_MSG_WELCOME, timeout_ms, &h, &r, err, errlen);
     if (st == PS_OK && r.len != 0) st = ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s sent a malformed WELCOME", c->peer);
-    if (st == PS_OK && key && !(mine->plain && peer.plain))
-        st = start_sealing(c, key, nonce_c, nonce_s, &t, true, err, errlen);
+    if (st == PS_OK) st = start_sealing(c, key, mine, &peer, nonce_c, nonce_s, &t, true, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;
     if (max_payload) ps_conn_set_max_payload(c, max_payload);
@@ -514,13 +517,13 @@ ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello
     ps_hello peer;
     ps_wbuf b = {0};
     transcript t;
-    crypto_generichash_init(&t.st, NULL, 0, sizeof t.hash);
+    transcript_init(&t);
     st = server_get_hello(c, key, timeout_ms, &t, &peer, nonce_c, err, errlen);
     if (st == PS_OK) {
         randombytes_buf(nonce_s, sizeof nonce_s);
         hello_put(&b, mine);
         ps_wbuf_bytes(&b, nonce_s, sizeof nonce_s);
-        ps_wbuf_u8(&b, key ? 1 + mine->plain : 0);
+        ps_wbuf_u8(&b, has_key_byte(key, mine));
         if (!b.oom) transcript_add(&t, b.p, b.len);
         transcript_done(&t);
         make_proof(key, label_server, nonce_c, nonce_s, &t, proof);
@@ -530,8 +533,7 @@ ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello
     if (st == PS_OK) st = server_get_auth(c, key, nonce_c, nonce_s, &t, timeout_ms, err, errlen);
     if (st == PS_OK) st = run_check(c, check, check_ctx, &peer, timeout_ms, err, errlen);
     if (st == PS_OK) st = net_send_frame(c, PS_MSG_WELCOME, 0, NULL, 0, timeout_ms, err, errlen);
-    if (st == PS_OK && key && !(mine->plain && peer.plain))
-        st = start_sealing(c, key, nonce_c, nonce_s, &t, false, err, errlen);
+    if (st == PS_OK) st = start_sealing(c, key, mine, &peer, nonce_c, nonce_s, &t, false, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;
     if (max_payload) ps_conn_set_max_payload(c, max_payload);

@@ -99,24 +99,34 @@ void ps_frame_hdr_decode(const uint8_t in[PS_NET_HDR_BYTES], ps_frame_hdr *h) {
     memcpy(&h->checksum, in + 16, 8);
 }
 
-ps_status net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
-                          size_t errlen) {
+/* The bytes of iov[0..iovcnt) in *len, when they and `extra` more fit a frame's u32 length. */
+static ps_status iov_len(const struct iovec *iov, int iovcnt, uint32_t extra, uint32_t *len, char *err,
+                         size_t errlen) {
     uint64_t total = 0;
     for (int i = 0; i < iovcnt; i++) total += iov[i].iov_len;
-    if (total + (c->seal ? NET_TAG_BYTES : 0) > UINT32_MAX)
+    if (total + extra > UINT32_MAX)
         return ps_errf(err, errlen, PS_ERR_ARG, "payload of %" PRIu64 " bytes is too large for one frame", total);
     *len = (uint32_t)total;
     return PS_OK;
 }
 
+ps_status net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
+                          size_t errlen) {
+    return iov_len(iov, iovcnt, c->seal ? NET_TAG_BYTES : 0, len, err, errlen);
+}
+
+void net_gather(uint8_t *out, const struct iovec *iov, int iovcnt) {
+    for (int i = 0; i < iovcnt; i++) {
+        if (iov[i].iov_len) memcpy(out, iov[i].iov_base, iov[i].iov_len);
+        out += iov[i].iov_len;
+    }
+}
+
 ps_status net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
                            uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen) {
-    uint64_t total = 0;
-    for (int i = 0; i < iovcnt; i++) total += iov[i].iov_len;
-    if (total > UINT32_MAX)
-        return ps_errf(err, errlen, PS_ERR_ARG, "payload of %" PRIu64 " bytes is too large for one frame", total);
-    ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags,
-                      .len = (uint32_t)total};
+    ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags};
+    ps_status s = iov_len(iov, iovcnt, 0, &h.len, err, errlen);
+    if (s != PS_OK) return s;
     if (iovcnt == 1) {
         h.checksum = XXH3_64bits(iov[0].iov_base, iov[0].iov_len);
     } else {

@@ -295,11 +295,7 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
         if (now && write_now(s, f, &(struct iovec){.iov_base = f->p, .iov_len = f->len}, 1)) goto sent;
         if (s->fail) goto fail;
     } else {
-        size_t off = 0;
-        for (int i = 0; i < iovcnt; i++) {
-            if (iov[i].iov_len) memcpy(f->p + off, iov[i].iov_base, iov[i].iov_len);
-            off += iov[i].iov_len;
-        }
+        net_gather(f->p, iov, iovcnt);
         memcpy(f->hdr, nf.hdr, sizeof nf.hdr);
         f->len = len;
         f->off = nf.off; /* what the write from the caller's buffers took */

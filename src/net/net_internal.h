@@ -102,6 +102,8 @@ void net_seal_free(net_seal *s);
  * tag when c is sealed) would exceed 4 GiB - 1. */
 ps_status net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
                           size_t errlen);
+/* Copies the bytes of iov[0..iovcnt) one after the other into out. */
+void net_gather(uint8_t *out, const struct iovec *iov, int iovcnt);
 
 /* Adds one sent frame to c's stats (thread-safe). */
 void net_stats_add(ps_conn *c, uint64_t bytes, double ms);

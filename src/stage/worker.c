@@ -8,9 +8,8 @@
  * oldest short: peers that connect and stay silent cannot keep a coordinator out unless
  * they open MAX_HANDSHAKES connections within the time its handshake takes (a round trip or
  * two). A thread's result comes back to the loop through a pipe; the loop adopts the
- * connection. The handshake's check of the peer reads
- * the session fields (ctrl, in, out, session) under mu; the loop, their only writer,
- * changes them under mu. */
+ * connection. The handshake's check of the peer reads the session fields (ctrl, in, out,
+ * session) under mu; the loop, their only writer, changes them under mu. */
 #include "worker.h"
 
 #include <errno.h>
