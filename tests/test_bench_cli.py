@@ -166,6 +166,11 @@ def case_stages(tmp, path):
         check(0 < c["round_ratio_p10"] <= c["round_ratio_median"] <= c["round_ratio_p90"],
               f"--stages: {n} stages, rounds' ratio quantiles ordered: {c}")
         check((c["ring_overhead_us_per_token"] > 0) == (n > 1), f"--stages: ring overhead only for splits: {c}")
+        # a token's time holds every stage's compute and the ring's overhead (stage 0's compute
+        # plus the wait for the token), and little else
+        spent = c["compute_us_per_token"] + c["ring_overhead_us_per_token"]
+        check(0.3e6 / c["decode_tok_s"] < spent <= 1e6 / c["decode_tok_s"],
+              f"--stages: {n} stages, compute + ring overhead {spent} us within a token's {1e6 / c['decode_tok_s']} us")
     check(cs[0]["round_ratio_p10"] == cs[0]["round_ratio_p90"] == 1, "--stages: the unsplit row's rounds are 1")
     p = subprocess.run([BIN, "bench", "-m", path, "--stages", "2", "-p", "4", "-n", "4", "-r", "1", "-t", "2", "--pin"],
                        capture_output=True, text=True, timeout=300, env=env)

@@ -6,6 +6,7 @@
  *   - batch invariance: for each family, y[t][r] bit-identical whatever n_tok, the token's
  *     place in the batch, the thread count and the row range asked for;
  *   - scratch and weight buffers allocated to the byte, so that sanitizers catch overreads;
+ *   - ps_pool_park: workers yield, then sleep (Linux);
  *   - ps_pool_pin / ps_thread_unpin (Linux). */
 #include <math.h>
 #include <stdatomic.h>
@@ -65,6 +66,8 @@ static void test_pool(void) {
 
 #ifdef __linux__
 #include <dirent.h>
+#include <stdio.h>
+#include <time.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -88,6 +91,70 @@ static bool on_cpu(int tid, int cpu) {
     CPU_ZERO(&want);
     CPU_SET(cpu, &want);
     return sched_getaffinity(tid, sizeof got, &got) == 0 && CPU_EQUAL(&got, &want);
+}
+
+/* The scheduler state letter (R, S, ...) of thread tid of this process, '?' if unknown. */
+static char thread_state(int tid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    const char *close = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+    return close && close[1] == ' ' ? close[2] : '?';
+}
+
+/* How many of the n threads in tids are in state st. */
+static int count_state(const int *tids, int n, char st) {
+    int k = 0;
+    for (int i = 0; i < n; i++) k += thread_state(tids[i]) == st;
+    return k;
+}
+
+static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
+
+/* ps_pool_park: in a pinned pool the workers stay runnable (yielding their cores) for a
+ * few ms, then sleep; unpinned, they sleep at once; jobs run every part once whatever
+ * state the workers are in. Pins the test's thread (runs before test_pool_pin). */
+static void test_pool_park(void) {
+    int before[64], tids[64], nb = thread_ids(before, 64), n = 0, all[64];
+    ps_pool *pool = NULL;
+    PS_CHECK_OK(ps_pool_create(3, &pool));
+    int na = thread_ids(all, 64);
+    for (int i = 0; i < na; i++) { /* the pool's threads */
+        bool old = false;
+        for (int j = 0; j < nb; j++) old |= all[i] == before[j];
+        if (!old) tids[n++] = all[i];
+    }
+    PS_CHECK_EQ_INT(n, 2);
+    pool_probe p = {.nth_expect = 3};
+    int waited = 1000;
+    for (int attempt = 0; attempt < 5 && waited >= 6; attempt++) { /* retried: a loaded host may be slow */
+        ps_pool_run(pool, probe_task, &p);
+        ps_pool_park(pool);
+        for (waited = 0; count_state(tids, n, 'S') < n && waited < 1000; waited++) sleep_ms(1);
+    }
+    PS_CHECK(waited < 6); /* unpinned: asleep at once, well within the yield period */
+    char err[256];
+    PS_CHECK_OK(ps_pool_pin(pool, err, sizeof err));
+    for (int round = 0; round < 3; round++) {
+        ps_pool_run(pool, probe_task, &p);
+        ps_pool_park(pool);
+        sleep_ms(2);
+        PS_CHECK_EQ_INT(count_state(tids, n, 'R'), n); /* yielding, not asleep */
+        if (round == 1) ps_pool_run(pool, probe_task, &p); /* a job while they yield */
+        if (round == 1) ps_pool_park(pool);
+        waited = 0;
+        while (count_state(tids, n, 'S') < n && waited < 3000) sleep_ms(10), waited += 10;
+        PS_CHECK_EQ_INT(count_state(tids, n, 'S'), n); /* then asleep: no core kept busy */
+        if (round == 2) ps_pool_wake(pool);
+    }
+    ps_pool_run(pool, probe_task, &p);
+    for (int i = 0; i < 3; i++) PS_CHECK_EQ_INT(atomic_load(&p.calls[i]), atomic_load(&p.calls[0]));
+    PS_CHECK(atomic_load(&p.calls[0]) >= 6);
+    ps_pool_free(pool);
+    ps_thread_unpin();
 }
 
 /* ps_pool_pin: thread i on the i-th CPU this process could use (the caller is thread 0),
@@ -416,6 +483,7 @@ int main(void) {
     PS_CHECK(ps_matmul_set_isa("nonsense") == PS_ERR_ARG);
     for (int i = 1; i < 4; i++) ps_pool_free(pools[i]);
 #ifdef __linux__
+    test_pool_park();
     test_pool_pin();
 #endif
     return ps_test_done();

@@ -25,7 +25,8 @@ typedef struct {
     bool fleet_started;
     ps_coord *coord;
     int32_t *toks;        /* prompt, then what this configuration generated */
-    double t_prefill, t_decode, overhead_ms; /* seconds, seconds, ring overhead (ms) in decode */
+    double t_prefill, t_decode;  /* seconds */
+    double compute_ms, overhead_ms; /* in decode: every stage's compute, the ring's overhead */
     long long n_decode;
     double *round_s;      /* this configuration's time in each round */
 } config;
@@ -110,11 +111,10 @@ static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, cha
     for (int i = 0; i < nc; i++) {
         config *c = &cs[i];
         c->n_decode += o->n_gen;
-        if (c->stages > 1) {
-            ps_coord_stats st;
-            ps_coord_get_stats(c->coord, &st);
-            c->overhead_ms += ps_coord_ring_overhead_ms(&st);
-        }
+        ps_coord_stats st;
+        ps_coord_get_stats(c->coord, &st);
+        for (int k = 0; k < st.n_stages; k++) c->compute_ms += st.compute_ms[k];
+        if (c->stages > 1) c->overhead_ms += ps_coord_ring_overhead_ms(&st);
         for (int pos = p; pos <= p + o->n_gen; pos++)
             if (c->toks[pos] != cs[0].toks[pos])
                 return ps_errf(err, errlen, PS_ERR_INTERNAL, "%d stages generated token %d at position %d where the "
@@ -138,13 +138,14 @@ static void report(const bench_opts *o, config *cs, int nc, int n_rounds, double
         printf("decode     %lld tokens per configuration after a %lld-token prompt, x %lld repetitions, in turns of "
                "%lld tokens (%d rounds, order rotating); every configuration's tokens equal the unsplit model's\n",
                o->n_gen, o->n_prompt, o->reps, o->segment, n_rounds);
-        printf("%6s %12s %8s %24s %14s %14s\n", "stages", "decode tok/s", "ratio", "rounds' ratio p10/50/90",
-               "ring us/token", "prefill tok/s");
+        printf("%6s %12s %8s %24s %16s %14s %14s\n", "stages", "decode tok/s", "ratio", "rounds' ratio p10/50/90",
+               "compute us/token", "ring us/token", "prefill tok/s");
     }
     for (int i = 0; i < nc; i++) {
         config *c = &cs[i];
         double tps = (double)c->n_decode / c->t_decode, pps = (double)o->n_prompt * o->reps / c->t_prefill;
         double q[3] = {1, 1, 1}, hop = c->stages > 1 ? c->overhead_ms * 1e3 / (double)c->n_decode : 0;
+        double compute = c->compute_ms * 1e3 / (double)c->n_decode;
         if (i > 0) {
             for (int r = 0; r < n_rounds; r++) rr[r] = cs[0].round_s[r] / c->round_s[r];
             static const double at[3] = {0.1, 0.5, 0.9};
@@ -158,14 +159,15 @@ static void report(const bench_opts *o, config *cs, int nc, int n_rounds, double
             cJSON_AddNumberToObject(e, "round_ratio_p10", q[0]);
             cJSON_AddNumberToObject(e, "round_ratio_median", q[1]);
             cJSON_AddNumberToObject(e, "round_ratio_p90", q[2]);
+            cJSON_AddNumberToObject(e, "compute_us_per_token", compute);
             cJSON_AddNumberToObject(e, "ring_overhead_us_per_token", hop);
             cJSON_AddNumberToObject(e, "prefill_tok_s", pps);
             cJSON_AddItemToArray(arr, e);
         } else {
             char h[32] = "";
             if (c->stages > 1) snprintf(h, sizeof h, "%.0f", hop);
-            printf("%6d %12.2f %8.3f %10.3f/%.3f/%.3f %14s %14.1f\n", c->stages, tps, tps / base, q[0], q[1], q[2],
-                   h, pps);
+            printf("%6d %12.2f %8.3f %10.3f/%.3f/%.3f %16.0f %14s %14.1f\n", c->stages, tps, tps / base, q[0], q[1],
+                   q[2], compute, h, pps);
         }
     }
     if (j) ps_bench_json_print(j);

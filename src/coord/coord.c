@@ -405,7 +405,7 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
         if ((s = ps_stage_run(c->stage0, &mb, &x, token, c->err, sizeof c->err))) goto out;
         t_last = now_ms();
         c->st[0].cur.compute_ms += t_last - t0;
-        if (done + chunk == n) ps_pool_park(ps_stage_pool(c->stage0)); /* before the send: see worker.c */
+        if (c->n > 1 && done + chunk == n) ps_pool_park(ps_stage_pool(c->stage0)); /* before the send: see worker.c */
         if (c->n > 1) {
             struct iovec iov[2];
             mb.x = x;

@@ -33,10 +33,11 @@ int ps_pool_size(const ps_pool *p);
 /* Runs fn(ctx, ith, nth) for ith in [0, nth) on the pool's threads (the caller runs ith 0)
  * and returns when all have returned. Not reentrant: fn must not call ps_pool_run. */
 void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
-/* Tells idle workers to sleep now rather than spin for their usual while: call it before
- * blocking on something slow (a network hop), so that spinning threads do not take the
- * cores from another process (another stage on the same host). The next ps_pool_run
- * wakes them. */
+/* Tells idle workers to stop spinning: call it before blocking on something slow (a
+ * network hop), so that spinning threads do not take the cores from another process
+ * (another stage on the same host). They sleep; in a pinned pool (ps_pool_pin) they
+ * first yield their cores for a few ms, so that the next ps_pool_run finds them awake
+ * without having to wake them. The next ps_pool_run, or ps_pool_wake, ends it. */
 void ps_pool_park(ps_pool *p);
 /* Undoes ps_pool_park ahead of time: sleeping workers wake and spin, so that the next
  * ps_pool_run does not wait for them to be scheduled (call it when input arrives, before
