@@ -315,6 +315,7 @@ fail:
     pthread_mutex_unlock(&s->mu);
     return st;
 nomem:
+    if (nf.off > 0) sender_fail(s, ENOMEM); /* the socket took part of the frame: the stream is broken */
     pthread_mutex_unlock(&s->mu);
     return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory queuing a frame of %u bytes to %s", (unsigned)len,
                    c->peer);
