@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """pipeline.py - a split model against the unsplit one, measured side by side in one run.
 
-  bench/pipeline.py [--threads 2] [--repeats 10] [--tokens 128] [--models "llama-3.2-1b:Q4_0 smollm2-135m:Q8_0"]
-                    [--latencies 0,10,50,100] [--ttft-prompt 1024] [--skip decode,latency,ttft]
+  bench/pipeline.py [--threads 2] [--repeats 3] [--tokens 128] [--models "llama-3.2-1b:Q4_0 smollm2-135m:Q8_0"]
+                    [--transports tcp] [--latencies 0,10,50,100] [--ttft-prompt 1024] [--skip decode,latency,ttft]
 
 Models are written by `pipeshard synth` into .cache/bench (kept between runs); shards into
 bench/out. Every stage runs with --threads threads; workers are `pipeshard worker` processes on
@@ -12,7 +12,8 @@ loopback. Three tables:
      tokens, so that a drift of the machine's speed slows them alike; --repeats repetitions of
      --tokens tokens each; ratio = split tok/s / unsplit tok/s, the spread of single rounds' ratios,
      and what the ring's hops cost per token (the coordinator's wait minus the workers' compute);
-     threads placed by the scheduler, then pinned (--pin);
+     threads placed by the scheduler, then pinned (--pin); the local fleets on loopback TCP, and with
+     --transports tcp,unix once more on Unix sockets (--local-transport unix);
   2. decode tok/s of 2 and 3 stages at each emulated one-way latency per hop (--sim-latency-ms on the
      coordinator and on every worker);
   3. time to first token of a --ttft-prompt-token prompt on 1, 2 and 3 stages (--prefill-chunk 128).
@@ -99,23 +100,25 @@ def run(model_args, threads, prompt, n, extra=(), cpus0=None):
     return json.loads(p.stderr.strip().splitlines()[-1])
 
 
-def decode_table(models, threads, repeats, tokens):
-    print(f"\n1. decode, {threads} threads per stage, loopback: `pipeshard bench --stages 2,3` (one process holds the"
+def decode_table(models, threads, repeats, tokens, transports):
+    print(f"\n1. decode, {threads} threads per stage, {' / '.join(transports)}: `pipeshard bench --stages 2,3` (one process holds the"
           f" unsplit model and both local fleets; after a 16-token prompt each decodes {tokens} tokens in turns of 8,"
           f" the order rotating, x {repeats} repetitions; greedy, tokens checked equal); ratio = decode tok/s / the"
           f" unsplit model's; 'rounds' = the p10/median/p90 of the ratios of single rounds; 'hops' = ring overhead"
           f" in us per token; threads as the scheduler places them, then pinned (--pin) in every configuration")
-    print(f"{'model':26} {'threads':>8} {'stages':>6} {'tok/s':>9} {'ratio':>7} {'rounds p10/50/90':>20} {'hops':>6}")
+    print(f"{'model':26} {'link':>5} {'threads':>8} {'stages':>6} {'tok/s':>9} {'ratio':>7} {'rounds p10/50/90':>20} "
+          f"{'hops':>6}")
     for spec in models:
         model = model_path(spec)
-        for pin in ([], ["--pin"]):
-            out = sh([BIN, "bench", "-m", model, "--stages", "2,3", "-t", str(threads), "-p", "16", "-n", str(tokens),
-                      "-r", str(repeats), "--json"] + pin, timeout=3600).stdout
-            for c in json.loads(out)["configs"]:
-                hops = f"{c['ring_overhead_us_per_token']:6.0f}" if c["stages"] > 1 else ""
-                rounds = f"{c['round_ratio_p10']:.3f}/{c['round_ratio_median']:.3f}/{c['round_ratio_p90']:.3f}"
-                print(f"{spec:26} {'pinned' if pin else 'free':>8} {c['stages']:6} {c['decode_tok_s']:9.2f} "
-                      f"{c['ratio']:7.3f} {rounds:>20} {hops:>6}", flush=True)
+        for link in transports:
+            for pin in ([], ["--pin"]):
+                out = sh([BIN, "bench", "-m", model, "--stages", "2,3", "-t", str(threads), "-p", "16", "-n",
+                          str(tokens), "-r", str(repeats), "--local-transport", link, "--json"] + pin, timeout=3600).stdout
+                for c in json.loads(out)["configs"]:
+                    hops = f"{c['ring_overhead_us_per_token']:6.0f}" if c["stages"] > 1 else ""
+                    rounds = f"{c['round_ratio_p10']:.3f}/{c['round_ratio_median']:.3f}/{c['round_ratio_p90']:.3f}"
+                    print(f"{spec:26} {link:>5} {'pinned' if pin else 'free':>8} {c['stages']:6} "
+                          f"{c['decode_tok_s']:9.2f} {c['ratio']:7.3f} {rounds:>20} {hops:>6}", flush=True)
 
 
 def latency_table(models, threads, latencies):
@@ -178,6 +181,7 @@ def main():
     ap.add_argument("--latencies", default="0,10,50,100")
     ap.add_argument("--ttft-prompt", type=int, default=1024)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--transports", default="tcp", help="local fleets' links in the decode table: tcp, unix or both")
     a = ap.parse_args()
     subprocess.run(["cmake", "-S", ROOT, "-B", os.path.join(ROOT, "build"), "-DCMAKE_BUILD_TYPE=Release"],
                    check=True, capture_output=True)
@@ -187,7 +191,10 @@ def main():
     models, skip = a.models.split(), a.skip.split(",")
     print(f"pipeshard {time.strftime('%Y-%m-%d %H:%M')}, {len(os.sched_getaffinity(0))} cores")
     if "decode" not in skip:
-        decode_table(models, a.threads, a.repeats, a.tokens)
+        transports = a.transports.split(",")
+        if not transports or any(t not in ("tcp", "unix") for t in transports):
+            ap.error(f"--transports takes tcp, unix or tcp,unix, not {a.transports!r}")
+        decode_table(models, a.threads, a.repeats, a.tokens, transports)
     if "latency" not in skip:
         latency_table(models, a.threads, [float(x) for x in a.latencies.split(",")])
     if "ttft" not in skip:

@@ -79,8 +79,9 @@ def reexec_with_asan(lib=None):
 
 
 def read_ready_port(r, timeout=60):
-    """The port a starting `pipeshard worker --ready-fd W` writes to the pipe whose read end is r,
-    read until the worker closes its end (r is closed here); None when it did not start."""
+    """The port a starting `pipeshard worker --ready-fd W` writes to the pipe whose read end is r
+    (its "unix:PATH" address when it listens on a Unix socket), read until the worker closes its
+    end (r is closed here); None when it did not start."""
     got, deadline = b"", time.time() + timeout
     while time.time() < deadline:
         ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.time()))
@@ -89,4 +90,5 @@ def read_ready_port(r, timeout=60):
             break
         got += chunk
     os.close(r)
-    return int(got) if got.strip().isdigit() else None
+    line = got.decode(errors="replace").strip()
+    return int(line) if line.isdigit() else line if line.startswith("unix:") else None

@@ -53,14 +53,15 @@ def pstr(s):
 
 class Worker:
     """`pipeshard worker` on a shard, listening on host:port (0: a free one, learnt through
-    --ready-fd), its stderr appended to log; `ip netns exec NS` in front when netns is given, and
-    prefix (say taskset) in front of all."""
+    --ready-fd) or on the Unix socket at unix_path, its stderr appended to log; `ip netns exec NS`
+    in front when netns is given, and prefix (say taskset) in front of all."""
 
     def __init__(self, bin_path, shard, log, name, host="127.0.0.1", port=0, threads=1, timeout_ms=5000, key=None,
-                 netns=None, env=None, extra=(), prefix=()):
+                 netns=None, env=None, extra=(), prefix=(), unix_path=None):
         self.name, self.log = name, log
         r, w = os.pipe()
-        cmd = [bin_path, "worker", "--shard", shard, "--listen", f"{host}:{port}", "-t", str(threads),
+        listen = f"unix:{unix_path}" if unix_path else f"{host}:{port}"
+        cmd = [bin_path, "worker", "--shard", shard, "--listen", listen, "-t", str(threads),
                "--ready-fd", str(w), "--timeout-ms", str(timeout_ms)]
         if key:
             cmd += ["--key-file", key]
@@ -73,10 +74,10 @@ class Worker:
                                       pass_fds=(w,), preexec_fn=die_with_parent, env=env)
         os.close(w)
         self.port = read_ready_port(r)  # read until the worker closes the pipe (its idle fds are then counted)
-        if self.port is None:
+        if self.port is None or (unix_path and self.port != listen):
             self.stop()
-            raise AssertionError(f"worker {name} did not start: {self.text()}")
-        self.addr = f"{host}:{self.port}"
+            raise AssertionError(f"worker {name} did not start on {listen}: {self.text()}")
+        self.addr = listen if unix_path else f"{host}:{self.port}"
 
     def text(self):
         with open(self.log, errors="replace") as f:

@@ -135,6 +135,8 @@ def case_errors(tmp, path):
         (["-m", path, "--stages", "x"], ["--stages", "'x'"]),
         (["-m", path, "--stages", "2", "--segment", "0"], ["--segment"]),
         (["-m", path, "--segment", "4"], ["--segment goes with --stages"]),
+        (["-m", path, "--local-transport", "unix"], ["--local-transport goes with --stages"]),
+        (["-m", path, "--stages", "2", "--local-transport", "pipe"], ["--local-transport must be tcp or unix"]),
         (["-m", path, "--stages", "2", "--mem-bw", "10"], ["--mem-bw", "not with --stages"]),
         (["-m", path, "--stages", "4"], ["cannot cut 3 layers into 4 stages"]),
     ]
@@ -177,6 +179,10 @@ def case_stages(tmp, path):
     rows = [l.split()[0] for l in p.stdout.splitlines() if l.split() and l.split()[0].isdigit()]
     check(p.returncode == 0 and rows == ["1", "2"] and "ratio" in p.stdout,
           f"--stages 2 --pin, table: rows 1 and 2 (exit {p.returncode}, {p.stdout!r}, {p.stderr[-300:]!r})")
+    p = subprocess.run([BIN, "bench", "-m", path, "--stages", "2", "--local-transport", "unix", "-p", "4", "-n", "4",
+                        "-r", "1", "-t", "1", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    check(p.returncode == 0 and [c["stages"] for c in json.loads(p.stdout or "{}").get("configs", [])] == [1, 2],
+          f"--stages 2 --local-transport unix (exit {p.returncode}, {p.stdout!r}, {p.stderr[-300:]!r})")
     # bend stage 0 of the cached 2-stage split (the coordinator maps it without rehashing):
     # its tokens then differ from the unsplit model's, and the benchmark must say so
     cached = [os.path.join(r, "stage-0.gguf") for r, _, fs in os.walk(env["PIPESHARD_CACHE"]) if r.endswith("-2")]

@@ -177,6 +177,9 @@ def case_fleet_flags():
     expect_error(["-m", GOOD, "--local-stages", "2", "--dump-logits", os.path.join(TMP, "l.bin")] + ids,
                  ["--dump-logits", "network"])
     expect_error(["-m", GOOD, "--local-stages", "0"] + ids, ["--local-stages"], one_line=False)
+    expect_error(["-m", GOOD, "--local-transport", "unix"] + ids, ["--local-transport applies to --local-stages"])
+    expect_error(["-m", GOOD, "--local-stages", "2", "--local-transport", "udp"] + ids,
+                 ["--local-transport must be tcp or unix, got 'udp'"])
     expect_error(["-m", GOOD, "--local-stages", "65"] + ids, ["--local-stages"], one_line=False)
     # a rate so low that a frame's emulated time would overflow
     expect_error(["-m", GOOD, "--local-stages", "2", "--sim-bandwidth-mbps", "1e-300"] + ids,

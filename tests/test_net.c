@@ -344,6 +344,52 @@ static void test_round_trip_at(const char *addr) {
     ps_conn_free(b);
 }
 
+/* "unix:PATH" addresses: frames both ways (test_round_trip_at), the accepted side named by
+ * the path; a socket file nobody listens on is replaced, a live one or a file that is not a
+ * socket is an error (and the file stays); bad paths are named. */
+static void test_unix_sockets(void) {
+    char dir[] = "/tmp/ps-test-net-XXXXXX", addr[256], other[256], err[256], want[512], bound[256];
+    PS_CHECK(mkdtemp(dir) != NULL);
+    snprintf(addr, sizeof addr, "unix:%s/s.sock", dir);
+    test_round_trip_at(addr); /* leaves its socket file behind, nobody listening */
+    int lfd = -1, lfd2 = -1;
+    PS_CHECK_OK(ps_net_listen(addr, &lfd, bound, sizeof bound, err, sizeof err)); /* the stale file replaced */
+    CHECK_STR(bound, addr);
+    ps_conn *c = NULL, *sv = NULL;
+    PS_CHECK_OK(ps_net_dial(addr, 1000, &c, err, sizeof err));
+    PS_CHECK_OK(ps_net_accept(lfd, 1000, &sv, err, sizeof err));
+    if (c && sv) {
+        CHECK_STR(ps_conn_peer(c), addr);
+        CHECK_STR(ps_conn_peer(sv), addr);
+    }
+    ps_conn_free(c);
+    ps_conn_free(sv);
+    PS_CHECK_EQ_INT(ps_net_listen(addr, &lfd2, NULL, 0, err, sizeof err), PS_ERR_NET);
+    snprintf(want, sizeof want, "cannot listen on %s: another process listens there", addr);
+    CHECK_STR(err, want);
+    close(lfd);
+    unlink(addr + 5);
+    snprintf(other, sizeof other, "unix:%s/plain-file", dir);
+    FILE *f = fopen(other + 5, "w");
+    if (f) fclose(f);
+    PS_CHECK_EQ_INT(ps_net_listen(other, &lfd2, NULL, 0, err, sizeof err), PS_ERR_NET);
+    snprintf(want, sizeof want, "cannot listen on %s: file exists", other);
+    CHECK_STR(err, want);
+    PS_CHECK(access(other + 5, F_OK) == 0);
+    unlink(other + 5);
+    PS_CHECK_EQ_INT(ps_net_dial(addr, 1000, &c, err, sizeof err), PS_ERR_NET);
+    snprintf(want, sizeof want, "cannot connect to %s: no such file or directory", addr);
+    CHECK_STR(err, want);
+    PS_CHECK_EQ_INT(ps_net_listen("unix:", &lfd2, NULL, 0, err, sizeof err), PS_ERR_ARG);
+    CHECK_STR(err, "bad address \"unix:\": no socket path after unix:");
+    char long_addr[200] = "unix:/tmp/";
+    memset(long_addr + 10, 'x', 150);
+    long_addr[160] = 0;
+    PS_CHECK_EQ_INT(ps_net_dial(long_addr, 1000, &c, err, sizeof err), PS_ERR_ARG);
+    CHECK_HAS(err, "a socket path holds at most 107 bytes");
+    rmdir(dir);
+}
+
 /* One malformed or cut frame: the receiver's exact error. */
 static void test_bad_frames(void) {
     ps_conn *a, *b;
@@ -1194,6 +1240,7 @@ int main(void) {
     test_dial_errors();
     test_round_trip_at("127.0.0.1:0");
     test_round_trip_at("[::1]:0");
+    test_unix_sockets();
     test_bad_frames();
     test_send_to_closed_peer();
     test_key_load();

@@ -246,6 +246,25 @@ def case_exact(m):
             quiet_ends(w, m.name)
     finally:
         stop_all(ws)
+    # the same on Unix sockets: workers listening on socket files, and --local-transport unix
+    ws = []
+    try:
+        socks = [os.path.join(TMP, f"{m.name}-w{k}.sock") for k in (1, 2)]
+        ws = [Worker(shard(fleet, k), f"unix-{m.name}-w{k}", threads=2, unix_path=socks[k - 1]) for k in (1, 2)]
+        f = write_fleet(fleet, [w.addr for w in ws], "fleet-unix.json")
+        p = pipeshard(["run", "--fleet", f] + m.prompt + GEN + SEEDED)
+        if check(p.returncode == 0, f"{m.name}: run --fleet on Unix sockets: {p.stderr[-1500:]}"):
+            same(p.stdout.split(), s, f"{m.name}: 2 workers on Unix sockets, seeded")
+    finally:
+        stop_all(ws)
+    check(not any(os.path.exists(x) for x in socks), f"{m.name}: a stopped worker left its socket file")
+    p = pipeshard(["run", "-m", m.path, "--local-stages", "3", "--local-transport", "unix", "--stats"] + m.prompt +
+                  GEN + GREEDY)
+    if check(p.returncode == 0, f"{m.name}: --local-transport unix: {p.stderr[-1500:]}"):
+        same(p.stdout.split(), g, f"{m.name}: --local-stages 3 --local-transport unix")
+        addrs = [st["address"] for st in json.loads(p.stderr.strip().splitlines()[-1])["stage_stats"][1:]]
+        check(len(addrs) == 2 and all(a.startswith("unix:") and a.endswith(".sock") for a in addrs),
+              f"{m.name}: --local-transport unix: the workers' addresses {addrs}")
     # pipelined chunked prefill of a 20+-token prompt: 3 positions per micro-batch
     want = m.reference(GREEDY, prompt=m.long_prompt)
     p = pipeshard(["run", "-m", m.path, "--local-stages", "3", "--prefill-chunk", "3", "--stats"] + m.long_prompt +

@@ -354,8 +354,9 @@ def case_stories():
 def case_layers_workers():
     m = MODELS["tied-q8"]
     out = os.path.join(TMP, "tied-layers")
-    p = sh("split", ["-m", m, "--layers", "0:1,1:5,5:6", "--workers", "gpu-box.local:7801,host_2:1", "-o", out])
-    fleet = verify_split(m, out, [0, 1, 5, 6], ["gpu-box.local:7801", "host_2:1"])
+    p = sh("split", ["-m", m, "--layers", "0:1,1:5,5:6", "--workers", "gpu-box.local:7801,unix:/run/ps/w2.sock", "-o",
+                     out])
+    fleet = verify_split(m, out, [0, 1, 5, 6], ["gpu-box.local:7801", "unix:/run/ps/w2.sock"])
     check_table(p, fleet, out)
     assert "wrote 3 shards" in p.stderr, p.stderr
     # --stages and --layers that agree; an existing directory is rewritten in place
@@ -474,6 +475,9 @@ def bad_cases():
         (B + ["--stages", "2", "--workers", "h:0"], 2, ["'h:0' is not HOST:PORT"]),
         (B + ["--stages", "2", "--workers", "h:65536"], 2, ["'h:65536' is not HOST:PORT"]),
         (B + ["--stages", "2", "--workers", "a b:80"], 2, ["'a b:80' is not HOST:PORT"]),
+        (B + ["--stages", "2", "--workers", "unix:"], 2, ["'unix:' is not HOST:PORT or unix:PATH"]),
+        (B + ["--stages", "2", "--workers", "unix:/" + "x" * 107], 2, ["is not HOST:PORT or unix:PATH"]),
+        (B + ["--stages", "2", "--workers", "unix:/a b"], 2, ["'unix:/a b' is not HOST:PORT or unix:PATH"]),
         (B + ["--stages", "1", "--workers", "h:1"], 2, ["--workers", "only one stage"]),
         (["-m", os.path.join(TMP, "no-such-model.gguf"), "-o", out, "--stages", "2"], 1, ["no-such-model.gguf"]),
         (["-m", notgguf, "-o", out, "--stages", "2"], 1, ["not-a-model.gguf"]),

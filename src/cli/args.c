@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *ps_arg_value(const char *cmd, int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
@@ -52,6 +53,13 @@ bool ps_arg_mbps(const char *cmd, const char *flag, const char *s, double *out) 
     if (*out == 0 || *out >= PS_LINK_MIN_MBPS) return true;
     fprintf(stderr, "pipeshard %s: %s must be 0 (no limit) or between %g and 1e+06, got %g\n", cmd, flag,
             PS_LINK_MIN_MBPS, *out);
+    return false;
+}
+
+bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *unix_sockets) {
+    *unix_sockets = !strcmp(s, "unix");
+    if (*unix_sockets || !strcmp(s, "tcp")) return true;
+    fprintf(stderr, "pipeshard %s: %s must be tcp or unix, got '%s'\n", cmd, flag, s);
     return false;
 }
 

@@ -19,8 +19,8 @@ static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS]\n"
             "                       [--activations q8|f32] [--mem-bw GBS] [--json]\n"
-            "       pipeshard bench -m MODEL --stages 2,3 [--segment N] [-p N] [-n N] [-t THREADS] [--pin]\n"
-            "                       [--mmap] [-r REPS] [--activations q8|f32] [--json]\n"
+            "       pipeshard bench -m MODEL --stages 2,3 [--segment N] [--local-transport tcp|unix] [-p N]\n"
+            "                       [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS] [--activations q8|f32] [--json]\n"
             "  -p N        prompt tokens for the prefill measurement (default 128)\n"
             "  -n N        generated tokens for the decode measurement (default 64)\n"
             "  -t THREADS  threads (default: all cores)\n"
@@ -36,7 +36,9 @@ static void bench_usage(FILE *f) {
             "              one run: after the same -p prompt they decode -n tokens in turns of\n"
             "              --segment tokens, the order rotating; greedy, and every split must give\n"
             "              the unsplit model's tokens. Ratio = split decode tok/s / unsplit's\n"
-            "  --segment N decode tokens per turn with --stages (default 8)\n",
+            "  --segment N decode tokens per turn with --stages (default 8)\n"
+            "  --local-transport tcp|unix  the local fleets' connections with --stages (default tcp:\n"
+            "              loopback; see pipeshard run --help)\n",
             PS_SHARD_MAX_STAGES);
 }
 
@@ -62,7 +64,7 @@ static bool parse_stages(const char *v, bench_opts *o) {
 /* Parses argv into o; returns 0 to go on, else the exit status (0 after --help). */
 static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
     *o = (bench_opts){.n_prompt = 128, .n_gen = 64, .threads = ps_cpu_count(), .reps = 3, .segment = 8};
-    bool segment = false;
+    bool segment = false, transport = false;
     *done = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -85,6 +87,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
             if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_int("bench", a, v, 1, 1 << 20, &o->segment))
                 return 2;
             segment = true;
+        } else if (!strcmp(a, "--local-transport")) {
+            if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_transport("bench", a, v, &o->unix_sockets))
+                return 2;
+            transport = true;
         } else if (!strcmp(a, "--activations")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
             if (ps_act_from_name(v, &o->act)) {
@@ -113,8 +119,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
         fprintf(stderr, "pipeshard bench: --mem-bw is for the engine's figures, not with --stages\n");
         return 2;
     }
-    if (segment && !o->n_split) {
-        fprintf(stderr, "pipeshard bench: --segment goes with --stages\n");
+    if ((segment || transport) && !o->n_split) {
+        fprintf(stderr, "pipeshard bench: %s goes with --stages\n", segment ? "--segment" : "--local-transport");
         return 2;
     }
     return 0;

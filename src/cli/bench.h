@@ -14,6 +14,7 @@ typedef struct {
     double mem_bw;      /* GB/s given by --mem-bw, or 0: measure */
     ps_act act;
     bool json, pin, mmap;
+    bool unix_sockets;                    /* --local-transport unix */
     int n_split;                          /* --stages: how many stage counts (0: engine mode) */
     int split[PS_SHARD_MAX_STAGES];       /* the stage counts, each 2.. */
     long long segment;                    /* --segment: decode tokens per turn */

@@ -37,9 +37,10 @@ static ps_status plan(const char *model, int n, int *bounds, char *err, size_t e
     return s;
 }
 
-/* Reads the port a starting worker writes to fd, within START_TIMEOUT_MS. */
+/* Reads the line a starting worker writes to fd once listening (its port, or its unix:
+ * address), within START_TIMEOUT_MS. Returns the port, 0 for a Unix socket, -1 for none. */
 static int read_port(int fd) {
-    char buf[16];
+    char buf[4400];
     size_t n = 0;
     while (n < sizeof buf - 1) {
         struct pollfd p = {fd, POLLIN, 0};
@@ -51,6 +52,7 @@ static int read_port(int fd) {
         if (memchr(buf, '\n', n)) break;
     }
     buf[n] = 0;
+    if (!strncmp(buf, "unix:", 5)) return 0;
     int port = atoi(buf);
     return port > 0 && port < 65536 ? port : -1;
 }
@@ -69,9 +71,15 @@ static void own_cores(int k, int n, int threads) {
     sched_setaffinity(0, sizeof mine, &mine);
 }
 
-/* Starts the worker of stage k; its messages go to dir/worker-K.log. */
+/* Starts the worker of stage k, listening on loopback TCP or on dir/stage-K.sock; its
+ * messages go to dir/worker-K.log. */
 static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const ps_link_sim *sim,
-                       const char *key_path, char *err, size_t errlen) {
+                       const char *key_path, bool unix_socket, char *err, size_t errlen) {
+    char listen[sizeof lf->fleet.stages[k].address] = "127.0.0.1:0";
+    if (unix_socket &&
+        (size_t)snprintf(listen, sizeof listen, "unix:%s/stage-%d.sock", lf->dir, k) - 5 > PS_UNIX_PATH_MAX)
+        return ps_errf(err, errlen, PS_ERR_ARG, "the socket path %s is longer than %d bytes (set TMPDIR to a shorter "
+                       "directory)", listen + 5, PS_UNIX_PATH_MAX);
     int pfd[2];
     if (pipe(pfd)) return ps_errf(err, errlen, PS_ERR_IO, "pipe: %s", strerror(errno));
     char log[4200], t[16], rfd[16], lat[32], bw[32];
@@ -92,10 +100,10 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
         close(pfd[0]);
         int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (lfd >= 0) dup2(lfd, 2), close(lfd);
-        char *args[] = {"pipeshard", "worker", "--shard", lf->fleet.stages[k].shard, "--listen", "127.0.0.1:0",
+        char *args[] = {"pipeshard", "worker", "--shard", lf->fleet.stages[k].shard, "--listen", listen,
                         "-t", t, "--key-file", (char *)key_path, "--ready-fd", rfd, "--sim-latency-ms", lat,
                         "--sim-bandwidth-mbps", bw, "--max-ctx", "16777216" /* ours: whatever run -c asks */,
-                        "--plain-frames" /* loopback: sealing buys nothing */, NULL, NULL, NULL};
+                        "--plain-frames" /* this host: sealing buys nothing */, NULL, NULL, NULL};
         char **flag = args;
         while (*flag) flag++;
         if (so->pin) *flag++ = "--pin";
@@ -120,7 +128,8 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
         return ps_errf(err, errlen, PS_ERR_IO, "the local worker of stage %d did not start: %s", k,
                        tail[0] ? tail : "no message");
     }
-    snprintf(lf->fleet.stages[k].address, sizeof lf->fleet.stages[k].address, "127.0.0.1:%d", port);
+    if (unix_socket) snprintf(lf->fleet.stages[k].address, sizeof lf->fleet.stages[k].address, "%s", listen);
+    else snprintf(lf->fleet.stages[k].address, sizeof lf->fleet.stages[k].address, "127.0.0.1:%d", port);
     return PS_OK;
 }
 
@@ -193,7 +202,7 @@ static ps_status get_split(ps_local_fleet *lf, const char *model, int n, char *e
 }
 
 ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
-                               const char *key_file, ps_local_fleet *lf, char *err, size_t errlen) {
+                               const char *key_file, bool unix_sockets, ps_local_fleet *lf, char *err, size_t errlen) {
     memset(lf, 0, sizeof *lf);
     const char *tmp = getenv("TMPDIR");
     snprintf(lf->dir, sizeof lf->dir, "%s/pipeshard-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -206,7 +215,7 @@ ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_o
     ps_status s = get_split(lf, model, n_stages, err, errlen);
     if (!s) s = make_key(lf, key_file, key_path, sizeof key_path, err, errlen);
     lf->n = lf->fleet.n_stages;
-    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, so, sim, key_path, err, errlen);
+    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, so, sim, key_path, unix_sockets, err, errlen);
     return s;
 }
 

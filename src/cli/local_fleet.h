@@ -1,6 +1,7 @@
 /* local_fleet.h - `run --local-stages N`: split a model (or reuse its split from the cache,
  * $PIPESHARD_CACHE or ~/.cache/pipeshard/splits/<model fingerprint>-N), start N-1 workers
- * on loopback as child processes, and stop them afterwards. */
+ * as child processes (on loopback TCP, or on Unix sockets in the run's directory), and stop
+ * them afterwards. */
 #ifndef PS_CLI_LOCAL_FLEET_H
 #define PS_CLI_LOCAL_FLEET_H
 
@@ -15,15 +16,16 @@ typedef struct {
                                          shards when the cache is off) */
     int n;                            /* stages */
     pid_t pids[PS_SHARD_MAX_STAGES];  /* workers (index 0 unused) */
-    ps_fleet fleet;                   /* with the workers' loopback addresses */
+    ps_fleet fleet;                   /* with the workers' addresses */
     uint8_t key[32];                  /* the shared key every process of the fleet holds */
 } ps_local_fleet;
 
 /* Splits model into n_stages (bytes balanced; reusing the cached split of an unchanged
  * model) and starts the workers with the stage options so (threads, --pin, --mmap), the
- * link emulation sim, and key_file (NULL: a fresh random key). */
+ * link emulation sim, and key_file (NULL: a fresh random key), listening on loopback TCP or
+ * (unix_sockets) on Unix sockets. */
 ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
-                               const char *key_file, ps_local_fleet *lf, char *err, size_t errlen);
+                               const char *key_file, bool unix_sockets, ps_local_fleet *lf, char *err, size_t errlen);
 /* Stops the workers and removes the directory. Safe on a partly started fleet. */
 void ps_local_fleet_stop(ps_local_fleet *lf);
 

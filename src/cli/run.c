@@ -20,7 +20,7 @@ typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
     long long n_predict, threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
     ps_link_sim sim;
-    bool ignore_eos, chat, stats, print_ids, seeded, pin, mmap, plain;
+    bool ignore_eos, chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport;
     ps_act act;
     ps_sample_params sp;
 } run_opts;
@@ -34,6 +34,8 @@ static void run_usage(FILE *f) {
             "  --local-stages N        split -m MODEL into N stages and run stages 1..N-1 as local worker\n"
             "                          processes on loopback (default 1: no split); the split is cached in\n"
             "                          $PIPESHARD_CACHE or ~/.cache/pipeshard (PIPESHARD_CACHE=off: no cache)\n"
+            "  --local-transport T     how --local-stages connects its processes: tcp (loopback, default) or\n"
+            "                          unix (Unix sockets in a private directory: a shorter kernel path)\n"
             "  --prefill-chunk N       prompt positions per micro-batch travelling the ring (default: -b)\n"
             "  --key-file F            shared key the workers require (--local-stages: default a fresh one);\n"
             "                          with a key, frames after the handshake are sealed (encrypted and\n"
@@ -85,7 +87,7 @@ static void run_usage(FILE *f) {
 /* The option table: flags taking a value. */
 enum { O_MODEL, O_PROMPT, O_FILE, O_N, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_PRES, O_FREQ, O_SEED,
        O_THREADS, O_CTX, O_BATCH, O_TEMPLATE, O_SYSTEM, O_IDS, O_DUMP, O_ACT, O_FLEET, O_LOCAL, O_CHUNK, O_KEY,
-       O_LAT, O_BW, O_TIMEOUT };
+       O_LAT, O_BW, O_TIMEOUT, O_TRANSPORT };
 static const struct {
     const char *s, *l;
     int id;
@@ -99,6 +101,7 @@ static const struct {
     {NULL, "--activations", O_ACT}, {NULL, "--fleet", O_FLEET}, {NULL, "--local-stages", O_LOCAL},
     {NULL, "--prefill-chunk", O_CHUNK}, {NULL, "--key-file", O_KEY}, {NULL, "--sim-latency-ms", O_LAT},
     {NULL, "--sim-bandwidth-mbps", O_BW}, {NULL, "--stage-timeout-ms", O_TIMEOUT},
+    {NULL, "--local-transport", O_TRANSPORT},
 };
 
 /* Applies one valued flag; false after printing what is wrong. */
@@ -120,6 +123,7 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     case O_TIMEOUT: return ps_arg_int("run", flag, v, 1, 86400000, &o->timeout_ms);
     case O_LAT: return ps_arg_float("run", flag, v, 0, 1e5, &o->sim.latency_ms);
     case O_BW: return ps_arg_mbps("run", flag, v, &o->sim.bandwidth_mbps);
+    case O_TRANSPORT: o->local_transport = true; return ps_arg_transport("run", flag, v, &o->local_unix);
     case O_ACT:
         if (!ps_act_from_name(v, &o->act)) return true;
         fprintf(stderr, "pipeshard run: %s must be q8 or f32, got '%s'\n", flag, v);
@@ -172,6 +176,7 @@ static int run_parse(int argc, char **argv, run_opts *o) {
     const char *why = NULL;
     if (!o->model == !o->fleet) why = o->model ? "give -m MODEL or --fleet FLEET.json, not both" : "no model given (-m MODEL or --fleet FLEET.json)";
     else if (o->fleet && o->local_stages > 1) why = "--local-stages splits -m MODEL; --fleet runs a fleet already split";
+    else if (o->local_transport && o->local_stages < 2) why = "--local-transport applies to --local-stages N (N >= 2)";
     else if (o->dump_logits && (o->fleet || o->local_stages > 1))
         why = "--dump-logits needs the whole model in this process (logits never cross the network)";
     else if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids > 1) why = "give only one of -p, -f and --prompt-ids";
@@ -334,7 +339,8 @@ static ps_status start_fleet(run_state *st, uint8_t *key, bool *have_key) {
     if (o->local_stages > 1) {
         if (!(st->local = calloc(1, sizeof *st->local))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
         ps_stage_opts so = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap};
-        s = ps_local_fleet_start(o->model, (int)o->local_stages, &so, &o->sim, o->key_file, st->local, err, el);
+        s = ps_local_fleet_start(o->model, (int)o->local_stages, &so, &o->sim, o->key_file, o->local_unix, st->local, err,
+                                 el);
         if (s) return s;
         st->fleet = &st->local->fleet;
         memcpy(key, st->local->key, 32);

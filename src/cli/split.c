@@ -30,7 +30,7 @@ static void usage(FILE *f) {
             "  --layers SPEC           the layers of each stage instead of the default plan, as\n"
             "                          BEGIN:END ranges from 0 to the layer count, e.g. 0:8,8:16,16:30\n"
             "                          (with --stages, the two must agree)\n"
-            "  --workers LIST          HOST:PORT of stages 1..N-1, comma-separated (default\n"
+            "  --workers LIST          HOST:PORT (or unix:PATH) of stages 1..N-1, comma-separated (default\n"
             "                          127.0.0.1:7701, 127.0.0.1:7702, ...); stage 0 runs in the\n"
             "                          coordinator. Edit fleet.json to change them later.\n"
             "  -o, --output DIR        directory to write (created if absent; files there are replaced)\n"
@@ -101,30 +101,6 @@ static bool check_required(const opts *o) {
     return true;
 }
 
-/* True when s is HOST:PORT (HOST letters, digits, '-', '.', '_', or a bracketed IPv6
- * address; PORT 1..65535): the rule fleet.json's addresses follow. */
-static bool address_ok(const char *s, size_t len) {
-    const char *colon = NULL;
-    for (size_t i = 0; i < len; i++)
-        if (s[i] == ':') colon = s + i;
-    if (!colon || colon == s || len >= 256) return false;
-    bool v6 = s[0] == '[';
-    if (v6 && (colon - s < 3 || colon[-1] != ']')) return false;
-    for (const char *p = s + v6; p < colon - v6; p++)
-        if (!(v6 ? strchr("0123456789abcdefABCDEF:.", *p) != NULL
-                 : (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-                       *p == '-' || *p == '.' || *p == '_'))
-            return false;
-    long port = 0;
-    const char *p = colon + 1, *end = s + len;
-    if (p == end || *p == '0' || end - p > 5) return false;
-    for (; p < end; p++) {
-        if (*p < '0' || *p > '9') return false;
-        port = port * 10 + (*p - '0');
-    }
-    return port >= 1 && port <= 65535;
-}
-
 /* Splits --workers into n_stages - 1 addresses (pointers into buf, a copy of the list);
  * false after printing what is wrong. */
 static bool parse_workers(const char *list, int n_stages, char *buf, size_t cap, const char **addr) {
@@ -136,10 +112,11 @@ static bool parse_workers(const char *list, int n_stages, char *buf, size_t cap,
     for (char *p = buf;; n++) {
         char *comma = strchr(p, ',');
         size_t l = comma ? (size_t)(comma - p) : strlen(p);
-        if (!address_ok(p, l)) return fail(0, "--workers: '%.*s' is not HOST:PORT", (int)(l > 80 ? 80 : l), p), false;
+        if (comma) *comma = 0;
+        if (!ps_fleet_address_ok(p))
+            return fail(0, "--workers: '%.*s' is not HOST:PORT or unix:PATH", (int)(l > 80 ? 80 : l), p), false;
         if (n < n_stages - 1) addr[n] = p;
         if (!comma) break;
-        *comma = 0;
         p = comma + 1;
     }
     n++;

@@ -19,7 +19,8 @@ static void worker_usage(FILE *f) {
     fprintf(f,
             "usage: pipeshard worker --shard FILE --listen HOST:PORT [options]\n"
             "  --shard FILE              shard of stage 1 or later, written by `pipeshard split`\n"
-            "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr)\n"
+            "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr);\n"
+            "                            unix:PATH = a Unix socket, for a coordinator on this host\n"
             "  -t, --threads N           compute threads (default: all cores)\n"
             "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
             "  --mmap                    map the shard instead of reading it into huge pages (see pipeshard run --help)\n"
@@ -32,7 +33,8 @@ static void worker_usage(FILE *f) {
             "  --timeout-ms MS           handshakes and frame transfers time out after MS (default 30000)\n"
             "  --max-ctx N               most positions a session may ask for (default: the model's trained context)\n"
             "  --no-verify               skip recomputing the shard's fingerprint at start-up\n"
-            "  --ready-fd N              (for --local-stages) write the port to file descriptor N once listening\n");
+            "  --ready-fd N              (for --local-stages) write the port (or the unix: address) to file\n"
+            "                            descriptor N once listening\n");
 }
 
 int ps_cli_worker(int argc, char **argv) {

@@ -387,11 +387,19 @@ ps_status ps_shard_parse_layers(const char *spec, int n_layer, int n_stages, int
 // ---------------------------------------------------------------------------------------
 // Addresses and paths
 
-/* True when s is "HOST:PORT": HOST a name or IPv4 address (letters, digits, '-', '.', '_')
- * or a bracketed IPv6 address, PORT a decimal 1..65535. */
-static bool address_ok(const char *s) {
+/* The address rule of fleet.json and `split --workers`: "HOST:PORT", HOST a name or IPv4
+ * address (letters, digits, '-', '.', '_') or a bracketed IPv6 address, PORT a decimal
+ * 1..65535; or "unix:PATH", a Unix-domain socket for stages on one host (PATH printable,
+ * no spaces or commas, short enough for a socket address). */
+bool ps_fleet_address_ok(const char *s) {
     size_t len = strlen(s);
     if (!len || len >= sizeof(((ps_fleet_stage *)0)->address)) return false;
+    if (!strncmp(s, "unix:", 5)) {
+        if (len == 5 || len - 5 > PS_UNIX_PATH_MAX) return false;
+        for (const char *p = s + 5; *p; p++)
+            if (*p <= ' ' || *p > '~' || *p == ',') return false;
+        return true;
+    }
     const char *colon = strrchr(s, ':');
     if (!colon || colon == s || !colon[1]) return false;
     if (s[0] == '[') {
@@ -712,8 +720,8 @@ ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds
         return ps_errf(err, errlen, PS_ERR_RANGE, "stage count %d is out of range (1..%d)", n_stages,
                        PS_SHARD_MAX_STAGES);
     for (int k = 1; addresses && k < n_stages; k++)
-        if (!addresses[k - 1] || !address_ok(addresses[k - 1]))
-            return ps_errf(err, errlen, PS_ERR_ARG, "address '%s' of stage %d is not HOST:PORT",
+        if (!addresses[k - 1] || !ps_fleet_address_ok(addresses[k - 1]))
+            return ps_errf(err, errlen, PS_ERR_ARG, "address '%s' of stage %d is not HOST:PORT or unix:PATH",
                            addresses[k - 1] ? addresses[k - 1] : "(null)", k);
     split_ctx sc = {.n_stages = n_stages, .bounds = bounds, .progress = progress, .progress_ctx = progress_ctx};
     ps_gguf *g = NULL;
@@ -850,8 +858,9 @@ static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n_l
     if (k == 0 && strcmp(addr, "local"))
         return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages[0].address must be \"local\" (stage 0 runs in the "
                        "coordinator), not \"%.64s\"", r->path, addr);
-    if (k > 0 && !address_ok(addr))
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %saddress \"%.64s\" is not HOST:PORT", r->path, where, addr);
+    if (k > 0 && !ps_fleet_address_ok(addr))
+        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %saddress \"%.64s\" is not HOST:PORT or unix:PATH", r->path,
+                       where, addr);
     snprintf(st->address, sizeof st->address, "%s", addr);
     return PS_OK;
 }

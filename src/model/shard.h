@@ -75,7 +75,7 @@ ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds
 typedef struct {
     int index;
     char shard[4096];      /* path of the shard file */
-    char address[256];     /* "local" for stage 0, else "HOST:PORT" */
+    char address[256];     /* "local" for stage 0, else "HOST:PORT" or "unix:PATH" */
     int layer_begin, layer_end;
     char fingerprint[33];
     uint64_t bytes;
@@ -92,6 +92,11 @@ typedef struct {
  * contiguous from 0 to n_layer, addresses parse, stage 0 "local"). Errors name the file
  * and the field. *out is caller-allocated. */
 ps_status ps_fleet_load(const char *path, ps_fleet *out, char *err, size_t errlen);
+/* Longest PATH of a "unix:PATH" address (a socket address holds 108 bytes with its NUL). */
+#define PS_UNIX_PATH_MAX 107
+/* Whether s is a stage's address as fleet.json and `split --workers` take it: "HOST:PORT"
+ * (a name, an IPv4 address or a bracketed IPv6 one; port 1..65535) or "unix:PATH". */
+bool ps_fleet_address_ok(const char *s);
 
 /* The shard metadata of an open GGUF (present = false when it has no pipeshard.* keys,
  * i.e. it is a whole model). Errors when the keys are present but malformed. */

@@ -13,10 +13,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -71,6 +74,12 @@ static void format_hostport(char *out, size_t cap, const char *host, int port) {
 /* Numeric "HOST:PORT" of a socket address. */
 static void format_sockaddr(char *out, size_t cap, const struct sockaddr *sa, socklen_t salen) {
     char host[NI_MAXHOST], serv[NI_MAXSERV];
+    if (sa->sa_family == AF_UNIX) {
+        const struct sockaddr_un *su = (const struct sockaddr_un *)sa;
+        size_t off = offsetof(struct sockaddr_un, sun_path), n = salen > off ? strnlen(su->sun_path, salen - off) : 0;
+        snprintf(out, cap, "unix:%.*s", (int)n, su->sun_path);
+        return;
+    }
     if (getnameinfo(sa, salen, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
         snprintf(out, cap, "(unknown address)");
         return;
@@ -306,19 +315,22 @@ static ps_status resolve(const char *host, int port, bool passive, struct addrin
 /* ---------------------------------------------------------------------------------------------
  * Connections */
 
-/* A ps_conn around a connected socket (made non-blocking here, TCP_NODELAY set, and TCP
+/* A ps_conn around a connected socket (made non-blocking here; on TCP, TCP_NODELAY set and
  * keepalive probes after 10 s of silence, so that a peer whose host vanished without a word
- * is noticed within about 25 s even by a side that only waits). Takes ownership of fd,
- * also on failure. */
+ * is noticed within about 25 s even by a side that only waits; a Unix socket's peer is on
+ * this host, and its end is seen at once). Takes ownership of fd, also on failure. */
 static ps_status conn_new(int fd, const char *peer, ps_conn **out, char *err, size_t errlen) {
     int one = 1, idle = 10, intvl = 5, cnt = 3;
     int fl = fcntl(fd, F_GETFL);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    bool tcp = getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family != AF_UNIX;
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) < 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) < 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) < 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) < 0) {
+        (tcp && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) ||
+        (tcp && (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) < 0 ||
+                 setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) < 0 ||
+                 setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) < 0 ||
+                 setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) < 0))) {
         char eb[128];
         ps_status s = ps_errf(err, errlen, PS_ERR_NET, "cannot set up the connection to %s: %s", peer,
                               net_errno_str(errno, eb, sizeof eb));
@@ -355,6 +367,58 @@ const char *ps_conn_peer(const ps_conn *c) { return c->peer; }
 bool ps_conn_sealed(const ps_conn *c) { return c->seal != NULL; }
 void ps_conn_set_max_payload(ps_conn *c, uint32_t max) { c->max_payload = max; }
 
+/* "unix:PATH": a Unix-domain stream socket, for stages on one host (a shorter path through
+ * the kernel than loopback TCP, and reachable only as the file's permissions allow). */
+static bool is_unix(const char *addr) { return !strncmp(addr, "unix:", 5); }
+
+/* The socket address of "unix:PATH". */
+static ps_status unix_addr(const char *addr, struct sockaddr_un *su, socklen_t *len, char *err, size_t errlen) {
+    const char *path = addr + 5;
+    size_t n = strlen(path);
+    if (n == 0) return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%s\": no socket path after unix:", addr);
+    if (n >= sizeof su->sun_path)
+        return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%.80s...\": a socket path holds at most %zu bytes", addr,
+                       sizeof su->sun_path - 1);
+    memset(su, 0, sizeof *su);
+    su->sun_family = AF_UNIX;
+    memcpy(su->sun_path, path, n);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+    return PS_OK;
+}
+
+/* Binds and listens on a Unix socket. A socket file nobody listens on any more (left by a
+ * process that died) is replaced; a live one, or a file that is not a socket, is an error. */
+static ps_status unix_listen(const char *addr, int *fd_out, char *err, size_t errlen) {
+    struct sockaddr_un su;
+    socklen_t sl = 0;
+    char eb[128];
+    ps_status s = unix_addr(addr, &su, &sl, err, errlen);
+    if (s) return s;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, net_errno_str(errno, eb, sizeof eb));
+    int r = bind(fd, (struct sockaddr *)&su, sl);
+    struct stat st;
+    if (r < 0 && errno == EADDRINUSE && lstat(su.sun_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool live = probe >= 0 && (connect(probe, (struct sockaddr *)&su, sl) == 0 || errno != ECONNREFUSED);
+        if (probe >= 0) close(probe);
+        if (live) {
+            close(fd);
+            return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: another process listens there", addr);
+        }
+        r = unlink(su.sun_path) == 0 ? bind(fd, (struct sockaddr *)&su, sl) : -1;
+    } else if (r < 0 && errno == EADDRINUSE) {
+        errno = EEXIST; /* a file that is not a socket: never removed */
+    }
+    if (r < 0 || listen(fd, 64) < 0) {
+        int e = errno;
+        close(fd);
+        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, net_errno_str(e, eb, sizeof eb));
+    }
+    *fd_out = fd;
+    return PS_OK;
+}
+
 /* The listening socket is non-blocking, so that ps_net_accept never blocks in accept4
  * when a connection vanished between poll and accept. */
 ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err,
@@ -362,6 +426,11 @@ ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t b
     char host[256], eb[128];
     int port;
     struct addrinfo *res;
+    if (is_unix(hostport)) {
+        ps_status s = unix_listen(hostport, fd_out, err, errlen);
+        if (!s && bound && boundcap) snprintf(bound, boundcap, "%s", hostport);
+        return s;
+    }
     ps_status s = ps_net_parse_addr(hostport, host, sizeof host, &port, err, errlen);
     if (s == PS_OK) s = resolve(host, port, true, &res, err, errlen);
     if (s != PS_OK) return s;
@@ -418,6 +487,8 @@ ps_status ps_net_accept(int listen_fd, int timeout_ms, ps_conn **out, char *err,
             return ps_errf(err, errlen, PS_ERR_NET, "accept: %s", net_errno_str(errno, eb, sizeof eb));
         }
         char peer[NET_PEER_MAX];
+        if (ss.ss_family == AF_UNIX && (sl = sizeof ss, getsockname(fd, (struct sockaddr *)&ss, &sl) != 0))
+            sl = 0; /* a client's end has no name: say where it came in */
         format_sockaddr(peer, sizeof peer, (struct sockaddr *)&ss, sl);
         return conn_new(fd, peer, out, err, errlen);
     }
@@ -463,6 +534,18 @@ ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char 
     int port;
     struct addrinfo *res;
     int64_t deadline = net_deadline(timeout_ms);
+    if (is_unix(hostport)) {
+        struct sockaddr_un su;
+        struct addrinfo ai = {.ai_family = AF_UNIX, .ai_socktype = SOCK_STREAM, .ai_addr = (struct sockaddr *)&su};
+        ps_status s = unix_addr(hostport, &su, &ai.ai_addrlen, err, errlen);
+        if (s) return s;
+        int last, fd = connect_one(&ai, deadline, &last);
+        if (fd < 0 && last == ETIMEDOUT)
+            return ps_errf(err, errlen, PS_ERR_TIMEOUT, "cannot connect to %s: timed out after %d ms", hostport, timeout_ms);
+        if (fd < 0)
+            return ps_errf(err, errlen, PS_ERR_NET, "cannot connect to %s: %s", hostport, net_errno_str(last, eb, sizeof eb));
+        return conn_new(fd, hostport, out, err, errlen);
+    }
     ps_status s = ps_net_parse_addr(hostport, host, sizeof host, &port, err, errlen);
     if (s == PS_OK) s = resolve(host, port, false, &res, err, errlen);
     if (s != PS_OK) return s;

@@ -103,15 +103,18 @@ typedef struct ps_conn ps_conn;
 /* Parses "HOST:PORT" ("[v6]:PORT" too); PORT 0..65535. Clear error on anything else. */
 ps_status ps_net_parse_addr(const char *hostport, char *host, size_t hostcap, int *port, char *err, size_t errlen);
 
-/* A listening TCP socket on HOST:PORT (SO_REUSEADDR; PORT 0 picks a free port). *fd_out is
- * owned by the caller (close it). bound receives the actual "HOST:PORT". */
+/* A listening TCP socket on HOST:PORT (SO_REUSEADDR; PORT 0 picks a free port), or a Unix
+ * socket on "unix:PATH" (a stale socket file at PATH, left by a process that died, is
+ * replaced; the caller removes the file when done). *fd_out is owned by the caller (close
+ * it). bound receives the actual "HOST:PORT" (or "unix:PATH"). */
 ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err,
                         size_t errlen);
 /* Accepts one connection on a listening socket, waiting at most timeout_ms (-1 = forever).
  * PS_ERR_TIMEOUT when none came. *out is owned by the caller (ps_conn_free). */
 ps_status ps_net_accept(int listen_fd, int timeout_ms, ps_conn **out, char *err, size_t errlen);
-/* Connects to HOST:PORT within timeout_ms. Errors name the address ("cannot connect to
- * 10.0.0.2:7701: connection refused"). TCP_NODELAY is set on every connection. */
+/* Connects to HOST:PORT (or "unix:PATH") within timeout_ms. Errors name the address
+ * ("cannot connect to 10.0.0.2:7701: connection refused"). TCP_NODELAY is set on every TCP
+ * connection. */
 ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char *err, size_t errlen);
 /* Stops the sender thread (if any, without waiting for queued frames), closes, frees.
  * NULL is a no-op. */
