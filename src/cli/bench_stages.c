@@ -38,7 +38,8 @@ static ps_status config_start(config *c, const bench_opts *o, char *err, size_t 
     if (c->stages > 1) {
         ps_link_sim none = {0};
         ps_stage_opts so = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap};
-        ps_status s = ps_local_fleet_start(o->model, c->stages, &so, &none, NULL, o->unix_sockets, &c->fleet, err, errlen);
+        ps_status s =
+            ps_local_fleet_start(o->model, c->stages, &so, &none, NULL, o->unix_sockets, &c->fleet, err, errlen);
         c->fleet_started = true;
         if (s) return s;
         co.model = NULL;

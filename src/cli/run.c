@@ -339,8 +339,8 @@ static ps_status start_fleet(run_state *st, uint8_t *key, bool *have_key) {
     if (o->local_stages > 1) {
         if (!(st->local = calloc(1, sizeof *st->local))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
         ps_stage_opts so = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap};
-        s = ps_local_fleet_start(o->model, (int)o->local_stages, &so, &o->sim, o->key_file, o->local_unix, st->local, err,
-                                 el);
+        s = ps_local_fleet_start(o->model, (int)o->local_stages, &so, &o->sim, o->key_file, o->local_unix, st->local,
+                                 err, el);
         if (s) return s;
         st->fleet = &st->local->fleet;
         memcpy(key, st->local->key, 32);

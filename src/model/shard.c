@@ -859,8 +859,8 @@ static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n_l
         return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages[0].address must be \"local\" (stage 0 runs in the "
                        "coordinator), not \"%.64s\"", r->path, addr);
     if (k > 0 && !ps_fleet_address_ok(addr))
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %saddress \"%.64s\" is not HOST:PORT or unix:PATH", r->path,
-                       where, addr);
+        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %saddress \"%.64s\" is not HOST:PORT or unix:PATH",
+                       r->path, where, addr);
     snprintf(st->address, sizeof st->address, "%s", addr);
     return PS_OK;
 }

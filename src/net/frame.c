@@ -326,8 +326,8 @@ static ps_status conn_new(int fd, const char *peer, ps_conn **out, char *err, si
     socklen_t sl = sizeof ss;
     bool tcp = getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family != AF_UNIX;
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
-        (tcp && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) ||
-        (tcp && (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) < 0 ||
+        (tcp && (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 ||
+                 setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) < 0 ||
                  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) < 0 ||
                  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) < 0 ||
                  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) < 0))) {
@@ -395,7 +395,8 @@ static ps_status unix_listen(const char *addr, int *fd_out, char *err, size_t er
     ps_status s = unix_addr(addr, &su, &sl, err, errlen);
     if (s) return s;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, net_errno_str(errno, eb, sizeof eb));
+    if (fd < 0)
+        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, net_errno_str(errno, eb, sizeof eb));
     int r = bind(fd, (struct sockaddr *)&su, sl);
     struct stat st;
     if (r < 0 && errno == EADDRINUSE && lstat(su.sun_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
@@ -526,36 +527,32 @@ fail:
     return -1;
 }
 
-/* Tries every address of the host in turn (IPv4 and IPv6) until one connects; the
- * deadline covers them all (name resolution itself is not bounded: use numeric
- * addresses where that matters). */
+/* Connects to the Unix socket of "unix:PATH" (peer = the address), or tries every address
+ * of the host in turn (IPv4 and IPv6) until one connects; the deadline covers them all (name
+ * resolution itself is not bounded: use numeric addresses where that matters). */
 ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char *err, size_t errlen) {
     char host[256], peer[NET_PEER_MAX], eb[128];
-    int port;
-    struct addrinfo *res;
+    int port, fd = -1, last = ECONNREFUSED;
     int64_t deadline = net_deadline(timeout_ms);
     if (is_unix(hostport)) {
         struct sockaddr_un su;
         struct addrinfo ai = {.ai_family = AF_UNIX, .ai_socktype = SOCK_STREAM, .ai_addr = (struct sockaddr *)&su};
         ps_status s = unix_addr(hostport, &su, &ai.ai_addrlen, err, errlen);
         if (s) return s;
-        int last, fd = connect_one(&ai, deadline, &last);
-        if (fd < 0 && last == ETIMEDOUT)
-            return ps_errf(err, errlen, PS_ERR_TIMEOUT, "cannot connect to %s: timed out after %d ms", hostport, timeout_ms);
-        if (fd < 0)
-            return ps_errf(err, errlen, PS_ERR_NET, "cannot connect to %s: %s", hostport, net_errno_str(last, eb, sizeof eb));
-        return conn_new(fd, hostport, out, err, errlen);
+        snprintf(peer, sizeof peer, "%s", hostport);
+        fd = connect_one(&ai, deadline, &last);
+    } else {
+        struct addrinfo *res;
+        ps_status s = ps_net_parse_addr(hostport, host, sizeof host, &port, err, errlen);
+        if (s == PS_OK) s = resolve(host, port, false, &res, err, errlen);
+        if (s != PS_OK) return s;
+        format_hostport(peer, sizeof peer, host, port);
+        for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+            fd = connect_one(ai, deadline, &last);
+            if (fd < 0 && last == ETIMEDOUT) break;
+        }
+        freeaddrinfo(res);
     }
-    ps_status s = ps_net_parse_addr(hostport, host, sizeof host, &port, err, errlen);
-    if (s == PS_OK) s = resolve(host, port, false, &res, err, errlen);
-    if (s != PS_OK) return s;
-    format_hostport(peer, sizeof peer, host, port);
-    int fd = -1, last = ECONNREFUSED;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = connect_one(ai, deadline, &last);
-        if (fd < 0 && last == ETIMEDOUT) break;
-    }
-    freeaddrinfo(res);
     if (fd < 0 && last == ETIMEDOUT)
         return ps_errf(err, errlen, PS_ERR_TIMEOUT, "cannot connect to %s: timed out after %d ms", peer, timeout_ms);
     if (fd < 0)
