@@ -85,6 +85,18 @@ static int thread_ids(int *out, int cap) {
     return n;
 }
 
+/* The ids (sorted) of this process's threads that are not among the nb in before: those a
+ * pool started since before was taken. Returns how many. */
+static int new_thread_ids(const int *before, int nb, int *out, int cap) {
+    int all[64], na = thread_ids(all, 64), n = 0;
+    for (int i = 0; i < na && n < cap; i++) {
+        bool old = false;
+        for (int j = 0; j < nb; j++) old |= all[i] == before[j];
+        if (!old) out[n++] = all[i];
+    }
+    return n;
+}
+
 /* Whether thread tid (0: the calling thread) may run on cpu alone. */
 static bool on_cpu(int tid, int cpu) {
     cpu_set_t got, want;
@@ -136,15 +148,10 @@ static int ms_until_asleep(const int *tids, int n, int limit_ms) {
  * few ms, then sleep; unpinned, they sleep at once; jobs run every part once whatever
  * state the workers are in. Pins the test's thread (runs before test_pool_pin). */
 static void test_pool_park(void) {
-    int before[64], tids[64], nb = thread_ids(before, 64), n = 0, all[64];
+    int before[64], tids[64], nb = thread_ids(before, 64);
     ps_pool *pool = NULL;
     PS_CHECK_OK(ps_pool_create(3, &pool));
-    int na = thread_ids(all, 64);
-    for (int i = 0; i < na; i++) { /* the pool's threads */
-        bool old = false;
-        for (int j = 0; j < nb; j++) old |= all[i] == before[j];
-        if (!old) tids[n++] = all[i];
-    }
+    int n = new_thread_ids(before, nb, tids, 64); /* the pool's threads */
     PS_CHECK_EQ_INT(n, 2);
     pool_probe p = {.nth_expect = 3};
     int waited = 1000;
@@ -184,19 +191,13 @@ static void test_pool_pin(void) {
         if (CPU_ISSET(c, &orig)) cpus[m++] = c;
     char err[256];
     for (int round = 0; round < 2; round++) { /* round 1: the caller is pinned already */
-        int before[64], after[64], nb = thread_ids(before, 64), k = 0;
+        int before[64], tids[64], nb = thread_ids(before, 64);
         ps_pool *pool = NULL;
         PS_CHECK_OK(ps_pool_create(4, &pool));
         PS_CHECK_OK(ps_pool_pin(pool, err, sizeof err));
-        int na = thread_ids(after, 64);
+        int k = new_thread_ids(before, nb, tids, 64); /* the pool's threads, in the order started */
         PS_CHECK(on_cpu(0, cpus[0]));
-        for (int i = 0; i < na; i++) { /* the pool's threads: those not there before */
-            bool old = false;
-            for (int j = 0; j < nb; j++) old |= after[i] == before[j];
-            if (old) continue;
-            k++;
-            PS_CHECK(on_cpu(after[i], cpus[k % m]));
-        }
+        for (int i = 0; i < k; i++) PS_CHECK(on_cpu(tids[i], cpus[(i + 1) % m]));
         PS_CHECK_EQ_INT(k, 3);
         ps_pool_free(pool);
     }

@@ -52,7 +52,7 @@ static int read_port(int fd) {
         if (memchr(buf, '\n', n)) break;
     }
     buf[n] = 0;
-    if (!strncmp(buf, "unix:", 5)) return 0;
+    if (ps_net_is_unix(buf)) return 0;
     int port = atoi(buf);
     return port > 0 && port < 65536 ? port : -1;
 }

@@ -367,9 +367,7 @@ const char *ps_conn_peer(const ps_conn *c) { return c->peer; }
 bool ps_conn_sealed(const ps_conn *c) { return c->seal != NULL; }
 void ps_conn_set_max_payload(ps_conn *c, uint32_t max) { c->max_payload = max; }
 
-/* "unix:PATH": a Unix-domain stream socket, for stages on one host (a shorter path through
- * the kernel than loopback TCP, and reachable only as the file's permissions allow). */
-static bool is_unix(const char *addr) { return !strncmp(addr, "unix:", 5); }
+bool ps_net_is_unix(const char *addr) { return !strncmp(addr, "unix:", 5); }
 
 /* The socket address of "unix:PATH". */
 static ps_status unix_addr(const char *addr, struct sockaddr_un *su, socklen_t *len, char *err, size_t errlen) {
@@ -427,7 +425,7 @@ ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t b
     char host[256], eb[128];
     int port;
     struct addrinfo *res;
-    if (is_unix(hostport)) {
+    if (ps_net_is_unix(hostport)) {
         ps_status s = unix_listen(hostport, fd_out, err, errlen);
         if (!s && bound && boundcap) snprintf(bound, boundcap, "%s", hostport);
         return s;
@@ -534,7 +532,7 @@ ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char 
     char host[256], peer[NET_PEER_MAX], eb[128];
     int port, fd = -1, last = ECONNREFUSED;
     int64_t deadline = net_deadline(timeout_ms);
-    if (is_unix(hostport)) {
+    if (ps_net_is_unix(hostport)) {
         struct sockaddr_un su;
         struct addrinfo ai = {.ai_family = AF_UNIX, .ai_socktype = SOCK_STREAM, .ai_addr = (struct sockaddr *)&su};
         ps_status s = unix_addr(hostport, &su, &ai.ai_addrlen, err, errlen);

@@ -103,6 +103,10 @@ typedef struct ps_conn ps_conn;
 /* Parses "HOST:PORT" ("[v6]:PORT" too); PORT 0..65535. Clear error on anything else. */
 ps_status ps_net_parse_addr(const char *hostport, char *host, size_t hostcap, int *port, char *err, size_t errlen);
 
+/* Whether addr is "unix:PATH": a Unix-domain stream socket, for stages on one host (a
+ * shorter path through the kernel than loopback TCP, reachable only as the file's
+ * permissions allow). */
+bool ps_net_is_unix(const char *addr);
 /* A listening TCP socket on HOST:PORT (SO_REUSEADDR; PORT 0 picks a free port), or a Unix
  * socket on "unix:PATH" (a stale socket file at PATH, left by a process that died, is
  * replaced; the caller removes the file when done). *fd_out is owned by the caller (close

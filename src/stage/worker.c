@@ -522,7 +522,7 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         o->key ? " (shared key required)" : "");
     if (o->ready_fd >= 0) {
         const char *colon = strrchr(bound, ':');
-        dprintf(o->ready_fd, "%s\n", strncmp(bound, "unix:", 5) && colon ? colon + 1 : bound);
+        dprintf(o->ready_fd, "%s\n", !ps_net_is_unix(bound) && colon ? colon + 1 : bound);
         close(o->ready_fd);
     }
     while (!*o->stop) {
@@ -552,7 +552,7 @@ out:
     stop_handshakes(&w);
     if (w.ctrl) end_session(&w, 0, NULL);
     if (w.lfd >= 0) close(w.lfd);
-    if (w.lfd >= 0 && !strncmp(o->listen, "unix:", 5)) unlink(o->listen + 5); /* our socket file */
+    if (w.lfd >= 0 && ps_net_is_unix(o->listen)) unlink(o->listen + 5); /* our socket file */
     for (int i = 0; i < 2; i++)
         if (w.hs_pipe[i] >= 0) close(w.hs_pipe[i]);
     ps_wbuf_free(&w.wb);

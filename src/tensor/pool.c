@@ -114,9 +114,10 @@ static unsigned yield_while_parked(ps_pool *p, unsigned seen) {
 }
 
 /* Returns the generation after `seen`: spins for SPIN_NS (parked: not at all; parked and
- * pinned: yields for PARK_YIELD_NS instead), then sleeps. The sleepers count is raised (seq_cst) before the
- * futex re-checks gen, and the caller bumps gen (seq_cst) before it reads sleepers, so
- * one of them always sees the other; a yielding worker is no sleeper: it sees gen move. */
+ * pinned: yields for PARK_YIELD_NS instead), then sleeps. The sleepers count is raised
+ * (seq_cst) before the futex re-checks gen, and the caller bumps gen (seq_cst) before it
+ * reads sleepers, so one of them always sees the other; a yielding worker is no sleeper:
+ * it sees gen move. */
 static unsigned next_gen(ps_pool *p, unsigned seen) {
     for (;;) {
         long long t0 = now_ns();
