@@ -39,6 +39,10 @@ void ps_pool_run(ps_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx)
  * first yield their cores for a few ms, so that the next ps_pool_run finds them awake
  * without having to wake them. The next ps_pool_run, or ps_pool_wake, ends it. */
 void ps_pool_park(ps_pool *p);
+/* How long parked workers yield their cores before they sleep, in ns: 0 (sleep at once)
+ * until ps_pool_pin sets 8 ms. Tests lengthen it, so that a loaded host that delays their
+ * look cannot outlast it. */
+void ps_pool_set_park_yield(ps_pool *p, long long ns);
 /* Undoes ps_pool_park ahead of time: sleeping workers wake and spin, so that the next
  * ps_pool_run does not wait for them to be scheduled (call it when input arrives, before
  * decoding it). */

@@ -61,7 +61,7 @@ struct ps_pool {
     atomic_int sleepers;          /* workers asleep or about to sleep on gen */
     atomic_bool stop;
     atomic_bool parked;           /* ps_pool_park: idle workers stop spinning */
-    bool pinned;                  /* ps_pool_pin: parked workers yield their own cores before they sleep */
+    atomic_llong park_yield_ns;   /* how long parked workers yield before they sleep: 0 unless pinned */
     void (*fn)(void *ctx, int ith, int nth);
     void *ctx;
 #ifndef __linux__
@@ -101,20 +101,20 @@ static void gen_wake(ps_pool *p) {
 }
 
 /* Yields the core until gen moves past `seen` (returns it), or the pool is unparked, or
- * PARK_YIELD_NS pass (returns seen). */
-static unsigned yield_while_parked(ps_pool *p, unsigned seen) {
+ * park_yield_ns pass (returns seen). */
+static unsigned yield_while_parked(ps_pool *p, unsigned seen, long long park_yield_ns) {
     long long t0 = now_ns();
     for (int i = 0; atomic_load_explicit(&p->parked, memory_order_relaxed); i++) {
         unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen) return g;
-        if ((i & 15) == 15 && now_ns() - t0 > PARK_YIELD_NS) break;
+        if ((i & 15) == 15 && now_ns() - t0 > park_yield_ns) break;
         sched_yield();
     }
     return seen;
 }
 
 /* Returns the generation after `seen`: spins for SPIN_NS (parked: not at all; parked and
- * pinned: yields for PARK_YIELD_NS instead), then sleeps. The sleepers count is raised
+ * pinned: yields for park_yield_ns instead), then sleeps. The sleepers count is raised
  * (seq_cst) before the futex re-checks gen, and the caller bumps gen (seq_cst) before it
  * reads sleepers, so one of them always sees the other; a yielding worker is no sleeper:
  * it sees gen move. */
@@ -129,8 +129,9 @@ static unsigned next_gen(ps_pool *p, unsigned seen) {
             if (now_ns() - t0 > SPIN_NS || atomic_load_explicit(&p->parked, memory_order_relaxed)) break;
             if ((i & 4095) == 4095) sched_yield(); /* let a descheduled peer run */
         }
-        if (p->pinned && atomic_load_explicit(&p->parked, memory_order_relaxed)) {
-            unsigned g = yield_while_parked(p, seen);
+        long long park_yield_ns = atomic_load_explicit(&p->park_yield_ns, memory_order_relaxed);
+        if (park_yield_ns > 0 && atomic_load_explicit(&p->parked, memory_order_relaxed)) {
+            unsigned g = yield_while_parked(p, seen, park_yield_ns);
             if (g != seen) return g;
             if (!atomic_load_explicit(&p->parked, memory_order_relaxed)) continue; /* ps_pool_wake: spin */
         }
@@ -241,12 +242,16 @@ ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen) {
                        : pthread_setaffinity_np(p->workers[i - 1].thread, sizeof one, &one);
         if (e) return ps_errf(err, errlen, PS_ERR_IO, "cannot pin thread %d to CPU %d: %s", i, cpus[i % m], strerror(e));
     }
-    p->pinned = true;
+    ps_pool_set_park_yield(p, PARK_YIELD_NS);
     return PS_OK;
 #else
     (void)p;
     return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "pinning threads to CPUs is supported on Linux only");
 #endif
+}
+
+void ps_pool_set_park_yield(ps_pool *p, long long ns) {
+    if (p) atomic_store_explicit(&p->park_yield_ns, ns > 0 ? ns : 0, memory_order_relaxed);
 }
 
 void ps_pool_park(ps_pool *p) {
