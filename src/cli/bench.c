@@ -14,7 +14,6 @@
 #include "bench.h"
 #include "cli.h"
 
-
 static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS]\n"
@@ -32,10 +31,10 @@ static void bench_usage(FILE *f) {
             "              before each repetition, best of 3 reads of 512 MiB with the same threads)\n"
             "  --json      one JSON object instead of a table\n"
             "  --stages LIST  decode of the model split into each of these stage counts (2..%d; a\n"
-            "              local fleet on loopback, THREADS per stage) against the unsplit model, in\n"
-            "              one run: after the same -p prompt they decode -n tokens in turns of\n"
-            "              --segment tokens, the order rotating; greedy, and every split must give\n"
-            "              the unsplit model's tokens. Ratio = split decode tok/s / unsplit's\n"
+            "              local fleet, THREADS per stage) against the unsplit model, in one run:\n"
+            "              after the same -p prompt they decode -n tokens in turns of --segment\n"
+            "              tokens, the order rotating; greedy, and every split must give the\n"
+            "              unsplit model's tokens. Ratio = split decode tok/s / unsplit's\n"
             "  --segment N decode tokens per turn with --stages (default 8)\n"
             "  --local-transport tcp|unix  the local fleets' connections with --stages (default tcp:\n"
             "              loopback; see pipeshard run --help)\n",

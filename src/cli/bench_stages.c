@@ -1,5 +1,5 @@
 /* bench_stages.c - `pipeshard bench --stages 2,3`: decode speed of the model split into
- * each of those stage counts (a local fleet on loopback, as `run --local-stages`), against
+ * each of those stage counts (a local fleet, as `run --local-stages`), against
  * the unsplit model, measured side by side in one process.
  *
  * Every configuration holds its own coordinator (and workers) for the whole run. After each
@@ -83,6 +83,10 @@ static ps_status warm_up(config *cs, int nc, const bench_opts *o, char *err, siz
     return PS_OK;
 }
 
+/* Turns of decode per repetition: o->n_gen tokens in turns of o->segment (the last may be
+ * shorter). */
+static int rounds_per_rep(const bench_opts *o) { return (int)((o->n_gen - 1 + o->segment) / o->segment); }
+
 /* One repetition: every configuration prefills the prompt, then they decode o->n_gen tokens
  * in turns. Fails when a configuration's token differs from the unsplit model's. */
 static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, char *err, size_t errlen) {
@@ -95,7 +99,7 @@ static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, cha
         c->t_prefill += ps_now() - t0;
         ps_coord_reset_stats(c->coord);
     }
-    int rounds = (int)((o->n_gen - 1 + o->segment) / o->segment);
+    int rounds = rounds_per_rep(o);
     for (int r = 0; r < rounds; r++) {
         int from = p + (int)(r * o->segment), to = from + (int)o->segment;
         if (to > p + o->n_gen) to = p + (int)o->n_gen;
@@ -177,7 +181,7 @@ static void report(const bench_opts *o, config *cs, int nc, int n_rounds, double
 int ps_bench_stages(const bench_opts *o) {
     char err[1024] = "";
     int nc = o->n_split + 1;
-    int rounds = (int)((o->n_gen - 1 + o->segment) / o->segment), n_rounds = rounds * (int)o->reps;
+    int n_rounds = rounds_per_rep(o) * (int)o->reps;
     config *cs = calloc((size_t)nc, sizeof *cs);
     double *rr = malloc((size_t)n_rounds * sizeof *rr);
     ps_status s = cs && rr ? PS_OK : PS_ERR_NOMEM;

@@ -80,9 +80,9 @@ ps_status ps_gguf_open(const char *path, ps_gguf **out, char *err, size_t errlen
  * PS_GGUF_HUGE reads it into anonymous memory backed by 2 MiB pages where the system allows
  * them (transparent huge pages enabled: always or madvise; else, when the copy would take
  * more than 7/8 of the memory available or cannot be had, or when the file does not start
- * like a GGUF file, it maps): slower to open and
- * not shared, but a pass over the weights then misses the TLB far less (in a virtual
- * machine, whose page walks are nested, decode ran 25-30 % faster). */
+ * like a GGUF file, it maps): slower to open and not shared, but a pass over the weights
+ * then misses the TLB far less (in a virtual machine, whose page walks are nested, decode
+ * ran 25-30 % faster). */
 typedef enum { PS_GGUF_MAP, PS_GGUF_HUGE } ps_gguf_load;
 ps_status ps_gguf_open_with(const char *path, ps_gguf_load how, ps_gguf **out, char *err, size_t errlen);
 /* Same over a caller's buffer, which must outlive the returned reader (used by tests/fuzzers). */

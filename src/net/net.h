@@ -124,7 +124,7 @@ ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char 
  * NULL is a no-op. */
 void ps_conn_free(ps_conn *c);
 int ps_conn_fd(const ps_conn *c);
-const char *ps_conn_peer(const ps_conn *c); /* "HOST:PORT" of the other end */
+const char *ps_conn_peer(const ps_conn *c); /* "HOST:PORT" (or "unix:PATH") of the other end */
 bool ps_conn_sealed(const ps_conn *c);       /* whether its frames are sealed (after a keyed handshake) */
 
 /* Largest payload ps_conn_recv accepts (default 64 KiB, until the handshake is done; a

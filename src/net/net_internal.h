@@ -26,9 +26,9 @@ typedef struct net_sender net_sender; /* link.c */
 
 /* Sealed frames (auth.c): after a handshake with a shared key, every payload travels
  * encrypted and authenticated (ChaCha20-Poly1305, IETF) under a key per direction derived
- * from the shared key, both handshake nonces and its transcript; the nonce is the frame's number in its
- * direction (never sent), and the first 16 header bytes (magic .. len) are authenticated
- * too. A frame forged, altered, replayed, dropped or reordered fails to open. */
+ * from the shared key, both handshake nonces and its transcript; the nonce is the frame's
+ * number in its direction (never sent), and the first 16 header bytes (magic .. len) are
+ * authenticated too. A frame forged, altered, replayed, dropped or reordered fails to open. */
 #define NET_TAG_BYTES 16
 typedef struct {
     uint8_t tx[32], rx[32]; /* keys of our frames and of the peer's */
@@ -36,8 +36,8 @@ typedef struct {
 } net_seal;
 
 struct ps_conn {
-    int fd;                  /* connected TCP socket, O_NONBLOCK, owned */
-    char peer[NET_PEER_MAX]; /* "HOST:PORT" of the other end, for messages */
+    int fd;                  /* connected TCP or Unix socket, O_NONBLOCK, owned */
+    char peer[NET_PEER_MAX]; /* "HOST:PORT" (or "unix:PATH") of the other end, for messages */
     uint32_t max_payload;    /* largest payload recv accepts */
     uint8_t *rbuf;           /* (rcap) receive buffer, grown to the largest payload seen */
     size_t rcap;

@@ -551,8 +551,10 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
 out:
     stop_handshakes(&w);
     if (w.ctrl) end_session(&w, 0, NULL);
-    if (w.lfd >= 0) close(w.lfd);
-    if (w.lfd >= 0 && ps_net_is_unix(o->listen)) unlink(o->listen + 5); /* our socket file */
+    if (w.lfd >= 0) {
+        close(w.lfd);
+        if (ps_net_is_unix(o->listen)) unlink(o->listen + 5); /* our socket file */
+    }
     for (int i = 0; i < 2; i++)
         if (w.hs_pipe[i] >= 0) close(w.hs_pipe[i]);
     ps_wbuf_free(&w.wb);

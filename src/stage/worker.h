@@ -18,7 +18,7 @@
 
 typedef struct {
     const char *shard;         /* shard file (or a whole model: then the only stage) */
-    const char *listen;        /* "HOST:PORT" (PORT 0 = any free port) */
+    const char *listen;        /* "HOST:PORT" (PORT 0 = any free port) or "unix:PATH" */
     int threads;               /* compute threads */
     bool pin;                  /* pin them to CPUs (ps_pool_pin) */
     bool mmap;                 /* map the shard rather than read it into huge pages */

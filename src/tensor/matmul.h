@@ -24,10 +24,9 @@ void ps_pool_free(ps_pool *p); /* NULL is a no-op */
 /* Pins thread i of the pool to the i-th CPU (mod their count) of those this process could
  * use when ps_pool_pin was first called (ps_first_cpus); thread 0 is the calling thread,
  * which must be the one that calls ps_pool_run (threads it starts later inherit its CPU:
- * they call ps_thread_unpin). Keeps the scheduler
- * from stacking two of the pool's threads on one core, or moving them, when other
- * processes (the other stages of a split model on one host) wake and sleep beside it.
- * Linux only; elsewhere PS_ERR_UNSUPPORTED. */
+ * they call ps_thread_unpin). Keeps the scheduler from stacking two of the pool's threads
+ * on one core, or moving them, when other processes (the other stages of a split model on
+ * one host) wake and sleep beside it. Linux only; elsewhere PS_ERR_UNSUPPORTED. */
 ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen);
 int ps_pool_size(const ps_pool *p);
 /* Runs fn(ctx, ith, nth) for ith in [0, nth) on the pool's threads (the caller runs ith 0)
