@@ -1,4 +1,4 @@
-/* ps.c - status messages, the clock, printable text. */
+/* ps.c - status messages, the clock, printable text, directories and paths, CPU sets. */
 #include "ps.h"
 
 #include <errno.h>
@@ -9,6 +9,8 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 double ps_now(void) {
@@ -79,4 +81,30 @@ void ps_thread_unpin(void) {
     pthread_once(&first_once, read_first_cpus);
     if (!first_err) sched_setaffinity(0, sizeof first_cpus, &first_cpus);
 #endif
+}
+
+/* See ps.h. */
+ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen) {
+    char path[4096];
+    size_t len = strlen(dir);
+    if (!len || len >= sizeof path) return ps_errf(err, errlen, PS_ERR_ARG, "output directory name is empty or too long");
+    memcpy(path, dir, len + 1);
+    for (size_t i = 1; i <= len; i++) {
+        if (path[i] != '/' && path[i] != 0) continue;
+        char c = path[i];
+        path[i] = 0;
+        struct stat sb;
+        if (mkdir(path, (mode_t)mode) < 0 && errno != EEXIST)
+            return ps_errf(err, errlen, PS_ERR_IO, "cannot create directory '%s': %s", path, strerror(errno));
+        if (stat(path, &sb) < 0 || !S_ISDIR(sb.st_mode))
+            return ps_errf(err, errlen, PS_ERR_IO, "cannot create directory '%s': '%s' is not a directory", dir, path);
+        path[i] = c;
+    }
+    return PS_OK;
+}
+
+ps_status ps_path_join(char *out, size_t n, const char *dir, const char *name, char *err, size_t errlen) {
+    int k = snprintf(out, n, "%s%s%s", dir, *dir && dir[strlen(dir) - 1] != '/' ? "/" : "", name);
+    if (k < 0 || (size_t)k >= n) return ps_errf(err, errlen, PS_ERR_RANGE, "path '%s/%s' is too long", dir, name);
+    return PS_OK;
 }

@@ -50,6 +50,13 @@ int ps_first_cpus(int *cpus, int cap);
  * started by a pinned thread (they inherit its one CPU), and a forked child about to exec. */
 void ps_thread_unpin(void);
 
+/* Creates dir and any missing parents with the given mode (like mkdir -p); an existing
+ * path that is not a directory is an error. */
+ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen);
+/* dir + "/" + name into out (n bytes; no second '/' when dir ends with one); PS_ERR_RANGE
+ * when it does not fit. */
+ps_status ps_path_join(char *out, size_t n, const char *dir, const char *name, char *err, size_t errlen);
+
 #define PS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

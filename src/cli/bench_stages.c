@@ -17,7 +17,7 @@
 
 #include "../coord/coord.h"
 #include "bench.h"
-#include "local_fleet.h"
+#include "../coord/local_fleet.h"
 
 typedef struct {
     int stages;

@@ -14,7 +14,7 @@
 #include "../tokenize/tokenize.h"
 #include "args.h"
 #include "cli.h"
-#include "local_fleet.h"
+#include "../coord/local_fleet.h"
 
 typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;

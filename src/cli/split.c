@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../model/shard.h"
+#include "../coord/fleet.h"
 #include "args.h"
 #include "cli.h"
 
@@ -258,7 +258,7 @@ int ps_cli_split(int argc, char **argv) {
     if (o.workers && !o.stages && !parse_workers(o.workers, n_stages, wbuf, sizeof wbuf, addr)) return 2;
     progress_state ps = {.show = !o.quiet && isatty(STDERR_FILENO), .t0 = t0};
     char err[512] = "";
-    ps_status s = ps_shard_split(o.model, n_stages, bounds, o.workers ? addr : NULL, o.out, progress, &ps, err,
+    ps_status s = ps_fleet_split(o.model, n_stages, bounds, o.workers ? addr : NULL, o.out, progress, &ps, err,
                                  sizeof err);
     if (s) {
         if (ps.open) fputc('\n', stderr);

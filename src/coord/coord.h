@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "../model/model.h"
-#include "../model/shard.h"
+#include "fleet.h"
 #include "../net/net.h"
 #include "../sample/sample.h"
 

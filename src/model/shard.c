@@ -1,4 +1,4 @@
-/* shard.c - cutting a model by layers into shards, fingerprints, and fleet.json (shard.h).
+/* shard.c - cutting a model by layers into shards, and their fingerprints (shard.h).
  *
  * A split reads the model through the validated mmap reader and writes each shard with the
  * streaming GGUF writer, handing it pointers into the model's mapping: no tensor is copied
@@ -7,7 +7,6 @@
  * shard gives it back. */
 #include "shard.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -19,10 +18,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define MAX_LAYERS 4096              /* block_count larger than this is refused */
-#define FLEET_MAX_BYTES (1u << 20)   /* fleet.json larger than this is refused */
+#define MAX_LAYERS PS_SHARD_MAX_LAYERS
 #define HASH_CHUNK (4u << 20)        /* ps_fingerprint_file reads this much at a time */
-#define DEFAULT_PORT 7701            /* stage k defaults to 127.0.0.1:(DEFAULT_PORT + k - 1) */
 
 // ---------------------------------------------------------------------------------------
 // Fingerprints
@@ -32,8 +29,7 @@ static void hex128(XXH128_hash_t h, char hex[33]) {
     snprintf(hex, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
 }
 
-/* True when s is exactly 32 lowercase hex digits (a fingerprint as we write them). */
-static bool hex_ok(const char *s, size_t len) {
+bool ps_fingerprint_ok(const char *s, size_t len) {
     if (len != 32) return false;
     for (size_t i = 0; i < 32; i++)
         if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
@@ -385,72 +381,6 @@ ps_status ps_shard_parse_layers(const char *spec, int n_layer, int n_stages, int
 }
 
 // ---------------------------------------------------------------------------------------
-// Addresses and paths
-
-/* The address rule of fleet.json and `split --workers`: "HOST:PORT", HOST a name or IPv4
- * address (letters, digits, '-', '.', '_') or a bracketed IPv6 address, PORT a decimal
- * 1..65535; or "unix:PATH", a Unix-domain socket for stages on one host (PATH printable,
- * no spaces or commas, short enough for a socket address). */
-bool ps_fleet_address_ok(const char *s) {
-    size_t len = strlen(s);
-    if (!len || len >= sizeof(((ps_fleet_stage *)0)->address)) return false;
-    if (!strncmp(s, "unix:", 5)) {
-        if (len == 5 || len - 5 > PS_UNIX_PATH_MAX) return false;
-        for (const char *p = s + 5; *p; p++)
-            if (*p <= ' ' || *p > '~' || *p == ',') return false;
-        return true;
-    }
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon == s || !colon[1]) return false;
-    if (s[0] == '[') {
-        if (colon[-1] != ']' || colon - s < 3) return false;
-        for (const char *p = s + 1; p < colon - 1; p++)
-            if (!(strchr("0123456789abcdefABCDEF:.", *p))) return false;
-    } else {
-        for (const char *p = s; p < colon; p++)
-            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-                  *p == '-' || *p == '.' || *p == '_'))
-                return false;
-    }
-    const char *p = colon + 1;
-    int port;
-    if (*p == '0' || !parse_uint(&p, &port) || *p || port < 1 || port > 65535) return false;
-    return true;
-}
-
-ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen) {
-    char path[4096];
-    size_t len = strlen(dir);
-    if (!len || len >= sizeof path) return ps_errf(err, errlen, PS_ERR_ARG, "output directory name is empty or too long");
-    memcpy(path, dir, len + 1);
-    for (size_t i = 1; i <= len; i++) {
-        if (path[i] != '/' && path[i] != 0) continue;
-        char c = path[i];
-        path[i] = 0;
-        struct stat sb;
-        if (mkdir(path, (mode_t)mode) < 0 && errno != EEXIST)
-            return ps_errf(err, errlen, PS_ERR_IO, "cannot create directory '%s': %s", path, strerror(errno));
-        if (stat(path, &sb) < 0 || !S_ISDIR(sb.st_mode))
-            return ps_errf(err, errlen, PS_ERR_IO, "cannot create directory '%s': '%s' is not a directory", dir, path);
-        path[i] = c;
-    }
-    return PS_OK;
-}
-
-/* dir + "/" + name into out (n bytes); PS_ERR_RANGE when too long. */
-static ps_status join_path(char *out, size_t n, const char *dir, const char *name, char *err, size_t errlen) {
-    int k = snprintf(out, n, "%s%s%s", dir, *dir && dir[strlen(dir) - 1] != '/' ? "/" : "", name);
-    if (k < 0 || (size_t)k >= n) return ps_errf(err, errlen, PS_ERR_RANGE, "path '%s/%s' is too long", dir, name);
-    return PS_OK;
-}
-
-/* The last path component of path. */
-static const char *base_name(const char *path) {
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
-// ---------------------------------------------------------------------------------------
 // Split
 
 /* One tensor of a shard: its name in the shard and the model tensor that holds its bytes. */
@@ -585,99 +515,6 @@ static ps_status check_bounds(const int *bounds, int n, int n_layer, char *err, 
     return PS_OK;
 }
 
-/* Appends s to the growing malloc'd string *buf (length *len); false when out of memory. */
-static bool append(char **buf, size_t *len, const char *s) {
-    size_t n = strlen(s);
-    char *p = realloc(*buf, *len + n + 1);
-    if (!p) return false;
-    memcpy(p + *len, s, n + 1);
-    *buf = p;
-    *len += n;
-    return true;
-}
-
-/* fleet.json's text: one top-level key per line and one stage per line, so that a user can
- * edit addresses with any editor. A malloc'd string (free with free), NULL when out of memory. */
-static char *fleet_text(const cJSON *root) {
-    char *buf = NULL;
-    size_t len = 0;
-    bool ok = append(&buf, &len, "{");
-    for (const cJSON *it = root->child; ok && it; it = it->next) {
-        cJSON *name = cJSON_CreateStringReference(it->string);
-        char *key = name ? cJSON_PrintUnformatted(name) : NULL, *val = NULL;
-        cJSON_Delete(name);
-        ok = key && append(&buf, &len, it == root->child ? "\n  " : ",\n  ") && append(&buf, &len, key) &&
-             append(&buf, &len, ": ");
-        if (ok && cJSON_IsArray(it)) {
-            ok = append(&buf, &len, "[");
-            for (const cJSON *e = it->child; ok && e; e = e->next) {
-                char *v = cJSON_PrintUnformatted(e);
-                ok = v && append(&buf, &len, e == it->child ? "\n    " : ",\n    ") && append(&buf, &len, v);
-                cJSON_free(v);
-            }
-            ok = ok && append(&buf, &len, "\n  ]");
-        } else if (ok) {
-            ok = (val = cJSON_PrintUnformatted(it)) && append(&buf, &len, val);
-        }
-        cJSON_free(key);
-        cJSON_free(val);
-    }
-    if (ok && append(&buf, &len, "\n}")) return buf;
-    free(buf);
-    return NULL;
-}
-
-/* Writes fleet.json (shard.h) to path through path.tmp + rename. shards: the file names of
- * the shards (relative to the fleet file), fps their fingerprints, bytes their sizes. */
-static ps_status write_fleet(const char *path, const split_ctx *sc, const char *model_name,
-                             char (*shards)[32], char (*fps)[33], const uint64_t *bytes,
-                             const char *const *addresses, char *err, size_t errlen) {
-    cJSON *root = cJSON_CreateObject(), *stages = NULL;
-    char *text = NULL, tmp[4200];
-    ps_status s = PS_OK;
-    bool ok = root && cJSON_AddNumberToObject(root, "pipeshard_fleet", 1) &&
-              cJSON_AddStringToObject(root, "model", model_name) &&
-              cJSON_AddStringToObject(root, "model_fingerprint", sc->model_fp) &&
-              cJSON_AddNumberToObject(root, "n_layer", sc->n_layer) &&
-              (stages = cJSON_AddArrayToObject(root, "stages"));
-    for (int k = 0; ok && k < sc->n_stages; k++) {
-        char addr[64];
-        cJSON *st = cJSON_CreateObject();
-        int layers[2] = {sc->bounds[k], sc->bounds[k + 1]};
-        if (k) snprintf(addr, sizeof addr, "127.0.0.1:%d", DEFAULT_PORT + k - 1);
-        ok = st && cJSON_AddItemToArray(stages, st) && cJSON_AddNumberToObject(st, "stage", k) &&
-             cJSON_AddStringToObject(st, "shard", shards[k]) &&
-             cJSON_AddItemToObject(st, "layers", cJSON_CreateIntArray(layers, 2)) &&
-             cJSON_AddNumberToObject(st, "bytes", (double)bytes[k]) &&
-             cJSON_AddStringToObject(st, "fingerprint", fps[k]) &&
-             cJSON_AddStringToObject(st, "address", k == 0 ? "local" : addresses ? addresses[k - 1] : addr);
-    }
-    if (!ok || !(text = fleet_text(root))) {
-        s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory building fleet.json");
-        goto out;
-    }
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        s = ps_errf(err, errlen, PS_ERR_RANGE, "path '%s' is too long", path);
-        goto out;
-    }
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-        goto out;
-    }
-    bool wrote = fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int e = errno;
-    if (fclose(f) != 0 && wrote) wrote = false, e = errno;
-    if (!wrote || rename(tmp, path) < 0) {
-        if (wrote) e = errno;
-        unlink(tmp);
-        s = ps_errf(err, errlen, PS_ERR_IO, "cannot write '%s': %s", path, strerror(e));
-    }
-out:
-    free(text);
-    cJSON_Delete(root);
-    return s;
-}
 
 /* Opens the model for a split and fills what sc needs about it: the layer count (which
  * must match the plan), the tied flag, the vocabulary. Refuses a shard as input. */
@@ -710,30 +547,19 @@ static ps_status open_model(const char *model_path, int n_stages, const int *bou
 }
 
 /* See shard.h. Order: check arguments, open the model, hash it, then write every shard
- * (each with its fingerprint) and last fleet.json, so that a fleet.json on disk never
- * names shards that were not written. fleet.json's "bytes" is each shard's file size. */
-ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds, const char *const *addresses,
-                         const char *dir, ps_shard_progress_fn progress, void *progress_ctx, char *err,
+ * (each with its fingerprint). out->bytes is each shard's file size. */
+ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds, const char *dir,
+                         ps_shard_progress_fn progress, void *progress_ctx, ps_shard_files *out, char *err,
                          size_t errlen) {
-    if (!model_path || !bounds || !dir) return ps_errf(err, errlen, PS_ERR_ARG, "ps_shard_split: NULL argument");
+    if (!model_path || !bounds || !dir || !out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_shard_split: NULL argument");
     if (n_stages < 1 || n_stages > PS_SHARD_MAX_STAGES)
         return ps_errf(err, errlen, PS_ERR_RANGE, "stage count %d is out of range (1..%d)", n_stages,
                        PS_SHARD_MAX_STAGES);
-    for (int k = 1; addresses && k < n_stages; k++)
-        if (!addresses[k - 1] || !ps_fleet_address_ok(addresses[k - 1]))
-            return ps_errf(err, errlen, PS_ERR_ARG, "address '%s' of stage %d is not HOST:PORT or unix:PATH",
-                           addresses[k - 1] ? addresses[k - 1] : "(null)", k);
+    memset(out, 0, sizeof *out);
     split_ctx sc = {.n_stages = n_stages, .bounds = bounds, .progress = progress, .progress_ctx = progress_ctx};
     ps_gguf *g = NULL;
-    char (*shards)[32] = calloc((size_t)n_stages, sizeof *shards);
-    char (*fps)[33] = calloc((size_t)n_stages, sizeof *fps);
-    uint64_t *bytes = calloc((size_t)n_stages, sizeof *bytes);
     char path[4096];
     ps_status s;
-    if (!shards || !fps || !bytes) {
-        s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-        goto out;
-    }
     if ((s = open_model(model_path, n_stages, bounds, &g, &sc, err, errlen))) goto out;
     sc.g = g;
     if (!(sc.list = calloc((size_t)ps_gguf_n_tensors(g) + 1, sizeof *sc.list))) {
@@ -746,204 +572,22 @@ ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds
     }
     if ((s = ps_fingerprint_file(model_path, sc.model_fp, err, errlen)) || (s = ps_make_dirs(dir, 0755, err, errlen))) goto out;
     for (int k = 0; k < n_stages; k++) {
-        snprintf(shards[k], sizeof shards[k], "stage-%d.gguf", k);
+        snprintf(out->file[k], sizeof out->file[k], "stage-%d.gguf", k);
         struct stat sb;
-        if ((s = join_path(path, sizeof path, dir, shards[k], err, errlen)) ||
-            (s = write_stage(&sc, k, path, fps[k], err, errlen)))
+        if ((s = ps_path_join(path, sizeof path, dir, out->file[k], err, errlen)) ||
+            (s = write_stage(&sc, k, path, out->fingerprint[k], err, errlen)))
             goto out;
         if (stat(path, &sb) < 0) {
             s = ps_errf(err, errlen, PS_ERR_IO, "cannot stat '%s': %s", path, strerror(errno));
             goto out;
         }
-        bytes[k] = (uint64_t)sb.st_size;
+        out->bytes[k] = (uint64_t)sb.st_size;
     }
-    if ((s = join_path(path, sizeof path, dir, "fleet.json", err, errlen))) goto out;
-    s = write_fleet(path, &sc, base_name(model_path), shards, fps, bytes, addresses, err, errlen);
+    memcpy(out->model_fp, sc.model_fp, sizeof out->model_fp);
+    out->n_layer = sc.n_layer;
 out:
     ps_gguf_close(g);
     free(sc.list);
-    free(shards);
-    free(fps);
-    free(bytes);
-    return s;
-}
-
-// ---------------------------------------------------------------------------------------
-// fleet.json
-
-/* Reading context: the file name for messages. */
-typedef struct {
-    const char *path;
-    char *err;
-    size_t errlen;
-} fleet_rd;
-
-/* An integer field: present, a number, integral, within [min, max]. where names it. */
-static ps_status json_int(const fleet_rd *r, const cJSON *obj, const char *key, const char *where, double min,
-                          double max, double *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %s%s is missing", r->path, where, key);
-    double d = v->valuedouble;
-    if (!cJSON_IsNumber(v) || d != floor(d) || d < min || d > max)
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %s%s must be an integer from %.0f to %.0f", r->path,
-                       where, key, min, max);
-    *out = d;
-    return PS_OK;
-}
-
-/* A string field: present, a string; its value in *out. */
-static ps_status json_str(const fleet_rd *r, const cJSON *obj, const char *key, const char *where, const char **out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %s%s is missing", r->path, where, key);
-    if (!cJSON_IsString(v) || !v->valuestring)
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %s%s must be a string", r->path, where, key);
-    *out = v->valuestring;
-    return PS_OK;
-}
-
-/* A fingerprint field: a string of 32 lowercase hex digits, copied to out. */
-static ps_status json_fp(const fleet_rd *r, const cJSON *obj, const char *key, const char *where, char out[33]) {
-    const char *s = NULL;
-    ps_status st = json_str(r, obj, key, where, &s);
-    if (st) return st;
-    if (!hex_ok(s, strlen(s)))
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %s%s must be 32 lowercase hex digits", r->path, where,
-                       key);
-    memcpy(out, s, 33);
-    return PS_OK;
-}
-
-/* The shard path: absolute kept, else relative to the fleet file's directory. */
-static ps_status resolve_shard(const fleet_rd *r, const char *shard, const char *where, char *out, size_t n) {
-    if (!*shard) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %sshard is empty", r->path, where);
-    const char *slash = strrchr(r->path, '/');
-    int k = shard[0] == '/' || !slash ? snprintf(out, n, "%s", shard)
-                                      : snprintf(out, n, "%.*s/%s", (int)(slash - r->path), r->path, shard);
-    if (k < 0 || (size_t)k >= n) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %sshard is too long", r->path, where);
-    return PS_OK;
-}
-
-/* Reads stages[k] into st; prev_end is where stage k - 1 ended (0 for k = 0). */
-static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n_layer, int prev_end,
-                             ps_fleet_stage *st) {
-    char where[48];
-    snprintf(where, sizeof where, "stages[%d].", k);
-    if (!cJSON_IsObject(obj)) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages[%d] must be an object", r->path, k);
-    double d = 0;
-    const char *shard = NULL, *addr = NULL;
-    ps_status s;
-    if ((s = json_int(r, obj, "stage", where, 0, PS_SHARD_MAX_STAGES, &d))) return s;
-    if ((int)d != k) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %sstage must be %d, not %d", r->path, where, k, (int)d);
-    st->index = k;
-    if ((s = json_str(r, obj, "shard", where, &shard)) ||
-        (s = resolve_shard(r, shard, where, st->shard, sizeof st->shard)))
-        return s;
-    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(obj, "layers");
-    if (!layers) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %slayers is missing", r->path, where);
-    const cJSON *b = cJSON_GetArrayItem(layers, 0), *e = cJSON_GetArrayItem(layers, 1);
-    if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != 2 || !cJSON_IsNumber(b) || !cJSON_IsNumber(e) ||
-        b->valuedouble != floor(b->valuedouble) || e->valuedouble != floor(e->valuedouble) ||
-        b->valuedouble < 0 || e->valuedouble > n_layer || b->valuedouble >= e->valuedouble)
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %slayers must be [BEGIN, END] with 0 <= BEGIN < END <= %d",
-                       r->path, where, n_layer);
-    st->layer_begin = (int)b->valuedouble;
-    st->layer_end = (int)e->valuedouble;
-    if (st->layer_begin != prev_end)
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %slayers must start at %d where %s", r->path, where,
-                       prev_end, k ? "the stage before ends" : "the model starts");
-    if ((s = json_int(r, obj, "bytes", where, 0, 9007199254740992.0, &d))) return s;
-    st->bytes = (uint64_t)d;
-    if ((s = json_fp(r, obj, "fingerprint", where, st->fingerprint)) || (s = json_str(r, obj, "address", where, &addr)))
-        return s;
-    if (k == 0 && strcmp(addr, "local"))
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages[0].address must be \"local\" (stage 0 runs in the "
-                       "coordinator), not \"%.64s\"", r->path, addr);
-    if (k > 0 && !ps_fleet_address_ok(addr))
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %saddress \"%.64s\" is not HOST:PORT or unix:PATH",
-                       r->path, where, addr);
-    snprintf(st->address, sizeof st->address, "%s", addr);
-    return PS_OK;
-}
-
-/* Validates the parsed document into out. */
-static ps_status fleet_parse(const fleet_rd *r, const cJSON *root, ps_fleet *out) {
-    double d = 0;
-    const char *model = NULL;
-    ps_status s;
-    if (!cJSON_IsObject(root)) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: not a JSON object", r->path);
-    if ((s = json_int(r, root, "pipeshard_fleet", "", 0, 1e9, &d))) return s;
-    if (d != 1)
-        return ps_errf(r->err, r->errlen, PS_ERR_UNSUPPORTED, "%s: pipeshard_fleet %.0f is not supported (only 1)",
-                       r->path, d);
-    if ((s = json_str(r, root, "model", "", &model)) || (s = json_fp(r, root, "model_fingerprint", "", out->model_fp)) ||
-        (s = json_int(r, root, "n_layer", "", 1, MAX_LAYERS, &d)))
-        return s;
-    out->n_layer = (int)d;
-    const cJSON *stages = cJSON_GetObjectItemCaseSensitive(root, "stages");
-    if (!stages) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages is missing", r->path);
-    int n = cJSON_GetArraySize(stages);
-    if (!cJSON_IsArray(stages) || n < 1 || n > PS_SHARD_MAX_STAGES || n > out->n_layer)
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages must be an array of 1 to %d stages", r->path,
-                       out->n_layer < PS_SHARD_MAX_STAGES ? out->n_layer : PS_SHARD_MAX_STAGES);
-    out->n_stages = n;
-    int prev_end = 0, k = 0;
-    for (const cJSON *it = stages->child; it; it = it->next, k++) {
-        if ((s = fleet_stage(r, it, k, out->n_layer, prev_end, &out->stages[k]))) return s;
-        prev_end = out->stages[k].layer_end;
-    }
-    if (prev_end != out->n_layer)
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages[%d].layers must end at n_layer (%d), not %d",
-                       r->path, n - 1, out->n_layer, prev_end);
-    return PS_OK;
-}
-
-/* Reads the whole file (at most FLEET_MAX_BYTES) into a malloc'd buffer. */
-static ps_status read_small_file(const char *path, char **buf, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open '%s': %s", path,
-                           strerror(errno));
-    *buf = malloc(FLEET_MAX_BYTES + 1);
-    if (!*buf) {
-        fclose(f);
-        return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-    }
-    *len = fread(*buf, 1, FLEET_MAX_BYTES + 1, f);
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad || *len > FLEET_MAX_BYTES) {
-        free(*buf);
-        *buf = NULL;
-        return ps_errf(err, errlen, bad ? PS_ERR_IO : PS_ERR_FORMAT, bad ? "%s: read error" : "%s: larger than %u bytes",
-                       path, FLEET_MAX_BYTES);
-    }
-    return PS_OK;
-}
-
-/* See shard.h. JSON syntax errors give the line and column. */
-ps_status ps_fleet_load(const char *path, ps_fleet *out, char *err, size_t errlen) {
-    if (!path || !out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_fleet_load: NULL argument");
-    memset(out, 0, sizeof *out);
-    char *buf = NULL;
-    size_t len = 0;
-    ps_status s = read_small_file(path, &buf, &len, err, errlen);
-    if (s) return s;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, false);
-    if (!root) {
-        size_t at = end && end >= buf && end <= buf + len ? (size_t)(end - buf) : 0;
-        int line = 1, col = 1;
-        for (size_t i = 0; i < at; i++) {
-            col = buf[i] == '\n' ? 1 : col + 1;
-            line += buf[i] == '\n';
-        }
-        s = ps_errf(err, errlen, PS_ERR_FORMAT, "%s: not valid JSON (line %d, column %d)", path, line, col);
-    } else {
-        fleet_rd r = {path, err, errlen};
-        s = fleet_parse(&r, root, out);
-    }
-    cJSON_Delete(root);
-    free(buf);
-    if (s) memset(out, 0, sizeof *out);
     return s;
 }
 
@@ -968,7 +612,7 @@ static ps_status meta_fp(const ps_gguf *g, const char *key, char out[33], char *
     if (v->type != PS_GGUF_STRING)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "shard metadata '%s' is %s, expected STRING", key,
                        ps_gguf_vtype_name(v->type));
-    if (!hex_ok(v->str.data, v->str.len))
+    if (!ps_fingerprint_ok(v->str.data, v->str.len))
         return ps_errf(err, errlen, PS_ERR_FORMAT, "shard metadata '%s' is not 32 lowercase hex digits", key);
     memcpy(out, v->str.data, 32);
     out[32] = 0;
@@ -1029,7 +673,7 @@ ps_status ps_shard_fingerprint(const ps_gguf *shard, const ps_shard_meta *meta, 
                                size_t errlen) {
     if (!shard || !meta || !hex) return ps_errf(err, errlen, PS_ERR_ARG, "ps_shard_fingerprint: NULL argument");
     if (!meta->present) return ps_errf(err, errlen, PS_ERR_ARG, "ps_shard_fingerprint: the file is not a shard");
-    if (!hex_ok(meta->model_fp, strnlen(meta->model_fp, 33)))
+    if (!ps_fingerprint_ok(meta->model_fp, strnlen(meta->model_fp, 33)))
         return ps_errf(err, errlen, PS_ERR_ARG, "ps_shard_fingerprint: malformed model fingerprint");
     XXH3_state_t *st = XXH3_createState();
     if (!st) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");

@@ -1,4 +1,4 @@
-/* shard.h - cutting a model by layers into shards, fingerprints, and fleet.json.
+/* shard.h - cutting a model by layers into shards, and their fingerprints.
  *
  * A shard is a GGUF file holding one stage's tensors: blk.L.* for its layers
  * [layer_begin, layer_end), rope_freqs.weight when the model has it, token_embd.weight on
@@ -13,15 +13,8 @@
  *   pipeshard.vocab_size          u32  rows of the embedding / head
  *   pipeshard.model_fingerprint   str  32 hex digits (ps_fingerprint_file of the model)
  *   pipeshard.shard_fingerprint   str  32 hex digits (ps_shard_fingerprint, below)
- *
- * fleet.json, next to the shards:
- *   {"pipeshard_fleet": 1, "model": "<file name>", "model_fingerprint": "<hex>",
- *    "n_layer": L, "stages": [
- *      {"stage": 0, "shard": "stage-0.gguf", "layers": [0, 10], "bytes": B,
- *       "fingerprint": "<hex>", "address": "local"},
- *      {"stage": 1, "shard": "stage-1.gguf", "layers": [10, 30], "bytes": B,
- *       "fingerprint": "<hex>", "address": "127.0.0.1:7701"}, ...]}
- * Stage 0 always runs in the coordinator ("local"); the user edits the other addresses. */
+ * fleet.json, which names the shards of a fleet and where each runs, is the coordinator's
+ * (coord/fleet.h). */
 #ifndef PS_SHARD_H
 #define PS_SHARD_H
 
@@ -32,14 +25,14 @@
 #include "../ps.h"
 
 #define PS_SHARD_MAX_STAGES 64
+#define PS_SHARD_MAX_LAYERS 4096 /* a block_count larger than this is refused */
 
 /* XXH3-128 of a whole file's bytes as 32 lowercase hex digits (big-endian: high64 then
  * low64, as Python's xxhash.xxh3_128_hexdigest prints it). */
 ps_status ps_fingerprint_file(const char *path, char hex[33], char *err, size_t errlen);
 
-/* Creates dir and any missing parents with the given mode (like mkdir -p); an existing
- * path that is not a directory is an error. */
-ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen);
+/* Whether s[0..len) is a fingerprint as we write them: exactly 32 lowercase hex digits. */
+bool ps_fingerprint_ok(const char *s, size_t len);
 
 /* The model's layer count, "<general.architecture>.block_count" (1..2^20); err says which
  * key is missing or out of range. */
@@ -64,39 +57,22 @@ ps_status ps_shard_parse_layers(const char *spec, int n_layer, int n_stages, int
 
 typedef void (*ps_shard_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
-/* Writes dir/stage-K.gguf for every stage and dir/fleet.json (dir is created if absent).
- * addresses: n_stages - 1 "HOST:PORT" strings for stages 1.., or NULL for the defaults
- * 127.0.0.1:7701, 7702, ... Each file is written to a temporary name and renamed. */
-ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds, const char *const *addresses,
-                         const char *dir, ps_shard_progress_fn progress, void *progress_ctx, char *err,
-                         size_t errlen);
-
-/* A loaded fleet.json. Paths are resolved relative to the directory of fleet.json. */
+/* What ps_shard_split wrote: per stage its file name (in the output directory), its
+ * fingerprint (ps_shard_fingerprint) and its size in bytes. */
 typedef struct {
-    int index;
-    char shard[4096];      /* path of the shard file */
-    char address[256];     /* "local" for stage 0, else "HOST:PORT" or "unix:PATH" */
-    int layer_begin, layer_end;
-    char fingerprint[33];
-    uint64_t bytes;
-} ps_fleet_stage;
-
-typedef struct {
-    char model_fp[33];
+    char model_fp[33];  /* ps_fingerprint_file of the model */
     int n_layer;
-    int n_stages;
-    ps_fleet_stage stages[PS_SHARD_MAX_STAGES];
-} ps_fleet;
+    char file[PS_SHARD_MAX_STAGES][32];
+    char fingerprint[PS_SHARD_MAX_STAGES][33];
+    uint64_t bytes[PS_SHARD_MAX_STAGES];
+} ps_shard_files;
 
-/* Reads and validates fleet.json (every field present and typed, stages in order and
- * contiguous from 0 to n_layer, addresses parse, stage 0 "local"). Errors name the file
- * and the field. *out is caller-allocated. */
-ps_status ps_fleet_load(const char *path, ps_fleet *out, char *err, size_t errlen);
-/* Longest PATH of a "unix:PATH" address (a socket address holds 108 bytes with its NUL). */
-#define PS_UNIX_PATH_MAX 107
-/* Whether s is a stage's address as fleet.json and `split --workers` take it: "HOST:PORT"
- * (a name, an IPv4 address or a bracketed IPv6 one; port 1..65535) or "unix:PATH". */
-bool ps_fleet_address_ok(const char *s);
+/* Writes dir/stage-K.gguf for every stage along bounds (dir is created if absent) and
+ * describes them in *out. Each file is written to a temporary name and renamed. A shard
+ * is refused as input. coord/fleet.h's ps_fleet_split adds fleet.json. */
+ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds, const char *dir,
+                         ps_shard_progress_fn progress, void *progress_ctx, ps_shard_files *out, char *err,
+                         size_t errlen);
 
 /* The shard metadata of an open GGUF (present = false when it has no pipeshard.* keys,
  * i.e. it is a whole model). Errors when the keys are present but malformed. */

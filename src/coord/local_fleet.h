@@ -1,15 +1,14 @@
 /* local_fleet.h - `run --local-stages N`: split a model (or reuse its split from the cache,
- * $PIPESHARD_CACHE or ~/.cache/pipeshard/splits/<model fingerprint>-N), start N-1 workers
- * as child processes (on loopback TCP, or on Unix sockets in the run's directory), and stop
- * them afterwards. */
-#ifndef PS_CLI_LOCAL_FLEET_H
-#define PS_CLI_LOCAL_FLEET_H
+ * split_cache.h), start N-1 workers as child processes of this `pipeshard` binary (on
+ * loopback TCP, or on Unix sockets in the run's directory), and stop them afterwards. */
+#ifndef PS_COORD_LOCAL_FLEET_H
+#define PS_COORD_LOCAL_FLEET_H
 
 #include <sys/types.h>
 
-#include "../model/shard.h"
-#include "../stage/stage.h"
 #include "../net/net.h"
+#include "../stage/stage.h"
+#include "fleet.h"
 
 typedef struct {
     char dir[4096];                   /* the run's temporary directory: key, logs (and the
