@@ -125,27 +125,6 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
     return 0;
 }
 
-/* Bytes of weights one decode step reads: every layer matrix, the output head, one
- * embedding row. */
-static double weight_bytes(const ps_model *m) {
-    double b = 0;
-#define MB(mat) ((double)ps_row_bytes((mat).type, (mat).cols) * (double)(mat).rows)
-    for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
-        const ps_layer *L = &m->layers[i];
-        b += MB(L->wq) + MB(L->wk) + MB(L->wv) + MB(L->wo) + MB(L->w_gate) + MB(L->w_up) + MB(L->w_down);
-    }
-    b += MB(m->output) + (double)ps_row_bytes(m->tok_embd.type, m->tok_embd.cols);
-#undef MB
-    return b;
-}
-
-/* Bytes of keys and values (f32) a decode step reads, averaged over the n_gen steps after an
- * n_prompt-token prompt: step i attends to n_prompt + i + 1 positions. */
-static double kv_bytes(const ps_model *m, long long n_prompt, long long n_gen) {
-    double per_pos = 2.0 * sizeof(float) * m->hp.n_head_kv * m->hp.head_dim * (m->layer_end - m->layer_begin);
-    return per_pos * ((double)n_prompt + (double)(n_gen + 1) / 2);
-}
-
 typedef struct {
     const uint64_t *buf;
     size_t n;
@@ -282,7 +261,7 @@ int ps_cli_bench(int argc, char **argv) {
     }
     s = PS_OK;
     for (long long i = 0; i < o.n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.vocab);
-    double kv = kv_bytes(m, o.n_prompt, o.n_gen), bytes = weight_bytes(m) + kv;
+    double kv = ps_model_decode_kv_bytes(m, o.n_prompt, o.n_gen), bytes = ps_model_decode_weight_bytes(m) + kv;
     for (int r = 0; r < o.reps; r++) {
         double a, b;
         bw[r] = bwbuf ? measure_bandwidth(pool, bwbuf) : o.mem_bw * 1e9;

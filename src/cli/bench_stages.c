@@ -15,16 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../coord/coord.h"
+#include "../coord/launch.h"
+#include "../coord/session.h"
 #include "bench.h"
-#include "../coord/local_fleet.h"
 
 typedef struct {
     int stages;
-    ps_local_fleet fleet; /* stages > 1 */
-    bool fleet_started;
-    ps_coord *coord;
-    int32_t *toks;        /* prompt, then what this configuration generated */
+    ps_launch *launch;    /* the coordinator, and its local fleet when stages > 1 */
+    ps_session *session;  /* greedy, never stopping */
     double t_prefill, t_decode;  /* seconds */
     double compute_ms, overhead_ms; /* in decode: every stage's compute, the ring's overhead */
     long long n_decode;
@@ -32,52 +30,42 @@ typedef struct {
 } config;
 
 static ps_status config_start(config *c, const bench_opts *o, char *err, size_t errlen) {
-    ps_coord_opts co = {.model = o->model, .threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap,
-                        .n_ctx = (int)(o->n_prompt + o->n_gen + 1), .max_batch = (int)o->n_prompt, .act = o->act,
-                        .timeout_ms = 30000};
-    if (c->stages > 1) {
-        ps_link_sim none = {0};
-        ps_stage_opts so = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap};
-        ps_status s =
-            ps_local_fleet_start(o->model, c->stages, &so, &none, NULL, o->unix_sockets, &c->fleet, err, errlen);
-        c->fleet_started = true;
-        if (s) return s;
-        co.model = NULL;
-        co.fleet = &c->fleet.fleet;
-        co.key = c->fleet.key;
-    }
-    ps_status s = ps_coord_create(&co, &c->coord, err, errlen);
-    return s ? s : ps_coord_connect(c->coord, err, errlen);
+    ps_launch_opts lo = {.model = o->model, .local_stages = c->stages, .local_unix = o->unix_sockets,
+                         .timeout_ms = 30000, .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
+                         .n_ctx = (int)(o->n_prompt + o->n_gen + 1), .max_batch = (int)o->n_prompt, .act = o->act};
+    ps_status s = ps_launch_start(&lo, &c->launch, err, errlen);
+    return s ? s : ps_session_create(ps_launch_coord(c->launch), NULL, &c->session, err, errlen);
 }
 
 static void config_stop(config *c) {
-    ps_coord_free(c->coord);
-    if (c->fleet_started) ps_local_fleet_stop(&c->fleet);
-    free(c->toks);
+    ps_session_free(c->session);
+    ps_launch_stop(c->launch);
     free(c->round_s);
 }
 
-/* Runs c->toks[pos..pos+n) at positions pos.. and writes the greedy next token at pos + n. */
-static ps_status step(config *c, int pos, int n, char *err, size_t errlen) {
-    ps_sample_params sp = ps_sample_params_default();
-    sp.temperature = 0;
-    return ps_coord_next(c->coord, &c->toks[pos], n, pos, &sp, &c->toks[pos + n], err, errlen);
+/* Starts a generation of c's session over prompt (n tokens): greedy, to the end of the context. */
+static ps_status set_prompt(config *c, const int32_t *prompt, int n, char *err, size_t errlen) {
+    ps_gen_params gp = {.sp = ps_sample_params_default(), .n_predict = -1, .ignore_eos = true};
+    gp.sp.temperature = 0;
+    return ps_session_prompt_ids(c->session, prompt, n, &gp, err, errlen);
 }
 
-/* Decodes positions from..to-1 one token at a time. */
-static ps_status decode(config *c, int from, int to, char *err, size_t errlen) {
+/* n steps of c's session: the first runs the prompt, the others decode one token each. */
+static ps_status steps(config *c, int n, char *err, size_t errlen) {
+    ps_session_step st;
     ps_status s = PS_OK;
-    for (int pos = from; !s && pos < to; pos++) s = step(c, pos, 1, err, errlen);
+    for (int i = 0; !s && i < n; i++) s = ps_session_next(c->session, &st, err, errlen);
     return s;
 }
 
 /* Faults every configuration's weights in (first touches of a mapped file are slow) and
  * starts its threads: the prompt and one turn of decode, untimed. */
-static ps_status warm_up(config *cs, int nc, const bench_opts *o, char *err, size_t errlen) {
-    int p = (int)o->n_prompt, to = p + (int)(o->segment < o->n_gen ? o->segment : o->n_gen);
+static ps_status warm_up(config *cs, int nc, const bench_opts *o, const int32_t *prompt, char *err,
+                         size_t errlen) {
+    int n = 1 + (int)(o->segment < o->n_gen ? o->segment : o->n_gen);
     for (int i = 0; i < nc; i++) {
-        ps_status s = step(&cs[i], 0, p, err, errlen);
-        if (!s) s = decode(&cs[i], p, to, err, errlen);
+        ps_status s = set_prompt(&cs[i], prompt, (int)o->n_prompt, err, errlen);
+        if (!s) s = steps(&cs[i], n, err, errlen);
         if (s) return s;
     }
     return PS_OK;
@@ -89,15 +77,17 @@ static int rounds_per_rep(const bench_opts *o) { return (int)((o->n_gen - 1 + o-
 
 /* One repetition: every configuration prefills the prompt, then they decode o->n_gen tokens
  * in turns. Fails when a configuration's token differs from the unsplit model's. */
-static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, char *err, size_t errlen) {
+static ps_status bench_rep(config *cs, int nc, const bench_opts *o, const int32_t *prompt, int rep, char *err,
+                           size_t errlen) {
     int p = (int)o->n_prompt;
     for (int i = 0; i < nc; i++) {
         config *c = &cs[(i + rep) % nc];
+        ps_status s = set_prompt(c, prompt, p, err, errlen);
         double t0 = ps_now();
-        ps_status s = step(c, 0, p, err, errlen);
+        if (!s) s = steps(c, 1, err, errlen);
         if (s) return s;
         c->t_prefill += ps_now() - t0;
-        ps_coord_reset_stats(c->coord);
+        ps_coord_reset_stats(ps_launch_coord(c->launch));
     }
     int rounds = rounds_per_rep(o);
     for (int r = 0; r < rounds; r++) {
@@ -106,24 +96,26 @@ static ps_status bench_rep(config *cs, int nc, const bench_opts *o, int rep, cha
         for (int i = 0; i < nc; i++) {
             config *c = &cs[(i + r + rep) % nc];
             double t0 = ps_now();
-            ps_status s = decode(c, from, to, err, errlen);
+            ps_status s = steps(c, to - from, err, errlen);
             if (s) return s;
             double dt = ps_now() - t0;
             c->t_decode += dt;
             c->round_s[rep * rounds + r] = dt;
         }
     }
+    const int32_t *base = ps_session_tokens(cs[0].session, NULL, NULL);
     for (int i = 0; i < nc; i++) {
         config *c = &cs[i];
         c->n_decode += o->n_gen;
         ps_coord_stats st;
-        ps_coord_get_stats(c->coord, &st);
+        ps_coord_get_stats(ps_launch_coord(c->launch), &st);
         for (int k = 0; k < st.n_stages; k++) c->compute_ms += st.compute_ms[k];
         if (c->stages > 1) c->overhead_ms += ps_coord_ring_overhead_ms(&st);
+        const int32_t *toks = ps_session_tokens(c->session, NULL, NULL);
         for (int pos = p; pos <= p + o->n_gen; pos++)
-            if (c->toks[pos] != cs[0].toks[pos])
+            if (toks[pos] != base[pos])
                 return ps_errf(err, errlen, PS_ERR_INTERNAL, "%d stages generated token %d at position %d where the "
-                               "unsplit model generated %d", c->stages, c->toks[pos], pos, cs[0].toks[pos]);
+                               "unsplit model generated %d", c->stages, toks[pos], pos, base[pos]);
     }
     return PS_OK;
 }
@@ -184,26 +176,26 @@ int ps_bench_stages(const bench_opts *o) {
     int n_rounds = rounds_per_rep(o) * (int)o->reps;
     config *cs = calloc((size_t)nc, sizeof *cs);
     double *rr = malloc((size_t)n_rounds * sizeof *rr);
-    ps_status s = cs && rr ? PS_OK : PS_ERR_NOMEM;
+    int32_t *prompt = malloc((size_t)o->n_prompt * sizeof *prompt);
+    ps_status s = cs && rr && prompt ? PS_OK : ps_errf(err, sizeof err, PS_ERR_NOMEM, "out of memory");
     for (int i = 0; !s && i < nc; i++) {
         config *c = &cs[i];
         c->stages = i ? o->split[i - 1] : 1;
-        c->toks = calloc((size_t)(o->n_prompt + o->n_gen + 1), sizeof *c->toks);
         c->round_s = calloc((size_t)n_rounds, sizeof *c->round_s);
-        if (!c->toks || !c->round_s) s = ps_errf(err, sizeof err, PS_ERR_NOMEM, "out of memory");
+        if (!c->round_s) s = ps_errf(err, sizeof err, PS_ERR_NOMEM, "out of memory");
         else s = config_start(c, o, err, sizeof err);
     }
     if (!s) {
-        int vocab = ps_coord_model(cs[0].coord)->hp.vocab;
-        for (int i = 0; i < nc; i++)
-            for (long long k = 0; k < o->n_prompt; k++) cs[i].toks[k] = (int32_t)((k * 7919 + 13) % vocab);
+        int vocab = ps_coord_model(ps_launch_coord(cs[0].launch))->hp.vocab;
+        for (long long k = 0; k < o->n_prompt; k++) prompt[k] = (int32_t)((k * 7919 + 13) % vocab);
     }
-    if (!s) s = warm_up(cs, nc, o, err, sizeof err);
-    for (int r = 0; !s && r < o->reps; r++) s = bench_rep(cs, nc, o, r, err, sizeof err);
+    if (!s) s = warm_up(cs, nc, o, prompt, err, sizeof err);
+    for (int r = 0; !s && r < o->reps; r++) s = bench_rep(cs, nc, o, prompt, r, err, sizeof err);
     if (!s) report(o, cs, nc, n_rounds, rr);
     for (int i = 0; cs && i < nc; i++) config_stop(&cs[i]);
     free(cs);
     free(rr);
+    free(prompt);
     if (s) fprintf(stderr, "pipeshard bench: %s\n", err[0] ? err : ps_strerror(s));
     return s ? 1 : 0;
 }

@@ -1,5 +1,6 @@
-/* run.c - `pipeshard run`: tokenize a prompt, run the model, print the generated text as
- * it is produced (or token ids with --print-ids), and optionally a JSON stats line. */
+/* run.c - `pipeshard run`: parse the options, start the model (coord/launch.h), give a
+ * session the prompt (coord/session.h), print the generated text as it is produced (or
+ * token ids with --print-ids), and optionally a JSON stats line. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -7,25 +8,22 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "../coord/coord.h"
-#include "../model/model.h"
-#include "../sample/sample.h"
-#include "../tokenize/chat.h"
-#include "../tokenize/tokenize.h"
+#include "../coord/launch.h"
+#include "../coord/session.h"
 #include "args.h"
 #include "cli.h"
-#include "../coord/local_fleet.h"
 
 typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
-    long long n_predict, threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
+    long long threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
     ps_link_sim sim;
-    bool ignore_eos, chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport;
+    bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport;
     ps_act act;
-    ps_sample_params sp;
+    ps_gen_params gp;      /* sampling, -n, --ignore-eos */
 } run_opts;
 
 static void run_usage(FILE *f) {
+    ps_gen_params d = ps_gen_params_default();
     fprintf(f,
             "usage: pipeshard run (-m MODEL | --fleet FLEET.json) [-p PROMPT | -f FILE] [options]\n"
             "  -m, --model FILE        GGUF model\n"
@@ -49,15 +47,15 @@ static void run_usage(FILE *f) {
             "  --stage-timeout-ms MS   report a stage that does not answer within MS (default 60000)\n"
             "  -p, --prompt TEXT       prompt text\n"
             "  -f, --file FILE         read the prompt from FILE\n"
-            "  -n, --n-predict N       tokens to generate (default 128; -1 = until end of text or context)\n"
-            "  --temp T                temperature; 0 = greedy (default 0.8)\n"
-            "  --top-k K               keep the K most likely tokens; 0 = off (default 40)\n"
-            "  --top-p P               nucleus sampling; 1 = off (default 0.95)\n"
-            "  --min-p P               drop tokens below P x the top probability; 0 = off (default 0.05)\n"
-            "  --repeat-penalty R      penalty on recent tokens; 1 = off (default 1)\n"
-            "  --repeat-last-n N       tokens the penalties look at (default 64; -1 = all)\n"
-            "  --presence-penalty P    OpenAI presence penalty (default 0)\n"
-            "  --frequency-penalty F   OpenAI frequency penalty (default 0)\n"
+            "  -n, --n-predict N       tokens to generate (default %lld; -1 = until end of text or context)\n"
+            "  --temp T                temperature; 0 = greedy (default %g)\n"
+            "  --top-k K               keep the K most likely tokens; 0 = off (default %d)\n"
+            "  --top-p P               nucleus sampling; 1 = off (default %g)\n"
+            "  --min-p P               drop tokens below P x the top probability; 0 = off (default %g)\n"
+            "  --repeat-penalty R      penalty on recent tokens; 1 = off (default %g)\n"
+            "  --repeat-last-n N       tokens the penalties look at (default %d; -1 = all)\n"
+            "  --presence-penalty P    OpenAI presence penalty (default %g)\n"
+            "  --frequency-penalty F   OpenAI frequency penalty (default %g)\n"
             "  --seed S                sampling seed (default: random, printed by --stats)\n"
             "  -t, --threads N         threads (default: all cores)\n"
             "  --pin                   pin thread i to the i-th CPU this process may use (with\n"
@@ -81,7 +79,9 @@ static void run_usage(FILE *f) {
             "                          per-stage compute and per-hop bytes and milliseconds)\n"
             "  --prompt-ids IDS        comma-separated token ids instead of a text prompt (no BOS added)\n"
             "  --print-ids             print generated token ids (space-separated) instead of text\n"
-            "  --dump-logits FILE      write each generated step's logits (float32, vocab per step) to FILE\n");
+            "  --dump-logits FILE      write each generated step's logits (float32, vocab per step) to FILE\n",
+            (long long)d.n_predict, d.sp.temperature, d.sp.top_k, d.sp.top_p, d.sp.min_p, d.sp.repetition_penalty,
+            d.sp.penalty_last_n, d.sp.presence_penalty, d.sp.frequency_penalty);
 }
 
 /* The option table: flags taking a value. */
@@ -128,34 +128,33 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
         if (!ps_act_from_name(v, &o->act)) return true;
         fprintf(stderr, "pipeshard run: %s must be q8 or f32, got '%s'\n", flag, v);
         return false;
-    case O_N: return ps_arg_int("run", flag, v, -1, 1 << 30, &o->n_predict);
+    case O_N: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->gp.n_predict = i), true);
     case O_THREADS: return ps_arg_int("run", flag, v, 1, 1024, &o->threads);
     case O_CTX: return ps_arg_int("run", flag, v, 1, 1 << 24, &o->ctx);
     case O_BATCH: return ps_arg_int("run", flag, v, 1, 1 << 16, &o->batch);
-    case O_TOPK: return ps_arg_int("run", flag, v, 0, 1 << 30, &i) && ((o->sp.top_k = (int32_t)i), true);
-    case O_REPN: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->sp.penalty_last_n = (int32_t)i), true);
+    case O_TOPK: return ps_arg_int("run", flag, v, 0, 1 << 30, &i) && ((o->gp.sp.top_k = (int32_t)i), true);
+    case O_REPN: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->gp.sp.penalty_last_n = (int32_t)i), true);
     case O_SEED:
         o->seeded = true;
-        return ps_arg_int("run", flag, v, 0, INT64_MAX, &i) && ((o->sp.seed = (uint64_t)i), true);
-    case O_TEMP: return ps_arg_float("run", flag, v, 0, 1e6, &d) && ((o->sp.temperature = (float)d), true);
-    case O_TOPP: return ps_arg_float("run", flag, v, 1e-9, 1, &d) && ((o->sp.top_p = (float)d), true);
-    case O_MINP: return ps_arg_float("run", flag, v, 0, 1, &d) && ((o->sp.min_p = (float)d), true);
-    case O_REP: return ps_arg_float("run", flag, v, 1e-6, 1e6, &d) && ((o->sp.repetition_penalty = (float)d), true);
-    case O_PRES: return ps_arg_float("run", flag, v, -2, 2, &d) && ((o->sp.presence_penalty = (float)d), true);
-    case O_FREQ: return ps_arg_float("run", flag, v, -2, 2, &d) && ((o->sp.frequency_penalty = (float)d), true);
+        return ps_arg_int("run", flag, v, 0, INT64_MAX, &i) && ((o->gp.sp.seed = (uint64_t)i), true);
+    case O_TEMP: return ps_arg_float("run", flag, v, 0, 1e6, &d) && ((o->gp.sp.temperature = (float)d), true);
+    case O_TOPP: return ps_arg_float("run", flag, v, 1e-9, 1, &d) && ((o->gp.sp.top_p = (float)d), true);
+    case O_MINP: return ps_arg_float("run", flag, v, 0, 1, &d) && ((o->gp.sp.min_p = (float)d), true);
+    case O_REP: return ps_arg_float("run", flag, v, 1e-6, 1e6, &d) && ((o->gp.sp.repetition_penalty = (float)d), true);
+    case O_PRES: return ps_arg_float("run", flag, v, -2, 2, &d) && ((o->gp.sp.presence_penalty = (float)d), true);
+    case O_FREQ: return ps_arg_float("run", flag, v, -2, 2, &d) && ((o->gp.sp.frequency_penalty = (float)d), true);
     }
     return false;
 }
 
 /* Parses argv; returns -1 to go on, else the exit status (0 after --help). */
 static int run_parse(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.n_predict = 128, .threads = ps_cpu_count(), .batch = 128, .local_stages = 1, .timeout_ms = 60000,
-                    .sp = ps_sample_params_default()};
-    o->sp.temperature = 0.8f, o->sp.top_k = 40, o->sp.top_p = 0.95f, o->sp.min_p = 0.05f;
+    *o = (run_opts){.threads = ps_cpu_count(), .batch = 128, .local_stages = 1, .timeout_ms = 60000,
+                    .gp = ps_gen_params_default()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return run_usage(stdout), 0;
-        if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = true; continue; }
+        if (!strcmp(a, "--ignore-eos")) { o->gp.ignore_eos = true; continue; }
         if (!strcmp(a, "--chat")) { o->chat = true; continue; }
         if (!strcmp(a, "--stats")) { o->stats = true; continue; }
         if (!strcmp(a, "--print-ids")) { o->print_ids = true; continue; }
@@ -185,28 +184,20 @@ static int run_parse(int argc, char **argv, run_opts *o) {
         fprintf(stderr, "pipeshard run: %s\n", why);
         return 2;
     }
-    if (!o->seeded && getrandom(&o->sp.seed, sizeof o->sp.seed, 0) != sizeof o->sp.seed) o->sp.seed = (uint64_t)ps_now();
-    o->sp.seed &= INT64_MAX;
+    if (!o->seeded && getrandom(&o->gp.sp.seed, sizeof o->gp.sp.seed, 0) != sizeof o->gp.sp.seed) o->gp.sp.seed = (uint64_t)ps_now();
+    o->gp.sp.seed &= INT64_MAX;
     return -1;
 }
 
 // ---------------------------------------------------------------------------------------
 // Generation
 
+/* What one run holds besides its options. */
 typedef struct {
     const run_opts *o;
-    ps_local_fleet *local; /* --local-stages > 1 */
-    ps_fleet *fleet;       /* --fleet, or the local one */
-    ps_coord *coord;
-    const ps_model *m;     /* stage 0's model (the tokenizer's metadata) */
-    ps_tok *tok;          /* NULL when ids go in and out (--prompt-ids with --print-ids) */
-    ps_tok_stream *stream;
-    int32_t *toks;        /* (n_ctx + 1) prompt then generated tokens */
-    int n_toks;
-    int n_prompt;
+    ps_launch *launch;
+    ps_session *session;
     FILE *dump;           /* --dump-logits */
-    double t_load, t_prefill, t_first, t_decode;
-    int n_decode;         /* single-token forward passes timed in t_decode */
     char err[1024];
 } run_state;
 
@@ -236,216 +227,108 @@ static ps_status read_file(const char *path, char **out, size_t *len, char *err,
     return PS_OK;
 }
 
-/* Parses "1,2,3" into st->toks (at most cap ids). */
-static ps_status parse_ids(run_state *st, const char *s, int cap) {
-    long long n = 0;
+/* Parses --prompt-ids "1,2,3" into a malloc'd array (caller frees). */
+static ps_status parse_ids(const char *s, int32_t **ids, int *n_ids, char *err, size_t errlen) {
+    long long n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    if (n > INT32_MAX || !(*ids = malloc((size_t)n * sizeof **ids)))
+        return ps_errf(err, errlen, PS_ERR_NOMEM, "--prompt-ids: too many ids");
+    n = 0;
     for (const char *p = s; *p;) {
         char *end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ','))
-            return ps_errf(st->err, sizeof st->err, PS_ERR_ARG,
-                           "--prompt-ids: '%s' is not a comma-separated list of token ids", s);
-        if (n < cap) st->toks[n] = (int32_t)v;
-        n++;
+            return ps_errf(err, errlen, PS_ERR_ARG, "--prompt-ids: '%s' is not a comma-separated list of token ids", s);
+        (*ids)[n++] = (int32_t)v;
         p = *end ? end + 1 : end;
     }
-    if (!n) return ps_errf(st->err, sizeof st->err, PS_ERR_ARG, "--prompt-ids is empty");
-    if (n > cap)
-        return ps_errf(st->err, sizeof st->err, PS_ERR_RANGE,
-                       "the prompt has %lld tokens, more than the context size of %d (-c/--ctx-size)", n, cap);
-    st->n_prompt = st->n_toks = (int)n;
+    if (!n) return ps_errf(err, errlen, PS_ERR_ARG, "--prompt-ids is empty");
+    *n_ids = (int)n;
     return PS_OK;
 }
 
-/* A NUL-terminated copy of token id's text, or NULL (caller frees). */
-static char *token_text(const ps_tok *tok, int32_t id) {
-    size_t len;
-    const char *t = id >= 0 ? ps_tok_token_text(tok, id, &len) : NULL;
-    return t ? strndup(t, len) : NULL;
-}
-
-/* Renders the user's prompt (and --system) through the model's chat template, or the
- * family named by --chat-template. *text is malloc'd; *writes_bos says whether it holds
- * the BOS text already. */
-static ps_status chat_prompt(run_state *st, const char *user, char **text, bool *writes_bos) {
+/* Gives the session the prompt: --prompt-ids, or -p / -f text (a user message of the chat
+ * template with --chat, after --system's). */
+static ps_status set_prompt(run_state *st) {
     const run_opts *o = st->o;
-    ps_gguf_str t;
-    char *tmpl = NULL, *bos = token_text(st->tok, ps_tok_bos(st->tok)), *eos = token_text(st->tok, ps_tok_eos(st->tok));
-    if (ps_gguf_get_str(st->m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK) tmpl = strndup(t.data, t.len);
-    ps_chat *chat = NULL;
-    ps_status s = ps_chat_create(tmpl, o->chat_template, bos, eos, &chat, st->err, sizeof st->err);
-    if (!s) {
-        ps_chat_msg msgs[2] = {{"system", o->system}, {"user", user}};
-        size_t len;
-        s = ps_chat_apply_alloc(chat, o->system ? msgs : msgs + 1, o->system ? 2 : 1, true, text, &len, st->err,
-                                sizeof st->err);
-        *writes_bos = ps_chat_writes_bos(chat);
-    }
-    ps_chat_free(chat);
-    free(tmpl), free(bos), free(eos);
-    return s;
-}
-
-/* The text to tokenize: -p, -f or nothing, wrapped in the chat template with --chat.
- * *text is malloc'd (caller frees); *add_bos says whether the tokenizer adds BOS. */
-static ps_status prompt_text(run_state *st, char **text, size_t *len, bool *add_bos) {
-    const run_opts *o = st->o;
-    char *raw = NULL;
-    size_t n = 0;
-    ps_status s = PS_OK;
-    *add_bos = true;
-    if (o->prompt_file) s = read_file(o->prompt_file, &raw, &n, st->err, sizeof st->err);
-    else if (!(raw = strdup(o->prompt ? o->prompt : ""))) s = PS_ERR_NOMEM;
-    else n = strlen(raw);
-    if (s || !o->chat) {
-        *text = raw, *len = n;
+    char *err = st->err, *text = NULL;
+    size_t el = sizeof st->err, len = 0;
+    ps_status s;
+    if (o->prompt_ids) {
+        int32_t *ids = NULL;
+        int n = 0;
+        s = parse_ids(o->prompt_ids, &ids, &n, err, el);
+        if (!s) s = ps_session_prompt_ids(st->session, ids, n, &o->gp, err, el);
+        free(ids);
         return s;
     }
-    bool writes_bos = false;
-    s = chat_prompt(st, raw, text, &writes_bos);
-    free(raw);
-    *add_bos = !writes_bos;
-    if (!s) *len = strlen(*text);
+    if (o->prompt_file) s = read_file(o->prompt_file, &text, &len, err, el);
+    else if (!(text = strdup(o->prompt ? o->prompt : ""))) s = ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
+    else s = PS_OK, len = strlen(text);
+    ps_chat_msg msgs[2] = {{"system", o->system}, {"user", text}};
+    if (!s && o->chat)
+        s = ps_session_prompt_chat(st->session, o->system ? msgs : msgs + 1, o->system ? 2 : 1, o->chat_template,
+                                   &o->gp, err, el);
+    else if (!s)
+        s = ps_session_prompt_text(st->session, text, len, &o->gp, err, el);
+    free(text);
     return s;
 }
 
-/* Fills st->toks with the prompt (text tokenized, or --prompt-ids). */
-static ps_status tokenize_prompt(run_state *st, int cap) {
-    if (st->o->prompt_ids) return parse_ids(st, st->o->prompt_ids, cap);
-    char *text;
-    size_t len, n = 0;
-    bool add_bos;
-    ps_status s = prompt_text(st, &text, &len, &add_bos);
-    if (s) return s;
-    s = ps_tok_encode(st->tok, text, len, add_bos, st->o->chat, st->toks, (size_t)cap, &n, st->err, sizeof st->err);
-    free(text);
-    if (s == PS_ERR_RANGE)
-        return ps_errf(st->err, sizeof st->err, PS_ERR_RANGE,
-                       "the prompt has %zu tokens, more than the context size of %d (-c/--ctx-size)", n, cap);
-    if (s) return s;
-    if (n == 0) return ps_errf(st->err, sizeof st->err, PS_ERR_ARG, "the prompt is empty (give -p, -f or --prompt-ids)");
-    st->n_prompt = st->n_toks = (int)n;
-    return PS_OK;
-}
-
-/* Starts the fleet: --local-stages workers, or --fleet's; NULL fleet = the whole model. */
-static ps_status start_fleet(run_state *st, uint8_t *key, bool *have_key) {
-    const run_opts *o = st->o;
-    char *err = st->err;
-    size_t el = sizeof st->err;
-    ps_status s = PS_OK;
-    *have_key = false;
-    if (o->local_stages > 1) {
-        if (!(st->local = calloc(1, sizeof *st->local))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
-        ps_stage_opts so = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap};
-        s = ps_local_fleet_start(o->model, (int)o->local_stages, &so, &o->sim, o->key_file, o->local_unix, st->local,
-                                 err, el);
-        if (s) return s;
-        st->fleet = &st->local->fleet;
-        memcpy(key, st->local->key, 32);
-        *have_key = true;
-        return PS_OK;
-    }
-    if (o->key_file && (s = ps_net_key_load(o->key_file, key, err, el))) return s;
-    *have_key = o->key_file != NULL;
-    if (!o->fleet) return PS_OK;
-    if (!(st->fleet = malloc(sizeof *st->fleet))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
-    return ps_fleet_load(o->fleet, st->fleet, err, el);
-}
-
-/* Starts the fleet and the coordinator, loads the tokenizer, tokenizes the prompt. */
+/* Starts the fleet, the coordinator and the session, and sets the prompt. */
 static ps_status run_setup(run_state *st) {
     const run_opts *o = st->o;
     char *err = st->err;
     size_t el = sizeof st->err;
-    double t0 = ps_now();
-    uint8_t key[32];
-    bool have_key;
-    ps_status s = start_fleet(st, key, &have_key);
+    ps_status s = ps_sample_params_check(&o->gp.sp, err, el);
     if (s) return s;
-    if ((s = ps_sample_params_check(&o->sp, err, el))) return s;
-    ps_coord_opts co = {.model = st->fleet ? NULL : o->model, .fleet = st->fleet, .threads = (int)o->threads,
-                        .pin = o->pin, .mmap = o->mmap, .plain = o->plain || o->local_stages > 1,
-                        .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
-                        .act = o->act, .key = have_key ? key : NULL, .sim = o->sim, .timeout_ms = (int)o->timeout_ms};
-    if ((s = ps_coord_create(&co, &st->coord, err, el))) return s;
-    if ((s = ps_coord_connect(st->coord, err, el))) return s;
-    st->m = ps_coord_model(st->coord);
-    bool need_tok = !(o->prompt_ids && o->print_ids);
-    if (need_tok && (s = ps_tok_create(st->m->gguf, &st->tok, err, el))) return s;
-    if (st->tok && ps_tok_n_vocab(st->tok) > st->m->hp.vocab)
-        return ps_errf(err, el, PS_ERR_FORMAT, "the tokenizer has %d tokens but the model only %d rows",
-                       ps_tok_n_vocab(st->tok), st->m->hp.vocab);
-    int n_ctx = ps_coord_n_ctx(st->coord);
-    if (st->tok && (s = ps_tok_stream_create(st->tok, 0, &st->stream))) return s;
-    /* n_ctx positions, plus the last sampled token, which is printed but never fed */
-    if (!(st->toks = malloc(((size_t)n_ctx + 1) * sizeof *st->toks))) return ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
+    ps_launch_opts lo = {.model = o->model, .fleet = o->fleet, .local_stages = (int)o->local_stages,
+                         .local_unix = o->local_unix, .key_file = o->key_file, .plain = o->plain, .sim = o->sim,
+                         .timeout_ms = (int)o->timeout_ms,
+                         .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
+                         .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
+                         .act = o->act, .tokenizer = !(o->prompt_ids && o->print_ids)};
+    if ((s = ps_launch_start(&lo, &st->launch, err, el))) return s;
+    if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)))
+        return s;
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
         return ps_errf(err, el, PS_ERR_IO, "cannot create '%s': %s", o->dump_logits, strerror(errno));
-    st->t_load = ps_now() - t0;
-    return tokenize_prompt(st, n_ctx);
-}
-
-/* Prints one generated token (text through the streaming detokenizer, or its id). */
-static ps_status emit(run_state *st, int32_t tok) {
-    if (st->o->print_ids) {
-        printf(st->n_toks > st->n_prompt + 1 ? " %d" : "%d", tok);
-    } else {
-        const char *text;
-        size_t len;
-        ps_status s = ps_tok_stream_push(st->stream, tok, &text, &len);
-        if (s) return ps_errf(st->err, sizeof st->err, s, "cannot decode token %d", tok);
-        fwrite(text, 1, len, stdout);
-    }
-    fflush(stdout);
-    return PS_OK;
+    return set_prompt(st);
 }
 
 /* Writes the logits behind the latest token (--dump-logits). */
 static ps_status dump_logits(run_state *st) {
-    const float *lg = ps_coord_logits(st->coord);
-    size_t v = (size_t)st->m->hp.vocab;
+    ps_coord *c = ps_launch_coord(st->launch);
+    const float *lg = ps_coord_logits(c);
+    size_t v = (size_t)ps_coord_model(c)->hp.vocab;
     if (st->dump && (!lg || fwrite(lg, sizeof(float), v, st->dump) != v))
         return ps_errf(st->err, sizeof st->err, PS_ERR_IO, "cannot write '%s'", st->o->dump_logits);
     return PS_OK;
 }
 
-/* Prefill, then print / feed / sample until -n tokens, end of text or the context is full.
- * The last stage samples each token at position n_toks from the logits and the history. */
+/* Generates until the session stops, printing each token's text (or its id with
+ * --print-ids) as it comes, then what the detokenizer held back and a newline. */
 static ps_status generate(run_state *st) {
-    const run_opts *o = st->o;
-    int n_ctx = ps_coord_n_ctx(st->coord);
-    char *err = st->err;
-    size_t el = sizeof st->err;
-    double t0 = ps_now();
-    int32_t tok;
-    ps_status s = ps_coord_next(st->coord, st->toks, st->n_toks, 0, &o->sp, &tok, err, el);
+    ps_session_step step;
+    ps_status s;
+    bool first = true;
+    while (!(s = ps_session_next(st->session, &step, st->err, sizeof st->err))) {
+        if (step.token >= 0 && (s = dump_logits(st))) return s;
+        if (step.token >= 0 && step.stop != PS_STOP_EOS) {
+            if (st->o->print_ids) printf(first ? "%d" : " %d", step.token);
+            else fwrite(step.text, 1, step.len, stdout);
+            fflush(stdout);
+            first = false;
+        }
+        if (step.stop) break;
+    }
     if (s) return s;
-    st->t_prefill = st->t_first = ps_now() - t0;
-    double td = 0;
-    for (long long i = 0; o->n_predict < 0 || i < o->n_predict; i++) {
-        if ((s = dump_logits(st))) return s;
-        if (!o->ignore_eos && st->tok && ps_tok_is_eog(st->tok, tok)) break;
-        st->toks[st->n_toks++] = tok;
-        if ((s = emit(st, tok))) return s;
-        if ((o->n_predict >= 0 && i + 1 == o->n_predict) || st->n_toks > n_ctx) break; /* nowhere to feed it */
-        double t1 = ps_now();
-        if ((s = ps_coord_next(st->coord, &st->toks[st->n_toks - 1], 1, st->n_toks - 1, &o->sp, &tok, err, el)))
-            return s;
-        td += ps_now() - t1;
-        st->n_decode++;
-    }
-    st->t_decode = td;
-    if (o->print_ids) {
-        printf("\n");
-    } else if (st->stream) {
-        const char *text;
-        size_t len;
-        ps_tok_stream_flush(st->stream, &text, &len);
-        fwrite(text, 1, len, stdout);
-        printf("\n");
-    }
+    const char *text;
+    size_t len;
+    ps_session_flush(st->session, &text, &len);
+    if (!st->o->print_ids) fwrite(text, 1, len, stdout);
+    printf("\n");
     fflush(stdout);
     return PS_OK;
 }
@@ -453,7 +336,8 @@ static ps_status generate(run_state *st) {
 /* Per-stage compute and per-hop traffic, for --stats. */
 static void add_fleet_stats(const run_state *st, cJSON *j) {
     ps_coord_stats cs;
-    ps_coord_get_stats(st->coord, &cs);
+    const ps_fleet *fleet = ps_launch_fleet(st->launch);
+    ps_coord_get_stats(ps_launch_coord(st->launch), &cs);
     cJSON_AddNumberToObject(j, "stages", cs.n_stages);
     if (cs.n_stages > 1) {
         cJSON_AddNumberToObject(j, "wait_ms", cs.wait_ms);
@@ -463,7 +347,7 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
     for (int k = 0; k < cs.n_stages; k++) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "stage", k);
-        cJSON_AddStringToObject(e, "address", st->fleet ? st->fleet->stages[k].address : "local");
+        cJSON_AddStringToObject(e, "address", fleet ? fleet->stages[k].address : "local");
         cJSON_AddNumberToObject(e, "compute_ms", cs.compute_ms[k]);
         cJSON_AddItemToArray(stages, e);
         if (cs.n_stages == 1) continue;
@@ -480,18 +364,19 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
 
 /* The --stats JSON line. */
 static void print_stats(const run_state *st) {
+    ps_session_stats ss;
+    ps_session_get_stats(st->session, &ss);
     cJSON *j = cJSON_CreateObject();
-    int gen = st->n_toks - st->n_prompt;
-    cJSON_AddNumberToObject(j, "prompt_tokens", st->n_prompt);
-    cJSON_AddNumberToObject(j, "generated_tokens", gen);
-    cJSON_AddNumberToObject(j, "load_ms", st->t_load * 1e3);
-    cJSON_AddNumberToObject(j, "ttft_ms", st->t_first * 1e3);
-    cJSON_AddNumberToObject(j, "prefill_tok_s", st->t_prefill > 0 ? st->n_prompt / st->t_prefill : 0);
-    cJSON_AddNumberToObject(j, "decode_tok_s", st->t_decode > 0 ? st->n_decode / st->t_decode : 0);
+    cJSON_AddNumberToObject(j, "prompt_tokens", ss.n_prompt);
+    cJSON_AddNumberToObject(j, "generated_tokens", ss.n_generated);
+    cJSON_AddNumberToObject(j, "load_ms", ps_launch_seconds(st->launch) * 1e3);
+    cJSON_AddNumberToObject(j, "ttft_ms", ss.ttft_s * 1e3);
+    cJSON_AddNumberToObject(j, "prefill_tok_s", ss.ttft_s > 0 ? ss.n_prompt / ss.ttft_s : 0);
+    cJSON_AddNumberToObject(j, "decode_tok_s", ss.decode_s > 0 ? ss.n_decode / ss.decode_s : 0);
     cJSON_AddNumberToObject(j, "threads", (double)st->o->threads);
-    cJSON_AddNumberToObject(j, "n_ctx", ps_coord_n_ctx(st->coord));
+    cJSON_AddNumberToObject(j, "n_ctx", ps_coord_n_ctx(ps_launch_coord(st->launch)));
     char seed[24];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->o->sp.seed);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->o->gp.sp.seed);
     cJSON_AddRawToObject(j, "seed", seed); /* exact: a double would round seeds above 2^53 */
     cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
     cJSON_AddStringToObject(j, "activations", ps_act_name(st->o->act));
@@ -500,17 +385,6 @@ static void print_stats(const run_state *st) {
     fprintf(stderr, "%s\n", txt);
     free(txt);
     cJSON_Delete(j);
-}
-
-static void run_cleanup(run_state *st) {
-    if (st->dump) fclose(st->dump);
-    free(st->toks);
-    ps_tok_stream_free(st->stream);
-    ps_tok_free(st->tok);
-    ps_coord_free(st->coord);
-    if (st->local) ps_local_fleet_stop(st->local);
-    else free(st->fleet);
-    free(st->local);
 }
 
 int ps_cli_run(int argc, char **argv) {
@@ -522,6 +396,8 @@ int ps_cli_run(int argc, char **argv) {
     if (!s) s = generate(&st);
     if (s) fprintf(stderr, "pipeshard run: %s\n", st.err[0] ? st.err : ps_strerror(s));
     else if (o.stats) print_stats(&st);
-    run_cleanup(&st);
+    if (st.dump) fclose(st.dump);
+    ps_session_free(st.session);
+    ps_launch_stop(st.launch);
     return s ? 1 : 0;
 }

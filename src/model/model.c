@@ -272,3 +272,20 @@ void ps_model_free(ps_model *m) {
     free(m->owned);
     free(m);
 }
+
+double ps_model_decode_weight_bytes(const ps_model *m) {
+    double b = 0;
+#define MB(mat) ((double)ps_row_bytes((mat).type, (mat).cols) * (double)(mat).rows)
+    for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
+        const ps_layer *L = &m->layers[i];
+        b += MB(L->wq) + MB(L->wk) + MB(L->wv) + MB(L->wo) + MB(L->w_gate) + MB(L->w_up) + MB(L->w_down);
+    }
+    b += MB(m->output) + (double)ps_row_bytes(m->tok_embd.type, m->tok_embd.cols);
+#undef MB
+    return b;
+}
+
+double ps_model_decode_kv_bytes(const ps_model *m, long long n_prompt, long long n_gen) {
+    double per_pos = 2.0 * sizeof(float) * m->hp.n_head_kv * m->hp.head_dim * (m->layer_end - m->layer_begin);
+    return per_pos * ((double)n_prompt + (double)(n_gen + 1) / 2);
+}

@@ -77,6 +77,13 @@ typedef struct {
 ps_status ps_model_load(const char *path, ps_gguf_load how, ps_model **out, char *err, size_t errlen);
 void ps_model_free(ps_model *m); /* NULL is a no-op */
 
+/* Bytes of weights one decode step reads: every layer matrix, the output head and one
+ * embedding row (the small norm vectors aside). */
+double ps_model_decode_weight_bytes(const ps_model *m);
+/* Bytes of keys and values (f32) a decode step reads, averaged over n_gen steps after an
+ * n_prompt-token prompt: step i attends to n_prompt + i + 1 positions. */
+double ps_model_decode_kv_bytes(const ps_model *m, long long n_prompt, long long n_gen);
+
 /* Run state of one sequence. */
 typedef struct ps_ctx ps_ctx;
 

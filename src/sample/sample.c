@@ -80,6 +80,12 @@ ps_sample_params ps_sample_params_default(void) {
     return p;
 }
 
+ps_sample_params ps_sample_params_cli(void) {
+    ps_sample_params p = ps_sample_params_default();
+    p.temperature = 0.8f, p.top_k = 40, p.top_p = 0.95f, p.min_p = 0.05f;
+    return p;
+}
+
 /* Comparisons are written so that NaN fails every range check. */
 ps_status ps_sample_params_check(const ps_sample_params *p, char *err, size_t errlen) {
     const ps_status e = PS_ERR_ARG;

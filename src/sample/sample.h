@@ -48,10 +48,8 @@ double ps_rng_uniform(uint64_t seed, uint64_t position, uint32_t stream);
 
 /* ---- sampler -------------------------------------------------------------------- */
 
-/* Sampling parameters. Fill with ps_sample_params_default() and change what you need;
- * every field has an "off" value, and the defaults are all off (temperature 1: the
- * model's own distribution, OpenAI's defaults). llama.cpp's CLI defaults would be
- * temperature 0.8, top_k 40, top_p 0.95, min_p 0.05. */
+/* Sampling parameters. Fill with ps_sample_params_default() (or _cli()) and change what
+ * you need; every field has an "off" value. */
 typedef struct {
     float temperature;        /* >= 0; 0 = greedy argmax (ties -> lowest id); default 1 */
     int32_t top_k;            /* >= 0; keep the k most likely tokens; 0 = off (default) */
@@ -65,8 +63,13 @@ typedef struct {
     uint64_t seed;            /* key of the RNG; default 0 */
 } ps_sample_params;
 
-/* The defaults described above. */
+/* The API's defaults: everything off (temperature 1: the model's own distribution, as
+ * OpenAI's API), penalty_last_n 64, seed 0. */
 ps_sample_params ps_sample_params_default(void);
+/* The command line's defaults, llama.cpp's: temperature 0.8, top_k 40, top_p 0.95,
+ * min_p 0.05, the rest as ps_sample_params_default. The one place that holds them: `run`
+ * and its help text read them here. */
+ps_sample_params ps_sample_params_cli(void);
 
 /* Checks every field; on failure returns PS_ERR_ARG and writes one line naming the
  * field, its value and the allowed range into err (when err is non-NULL). */

@@ -1,0 +1,184 @@
+/* session.c - a generation's token loop on the coordinator (session.h). */
+#include "session.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ps_session {
+    ps_coord *coord;
+    const ps_tok *tok;         /* NULL: ids in and out */
+    const ps_model *m;         /* stage 0's model: the chat template, the vocabulary size */
+    ps_tok_stream *stream;     /* with tok */
+    int n_ctx;
+    int32_t *toks;             /* (n_ctx + 1) prompt, then generated tokens; the last one
+                                  generated is never fed when the context is full */
+    int n_toks, n_prompt;
+    ps_gen_params gp;
+    bool started;              /* the prompt went around the ring */
+    ps_stop_reason stop;
+    atomic_bool cancel;
+    double ttft_s, decode_s;
+    int n_decode;
+};
+
+const char *ps_stop_reason_name(ps_stop_reason r) {
+    static const char *const names[] = {"none", "eos", "length", "context", "cancelled"};
+    return (unsigned)r < PS_ARRAY_LEN(names) ? names[r] : "unknown";
+}
+
+ps_gen_params ps_gen_params_default(void) {
+    return (ps_gen_params){.sp = ps_sample_params_cli(), .n_predict = 128};
+}
+
+ps_status ps_session_create(ps_coord *c, const ps_tok *tok, ps_session **out, char *err, size_t errlen) {
+    *out = NULL;
+    ps_session *s = calloc(1, sizeof *s);
+    if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    s->coord = c, s->tok = tok, s->m = ps_coord_model(c), s->n_ctx = ps_coord_n_ctx(c);
+    atomic_init(&s->cancel, false);
+    if (!(s->toks = malloc(((size_t)s->n_ctx + 1) * sizeof *s->toks)) ||
+        (tok && ps_tok_stream_create(tok, 0, &s->stream))) {
+        ps_session_free(s);
+        return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    }
+    *out = s;
+    return PS_OK;
+}
+
+void ps_session_free(ps_session *s) {
+    if (!s) return;
+    ps_tok_stream_free(s->stream);
+    free(s->toks);
+    free(s);
+}
+
+/* Starts a generation over the n_prompt tokens already in s->toks. */
+static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, char *err, size_t errlen) {
+    ps_status st = ps_sample_params_check(&gp->sp, err, errlen);
+    if (st) return st;
+    s->gp = *gp;
+    s->n_prompt = s->n_toks = n_prompt;
+    s->started = false;
+    s->stop = PS_STOP_NONE;
+    atomic_store(&s->cancel, false);
+    s->ttft_s = s->decode_s = 0;
+    s->n_decode = 0;
+    if (s->stream) ps_tok_stream_reset(s->stream);
+    return PS_OK;
+}
+
+/* The message of a prompt of n tokens that does not fit the context. */
+static ps_status too_long(const ps_session *s, long long n, char *err, size_t errlen) {
+    return ps_errf(err, errlen, PS_ERR_RANGE, "the prompt has %lld tokens, more than the context size of %d "
+                   "(-c/--ctx-size)", n, s->n_ctx);
+}
+
+ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const ps_gen_params *gp, char *err,
+                                size_t errlen) {
+    if (n <= 0) return ps_errf(err, errlen, PS_ERR_ARG, "the prompt is empty");
+    if (n > s->n_ctx) return too_long(s, n, err, errlen);
+    memcpy(s->toks, ids, (size_t)n * sizeof *ids);
+    return start(s, n, gp, err, errlen);
+}
+
+/* Tokenizes text into the sequence and starts the generation. */
+static ps_status prompt_tokens(ps_session *s, const char *text, size_t len, bool add_bos, bool parse_special,
+                               const ps_gen_params *gp, char *err, size_t errlen) {
+    if (!s->tok) return ps_errf(err, errlen, PS_ERR_ARG, "a text prompt needs the model's tokenizer");
+    size_t n = 0;
+    ps_status st = ps_tok_encode(s->tok, text, len, add_bos, parse_special, s->toks, (size_t)s->n_ctx, &n, err,
+                                 errlen);
+    if (st == PS_ERR_RANGE) return too_long(s, (long long)n, err, errlen);
+    if (st) return st;
+    if (n == 0) return ps_errf(err, errlen, PS_ERR_ARG, "the prompt is empty");
+    return start(s, (int)n, gp, err, errlen);
+}
+
+ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, const ps_gen_params *gp, char *err,
+                                 size_t errlen) {
+    return prompt_tokens(s, text, len, true, false, gp, err, errlen);
+}
+
+/* A NUL-terminated copy of token id's text, or NULL (caller frees). */
+static char *token_text(const ps_tok *tok, int32_t id) {
+    size_t len;
+    const char *t = id >= 0 ? ps_tok_token_text(tok, id, &len) : NULL;
+    return t ? strndup(t, len) : NULL;
+}
+
+/* See session.h. The template is the model's unless template_name names a family; BOS is
+ * added by the tokenizer only when the template does not write it itself. */
+ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t n, const char *template_name,
+                                 const ps_gen_params *gp, char *err, size_t errlen) {
+    if (!s->tok) return ps_errf(err, errlen, PS_ERR_ARG, "a chat prompt needs the model's tokenizer");
+    ps_gguf_str t;
+    char *tmpl = NULL, *text = NULL, *bos = token_text(s->tok, ps_tok_bos(s->tok));
+    char *eos = token_text(s->tok, ps_tok_eos(s->tok));
+    if (ps_gguf_get_str(s->m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK) tmpl = strndup(t.data, t.len);
+    ps_chat *chat = NULL;
+    size_t len = 0;
+    ps_status st = ps_chat_create(tmpl, template_name, bos, eos, &chat, err, errlen);
+    if (!st) st = ps_chat_apply_alloc(chat, msgs, n, true, &text, &len, err, errlen);
+    if (!st) st = prompt_tokens(s, text, len, !ps_chat_writes_bos(chat), true, gp, err, errlen);
+    ps_chat_free(chat);
+    free(tmpl), free(bos), free(eos), free(text);
+    return st;
+}
+
+/* Runs the model for the next token: the whole prompt on the first step, else the token
+ * before; the last stage samples at position n_toks. */
+static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errlen) {
+    double t0 = ps_now();
+    ps_status st;
+    if (!s->started) {
+        st = ps_coord_next(s->coord, s->toks, s->n_toks, 0, &s->gp.sp, tok, err, errlen);
+        s->ttft_s = ps_now() - t0;
+        s->started = true;
+        return st;
+    }
+    st = ps_coord_next(s->coord, &s->toks[s->n_toks - 1], 1, s->n_toks - 1, &s->gp.sp, tok, err, errlen);
+    s->decode_s += ps_now() - t0;
+    s->n_decode++;
+    return st;
+}
+
+/* See session.h. A stop found after sampling (end of text) leaves the token out of the
+ * sequence; one found after keeping it (length, context) keeps it. */
+ps_status ps_session_next(ps_session *s, ps_session_step *out, char *err, size_t errlen) {
+    *out = (ps_session_step){.token = -1, .text = "", .stop = s->stop};
+    if (s->stop) return PS_OK;
+    if (atomic_load(&s->cancel)) return out->stop = s->stop = PS_STOP_CANCELLED, PS_OK;
+    int32_t tok;
+    ps_status st = sample_next(s, &tok, err, errlen);
+    if (st) return st;
+    int64_t n_gen = s->n_toks - s->n_prompt;
+    if (n_gen == s->gp.n_predict) return out->stop = s->stop = PS_STOP_LENGTH, PS_OK; /* n_predict 0 */
+    out->token = tok;
+    if (!s->gp.ignore_eos && s->tok && ps_tok_is_eog(s->tok, tok)) return out->stop = s->stop = PS_STOP_EOS, PS_OK;
+    s->toks[s->n_toks++] = tok;
+    if (s->stream && (st = ps_tok_stream_push(s->stream, tok, &out->text, &out->len)))
+        return ps_errf(err, errlen, st, "cannot decode token %d", tok);
+    if (n_gen + 1 == s->gp.n_predict) s->stop = PS_STOP_LENGTH;
+    else if (s->n_toks > s->n_ctx) s->stop = PS_STOP_CONTEXT; /* nowhere to feed it */
+    out->stop = s->stop;
+    return PS_OK;
+}
+
+void ps_session_flush(ps_session *s, const char **text, size_t *len) {
+    if (s->stream) return ps_tok_stream_flush(s->stream, text, len);
+    *text = "", *len = 0;
+}
+
+void ps_session_cancel(ps_session *s) { atomic_store(&s->cancel, true); }
+
+const int32_t *ps_session_tokens(const ps_session *s, int *n_tokens, int *n_prompt) {
+    if (n_tokens) *n_tokens = s->n_toks;
+    if (n_prompt) *n_prompt = s->n_prompt;
+    return s->toks;
+}
+
+void ps_session_get_stats(const ps_session *s, ps_session_stats *out) {
+    *out = (ps_session_stats){.n_prompt = s->n_prompt, .n_generated = s->n_toks - s->n_prompt, .ttft_s = s->ttft_s,
+                              .decode_s = s->decode_s, .n_decode = s->n_decode};
+}

@@ -1,0 +1,110 @@
+/* session.h - one generation on a coordinator: a prompt in (text, chat messages or token
+ * ids), tokens and their text out, one at a time.
+ *
+ * A session keeps the sequence's tokens (the prompt, then what it generated: DESIGN.md
+ * invariant 3), runs the prompt around the ring on the first step and feeds each sampled
+ * token back on the next, stops at the end of text, after n_predict tokens or when the
+ * context is full, and turns tokens into text through a streaming detokenizer that never
+ * splits a UTF-8 character. `run`, `bench --stages`, the HTTP server and speculative
+ * decoding all drive generation through it.
+ *
+ *     ps_session_prompt_text(s, text, len, &gp, err, errlen);
+ *     ps_session_step st;
+ *     while (!(e = ps_session_next(s, &st, err, errlen)) && !st.stop) print(st.text, st.len);
+ *     ps_session_flush(s, &text, &len);        // the bytes the stream still held back
+ *
+ * The coordinator runs one sequence at a time: one session per coordinator. */
+#ifndef PS_COORD_SESSION_H
+#define PS_COORD_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../sample/sample.h"
+#include "../tokenize/chat.h"
+#include "../tokenize/tokenize.h"
+#include "coord.h"
+
+/* Why a generation ended. Never renumbered. */
+typedef enum {
+    PS_STOP_NONE = 0,      /* still going */
+    PS_STOP_EOS = 1,       /* the model ended its text (an end-of-generation token) */
+    PS_STOP_LENGTH = 2,    /* n_predict tokens were generated */
+    PS_STOP_CONTEXT = 3,   /* the context is full */
+    PS_STOP_CANCELLED = 4, /* ps_session_cancel */
+} ps_stop_reason;
+
+/* "none", "eos", "length", "context", "cancelled". */
+const char *ps_stop_reason_name(ps_stop_reason r);
+
+/* How to generate: sampling, and when to stop. */
+typedef struct {
+    ps_sample_params sp;  /* checked by ps_sample_params_check when a prompt is set */
+    int64_t n_predict;    /* tokens to generate; -1 = until end of text or the context is full */
+    bool ignore_eos;      /* do not stop at an end-of-generation token */
+} ps_gen_params;
+
+/* The defaults of the command line (llama.cpp's): sp = ps_sample_params_cli(), n_predict 128. */
+ps_gen_params ps_gen_params_default(void);
+
+typedef struct ps_session ps_session;
+
+/* A session on coordinator c; tok (may be NULL: token ids in and out, and no end-of-text
+ * stop) detokenizes. Both are borrowed and must outlive the session. */
+ps_status ps_session_create(ps_coord *c, const ps_tok *tok, ps_session **out, char *err, size_t errlen);
+/* NULL is a no-op. */
+void ps_session_free(ps_session *s);
+
+/* Each prompt call starts a new generation with gp (copied): the tokens of the previous one
+ * are forgotten (the first step overwrites every stage's KV from position 0). A prompt
+ * longer than the context is PS_ERR_RANGE, an empty one PS_ERR_ARG. */
+
+/* Text, tokenized with BOS added and special-token strings taken literally. */
+ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, const ps_gen_params *gp, char *err,
+                                 size_t errlen);
+/* Chat messages rendered through the model's chat template (tokenizer.chat_template), or
+ * the family named by template_name when not NULL (chat.h), with the assistant's turn
+ * opened; special-token strings of the template are parsed. */
+ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t n, const char *template_name,
+                                 const ps_gen_params *gp, char *err, size_t errlen);
+/* Token ids as they are (no BOS added); each must be below the model's vocabulary size,
+ * which the first step checks. */
+ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const ps_gen_params *gp, char *err,
+                                size_t errlen);
+
+/* One step of generation. */
+typedef struct {
+    int32_t token;       /* the token sampled in this step; -1 when the step sampled none */
+    const char *text;    /* its text (only complete UTF-8 characters; "" without a tokenizer
+                            and for an end-of-text token); owned by the session until the
+                            next call */
+    size_t len;
+    ps_stop_reason stop; /* PS_STOP_NONE: more follow. Otherwise this step ends the
+                            generation: with EOS its token is not part of the text or the
+                            sequence; with LENGTH or CONTEXT it is the last one */
+} ps_session_step;
+
+/* Samples the next token: the first step runs the prompt, later ones feed the token before.
+ * After the generation has ended every call returns PS_OK with the same stop and no token. */
+ps_status ps_session_next(ps_session *s, ps_session_step *out, char *err, size_t errlen);
+/* The bytes the detokenizer still holds back (an incomplete UTF-8 character at the end);
+ * owned by the session until the next call. */
+void ps_session_flush(ps_session *s, const char **text, size_t *len);
+/* Makes the next ps_session_next end the generation (PS_STOP_CANCELLED) without running
+ * the model. Safe from another thread or a signal handler. */
+void ps_session_cancel(ps_session *s);
+
+/* The sequence so far: prompt then generated tokens; owned by the session, valid until the
+ * next prompt. */
+const int32_t *ps_session_tokens(const ps_session *s, int *n_tokens, int *n_prompt);
+
+/* Timings of the current generation. */
+typedef struct {
+    int n_prompt, n_generated;
+    double ttft_s;       /* prompt around the ring to the first token */
+    double decode_s;     /* the steps after the first, summed */
+    int n_decode;        /* how many steps decode_s covers */
+} ps_session_stats;
+void ps_session_get_stats(const ps_session *s, ps_session_stats *out);
+
+#endif
