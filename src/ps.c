@@ -8,6 +8,9 @@
 #endif
 
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -108,3 +111,26 @@ ps_status ps_path_join(char *out, size_t n, const char *dir, const char *name, c
     if (k < 0 || (size_t)k >= n) return ps_errf(err, errlen, PS_ERR_RANGE, "path '%s/%s' is too long", dir, name);
     return PS_OK;
 }
+
+// ---------------------------------------------------------------------------------------
+// Allocation with failure injection
+
+static atomic_long alloc_count; /* allocations since the last ps_alloc_fail_at */
+static atomic_long alloc_fail;  /* the one that fails, counted from 1; 0 = none */
+
+/* Counts an allocation; true when it is the one that must fail. */
+static bool alloc_fails(void) {
+    long k = atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed) + 1;
+    return k == atomic_load_explicit(&alloc_fail, memory_order_relaxed);
+}
+
+long ps_alloc_fail_at(long n) {
+    atomic_store(&alloc_fail, n > 0 ? n : 0);
+    return atomic_exchange(&alloc_count, 0);
+}
+
+void *ps_malloc(size_t n) { return alloc_fails() ? NULL : malloc(n); }
+void *ps_calloc(size_t n, size_t size) { return alloc_fails() ? NULL : calloc(n, size); }
+void *ps_realloc(void *p, size_t n) { return alloc_fails() ? NULL : realloc(p, n); }
+char *ps_strdup(const char *s) { return alloc_fails() ? NULL : strdup(s); }
+char *ps_strndup(const char *s, size_t n) { return alloc_fails() ? NULL : strndup(s, n); }

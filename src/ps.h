@@ -57,6 +57,18 @@ ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen)
  * when it does not fit. */
 ps_status ps_path_join(char *out, size_t n, const char *dir, const char *name, char *err, size_t errlen);
 
+/* Library code allocates through these (and frees with free), so that a test can make the
+ * Nth allocation fail, as SQLite's tests do: raise N until an operation completes, and
+ * check that every failure before it was clean (an error, no leak, no crash). */
+void *ps_malloc(size_t n);
+void *ps_calloc(size_t n, size_t size);
+void *ps_realloc(void *p, size_t n);
+char *ps_strdup(const char *s);
+char *ps_strndup(const char *s, size_t n);
+/* Failure injection, for tests: the n-th allocation from now fails (n >= 1; 0 turns it off).
+ * Returns how many allocations there were since the previous call. Thread-safe. */
+long ps_alloc_fail_at(long n);
+
 #define PS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

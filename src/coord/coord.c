@@ -317,7 +317,7 @@ static ps_status check_stage0(ps_coord *c, char *err, size_t errlen) {
 
 ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, size_t errlen) {
     *out = NULL;
-    ps_coord *c = calloc(1, sizeof *c);
+    ps_coord *c = ps_calloc(1, sizeof *c);
     if (!c) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     c->o = *o;
     if (o->fleet) {
@@ -343,7 +343,7 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
     if (c->max_mb > n_ctx) c->max_mb = n_ctx;
     ps_ctx_params cp = {.n_ctx = n_ctx, .max_batch = o->max_batch, .act = o->act};
     if ((s = ps_stage_begin(c->stage0, &cp, c->max_mb, err, errlen))) goto fail;
-    if (!(c->hist = malloc((size_t)n_ctx * sizeof *c->hist))) {
+    if (!(c->hist = ps_malloc((size_t)n_ctx * sizeof *c->hist))) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
         goto fail;
     }

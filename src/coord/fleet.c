@@ -57,7 +57,7 @@ static const char *base_name(const char *path) {
 /* Appends s to the growing malloc'd string *buf (length *len); false when out of memory. */
 static bool append(char **buf, size_t *len, const char *s) {
     size_t n = strlen(s);
-    char *p = realloc(*buf, *len + n + 1);
+    char *p = ps_realloc(*buf, *len + n + 1);
     if (!p) return false;
     memcpy(p + *len, s, n + 1);
     *buf = p;
@@ -155,7 +155,7 @@ ps_status ps_fleet_split(const char *model_path, int n_stages, const int *bounds
         if (!addresses[k - 1] || !ps_fleet_address_ok(addresses[k - 1]))
             return ps_errf(err, errlen, PS_ERR_ARG, "address '%s' of stage %d is not HOST:PORT or unix:PATH",
                            addresses[k - 1] ? addresses[k - 1] : "(null)", k);
-    ps_shard_files *sf = malloc(sizeof *sf);
+    ps_shard_files *sf = ps_malloc(sizeof *sf);
     if (!sf) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     char path[4096];
     ps_status s = ps_shard_split(model_path, n_stages, bounds, dir, progress, progress_ctx, sf, err, errlen);
@@ -299,7 +299,7 @@ static ps_status read_small_file(const char *path, char **buf, size_t *len, char
     FILE *f = fopen(path, "rb");
     if (!f) return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open '%s': %s", path,
                            strerror(errno));
-    *buf = malloc(FLEET_MAX_BYTES + 1);
+    *buf = ps_malloc(FLEET_MAX_BYTES + 1);
     if (!*buf) {
         fclose(f);
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");

@@ -22,7 +22,7 @@ static ps_status start_fleet(ps_launch *l, const ps_launch_opts *o, uint8_t key[
     ps_status s = PS_OK;
     *have_key = false;
     if (o->local_stages > 1) {
-        if (!(l->local = calloc(1, sizeof *l->local))) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+        if (!(l->local = ps_calloc(1, sizeof *l->local))) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
         s = ps_local_fleet_start(o->model, o->local_stages, &o->stage, &o->sim, o->key_file, o->local_unix, l->local,
                                  err, errlen);
         if (s) return s;
@@ -34,7 +34,7 @@ static ps_status start_fleet(ps_launch *l, const ps_launch_opts *o, uint8_t key[
     if (o->key_file && (s = ps_net_key_load(o->key_file, key, err, errlen))) return s;
     *have_key = o->key_file != NULL;
     if (!o->fleet) return PS_OK;
-    if (!(l->fleet = malloc(sizeof *l->fleet))) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    if (!(l->fleet = ps_malloc(sizeof *l->fleet))) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     return ps_fleet_load(o->fleet, l->fleet, err, errlen);
 }
 
@@ -52,7 +52,7 @@ static ps_status load_tokenizer(ps_launch *l, char *err, size_t errlen) {
 ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, size_t errlen) {
     double t0 = ps_now();
     *out = NULL;
-    ps_launch *l = calloc(1, sizeof *l);
+    ps_launch *l = ps_calloc(1, sizeof *l);
     if (!l) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     uint8_t key[32];
     bool have_key;

@@ -33,11 +33,11 @@ ps_gen_params ps_gen_params_default(void) {
 
 ps_status ps_session_create(ps_coord *c, const ps_tok *tok, ps_session **out, char *err, size_t errlen) {
     *out = NULL;
-    ps_session *s = calloc(1, sizeof *s);
+    ps_session *s = ps_calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     s->coord = c, s->tok = tok, s->m = ps_coord_model(c), s->n_ctx = ps_coord_n_ctx(c);
     atomic_init(&s->cancel, false);
-    if (!(s->toks = malloc(((size_t)s->n_ctx + 1) * sizeof *s->toks)) ||
+    if (!(s->toks = ps_malloc(((size_t)s->n_ctx + 1) * sizeof *s->toks)) ||
         (tok && ps_tok_stream_create(tok, 0, &s->stream))) {
         ps_session_free(s);
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
@@ -104,7 +104,7 @@ ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, co
 static char *token_text(const ps_tok *tok, int32_t id) {
     size_t len;
     const char *t = id >= 0 ? ps_tok_token_text(tok, id, &len) : NULL;
-    return t ? strndup(t, len) : NULL;
+    return t ? ps_strndup(t, len) : NULL;
 }
 
 /* See session.h. The template is the model's unless template_name names a family; BOS is
@@ -115,7 +115,7 @@ ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t 
     ps_gguf_str t;
     char *tmpl = NULL, *text = NULL, *bos = token_text(s->tok, ps_tok_bos(s->tok));
     char *eos = token_text(s->tok, ps_tok_eos(s->tok));
-    if (ps_gguf_get_str(s->m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK) tmpl = strndup(t.data, t.len);
+    if (ps_gguf_get_str(s->m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK) tmpl = ps_strndup(t.data, t.len);
     ps_chat *chat = NULL;
     size_t len = 0;
     ps_status st = ps_chat_create(tmpl, template_name, bos, eos, &chat, err, errlen);

@@ -15,7 +15,7 @@ static ps_status plan(const char *model, int n, int *bounds, char *err, size_t e
     if (s) return s;
     int n_layer = 0;
     s = ps_shard_n_layer(g, &n_layer, err, errlen);
-    uint64_t *lb = s ? NULL : calloc((size_t)n_layer, sizeof *lb), eb = 0, hb = 0;
+    uint64_t *lb = s ? NULL : ps_calloc((size_t)n_layer, sizeof *lb), eb = 0, hb = 0;
     if (!s && !lb) s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     if (!s) s = ps_shard_layer_bytes(g, n_layer, lb, &eb, &hb, err, errlen);
     if (!s) s = ps_shard_plan(lb, n_layer, eb, hb, n, bounds, err, errlen);

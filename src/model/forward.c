@@ -65,7 +65,7 @@ static void *kv_alloc(size_t bytes) {
 #endif
     return p;
 #else
-    return calloc(1, bytes);
+    return ps_calloc(1, bytes);
 #endif
 }
 
@@ -172,7 +172,7 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     if (n_ctx < 1 || max_batch < 1)
         return ps_errf(err, errlen, PS_ERR_ARG, "context size and batch size must be positive");
     if (p->act != PS_ACT_Q8 && p->act != PS_ACT_F32) return ps_errf(err, errlen, PS_ERR_ARG, "unknown activation mode");
-    ps_ctx *c = calloc(1, sizeof *c);
+    ps_ctx *c = ps_calloc(1, sizeof *c);
     if (!c) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     c->m = m;
     c->pool = pool;
@@ -184,21 +184,21 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     size_t B = (size_t)max_batch, layers = (size_t)(m->layer_end - m->layer_begin);
     size_t kv = layers * (size_t)n_ctx * (size_t)c->kv_dim;
     int threads = ps_pool_size(pool);
-    c->x = malloc(B * hp->dim * sizeof(float));
-    c->xb = malloc(B * hp->dim * sizeof(float));
-    c->q = malloc(B * c->q_dim * sizeof(float));
-    c->att = malloc(B * c->q_dim * sizeof(float));
-    c->kt = malloc(B * c->kv_dim * sizeof(float));
-    c->vt = malloc(B * c->kv_dim * sizeof(float));
-    c->hb = malloc(B * hp->ffn_dim * sizeof(float));
-    c->hb2 = malloc(B * hp->ffn_dim * sizeof(float));
-    c->scores = malloc((size_t)threads * ATT_HEADS * SCORES_ROW(n_ctx) * sizeof(float));
-    c->rope_cs = malloc(B * hp->rope_dim * sizeof(float));
-    c->inv_freq = malloc((size_t)hp->rope_dim / 2 * sizeof(double) + 1);
+    c->x = ps_malloc(B * hp->dim * sizeof(float));
+    c->xb = ps_malloc(B * hp->dim * sizeof(float));
+    c->q = ps_malloc(B * c->q_dim * sizeof(float));
+    c->att = ps_malloc(B * c->q_dim * sizeof(float));
+    c->kt = ps_malloc(B * c->kv_dim * sizeof(float));
+    c->vt = ps_malloc(B * c->kv_dim * sizeof(float));
+    c->hb = ps_malloc(B * hp->ffn_dim * sizeof(float));
+    c->hb2 = ps_malloc(B * hp->ffn_dim * sizeof(float));
+    c->scores = ps_malloc((size_t)threads * ATT_HEADS * SCORES_ROW(n_ctx) * sizeof(float));
+    c->rope_cs = ps_malloc(B * hp->rope_dim * sizeof(float));
+    c->inv_freq = ps_malloc((size_t)hp->rope_dim / 2 * sizeof(double) + 1);
     c->kv_bytes = 2 * kv * sizeof(float) + 64; /* never 0 */
     if ((c->kv_mem = kv_alloc(c->kv_bytes))) c->k_cache = c->kv_mem, c->v_cache = c->k_cache + kv;
     size_t sb = scratch_bytes(m, p->act, max_batch, threads);
-    c->scratch = sb ? malloc(sb) : NULL;
+    c->scratch = sb ? ps_malloc(sb) : NULL;
     if (!c->x || !c->xb || !c->q || !c->att || !c->kt || !c->vt || !c->hb || !c->hb2 || !c->scores || !c->rope_cs || !c->inv_freq ||
         !c->k_cache || !c->v_cache || (sb && !c->scratch)) {
         ps_ctx_free(c);

@@ -239,7 +239,7 @@ static size_t arena_floats(const ps_hparams *hp, int n_layers) {
 
 ps_status ps_model_load(const char *path, ps_gguf_load how, ps_model **out, char *err, size_t errlen) {
     *out = NULL;
-    ps_model *m = calloc(1, sizeof *m);
+    ps_model *m = ps_calloc(1, sizeof *m);
     if (!m) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     ps_status s = ps_gguf_open_with(path, how, &m->gguf, err, errlen);
     if (s) goto err;
@@ -249,8 +249,8 @@ ps_status ps_model_load(const char *path, ps_gguf_load how, ps_model **out, char
     m->layer_end = m->shard.present ? m->shard.layer_end : m->hp.n_layer;
     int nl = m->layer_end - m->layer_begin;
     binder b = {.m = m, .arena_cap = arena_floats(&m->hp, nl), .err = err, .errlen = errlen};
-    m->owned = b.arena = malloc(b.arena_cap * sizeof(float));
-    m->layers = calloc((size_t)nl, sizeof *m->layers);
+    m->owned = b.arena = ps_malloc(b.arena_cap * sizeof(float));
+    m->layers = ps_calloc((size_t)nl, sizeof *m->layers);
     if (!m->owned || !m->layers) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory binding %d layers", nl);
         goto err;

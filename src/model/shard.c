@@ -44,7 +44,7 @@ ps_status ps_fingerprint_file(const char *path, char hex[33], char *err, size_t 
     if (fd < 0) return ps_errf(err, errlen, PS_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     ps_status s = PS_OK;
     XXH3_state_t *st = XXH3_createState();
-    void *buf = malloc(HASH_CHUNK);
+    void *buf = ps_malloc(HASH_CHUNK);
     if (!st || !buf) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory hashing '%s'", path);
         goto out;
@@ -182,7 +182,7 @@ ps_status ps_shard_layer_bytes(const ps_gguf *g, int n_layer, uint64_t *layer_by
         return ps_errf(err, errlen, PS_ERR_RANGE, "block_count %d is out of range (1..%d)", n_layer, MAX_LAYERS);
     memset(layer_bytes, 0, (size_t)n_layer * sizeof *layer_bytes);
     *embed_bytes = *head_bytes = 0;
-    int *count = calloc((size_t)n_layer, sizeof *count);
+    int *count = ps_calloc((size_t)n_layer, sizeof *count);
     if (!count) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     ps_status s = PS_OK;
     for (int64_t i = 0; i < ps_gguf_n_tensors(g) && !s; i++) {
@@ -285,10 +285,10 @@ ps_status ps_shard_plan(const uint64_t *layer_bytes, int n_layer, uint64_t embed
                        "cannot cut %d layer%s into %d stages: every stage needs at least one layer", n_layer,
                        n_layer == 1 ? "" : "s", n_stages);
     size_t cells = (size_t)n_stages * (size_t)(n_layer + 1);
-    uint64_t *pre = malloc((size_t)(n_layer + 1) * sizeof *pre);
-    uint64_t *best = malloc(cells * sizeof *best);
-    double *sq = malloc(cells * sizeof *sq);
-    int *from = malloc(cells * sizeof *from);
+    uint64_t *pre = ps_malloc((size_t)(n_layer + 1) * sizeof *pre);
+    uint64_t *best = ps_malloc(cells * sizeof *best);
+    double *sq = ps_malloc(cells * sizeof *sq);
+    int *from = ps_malloc(cells * sizeof *from);
     ps_status s = PS_OK;
     if (!pre || !best || !sq || !from) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory planning %d stages", n_stages);
@@ -533,7 +533,7 @@ static ps_status open_model(const char *model_path, int n_stages, const int *bou
                        "cannot cut %d layer%s into %d stages: every stage needs at least one layer", sc->n_layer,
                        sc->n_layer == 1 ? "" : "s", n_stages);
     if ((s = check_bounds(bounds, n_stages, sc->n_layer, err, errlen))) return s;
-    uint64_t *lb = malloc((size_t)sc->n_layer * sizeof *lb), eb, hb;
+    uint64_t *lb = ps_malloc((size_t)sc->n_layer * sizeof *lb), eb, hb;
     if (!lb) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     s = ps_shard_layer_bytes(*g, sc->n_layer, lb, &eb, &hb, err, errlen); /* every tensor has a place */
     free(lb);
@@ -562,7 +562,7 @@ ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds
     ps_status s;
     if ((s = open_model(model_path, n_stages, bounds, &g, &sc, err, errlen))) goto out;
     sc.g = g;
-    if (!(sc.list = calloc((size_t)ps_gguf_n_tensors(g) + 1, sizeof *sc.list))) {
+    if (!(sc.list = ps_calloc((size_t)ps_gguf_n_tensors(g) + 1, sizeof *sc.list))) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
         goto out;
     }

@@ -139,13 +139,13 @@ static ps_status fail(ps_sampler *s, ps_status st, const char *fmt, ...) {
 }
 
 /* One allocation of n elements of size sz; count is zeroed (it must start at 0). */
-static void *alloc_n(int32_t n, size_t sz) { return calloc((size_t)n, sz); }
+static void *alloc_n(int32_t n, size_t sz) { return ps_calloc((size_t)n, sz); }
 
 ps_status ps_sampler_create(int32_t n_vocab, ps_sampler **out, char *err, size_t errlen) {
     if (!out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_sampler_create: out is NULL");
     *out = NULL;
     if (n_vocab < 1) return ps_errf(err, errlen, PS_ERR_ARG, "vocabulary size %d must be >= 1", n_vocab);
-    ps_sampler *s = calloc(1, sizeof *s);
+    ps_sampler *s = ps_calloc(1, sizeof *s);
     if (!s) goto err;
     s->n_vocab = n_vocab;
     s->logit = alloc_n(n_vocab, sizeof *s->logit);

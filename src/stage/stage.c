@@ -127,7 +127,7 @@ ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *
 
 ps_status ps_stage_open(const char *path, const ps_stage_opts *o, ps_stage **out, char *err, size_t errlen) {
     *out = NULL;
-    ps_stage *s = calloc(1, sizeof *s);
+    ps_stage *s = ps_calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     ps_status st = ps_model_load(path, o->mmap ? PS_GGUF_MAP : PS_GGUF_HUGE, &s->m, err, errlen);
     if (!st && (st = ps_pool_create(o->threads, &s->pool)))
@@ -176,10 +176,10 @@ ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, char *
     s->cp = *p;
     s->max_mb = max_mb;
     if (s->m->has_head) {
-        s->logits = malloc((size_t)hp->vocab * sizeof(float));
-        s->history = malloc((size_t)p->n_ctx * sizeof(int32_t));
+        s->logits = ps_malloc((size_t)hp->vocab * sizeof(float));
+        s->history = ps_malloc((size_t)p->n_ctx * sizeof(int32_t));
     } else {
-        s->x_out = malloc((size_t)max_mb * hp->dim * sizeof(float));
+        s->x_out = ps_malloc((size_t)max_mb * hp->dim * sizeof(float));
     }
     if (s->m->has_head ? !s->logits || !s->history : !s->x_out) {
         end_session(s);
