@@ -1,0 +1,212 @@
+/* test_session.c - the generation session (coord/session.h) on stories260K: where each stop
+ * reason falls (n_predict, n_predict 0, a full context, cancel; end of text on SmolLM2), that a new
+ * prompt forgets the old generation, that the streamed text plus the flush equals the
+ * tokenizer's own decoding of the generated ids, and the prompt errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord/session.h"
+#include "ps_test.h"
+
+#define N_CTX 64
+
+static ps_coord *coord;
+static ps_tok *tok;
+
+/* Greedy (or seeded at temperature 1 when seed > 0) generation parameters. */
+static ps_gen_params params(int64_t n_predict, bool ignore_eos, uint64_t seed) {
+    ps_gen_params gp = {.sp = ps_sample_params_default(), .n_predict = n_predict, .ignore_eos = ignore_eos};
+    if (seed) gp.sp.seed = seed;
+    else gp.sp.temperature = 0;
+    return gp;
+}
+
+/* Runs s to its stop; returns the stop, the number of steps, and the streamed text in text. */
+static ps_stop_reason run_out(ps_session *s, int *steps, char *text, size_t cap) {
+    ps_session_step st = {0};
+    char err[512] = "";
+    size_t n = 0;
+    *steps = 0;
+    while (!st.stop) {
+        ps_status e = ps_session_next(s, &st, err, sizeof err);
+        if (e) {
+            fprintf(stderr, "ps_session_next: %s\n", err);
+            PS_CHECK_OK(e);
+            return PS_STOP_NONE;
+        }
+        (*steps)++;
+        if (n + st.len < cap) memcpy(text + n, st.text, st.len), n += st.len;
+    }
+    const char *rest;
+    size_t len;
+    ps_session_flush(s, &rest, &len);
+    if (n + len < cap) memcpy(text + n, rest, len), n += len;
+    text[n] = 0;
+    return st.stop;
+}
+
+/* n_predict tokens: the last step says LENGTH and carries the last token; text = decode(ids). */
+static void test_length(ps_session *s) {
+    ps_gen_params gp = params(12, true, 0);
+    char err[512], text[4096], ref[4096];
+    PS_CHECK_OK(ps_session_prompt_text(s, "Once upon a time", 16, &gp, err, sizeof err));
+    int steps, n, n_prompt;
+    PS_CHECK_EQ_INT(run_out(s, &steps, text, sizeof text), PS_STOP_LENGTH);
+    PS_CHECK_EQ_INT(steps, 12);
+    const int32_t *ids = ps_session_tokens(s, &n, &n_prompt);
+    PS_CHECK_EQ_INT(n - n_prompt, 12);
+    PS_CHECK_EQ_INT(ids[0], ps_tok_bos(tok));
+    size_t len = 0;
+    PS_CHECK_OK(ps_tok_decode(tok, ids + n_prompt, (size_t)(n - n_prompt), 0, ref, sizeof ref - 1, &len, err, sizeof err));
+    ref[len] = 0;
+    PS_CHECK(!strcmp(text, ref));
+    ps_session_stats st;
+    ps_session_get_stats(s, &st);
+    PS_CHECK_EQ_INT(st.n_generated, 12);
+    PS_CHECK_EQ_INT(st.n_decode, 11);
+    /* after the stop: the same stop, no token */
+    ps_session_step step;
+    PS_CHECK_OK(ps_session_next(s, &step, err, sizeof err));
+    PS_CHECK(step.stop == PS_STOP_LENGTH && step.token == -1 && step.len == 0);
+
+    /* a new prompt forgets the generation: the same ids again */
+    int32_t first[12];
+    memcpy(first, ids + n_prompt, sizeof first);
+    PS_CHECK_OK(ps_session_prompt_text(s, "Once upon a time", 16, &gp, err, sizeof err));
+    PS_CHECK_EQ_INT(run_out(s, &steps, text, sizeof text), PS_STOP_LENGTH);
+    ids = ps_session_tokens(s, &n, &n_prompt);
+    PS_CHECK(n - n_prompt == 12 && !memcmp(first, ids + n_prompt, sizeof first));
+}
+
+/* n_predict 0 runs the prompt and stops at once; a full context stops with CONTEXT. */
+static void test_zero_and_context(ps_session *s) {
+    char err[512], text[4096];
+    int32_t prompt[60];
+    for (int i = 0; i < 60; i++) prompt[i] = 100 + i;
+    ps_gen_params gp = params(0, true, 0);
+    PS_CHECK_OK(ps_session_prompt_ids(s, prompt, 4, &gp, err, sizeof err));
+    ps_session_step step;
+    PS_CHECK_OK(ps_session_next(s, &step, err, sizeof err));
+    PS_CHECK(step.stop == PS_STOP_LENGTH && step.token == -1);
+    int n, n_prompt, steps;
+    ps_session_tokens(s, &n, &n_prompt);
+    PS_CHECK(n == 4 && n_prompt == 4);
+
+    gp = params(-1, true, 0);
+    PS_CHECK_OK(ps_session_prompt_ids(s, prompt, 60, &gp, err, sizeof err));
+    PS_CHECK_EQ_INT(run_out(s, &steps, text, sizeof text), PS_STOP_CONTEXT);
+    PS_CHECK_EQ_INT(steps, N_CTX - 60 + 1); /* the last token fills position N_CTX: printed, never fed */
+    ps_session_tokens(s, &n, &n_prompt);
+    PS_CHECK_EQ_INT(n, N_CTX + 1);
+}
+
+/* End of text, on SmolLM2-135M-Instruct (stories260K never ends a text: its stories are
+ * separated by BOS): a chat answer's end found with ignore_eos (which never stops there), then
+ * the same generation without it stops at that token and leaves it out. */
+static void test_eos(const char *path) {
+    char err[512] = "", text[8192];
+    ps_coord *c = NULL;
+    ps_tok *t = NULL;
+    ps_session *s = NULL;
+    ps_coord_opts co = {.model = path, .threads = 2, .mmap = true, .n_ctx = 256, .max_batch = 64};
+    ps_chat_msg msg = {"user", "What is the capital of France? Answer in one word."};
+    int steps, n, n_prompt, at = -1;
+    PS_CHECK_OK(ps_coord_create(&co, &c, err, sizeof err));
+    if (c) PS_CHECK_OK(ps_tok_create(ps_coord_model(c)->gguf, &t, err, sizeof err));
+    if (t) PS_CHECK_OK(ps_session_create(c, t, &s, err, sizeof err));
+    if (!s) {
+        fprintf(stderr, "eos setup: %s\n", err);
+        goto out;
+    }
+    ps_gen_params gp = params(64, true, 0);
+    PS_CHECK_OK(ps_session_prompt_chat(s, &msg, 1, NULL, &gp, err, sizeof err));
+    run_out(s, &steps, text, sizeof text);
+    const int32_t *ids = ps_session_tokens(s, &n, &n_prompt);
+    for (int i = n_prompt; i < n && at < 0; i++)
+        if (ps_tok_is_eog(t, ids[i])) at = i - n_prompt;
+    PS_CHECK(at > 0);
+    gp.ignore_eos = false;
+    PS_CHECK_OK(ps_session_prompt_chat(s, &msg, 1, NULL, &gp, err, sizeof err));
+    PS_CHECK_EQ_INT(run_out(s, &steps, text, sizeof text), PS_STOP_EOS);
+    PS_CHECK_EQ_INT(steps, at + 1);
+    ps_session_tokens(s, &n, &n_prompt);
+    PS_CHECK_EQ_INT(n - n_prompt, at); /* the end-of-text token is not part of the sequence */
+    PS_CHECK(strstr(text, "Paris") != NULL);
+    printf("  ok: the chat answer '%s' ends after %d tokens\n", text, at);
+out:
+    ps_session_free(s);
+    ps_tok_free(t);
+    ps_coord_free(c);
+}
+
+/* Cancel: the next step stops without running the model; so do later ones. */
+static void test_cancel(ps_session *s) {
+    char err[512];
+    ps_gen_params gp = params(50, true, 0);
+    PS_CHECK_OK(ps_session_prompt_text(s, "Once upon a time", 16, &gp, err, sizeof err));
+    ps_session_step step;
+    PS_CHECK_OK(ps_session_next(s, &step, err, sizeof err));
+    PS_CHECK_OK(ps_session_next(s, &step, err, sizeof err));
+    ps_session_cancel(s);
+    for (int i = 0; i < 2; i++) {
+        PS_CHECK_OK(ps_session_next(s, &step, err, sizeof err));
+        PS_CHECK(step.stop == PS_STOP_CANCELLED && step.token == -1);
+    }
+    int n, n_prompt;
+    ps_session_tokens(s, &n, &n_prompt);
+    PS_CHECK_EQ_INT(n - n_prompt, 2);
+    PS_CHECK(!strcmp(ps_stop_reason_name(PS_STOP_CANCELLED), "cancelled"));
+    /* a new prompt clears the cancel */
+    PS_CHECK_OK(ps_session_prompt_text(s, "Once upon a time", 16, &gp, err, sizeof err));
+    PS_CHECK_OK(ps_session_next(s, &step, err, sizeof err));
+    PS_CHECK(step.stop == PS_STOP_NONE && step.token >= 0);
+}
+
+/* Prompts the session refuses, each with a message that says why. */
+static void test_bad_prompts(ps_session *s) {
+    char err[512] = "";
+    int32_t ids[N_CTX + 1] = {0};
+    ps_gen_params gp = params(4, true, 0);
+    PS_CHECK_EQ_INT(ps_session_prompt_ids(s, ids, N_CTX + 1, &gp, err, sizeof err), PS_ERR_RANGE);
+    PS_CHECK(strstr(err, "65 tokens") && strstr(err, "context size of 64"));
+    PS_CHECK_EQ_INT(ps_session_prompt_ids(s, ids, 0, &gp, err, sizeof err), PS_ERR_ARG);
+    PS_CHECK(strstr(err, "empty") != NULL);
+    gp.sp.top_p = 0;
+    PS_CHECK_EQ_INT(ps_session_prompt_ids(s, ids, 2, &gp, err, sizeof err), PS_ERR_ARG);
+    PS_CHECK(strstr(err, "top_p") != NULL);
+}
+
+int main(void) {
+    const char *path = ps_test_shared_model("stories260K.gguf");
+    if (!path) return ps_test_skip("stories260K.gguf is absent (../shared/models)");
+    char err[512] = "";
+    ps_coord_opts co = {.model = path, .threads = 2, .mmap = true, .n_ctx = N_CTX, .max_batch = 32};
+    ps_session *s = NULL;
+    PS_CHECK_OK(ps_coord_create(&co, &coord, err, sizeof err));
+    PS_CHECK_OK(ps_tok_create(ps_coord_model(coord)->gguf, &tok, err, sizeof err));
+    PS_CHECK_OK(ps_session_create(coord, tok, &s, err, sizeof err));
+    if (!s) {
+        fprintf(stderr, "setup: %s\n", err);
+        return ps_test_done();
+    }
+    test_length(s);
+    test_zero_and_context(s);
+    test_cancel(s);
+    test_bad_prompts(s);
+    ps_session_free(s);
+    ps_tok_free(tok);
+    ps_coord_free(coord);
+    char smol[4096];
+    const char *cache = getenv("PS_MODEL_CACHE");
+    snprintf(smol, sizeof smol, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache ? cache : ".cache/models");
+    FILE *f = fopen(smol, "rb");
+    if (!f) {
+        if (ps_test_done()) return 1;
+        return ps_test_skip("SmolLM2-135M-Instruct.Q4_1.gguf is absent (scripts/setup.sh fetches it): the "
+                            "end-of-text check did not run");
+    }
+    fclose(f);
+    test_eos(smol);
+    return ps_test_done();
+}
