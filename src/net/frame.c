@@ -37,25 +37,7 @@
 /* ---------------------------------------------------------------------------------------------
  * Small helpers */
 
-int64_t net_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int64_t net_deadline(int timeout_ms) { return timeout_ms < 0 ? -1 : net_now_ns() + (int64_t)timeout_ms * 1000000; }
-
-/* Milliseconds left before deadline for poll(): -1 without a deadline, 0 once past it,
- * rounded up so that a poll never returns just before the deadline. */
-static int ms_left(int64_t deadline) {
-    if (deadline < 0) return -1;
-    int64_t left = deadline - net_now_ns();
-    if (left <= 0) return 0;
-    int64_t ms = (left + 999999) / 1000000;
-    return ms > 1000000000 ? 1000000000 : (int)ms;
-}
-
-const char *net_errno_str(int errnum, char *buf, size_t cap) {
+const char *ps_net_errno_str(int errnum, char *buf, size_t cap) {
     char tmp[128];
     const char *s = strerror_r(errnum, tmp, sizeof tmp); /* GNU variant (_GNU_SOURCE) */
     snprintf(buf, cap, "%s", s);
@@ -119,20 +101,20 @@ static ps_status iov_len(const struct iovec *iov, int iovcnt, uint32_t extra, ui
     return PS_OK;
 }
 
-ps_status net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
-                          size_t errlen) {
+ps_status ps_net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
+                             size_t errlen) {
     return iov_len(iov, iovcnt, c->seal ? NET_TAG_BYTES : 0, len, err, errlen);
 }
 
-void net_gather(uint8_t *out, const struct iovec *iov, int iovcnt) {
+void ps_net_gather(uint8_t *out, const struct iovec *iov, int iovcnt) {
     for (int i = 0; i < iovcnt; i++) {
         if (iov[i].iov_len) memcpy(out, iov[i].iov_base, iov[i].iov_len);
         out += iov[i].iov_len;
     }
 }
 
-ps_status net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
-                           uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen) {
+ps_status ps_net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
+                              uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen) {
     ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags};
     ps_status s = iov_len(iov, iovcnt, 0, &h.len, err, errlen);
     if (s != PS_OK) return s;
@@ -308,7 +290,7 @@ static ps_status resolve(const char *host, int port, bool passive, struct addrin
     char eb[128];
     if (rc != 0)
         return ps_errf(err, errlen, PS_ERR_NET, "cannot resolve %s: %s", host,
-                       rc == EAI_SYSTEM ? net_errno_str(errno, eb, sizeof eb) : gai_strerror(rc));
+                       rc == EAI_SYSTEM ? ps_net_errno_str(errno, eb, sizeof eb) : gai_strerror(rc));
     return PS_OK;
 }
 
@@ -333,7 +315,7 @@ static ps_status conn_new(int fd, const char *peer, ps_conn **out, char *err, si
                  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) < 0))) {
         char eb[128];
         ps_status s = ps_errf(err, errlen, PS_ERR_NET, "cannot set up the connection to %s: %s", peer,
-                              net_errno_str(errno, eb, sizeof eb));
+                              ps_net_errno_str(errno, eb, sizeof eb));
         close(fd);
         return s;
     }
@@ -353,11 +335,11 @@ static ps_status conn_new(int fd, const char *peer, ps_conn **out, char *err, si
 /* The sender thread goes first: it writes to fd until it is stopped. */
 void ps_conn_free(ps_conn *c) {
     if (!c) return;
-    net_sender_free(c->snd);
+    ps_net_sender_free(c->snd);
     close(c->fd);
     free(c->rbuf);
     free(c->sbuf);
-    net_seal_free(c->seal);
+    ps_net_seal_free(c->seal);
     pthread_mutex_destroy(&c->stats_mu);
     free(c);
 }
@@ -394,7 +376,8 @@ static ps_status unix_listen(const char *addr, int *fd_out, char *err, size_t er
     if (s) return s;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, net_errno_str(errno, eb, sizeof eb));
+        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr,
+                       ps_net_errno_str(errno, eb, sizeof eb));
     int r = bind(fd, (struct sockaddr *)&su, sl);
     struct stat st;
     if (r < 0 && errno == EADDRINUSE && lstat(su.sun_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
@@ -412,7 +395,7 @@ static ps_status unix_listen(const char *addr, int *fd_out, char *err, size_t er
     if (r < 0 || listen(fd, 64) < 0) {
         int e = errno;
         close(fd);
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, net_errno_str(e, eb, sizeof eb));
+        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, ps_net_errno_str(e, eb, sizeof eb));
     }
     *fd_out = fd;
     return PS_OK;
@@ -446,7 +429,8 @@ ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t b
     }
     freeaddrinfo(res);
     if (fd < 0)
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", hostport, net_errno_str(last, eb, sizeof eb));
+        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", hostport,
+                       ps_net_errno_str(last, eb, sizeof eb));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (bound && boundcap) {
@@ -462,13 +446,13 @@ ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t b
 /* Polls the listening socket, then accept4; a connection that vanished in between (or a
  * spurious wake-up) goes back to waiting until the deadline. */
 ps_status ps_net_accept(int listen_fd, int timeout_ms, ps_conn **out, char *err, size_t errlen) {
-    int64_t deadline = net_deadline(timeout_ms);
+    int64_t deadline = ps_deadline(timeout_ms);
     char eb[128];
     for (;;) {
         struct pollfd pfd = {.fd = listen_fd, .events = POLLIN};
-        int n = poll(&pfd, 1, ms_left(deadline));
+        int n = poll(&pfd, 1, ps_ms_left(deadline));
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return ps_errf(err, errlen, PS_ERR_NET, "accept: %s", net_errno_str(errno, eb, sizeof eb));
+        if (n < 0) return ps_errf(err, errlen, PS_ERR_NET, "accept: %s", ps_net_errno_str(errno, eb, sizeof eb));
         if (n == 0) {
             char self[NET_PEER_MAX] = "?";
             struct sockaddr_storage ss;
@@ -483,7 +467,7 @@ ps_status ps_net_accept(int listen_fd, int timeout_ms, ps_conn **out, char *err,
         if (fd < 0) {
             /* the connection may have gone between poll and accept: wait again */
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) continue;
-            return ps_errf(err, errlen, PS_ERR_NET, "accept: %s", net_errno_str(errno, eb, sizeof eb));
+            return ps_errf(err, errlen, PS_ERR_NET, "accept: %s", ps_net_errno_str(errno, eb, sizeof eb));
         }
         char peer[NET_PEER_MAX];
         if (ss.ss_family == AF_UNIX && (sl = sizeof ss, getsockname(fd, (struct sockaddr *)&ss, &sl) != 0))
@@ -505,7 +489,7 @@ static int connect_one(const struct addrinfo *ai, int64_t deadline, int *errnum)
     if (errno != EINPROGRESS && errno != EINTR) goto fail;
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-        int n = poll(&pfd, 1, ms_left(deadline));
+        int n = poll(&pfd, 1, ps_ms_left(deadline));
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) goto fail;
         if (n == 0) {
@@ -531,7 +515,7 @@ fail:
 ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char *err, size_t errlen) {
     char host[256], peer[NET_PEER_MAX], eb[128];
     int port, fd = -1, last = ECONNREFUSED;
-    int64_t deadline = net_deadline(timeout_ms);
+    int64_t deadline = ps_deadline(timeout_ms);
     if (ps_net_is_unix(hostport)) {
         struct sockaddr_un su;
         struct addrinfo ai = {.ai_family = AF_UNIX, .ai_socktype = SOCK_STREAM, .ai_addr = (struct sockaddr *)&su};
@@ -554,14 +538,15 @@ ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char 
     if (fd < 0 && last == ETIMEDOUT)
         return ps_errf(err, errlen, PS_ERR_TIMEOUT, "cannot connect to %s: timed out after %d ms", peer, timeout_ms);
     if (fd < 0)
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot connect to %s: %s", peer, net_errno_str(last, eb, sizeof eb));
+        return ps_errf(err, errlen, PS_ERR_NET, "cannot connect to %s: %s", peer,
+                       ps_net_errno_str(last, eb, sizeof eb));
     return conn_new(fd, peer, out, err, errlen);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Sending */
 
-int net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t deadline_ns) {
+int ps_net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t deadline_ns) {
     while (iovcnt > 0 && iov[0].iov_len == 0) iov++, iovcnt--;
     while (iovcnt > 0) {
         struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)(iovcnt < NET_IOV_BATCH ? iovcnt : NET_IOV_BATCH)};
@@ -569,7 +554,7 @@ int net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t de
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
-            int ms = ms_left(deadline_ns);
+            int ms = ps_ms_left(deadline_ns);
             if (ms == 0) return ETIMEDOUT;
             struct pollfd pfd[2] = {{.fd = fd, .events = POLLOUT}, {.fd = wake_fd, .events = POLLIN}};
             int r = poll(pfd, wake_fd >= 0 ? 2 : 1, ms);
@@ -588,16 +573,16 @@ int net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t de
     return 0;
 }
 
-ps_status net_write_error(const ps_conn *c, int errnum, int timeout_ms, char *err, size_t errlen) {
+ps_status ps_net_write_error(const ps_conn *c, int errnum, int timeout_ms, char *err, size_t errlen) {
     char eb[128];
     if (errnum == ETIMEDOUT)
         return ps_errf(err, errlen, PS_ERR_TIMEOUT, "timed out after %d ms sending to %s", timeout_ms, c->peer);
     if (errnum == EPIPE)
         return ps_errf(err, errlen, PS_ERR_NET, "cannot send to %s: the peer closed the connection", c->peer);
-    return ps_errf(err, errlen, PS_ERR_NET, "cannot send to %s: %s", c->peer, net_errno_str(errnum, eb, sizeof eb));
+    return ps_errf(err, errlen, PS_ERR_NET, "cannot send to %s: %s", c->peer, ps_net_errno_str(errnum, eb, sizeof eb));
 }
 
-void net_stats_add(ps_conn *c, uint64_t bytes, double ms) {
+void ps_net_stats_add(ps_conn *c, uint64_t bytes, double ms) {
     pthread_mutex_lock(&c->stats_mu);
     c->stats.frames++;
     c->stats.bytes += bytes;
@@ -605,14 +590,14 @@ void net_stats_add(ps_conn *c, uint64_t bytes, double ms) {
     pthread_mutex_unlock(&c->stats_mu);
 }
 
-ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
-                         int timeout_ms, char *err, size_t errlen) {
-    int64_t t0 = net_now_ns(), deadline = net_deadline(timeout_ms);
+ps_status ps_net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
+                            int timeout_ms, char *err, size_t errlen) {
+    int64_t t0 = ps_now_ns(), deadline = ps_deadline(timeout_ms);
     if (iovcnt < 0 || (iovcnt > 0 && !iov)) return ps_errf(err, errlen, PS_ERR_ARG, "bad iovec list");
     uint8_t hdr[PS_NET_HDR_BYTES];
     uint32_t len;
-    ps_status s = c->seal ? net_payload_len(c, iov, iovcnt, &len, err, errlen)
-                          : net_frame_header(type, flags, iov, iovcnt, hdr, &len, err, errlen);
+    ps_status s = c->seal ? ps_net_payload_len(c, iov, iovcnt, &len, err, errlen)
+                          : ps_net_frame_header(type, flags, iov, iovcnt, hdr, &len, err, errlen);
     if (s != PS_OK) return s;
     struct iovec sealed;
     if (c->seal) { /* sealed into sbuf: one contiguous payload */
@@ -621,7 +606,7 @@ ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct
             if (!p) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory sending to %s", c->peer);
             c->sbuf = p, c->scap = (size_t)len + NET_TAG_BYTES;
         }
-        net_seal_frame(c, type, flags, iov, iovcnt, len, c->sbuf, hdr, &len);
+        ps_net_seal_frame(c, type, flags, iov, iovcnt, len, c->sbuf, hdr, &len);
         sealed = (struct iovec){.iov_base = c->sbuf, .iov_len = len};
         iov = &sealed;
         iovcnt = 1;
@@ -631,10 +616,10 @@ ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory sending to %s", c->peer);
     v[0] = (struct iovec){.iov_base = hdr, .iov_len = PS_NET_HDR_BYTES};
     if (iovcnt) memcpy(v + 1, iov, sizeof *v * (size_t)iovcnt);
-    int e = net_write_all(c->fd, -1, v, iovcnt + 1, deadline);
+    int e = ps_net_write_all(c->fd, -1, v, iovcnt + 1, deadline);
     if (v != small) free(v);
-    if (e) return net_write_error(c, e, timeout_ms, err, errlen);
-    net_stats_add(c, PS_NET_HDR_BYTES + (uint64_t)len, (double)(net_now_ns() - t0) / 1e6);
+    if (e) return ps_net_write_error(c, e, timeout_ms, err, errlen);
+    ps_net_stats_add(c, PS_NET_HDR_BYTES + (uint64_t)len, (double)(ps_now_ns() - t0) / 1e6);
     return PS_OK;
 }
 
@@ -642,8 +627,8 @@ ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct
  * is written), so that frames never interleave on the socket. */
 ps_status ps_conn_send(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms, char *err,
                        size_t errlen) {
-    if (c->snd) return net_sender_send_sync(c, type, iov, iovcnt, timeout_ms, err, errlen);
-    return net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen);
+    if (c->snd) return ps_net_sender_send_sync(c, type, iov, iovcnt, timeout_ms, err, errlen);
+    return ps_net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen);
 }
 
 void ps_conn_get_stats(const ps_conn *c, ps_conn_stats *out) {
@@ -684,13 +669,13 @@ static ps_status read_exact(ps_conn *c, uint8_t *p, size_t n, int64_t deadline, 
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return ps_errf(err, errlen, PS_ERR_NET, "cannot read from %s: %s", c->peer,
-                           net_errno_str(errno, eb, sizeof eb));
-        int ms = ms_left(deadline);
+                           ps_net_errno_str(errno, eb, sizeof eb));
+        int ms = ps_ms_left(deadline);
         if (ms == 0) return PS_ERR_TIMEOUT;
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
         if (poll(&pfd, 1, ms) < 0 && errno != EINTR)
             return ps_errf(err, errlen, PS_ERR_NET, "cannot read from %s: %s", c->peer,
-                           net_errno_str(errno, eb, sizeof eb));
+                           ps_net_errno_str(errno, eb, sizeof eb));
     }
     return PS_OK;
 }
@@ -725,9 +710,9 @@ static ps_status read_payload(ps_conn *c, const ps_frame_hdr *h, int64_t deadlin
     return s;
 }
 
-ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint8_t **payload, char *err,
-                         size_t errlen) {
-    int64_t deadline = net_deadline(timeout_ms);
+ps_status ps_net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint8_t **payload, char *err,
+                            size_t errlen) {
+    int64_t deadline = ps_deadline(timeout_ms);
     uint8_t raw[PS_NET_HDR_BYTES];
     size_t got;
     bool closed;
@@ -768,17 +753,17 @@ ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint
         return ps_errf(err, errlen, PS_ERR_PROTOCOL,
                        "%s: checksum mismatch in a frame of type %u, %" PRIu32 " bytes (corrupted in transit)",
                        c->peer, (unsigned)fh.type, fh.len);
-    if (c->seal && (s = net_open_frame(c, h, raw, c->rbuf, err, errlen))) return s;
+    if (c->seal && (s = ps_net_open_frame(c, h, raw, c->rbuf, err, errlen))) return s;
     *payload = c->rbuf;
     return PS_OK;
 }
 
-/* net_recv_frame without the header; the out-parameters are set only on success. */
+/* ps_net_recv_frame without the header; the out-parameters are set only on success. */
 ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t **payload, uint32_t *len,
                        char *err, size_t errlen) {
     ps_frame_hdr h;
     const uint8_t *p = NULL;
-    ps_status s = net_recv_frame(c, timeout_ms, &h, &p, err, errlen);
+    ps_status s = ps_net_recv_frame(c, timeout_ms, &h, &p, err, errlen);
     if (s != PS_OK) return s;
     *type = h.type;
     *payload = p;

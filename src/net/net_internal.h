@@ -49,70 +49,65 @@ struct ps_conn {
     size_t scap;
 };
 
-/* CLOCK_MONOTONIC in nanoseconds. */
-int64_t net_now_ns(void);
-/* Absolute deadline timeout_ms from now; -1 (no deadline) for a negative timeout. */
-int64_t net_deadline(int timeout_ms);
-
 /* errno's message for err lines: lowercase first letter ("connection refused"), in buf. */
-const char *net_errno_str(int errnum, char *buf, size_t cap);
+const char *ps_net_errno_str(int errnum, char *buf, size_t cap);
 
 /* Writes every byte of iov[0..iovcnt) to fd (sendmsg, MSG_NOSIGNAL, restarting after
  * EINTR and partial writes; iov is advanced in place). Waits in poll() until deadline_ns
  * (-1 = none) and, when wake_fd >= 0, until wake_fd becomes readable. Returns 0, or the
  * errno that stopped it: ETIMEDOUT past the deadline, ECANCELED when woken. */
-int net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t deadline_ns);
+int ps_net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t deadline_ns);
 
-/* The err line for a write to c that net_write_all stopped with errnum (PS_ERR_TIMEOUT
+/* The err line for a write to c that ps_net_write_all stopped with errnum (PS_ERR_TIMEOUT
  * for ETIMEDOUT, naming timeout_ms; else PS_ERR_NET naming the peer). */
-ps_status net_write_error(const ps_conn *c, int errnum, int timeout_ms, char *err, size_t errlen);
+ps_status ps_net_write_error(const ps_conn *c, int errnum, int timeout_ms, char *err, size_t errlen);
 
 /* Encodes the header of a frame of type/flags whose payload is iov[0..iovcnt): len and
  * the XXH3-64 checksum are computed here. Fails (PS_ERR_ARG) when the payload exceeds
  * 4 GiB - 1. */
-ps_status net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
-                           uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen);
+ps_status ps_net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
+                              uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen);
 
 /* ps_conn_send with header flags; never goes through the sender thread. */
-ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
-                         int timeout_ms, char *err, size_t errlen);
+ps_status ps_net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
+                            int timeout_ms, char *err, size_t errlen);
 
 /* ps_conn_recv returning the whole header. *h is zeroed first and filled as soon as a
  * header has been read, so after an error the caller can tell a frame of another
  * protocol version (PS_ERR_PROTOCOL with h->magic == PS_NET_MAGIC and h->version !=
  * PS_NET_VERSION; its payload has been read and dropped when it was within the limit, so
  * the connection can still carry a REFUSE). */
-ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint8_t **payload, char *err,
-                         size_t errlen);
+ps_status ps_net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint8_t **payload, char *err,
+                            size_t errlen);
 
 /* With c->seal: copies the payload iov[0..iovcnt) (len bytes) into out (room for len +
  * NET_TAG_BYTES), seals it there under the next send number, and encodes the header (len
  * and checksum of what goes on the wire: *wire_len bytes). Callers seal in the order the
  * frames go on the wire. */
-void net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
-                    uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len);
+void ps_net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
+                       uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len);
 /* With c->seal: opens a received payload in place (h->len bytes, tag included) under the
  * next receive number; h->len becomes the plaintext's length. PS_ERR_AUTH when it fails. */
-ps_status net_open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_HDR_BYTES], uint8_t *payload,
-                         char *err, size_t errlen);
+ps_status ps_net_open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_HDR_BYTES], uint8_t *payload,
+                            char *err, size_t errlen);
 
 /* Frees (and zeroes) the keys; NULL-safe. */
-void net_seal_free(net_seal *s);
+void ps_net_seal_free(net_seal *s);
 /* The payload length of iov[0..iovcnt) in *len; fails (PS_ERR_ARG) when the frame (with a
  * tag when c is sealed) would exceed 4 GiB - 1. */
-ps_status net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
-                          size_t errlen);
+ps_status ps_net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
+                             size_t errlen);
 /* Copies the bytes of iov[0..iovcnt) one after the other into out. */
-void net_gather(uint8_t *out, const struct iovec *iov, int iovcnt);
+void ps_net_gather(uint8_t *out, const struct iovec *iov, int iovcnt);
 
 /* Adds one sent frame to c's stats (thread-safe). */
-void net_stats_add(ps_conn *c, uint64_t bytes, double ms);
+void ps_net_stats_add(ps_conn *c, uint64_t bytes, double ms);
 
 /* Stops and frees the sender thread of c (link.c); NULL-safe. Queued frames are dropped. */
-void net_sender_free(net_sender *s);
+void ps_net_sender_free(net_sender *s);
 /* Queues one frame through c's sender thread and waits for it to be written (what
  * ps_conn_send does while a sender runs, so the two cannot interleave on the socket). */
-ps_status net_sender_send_sync(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
-                               char *err, size_t errlen);
+ps_status ps_net_sender_send_sync(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
+                                  char *err, size_t errlen);
 
 #endif
