@@ -20,10 +20,13 @@
  * being replayed as a client's, and the transcript (a hash of HELLO and of HELLO_REPLY up to
  * its proof) in every proof keeps anyone without the key from rewriting a hello on the way.
  *
- * With a key, the frames after WELCOME are sealed (net_internal.h) unless both hellos ask
- * for plain frames: the key of each direction is BLAKE2b-256 keyed with the shared key over
- * a label of the direction, both nonces and the transcript, so every connection has fresh
- * keys and frame numbers can start at 0. */
+ * With a key, the frames after WELCOME are sealed (seal.h) unless both hellos ask for plain
+ * frames: the key of each direction is BLAKE2b-256 keyed with the shared key over a label
+ * of the direction, both nonces and the transcript, so every connection has fresh keys and
+ * frame numbers can start at 0.
+ *
+ * The top of src/net with link.c: it exchanges frames (frame.c) built with ps_wbuf/ps_rbuf
+ * (buf.c), and starts sealing (seal.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -33,8 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include <xxhash.h>
 
 #include "net_internal.h"
 
@@ -51,9 +52,6 @@ static const char label_server[] = "pipeshard server";
 static const char label_client[] = "pipeshard client";
 static const char label_c2s[] = "pipeshard frames client to server";
 static const char label_s2c[] = "pipeshard frames server to client";
-
-_Static_assert(crypto_aead_chacha20poly1305_ietf_ABYTES == NET_TAG_BYTES, "tags are 16 bytes");
-_Static_assert(crypto_aead_chacha20poly1305_ietf_KEYBYTES == 32, "frame keys are 32 bytes");
 
 /* sodium_init, once per process (it is idempotent and thread-safe). */
 static ps_status sodium_ready(char *err, size_t errlen) {
@@ -330,7 +328,7 @@ static ps_status read_hello_body(ps_conn *c, ps_rbuf *r, const char *what, ps_he
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Sealed frames */
+ * Sealing */
 
 /* The key of one direction: BLAKE2b-256 keyed with the shared key over label || nonces ||
  * transcript. */
@@ -354,55 +352,11 @@ static ps_status start_sealing(ps_conn *c, const uint8_t *key, const ps_hello *m
                                const uint8_t *nonce_c, const uint8_t *nonce_s, const transcript *t, bool client,
                                char *err, size_t errlen) {
     if (!key || (mine->plain && peer->plain)) return PS_OK;
-    net_seal *s = sodium_malloc(sizeof *s);
+    net_seal *s = ps_net_seal_new();
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for the keys of %s", c->peer);
     frame_key(key, client ? label_c2s : label_s2c, nonce_c, nonce_s, t, s->tx);
     frame_key(key, client ? label_s2c : label_c2s, nonce_c, nonce_s, t, s->rx);
-    s->tx_n = s->rx_n = 0;
     c->seal = s;
-    return PS_OK;
-}
-
-void ps_net_seal_free(net_seal *s) {
-    if (s) sodium_free(s); /* zeroes it */
-}
-
-/* The 96-bit nonce of frame number n: n little-endian, then zeros. */
-static void frame_nonce(uint64_t n, uint8_t out[crypto_aead_chacha20poly1305_ietf_NPUBBYTES]) {
-    memset(out, 0, crypto_aead_chacha20poly1305_ietf_NPUBBYTES);
-    for (int i = 0; i < 8; i++) out[i] = (uint8_t)(n >> (8 * i));
-}
-
-#define AD_BYTES 16 /* the header's magic, version, type, flags and len */
-
-void ps_net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
-                       uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len) {
-    ps_net_gather(out, iov, iovcnt);
-    ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags,
-                      .len = len + NET_TAG_BYTES};
-    ps_frame_hdr_encode(&h, hdr); /* the authenticated part is final; the checksum comes last */
-    uint8_t nonce[crypto_aead_chacha20poly1305_ietf_NPUBBYTES];
-    frame_nonce(c->seal->tx_n++, nonce);
-    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, out + len, NULL, out, len, hdr, AD_BYTES, NULL, nonce,
-                                                       c->seal->tx);
-    h.checksum = XXH3_64bits(out, h.len);
-    ps_frame_hdr_encode(&h, hdr);
-    *wire_len = h.len;
-}
-
-ps_status ps_net_open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_HDR_BYTES], uint8_t *payload,
-                            char *err, size_t errlen) {
-    uint8_t nonce[crypto_aead_chacha20poly1305_ietf_NPUBBYTES];
-    frame_nonce(c->seal->rx_n, nonce);
-    uint32_t len = h->len - NET_TAG_BYTES;
-    if (h->len < NET_TAG_BYTES ||
-        crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, payload + len, hdr, AD_BYTES,
-                                                           nonce, c->seal->rx) != 0)
-        return ps_errf(err, errlen, PS_ERR_AUTH, "%s sent a frame (type %u, %" PRIu32 " bytes) that fails "
-                       "authentication: altered, injected, replayed or lost on the way",
-                       c->peer, (unsigned)h->type, h->len);
-    c->seal->rx_n++;
-    h->len = len;
     return PS_OK;
 }
 

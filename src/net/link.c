@@ -17,7 +17,11 @@
  *
  * Stopping: ps_conn_free sets stop, signals the condition and writes to an eventfd that
  * the thread polls beside the socket while a write waits for room, so neither an emulated
- * delay nor a peer that stopped reading can hold it. */
+ * delay nor a peer that stopped reading can hold it.
+ *
+ * ps_conn_send and ps_conn_free are here too: each must know whether a sender thread runs
+ * (a synchronous frame then goes through its queue; the thread stops before the socket
+ * closes). Uses frame.c (and seal.c to free the keys); nothing in src/net calls up into it. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -146,7 +150,8 @@ static void *sender_main(void *arg) {
     return NULL;
 }
 
-void ps_net_sender_free(net_sender *s) {
+/* Stops and frees the sender thread; NULL-safe. Queued frames are dropped. */
+static void sender_free(net_sender *s) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
     s->stop = true;
@@ -339,7 +344,9 @@ ps_status ps_conn_flush(ps_conn *c, int timeout_ms, char *err, size_t errlen) {
     return st;
 }
 
-ps_status ps_net_sender_send_sync(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
+/* Queues one frame and waits for it to be written (what ps_conn_send does while a sender
+ * runs, so that a synchronous frame cannot interleave with queued ones on the socket). */
+static ps_status sender_send_sync(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
                                   char *err, size_t errlen) {
     int64_t deadline = ps_deadline(timeout_ms);
     ps_status st = ps_conn_send_async(c, type, iov, iovcnt, timeout_ms, err, errlen);
@@ -350,4 +357,27 @@ ps_status ps_net_sender_send_sync(ps_conn *c, uint16_t type, const struct iovec 
         left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
     }
     return ps_conn_flush(c, left, err, errlen);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The connection's sync send and teardown */
+
+/* While a sender thread runs, the frame goes through its queue (and this waits until it
+ * is written), so that frames never interleave on the socket. */
+ps_status ps_conn_send(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms, char *err,
+                       size_t errlen) {
+    if (c->snd) return sender_send_sync(c, type, iov, iovcnt, timeout_ms, err, errlen);
+    return ps_net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen);
+}
+
+/* The sender thread goes first: it writes to fd until it is stopped. */
+void ps_conn_free(ps_conn *c) {
+    if (!c) return;
+    sender_free(c->snd);
+    close(c->fd);
+    free(c->rbuf);
+    free(c->sbuf);
+    ps_net_seal_free(c->seal);
+    pthread_mutex_destroy(&c->stats_mu);
+    free(c);
 }
