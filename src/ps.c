@@ -22,6 +22,22 @@ double ps_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int64_t ps_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t ps_deadline(int timeout_ms) { return timeout_ms < 0 ? -1 : ps_now_ns() + (int64_t)timeout_ms * 1000000; }
+
+int ps_ms_left(int64_t deadline_ns) {
+    if (deadline_ns < 0) return -1;
+    int64_t left = deadline_ns - ps_now_ns();
+    if (left <= 0) return 0;
+    int64_t ms = (left + 999999) / 1000000;
+    return ms > 1000000000 ? 1000000000 : (int)ms;
+}
+
 void ps_printable(char *s) {
     for (; *s; s++)
         if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) *s = '?';

@@ -36,6 +36,13 @@ ps_status ps_errf(char *err, size_t errlen, ps_status s, const char *fmt, ...)
 
 /* Monotonic clock in seconds. */
 double ps_now(void);
+/* The same clock (CLOCK_MONOTONIC) in nanoseconds. */
+int64_t ps_now_ns(void);
+/* The ps_now_ns deadline timeout_ms from now; -1 (no deadline) for a negative timeout. */
+int64_t ps_deadline(int timeout_ms);
+/* Milliseconds left before a ps_deadline, for poll(): -1 without a deadline, 0 once past it,
+ * rounded up so that a poll never returns just before the deadline (at most 1e9). */
+int ps_ms_left(int64_t deadline_ns);
 
 /* Replaces every byte of s outside printable ASCII (0x20..0x7e) with '?', in place: for
  * text from a peer on its way to a terminal or a log (no escape sequences, no line

@@ -20,10 +20,13 @@
  * being replayed as a client's, and the transcript (a hash of HELLO and of HELLO_REPLY up to
  * its proof) in every proof keeps anyone without the key from rewriting a hello on the way.
  *
- * With a key, the frames after WELCOME are sealed (net_internal.h) unless both hellos ask
- * for plain frames: the key of each direction is BLAKE2b-256 keyed with the shared key over
- * a label of the direction, both nonces and the transcript, so every connection has fresh
- * keys and frame numbers can start at 0. */
+ * With a key, the frames after WELCOME are sealed (seal.h) unless both hellos ask for plain
+ * frames: the key of each direction is BLAKE2b-256 keyed with the shared key over a label
+ * of the direction, both nonces and the transcript, so every connection has fresh keys and
+ * frame numbers can start at 0.
+ *
+ * The top of src/net with link.c: it exchanges frames (frame.c) built with ps_wbuf/ps_rbuf
+ * (buf.c), and starts sealing (seal.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -33,8 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include <xxhash.h>
 
 #include "net_internal.h"
 
@@ -51,9 +52,6 @@ static const char label_server[] = "pipeshard server";
 static const char label_client[] = "pipeshard client";
 static const char label_c2s[] = "pipeshard frames client to server";
 static const char label_s2c[] = "pipeshard frames server to client";
-
-_Static_assert(crypto_aead_chacha20poly1305_ietf_ABYTES == NET_TAG_BYTES, "tags are 16 bytes");
-_Static_assert(crypto_aead_chacha20poly1305_ietf_KEYBYTES == 32, "frame keys are 32 bytes");
 
 /* sodium_init, once per process (it is idempotent and thread-safe). */
 static ps_status sodium_ready(char *err, size_t errlen) {
@@ -84,7 +82,7 @@ ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t e
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open key file %s: %s",
-                       path, net_errno_str(errno, eb, sizeof eb));
+                       path, ps_net_errno_str(errno, eb, sizeof eb));
     uint8_t *buf = malloc(KEY_MAX_BYTES + 1);
     if (!buf) {
         close(fd);
@@ -95,7 +93,7 @@ ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t e
     close(fd);
     if (n < 0)
         st = ps_errf(err, errlen, PS_ERR_IO, "cannot read key file %s: %s", path,
-                     net_errno_str(read_errno, eb, sizeof eb));
+                     ps_net_errno_str(read_errno, eb, sizeof eb));
     else if (n < KEY_MIN_BYTES)
         st = ps_errf(err, errlen, PS_ERR_ARG, "key file %s is too short (%zd bytes; at least %d)", path, n,
                      KEY_MIN_BYTES);
@@ -221,7 +219,8 @@ static ps_status refuse(ps_conn *c, ps_status st, int timeout_ms, char *err, siz
     vsnprintf(reason, sizeof reason, fmt, ap);
     va_end(ap);
     struct iovec iov = {.iov_base = reason, .iov_len = strlen(reason)};
-    (void)net_send_frame(c, PS_MSG_REFUSE, st == PS_ERR_AUTH ? NET_FLAG_REFUSE_AUTH : 0, &iov, 1, timeout_ms, NULL, 0);
+    (void)ps_net_send_frame(c, PS_MSG_REFUSE, st == PS_ERR_AUTH ? NET_FLAG_REFUSE_AUTH : 0, &iov, 1, timeout_ms, NULL,
+                            0);
     return ps_errf(err, errlen, st, "refused %s: %s", c->peer, reason);
 }
 
@@ -268,11 +267,11 @@ static const char *msg_name(uint16_t type) {
 
 /* Receives the next handshake frame, which must be of type want. A REFUSE becomes
  * "PEER refused: reason" (PS_ERR_AUTH when flagged so, else PS_ERR_PROTOCOL); another
- * type is refused. *h is as net_recv_frame leaves it. */
+ * type is refused. *h is as ps_net_recv_frame leaves it. */
 static ps_status expect(ps_conn *c, uint16_t want, int timeout_ms, ps_frame_hdr *h, ps_rbuf *r, char *err,
                         size_t errlen) {
     const uint8_t *p = NULL;
-    ps_status st = net_recv_frame(c, timeout_ms, h, &p, err, errlen);
+    ps_status st = ps_net_recv_frame(c, timeout_ms, h, &p, err, errlen);
     if (st != PS_OK) return st;
     if (h->type == PS_MSG_REFUSE) {
         char why[HS_REASON_SHOW + 8];
@@ -291,7 +290,7 @@ static ps_status expect(ps_conn *c, uint16_t want, int timeout_ms, ps_frame_hdr 
 static ps_status send_buf(ps_conn *c, uint16_t type, const ps_wbuf *b, int timeout_ms, char *err, size_t errlen) {
     if (b->oom) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for a handshake message");
     struct iovec iov = {.iov_base = b->p, .iov_len = b->len};
-    return net_send_frame(c, type, 0, &iov, 1, timeout_ms, err, errlen);
+    return ps_net_send_frame(c, type, 0, &iov, 1, timeout_ms, err, errlen);
 }
 
 /* Runs the application's check of the peer's hello; a failure is refused with its reason. */
@@ -329,7 +328,7 @@ static ps_status read_hello_body(ps_conn *c, ps_rbuf *r, const char *what, ps_he
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Sealed frames */
+ * Sealing */
 
 /* The key of one direction: BLAKE2b-256 keyed with the shared key over label || nonces ||
  * transcript. */
@@ -353,55 +352,11 @@ static ps_status start_sealing(ps_conn *c, const uint8_t *key, const ps_hello *m
                                const uint8_t *nonce_c, const uint8_t *nonce_s, const transcript *t, bool client,
                                char *err, size_t errlen) {
     if (!key || (mine->plain && peer->plain)) return PS_OK;
-    net_seal *s = sodium_malloc(sizeof *s);
+    net_seal *s = ps_net_seal_new();
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for the keys of %s", c->peer);
     frame_key(key, client ? label_c2s : label_s2c, nonce_c, nonce_s, t, s->tx);
     frame_key(key, client ? label_s2c : label_c2s, nonce_c, nonce_s, t, s->rx);
-    s->tx_n = s->rx_n = 0;
     c->seal = s;
-    return PS_OK;
-}
-
-void net_seal_free(net_seal *s) {
-    if (s) sodium_free(s); /* zeroes it */
-}
-
-/* The 96-bit nonce of frame number n: n little-endian, then zeros. */
-static void frame_nonce(uint64_t n, uint8_t out[crypto_aead_chacha20poly1305_ietf_NPUBBYTES]) {
-    memset(out, 0, crypto_aead_chacha20poly1305_ietf_NPUBBYTES);
-    for (int i = 0; i < 8; i++) out[i] = (uint8_t)(n >> (8 * i));
-}
-
-#define AD_BYTES 16 /* the header's magic, version, type, flags and len */
-
-void net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
-                    uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len) {
-    net_gather(out, iov, iovcnt);
-    ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags,
-                      .len = len + NET_TAG_BYTES};
-    ps_frame_hdr_encode(&h, hdr); /* the authenticated part is final; the checksum comes last */
-    uint8_t nonce[crypto_aead_chacha20poly1305_ietf_NPUBBYTES];
-    frame_nonce(c->seal->tx_n++, nonce);
-    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, out + len, NULL, out, len, hdr, AD_BYTES, NULL, nonce,
-                                                       c->seal->tx);
-    h.checksum = XXH3_64bits(out, h.len);
-    ps_frame_hdr_encode(&h, hdr);
-    *wire_len = h.len;
-}
-
-ps_status net_open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_HDR_BYTES], uint8_t *payload,
-                         char *err, size_t errlen) {
-    uint8_t nonce[crypto_aead_chacha20poly1305_ietf_NPUBBYTES];
-    frame_nonce(c->seal->rx_n, nonce);
-    uint32_t len = h->len - NET_TAG_BYTES;
-    if (h->len < NET_TAG_BYTES ||
-        crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, payload + len, hdr, AD_BYTES,
-                                                           nonce, c->seal->rx) != 0)
-        return ps_errf(err, errlen, PS_ERR_AUTH, "%s sent a frame (type %u, %" PRIu32 " bytes) that fails "
-                       "authentication: altered, injected, replayed or lost on the way",
-                       c->peer, (unsigned)h->type, h->len);
-    c->seal->rx_n++;
-    h->len = len;
     return PS_OK;
 }
 
@@ -532,7 +487,7 @@ ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello
     }
     if (st == PS_OK) st = server_get_auth(c, key, nonce_c, nonce_s, &t, timeout_ms, err, errlen);
     if (st == PS_OK) st = run_check(c, check, check_ctx, &peer, timeout_ms, err, errlen);
-    if (st == PS_OK) st = net_send_frame(c, PS_MSG_WELCOME, 0, NULL, 0, timeout_ms, err, errlen);
+    if (st == PS_OK) st = ps_net_send_frame(c, PS_MSG_WELCOME, 0, NULL, 0, timeout_ms, err, errlen);
     if (st == PS_OK) st = start_sealing(c, key, mine, &peer, nonce_c, nonce_s, &t, false, err, errlen);
     ps_wbuf_free(&b);
     if (st != PS_OK) return st;

@@ -1,27 +1,20 @@
-/* frame.c - frames over TCP: the header codec, little-endian payload builders and bounded
- * readers, addresses, listen/accept/dial, and the synchronous send and receive of one frame.
+/* frame.c - frames on a connection: the header codec, sealing and opening a frame's payload
+ * (the cryptography is seal.c's), and the synchronous send and receive of one frame, with
+ * the connection's send counters.
  *
  * A frame is a 24-byte header (magic, version, type, flags, len, XXH3-64 checksum of the
  * payload) followed by len payload bytes. Receiving checks, in this order: magic, version
  * (the payload of a frame of another version is still read when within the limit, so that
  * the handshake can answer it with a REFUSE), length against the connection's limit, then
- * the checksum once the payload is in. */
+ * the checksum once the payload is in, then (sealed) the tag. Uses socket.c and seal.c;
+ * link.c (the sender thread) and auth.c (the handshake) are built on it. */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <time.h>
-#include <unistd.h>
 
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
@@ -33,59 +26,7 @@
 #endif
 
 #define NET_IOV_BATCH 64 /* iovecs handed to one sendmsg */
-
-/* ---------------------------------------------------------------------------------------------
- * Small helpers */
-
-int64_t net_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int64_t net_deadline(int timeout_ms) { return timeout_ms < 0 ? -1 : net_now_ns() + (int64_t)timeout_ms * 1000000; }
-
-/* Milliseconds left before deadline for poll(): -1 without a deadline, 0 once past it,
- * rounded up so that a poll never returns just before the deadline. */
-static int ms_left(int64_t deadline) {
-    if (deadline < 0) return -1;
-    int64_t left = deadline - net_now_ns();
-    if (left <= 0) return 0;
-    int64_t ms = (left + 999999) / 1000000;
-    return ms > 1000000000 ? 1000000000 : (int)ms;
-}
-
-const char *net_errno_str(int errnum, char *buf, size_t cap) {
-    char tmp[128];
-    const char *s = strerror_r(errnum, tmp, sizeof tmp); /* GNU variant (_GNU_SOURCE) */
-    snprintf(buf, cap, "%s", s);
-    if (cap > 1 && buf[0] >= 'A' && buf[0] <= 'Z' && !(buf[1] >= 'A' && buf[1] <= 'Z')) buf[0] += 'a' - 'A';
-    return buf;
-}
-
-/* Formats "host:port", bracketing hosts that contain ':' (IPv6). */
-static void format_hostport(char *out, size_t cap, const char *host, int port) {
-    if (strchr(host, ':'))
-        snprintf(out, cap, "[%s]:%d", host, port);
-    else
-        snprintf(out, cap, "%s:%d", host, port);
-}
-
-/* Numeric "HOST:PORT" of a socket address. */
-static void format_sockaddr(char *out, size_t cap, const struct sockaddr *sa, socklen_t salen) {
-    char host[NI_MAXHOST], serv[NI_MAXSERV];
-    if (sa->sa_family == AF_UNIX) {
-        const struct sockaddr_un *su = (const struct sockaddr_un *)sa;
-        size_t off = offsetof(struct sockaddr_un, sun_path), n = salen > off ? strnlen(su->sun_path, salen - off) : 0;
-        snprintf(out, cap, "unix:%.*s", (int)n, su->sun_path);
-        return;
-    }
-    if (getnameinfo(sa, salen, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-        snprintf(out, cap, "(unknown address)");
-        return;
-    }
-    format_hostport(out, cap, host, atoi(serv));
-}
+#define AD_BYTES 16      /* the header's magic, version, type, flags and len: authenticated in a sealed frame */
 
 /* ---------------------------------------------------------------------------------------------
  * Header */
@@ -119,20 +60,20 @@ static ps_status iov_len(const struct iovec *iov, int iovcnt, uint32_t extra, ui
     return PS_OK;
 }
 
-ps_status net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
-                          size_t errlen) {
+ps_status ps_net_payload_len(const ps_conn *c, const struct iovec *iov, int iovcnt, uint32_t *len, char *err,
+                             size_t errlen) {
     return iov_len(iov, iovcnt, c->seal ? NET_TAG_BYTES : 0, len, err, errlen);
 }
 
-void net_gather(uint8_t *out, const struct iovec *iov, int iovcnt) {
+void ps_net_gather(uint8_t *out, const struct iovec *iov, int iovcnt) {
     for (int i = 0; i < iovcnt; i++) {
         if (iov[i].iov_len) memcpy(out, iov[i].iov_base, iov[i].iov_len);
         out += iov[i].iov_len;
     }
 }
 
-ps_status net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
-                           uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen) {
+ps_status ps_net_frame_header(uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
+                              uint8_t out[PS_NET_HDR_BYTES], uint32_t *len, char *err, size_t errlen) {
     ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags};
     ps_status s = iov_len(iov, iovcnt, 0, &h.len, err, errlen);
     if (s != PS_OK) return s;
@@ -152,416 +93,36 @@ ps_status net_frame_header(uint16_t type, uint32_t flags, const struct iovec *io
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Payload builder */
+ * Sealed frames */
 
-void ps_wbuf_free(ps_wbuf *b) {
-    free(b->p);
-    *b = (ps_wbuf){0};
+void ps_net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
+                       uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len) {
+    ps_net_gather(out, iov, iovcnt);
+    ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags,
+                      .len = len + NET_TAG_BYTES};
+    ps_frame_hdr_encode(&h, hdr); /* the authenticated part is final; the checksum comes last */
+    ps_net_seal_payload(c->seal, out, len, hdr, AD_BYTES);
+    h.checksum = XXH3_64bits(out, h.len);
+    ps_frame_hdr_encode(&h, hdr);
+    *wire_len = h.len;
 }
 
-/* Room for n more bytes (doubling); false (and oom set) when that fails. */
-static bool wbuf_reserve(ps_wbuf *b, size_t n) {
-    if (b->oom) return false;
-    if (n <= b->cap - b->len) return true;
-    if (n > SIZE_MAX / 2 - b->len) {
-        b->oom = true;
-        return false;
-    }
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap - b->len < n) cap *= 2;
-    uint8_t *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = true;
-        return false;
-    }
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-void ps_wbuf_bytes(ps_wbuf *b, const void *p, size_t n) {
-    if (!wbuf_reserve(b, n)) return;
-    if (n) memcpy(b->p + b->len, p, n);
-    b->len += n;
-}
-
-void ps_wbuf_u8(ps_wbuf *b, uint8_t v) { ps_wbuf_bytes(b, &v, 1); }
-void ps_wbuf_u16(ps_wbuf *b, uint16_t v) { ps_wbuf_bytes(b, &v, 2); }
-void ps_wbuf_u32(ps_wbuf *b, uint32_t v) { ps_wbuf_bytes(b, &v, 4); }
-void ps_wbuf_u64(ps_wbuf *b, uint64_t v) { ps_wbuf_bytes(b, &v, 8); }
-void ps_wbuf_i32(ps_wbuf *b, int32_t v) { ps_wbuf_bytes(b, &v, 4); }
-void ps_wbuf_f32(ps_wbuf *b, float v) { ps_wbuf_bytes(b, &v, 4); }
-
-/* A string longer than 4 GiB - 1 cannot be encoded: it sets oom (the message is lost). */
-void ps_wbuf_str(ps_wbuf *b, const char *s) {
-    size_t n = strlen(s);
-    if (n > UINT32_MAX) {
-        b->oom = true;
-        return;
-    }
-    ps_wbuf_u32(b, (uint32_t)n);
-    ps_wbuf_bytes(b, s, n);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Bounded reader */
-
-const void *ps_rbuf_bytes(ps_rbuf *r, size_t n) {
-    if (r->bad || r->off > r->len || n > r->len - r->off) {
-        r->bad = true;
-        return NULL;
-    }
-    const void *p = r->p + r->off;
-    r->off += n;
-    return p;
-}
-
-/* Copies n bytes at the cursor into out, or zeros when they are not there. */
-static void rbuf_copy(ps_rbuf *r, void *out, size_t n) {
-    const void *p = ps_rbuf_bytes(r, n);
-    if (p)
-        memcpy(out, p, n);
-    else
-        memset(out, 0, n);
-}
-
-uint8_t ps_rbuf_u8(ps_rbuf *r) { uint8_t v; rbuf_copy(r, &v, 1); return v; }
-uint16_t ps_rbuf_u16(ps_rbuf *r) { uint16_t v; rbuf_copy(r, &v, 2); return v; }
-uint32_t ps_rbuf_u32(ps_rbuf *r) { uint32_t v; rbuf_copy(r, &v, 4); return v; }
-uint64_t ps_rbuf_u64(ps_rbuf *r) { uint64_t v; rbuf_copy(r, &v, 8); return v; }
-int32_t ps_rbuf_i32(ps_rbuf *r) { int32_t v; rbuf_copy(r, &v, 4); return v; }
-float ps_rbuf_f32(ps_rbuf *r) { float v; rbuf_copy(r, &v, 4); return v; }
-
-/* out always ends up NUL-terminated (empty on failure) when cap > 0. */
-void ps_rbuf_str(ps_rbuf *r, char *out, size_t cap) {
-    if (cap > 0) out[0] = 0;
-    uint32_t n = ps_rbuf_u32(r);
-    if (r->bad) return;
-    if (cap == 0 || n > cap - 1) {
-        r->bad = true;
-        return;
-    }
-    const char *p = ps_rbuf_bytes(r, n);
-    if (!p) return;
-    if (memchr(p, 0, n)) {
-        r->bad = true;
-        return;
-    }
-    memcpy(out, p, n);
-    out[n] = 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Addresses */
-
-/* Port: 1 to 5 decimal digits, at most 65535. */
-static bool parse_port(const char *s, int *port) {
-    size_t n = strlen(s);
-    if (n == 0 || n > 5) return false;
-    int v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') return false;
-        v = v * 10 + (s[i] - '0');
-    }
-    if (v > 65535) return false;
-    *port = v;
-    return true;
-}
-
-ps_status ps_net_parse_addr(const char *hostport, char *host, size_t hostcap, int *port, char *err, size_t errlen) {
-    if (!hostport || !*hostport) return ps_errf(err, errlen, PS_ERR_ARG, "empty address (expected HOST:PORT)");
-    const char *h = hostport, *colon;
-    size_t hlen;
-    if (hostport[0] == '[') {
-        const char *close = strchr(hostport, ']');
-        if (!close || close[1] != ':')
-            return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%s\" (expected [IPV6]:PORT)", hostport);
-        h = hostport + 1;
-        hlen = (size_t)(close - h);
-        colon = close + 1;
-    } else {
-        colon = strrchr(hostport, ':');
-        if (!colon) return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%s\" (expected HOST:PORT)", hostport);
-        hlen = (size_t)(colon - hostport);
-        if (memchr(hostport, ':', hlen))
-            return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%s\" (an IPv6 host goes in brackets: [%.*s]:PORT)",
-                           hostport, (int)hlen, hostport);
-    }
-    if (hlen == 0)
-        return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%s\": no host (use 0.0.0.0:PORT or [::]:PORT for any)",
-                       hostport);
-    if (hlen >= hostcap) return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%s\": host name too long", hostport);
-    if (!parse_port(colon + 1, port))
-        return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%s\": port must be a number from 0 to 65535", hostport);
-    memcpy(host, h, hlen);
-    host[hlen] = 0;
+/* With c->seal: opens a received payload in place (h->len bytes, tag included) under the
+ * next receive number; h->len becomes the plaintext's length. PS_ERR_AUTH when it fails. */
+static ps_status open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_HDR_BYTES], uint8_t *payload,
+                            char *err, size_t errlen) {
+    if (!ps_net_open_payload(c->seal, payload, h->len, hdr, AD_BYTES))
+        return ps_errf(err, errlen, PS_ERR_AUTH, "%s sent a frame (type %u, %" PRIu32 " bytes) that fails "
+                       "authentication: altered, injected, replayed or lost on the way",
+                       c->peer, (unsigned)h->type, h->len);
+    h->len -= NET_TAG_BYTES;
     return PS_OK;
-}
-
-/* getaddrinfo for host and port (numeric port, TCP). *res is freed by the caller. */
-static ps_status resolve(const char *host, int port, bool passive, struct addrinfo **res, char *err, size_t errlen) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
-    char serv[8];
-    snprintf(serv, sizeof serv, "%d", port);
-    int rc = getaddrinfo(host, serv, &hints, res);
-    char eb[128];
-    if (rc != 0)
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot resolve %s: %s", host,
-                       rc == EAI_SYSTEM ? net_errno_str(errno, eb, sizeof eb) : gai_strerror(rc));
-    return PS_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Connections */
-
-/* A ps_conn around a connected socket (made non-blocking here; on TCP, TCP_NODELAY set and
- * keepalive probes after 10 s of silence, so that a peer whose host vanished without a word
- * is noticed within about 25 s even by a side that only waits; a Unix socket's peer is on
- * this host, and its end is seen at once). Takes ownership of fd, also on failure. */
-static ps_status conn_new(int fd, const char *peer, ps_conn **out, char *err, size_t errlen) {
-    int one = 1, idle = 10, intvl = 5, cnt = 3;
-    int fl = fcntl(fd, F_GETFL);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    bool tcp = getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family != AF_UNIX;
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
-        (tcp && (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 ||
-                 setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) < 0 ||
-                 setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) < 0 ||
-                 setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) < 0 ||
-                 setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) < 0))) {
-        char eb[128];
-        ps_status s = ps_errf(err, errlen, PS_ERR_NET, "cannot set up the connection to %s: %s", peer,
-                              net_errno_str(errno, eb, sizeof eb));
-        close(fd);
-        return s;
-    }
-    ps_conn *c = calloc(1, sizeof *c);
-    if (!c || pthread_mutex_init(&c->stats_mu, NULL) != 0) {
-        free(c);
-        close(fd);
-        return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for a connection to %s", peer);
-    }
-    c->fd = fd;
-    snprintf(c->peer, sizeof c->peer, "%s", peer);
-    c->max_payload = NET_DEFAULT_MAX_PAYLOAD;
-    *out = c;
-    return PS_OK;
-}
-
-/* The sender thread goes first: it writes to fd until it is stopped. */
-void ps_conn_free(ps_conn *c) {
-    if (!c) return;
-    net_sender_free(c->snd);
-    close(c->fd);
-    free(c->rbuf);
-    free(c->sbuf);
-    net_seal_free(c->seal);
-    pthread_mutex_destroy(&c->stats_mu);
-    free(c);
-}
-
-int ps_conn_fd(const ps_conn *c) { return c->fd; }
-const char *ps_conn_peer(const ps_conn *c) { return c->peer; }
-bool ps_conn_sealed(const ps_conn *c) { return c->seal != NULL; }
-void ps_conn_set_max_payload(ps_conn *c, uint32_t max) { c->max_payload = max; }
-
-bool ps_net_is_unix(const char *addr) { return !strncmp(addr, "unix:", 5); }
-
-/* The socket address of "unix:PATH". */
-static ps_status unix_addr(const char *addr, struct sockaddr_un *su, socklen_t *len, char *err, size_t errlen) {
-    const char *path = addr + 5;
-    size_t n = strlen(path);
-    if (n == 0) return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%s\": no socket path after unix:", addr);
-    if (n >= sizeof su->sun_path)
-        return ps_errf(err, errlen, PS_ERR_ARG, "bad address \"%.80s...\": a socket path holds at most %zu bytes", addr,
-                       sizeof su->sun_path - 1);
-    memset(su, 0, sizeof *su);
-    su->sun_family = AF_UNIX;
-    memcpy(su->sun_path, path, n);
-    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
-    return PS_OK;
-}
-
-/* Binds and listens on a Unix socket. A socket file nobody listens on any more (left by a
- * process that died) is replaced; a live one, or a file that is not a socket, is an error. */
-static ps_status unix_listen(const char *addr, int *fd_out, char *err, size_t errlen) {
-    struct sockaddr_un su;
-    socklen_t sl = 0;
-    char eb[128];
-    ps_status s = unix_addr(addr, &su, &sl, err, errlen);
-    if (s) return s;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, net_errno_str(errno, eb, sizeof eb));
-    int r = bind(fd, (struct sockaddr *)&su, sl);
-    struct stat st;
-    if (r < 0 && errno == EADDRINUSE && lstat(su.sun_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        bool live = probe >= 0 && (connect(probe, (struct sockaddr *)&su, sl) == 0 || errno != ECONNREFUSED);
-        if (probe >= 0) close(probe);
-        if (live) {
-            close(fd);
-            return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: another process listens there", addr);
-        }
-        r = unlink(su.sun_path) == 0 ? bind(fd, (struct sockaddr *)&su, sl) : -1;
-    } else if (r < 0 && errno == EADDRINUSE) {
-        errno = EEXIST; /* a file that is not a socket: never removed */
-    }
-    if (r < 0 || listen(fd, 64) < 0) {
-        int e = errno;
-        close(fd);
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", addr, net_errno_str(e, eb, sizeof eb));
-    }
-    *fd_out = fd;
-    return PS_OK;
-}
-
-/* The listening socket is non-blocking, so that ps_net_accept never blocks in accept4
- * when a connection vanished between poll and accept. */
-ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err,
-                        size_t errlen) {
-    char host[256], eb[128];
-    int port;
-    struct addrinfo *res;
-    if (ps_net_is_unix(hostport)) {
-        ps_status s = unix_listen(hostport, fd_out, err, errlen);
-        if (!s && bound && boundcap) snprintf(bound, boundcap, "%s", hostport);
-        return s;
-    }
-    ps_status s = ps_net_parse_addr(hostport, host, sizeof host, &port, err, errlen);
-    if (s == PS_OK) s = resolve(host, port, true, &res, err, errlen);
-    if (s != PS_OK) return s;
-    int fd = -1, last = 0;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int one = 1;
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-        if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
-            bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0)
-            break;
-        last = errno;
-        if (fd >= 0) close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    if (fd < 0)
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot listen on %s: %s", hostport, net_errno_str(last, eb, sizeof eb));
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (bound && boundcap) {
-        if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
-            format_sockaddr(bound, boundcap, (struct sockaddr *)&ss, sl);
-        else
-            snprintf(bound, boundcap, "%s", hostport);
-    }
-    *fd_out = fd;
-    return PS_OK;
-}
-
-/* Polls the listening socket, then accept4; a connection that vanished in between (or a
- * spurious wake-up) goes back to waiting until the deadline. */
-ps_status ps_net_accept(int listen_fd, int timeout_ms, ps_conn **out, char *err, size_t errlen) {
-    int64_t deadline = net_deadline(timeout_ms);
-    char eb[128];
-    for (;;) {
-        struct pollfd pfd = {.fd = listen_fd, .events = POLLIN};
-        int n = poll(&pfd, 1, ms_left(deadline));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return ps_errf(err, errlen, PS_ERR_NET, "accept: %s", net_errno_str(errno, eb, sizeof eb));
-        if (n == 0) {
-            char self[NET_PEER_MAX] = "?";
-            struct sockaddr_storage ss;
-            socklen_t sl = sizeof ss;
-            if (getsockname(listen_fd, (struct sockaddr *)&ss, &sl) == 0)
-                format_sockaddr(self, sizeof self, (struct sockaddr *)&ss, sl);
-            return ps_errf(err, errlen, PS_ERR_TIMEOUT, "no connection on %s within %d ms", self, timeout_ms);
-        }
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        int fd = accept4(listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
-        if (fd < 0) {
-            /* the connection may have gone between poll and accept: wait again */
-            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) continue;
-            return ps_errf(err, errlen, PS_ERR_NET, "accept: %s", net_errno_str(errno, eb, sizeof eb));
-        }
-        char peer[NET_PEER_MAX];
-        if (ss.ss_family == AF_UNIX && (sl = sizeof ss, getsockname(fd, (struct sockaddr *)&ss, &sl) != 0))
-            sl = 0; /* a client's end has no name: say where it came in */
-        format_sockaddr(peer, sizeof peer, (struct sockaddr *)&ss, sl);
-        return conn_new(fd, peer, out, err, errlen);
-    }
-}
-
-/* One non-blocking connect to ai, waiting until deadline. Returns the socket or -1 with
- * *errnum set (ETIMEDOUT when the deadline passed). */
-static int connect_one(const struct addrinfo *ai, int64_t deadline, int *errnum) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) {
-        *errnum = errno;
-        return -1;
-    }
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return fd;
-    if (errno != EINPROGRESS && errno != EINTR) goto fail;
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-        int n = poll(&pfd, 1, ms_left(deadline));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) goto fail;
-        if (n == 0) {
-            errno = ETIMEDOUT;
-            goto fail;
-        }
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0) goto fail;
-        if (soerr == 0) return fd;
-        errno = soerr;
-        goto fail;
-    }
-fail:
-    *errnum = errno;
-    close(fd);
-    return -1;
-}
-
-/* Connects to the Unix socket of "unix:PATH" (peer = the address), or tries every address
- * of the host in turn (IPv4 and IPv6) until one connects; the deadline covers them all (name
- * resolution itself is not bounded: use numeric addresses where that matters). */
-ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char *err, size_t errlen) {
-    char host[256], peer[NET_PEER_MAX], eb[128];
-    int port, fd = -1, last = ECONNREFUSED;
-    int64_t deadline = net_deadline(timeout_ms);
-    if (ps_net_is_unix(hostport)) {
-        struct sockaddr_un su;
-        struct addrinfo ai = {.ai_family = AF_UNIX, .ai_socktype = SOCK_STREAM, .ai_addr = (struct sockaddr *)&su};
-        ps_status s = unix_addr(hostport, &su, &ai.ai_addrlen, err, errlen);
-        if (s) return s;
-        snprintf(peer, sizeof peer, "%s", hostport);
-        fd = connect_one(&ai, deadline, &last);
-    } else {
-        struct addrinfo *res;
-        ps_status s = ps_net_parse_addr(hostport, host, sizeof host, &port, err, errlen);
-        if (s == PS_OK) s = resolve(host, port, false, &res, err, errlen);
-        if (s != PS_OK) return s;
-        format_hostport(peer, sizeof peer, host, port);
-        for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-            fd = connect_one(ai, deadline, &last);
-            if (fd < 0 && last == ETIMEDOUT) break;
-        }
-        freeaddrinfo(res);
-    }
-    if (fd < 0 && last == ETIMEDOUT)
-        return ps_errf(err, errlen, PS_ERR_TIMEOUT, "cannot connect to %s: timed out after %d ms", peer, timeout_ms);
-    if (fd < 0)
-        return ps_errf(err, errlen, PS_ERR_NET, "cannot connect to %s: %s", peer, net_errno_str(last, eb, sizeof eb));
-    return conn_new(fd, peer, out, err, errlen);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Sending */
 
-int net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t deadline_ns) {
+int ps_net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t deadline_ns) {
     while (iovcnt > 0 && iov[0].iov_len == 0) iov++, iovcnt--;
     while (iovcnt > 0) {
         struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)(iovcnt < NET_IOV_BATCH ? iovcnt : NET_IOV_BATCH)};
@@ -569,7 +130,7 @@ int net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t de
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
-            int ms = ms_left(deadline_ns);
+            int ms = ps_ms_left(deadline_ns);
             if (ms == 0) return ETIMEDOUT;
             struct pollfd pfd[2] = {{.fd = fd, .events = POLLOUT}, {.fd = wake_fd, .events = POLLIN}};
             int r = poll(pfd, wake_fd >= 0 ? 2 : 1, ms);
@@ -588,16 +149,16 @@ int net_write_all(int fd, int wake_fd, struct iovec *iov, int iovcnt, int64_t de
     return 0;
 }
 
-ps_status net_write_error(const ps_conn *c, int errnum, int timeout_ms, char *err, size_t errlen) {
+ps_status ps_net_write_error(const ps_conn *c, int errnum, int timeout_ms, char *err, size_t errlen) {
     char eb[128];
     if (errnum == ETIMEDOUT)
         return ps_errf(err, errlen, PS_ERR_TIMEOUT, "timed out after %d ms sending to %s", timeout_ms, c->peer);
     if (errnum == EPIPE)
         return ps_errf(err, errlen, PS_ERR_NET, "cannot send to %s: the peer closed the connection", c->peer);
-    return ps_errf(err, errlen, PS_ERR_NET, "cannot send to %s: %s", c->peer, net_errno_str(errnum, eb, sizeof eb));
+    return ps_errf(err, errlen, PS_ERR_NET, "cannot send to %s: %s", c->peer, ps_net_errno_str(errnum, eb, sizeof eb));
 }
 
-void net_stats_add(ps_conn *c, uint64_t bytes, double ms) {
+void ps_net_stats_add(ps_conn *c, uint64_t bytes, double ms) {
     pthread_mutex_lock(&c->stats_mu);
     c->stats.frames++;
     c->stats.bytes += bytes;
@@ -605,14 +166,14 @@ void net_stats_add(ps_conn *c, uint64_t bytes, double ms) {
     pthread_mutex_unlock(&c->stats_mu);
 }
 
-ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
-                         int timeout_ms, char *err, size_t errlen) {
-    int64_t t0 = net_now_ns(), deadline = net_deadline(timeout_ms);
+ps_status ps_net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt,
+                            int timeout_ms, char *err, size_t errlen) {
+    int64_t t0 = ps_now_ns(), deadline = ps_deadline(timeout_ms);
     if (iovcnt < 0 || (iovcnt > 0 && !iov)) return ps_errf(err, errlen, PS_ERR_ARG, "bad iovec list");
     uint8_t hdr[PS_NET_HDR_BYTES];
     uint32_t len;
-    ps_status s = c->seal ? net_payload_len(c, iov, iovcnt, &len, err, errlen)
-                          : net_frame_header(type, flags, iov, iovcnt, hdr, &len, err, errlen);
+    ps_status s = c->seal ? ps_net_payload_len(c, iov, iovcnt, &len, err, errlen)
+                          : ps_net_frame_header(type, flags, iov, iovcnt, hdr, &len, err, errlen);
     if (s != PS_OK) return s;
     struct iovec sealed;
     if (c->seal) { /* sealed into sbuf: one contiguous payload */
@@ -621,7 +182,7 @@ ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct
             if (!p) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory sending to %s", c->peer);
             c->sbuf = p, c->scap = (size_t)len + NET_TAG_BYTES;
         }
-        net_seal_frame(c, type, flags, iov, iovcnt, len, c->sbuf, hdr, &len);
+        ps_net_seal_frame(c, type, flags, iov, iovcnt, len, c->sbuf, hdr, &len);
         sealed = (struct iovec){.iov_base = c->sbuf, .iov_len = len};
         iov = &sealed;
         iovcnt = 1;
@@ -631,19 +192,11 @@ ps_status net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory sending to %s", c->peer);
     v[0] = (struct iovec){.iov_base = hdr, .iov_len = PS_NET_HDR_BYTES};
     if (iovcnt) memcpy(v + 1, iov, sizeof *v * (size_t)iovcnt);
-    int e = net_write_all(c->fd, -1, v, iovcnt + 1, deadline);
+    int e = ps_net_write_all(c->fd, -1, v, iovcnt + 1, deadline);
     if (v != small) free(v);
-    if (e) return net_write_error(c, e, timeout_ms, err, errlen);
-    net_stats_add(c, PS_NET_HDR_BYTES + (uint64_t)len, (double)(net_now_ns() - t0) / 1e6);
+    if (e) return ps_net_write_error(c, e, timeout_ms, err, errlen);
+    ps_net_stats_add(c, PS_NET_HDR_BYTES + (uint64_t)len, (double)(ps_now_ns() - t0) / 1e6);
     return PS_OK;
-}
-
-/* While a sender thread runs, the frame goes through its queue (and this waits until it
- * is written), so that frames never interleave on the socket. */
-ps_status ps_conn_send(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms, char *err,
-                       size_t errlen) {
-    if (c->snd) return net_sender_send_sync(c, type, iov, iovcnt, timeout_ms, err, errlen);
-    return net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen);
 }
 
 void ps_conn_get_stats(const ps_conn *c, ps_conn_stats *out) {
@@ -684,13 +237,13 @@ static ps_status read_exact(ps_conn *c, uint8_t *p, size_t n, int64_t deadline, 
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return ps_errf(err, errlen, PS_ERR_NET, "cannot read from %s: %s", c->peer,
-                           net_errno_str(errno, eb, sizeof eb));
-        int ms = ms_left(deadline);
+                           ps_net_errno_str(errno, eb, sizeof eb));
+        int ms = ps_ms_left(deadline);
         if (ms == 0) return PS_ERR_TIMEOUT;
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
         if (poll(&pfd, 1, ms) < 0 && errno != EINTR)
             return ps_errf(err, errlen, PS_ERR_NET, "cannot read from %s: %s", c->peer,
-                           net_errno_str(errno, eb, sizeof eb));
+                           ps_net_errno_str(errno, eb, sizeof eb));
     }
     return PS_OK;
 }
@@ -725,9 +278,9 @@ static ps_status read_payload(ps_conn *c, const ps_frame_hdr *h, int64_t deadlin
     return s;
 }
 
-ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint8_t **payload, char *err,
-                         size_t errlen) {
-    int64_t deadline = net_deadline(timeout_ms);
+ps_status ps_net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint8_t **payload, char *err,
+                            size_t errlen) {
+    int64_t deadline = ps_deadline(timeout_ms);
     uint8_t raw[PS_NET_HDR_BYTES];
     size_t got;
     bool closed;
@@ -768,17 +321,17 @@ ps_status net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const uint
         return ps_errf(err, errlen, PS_ERR_PROTOCOL,
                        "%s: checksum mismatch in a frame of type %u, %" PRIu32 " bytes (corrupted in transit)",
                        c->peer, (unsigned)fh.type, fh.len);
-    if (c->seal && (s = net_open_frame(c, h, raw, c->rbuf, err, errlen))) return s;
+    if (c->seal && (s = open_frame(c, h, raw, c->rbuf, err, errlen))) return s;
     *payload = c->rbuf;
     return PS_OK;
 }
 
-/* net_recv_frame without the header; the out-parameters are set only on success. */
+/* ps_net_recv_frame without the header; the out-parameters are set only on success. */
 ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t **payload, uint32_t *len,
                        char *err, size_t errlen) {
     ps_frame_hdr h;
     const uint8_t *p = NULL;
-    ps_status s = net_recv_frame(c, timeout_ms, &h, &p, err, errlen);
+    ps_status s = ps_net_recv_frame(c, timeout_ms, &h, &p, err, errlen);
     if (s != PS_OK) return s;
     *type = h.type;
     *payload = p;

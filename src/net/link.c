@@ -17,7 +17,11 @@
  *
  * Stopping: ps_conn_free sets stop, signals the condition and writes to an eventfd that
  * the thread polls beside the socket while a write waits for room, so neither an emulated
- * delay nor a peer that stopped reading can hold it. */
+ * delay nor a peer that stopped reading can hold it.
+ *
+ * ps_conn_send and ps_conn_free are here too: each must know whether a sender thread runs
+ * (a synchronous frame then goes through its queue; the thread stops before the socket
+ * closes). Uses frame.c (and seal.c to free the keys); nothing in src/net calls up into it. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -69,7 +73,7 @@ static bool cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, int64_t d
         pthread_cond_wait(cond, mu);
         return true;
     }
-    if (net_now_ns() >= deadline_ns) return false;
+    if (ps_now_ns() >= deadline_ns) return false;
     struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
     pthread_cond_timedwait(cond, mu, &ts);
     return true;
@@ -88,7 +92,7 @@ static int64_t due_time(net_sender *s, const link_frame *f) {
 
 /* Records the thread's write error and drops the queue; producers learn of it from fail. */
 static void sender_fail(net_sender *s, int errnum) {
-    s->fail = net_write_error(s->c, errnum, -1, s->fail_msg, sizeof s->fail_msg);
+    s->fail = ps_net_write_error(s->c, errnum, -1, s->fail_msg, sizeof s->fail_msg);
     s->head = s->count = 0;
     s->queued_bytes = 0;
     pthread_cond_broadcast(&s->room);
@@ -116,20 +120,20 @@ static void *sender_main(void *arg) {
         }
         link_frame f = s->q[s->head]; /* pointers only; the buffer stays put (see top) */
         int64_t due = due_time(s, &f);
-        while (!s->stop && net_now_ns() < due) cond_wait_until(&s->work, &s->mu, due);
+        while (!s->stop && ps_now_ns() < due) cond_wait_until(&s->work, &s->mu, due);
         if (s->stop) break;
         pthread_mutex_unlock(&s->mu);
         struct iovec iov[2] = {{.iov_base = f.hdr, .iov_len = PS_NET_HDR_BYTES}, {.iov_base = f.p, .iov_len = f.len}};
         skip_bytes(iov, f.off);
-        int e = net_write_all(s->c->fd, s->wake_fd, iov, 2, -1);
-        int64_t done = net_now_ns();
+        int e = ps_net_write_all(s->c->fd, s->wake_fd, iov, 2, -1);
+        int64_t done = ps_now_ns();
         pthread_mutex_lock(&s->mu);
         if (s->stop) break;
         if (e) {
             sender_fail(s, e);
             continue;
         }
-        net_stats_add(s->c, PS_NET_HDR_BYTES + (uint64_t)f.len, (double)(done - f.queued_ns) / 1e6);
+        ps_net_stats_add(s->c, PS_NET_HDR_BYTES + (uint64_t)f.len, (double)(done - f.queued_ns) / 1e6);
         link_frame *sent = &s->q[s->head];
         s->head = (s->head + 1) % s->qcap;
         s->count--;
@@ -146,7 +150,8 @@ static void *sender_main(void *arg) {
     return NULL;
 }
 
-void net_sender_free(net_sender *s) {
+/* Stops and frees the sender thread; NULL-safe. Queued frames are dropped. */
+static void sender_free(net_sender *s) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
     s->stop = true;
@@ -250,13 +255,13 @@ static bool write_now(net_sender *s, link_frame *f, const struct iovec *payload,
 ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
                              char *err, size_t errlen) {
     net_sender *s = c->snd;
-    if (!s) return net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen); /* no thread: send now */
+    if (!s) return ps_net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen); /* no thread: send now */
     if (iovcnt < 0 || (iovcnt > 0 && !iov)) return ps_errf(err, errlen, PS_ERR_ARG, "bad iovec list");
-    int64_t deadline = net_deadline(timeout_ms);
+    int64_t deadline = ps_deadline(timeout_ms);
     uint32_t len; /* the payload's bytes; on the wire, with the tag of a sealed frame */
     link_frame nf = {.off = 0};
-    ps_status st = c->seal ? net_payload_len(c, iov, iovcnt, &len, err, errlen)
-                           : net_frame_header(type, 0, iov, iovcnt, nf.hdr, &len, err, errlen);
+    ps_status st = c->seal ? ps_net_payload_len(c, iov, iovcnt, &len, err, errlen)
+                           : ps_net_frame_header(type, 0, iov, iovcnt, nf.hdr, &len, err, errlen);
     if (st != PS_OK) return st;
     uint64_t bytes = PS_NET_HDR_BYTES + (uint64_t)len + (c->seal ? NET_TAG_BYTES : 0);
     pthread_mutex_lock(&s->mu);
@@ -270,7 +275,7 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
         }
     }
     if (s->fail) goto fail;
-    int64_t t0 = net_now_ns();
+    int64_t t0 = ps_now_ns();
     /* the thread is idle and there is nothing to emulate: write now, saving the thread's
        wake-up on every hop, and queue only what the socket did not take */
     bool now = s->count == 0 && s->latency_ns == 0 && s->ns_per_byte == 0 && iovcnt < 16;
@@ -290,17 +295,17 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
         f->cap = need;
     }
     if (c->seal) { /* sealed in the slot, under the lock: frame numbers follow the queue's order */
-        net_seal_frame(c, type, 0, iov, iovcnt, len, f->p, f->hdr, &f->len);
+        ps_net_seal_frame(c, type, 0, iov, iovcnt, len, f->p, f->hdr, &f->len);
         f->off = 0;
         if (now && write_now(s, f, &(struct iovec){.iov_base = f->p, .iov_len = f->len}, 1)) goto sent;
         if (s->fail) goto fail;
     } else {
-        net_gather(f->p, iov, iovcnt);
+        ps_net_gather(f->p, iov, iovcnt);
         memcpy(f->hdr, nf.hdr, sizeof nf.hdr);
         f->len = len;
         f->off = nf.off; /* what the write from the caller's buffers took */
     }
-    f->queued_ns = net_now_ns();
+    f->queued_ns = ps_now_ns();
     s->count++;
     s->queued_bytes += bytes;
     pthread_cond_signal(&s->work);
@@ -308,7 +313,7 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
     return PS_OK;
 sent:
     pthread_mutex_unlock(&s->mu);
-    net_stats_add(c, bytes, (double)(net_now_ns() - t0) / 1e6);
+    ps_net_stats_add(c, bytes, (double)(ps_now_ns() - t0) / 1e6);
     return PS_OK;
 fail:
     st = sender_error(s, err, errlen);
@@ -324,7 +329,7 @@ nomem:
 ps_status ps_conn_flush(ps_conn *c, int timeout_ms, char *err, size_t errlen) {
     net_sender *s = c->snd;
     if (!s) return PS_OK; /* synchronous sends are written when they return */
-    int64_t deadline = net_deadline(timeout_ms);
+    int64_t deadline = ps_deadline(timeout_ms);
     ps_status st = PS_OK;
     pthread_mutex_lock(&s->mu);
     while (!s->fail && s->count > 0) {
@@ -339,15 +344,40 @@ ps_status ps_conn_flush(ps_conn *c, int timeout_ms, char *err, size_t errlen) {
     return st;
 }
 
-ps_status net_sender_send_sync(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
-                               char *err, size_t errlen) {
-    int64_t deadline = net_deadline(timeout_ms);
+/* Queues one frame and waits for it to be written (what ps_conn_send does while a sender
+ * runs, so that a synchronous frame cannot interleave with queued ones on the socket). */
+static ps_status sender_send_sync(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
+                                  char *err, size_t errlen) {
+    int64_t deadline = ps_deadline(timeout_ms);
     ps_status st = ps_conn_send_async(c, type, iov, iovcnt, timeout_ms, err, errlen);
     if (st != PS_OK) return st;
     int left = timeout_ms;
     if (deadline >= 0) {
-        int64_t ns = deadline - net_now_ns();
+        int64_t ns = deadline - ps_now_ns();
         left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
     }
     return ps_conn_flush(c, left, err, errlen);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The connection's sync send and teardown */
+
+/* While a sender thread runs, the frame goes through its queue (and this waits until it
+ * is written), so that frames never interleave on the socket. */
+ps_status ps_conn_send(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms, char *err,
+                       size_t errlen) {
+    if (c->snd) return sender_send_sync(c, type, iov, iovcnt, timeout_ms, err, errlen);
+    return ps_net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen);
+}
+
+/* The sender thread goes first: it writes to fd until it is stopped. */
+void ps_conn_free(ps_conn *c) {
+    if (!c) return;
+    sender_free(c->snd);
+    close(c->fd);
+    free(c->rbuf);
+    free(c->sbuf);
+    ps_net_seal_free(c->seal);
+    pthread_mutex_destroy(&c->stats_mu);
+    free(c);
 }

@@ -5,7 +5,7 @@
  * bytes. Everything read from a socket is checked before use (magic, version, length
  * against the receiver's limit, checksum); a bad frame is an error naming what is wrong,
  * never a crash. Every blocking call takes a timeout. After a handshake with a shared key,
- * every payload is sealed (encrypted and authenticated, see net_internal.h): the header's
+ * every payload is sealed (encrypted and authenticated, see seal.h): the header's
  * len then counts the 16-byte tag, and the receiver gets the plaintext. */
 #ifndef PS_NET_H
 #define PS_NET_H

@@ -126,6 +126,7 @@ static const char *find(const char *h, const char *p) {
     return NULL;
 }
 
+/* Whether pattern p matches anywhere in h. */
 static bool has(const char *h, const char *p) { return find(h, p) != NULL; }
 
 /* A malloc'd copy of [s, e) with ESC_SQ / ESC_DQ turned back into quotes. */
@@ -196,6 +197,7 @@ static ps_status unrecognised(const char *tmpl, char *err, size_t errlen) {
                    head, tmpl[n] ? "..." : "");
 }
 
+/* The error for a model without a chat template: names the --chat-template choices. */
 static ps_status no_template(char *err, size_t errlen) {
     return ps_errf(err, errlen, PS_ERR_NOT_FOUND,
                    "the model has no chat template (tokenizer.chat_template); pass --chat-template NAME, one of: " NAME_LIST);
@@ -250,6 +252,7 @@ static ps_status llama3_details(ps_chat *c, const char *t) {
     return c->l3_cutoff && c->l3_date ? PS_OK : PS_ERR_NOMEM;
 }
 
+/* Mistral: which spaces, trims and system placement the template's version writes. */
 static void mistral_details(ps_chat *c, const char *t) {
     c->m_lead_space = has(t, QT " [INST]");
     c->m_inst_space = has(t, "[INST] ");
@@ -269,6 +272,7 @@ static bool eos_in_else(const char *t) {
     return false;
 }
 
+/* Phi-3: the legacy user-turn shape, eos without a generation prompt, empty systems skipped. */
 static void phi3_details(ps_chat *c, const char *t) {
     c->p_eos_no_gen = eos_in_else(t);
     c->p_legacy = has(t, "<|end|>" QT WS "+" WS QT "\n" QT WS "+" WS QT "<|assistant|>");
@@ -301,6 +305,7 @@ static void canonical_details(ps_chat *c) {
 
 // ---- create / free ------------------------------------------------------------------
 
+/* dup_text of a whole string; NULL for NULL or out of memory. */
 static char *dup_str(const char *s) { return s ? dup_text(s, s + strlen(s)) : NULL; }
 
 /* Fills c (family set) from the template or canonically, then the BOS/EOS texts. */
@@ -360,11 +365,13 @@ typedef struct {
     size_t len; // bytes written or that would have been
 } sink;
 
+/* Appends s[0..n): copies what fits in k->buf (if any), counts all n bytes. */
 static void put_n(sink *k, const char *s, size_t n) {
     if (k->buf && k->len < k->cap) memcpy(k->buf + k->len, s, n < k->cap - k->len ? n : k->cap - k->len);
     k->len += n;
 }
 
+/* put_n of a NUL-terminated string. */
 static void put(sink *k, const char *s) { put_n(k, s, strlen(s)); }
 
 /* Whether the 3-byte UTF-8 sequence at s is one of Python's whitespace characters
@@ -402,6 +409,7 @@ static void strip(const char *s, bool lead, bool trail, const char **b, size_t *
     *n = len;
 }
 
+/* Appends s with Python's str.strip() applied (the templates' content|trim). */
 static void put_strip(sink *k, const char *s) {
     const char *b;
     size_t n;
@@ -418,6 +426,7 @@ static enum role role_of(const ps_chat_msg *m) {
     return m->role[0] == 's' ? R_SYSTEM : m->role[0] == 'u' ? R_USER : R_ASSISTANT;
 }
 
+/* Checks that there is a message and each has a known role and content; names the first bad one. */
 static ps_status check_messages(const ps_chat_msg *m, size_t n, char *err, size_t errlen) {
     if (!m || n == 0) return ps_errf(err, errlen, PS_ERR_ARG, "a chat needs at least one message");
     for (size_t i = 0; i < n; i++) {
@@ -447,6 +456,7 @@ static ps_status check_alternation(const ps_chat *c, const ps_chat_msg *m, size_
 
 // ---- rendering, one function per family ---------------------------------------------
 
+/* ChatML: "<|im_start|>role\ncontent<|im_end|>\n" per message, after the default system text if any. */
 static void render_chatml(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k) {
     if (c->bos) put(k, c->bos_text);
     if (c->default_system && role_of(&m[0]) != R_SYSTEM) {
@@ -476,6 +486,7 @@ static void put_llama2_first(sink *k, const char *sys, const char *content) {
     put_n(k, b, len);
 }
 
+/* Llama 2: "[INST] user [/INST] assistant </s>", the system text inside the first user turn. */
 static void render_llama2(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k) {
     (void)gen; /* the template writes no generation prompt */
     size_t start = role_of(&m[0]) == R_SYSTEM;
@@ -495,6 +506,7 @@ static void render_llama2(const ps_chat *c, const ps_chat_msg *m, size_t n, bool
     }
 }
 
+/* A Mistral user turn, with sys (when non-NULL) before its content; spacing per variant. */
 static void put_mistral_user(const ps_chat *c, const char *sys, const char *content, sink *k) {
     put(k, c->m_lead_space ? " [INST]" : "[INST]");
     if (c->m_inst_space) put(k, " ");
@@ -506,6 +518,7 @@ static void put_mistral_user(const ps_chat *c, const char *sys, const char *cont
     put(k, c->m_close_space ? " [/INST]" : "[/INST]");
 }
 
+/* A Mistral assistant turn followed by eos; spacing and trim per variant. */
 static void put_mistral_assistant(const ps_chat *c, const char *content, sink *k) {
     if (c->m_asst_space) put(k, " ");
     if (c->m_asst_trim) put_strip(k, content);
@@ -514,6 +527,7 @@ static void put_mistral_assistant(const ps_chat *c, const char *content, sink *k
     if (c->m_eos_space) put(k, " ");
 }
 
+/* Mistral: [INST] turns, the system text in the first or (v0.3) the last user turn. */
 static void render_mistral(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k) {
     (void)gen; /* the template writes no generation prompt */
     size_t start = role_of(&m[0]) == R_SYSTEM;
@@ -526,6 +540,7 @@ static void render_mistral(const ps_chat *c, const ps_chat_msg *m, size_t n, boo
     }
 }
 
+/* "<|start_header_id|>role<|end_header_id|>\n\n". */
 static void put_llama3_header(sink *k, const char *role) {
     put(k, "<|start_header_id|>");
     put(k, role);
@@ -544,6 +559,7 @@ static void put_llama31_system(const ps_chat *c, const char *sys, sink *k) {
     put(k, "<|eot_id|>");
 }
 
+/* Llama 3: a header and the stripped content + "<|eot_id|>" per message (3.1+: system header first). */
 static void render_llama3(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k) {
     size_t start = 0;
     if (c->bos) put(k, c->bos_text);
@@ -559,6 +575,7 @@ static void render_llama3(const ps_chat *c, const ps_chat_msg *m, size_t n, bool
     if (gen) put_llama3_header(k, "assistant");
 }
 
+/* Gemma: user/model turns; a system text goes at the start of the first user turn. */
 static void render_gemma(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k) {
     size_t start = role_of(&m[0]) == R_SYSTEM;
     if (c->bos) put(k, c->bos_text);
@@ -586,6 +603,7 @@ static void render_phi3_legacy(const ps_chat_msg *m, size_t n, sink *k) {
     }
 }
 
+/* Phi-3: "<|role|>\ncontent<|end|>\n" per message (or the legacy shape). */
 static void render_phi3(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k) {
     if (c->bos) put(k, c->bos_text);
     if (c->p_legacy) {
@@ -604,6 +622,7 @@ static void render_phi3(const ps_chat *c, const ps_chat_msg *m, size_t n, bool g
     else if (c->p_eos_no_gen) put(k, c->eos_text);
 }
 
+/* Zephyr: "<|role|>\ncontent" + eos + "\n" per message. */
 static void render_zephyr(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k) {
     if (c->bos) put(k, c->bos_text);
     for (size_t i = 0; i < n; i++) {

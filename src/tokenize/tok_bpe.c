@@ -22,14 +22,14 @@
 /* Bytes GPT-2 shows as themselves: '!'..'~', U+00A1..U+00AC, U+00AE..U+00FF. */
 static bool byte_printable(unsigned b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; }
 
-uint32_t tok_bpe_byte_cp(uint8_t b) {
+uint32_t ps_tok_bpe_byte_cp(uint8_t b) {
     if (byte_printable(b)) return b;
     if (b <= 0x20) return 256u + b;            /* 0x00..0x20 -> 256..288 */
     if (b <= 0xA0) return 256u + 33 + (b - 0x7F); /* 0x7F..0xA0 -> 289..322 */
     return 256u + 67;                           /* 0xAD -> 323 */
 }
 
-int tok_bpe_cp_byte(uint32_t cp) {
+int ps_tok_bpe_cp_byte(uint32_t cp) {
     if (cp < 256) return byte_printable(cp) ? (int)cp : -1;
     if (cp < 256 + 33) return (int)(cp - 256);
     if (cp < 256 + 67) return (int)(0x7F + cp - 256 - 33);
@@ -89,7 +89,7 @@ static ps_status compile_re(const char *pat, pcre2_code **out, char *err, size_t
     return PS_OK;
 }
 
-ps_status tok_bpe_setup(ps_tok *t, ps_gguf_str pre, bool *default_add_bos, char *err, size_t errlen) {
+ps_status ps_tok_bpe_setup(ps_tok *t, ps_gguf_str pre, bool *default_add_bos, char *err, size_t errlen) {
     ps_gguf_str def = {7, "default"};
     const pre_def *d = find_pre(pre.len ? pre : def);
     if (!d)
@@ -157,7 +157,7 @@ static bool cand_less(const bpe_cand *a, const bpe_cand *b) {
 static bool heap_push_pair(bpe_ctx *c, int32_t pos) {
     int32_t nx = c->sym[pos].next;
     if (nx < 0 || c->sym[pos].id < 0 || c->sym[nx].id < 0) return true;
-    const tok_merge *m = tok_mergemap_get(&c->t->merges, c->sym[pos].id, c->sym[nx].id);
+    const tok_merge *m = ps_tok_mergemap_get(&c->t->merges, c->sym[pos].id, c->sym[nx].id);
     if (!m) return true;
     if (!grow((void **)&c->heap, &c->heap_cap, c->heap_n + 1, sizeof *c->heap)) return false;
     bpe_cand x = {m->rank, pos, c->sym[pos].id, c->sym[nx].id};
@@ -190,7 +190,7 @@ static void heap_pop(bpe_ctx *c, bpe_cand *out) {
 static bool apply_cand(bpe_ctx *c, const bpe_cand *x) {
     bpe_sym *l = &c->sym[x->pos];
     if (l->id != x->left || l->next < 0 || c->sym[l->next].id != x->right) return true; /* stale */
-    const tok_merge *m = tok_mergemap_get(&c->t->merges, x->left, x->right);
+    const tok_merge *m = ps_tok_mergemap_get(&c->t->merges, x->left, x->right);
     bpe_sym *r = &c->sym[l->next];
     l->id = m->merged;
     l->next = r->next;
@@ -204,7 +204,7 @@ static long map_word(bpe_ctx *c, const char *s, size_t len) {
     if (!grow((void **)&c->map, &c->map_cap, 2 * len, 1)) return -1;
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
-        uint32_t cp = tok_bpe_byte_cp((uint8_t)s[i]);
+        uint32_t cp = ps_tok_bpe_byte_cp((uint8_t)s[i]);
         if (cp < 0x80) c->map[n++] = (char)cp;
         else {
             c->map[n++] = (char)(0xC0 | (cp >> 6));
@@ -220,7 +220,7 @@ static ps_status bpe_word(bpe_ctx *c, const char *s, size_t len) {
     if (t->ignore_merges && len > 1) {
         long n = map_word(c, s, len);
         if (n < 0) return PS_ERR_NOMEM;
-        int32_t id = tok_strmap_get(&t->vocab, t, c->map, (size_t)n);
+        int32_t id = ps_tok_strmap_get(&t->vocab, t, c->map, (size_t)n);
         if (id >= 0) {
             tok_emit(c->o, id);
             return PS_OK;
@@ -270,7 +270,7 @@ static ps_status split(bpe_ctx *c, int stage, const char *s, size_t len) {
     return st;
 }
 
-ps_status tok_bpe_encode(const ps_tok *t, const char *s, size_t len, tok_out *o, char *err, size_t errlen) {
+ps_status ps_tok_bpe_encode(const ps_tok *t, const char *s, size_t len, tok_out *o, char *err, size_t errlen) {
     if (!len) return PS_OK;
     bpe_ctx c = {.t = t, .o = o};
     c.md = pcre2_match_data_create(4, NULL);

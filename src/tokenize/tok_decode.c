@@ -43,7 +43,7 @@ static size_t bpe_piece(const char *s, size_t n, char *out) {
     for (size_t i = 0; i < n;) {
         size_t l = 1;
         long cp = utf8_decode((const unsigned char *)s + i, n - i, &l);
-        int b = cp >= 0 ? tok_bpe_cp_byte((uint32_t)cp) : -1;
+        int b = cp >= 0 ? ps_tok_bpe_cp_byte((uint32_t)cp) : -1;
         if (b >= 0) out[k++] = (char)b;
         else {
             if (cp < 0) l = 1;
@@ -83,7 +83,7 @@ static size_t make_piece(const ps_tok *t, int32_t id, char *out) {
     return t->kind == PS_TOK_SPM ? spm_piece(s, n, out) : bpe_piece(s, n, out);
 }
 
-ps_status tok_build_pieces(ps_tok *t, char *err, size_t errlen) {
+ps_status ps_tok_build_pieces(ps_tok *t, char *err, size_t errlen) {
     size_t total = t->text_off[t->n_vocab];
     t->piece = malloc(total ? total : 1);
     t->piece_off = malloc(((size_t)t->n_vocab + 1) * sizeof *t->piece_off);

@@ -35,8 +35,8 @@ static ps_status encode_fragment(const ps_tok *t, const char *s, size_t len, boo
     if (!len) return PS_OK;
     bool prefix = t->add_space_prefix && *after_special;
     *after_special = false;
-    if (t->kind == PS_TOK_SPM) return tok_spm_encode(t, s, len, prefix, o, err, errlen);
-    return tok_bpe_encode(t, s, len, o, err, errlen);
+    if (t->kind == PS_TOK_SPM) return ps_tok_spm_encode(t, s, len, prefix, o, err, errlen);
+    return ps_tok_bpe_encode(t, s, len, o, err, errlen);
 }
 
 /* Cuts text at special tokens and encodes every piece into o. */

@@ -34,20 +34,21 @@ typedef struct {
     uint32_t mask;
 } tok_mergemap;
 
-uint64_t tok_hash_bytes(const char *s, size_t len);
-ps_status tok_strmap_init(tok_strmap *m, uint32_t n_keys);
-void tok_strmap_free(tok_strmap *m);
+/* XXH3-64 of s[0..len) (seed 0). */
+uint64_t ps_tok_hash_bytes(const char *s, size_t len);
+ps_status ps_tok_strmap_init(tok_strmap *m, uint32_t n_keys);
+void ps_tok_strmap_free(tok_strmap *m);
 /* Inserts id (keyed by its text in t); returns the id already there with the same text, or -1. */
-int32_t tok_strmap_put(tok_strmap *m, const ps_tok *t, int32_t id);
+int32_t ps_tok_strmap_put(tok_strmap *m, const ps_tok *t, int32_t id);
 /* Id whose text equals s[0..len), or -1. */
-int32_t tok_strmap_get(const tok_strmap *m, const ps_tok *t, const char *s, size_t len);
+int32_t ps_tok_strmap_get(const tok_strmap *m, const ps_tok *t, const char *s, size_t len);
 
-ps_status tok_mergemap_init(tok_mergemap *m, uint64_t n_keys);
-void tok_mergemap_free(tok_mergemap *m);
+ps_status ps_tok_mergemap_init(tok_mergemap *m, uint64_t n_keys);
+void ps_tok_mergemap_free(tok_mergemap *m);
 /* Inserts a rule unless (left, right) is already there (the first rule wins, as llama.cpp). */
-void tok_mergemap_put(tok_mergemap *m, int32_t left, int32_t right, int32_t rank, int32_t merged);
+void ps_tok_mergemap_put(tok_mergemap *m, int32_t left, int32_t right, int32_t rank, int32_t merged);
 /* The rule for (left, right), or NULL. */
-const tok_merge *tok_mergemap_get(const tok_mergemap *m, int32_t left, int32_t right);
+const tok_merge *ps_tok_mergemap_get(const tok_mergemap *m, int32_t left, int32_t right);
 
 /* ---- the tokenizer ---- */
 
@@ -100,18 +101,18 @@ static inline void tok_emit(tok_out *o, int32_t id) {
 }
 
 /* Byte-level BPE: the GPT-2 byte -> code point table (tok_bpe.c). */
-uint32_t tok_bpe_byte_cp(uint8_t b);
-/* Inverse of tok_bpe_byte_cp: the byte for code point cp, or -1 when cp is not in the table. */
-int tok_bpe_cp_byte(uint32_t cp);
+uint32_t ps_tok_bpe_byte_cp(uint8_t b);
+/* Inverse of ps_tok_bpe_byte_cp: the byte for code point cp, or -1 when cp is not in the table. */
+int ps_tok_bpe_cp_byte(uint32_t cp);
 /* Compiles the pre-split regexes named by pre (len 0: "default") into t->re; sets
  * t->ignore_merges and t->pre_name. PS_ERR_UNSUPPORTED for an unknown name. */
-ps_status tok_bpe_setup(ps_tok *t, ps_gguf_str pre, bool *default_add_bos, char *err, size_t errlen);
+ps_status ps_tok_bpe_setup(ps_tok *t, ps_gguf_str pre, bool *default_add_bos, char *err, size_t errlen);
 /* Encodes one fragment of plain text (no special tokens in it). */
-ps_status tok_bpe_encode(const ps_tok *t, const char *s, size_t len, tok_out *o, char *err, size_t errlen);
+ps_status ps_tok_bpe_encode(const ps_tok *t, const char *s, size_t len, tok_out *o, char *err, size_t errlen);
 /* Encodes one fragment of plain text; the caller has already decided about the space prefix. */
-ps_status tok_spm_encode(const ps_tok *t, const char *s, size_t len, bool space_prefix, tok_out *o, char *err,
-                         size_t errlen);
+ps_status ps_tok_spm_encode(const ps_tok *t, const char *s, size_t len, bool space_prefix, tok_out *o, char *err,
+                            size_t errlen);
 /* Builds t->piece / piece_off / max_piece from the token texts (tok_decode.c). */
-ps_status tok_build_pieces(ps_tok *t, char *err, size_t errlen);
+ps_status ps_tok_build_pieces(ps_tok *t, char *err, size_t errlen);
 
 #endif

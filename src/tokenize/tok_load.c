@@ -76,12 +76,12 @@ static ps_status copy_scores_types(ps_tok *t, const ps_tok_spec *sp, char *err, 
 /* Fills the text -> id table; two tokens with one text are an error (llama.cpp refuses them
  * too). Empty texts are kept out of the table: no text can ever produce them. */
 static ps_status build_vocab_map(ps_tok *t, char *err, size_t errlen) {
-    if (tok_strmap_init(&t->vocab, (uint32_t)t->n_vocab) != PS_OK) return PS_ERR_NOMEM;
+    if (ps_tok_strmap_init(&t->vocab, (uint32_t)t->n_vocab) != PS_OK) return PS_ERR_NOMEM;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t len;
         const char *s = tok_text(t, i, &len);
         if (!len) continue;
-        int32_t dup = tok_strmap_put(&t->vocab, t, i);
+        int32_t dup = ps_tok_strmap_put(&t->vocab, t, i);
         if (dup >= 0)
             return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.tokens[%d] '%.*s' repeats token %d", (int)i,
                            shown(len), s, (int)dup);
@@ -129,7 +129,7 @@ static ps_status mark_eog(ps_tok *t) {
     if (t->eos >= 0) t->eog[t->eos] = 1;
     if (t->eot >= 0) t->eog[t->eot] = 1;
     for (size_t i = 0; i < PS_ARRAY_LEN(names); i++) {
-        int32_t id = tok_strmap_get(&t->vocab, t, names[i], strlen(names[i]));
+        int32_t id = ps_tok_strmap_get(&t->vocab, t, names[i], strlen(names[i]));
         if (id >= 0) t->eog[id] = 1;
     }
     return PS_OK;
@@ -181,8 +181,8 @@ static size_t utf8_put(char *buf, uint32_t cp) {
 static void bpe_bytes(ps_tok *t) {
     for (int b = 0; b < 256; b++) {
         char buf[4];
-        size_t n = utf8_put(buf, tok_bpe_byte_cp((uint8_t)b));
-        t->byte_tok[b] = tok_strmap_get(&t->vocab, t, buf, n);
+        size_t n = utf8_put(buf, ps_tok_bpe_byte_cp((uint8_t)b));
+        t->byte_tok[b] = ps_tok_strmap_get(&t->vocab, t, buf, n);
     }
 }
 
@@ -197,8 +197,8 @@ static ps_status parse_merge(ps_tok *t, ps_gguf_str m, uint64_t i, char **buf, s
         return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.merges[%llu] '%.*s' is not two tokens and a space",
                        (unsigned long long)i, shown(m.len), m.data ? m.data : "");
     size_t ll = (size_t)(sp - m.data), rl = m.len - ll - 1;
-    int32_t left = tok_strmap_get(&t->vocab, t, m.data, ll);
-    int32_t right = tok_strmap_get(&t->vocab, t, sp + 1, rl);
+    int32_t left = ps_tok_strmap_get(&t->vocab, t, m.data, ll);
+    int32_t right = ps_tok_strmap_get(&t->vocab, t, sp + 1, rl);
     if (left < 0 || right < 0)
         return ps_errf(err, errlen, PS_ERR_FORMAT,
                        "tokenizer.ggml.merges[%llu] '%.*s' names a token not in the vocabulary",
@@ -211,12 +211,12 @@ static ps_status parse_merge(ps_tok *t, ps_gguf_str m, uint64_t i, char **buf, s
     }
     memcpy(*buf, m.data, ll);
     memcpy(*buf + ll, sp + 1, rl);
-    int32_t merged = tok_strmap_get(&t->vocab, t, *buf, ll + rl);
+    int32_t merged = ps_tok_strmap_get(&t->vocab, t, *buf, ll + rl);
     if (merged < 0)
         return ps_errf(err, errlen, PS_ERR_FORMAT,
                        "tokenizer.ggml.merges[%llu] '%.*s' makes '%.*s', which is not in the vocabulary",
                        (unsigned long long)i, shown(m.len), m.data, shown(ll + rl), *buf);
-    tok_mergemap_put(&t->merges, left, right, (int32_t)i, merged);
+    ps_tok_mergemap_put(&t->merges, left, right, (int32_t)i, merged);
     return PS_OK;
 }
 
@@ -227,7 +227,7 @@ static ps_status build_merges(ps_tok *t, const ps_tok_spec *sp, char *err, size_
     if (sp->n_merges >= INT32_MAX)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.merges: %llu merges is too many",
                        (unsigned long long)sp->n_merges);
-    if (tok_mergemap_init(&t->merges, sp->n_merges) != PS_OK) return PS_ERR_NOMEM;
+    if (ps_tok_mergemap_init(&t->merges, sp->n_merges) != PS_OK) return PS_ERR_NOMEM;
     char *buf = NULL;
     size_t cap = 0;
     ps_status s = PS_OK;
@@ -309,7 +309,7 @@ static ps_status build_kind(ps_tok *t, const ps_tok_spec *sp, char *err, size_t 
     bool default_bos = t->kind == PS_TOK_SPM;
     for (int b = 0; b < 256; b++) t->byte_tok[b] = -1;
     if (t->kind == PS_TOK_BPE) {
-        if ((s = tok_bpe_setup(t, sp->pre, &default_bos, err, errlen))) return s;
+        if ((s = ps_tok_bpe_setup(t, sp->pre, &default_bos, err, errlen))) return s;
         if ((s = build_merges(t, sp, err, errlen))) return s;
         bpe_bytes(t);
     }
@@ -335,7 +335,7 @@ ps_status ps_tok_create_spec(const ps_tok_spec *sp, ps_tok **out, char *err, siz
     if ((s = build_kind(t, sp, err, errlen))) goto fail;
     if ((s = build_special(t))) goto fail;
     if ((s = mark_eog(t))) goto fail;
-    if ((s = tok_build_pieces(t, err, errlen))) goto fail;
+    if ((s = ps_tok_build_pieces(t, err, errlen))) goto fail;
     *out = t;
     return PS_OK;
 fail:
@@ -347,8 +347,8 @@ fail:
 void ps_tok_free(ps_tok *t) {
     if (!t) return;
     for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
-    tok_strmap_free(&t->vocab);
-    tok_mergemap_free(&t->merges);
+    ps_tok_strmap_free(&t->vocab);
+    ps_tok_mergemap_free(&t->merges);
     free(t->text);
     free(t->text_off);
     free(t->scores);
@@ -388,5 +388,5 @@ const char *ps_tok_token_text(const ps_tok *t, int32_t id, size_t *len) {
 }
 
 int32_t ps_tok_find(const ps_tok *t, const char *text, size_t len) {
-    return len ? tok_strmap_get(&t->vocab, t, text, len) : -1;
+    return len ? ps_tok_strmap_get(&t->vocab, t, text, len) : -1;
 }

@@ -10,7 +10,7 @@
 
 // ---- helpers
 
-uint64_t tok_hash_bytes(const char *s, size_t len) { return XXH3_64bits(s, len); }
+uint64_t ps_tok_hash_bytes(const char *s, size_t len) { return XXH3_64bits(s, len); }
 
 /* A 64-bit mixer (splitmix64 finaliser) for merge keys. */
 static uint64_t mix64(uint64_t x) {
@@ -30,7 +30,7 @@ static uint64_t table_cap(uint64_t n) {
 
 // ---- text -> id
 
-ps_status tok_strmap_init(tok_strmap *m, uint32_t n_keys) {
+ps_status ps_tok_strmap_init(tok_strmap *m, uint32_t n_keys) {
     uint64_t cap = table_cap(n_keys);
     m->slots = cap ? malloc(cap * sizeof *m->slots) : NULL;
     if (!m->slots) return PS_ERR_NOMEM;
@@ -39,15 +39,15 @@ ps_status tok_strmap_init(tok_strmap *m, uint32_t n_keys) {
     return PS_OK;
 }
 
-void tok_strmap_free(tok_strmap *m) {
+void ps_tok_strmap_free(tok_strmap *m) {
     free(m->slots);
     m->slots = NULL;
 }
 
-int32_t tok_strmap_put(tok_strmap *m, const ps_tok *t, int32_t id) {
+int32_t ps_tok_strmap_put(tok_strmap *m, const ps_tok *t, int32_t id) {
     size_t len;
     const char *s = tok_text(t, id, &len);
-    uint32_t i = (uint32_t)tok_hash_bytes(s, len) & m->mask;
+    uint32_t i = (uint32_t)ps_tok_hash_bytes(s, len) & m->mask;
     for (;; i = (i + 1) & m->mask) {
         int32_t cur = m->slots[i];
         if (cur < 0) {
@@ -60,8 +60,8 @@ int32_t tok_strmap_put(tok_strmap *m, const ps_tok *t, int32_t id) {
     }
 }
 
-int32_t tok_strmap_get(const tok_strmap *m, const ps_tok *t, const char *s, size_t len) {
-    uint32_t i = (uint32_t)tok_hash_bytes(s, len) & m->mask;
+int32_t ps_tok_strmap_get(const tok_strmap *m, const ps_tok *t, const char *s, size_t len) {
+    uint32_t i = (uint32_t)ps_tok_hash_bytes(s, len) & m->mask;
     for (;; i = (i + 1) & m->mask) {
         int32_t cur = m->slots[i];
         if (cur < 0) return -1;
@@ -73,7 +73,7 @@ int32_t tok_strmap_get(const tok_strmap *m, const ps_tok *t, const char *s, size
 
 // ---- (left, right) -> merge
 
-ps_status tok_mergemap_init(tok_mergemap *m, uint64_t n_keys) {
+ps_status ps_tok_mergemap_init(tok_mergemap *m, uint64_t n_keys) {
     uint64_t cap = table_cap(n_keys);
     m->slots = cap ? malloc(cap * sizeof *m->slots) : NULL;
     if (!m->slots) return PS_ERR_NOMEM;
@@ -82,12 +82,12 @@ ps_status tok_mergemap_init(tok_mergemap *m, uint64_t n_keys) {
     return PS_OK;
 }
 
-void tok_mergemap_free(tok_mergemap *m) {
+void ps_tok_mergemap_free(tok_mergemap *m) {
     free(m->slots);
     m->slots = NULL;
 }
 
-void tok_mergemap_put(tok_mergemap *m, int32_t left, int32_t right, int32_t rank, int32_t merged) {
+void ps_tok_mergemap_put(tok_mergemap *m, int32_t left, int32_t right, int32_t rank, int32_t merged) {
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
     uint32_t i = (uint32_t)mix64(key) & m->mask;
     for (;; i = (i + 1) & m->mask) {
@@ -99,7 +99,7 @@ void tok_mergemap_put(tok_mergemap *m, int32_t left, int32_t right, int32_t rank
     }
 }
 
-const tok_merge *tok_mergemap_get(const tok_mergemap *m, int32_t left, int32_t right) {
+const tok_merge *ps_tok_mergemap_get(const tok_mergemap *m, int32_t left, int32_t right) {
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
     uint32_t i = (uint32_t)mix64(key) & m->mask;
     for (;; i = (i + 1) & m->mask) {

@@ -137,7 +137,7 @@ static spm_cand heap_pop(spm_ctx *c) {
 
 /* Slot of text [start, start + n) in the rev table (an empty one when absent). */
 static spm_rev *rev_slot(spm_ctx *c, uint32_t start, uint32_t n) {
-    uint32_t i = (uint32_t)tok_hash_bytes(c->text + start, n) & c->rev_mask;
+    uint32_t i = (uint32_t)ps_tok_hash_bytes(c->text + start, n) & c->rev_mask;
     for (;; i = (i + 1) & c->rev_mask) {
         spm_rev *r = &c->rev[i];
         if (r->n == 0 || (r->n == n && memcmp(c->text + r->start, c->text + start, n) == 0)) return r;
@@ -151,7 +151,7 @@ static void try_pair(spm_ctx *c, int32_t left, int32_t right) {
     if (left < 0 || right < 0 || c->sym[left].frozen || c->sym[right].frozen) return;
     const ps_tok *t = c->t;
     uint32_t n = c->sym[left].n + c->sym[right].n;
-    int32_t id = tok_strmap_get(&t->vocab, t, c->text + c->sym[left].start, n);
+    int32_t id = ps_tok_strmap_get(&t->vocab, t, c->text + c->sym[left].start, n);
     if (id < 0) return;
     uint8_t ty = t->types[id];
     if (ty != PS_TOK_TYPE_NORMAL && ty != PS_TOK_TYPE_USER_DEFINED && ty != PS_TOK_TYPE_UNUSED) return;
@@ -179,7 +179,7 @@ static void merge_all(spm_ctx *c, int32_t n_sym) {
 /* Emits the tokens of text [start, start + n). */
 static void resegment(spm_ctx *c, uint32_t start, uint32_t n) {
     const ps_tok *t = c->t;
-    int32_t id = tok_strmap_get(&t->vocab, t, c->text + start, n);
+    int32_t id = ps_tok_strmap_get(&t->vocab, t, c->text + start, n);
     if (id >= 0 && t->types[id] == PS_TOK_TYPE_UNUSED && c->rev) {
         spm_rev *r = rev_slot(c, start, n);
         if (r->n) {
@@ -212,8 +212,8 @@ static bool ctx_alloc(spm_ctx *c, size_t n) {
     return c->text && c->sym && c->heap;
 }
 
-ps_status tok_spm_encode(const ps_tok *t, const char *s, size_t len, bool space_prefix, tok_out *o, char *err,
-                         size_t errlen) {
+ps_status ps_tok_spm_encode(const ps_tok *t, const char *s, size_t len, bool space_prefix, tok_out *o, char *err,
+                            size_t errlen) {
     if (!len) return PS_OK;
     size_t max = 3 * len + 3;
     if (max >= UINT32_MAX / 4)
