@@ -83,7 +83,7 @@ ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t e
     if (fd < 0)
         return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open key file %s: %s",
                        path, ps_net_errno_str(errno, eb, sizeof eb));
-    uint8_t *buf = malloc(KEY_MAX_BYTES + 1);
+    uint8_t *buf = ps_malloc(KEY_MAX_BYTES + 1);
     if (!buf) {
         close(fd);
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory reading key file %s", path);

@@ -27,7 +27,7 @@ static bool wbuf_reserve(ps_wbuf *b, size_t n) {
     }
     size_t cap = b->cap ? b->cap : 64;
     while (cap - b->len < n) cap *= 2;
-    uint8_t *p = realloc(b->p, cap);
+    uint8_t *p = ps_realloc(b->p, cap);
     if (!p) {
         b->oom = true;
         return false;

@@ -178,7 +178,7 @@ ps_status ps_net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const str
     struct iovec sealed;
     if (c->seal) { /* sealed into sbuf: one contiguous payload */
         if (c->scap < (size_t)len + NET_TAG_BYTES) {
-            uint8_t *p = realloc(c->sbuf, (size_t)len + NET_TAG_BYTES);
+            uint8_t *p = ps_realloc(c->sbuf, (size_t)len + NET_TAG_BYTES);
             if (!p) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory sending to %s", c->peer);
             c->sbuf = p, c->scap = (size_t)len + NET_TAG_BYTES;
         }
@@ -188,7 +188,7 @@ ps_status ps_net_send_frame(ps_conn *c, uint16_t type, uint32_t flags, const str
         iovcnt = 1;
     }
     struct iovec small[NET_IOV_BATCH], *v = small;
-    if (iovcnt + 1 > NET_IOV_BATCH && !(v = malloc(sizeof *v * ((size_t)iovcnt + 1))))
+    if (iovcnt + 1 > NET_IOV_BATCH && !(v = ps_malloc(sizeof *v * ((size_t)iovcnt + 1))))
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory sending to %s", c->peer);
     v[0] = (struct iovec){.iov_base = hdr, .iov_len = PS_NET_HDR_BYTES};
     if (iovcnt) memcpy(v + 1, iov, sizeof *v * (size_t)iovcnt);
@@ -254,7 +254,7 @@ static ps_status rbuf_reserve(ps_conn *c, size_t n, char *err, size_t errlen) {
     if (n <= c->rcap && c->rbuf) return PS_OK;
     size_t cap = c->rcap ? c->rcap : 256;
     while (cap < n) cap = cap > SIZE_MAX / 2 ? n : cap * 2;
-    uint8_t *p = realloc(c->rbuf, cap);
+    uint8_t *p = ps_realloc(c->rbuf, cap);
     if (!p) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for a frame of %zu bytes from %s", n, c->peer);
     c->rbuf = p;
     c->rcap = cap;

@@ -187,7 +187,7 @@ ps_status ps_conn_start_sender(ps_conn *c, const ps_link_sim *sim, char *err, si
     if (!sim) sim = &none;
     ps_status st = check_sim(sim, err, errlen);
     if (st != PS_OK) return st;
-    net_sender *s = calloc(1, sizeof *s);
+    net_sender *s = ps_calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for the sender to %s", c->peer);
     s->c = c;
     s->latency_ns = (int64_t)llround(sim->latency_ms * 1e6);
@@ -220,7 +220,7 @@ err:
 /* Doubles the ring (at least 16 slots), moving the frames to slots 0 .. count - 1. */
 static bool ring_grow(net_sender *s) {
     size_t cap = s->qcap ? s->qcap * 2 : 16;
-    link_frame *q = calloc(cap, sizeof *q);
+    link_frame *q = ps_calloc(cap, sizeof *q);
     if (!q) return false;
     for (size_t i = 0; i < s->qcap; i++) q[i] = s->q[(s->head + i) % s->qcap];
     free(s->q);
@@ -288,7 +288,7 @@ ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov,
     link_frame *f = &s->q[(s->head + s->count) % s->qcap];
     size_t need = (size_t)bytes - PS_NET_HDR_BYTES;
     if (f->cap < need) {
-        uint8_t *p = realloc(f->p, need);
+        uint8_t *p = ps_realloc(f->p, need);
         if (!p) goto nomem;
         s->buf_bytes += need - f->cap;
         f->p = p;

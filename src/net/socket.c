@@ -142,7 +142,7 @@ static ps_status conn_new(int fd, const char *peer, ps_conn **out, char *err, si
         close(fd);
         return s;
     }
-    ps_conn *c = calloc(1, sizeof *c);
+    ps_conn *c = ps_calloc(1, sizeof *c);
     if (!c || pthread_mutex_init(&c->stats_mu, NULL) != 0) {
         free(c);
         close(fd);

@@ -83,7 +83,7 @@ static char unescape(char c) {
  * written "\n" or raw matches one pattern and an escaped quote never ends a literal
  * (it becomes ESC_SQ / ESC_DQ). NULL when out of memory. */
 static char *normalize(const char *t) {
-    char *o = malloc(strlen(t) + 1), *q = o;
+    char *o = ps_malloc(strlen(t) + 1), *q = o;
     if (!o) return NULL;
     for (const char *p = t; *p; p++) {
         char r = *p == '\\' ? unescape(p[1]) : 0;
@@ -131,7 +131,7 @@ static bool has(const char *h, const char *p) { return find(h, p) != NULL; }
 
 /* A malloc'd copy of [s, e) with ESC_SQ / ESC_DQ turned back into quotes. */
 static char *dup_text(const char *s, const char *e) {
-    char *o = malloc((size_t)(e - s) + 1);
+    char *o = ps_malloc((size_t)(e - s) + 1);
     if (!o) return NULL;
     for (size_t i = 0; s + i < e; i++) o[i] = s[i] == ESC_SQ ? '\'' : s[i] == ESC_DQ ? '"' : s[i];
     o[e - s] = '\0';
@@ -331,7 +331,7 @@ ps_status ps_chat_create(const char *tmpl, const char *name, const char *bos, co
     ps_chat_family f;
     ps_status st = name ? ps_chat_family_from_name(name, &f, err, errlen) : ps_chat_detect(tmpl, &f, err, errlen);
     if (st) return st;
-    ps_chat *c = calloc(1, sizeof *c);
+    ps_chat *c = ps_calloc(1, sizeof *c);
     if (!c) return ps_errf(err, errlen, PS_ERR_NOMEM, "no memory for a chat template");
     c->family = f;
     if ((st = fill(c, name ? NULL : tmpl, bos, eos))) {
@@ -675,7 +675,7 @@ ps_status ps_chat_apply_alloc(const ps_chat *c, const ps_chat_msg *msgs, size_t 
     *out = NULL;
     ps_status st = ps_chat_apply(c, msgs, n, add_generation_prompt, NULL, 0, &need, err, errlen);
     if (st) return st;
-    char *s = malloc(need + 1);
+    char *s = ps_malloc(need + 1);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "no memory for a chat prompt of %zu bytes", need);
     if ((st = ps_chat_apply(c, msgs, n, add_generation_prompt, s, need + 1, len, err, errlen))) {
         free(s);

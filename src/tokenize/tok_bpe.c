@@ -141,7 +141,7 @@ static bool grow(void **buf, size_t *cap, size_t n, size_t sz) {
     if (n <= *cap) return true;
     size_t nc = *cap ? *cap : 64;
     while (nc < n) nc *= 2;
-    void *nb = realloc(*buf, nc * sz);
+    void *nb = ps_realloc(*buf, nc * sz);
     if (!nb) return false;
     *buf = nb;
     *cap = nc;

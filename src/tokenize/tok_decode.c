@@ -85,8 +85,8 @@ static size_t make_piece(const ps_tok *t, int32_t id, char *out) {
 
 ps_status ps_tok_build_pieces(ps_tok *t, char *err, size_t errlen) {
     size_t total = t->text_off[t->n_vocab];
-    t->piece = malloc(total ? total : 1);
-    t->piece_off = malloc(((size_t)t->n_vocab + 1) * sizeof *t->piece_off);
+    t->piece = ps_malloc(total ? total : 1);
+    t->piece_off = ps_malloc(((size_t)t->n_vocab + 1) * sizeof *t->piece_off);
     if (!t->piece || !t->piece_off) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory building pieces");
     uint32_t off = 0;
     t->max_piece = 0;
@@ -165,8 +165,8 @@ struct ps_tok_stream {
 
 ps_status ps_tok_stream_create(const ps_tok *t, unsigned flags, ps_tok_stream **out) {
     *out = NULL;
-    ps_tok_stream *s = calloc(1, sizeof *s);
-    if (!s || !(s->buf = malloc(t->max_piece + 4))) {
+    ps_tok_stream *s = ps_calloc(1, sizeof *s);
+    if (!s || !(s->buf = ps_malloc(t->max_piece + 4))) {
         free(s);
         return PS_ERR_NOMEM;
     }

@@ -78,8 +78,8 @@ static ps_status read_vocab(const ps_gguf *g, ps_tok_spec *sp, float **scores, i
     sp->tokens = tv->arr.strs;
     if ((s = opt_num_arr(g, "tokenizer.ggml.scores", sp->n_tokens, true, &sv, err, errlen))) return s;
     if ((s = opt_num_arr(g, "tokenizer.ggml.token_type", sp->n_tokens, false, &yv, err, errlen))) return s;
-    if (sv && !(*scores = malloc(sp->n_tokens * sizeof **scores))) return PS_ERR_NOMEM;
-    if (yv && !(*types = malloc(sp->n_tokens * sizeof **types))) return PS_ERR_NOMEM;
+    if (sv && !(*scores = ps_malloc(sp->n_tokens * sizeof **scores))) return PS_ERR_NOMEM;
+    if (yv && !(*types = ps_malloc(sp->n_tokens * sizeof **types))) return PS_ERR_NOMEM;
     for (uint32_t i = 0; sv && i < sp->n_tokens; i++) (*scores)[i] = (float)ps_gguf_arr_float(sv, i);
     for (uint32_t i = 0; yv && i < sp->n_tokens; i++) {
         int64_t ty = ps_gguf_arr_int(yv, i);

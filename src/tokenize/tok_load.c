@@ -41,8 +41,8 @@ static ps_status copy_texts(ps_tok *t, const ps_tok_spec *sp, char *err, size_t 
     if (total >= UINT32_MAX)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.tokens: %llu bytes of text is too much",
                        (unsigned long long)total);
-    t->text = malloc(total ? total : 1);
-    t->text_off = malloc((sp->n_tokens + 1ULL) * sizeof *t->text_off);
+    t->text = ps_malloc(total ? total : 1);
+    t->text_off = ps_malloc((sp->n_tokens + 1ULL) * sizeof *t->text_off);
     if (!t->text || !t->text_off) return PS_ERR_NOMEM;
     uint32_t off = 0;
     for (uint32_t i = 0; i < sp->n_tokens; i++) {
@@ -56,8 +56,8 @@ static ps_status copy_texts(ps_tok *t, const ps_tok_spec *sp, char *err, size_t 
 
 /* Copies scores (no NaN) and types (0..6, 0 read as normal). */
 static ps_status copy_scores_types(ps_tok *t, const ps_tok_spec *sp, char *err, size_t errlen) {
-    t->scores = calloc(sp->n_tokens, sizeof *t->scores);
-    t->types = malloc(sp->n_tokens);
+    t->scores = ps_calloc(sp->n_tokens, sizeof *t->scores);
+    t->types = ps_malloc(sp->n_tokens);
     if (!t->scores || !t->types) return PS_ERR_NOMEM;
     for (uint32_t i = 0; i < sp->n_tokens; i++) {
         if (sp->scores && isnan(sp->scores[i]))
@@ -124,7 +124,7 @@ static ps_status set_specials(ps_tok *t, const ps_tok_spec *sp, bool default_bos
 static ps_status mark_eog(ps_tok *t) {
     static const char *const names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
                                         "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<end_of_utterance>"};
-    t->eog = calloc((size_t)t->n_vocab, 1);
+    t->eog = ps_calloc((size_t)t->n_vocab, 1);
     if (!t->eog) return PS_ERR_NOMEM;
     if (t->eos >= 0) t->eog[t->eos] = 1;
     if (t->eot >= 0) t->eog[t->eot] = 1;
@@ -204,7 +204,7 @@ static ps_status parse_merge(ps_tok *t, ps_gguf_str m, uint64_t i, char **buf, s
                        "tokenizer.ggml.merges[%llu] '%.*s' names a token not in the vocabulary",
                        (unsigned long long)i, shown(m.len), m.data);
     if (*cap < ll + rl) {
-        char *nb = realloc(*buf, ll + rl);
+        char *nb = ps_realloc(*buf, ll + rl);
         if (!nb) return PS_ERR_NOMEM;
         *buf = nb;
         *cap = ll + rl;
@@ -264,8 +264,8 @@ static bool is_special_type(uint8_t ty) {
 static ps_status build_special(ps_tok *t) {
     int32_t n = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) n += is_special_type(t->types[i]) && t->text_off[i + 1] > t->text_off[i];
-    special_key *keys = malloc((size_t)(n ? n : 1) * sizeof *keys);
-    t->special = malloc((size_t)(n ? n : 1) * sizeof *t->special);
+    special_key *keys = ps_malloc((size_t)(n ? n : 1) * sizeof *keys);
+    t->special = ps_malloc((size_t)(n ? n : 1) * sizeof *t->special);
     if (!keys || !t->special) {
         free(keys);
         return PS_ERR_NOMEM;
@@ -324,7 +324,7 @@ ps_status ps_tok_create_spec(const ps_tok_spec *sp, ps_tok **out, char *err, siz
         return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.tokens is missing or empty");
     if (sp->n_tokens >= INT32_MAX)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.tokens: %u tokens is too many", sp->n_tokens);
-    ps_tok *t = calloc(1, sizeof *t);
+    ps_tok *t = ps_calloc(1, sizeof *t);
     if (!t) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory creating the tokenizer");
     t->n_vocab = (int32_t)sp->n_tokens;
     ps_status s;

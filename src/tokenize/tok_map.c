@@ -32,7 +32,7 @@ static uint64_t table_cap(uint64_t n) {
 
 ps_status ps_tok_strmap_init(tok_strmap *m, uint32_t n_keys) {
     uint64_t cap = table_cap(n_keys);
-    m->slots = cap ? malloc(cap * sizeof *m->slots) : NULL;
+    m->slots = cap ? ps_malloc(cap * sizeof *m->slots) : NULL;
     if (!m->slots) return PS_ERR_NOMEM;
     memset(m->slots, 0xff, cap * sizeof *m->slots); /* all -1 */
     m->mask = (uint32_t)(cap - 1);
@@ -75,7 +75,7 @@ int32_t ps_tok_strmap_get(const tok_strmap *m, const ps_tok *t, const char *s, s
 
 ps_status ps_tok_mergemap_init(tok_mergemap *m, uint64_t n_keys) {
     uint64_t cap = table_cap(n_keys);
-    m->slots = cap ? malloc(cap * sizeof *m->slots) : NULL;
+    m->slots = cap ? ps_malloc(cap * sizeof *m->slots) : NULL;
     if (!m->slots) return PS_ERR_NOMEM;
     for (uint64_t i = 0; i < cap; i++) m->slots[i].key = UINT64_MAX;
     m->mask = (uint32_t)(cap - 1);

@@ -199,13 +199,13 @@ static void resegment(spm_ctx *c, uint32_t start, uint32_t n) {
 
 /* Allocates the scratch of one call for an escaped text of at most n bytes. */
 static bool ctx_alloc(spm_ctx *c, size_t n) {
-    c->text = malloc(n);
-    c->sym = malloc(n * sizeof *c->sym);
-    c->heap = malloc(3 * n * sizeof *c->heap);
+    c->text = ps_malloc(n);
+    c->sym = ps_malloc(n * sizeof *c->sym);
+    c->heap = ps_malloc(3 * n * sizeof *c->heap);
     if (c->t->has_unused) {
         size_t cap = 16;
         while (cap < 6 * n) cap *= 2;
-        c->rev = cap <= (1u << 31) ? calloc(cap, sizeof *c->rev) : NULL;
+        c->rev = cap <= (1u << 31) ? ps_calloc(cap, sizeof *c->rev) : NULL;
         c->rev_mask = (uint32_t)(cap - 1);
         if (!c->rev) return false;
     }
