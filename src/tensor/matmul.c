@@ -3,7 +3,7 @@
  * items shared among the pool's threads.
  *
  * Splitting is by rows and tokens only; every output element comes from one kernel call
- * whose per-element arithmetic does not depend on the split (see cpu.h), so results are
+ * whose per-element arithmetic does not depend on the split (see q8_kern.h), so results are
  * bit-identical whatever the thread count or batch size. */
 #include "matmul.h"
 
