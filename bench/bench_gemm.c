@@ -25,8 +25,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "tensor/f32_kern.h"
 #include "tensor/gemm.h"
-#include "tensor/gemm_kern.h"
+#include "tensor/pool.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "tensor/matmul.h"
+#include "tensor/pool.h"
 
 static clockid_t clock_id = CLOCK_MONOTONIC;
 

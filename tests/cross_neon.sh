@@ -24,9 +24,9 @@ done
 out=${1:-${TMPDIR:-/tmp}/ps-cross-neon}
 mkdir -p "$out"
 
-# What test_matmul links: the tensor module without the float GEMM (gemm*.c) and ps.c.
+# What test_matmul links: the tensor module without the f32-activation kernels (gemm.c, f32_*.c) and ps.c.
 srcs=(src/ps.c src/tensor/types.c src/tensor/cpu.c src/tensor/pool.c src/tensor/matmul.c
-      src/tensor/kern_*.c tests/test_matmul.c tests/ps_test.c)
+      src/tensor/q8_*.c tests/test_matmul.c tests/ps_test.c)
 # The project's flags (CMakeLists.txt), as errors.
 flags=(-std=c11 -O3 -Wall -Wextra -Werror -D_GNU_SOURCE -fno-math-errno -ffp-contract=off
        -Isrc -Itests)

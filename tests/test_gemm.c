@@ -17,8 +17,9 @@
 #include <string.h>
 
 #include "ps_test.h"
+#include "tensor/f32_kern.h"
 #include "tensor/gemm.h"
-#include "tensor/gemm_kern.h"
+#include "tensor/pool.h"
 
 #define ROWS 101   /* > 65536 multiply-adds at n_tok = 1 with 768 columns: threads split rows */
 #if defined(__SANITIZE_ADDRESS__)

@@ -14,8 +14,9 @@
 #include <string.h>
 
 #include "ps_test.h"
-#include "tensor/cpu.h"
 #include "tensor/matmul.h"
+#include "tensor/pool.h"
+#include "tensor/q8_kern.h"
 
 // Random data (ps_test_rng_*, seeded in main)
 
@@ -264,7 +265,7 @@ static void run(const problem *p, int64_t t0, int64_t n, int64_t r0, int64_t nr,
 
 /* The activation row as the ref kernel sees it, dequantized (exact in double). */
 static void ref_activation(ps_type type, const float *x, int64_t cols, double *out) {
-    const ps_kernel *k = ps_kern_ref(type);
+    const ps_q8_kern *k = ps_q8_kern_get(PS_ISA_REF, type);
     if (!k->quant) {
         for (int64_t c = 0; c < cols; c++) out[c] = x[c];
         return;
@@ -297,7 +298,7 @@ static double tol_family(ps_type t) {
     }
 }
 
-/* Families whose kernels reproduce ref's float operations exactly (kern_neon.h). */
+/* Families whose kernels reproduce ref's float operations exactly (q8_neon.h). */
 static bool family_bit_exact(int isa) { return isa == PS_ISA_NEON || isa == PS_ISA_NEONDOT; }
 
 /* sum |w x| and the exact dot for (row r, token t). */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../model/model.h"
+#include "../tensor/pool.h"
 #include "../tensor/types.h"
 #include "args.h"
 #include "bench.h"

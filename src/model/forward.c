@@ -8,6 +8,7 @@
 #endif
 
 #include "../tensor/gemm.h"
+#include "../tensor/pool.h"
 #include "../tensor/types.h"
 #include "model.h"
 

@@ -1,8 +1,10 @@
 /* cpu.c - CPU feature detection (cpuid + xgetbv on x86, the OS's hwcaps on aarch64) and
- * kernel family selection. */
+ * the lookup of ps_matmul's kernel families (q8_kern.h). */
 #include "cpu.h"
 
 #include <stdatomic.h>
+
+#include "q8_kern.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -20,6 +22,16 @@
 
 // Detection
 
+/* What this CPU offers, as far as the OS lets us use it. */
+typedef struct {
+    bool avx2, fma, f16c;                 /* with OS support for ymm state */
+    bool avx512f, avx512bw, avx512vl;     /* with OS support for zmm/opmask state */
+    bool avx512dq, avx512vnni, avx512vbmi;
+    bool avx512bitalg, avx512bf16;
+    bool neon;                            /* aarch64 Advanced SIMD */
+    bool neon_dot;                        /* ARMv8.2 dot product (sdot), as the OS reports it */
+} cpu_features;
+
 #ifdef PS_X86
 /* XCR0: which register states the OS saves (so that using them is safe). */
 static uint64_t xgetbv0(void) {
@@ -29,7 +41,7 @@ static uint64_t xgetbv0(void) {
 }
 
 /* Fills f from cpuid leaves 1 and 7, keeping only what the OS enabled. */
-static void detect_x86(ps_cpu_features *f) {
+static void detect_x86(cpu_features *f) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     bool osxsave = c & (1u << 27), avx = c & (1u << 28);
@@ -73,14 +85,15 @@ static bool detect_arm_dotprod(void) {
 }
 #endif
 
-static ps_cpu_features g_features;
+static cpu_features g_features;
 static atomic_int g_features_state; /* 0 unknown, 1 being filled, 2 ready */
 
-/* Detection is idempotent, so racing first callers may each fill a local copy; the
+/* Features of this CPU, detected once (thread-safe after the first call returns).
+ * Detection is idempotent, so racing first callers may each fill a local copy; the
  * first to finish publishes it. */
-const ps_cpu_features *ps_cpu_features_get(void) {
+static const cpu_features *cpu_features_get(void) {
     if (atomic_load_explicit(&g_features_state, memory_order_acquire) == 2) return &g_features;
-    ps_cpu_features f = {0};
+    cpu_features f = {0};
 #ifdef PS_X86
     detect_x86(&f);
 #endif
@@ -113,7 +126,7 @@ const char *ps_isa_name(ps_isa isa) {
 }
 
 bool ps_isa_available(ps_isa isa) {
-    const ps_cpu_features *f = ps_cpu_features_get();
+    const cpu_features *f = cpu_features_get();
     bool avx2 = f->avx2 && f->fma && f->f16c;
     bool avx512 = avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
     switch (isa) {
@@ -134,23 +147,25 @@ ps_isa ps_isa_best(void) {
     return PS_ISA_REF;
 }
 
-/* The family's own table entry for t (no fallback). */
-static const ps_kernel *family_kernel(ps_isa isa, uint32_t t) {
-    switch (isa) {
-    case PS_ISA_AVX2: return ps_kern_avx2(t);
-    case PS_ISA_AVX512: return ps_kern_avx512(t);
-    case PS_ISA_AVX512VNNI: return ps_kern_avx512vnni(t);
-    case PS_ISA_NEON: return ps_kern_neon(t);
-    case PS_ISA_NEONDOT: return ps_kern_neondot(t);
-    default: return ps_kern_ref(t);
-    }
+/* Each family's table of kernels, indexed by ps_type. */
+static const ps_q8_kern *const q8_tables[PS_ISA_COUNT] = {
+    [PS_ISA_REF] = ps_q8_ref_kerns,       [PS_ISA_AVX2] = ps_q8_avx2_kerns,
+    [PS_ISA_AVX512] = ps_q8_avx512_kerns, [PS_ISA_AVX512VNNI] = ps_q8_avx512vnni_kerns,
+    [PS_ISA_NEON] = ps_q8_neon_kerns,     [PS_ISA_NEONDOT] = ps_q8_neondot_kerns,
+};
+
+/* The family's own table entry for t (no fallback); NULL when the row is empty. */
+static const ps_q8_kern *family_kernel(ps_isa isa, uint32_t t) {
+    if ((unsigned)isa >= PS_ISA_COUNT || t >= PS_TYPE_COUNT) return NULL;
+    const ps_q8_kern *k = &q8_tables[isa][t];
+    return k->gemm ? k : NULL;
 }
 
 /* Falls back vnni -> avx512 -> avx2 -> ref (neondot -> neon -> ref) until a family has
  * type t. */
-const ps_kernel *ps_kernel_get(ps_isa isa, uint32_t t) {
+const ps_q8_kern *ps_q8_kern_get(ps_isa isa, uint32_t t) {
     for (;;) {
-        const ps_kernel *k = family_kernel(isa, t);
+        const ps_q8_kern *k = family_kernel(isa, t);
         if (k || isa == PS_ISA_REF) return k;
         isa = isa == PS_ISA_AVX512VNNI ? PS_ISA_AVX512
               : isa == PS_ISA_AVX512   ? PS_ISA_AVX2

@@ -1,9 +1,9 @@
-/* gemm.c - ps_gemm: picks the kernel family, then shares row chunks among the pool's
- * threads.
+/* gemm.c - ps_gemm: picks the f32-activation kernel family (f32_<isa>.c), then shares
+ * row chunks among the pool's threads.
  *
  * Small batches (n_tok <= the family's fused_max) run the fused kernel over row chunks:
  * weights are dequantized in registers and nothing is written but y. Larger batches
- * run, per work item of PS_GEMM_MC rows and per token block, over column chunks (the
+ * run, per work item of PS_F32_MC rows and per token block, over column chunks (the
  * family's kc): dequantize the rows' chunk into this thread's panel, then run the
  * register-tiled micro-kernel over every token group and row strip, keeping each tile's
  * 16-lane accumulators in this thread's partial-sum buffer between chunks.
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <strings.h>
 
-#include "gemm_kern.h"
+#include "f32_kern.h"
 
 /* Below this many multiply-adds a call runs on the calling thread alone. */
 #define SERIAL_MACS 65536
@@ -75,13 +75,15 @@ static int current_isa(void) {
     return isa;
 }
 
+/* Each family's table of kernels, indexed by ps_type. */
+static const ps_f32_kern *const f32_tables[ISA_COUNT] = {
+    [ISA_REF] = ps_f32_ref_kerns, [ISA_AVX2] = ps_f32_avx2_kerns, [ISA_AVX512] = ps_f32_avx512_kerns};
+
 /* Family isa's kernels for type t (NULL when it lacks them). */
-static const ps_gemm_kern *kern_get(int isa, uint32_t t) {
-    switch (isa) {
-    case ISA_AVX512: return ps_gemm_kern_avx512(t);
-    case ISA_AVX2: return ps_gemm_kern_avx2(t);
-    default: return ps_gemm_kern_ref(t);
-    }
+static const ps_f32_kern *kern_get(int isa, uint32_t t) {
+    if (t >= PS_TYPE_COUNT) return NULL;
+    const ps_f32_kern *k = &f32_tables[isa][t];
+    return k->fused ? k : NULL;
 }
 
 const char *ps_gemm_isa(void) { return isa_names[current_isa()]; }
@@ -94,21 +96,21 @@ ps_status ps_gemm_set_isa(const char *name) {
     return PS_OK;
 }
 
-bool ps_gemm_supported(uint32_t type) { return ps_gemm_kern_ref(type) != NULL; }
+bool ps_gemm_supported(uint32_t type) { return kern_get(ISA_REF, type) != NULL; }
 
 void ps_gemm_set_chunk(int64_t kc) { g_kc = kc > 0 && kc % 256 == 0 ? kc : 0; }
 
 /* The column chunk family k uses. */
-static int64_t chunk_of(const ps_gemm_kern *k) { return g_kc ? g_kc : k->kc; }
+static int64_t chunk_of(const ps_f32_kern *k) { return g_kc ? g_kc : k->kc; }
 
 // Scratch
 
 /* Bytes of one thread's panel (chunks of kc columns) and partial sums for token blocks of
  * up to n_tok tokens (a multiple of 64). */
 static size_t per_thread_bytes(int64_t n_tok, int64_t kc) {
-    int64_t tb = n_tok < PS_GEMM_TB ? n_tok : PS_GEMM_TB;
-    size_t panel = (size_t)PS_GEMM_MC * (size_t)kc * sizeof(float);
-    size_t part = (size_t)(tb + PS_GEMM_NR_MAX) * PS_GEMM_MC * 16 * sizeof(float);
+    int64_t tb = n_tok < PS_F32_TB ? n_tok : PS_F32_TB;
+    size_t panel = (size_t)PS_F32_MC * (size_t)kc * sizeof(float);
+    size_t part = (size_t)(tb + PS_F32_NR_MAX) * PS_F32_MC * 16 * sizeof(float);
     return (panel + part + 63) & ~(size_t)63;
 }
 
@@ -117,7 +119,7 @@ size_t ps_gemm_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok, int n_t
     (void)cols;
     size_t most = 0;
     for (int i = 0; i < ISA_COUNT && n_tok > 0 && n_threads > 0; i++) {
-        const ps_gemm_kern *k = isa_available(i) ? kern_get(i, type) : NULL;
+        const ps_f32_kern *k = isa_available(i) ? kern_get(i, type) : NULL;
         if (!k || !k->pack || n_tok <= k->fused_max) continue;
         size_t b = 64 + (size_t)n_threads * per_thread_bytes(n_tok, chunk_of(k));
         most = b > most ? b : most;
@@ -128,7 +130,7 @@ size_t ps_gemm_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok, int n_t
 // Work items
 
 typedef struct {
-    const ps_gemm_kern *k;
+    const ps_f32_kern *k;
     const uint8_t *w;    /* weight rows */
     size_t wb;           /* bytes per weight row */
     int64_t rows, cols;
@@ -157,7 +159,7 @@ static void fused_item(const void *job, int64_t i, int ith) {
  * [r0, r0 + nr) × tokens [t0, t0 + nt). */
 static void run_tiles(const gemm_job *j, const float *panel, float *part, int64_t r0, int64_t nr, int64_t t0,
                       int64_t nt, int64_t c0, int64_t kc, int mode) {
-    const ps_gemm_kern *k = j->k;
+    const ps_f32_kern *k = j->k;
     int64_t strip = (int64_t)k->mr * ((kc + 15) & ~(int64_t)15);
     int64_t n_strips = (nr + k->mr - 1) / k->mr, tile_floats = (int64_t)k->mr * k->nr * 16;
     for (int64_t g = 0; g * k->nr < nt; g++) {
@@ -176,19 +178,19 @@ static void panel_block(const gemm_job *j, float *panel, float *part, int64_t r0
     for (int64_t c0 = 0; c0 < j->cols; c0 += j->kc) {
         int64_t kc = j->cols - c0 < j->kc ? j->cols - c0 : j->kc;
         j->k->pack(j->w + (size_t)r0 * j->wb, j->wb, c0, kc, nr, panel);
-        int mode = (c0 == 0 ? PS_GEMM_FIRST : 0) | (c0 + kc >= j->cols ? PS_GEMM_LAST : 0);
+        int mode = (c0 == 0 ? PS_F32_FIRST : 0) | (c0 + kc >= j->cols ? PS_F32_LAST : 0);
         run_tiles(j, panel, part, r0, nr, t0, nt, c0, kc, mode);
     }
 }
 
-/* Panel path: rows [i * PS_GEMM_MC, ...) against every token, in balanced token blocks
- * of at most PS_GEMM_TB (the weights are dequantized once per block). */
+/* Panel path: rows [i * PS_F32_MC, ...) against every token, in balanced token blocks
+ * of at most PS_F32_TB (the weights are dequantized once per block). */
 static void panel_item(const void *job, int64_t i, int ith) {
     const gemm_job *j = job;
     float *panel = (float *)(j->scratch + (size_t)ith * j->per_thread);
-    float *part = panel + PS_GEMM_MC * j->kc;
-    int64_t r0 = i * PS_GEMM_MC, nr = j->rows - r0 < PS_GEMM_MC ? j->rows - r0 : PS_GEMM_MC;
-    int64_t nb = (j->n_tok + PS_GEMM_TB - 1) / PS_GEMM_TB;
+    float *part = panel + PS_F32_MC * j->kc;
+    int64_t r0 = i * PS_F32_MC, nr = j->rows - r0 < PS_F32_MC ? j->rows - r0 : PS_F32_MC;
+    int64_t nb = (j->n_tok + PS_F32_TB - 1) / PS_F32_TB;
     for (int64_t b = 0; b < nb; b++) {
         int64_t t0 = j->n_tok * b / nb, t1 = j->n_tok * (b + 1) / nb;
         panel_block(j, panel, part, r0, nr, t0, t1 - t0);
@@ -211,13 +213,13 @@ static int64_t fused_chunk_rows(int64_t rows, int nth) {
 
 /* Fused path or panels: panels for large batches, when the family has them, there are
  * columns to chunk and scratch to hold them (both paths give the same bits). */
-static bool use_panels(const ps_gemm_kern *k, int64_t cols, int64_t n_tok, const void *scratch) {
+static bool use_panels(const ps_f32_kern *k, int64_t cols, int64_t n_tok, const void *scratch) {
     return k->pack && n_tok > k->fused_max && cols > 0 && scratch;
 }
 
 void ps_gemm(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
              void *scratch, ps_pool *pool) {
-    const ps_gemm_kern *k = kern_get(current_isa(), w->type);
+    const ps_f32_kern *k = kern_get(current_isa(), w->type);
     size_t wb = ps_row_bytes(w->type, w->cols);
     if (!k || n_tok <= 0 || w->rows <= 0 || w->cols < 0 || (!wb && w->cols)) return;
     gemm_job *j = &(gemm_job){.k = k, .w = w->data, .wb = wb, .rows = w->rows, .cols = w->cols, .x = x,
@@ -228,7 +230,7 @@ void ps_gemm(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, f
         j->chunk_rows = fused_chunk_rows(w->rows, nth);
     } else {
         j->item = panel_item;
-        j->chunk_rows = PS_GEMM_MC;
+        j->chunk_rows = PS_F32_MC;
         j->scratch = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
         j->kc = chunk_of(k);
         j->per_thread = per_thread_bytes(n_tok, j->kc);

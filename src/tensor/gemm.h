@@ -1,4 +1,5 @@
-/* gemm.h - f32-activation matmul against quantized weights (ps_gemm_*).
+/* gemm.h - f32-activation matmul against quantized weights (ps_gemm_*; kernels:
+ * f32_<isa>.c, f32_kern.h). The 8-bit-activation products are matmul.h's (q8_<isa>.c).
  *
  * Activations stay float32 (8-bit activations lose too much accuracy); weights are
  * dequantized to float32 exactly as ps_dequantize_row does and multiplied with fused

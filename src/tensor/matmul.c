@@ -1,8 +1,9 @@
-/* matmul.c - ps_matmul: quantizes the activations once, then runs the chosen kernel
- * family's tiles over (token block, row chunk) work items shared among the pool's threads.
+/* matmul.c - ps_matmul: quantizes the activations once, then runs the chosen 8-bit-
+ * activation kernel family's tiles (q8_<isa>.c) over (token block, row chunk) work
+ * items shared among the pool's threads.
  *
  * Splitting is by rows and tokens only; every output element comes from one kernel call
- * whose per-element arithmetic does not depend on the split (see cpu.h), so results are
+ * whose per-element arithmetic does not depend on the split (see q8_kern.h), so results are
  * bit-identical whatever the thread count or batch size. */
 #include "matmul.h"
 
@@ -11,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "cpu.h"
+#include "q8_kern.h"
 
 /* Activation bytes a token block may take: a work item sweeps its row chunk once per token
  * tile of the block, so the block's activations should stay in L2 beside the chunk. */
@@ -56,7 +57,7 @@ ps_status ps_matmul_set_isa(const char *name) {
     return PS_OK;
 }
 
-bool ps_matmul_supported(uint32_t type) { return ps_kern_ref(type) != NULL; }
+bool ps_matmul_supported(uint32_t type) { return ps_q8_kern_get(PS_ISA_REF, type) != NULL; }
 
 /* Scratch for the largest activation format any available family uses, plus room to
  * align the start to 64 bytes. */
@@ -64,7 +65,7 @@ size_t ps_matmul_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok) {
     size_t row = 0;
     for (int i = 0; i < PS_ISA_COUNT; i++) {
         if (!ps_isa_available((ps_isa)i)) continue;
-        const ps_kernel *k = ps_kernel_get((ps_isa)i, type);
+        const ps_q8_kern *k = ps_q8_kern_get((ps_isa)i, type);
         if (k && k->quant && k->x_bytes(cols) > row) row = k->x_bytes(cols);
     }
     return n_tok > 0 && row ? 64 + row * (size_t)n_tok : 0;
@@ -83,7 +84,7 @@ size_t ps_matmul_multi_scratch_bytes(const ps_mat *const *ws, int n, int64_t n_t
 
 /* One matrix of a job. */
 typedef struct {
-    const ps_kernel *k;
+    const ps_q8_kern *k;
     const uint8_t *w;             /* weight rows, wb bytes each */
     size_t wb;
     int64_t rows;
@@ -156,7 +157,7 @@ static void plan(mm_part *p, int64_t n_tok, int nth) {
 
 /* Sets up part i for matrix w; activations that an earlier part already quantizes in the
  * same format are shared, others take the next slice of scratch (*at). */
-static void part_init(mm_job *j, int i, const ps_mat *w, float *y, int64_t ys, const ps_kernel *k, uint8_t **at) {
+static void part_init(mm_job *j, int i, const ps_mat *w, float *y, int64_t ys, const ps_q8_kern *k, uint8_t **at) {
     mm_part *p = &j->p[i];
     *p = (mm_part){.k = k, .w = w->data, .wb = ps_row_bytes(w->type, w->cols), .rows = w->rows, .y = y, .ys = ys};
     if (!k->quant) {
@@ -185,7 +186,7 @@ static void run_job(const ps_mat *const *ws, int n, const float *x, int64_t x_st
     double macs = 0;
     ps_isa isa = current_isa();
     for (int i = 0; i < n; i++) {
-        const ps_kernel *k = ps_kernel_get(isa, ws[i]->type);
+        const ps_q8_kern *k = ps_q8_kern_get(isa, ws[i]->type);
         if (!k || ws[i]->rows <= 0) continue;
         part_init(j, j->n, ws[i], ys[i], y_strides[i], k, &at);
         j->n++;

@@ -10,10 +10,11 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "matmul.h"
+#include "pool.h"
 
 #ifdef __linux__
 #include <errno.h>

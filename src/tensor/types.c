@@ -27,12 +27,14 @@
 
 /* Half-precision conversions ------------------------------------------------------ */
 
+/* The bits of f (memcpy: no type punning through pointers). */
 static uint32_t f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
 }
 
+/* The float whose bits are u. */
 static float f32_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -118,6 +120,7 @@ static float signed_absmax(const float *x, int n) {
     return max;
 }
 
+/* Smallest and largest of x[0..n), n >= 1 (NaNs after x[0] never win a comparison). */
 static void min_max(const float *x, int n, float *min, float *max) {
     *min = *max = x[0];
     for (int j = 1; j < n; j++) {
@@ -131,7 +134,11 @@ static uint32_t load_u32le(const uint8_t b[4]) {
     return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
 
-/* Plain float formats --------------------------------------------------------------- */
+/* Plain float formats ---------------------------------------------------------------
+ * Per type T: dequant_T(src, y, nb) expands the nb blocks at src (any alignment) into
+ * y[0 .. nb * block size), and quant_T(x, dst, nb) writes nb blocks from as many floats
+ * times the block size (for F32, F16 and BF16 a block is one element); type_table maps
+ * each supported type to its pair. */
 
 static void dequant_f32(const void *src, float *y, int64_t n) { memcpy(y, src, (size_t)n * sizeof *y); }
 
@@ -333,6 +340,7 @@ static int quant_i8(const float *x, float id, int8_t *qs, int n) {
     return sum;
 }
 
+/* max |x[j]| over x[0..n), 0 for n == 0 (fmaxf: NaNs are passed over). */
 static float absmax(const float *x, int n) {
     float amax = 0.0f;
     for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[j]));
@@ -383,6 +391,7 @@ static void quant_q8_1(const float *x, void *dst, int64_t nb) {
  * low nibble and 64g + 32 + l in its high nibble. q5_K: bit i of qh[l] is the fifth bit
  * of element 32i + l. */
 
+/* The 8 six-bit scales sc and minimums m of a q4_K / q5_K super-block from its 12 bytes. */
 static void unpack_scales_k4(const uint8_t s[PS_K_SCALE_SIZE], uint8_t sc[8], uint8_t m[8]) {
     for (int j = 0; j < 4; j++) {
         sc[j] = s[j] & 0x3f;
@@ -392,6 +401,7 @@ static void unpack_scales_k4(const uint8_t s[PS_K_SCALE_SIZE], uint8_t sc[8], ui
     }
 }
 
+/* Inverse of unpack_scales_k4: sc[8], m[8] (each < 64) into the 12 scale bytes. */
 static void pack_scales_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t s[PS_K_SCALE_SIZE]) {
     for (int j = 0; j < 4; j++) {
         s[j] = (uint8_t)(sc[j] | (sc[j + 4] & 0x30) << 2);

@@ -1,5 +1,5 @@
-/* gemm_ref.c - the reference ps_gemm kernel: the canonical arithmetic of gemm.h written
- * out in plain C, one (row, token) pair at a time.
+/* f32_ref.c - the reference f32-activation kernel of ps_gemm (f32_kern.h): the
+ * canonical arithmetic of gemm.h written out in plain C, one (row, token) pair at a time.
  *
  * Weights come from ps_dequantize_row itself (a chunk of a row at a time), and every
  * multiply-add is fmaf(), which rounds once: plain `a * b + c` must not appear here, as
@@ -7,7 +7,7 @@
  * families are tested against it bit for bit. */
 #include <math.h>
 
-#include "gemm_kern.h"
+#include "f32_kern.h"
 #include "types.h"
 
 #if defined(__clang__)
@@ -54,7 +54,7 @@ static void row_dot(uint32_t type, const uint8_t *row, int64_t cols, const float
     for (int t = 0; t < nt; t++) y[t * ys] = reduce16(acc[t]);
 }
 
-/* The ps_gemm_fused_fn contract, for weights of `type`. */
+/* The ps_f32_fused_fn contract, for weights of `type`. */
 static void ref_fused(uint32_t type, const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs,
                       int64_t nt, float *y, int64_t ys, int64_t nrows) {
     for (int64_t t0 = 0; t0 < nt; t0 += TOKS) {
@@ -67,8 +67,7 @@ static void ref_fused(uint32_t type, const uint8_t *w, size_t wb, int64_t cols, 
     static void fused_##T(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs,   \
                           int64_t nt, float *y, int64_t ys, int64_t nrows) {                       \
         ref_fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                              \
-    }                                                                                              \
-    static const ps_gemm_kern kern_##T = {.fused = fused_##T, .fused_max = INT32_MAX, .mr = 1, .nr = 1, .kc = 256};
+    }
 
 REF_KERN(F32)
 REF_KERN(F16)
@@ -82,19 +81,18 @@ REF_KERN(Q4_K)
 REF_KERN(Q5_K)
 REF_KERN(Q6_K)
 
-const ps_gemm_kern *ps_gemm_kern_ref(uint32_t t) {
-    switch (t) {
-    case PS_TYPE_F32: return &kern_F32;
-    case PS_TYPE_F16: return &kern_F16;
-    case PS_TYPE_BF16: return &kern_BF16;
-    case PS_TYPE_Q8_0: return &kern_Q8_0;
-    case PS_TYPE_Q4_0: return &kern_Q4_0;
-    case PS_TYPE_Q4_1: return &kern_Q4_1;
-    case PS_TYPE_Q5_0: return &kern_Q5_0;
-    case PS_TYPE_Q5_1: return &kern_Q5_1;
-    case PS_TYPE_Q4_K: return &kern_Q4_K;
-    case PS_TYPE_Q5_K: return &kern_Q5_K;
-    case PS_TYPE_Q6_K: return &kern_Q6_K;
-    default: return NULL;
-    }
-}
+/* The family's kernels by ps_type (f32_kern.h): one row per type. */
+#define ROW(T) [PS_TYPE_##T] = {.fused = fused_##T, .fused_max = INT32_MAX, .mr = 1, .nr = 1, .kc = 256}
+const ps_f32_kern ps_f32_ref_kerns[PS_TYPE_COUNT] = {
+    ROW(F32),
+    ROW(F16),
+    ROW(BF16),
+    ROW(Q8_0),
+    ROW(Q4_0),
+    ROW(Q4_1),
+    ROW(Q5_0),
+    ROW(Q5_1),
+    ROW(Q4_K),
+    ROW(Q5_K),
+    ROW(Q6_K),
+};

@@ -1,5 +1,6 @@
-/* kern_avx2.c - AVX2 + FMA + F16C kernels (Haswell, Zen 1-3 and other CPUs without
- * AVX-512), compiled per function with target attributes.
+/* q8_avx2.c - 8-bit-activation kernels of ps_matmul (q8_kern.h) for AVX2 + FMA + F16C
+ * (Haswell, Zen 1-3 and other CPUs without AVX-512), compiled per function with target
+ * attributes.
  *
  * Activations use the ref formats (ps_xq32 for the 32-element types, ps_block_q8_K for
  * the K types, f32 in place for the float types), quantized with the very same d and q as
@@ -11,7 +12,7 @@
  * tokens give every pair this same instruction sequence, so outputs are batch-invariant.
  * Scalar multiply-adds are written as fmaf, so that no compiler setting for contraction
  * can make two tile shapes round differently. */
-#include "cpu.h"
+#include "q8_kern.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -428,38 +429,21 @@ DEF_TYPE(q6_K, k_tile, T_Q6_K)
 
 // Table
 
-static const ps_kernel k_f32 = {NULL, f32_bytes, gemm_f32, 2, 4};
-static const ps_kernel k_f16 = {NULL, f32_bytes, gemm_f16, 2, 4};
-static const ps_kernel k_bf16 = {NULL, f32_bytes, gemm_bf16, 2, 4};
-static const ps_kernel k_q4_0 = {quant_x32, x32_bytes, gemm_q4_0, 2, 4};
-static const ps_kernel k_q4_1 = {quant_x32, x32_bytes, gemm_q4_1, 2, 4};
-static const ps_kernel k_q5_0 = {quant_x32, x32_bytes, gemm_q5_0, 2, 4};
-static const ps_kernel k_q5_1 = {quant_x32, x32_bytes, gemm_q5_1, 2, 4};
-static const ps_kernel k_q8_0 = {quant_x32, x32_bytes, gemm_q8_0, 2, 4};
-static const ps_kernel k_q4_K = {quant_x256, x256_bytes, gemm_q4_K, 2, 4};
-static const ps_kernel k_q5_K = {quant_x256, x256_bytes, gemm_q5_K, 2, 4};
-static const ps_kernel k_q6_K = {quant_x256, x256_bytes, gemm_q6_K, 2, 4};
-
-const ps_kernel *ps_kern_avx2(uint32_t t) {
-    switch (t) {
-    case PS_TYPE_F32: return &k_f32;
-    case PS_TYPE_F16: return &k_f16;
-    case PS_TYPE_BF16: return &k_bf16;
-    case PS_TYPE_Q4_0: return &k_q4_0;
-    case PS_TYPE_Q4_1: return &k_q4_1;
-    case PS_TYPE_Q5_0: return &k_q5_0;
-    case PS_TYPE_Q5_1: return &k_q5_1;
-    case PS_TYPE_Q8_0: return &k_q8_0;
-    case PS_TYPE_Q4_K: return &k_q4_K;
-    case PS_TYPE_Q5_K: return &k_q5_K;
-    case PS_TYPE_Q6_K: return &k_q6_K;
-    default: return NULL;
-    }
-}
+/* The family's kernels by ps_type (q8_kern.h): one row per type. */
+const ps_q8_kern ps_q8_avx2_kerns[PS_TYPE_COUNT] = {
+    [PS_TYPE_F32] = {NULL, f32_bytes, gemm_f32, 2, 4},
+    [PS_TYPE_F16] = {NULL, f32_bytes, gemm_f16, 2, 4},
+    [PS_TYPE_BF16] = {NULL, f32_bytes, gemm_bf16, 2, 4},
+    [PS_TYPE_Q4_0] = {quant_x32, x32_bytes, gemm_q4_0, 2, 4},
+    [PS_TYPE_Q4_1] = {quant_x32, x32_bytes, gemm_q4_1, 2, 4},
+    [PS_TYPE_Q5_0] = {quant_x32, x32_bytes, gemm_q5_0, 2, 4},
+    [PS_TYPE_Q5_1] = {quant_x32, x32_bytes, gemm_q5_1, 2, 4},
+    [PS_TYPE_Q8_0] = {quant_x32, x32_bytes, gemm_q8_0, 2, 4},
+    [PS_TYPE_Q4_K] = {quant_x256, x256_bytes, gemm_q4_K, 2, 4},
+    [PS_TYPE_Q5_K] = {quant_x256, x256_bytes, gemm_q5_K, 2, 4},
+    [PS_TYPE_Q6_K] = {quant_x256, x256_bytes, gemm_q6_K, 2, 4},
+};
 
 #else
-const ps_kernel *ps_kern_avx2(uint32_t t) {
-    (void)t;
-    return NULL;
-}
+const ps_q8_kern ps_q8_avx2_kerns[PS_TYPE_COUNT]; /* not built for this architecture: every row empty */
 #endif

@@ -1,4 +1,4 @@
-/* gemm_avx512.c - ps_gemm kernels for AVX-512 (F, BW, VL, DQ) with FMA and F16C.
+/* f32_avx512.c - f32-activation kernels of ps_gemm (f32_kern.h) for AVX-512 (F, BW, VL, DQ) with FMA and F16C.
  *
  * A zmm register holds the 16 lanes of one (row, token) accumulator of gemm.h's
  * canonical arithmetic: step k of a row multiplies W[r][16k .. 16k + 16) by the same
@@ -28,7 +28,7 @@
  * for the baseline ISA, and the table lookup at the end runs on any x86-64 CPU. */
 #include <string.h>
 
-#include "gemm_kern.h"
+#include "f32_kern.h"
 #include "types.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -354,7 +354,7 @@ AI void fused_tile(int ty, const uint8_t *const p[FR], int64_t cols, const float
     else fused_q_tile(ty, p, cols / blk_elems(ty), x, xs, T, y, ys, nrows, pf);
 }
 
-/* The ps_gemm_fused_fn contract for type ty: FR-row groups × FT-token passes; a short
+/* The ps_f32_fused_fn contract for type ty: FR-row groups × FT-token passes; a short
  * last row group repeats its last row (those sums are not stored). */
 AI void fused(int ty, const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs, int64_t nt, float *y,
               int64_t ys, int64_t nrows) {
@@ -405,7 +405,7 @@ AI void pack_f_row(int ty, const uint8_t *row, int64_t kc, float *dst) {
     }
 }
 
-/* The ps_gemm_pack_fn contract for type ty. */
+/* The ps_f32_pack_fn contract for type ty. */
 AI void pack(int ty, const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *panel) {
     int64_t kcp = (kc + 15) & ~(int64_t)15, n_strips = (nrows + MR - 1) / MR;
     const int64_t off = is_float_type(ty) ? c0 * elem_bytes(ty) : c0 / blk_elems(ty) * blk_bytes(ty);
@@ -471,13 +471,13 @@ AI void tile_m(const float *strip, int64_t kc, const float *x, int64_t xs, int64
     }
 }
 
-/* The ps_gemm_tile_fn contract (only the last chunk can end inside a 16-column step). */
+/* The ps_f32_tile_fn contract (only the last chunk can end inside a 16-column step). */
 static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs, int64_t nt, float *part, int mode,
                      float *y, int64_t ys, int64_t nrows) {
-    switch (mode & (PS_GEMM_FIRST | PS_GEMM_LAST)) {
+    switch (mode & (PS_F32_FIRST | PS_F32_LAST)) {
     case 0: tile_m(strip, kc, x, xs, nt, part, false, false, y, ys, nrows); break;
-    case PS_GEMM_FIRST: tile_m(strip, kc, x, xs, nt, part, true, false, y, ys, nrows); break;
-    case PS_GEMM_LAST: tile_m(strip, kc, x, xs, nt, part, false, true, y, ys, nrows); break;
+    case PS_F32_FIRST: tile_m(strip, kc, x, xs, nt, part, true, false, y, ys, nrows); break;
+    case PS_F32_LAST: tile_m(strip, kc, x, xs, nt, part, false, true, y, ys, nrows); break;
     default: tile_m(strip, kc, x, xs, nt, part, true, true, y, ys, nrows); break;
     }
 }
@@ -491,8 +491,7 @@ static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs,
     }                                                                                                         \
     static TGT void pack_##T(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *p) {   \
         pack(PS_TYPE_##T, w, wb, c0, kc, nrows, p);                                                           \
-    }                                                                                                         \
-    static const ps_gemm_kern kern_##T = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR, KC};
+    }
 
 KERN(F32)
 KERN(F16)
@@ -506,28 +505,24 @@ KERN(Q4_K)
 KERN(Q5_K)
 KERN(Q6_K)
 
-const ps_gemm_kern *ps_gemm_kern_avx512(uint32_t t) {
-    switch (t) {
-    case PS_TYPE_F32: return &kern_F32;
-    case PS_TYPE_F16: return &kern_F16;
-    case PS_TYPE_BF16: return &kern_BF16;
-    case PS_TYPE_Q8_0: return &kern_Q8_0;
-    case PS_TYPE_Q4_0: return &kern_Q4_0;
-    case PS_TYPE_Q4_1: return &kern_Q4_1;
-    case PS_TYPE_Q5_0: return &kern_Q5_0;
-    case PS_TYPE_Q5_1: return &kern_Q5_1;
-    case PS_TYPE_Q4_K: return &kern_Q4_K;
-    case PS_TYPE_Q5_K: return &kern_Q5_K;
-    case PS_TYPE_Q6_K: return &kern_Q6_K;
-    default: return NULL;
-    }
-}
+/* The family's kernels by ps_type (f32_kern.h): one row per type. */
+#define ROW(T) [PS_TYPE_##T] = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR, KC}
+const ps_f32_kern ps_f32_avx512_kerns[PS_TYPE_COUNT] = {
+    ROW(F32),
+    ROW(F16),
+    ROW(BF16),
+    ROW(Q8_0),
+    ROW(Q4_0),
+    ROW(Q4_1),
+    ROW(Q5_0),
+    ROW(Q5_1),
+    ROW(Q4_K),
+    ROW(Q5_K),
+    ROW(Q6_K),
+};
 
 #else
 
-const ps_gemm_kern *ps_gemm_kern_avx512(uint32_t t) {
-    (void)t;
-    return NULL;
-}
+const ps_f32_kern ps_f32_avx512_kerns[PS_TYPE_COUNT]; /* not built for this architecture: every row empty */
 
 #endif

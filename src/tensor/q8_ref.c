@@ -1,12 +1,12 @@
-/* kern_ref.c - scalar reference kernels: the definition every SIMD family is tested
- * against, and the kernels of CPUs without one.
+/* q8_ref.c - scalar reference 8-bit-activation kernels of ps_matmul (q8_kern.h): the
+ * definition every SIMD family is tested against, and the kernels of CPUs without one.
  *
  * Per weight block the integer part of the dot product is exact; the float part is
  * sum += (dw * dx) * isum (plus the type's minimum term), block after block. */
 #include <math.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "q8_kern.h"
 
 // Activation quantization (shared with the SIMD families)
 
@@ -32,6 +32,7 @@ static size_t x32_bytes(int64_t cols) {
     return (n + 63) & ~(size_t)63;
 }
 
+/* One activation row into cols / 32 ps_xq32 blocks (d, q and sum as q8_kern.h says). */
 static void quant_x32(const float *x, void *xq, int64_t cols) {
     ps_xq32 *b = xq;
     for (int64_t i = 0; i < cols / PS_QK; i++, x += PS_QK) {
@@ -51,6 +52,7 @@ static size_t x256_bytes(int64_t cols) {
     return (n + 63) & ~(size_t)63;
 }
 
+/* One activation row into cols / 256 ps_block_q8_K (d, q, and bsums over each 16). */
 static void quant_x256(const float *x, void *xq, int64_t cols) {
     ps_block_q8_K *b = xq;
     for (int64_t i = 0; i < cols / PS_QK_K; i++, x += PS_QK_K) {
@@ -64,10 +66,16 @@ static void quant_x256(const float *x, void *xq, int64_t cols) {
     }
 }
 
+/* Bytes of an f32 activation row, rounded up to 64 (the float types read x in place). */
 static size_t f32_bytes(int64_t cols) { return ((size_t)cols * sizeof(float) + 63) & ~(size_t)63; }
 
 // Float weights: eight partial sums (element j into sum j % 8), combined pairwise
 
+/* Per type T, dot_T(w, x, cols) is the dot of one weight row of T with one activation row
+ * in the format its kernel consumes: f32 for the float types, ps_xq32 blocks for the
+ * 32-element types, ps_block_q8_K for the K types. */
+
+/* The eight partial sums added in one fixed tree: (0+4, 2+6), (1+5, 3+7). */
 static float reduce8(float s[8]) {
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
@@ -286,31 +294,17 @@ REF_GEMM(q4_K, dot_q4_K)
 REF_GEMM(q5_K, dot_q5_K)
 REF_GEMM(q6_K, dot_q6_K)
 
-static const ps_kernel k_f32 = {NULL, f32_bytes, gemm_f32, 1, 1};
-static const ps_kernel k_f16 = {NULL, f32_bytes, gemm_f16, 1, 1};
-static const ps_kernel k_bf16 = {NULL, f32_bytes, gemm_bf16, 1, 1};
-static const ps_kernel k_q4_0 = {quant_x32, x32_bytes, gemm_q4_0, 1, 1};
-static const ps_kernel k_q4_1 = {quant_x32, x32_bytes, gemm_q4_1, 1, 1};
-static const ps_kernel k_q5_0 = {quant_x32, x32_bytes, gemm_q5_0, 1, 1};
-static const ps_kernel k_q5_1 = {quant_x32, x32_bytes, gemm_q5_1, 1, 1};
-static const ps_kernel k_q8_0 = {quant_x32, x32_bytes, gemm_q8_0, 1, 1};
-static const ps_kernel k_q4_K = {quant_x256, x256_bytes, gemm_q4_K, 1, 1};
-static const ps_kernel k_q5_K = {quant_x256, x256_bytes, gemm_q5_K, 1, 1};
-static const ps_kernel k_q6_K = {quant_x256, x256_bytes, gemm_q6_K, 1, 1};
-
-const ps_kernel *ps_kern_ref(uint32_t t) {
-    switch (t) {
-    case PS_TYPE_F32: return &k_f32;
-    case PS_TYPE_F16: return &k_f16;
-    case PS_TYPE_BF16: return &k_bf16;
-    case PS_TYPE_Q4_0: return &k_q4_0;
-    case PS_TYPE_Q4_1: return &k_q4_1;
-    case PS_TYPE_Q5_0: return &k_q5_0;
-    case PS_TYPE_Q5_1: return &k_q5_1;
-    case PS_TYPE_Q8_0: return &k_q8_0;
-    case PS_TYPE_Q4_K: return &k_q4_K;
-    case PS_TYPE_Q5_K: return &k_q5_K;
-    case PS_TYPE_Q6_K: return &k_q6_K;
-    default: return NULL;
-    }
-}
+/* The family's kernels by ps_type (q8_kern.h): one row per type. */
+const ps_q8_kern ps_q8_ref_kerns[PS_TYPE_COUNT] = {
+    [PS_TYPE_F32] = {NULL, f32_bytes, gemm_f32, 1, 1},
+    [PS_TYPE_F16] = {NULL, f32_bytes, gemm_f16, 1, 1},
+    [PS_TYPE_BF16] = {NULL, f32_bytes, gemm_bf16, 1, 1},
+    [PS_TYPE_Q4_0] = {quant_x32, x32_bytes, gemm_q4_0, 1, 1},
+    [PS_TYPE_Q4_1] = {quant_x32, x32_bytes, gemm_q4_1, 1, 1},
+    [PS_TYPE_Q5_0] = {quant_x32, x32_bytes, gemm_q5_0, 1, 1},
+    [PS_TYPE_Q5_1] = {quant_x32, x32_bytes, gemm_q5_1, 1, 1},
+    [PS_TYPE_Q8_0] = {quant_x32, x32_bytes, gemm_q8_0, 1, 1},
+    [PS_TYPE_Q4_K] = {quant_x256, x256_bytes, gemm_q4_K, 1, 1},
+    [PS_TYPE_Q5_K] = {quant_x256, x256_bytes, gemm_q5_K, 1, 1},
+    [PS_TYPE_Q6_K] = {quant_x256, x256_bytes, gemm_q6_K, 1, 1},
+};

@@ -1,11 +1,12 @@
-/* kern_neon.h - NEON kernel bodies (aarch64), included by kern_neon.c (plain Advanced SIMD:
- * every ARMv8-A core) and kern_neondot.c (with the ARMv8.2 dot product, sdot: Cortex-A55 /
- * A75 and later, Neoverse, Apple M). Not a normal header: it defines static functions, and
- * the includer sets HAVE_DOTPROD (0 or 1), KTGT (the attributes that enable the family's
- * instructions, or nothing) and FAMILY_FN (the name of the table function to define).
+/* q8_neon.h - NEON 8-bit-activation kernel bodies (aarch64, q8_kern.h), included by
+ * q8_neon.c (plain Advanced SIMD: every ARMv8-A core) and q8_neondot.c (with the ARMv8.2
+ * dot product, sdot: Cortex-A55 / A75 and later, Neoverse, Apple M). Not a normal header:
+ * it defines static functions, and the includer sets HAVE_DOTPROD (0 or 1), KTGT (the
+ * attributes that enable the family's instructions, or nothing) and FAMILY_TABLE (the name
+ * of the kernel table to define).
  *
  * Unlike the x86 families, these kernels give results bit-identical to the ref kernels
- * (kern_ref.c), not merely close: every (row, token) pair goes through exactly ref's float
+ * (q8_ref.c), not merely close: every (row, token) pair goes through exactly ref's float
  * operations in ref's order, and only integer work, exact in any order, is reorganized.
  *   - 32-element and K types: per block (super-block), the integer dot and its corrections
  *     in int32 (sdot; without the dot product smull + smlal2 + sadalp, whose int16 pair
@@ -31,7 +32,7 @@
 #include <arm_neon.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "q8_kern.h"
 
 #define KI static inline __attribute__((always_inline)) KTGT
 #define KF static KTGT
@@ -482,35 +483,20 @@ DEF_TYPE(q6_K, k_tile, T_Q6_K)
 
 // Table
 
+/* The family's kernels by ps_type (q8_kern.h): one row per type; neondot leaves the
+ * float rows empty (they fall back to neon's). */
+const ps_q8_kern FAMILY_TABLE[PS_TYPE_COUNT] = {
 #if !HAVE_DOTPROD
-static const ps_kernel k_f32 = {NULL, f32_bytes, gemm_f32, 4, 4};
-static const ps_kernel k_f16 = {NULL, f32_bytes, gemm_f16, 4, 4};
-static const ps_kernel k_bf16 = {NULL, f32_bytes, gemm_bf16, 4, 4};
+    [PS_TYPE_F32] = {NULL, f32_bytes, gemm_f32, 4, 4},
+    [PS_TYPE_F16] = {NULL, f32_bytes, gemm_f16, 4, 4},
+    [PS_TYPE_BF16] = {NULL, f32_bytes, gemm_bf16, 4, 4},
 #endif
-static const ps_kernel k_q4_0 = {quant_x32, x32_bytes, gemm_q4_0, 4, 4};
-static const ps_kernel k_q4_1 = {quant_x32, x32_bytes, gemm_q4_1, 4, 4};
-static const ps_kernel k_q5_0 = {quant_x32, x32_bytes, gemm_q5_0, 4, 4};
-static const ps_kernel k_q5_1 = {quant_x32, x32_bytes, gemm_q5_1, 4, 4};
-static const ps_kernel k_q8_0 = {quant_x32, x32_bytes, gemm_q8_0, 4, 4};
-static const ps_kernel k_q4_K = {quant_x256, x256_bytes, gemm_q4_K, 4, 4};
-static const ps_kernel k_q5_K = {quant_x256, x256_bytes, gemm_q5_K, 4, 4};
-static const ps_kernel k_q6_K = {quant_x256, x256_bytes, gemm_q6_K, 4, 4};
-
-const ps_kernel *FAMILY_FN(uint32_t t) {
-    switch (t) {
-#if !HAVE_DOTPROD
-    case PS_TYPE_F32: return &k_f32;
-    case PS_TYPE_F16: return &k_f16;
-    case PS_TYPE_BF16: return &k_bf16;
-#endif
-    case PS_TYPE_Q4_0: return &k_q4_0;
-    case PS_TYPE_Q4_1: return &k_q4_1;
-    case PS_TYPE_Q5_0: return &k_q5_0;
-    case PS_TYPE_Q5_1: return &k_q5_1;
-    case PS_TYPE_Q8_0: return &k_q8_0;
-    case PS_TYPE_Q4_K: return &k_q4_K;
-    case PS_TYPE_Q5_K: return &k_q5_K;
-    case PS_TYPE_Q6_K: return &k_q6_K;
-    default: return NULL;
-    }
-}
+    [PS_TYPE_Q4_0] = {quant_x32, x32_bytes, gemm_q4_0, 4, 4},
+    [PS_TYPE_Q4_1] = {quant_x32, x32_bytes, gemm_q4_1, 4, 4},
+    [PS_TYPE_Q5_0] = {quant_x32, x32_bytes, gemm_q5_0, 4, 4},
+    [PS_TYPE_Q5_1] = {quant_x32, x32_bytes, gemm_q5_1, 4, 4},
+    [PS_TYPE_Q8_0] = {quant_x32, x32_bytes, gemm_q8_0, 4, 4},
+    [PS_TYPE_Q4_K] = {quant_x256, x256_bytes, gemm_q4_K, 4, 4},
+    [PS_TYPE_Q5_K] = {quant_x256, x256_bytes, gemm_q5_K, 4, 4},
+    [PS_TYPE_Q6_K] = {quant_x256, x256_bytes, gemm_q6_K, 4, 4},
+};
