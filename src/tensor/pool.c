@@ -191,14 +191,14 @@ static void wait_job(ps_pool *p) {
 ps_status ps_pool_create(int n_threads, ps_pool **out) {
     *out = NULL;
     if (n_threads < 1 || n_threads > 1024) return PS_ERR_ARG;
-    ps_pool *p = calloc(1, sizeof *p);
+    ps_pool *p = ps_calloc(1, sizeof *p);
     if (!p) return PS_ERR_NOMEM;
     p->n = 1;
 #ifndef __linux__
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
 #endif
-    if (n_threads > 1 && !(p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers))) goto err;
+    if (n_threads > 1 && !(p->workers = ps_calloc((size_t)n_threads - 1, sizeof *p->workers))) goto err;
     for (int i = 1; i < n_threads; i++) {
         worker *w = &p->workers[i - 1];
         w->pool = p;
