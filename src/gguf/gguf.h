@@ -1,11 +1,14 @@
-/* gguf.h - GGUF v2/v3 reader (mmap, validated) and writer.
+/* gguf.h - GGUF v2/v3 reader (mmap or huge pages, validated) and writer.
  *
  * Reader: ps_gguf_open maps the file and checks every count, length, offset, size
  * and alignment against the file before anything is used; afterwards every value,
  * string and tensor pointer handed out points into the mapping (or into tables the
  * reader owns) and stays valid until ps_gguf_close. Strings are NOT NUL-terminated
  * unless noted: use ps_gguf_str's len. Numeric array data may be unaligned: read it
- * with the ps_gguf_arr_* accessors. */
+ * with the ps_gguf_arr_* accessors.
+ *
+ * Sources: gguf_read.c (parser, lookups, getters), gguf_load.c (open: map or huge pages),
+ * gguf_write.c (writer). */
 #ifndef PS_GGUF_H
 #define PS_GGUF_H
 
