@@ -748,3 +748,18 @@ double ps_gguf_arr_float(const ps_gguf_value *arr, uint64_t i) {
     return vtype_is_sint(t) ? (double)e.i64 : (double)e.u64;
 }
 
+/* Element i of an array as a standalone value (see gguf.h); numeric elements are widened as
+ * the reader widens scalars. */
+ps_gguf_value ps_gguf_arr_elem(const ps_gguf_value *arr, uint64_t i) {
+    ps_gguf_value e = {.type = arr->arr.type};
+    switch (arr->arr.type) {
+    case PS_GGUF_STRING: e.str = arr->arr.strs[i]; break;
+    case PS_GGUF_ARRAY: e = arr->arr.elems[i]; break;
+    case PS_GGUF_F32: case PS_GGUF_F64: e.f64 = ps_gguf_arr_float(arr, i); break;
+    case PS_GGUF_BOOL: e.b = ps_gguf_arr_int(arr, i) != 0; break;
+    case PS_GGUF_U64: { uint64_t x; memcpy(&x, (const uint8_t *)arr->arr.data + 8 * i, 8); e.u64 = x; break; }
+    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: e.u64 = (uint64_t)ps_gguf_arr_int(arr, i); break;
+    default: e.i64 = ps_gguf_arr_int(arr, i); break;
+    }
+    return e;
+}
