@@ -61,13 +61,14 @@ cJSON *ps_gguf_json_str(const char *s, size_t n) {
     return j;
 }
 
-/* Integers printed exactly (cJSON numbers are doubles, which lose 64-bit values). */
+/* Integers printed exactly (cJSON numbers are doubles, which lose 64-bit values): unsigned... */
 cJSON *ps_gguf_json_u64(uint64_t v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%" PRIu64, v);
     return cJSON_CreateRaw(buf);
 }
 
+/* ... and signed. */
 cJSON *ps_gguf_json_i64(int64_t v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%" PRId64, v);

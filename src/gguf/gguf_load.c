@@ -133,6 +133,7 @@ err:
     return s;
 }
 
+/* ps_gguf_open_with(PS_GGUF_MAP): see gguf.h. */
 ps_status ps_gguf_open(const char *path, ps_gguf **out, char *err, size_t errlen) {
     return ps_gguf_open_with(path, PS_GGUF_MAP, out, err, errlen);
 }

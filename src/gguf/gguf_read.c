@@ -49,6 +49,7 @@ static bool vtype_is_sint(uint32_t t) {
     return t == PS_GGUF_I8 || t == PS_GGUF_I16 || t == PS_GGUF_I32 || t == PS_GGUF_I64;
 }
 
+/* Float value types. */
 static bool vtype_is_float(uint32_t t) { return t == PS_GGUF_F32 || t == PS_GGUF_F64; }
 
 /* Numeric and bool types: a fixed number of bytes per element. */
@@ -160,6 +161,7 @@ typedef struct {
     size_t errlen;
 } parser;
 
+/* Bytes of the file after the cursor. */
 static size_t left(const parser *ps) { return ps->g->size - ps->pos; }
 
 /* Fails with PS_ERR_FORMAT unless n more bytes are in the file; `thing` names the field. */
@@ -307,7 +309,7 @@ static ps_status parse_value(parser *ps, uint32_t type, ps_gguf_value *v, int de
 }
 
 /* Inserts entry idx named `name` into an open-addressing table; returns the index of an
- * earlier entry with the same name, or -1. names[i] gives entry i's name. */
+ * earlier entry with the same name, or -1. name_of(g, i) gives entry i's name. */
 static int64_t table_insert(int64_t *table, size_t cap, const char *name, int64_t idx, const char *(*name_of)(const ps_gguf *, int64_t),
                             const ps_gguf *g) {
     size_t mask = cap - 1;
@@ -330,6 +332,7 @@ static int64_t table_find(const int64_t *table, size_t cap, const char *name,
     return -1;
 }
 
+/* Entry i's name for table_insert and table_find: a metadata key, a tensor name. */
 static const char *key_of(const ps_gguf *g, int64_t i) { return g->keys[i]; }
 static const char *tensor_name_of(const ps_gguf *g, int64_t i) { return g->tensors[i].name; }
 

@@ -350,6 +350,7 @@ static ps_status wb_put(wbuf *b, const void *p, size_t n) {
     return PS_OK;
 }
 
+/* A u32 and a u64, little-endian as the host (gguf_internal.h refuses big-endian hosts). */
 static ps_status wb_u32(wbuf *b, uint32_t v) { return wb_put(b, &v, 4); }
 static ps_status wb_u64(wbuf *b, uint64_t v) { return wb_put(b, &v, 8); }
 
