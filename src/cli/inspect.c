@@ -6,11 +6,14 @@
  * list. --dump-tensor writes one tensor dequantized to little-endian float32, which the
  * tests use to compare our dequantization with other implementations.
  *
+ * Values, strings and tensors are turned into text and JSON by src/gguf (ps_gguf_print_*,
+ * gguf_json.h); this file parses the arguments, gathers the per-type and per-layer figures
+ * and lays the report out.
+ *
  * Exit status: 0 done, 1 error (one line on stderr), 2 usage error. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +21,7 @@
 #include <unistd.h>
 
 #include "../gguf/gguf.h"
+#include "../gguf/gguf_json.h"
 #include "../tensor/types.h"
 #include "cli.h"
 
@@ -27,6 +31,7 @@
 
 #define JSON_ARRAY_MAX 16 /* longer metadata arrays are summarized as {"type", "n"} */
 #define TEXT_ARRAY_MAX 8  /* elements of an array shown in the text report */
+#define TEXT_STR_MAX 72   /* bytes of a string value shown in the text report */
 #define MAX_TYPES 256     /* tensor type numbers counted per type */
 
 /* The --help text. */
@@ -200,67 +205,6 @@ static const char *human_bytes(char *buf, size_t n, double bytes) {
 
 /* Text report ------------------------------------------------------------------------------- */
 
-/* Prints a string (quoted when `quote`), escaping control characters, cut after max bytes. */
-static void print_text(FILE *f, ps_gguf_str s, size_t max, bool quote) {
-    if (quote) fputc('"', f);
-    for (uint64_t i = 0; i < s.len && i < max; i++) {
-        unsigned char c = (unsigned char)s.data[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\x%02x", c);
-        else fputc(c, f);
-    }
-    if (quote) fputc('"', f);
-    if (s.len > max) fputs("...", f);
-}
-
-static void print_str(FILE *f, ps_gguf_str s, size_t max) { print_text(f, s, max, true); }
-
-/* Prints a scalar (non-array) value. */
-static void print_scalar(FILE *f, const ps_gguf_value *v) {
-    switch (v->type) {
-    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: case PS_GGUF_U64: fprintf(f, "%" PRIu64, v->u64); break;
-    case PS_GGUF_I8: case PS_GGUF_I16: case PS_GGUF_I32: case PS_GGUF_I64: fprintf(f, "%" PRId64, v->i64); break;
-    case PS_GGUF_F32: fprintf(f, "%.9g", v->f64); break;
-    case PS_GGUF_F64: fprintf(f, "%.17g", v->f64); break;
-    case PS_GGUF_BOOL: fputs(v->b ? "true" : "false", f); break;
-    case PS_GGUF_STRING: print_str(f, v->str, 72); break;
-    default: break;
-    }
-}
-
-/* Element i of an array as a standalone value (numeric, bool or string element). */
-static ps_gguf_value elem_at(const ps_gguf_value *arr, uint64_t i) {
-    ps_gguf_value e = {.type = arr->arr.type};
-    switch (arr->arr.type) {
-    case PS_GGUF_STRING: e.str = arr->arr.strs[i]; break;
-    case PS_GGUF_ARRAY: e = arr->arr.elems[i]; break;
-    case PS_GGUF_F32: case PS_GGUF_F64: e.f64 = ps_gguf_arr_float(arr, i); break;
-    case PS_GGUF_BOOL: e.b = ps_gguf_arr_int(arr, i) != 0; break;
-    case PS_GGUF_U64: { uint64_t x; memcpy(&x, (const uint8_t *)arr->arr.data + 8 * i, 8); e.u64 = x; break; }
-    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: e.u64 = (uint64_t)ps_gguf_arr_int(arr, i); break;
-    default: e.i64 = ps_gguf_arr_int(arr, i); break;
-    }
-    return e;
-}
-
-/* Prints a value on one line: arrays show their first few elements. */
-static void print_value(FILE *f, const ps_gguf_value *v) {
-    if (v->type != PS_GGUF_ARRAY) {
-        print_scalar(f, v);
-        return;
-    }
-    fprintf(f, "[%s x %" PRIu64 "]", ps_gguf_vtype_name(v->arr.type), v->arr.n);
-    if (v->arr.n == 0) return;
-    fputs(" [", f);
-    for (uint64_t i = 0; i < v->arr.n && i < TEXT_ARRAY_MAX; i++) {
-        ps_gguf_value e = elem_at(v, i);
-        if (i) fputs(", ", f);
-        print_value(f, &e);
-    }
-    fputs(v->arr.n > TEXT_ARRAY_MAX ? ", ...]" : "]", f);
-}
-
 /* "[ne0, ne1, ...]" over the tensor's n_dims dimensions. */
 static void print_shape(FILE *f, const ps_gguf_tensor *t) {
     fputc('[', f);
@@ -274,9 +218,10 @@ static void print_tokenizer(FILE *f, const ps_gguf *g, const char *arch) {
     int64_t id;
     const char *from = NULL;
     fprintf(f, "%-14s ", "tokenizer");
-    if (ps_gguf_get_str(g, "tokenizer.ggml.model", &s, NULL, 0) == PS_OK) print_text(f, s, 40, false);
+    if (ps_gguf_get_str(g, "tokenizer.ggml.model", &s, NULL, 0) == PS_OK) ps_gguf_print_str(f, s, 40, false);
     else fputs("(no tokenizer.ggml.model)", f);
-    if (ps_gguf_get_str(g, "tokenizer.ggml.pre", &s, NULL, 0) == PS_OK) fputs(", pre ", f), print_text(f, s, 40, false);
+    if (ps_gguf_get_str(g, "tokenizer.ggml.pre", &s, NULL, 0) == PS_OK)
+        fputs(", pre ", f), ps_gguf_print_str(f, s, 40, false);
     int64_t nv = vocab_size(g, arch, &from);
     if (nv >= 0) fprintf(f, ", vocab %" PRId64, nv);
     const ps_gguf_value *m = ps_gguf_get(g, "tokenizer.ggml.merges");
@@ -318,14 +263,15 @@ static void print_report(FILE *f, const char *path, const ps_gguf *g, const stat
             ps_gguf_alignment(g), ps_gguf_data_offset(g));
     fprintf(f, "%-14s %" PRId64 " keys\n", "metadata", ps_gguf_n_kv(g));
     const ps_gguf_value *name = ps_gguf_get(g, "general.name");
-    if (name && name->type == PS_GGUF_STRING) fprintf(f, "%-14s ", "name"), print_str(f, name->str, 72), fputc('\n', f);
+    if (name && name->type == PS_GGUF_STRING)
+        fprintf(f, "%-14s ", "name"), ps_gguf_print_str(f, name->str, TEXT_STR_MAX, true), fputc('\n', f);
     fprintf(f, "%-14s %s\n", "architecture", s->arch ? s->arch : "(no general.architecture)");
     size_t plen = s->arch ? strlen(s->arch) : 0;
     for (int64_t i = 0; s->arch && i < ps_gguf_n_kv(g); i++) {
         const char *key = ps_gguf_kv_key(g, i);
         if (strncmp(key, s->arch, plen) || key[plen] != '.') continue;
         fprintf(f, "  %-36s ", key + plen + 1);
-        print_value(f, ps_gguf_kv_value(g, i));
+        ps_gguf_print_value(f, ps_gguf_kv_value(g, i), TEXT_ARRAY_MAX, TEXT_STR_MAX);
         fputc('\n', f);
     }
     const char *from = NULL;
@@ -351,151 +297,17 @@ static void print_report(FILE *f, const char *path, const ps_gguf *g, const stat
 
 /* JSON report ------------------------------------------------------------------------------- */
 
-/* Length of the valid UTF-8 sequence at p (n bytes left), or 0 when it is not valid
- * (overlong forms, surrogates and code points past U+10FFFF are invalid). */
-static size_t utf8_len(const unsigned char *p, size_t n) {
-    if (p[0] < 0x80) return 1;
-    size_t len = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc2 ? 2 : 0;
-    if (!len || len > n || p[0] > 0xf4) return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((p[i] & 0xc0) != 0x80) return 0;
-    if (len == 3 && ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0))) return 0;
-    if (len == 4 && ((p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] >= 0x90))) return 0;
-    return len;
-}
-
-/* A JSON string literal (quotes included) for the bytes of s, malloc'd: control characters
- * escaped, bytes that are not valid UTF-8 replaced by U+FFFD. NULL when out of memory. */
-static char *json_quote(const char *s, size_t n) {
-    if (n > (SIZE_MAX - 3) / 6) return NULL;
-    char *out = malloc(n * 6 + 3), *o = out;
-    if (!out) return NULL;
-    const unsigned char *p = (const unsigned char *)s;
-    *o++ = '"';
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_len(p + i, n - i);
-        if (k == 0) {
-            o += sprintf(o, "\\ufffd");
-            i++;
-        } else if (k > 1) {
-            memcpy(o, p + i, k), o += k, i += k;
-        } else {
-            unsigned char c = p[i++];
-            if (c == '"' || c == '\\') *o++ = '\\', *o++ = (char)c;
-            else if (c == '\n') *o++ = '\\', *o++ = 'n';
-            else if (c == '\t') *o++ = '\\', *o++ = 't';
-            else if (c < 0x20 || c == 0x7f) o += sprintf(o, "\\u%04x", c);
-            else *o++ = (char)c;
-        }
-    }
-    *o++ = '"';
-    *o = 0;
-    return out;
-}
-
-/* A JSON string node for n bytes (see json_quote); NULL when out of memory. */
-static cJSON *json_raw_str(const char *s, size_t n) {
-    char *q = json_quote(s, n);
-    cJSON *j = q ? cJSON_CreateRaw(q) : NULL;
-    free(q);
-    return j;
-}
-
-/* Integers printed exactly (cJSON numbers are doubles, which lose 64-bit values). */
-static cJSON *json_u64(uint64_t v) {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%" PRIu64, v);
-    return cJSON_CreateRaw(buf);
-}
-
-static cJSON *json_i64(int64_t v) {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%" PRId64, v);
-    return cJSON_CreateRaw(buf);
-}
-
-/* Floats printed with 17 digits: the exact double (for F32, the float widened), so that
- * a reader gets the stored value back bit for bit. NaN and infinities become strings. */
-static cJSON *json_f64(double v) {
-    char buf[40];
-    if (isnan(v)) return cJSON_CreateString("nan");
-    if (isinf(v)) return cJSON_CreateString(v > 0 ? "inf" : "-inf");
-    snprintf(buf, sizeof buf, "%.17g", v);
-    return cJSON_CreateRaw(buf);
-}
-
-/* Adds item to obj under key (sanitized to valid UTF-8); frees item and returns false if
- * either is missing. */
-static bool json_put(cJSON *obj, const char *key, cJSON *item) {
-    if (!item) return false;
-    char *k = strdup(key);
-    if (!k) {
-        cJSON_Delete(item);
-        return false;
-    }
-    for (size_t i = 0, n = strlen(k); i < n;) {
-        size_t len = utf8_len((unsigned char *)k + i, n - i);
-        if (!len) k[i++] = '?';
-        else i += len;
-    }
-    cJSON_AddItemToObject(obj, k, item);
-    free(k);
-    return true;
-}
-
-/* Appends item to arr; false when item is NULL (out of memory). */
-static bool json_push(cJSON *arr, cJSON *item) {
-    if (!item) return false;
-    cJSON_AddItemToArray(arr, item);
-    return true;
-}
-
-/* A metadata value as JSON: scalars as numbers, bools and strings; arrays of at most
- * JSON_ARRAY_MAX elements in full, longer ones as {"type": elem type, "n": count}. */
-static cJSON *json_value(const ps_gguf_value *v) {
-    switch (v->type) {
-    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: case PS_GGUF_U64: return json_u64(v->u64);
-    case PS_GGUF_I8: case PS_GGUF_I16: case PS_GGUF_I32: case PS_GGUF_I64: return json_i64(v->i64);
-    case PS_GGUF_F32: case PS_GGUF_F64: return json_f64(v->f64);
-    case PS_GGUF_BOOL: return cJSON_CreateBool(v->b);
-    case PS_GGUF_STRING: return json_raw_str(v->str.data, (size_t)v->str.len);
-    default: break;
-    }
-    if (v->arr.n > JSON_ARRAY_MAX) {
-        cJSON *o = cJSON_CreateObject();
-        if (o && json_put(o, "type", cJSON_CreateString(ps_gguf_vtype_name(v->arr.type))) &&
-            json_put(o, "n", json_u64(v->arr.n)))
-            return o;
+/* Every <arch>.* key without its prefix, plus vocab_size when it comes from the token list. */
+static cJSON *json_hparams(const ps_gguf *g, const stats *s) {
+    cJSON *o = s->arch ? ps_gguf_json_metadata(g, s->arch, JSON_ARRAY_MAX) : cJSON_CreateObject();
+    const char *from = NULL;
+    int64_t nv = vocab_size(g, s->arch, &from);
+    if (o && nv >= 0 && from && strcmp(from, "vocab_size") &&
+        !ps_gguf_json_put(o, "vocab_size", ps_gguf_json_i64(nv))) {
         cJSON_Delete(o);
         return NULL;
     }
-    cJSON *a = cJSON_CreateArray();
-    for (uint64_t i = 0; a && i < v->arr.n; i++) {
-        ps_gguf_value e = elem_at(v, i);
-        if (!json_push(a, json_value(&e))) {
-            cJSON_Delete(a);
-            return NULL;
-        }
-    }
-    return a;
-}
-
-/* Every <arch>.* key without its prefix, plus vocab_size when it comes from the token list. */
-static cJSON *json_hparams(const ps_gguf *g, const stats *s) {
-    cJSON *o = cJSON_CreateObject();
-    size_t plen = s->arch ? strlen(s->arch) : 0;
-    for (int64_t i = 0; o && s->arch && i < ps_gguf_n_kv(g); i++) {
-        const char *key = ps_gguf_kv_key(g, i);
-        if (strncmp(key, s->arch, plen) || key[plen] != '.') continue;
-        if (!json_put(o, key + plen + 1, json_value(ps_gguf_kv_value(g, i)))) goto err;
-    }
-    const char *from = NULL;
-    int64_t nv = vocab_size(g, s->arch, &from);
-    if (o && nv >= 0 && from && strcmp(from, "vocab_size") && !json_put(o, "vocab_size", json_i64(nv))) goto err;
     return o;
-err:
-    cJSON_Delete(o);
-    return NULL;
 }
 
 /* Tokenizer summary: model, pre, vocab_size, n_merges, special token ids, chat_template. */
@@ -511,16 +323,18 @@ static cJSON *json_tokenizer(const ps_gguf *g, const char *arch) {
     if (!o) return NULL;
     bool ok = true;
     if (ps_gguf_get_str(g, "tokenizer.ggml.model", &str, NULL, 0) == PS_OK)
-        ok = ok && json_put(o, "model", json_raw_str(str.data, (size_t)str.len));
+        ok = ok && ps_gguf_json_put(o, "model", ps_gguf_json_str(str.data, (size_t)str.len));
     if (ps_gguf_get_str(g, "tokenizer.ggml.pre", &str, NULL, 0) == PS_OK)
-        ok = ok && json_put(o, "pre", json_raw_str(str.data, (size_t)str.len));
+        ok = ok && ps_gguf_json_put(o, "pre", ps_gguf_json_str(str.data, (size_t)str.len));
     int64_t nv = vocab_size(g, arch, &from);
-    if (nv >= 0) ok = ok && json_put(o, "vocab_size", json_i64(nv));
+    if (nv >= 0) ok = ok && ps_gguf_json_put(o, "vocab_size", ps_gguf_json_i64(nv));
     const ps_gguf_value *m = ps_gguf_get(g, "tokenizer.ggml.merges");
-    if (m && m->type == PS_GGUF_ARRAY) ok = ok && json_put(o, "n_merges", json_u64(m->arr.n));
+    if (m && m->type == PS_GGUF_ARRAY) ok = ok && ps_gguf_json_put(o, "n_merges", ps_gguf_json_u64(m->arr.n));
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
-        if (ps_gguf_get_i64(g, ids[i].key, &id, NULL, 0) == PS_OK) ok = ok && json_put(o, ids[i].name, json_i64(id));
-    ok = ok && json_put(o, "chat_template", cJSON_CreateBool(ps_gguf_get(g, "tokenizer.chat_template") != NULL));
+        if (ps_gguf_get_i64(g, ids[i].key, &id, NULL, 0) == PS_OK)
+            ok = ok && ps_gguf_json_put(o, ids[i].name, ps_gguf_json_i64(id));
+    ok = ok &&
+         ps_gguf_json_put(o, "chat_template", cJSON_CreateBool(ps_gguf_get(g, "tokenizer.chat_template") != NULL));
     if (ok) return o;
     cJSON_Delete(o);
     return NULL;
@@ -529,7 +343,7 @@ static cJSON *json_tokenizer(const ps_gguf *g, const char *arch) {
 /* Adds an empty object or array under key; NULL (and nothing added) when out of memory. */
 static cJSON *json_child(cJSON *obj, const char *key, bool array) {
     cJSON *c = array ? cJSON_CreateArray() : cJSON_CreateObject();
-    return c && json_put(obj, key, c) ? c : NULL;
+    return c && ps_gguf_json_put(obj, key, c) ? c : NULL;
 }
 
 /* Layer summary: count, min/max/mean bytes, and one entry per layer. */
@@ -539,31 +353,19 @@ static cJSON *json_layers(const stats *s) {
     int64_t tmin, tmax;
     cJSON *o = cJSON_CreateObject();
     if (s->n_layers) layer_range(s, &min, &max, &mean, &tmin, &tmax);
-    bool ok = o && json_put(o, "count", json_i64(s->n_layers)) && json_put(o, "min_bytes", json_u64(min)) &&
-              json_put(o, "max_bytes", json_u64(max)) && json_put(o, "mean_bytes", json_f64(mean));
+    bool ok = o && ps_gguf_json_put(o, "count", ps_gguf_json_i64(s->n_layers)) &&
+              ps_gguf_json_put(o, "min_bytes", ps_gguf_json_u64(min)) &&
+              ps_gguf_json_put(o, "max_bytes", ps_gguf_json_u64(max)) &&
+              ps_gguf_json_put(o, "mean_bytes", ps_gguf_json_f64(mean));
     cJSON *per = ok ? json_child(o, "per_layer", true) : NULL;
     ok = per != NULL;
     for (int64_t i = 0; ok && i < s->n_layers; i++) {
         cJSON *l = cJSON_CreateObject();
-        ok = json_push(per, l) && json_put(l, "index", json_i64(s->layers[i].index)) &&
-             json_put(l, "n_tensors", json_i64(s->layers[i].tensors)) && json_put(l, "bytes", json_u64(s->layers[i].bytes));
+        ok = ps_gguf_json_push(per, l) && ps_gguf_json_put(l, "index", ps_gguf_json_i64(s->layers[i].index)) &&
+             ps_gguf_json_put(l, "n_tensors", ps_gguf_json_i64(s->layers[i].tensors)) &&
+             ps_gguf_json_put(l, "bytes", ps_gguf_json_u64(s->layers[i].bytes));
     }
     if (ok) return o;
-    cJSON_Delete(o);
-    return NULL;
-}
-
-/* One tensor: name, type, shape, offset in the data section and in the file, bytes. */
-static cJSON *json_tensor(const ps_gguf *g, const ps_gguf_tensor *t) {
-    cJSON *o = cJSON_CreateObject();
-    bool ok = o && json_put(o, "name", json_raw_str(t->name, strlen(t->name))) &&
-              json_put(o, "type", cJSON_CreateString(ps_type_name(t->type))) && json_put(o, "type_id", json_u64(t->type));
-    cJSON *shape = ok ? json_child(o, "shape", true) : NULL;
-    ok = shape != NULL;
-    for (uint32_t d = 0; ok && d < t->n_dims; d++) ok = json_push(shape, json_i64(t->ne[d]));
-    if (ok && json_put(o, "offset", json_u64(t->offset)) &&
-        json_put(o, "file_offset", json_u64(ps_gguf_data_offset(g) + t->offset)) && json_put(o, "bytes", json_u64(t->nbytes)))
-        return o;
     cJSON_Delete(o);
     return NULL;
 }
@@ -572,32 +374,36 @@ static cJSON *json_tensor(const ps_gguf *g, const ps_gguf_tensor *t) {
  * attached to the root as soon as they are made, so deleting the root frees everything. */
 static cJSON *json_report(const char *path, const ps_gguf *g, const stats *s) {
     cJSON *o = cJSON_CreateObject();
-    bool ok = o && json_put(o, "file", json_raw_str(path, strlen(path))) &&
-              json_put(o, "file_size", json_u64(ps_gguf_file_size(g))) && json_put(o, "version", json_u64(ps_gguf_version(g))) &&
-              json_put(o, "alignment", json_u64(ps_gguf_alignment(g))) &&
-              json_put(o, "data_offset", json_u64(ps_gguf_data_offset(g))) &&
-              json_put(o, "architecture", s->arch ? json_raw_str(s->arch, strlen(s->arch)) : cJSON_CreateNull()) &&
-              json_put(o, "hparams", json_hparams(g, s)) && json_put(o, "tokenizer", json_tokenizer(g, s->arch)) &&
-              json_put(o, "n_tensors", json_i64(ps_gguf_n_tensors(g)));
+    bool ok = o && ps_gguf_json_put(o, "file", ps_gguf_json_str(path, strlen(path))) &&
+              ps_gguf_json_put(o, "file_size", ps_gguf_json_u64(ps_gguf_file_size(g))) &&
+              ps_gguf_json_put(o, "version", ps_gguf_json_u64(ps_gguf_version(g))) &&
+              ps_gguf_json_put(o, "alignment", ps_gguf_json_u64(ps_gguf_alignment(g))) &&
+              ps_gguf_json_put(o, "data_offset", ps_gguf_json_u64(ps_gguf_data_offset(g))) &&
+              ps_gguf_json_put(o, "architecture",
+                               s->arch ? ps_gguf_json_str(s->arch, strlen(s->arch)) : cJSON_CreateNull()) &&
+              ps_gguf_json_put(o, "hparams", json_hparams(g, s)) &&
+              ps_gguf_json_put(o, "tokenizer", json_tokenizer(g, s->arch)) &&
+              ps_gguf_json_put(o, "n_tensors", ps_gguf_json_i64(ps_gguf_n_tensors(g)));
     cJSON *types = ok ? json_child(o, "tensor_types", false) : NULL;
     cJSON *tbytes = types ? json_child(o, "tensor_type_bytes", false) : NULL;
-    ok = tbytes && json_put(o, "total_bytes", json_u64(s->total_bytes)) && json_put(o, "layers", json_layers(s));
+    ok = tbytes && ps_gguf_json_put(o, "total_bytes", ps_gguf_json_u64(s->total_bytes)) &&
+         ps_gguf_json_put(o, "layers", json_layers(s));
     for (int t = 0; ok && t < MAX_TYPES; t++)
         if (s->type_count[t])
-            ok = json_put(types, ps_type_name((uint32_t)t), json_i64(s->type_count[t])) &&
-                 json_put(tbytes, ps_type_name((uint32_t)t), json_u64(s->type_bytes[t]));
+            ok = ps_gguf_json_put(types, ps_type_name((uint32_t)t), ps_gguf_json_i64(s->type_count[t])) &&
+                 ps_gguf_json_put(tbytes, ps_type_name((uint32_t)t), ps_gguf_json_u64(s->type_bytes[t]));
     cJSON *non_layer = ok ? json_child(o, "non_layer_tensors", true) : NULL;
-    ok = non_layer && json_put(o, "non_layer_bytes", json_u64(s->non_layer_bytes));
+    ok = non_layer && ps_gguf_json_put(o, "non_layer_bytes", ps_gguf_json_u64(s->non_layer_bytes));
     for (int64_t i = 0; ok && i < s->n_non_layer; i++) {
         const char *name = ps_gguf_tensor_at(g, s->non_layer[i])->name;
-        ok = json_push(non_layer, json_raw_str(name, strlen(name)));
+        ok = ps_gguf_json_push(non_layer, ps_gguf_json_str(name, strlen(name)));
     }
-    cJSON *meta = ok && json_put(o, "n_kv", json_i64(ps_gguf_n_kv(g))) ? json_child(o, "metadata", false) : NULL;
-    ok = meta != NULL;
-    for (int64_t i = 0; ok && i < ps_gguf_n_kv(g); i++) ok = json_put(meta, ps_gguf_kv_key(g, i), json_value(ps_gguf_kv_value(g, i)));
+    ok = ok && ps_gguf_json_put(o, "n_kv", ps_gguf_json_i64(ps_gguf_n_kv(g))) &&
+         ps_gguf_json_put(o, "metadata", ps_gguf_json_metadata(g, NULL, JSON_ARRAY_MAX));
     cJSON *tensors = ok ? json_child(o, "tensors", true) : NULL;
     ok = tensors != NULL;
-    for (int64_t i = 0; ok && i < ps_gguf_n_tensors(g); i++) ok = json_push(tensors, json_tensor(g, ps_gguf_tensor_at(g, i)));
+    for (int64_t i = 0; ok && i < ps_gguf_n_tensors(g); i++)
+        ok = ps_gguf_json_push(tensors, ps_gguf_json_tensor(g, ps_gguf_tensor_at(g, i)));
     if (ok) return o;
     cJSON_Delete(o);
     return NULL;

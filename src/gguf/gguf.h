@@ -1,17 +1,21 @@
-/* gguf.h - GGUF v2/v3 reader (mmap, validated) and writer.
+/* gguf.h - GGUF v2/v3 reader (mmap or huge pages, validated), writer, and values as text.
  *
  * Reader: ps_gguf_open maps the file and checks every count, length, offset, size
  * and alignment against the file before anything is used; afterwards every value,
  * string and tensor pointer handed out points into the mapping (or into tables the
  * reader owns) and stays valid until ps_gguf_close. Strings are NOT NUL-terminated
  * unless noted: use ps_gguf_str's len. Numeric array data may be unaligned: read it
- * with the ps_gguf_arr_* accessors. */
+ * with the ps_gguf_arr_* accessors.
+ *
+ * Sources: gguf_read.c (parser, lookups, getters), gguf_load.c (open: map or huge pages),
+ * gguf_write.c (writer), gguf_print.c (values as text); gguf_json.h has values as JSON. */
 #ifndef PS_GGUF_H
 #define PS_GGUF_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../ps.h"
 
@@ -121,6 +125,18 @@ bool ps_gguf_str_eq(ps_gguf_str s, const char *c);
 /* Element i of a numeric array value (caller checks i < n and the element type). */
 int64_t ps_gguf_arr_int(const ps_gguf_value *arr, uint64_t i);    /* any integer or bool type */
 double ps_gguf_arr_float(const ps_gguf_value *arr, uint64_t i);   /* F32 or F64 (or integer) */
+/* Element i of an array value as a standalone value (caller checks i < n): numeric and bool
+ * elements widened like scalars, a string element's bytes and a nested array's tables still
+ * pointing into the reader (or wherever arr's did). */
+ps_gguf_value ps_gguf_arr_elem(const ps_gguf_value *arr, uint64_t i);
+
+/* Values as one line of text for people. ps_gguf_print_str writes the bytes of s (in double
+ * quotes when quote) with '"' and '\\' backslashed, newline as \n and other control bytes as
+ * \xHH, cut after max bytes with "..." after the cut. ps_gguf_print_value writes a scalar
+ * (floats with 9 digits for F32, 17 for F64; strings quoted and cut after max_str bytes), or an
+ * array as "[TYPE x n] [e0, e1, ...]" showing at most max_elems elements at every level. */
+void ps_gguf_print_str(FILE *f, ps_gguf_str s, size_t max, bool quote);
+void ps_gguf_print_value(FILE *f, const ps_gguf_value *v, uint64_t max_elems, size_t max_str);
 
 /* Tensors, in file order. */
 int64_t ps_gguf_n_tensors(const ps_gguf *g);

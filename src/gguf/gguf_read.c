@@ -1,38 +1,20 @@
-/* gguf.c - GGUF v2/v3 reader (mmap, validated) and writer.
+/* gguf_read.c - GGUF v2/v3 reader: parsing and validation of an image in memory, the
+ * metadata and tensor lookups, and the typed, validated getters.
  *
- * File layout (all little-endian):
- *   header   magic "GGUF", u32 version, u64 n_tensors, u64 n_kv
- *   metadata n_kv x { string key, u32 value type, value }
- *   infos    n_tensors x { string name, u32 n_dims, u64 ne[n_dims], u32 type, u64 offset }
- *   padding  to general.alignment (default 32)
- *   data     tensor bytes; each offset is relative to the start of this section
- * where a string is { u64 len, len bytes } and an array value is { u32 elem type, u64 n, n elems }.
- *
- * The reader validates the whole file in ps_gguf_open before handing anything out: every
+ * The reader validates the whole image in ps_gguf_parse before handing anything out: every
  * count is checked against the bytes left before anything is allocated for it, so a lying
- * header cannot make us allocate more than a small multiple of the file size. */
-#include "gguf.h"
-
-#include <errno.h>
-#include <fcntl.h>
+ * header cannot make us allocate more than a small multiple of the file size. How the file
+ * gets into memory is gguf_load.c's business; the layout is described in gguf_internal.h. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "../tensor/types.h"
+#include "gguf_internal.h"
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "gguf.c reads little-endian fields with memcpy: port it before building on a big-endian host"
-#endif
-
-#define GGUF_MAGIC "GGUF"
 #define GGUF_HEADER_BYTES 24u      /* magic, version, n_tensors, n_kv */
-#define GGUF_DEFAULT_ALIGNMENT 32u
-#define GGUF_MAX_DEPTH 8           /* deepest nesting of arrays we accept */
 #define GGUF_MIN_KV_BYTES 14u      /* u64 key len, >= 1 key byte, u32 type, >= 1 value byte */
 #define GGUF_MIN_TENSOR_BYTES 33u  /* u64 name len, >= 1 name byte, u32 n_dims, u64 ne, u32 type, u64 offset */
 #define GGUF_NAME_SHOW 80          /* longest name quoted in an error message */
@@ -67,10 +49,14 @@ static bool vtype_is_sint(uint32_t t) {
     return t == PS_GGUF_I8 || t == PS_GGUF_I16 || t == PS_GGUF_I32 || t == PS_GGUF_I64;
 }
 
+/* Float value types. */
 static bool vtype_is_float(uint32_t t) { return t == PS_GGUF_F32 || t == PS_GGUF_F64; }
 
 /* Numeric and bool types: a fixed number of bytes per element. */
 static bool vtype_is_fixed(uint32_t t) { return t < PS_GGUF_VTYPE_COUNT && vtypes[t].size > 0; }
+
+/* Bytes of one element on disk: see gguf_internal.h. */
+size_t ps_gguf_vtype_size(uint32_t t) { return t < PS_GGUF_VTYPE_COUNT ? vtypes[t].size : 0; }
 
 /* Reads one fixed-size element of type t at p (little-endian, maybe unaligned) into v. */
 static void scalar_load(ps_gguf_value *v, uint32_t t, const uint8_t *p) {
@@ -159,27 +145,7 @@ static void arena_free(arena_chunk *c) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Reader */
-
-struct ps_gguf {
-    const uint8_t *base; /* the file's bytes */
-    size_t size;
-    void *region;        /* what close unmaps: the file's mapping, or the memory it was read into */
-    size_t region_len;
-    uint32_t version;
-    uint32_t alignment;
-    size_t data_offset; /* start of the data section */
-    int64_t n_kv;
-    const char **keys;     /* n_kv NUL-terminated keys */
-    ps_gguf_value *values; /* n_kv values */
-    int64_t n_tensors;
-    ps_gguf_tensor *tensors;
-    int64_t *kv_table; /* open addressing: index + 1, 0 = empty; kv_cap slots (a power of two) */
-    size_t kv_cap;
-    int64_t *tensor_table;
-    size_t tensor_cap;
-    arena_chunk *arena;
-};
+ * Parser */
 
 /* Parsing state: a cursor over the file and the item being read, for error messages.
  * `reserve` is the number of bytes still owed to items declared but not yet read (the
@@ -195,6 +161,7 @@ typedef struct {
     size_t errlen;
 } parser;
 
+/* Bytes of the file after the cursor. */
 static size_t left(const parser *ps) { return ps->g->size - ps->pos; }
 
 /* Fails with PS_ERR_FORMAT unless n more bytes are in the file; `thing` names the field. */
@@ -342,7 +309,7 @@ static ps_status parse_value(parser *ps, uint32_t type, ps_gguf_value *v, int de
 }
 
 /* Inserts entry idx named `name` into an open-addressing table; returns the index of an
- * earlier entry with the same name, or -1. names[i] gives entry i's name. */
+ * earlier entry with the same name, or -1. name_of(g, i) gives entry i's name. */
 static int64_t table_insert(int64_t *table, size_t cap, const char *name, int64_t idx, const char *(*name_of)(const ps_gguf *, int64_t),
                             const ps_gguf *g) {
     size_t mask = cap - 1;
@@ -365,6 +332,7 @@ static int64_t table_find(const int64_t *table, size_t cap, const char *name,
     return -1;
 }
 
+/* Entry i's name for table_insert and table_find: a metadata key, a tensor name. */
 static const char *key_of(const ps_gguf *g, int64_t i) { return g->keys[i]; }
 static const char *tensor_name_of(const ps_gguf *g, int64_t i) { return g->tensors[i].name; }
 
@@ -577,9 +545,8 @@ static ps_status parse_tensors(parser *ps, uint64_t n_tensors) {
     return check_placement(ps);
 }
 
-/* Validates the file in buf (len bytes) and builds a reader over it; the reader does not own
- * buf. On failure *out is NULL and err holds one line. */
-static ps_status gguf_parse(const void *buf, size_t len, ps_gguf **out, char *err, size_t errlen) {
+/* Validates the file in buf (len bytes) and builds a reader over it: see gguf_internal.h. */
+ps_status ps_gguf_parse(const void *buf, size_t len, ps_gguf **out, char *err, size_t errlen) {
     ps_status s;
     uint64_t n_tensors = 0, n_kv = 0;
     ps_gguf *g = calloc(1, sizeof *g);
@@ -597,140 +564,11 @@ err:
     return s;
 }
 
-#define HUGE_BYTES ((size_t)2 << 20)
+/* ---------------------------------------------------------------------------------------------
+ * Reader: lifetime and lookups */
 
-/* Whether transparent huge pages back memory that asks for them (enabled: always or madvise). */
-static bool huge_pages_on(void) {
-#ifdef MADV_HUGEPAGE
-    char line[128] = "";
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (f && !fgets(line, sizeof line, f)) line[0] = 0;
-    if (f) fclose(f);
-    return strstr(line, "[always]") || strstr(line, "[madvise]");
-#else
-    return false;
-#endif
-}
-
-/* Whether a copy of size bytes leaves at least 1/8 of the memory the system could give now
- * (MemAvailable) to everything else; else the file is mapped, and the kernel pages it. */
-static bool copy_fits(size_t size) {
-    unsigned long long kb = 0;
-    char line[256];
-    FILE *f = fopen("/proc/meminfo", "r");
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return (double)size < 0.875 * (double)kb * 1024;
-}
-
-/* Reads the size bytes of fd into anonymous memory aligned to 2 MiB and advised to use huge
- * pages, read-only afterwards; *region and *region_len are what close unmaps. */
-static ps_status read_huge(int fd, const char *path, size_t size, const uint8_t **base, void **region,
-                           size_t *region_len, char *err, size_t errlen) {
-#ifdef MADV_HUGEPAGE
-    size_t len = size + HUGE_BYTES;
-    uint8_t *r = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (r == MAP_FAILED)
-        return ps_errf(err, errlen, PS_ERR_NOMEM, "cannot allocate %zu bytes for '%s': %s", size, path, strerror(errno));
-    uint8_t *p = (uint8_t *)(((uintptr_t)r + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
-    madvise(p, size, MADV_HUGEPAGE); /* hints: without them, normal pages, and a forked child's copy */
-    madvise(r, len, MADV_DONTFORK);
-    for (size_t got = 0; got < size;) {
-        ssize_t n = pread(fd, p + got, size - got < ((size_t)1 << 30) ? size - got : (size_t)1 << 30, (off_t)got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            ps_status s = ps_errf(err, errlen, PS_ERR_IO, "cannot read '%s': %s", path,
-                                  n < 0 ? strerror(errno) : "the file shrank while it was read");
-            munmap(r, len);
-            return s;
-        }
-        got += (size_t)n;
-    }
-    mprotect(p, size, PROT_READ);
-    *base = p, *region = r, *region_len = len;
-    return PS_OK;
-#else
-    (void)fd, (void)size, (void)base, (void)region, (void)region_len;
-    return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "'%s': huge pages are not supported here", path);
-#endif
-}
-
-/* Opens and validates the GGUF file at path: see gguf.h. The descriptor is closed before
- * returning. Errors name the path. */
-ps_status ps_gguf_open_with(const char *path, ps_gguf_load how, ps_gguf **out, char *err, size_t errlen) {
-    ps_status s;
-    char detail[512];
-    const uint8_t *base = NULL;
-    void *region = NULL;
-    size_t size = 0, region_len = 0;
-    int fd = -1;
-    if (!out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_gguf_open: out is NULL");
-    *out = NULL;
-    if (!path) return ps_errf(err, errlen, PS_ERR_ARG, "ps_gguf_open: path is NULL");
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-        goto err;
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "cannot stat '%s': %s", path, strerror(errno));
-        goto err;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "'%s' is not a regular file", path);
-        goto err;
-    }
-    if ((uint64_t)st.st_size > SIZE_MAX - HUGE_BYTES) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "'%s' is too large to map", path);
-        goto err;
-    }
-    size = (size_t)st.st_size;
-    char magic[4] = "";
-    bool huge = size > 0 && how == PS_GGUF_HUGE && huge_pages_on() && copy_fits(size) &&
-                pread(fd, magic, 4, 0) == 4 && !memcmp(magic, GGUF_MAGIC, 4); /* else mapped (the parser
-                                                                                  says what is wrong) */
-    if (huge && (s = read_huge(fd, path, size, &base, &region, &region_len, err, errlen)) != PS_ERR_NOMEM && s)
-        goto err;
-    if (size > 0 && !region) { /* mapped by choice, or because memory for a copy was short */
-        void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
-            s = ps_errf(err, errlen, PS_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
-            goto err;
-        }
-        base = map, region = map, region_len = size;
-    }
-    close(fd);
-    fd = -1;
-    s = gguf_parse(size ? base : (const uint8_t *)"", size, out, detail, sizeof detail);
-    if (s) {
-        ps_errf(err, errlen, s, "%s: %s", path, detail);
-        goto err;
-    }
-    (*out)->region = region;
-    (*out)->region_len = region_len;
-    return PS_OK;
-err:
-    if (region) munmap(region, region_len);
-    if (fd >= 0) close(fd);
-    return s;
-}
-
-ps_status ps_gguf_open(const char *path, ps_gguf **out, char *err, size_t errlen) {
-    return ps_gguf_open_with(path, PS_GGUF_MAP, out, err, errlen);
-}
-
-/* Validates the GGUF image in buf: see gguf.h. The reader points into buf, which the caller
- * keeps alive (and unchanged) until ps_gguf_close. */
-ps_status ps_gguf_open_mem(const void *buf, size_t len, ps_gguf **out, char *err, size_t errlen) {
-    if (!out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_gguf_open_mem: out is NULL");
-    *out = NULL;
-    if (!buf && len) return ps_errf(err, errlen, PS_ERR_ARG, "ps_gguf_open_mem: buf is NULL");
-    return gguf_parse(buf ? buf : "", len, out, err, errlen);
-}
-
-/* Frees the reader and unmaps the file; every pointer it handed out dies here. */
+/* Frees the reader's tables and unmaps the region the loader recorded (none for a caller's
+ * buffer); every pointer it handed out dies here. */
 void ps_gguf_close(ps_gguf *g) {
     if (!g) return;
     if (g->region) munmap(g->region, g->region_len);
@@ -913,492 +751,18 @@ double ps_gguf_arr_float(const ps_gguf_value *arr, uint64_t i) {
     return vtype_is_sint(t) ? (double)e.i64 : (double)e.u64;
 }
 
-/* ---------------------------------------------------------------------------------------------
- * Writer */
-
-typedef struct {
-    char *key;
-    ps_gguf_value v; /* deep-owned: strings, tables and numeric data malloc'd by value_copy */
-} wkv;
-
-typedef struct {
-    char *name;
-    uint32_t type, n_dims;
-    int64_t ne[4];
-    size_t nbytes;
-    uint64_t offset; /* in the data section, set by write */
-    const void *data;
-    ps_gguf_fill_fn fill;
-    void *ctx;
-} wtensor;
-
-struct ps_gguf_writer {
-    uint32_t version, alignment;
-    wkv *kv;
-    size_t n_kv, cap_kv;
-    wtensor *t;
-    size_t n_t, cap_t;
-};
-
-/* Frees what value_copy allocated inside v (not v itself); safe on partial copies. */
-static void value_free(ps_gguf_value *v) {
-    if (v->type == PS_GGUF_STRING) {
-        free((void *)v->str.data);
-    } else if (v->type == PS_GGUF_ARRAY) {
-        if (v->arr.type == PS_GGUF_STRING && v->arr.strs) {
-            for (uint64_t i = 0; i < v->arr.n; i++) free((void *)v->arr.strs[i].data);
-        } else if (v->arr.type == PS_GGUF_ARRAY && v->arr.elems) {
-            for (uint64_t i = 0; i < v->arr.n; i++) value_free((ps_gguf_value *)&v->arr.elems[i]);
-        }
-        free((void *)v->arr.data);
-        free((void *)v->arr.strs);
-        free((void *)v->arr.elems);
+/* Element i of an array as a standalone value (see gguf.h); numeric elements are widened as
+ * the reader widens scalars. */
+ps_gguf_value ps_gguf_arr_elem(const ps_gguf_value *arr, uint64_t i) {
+    ps_gguf_value e = {.type = arr->arr.type};
+    switch (arr->arr.type) {
+    case PS_GGUF_STRING: e.str = arr->arr.strs[i]; break;
+    case PS_GGUF_ARRAY: e = arr->arr.elems[i]; break;
+    case PS_GGUF_F32: case PS_GGUF_F64: e.f64 = ps_gguf_arr_float(arr, i); break;
+    case PS_GGUF_BOOL: e.b = ps_gguf_arr_int(arr, i) != 0; break;
+    case PS_GGUF_U64: { uint64_t x; memcpy(&x, (const uint8_t *)arr->arr.data + 8 * i, 8); e.u64 = x; break; }
+    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: e.u64 = (uint64_t)ps_gguf_arr_int(arr, i); break;
+    default: e.i64 = ps_gguf_arr_int(arr, i); break;
     }
-    memset(v, 0, sizeof *v);
-}
-
-/* A malloc'd copy of s with a NUL after its len bytes. */
-static ps_status str_copy(ps_gguf_str *dst, ps_gguf_str src) {
-    if (src.len >= SIZE_MAX || (src.len && !src.data)) return PS_ERR_ARG;
-    char *c = malloc((size_t)src.len + 1);
-    if (!c) return PS_ERR_NOMEM;
-    if (src.len) memcpy(c, src.data, (size_t)src.len);
-    c[src.len] = 0;
-    dst->len = src.len;
-    dst->data = c;
-    return PS_OK;
-}
-
-/* True when a widened scalar fits its declared type (narrowing at write time is lossless). */
-static bool scalar_fits(const ps_gguf_value *v) {
-    switch (v->type) {
-    case PS_GGUF_U8: return v->u64 <= UINT8_MAX;
-    case PS_GGUF_U16: return v->u64 <= UINT16_MAX;
-    case PS_GGUF_U32: return v->u64 <= UINT32_MAX;
-    case PS_GGUF_I8: return v->i64 >= INT8_MIN && v->i64 <= INT8_MAX;
-    case PS_GGUF_I16: return v->i64 >= INT16_MIN && v->i64 <= INT16_MAX;
-    case PS_GGUF_I32: return v->i64 >= INT32_MIN && v->i64 <= INT32_MAX;
-    default: return true;
-    }
-}
-
-/* Deep-copies src into dst (zeroed by the caller), validating types, ranges and nesting.
- * PS_ERR_ARG for an invalid value; on failure dst may hold a partial copy for value_free. */
-static ps_status value_copy(ps_gguf_value *dst, const ps_gguf_value *src, int depth) {
-    ps_status s;
-    if ((unsigned)src->type >= PS_GGUF_VTYPE_COUNT) return PS_ERR_ARG;
-    if (src->type == PS_GGUF_STRING) {
-        dst->type = PS_GGUF_STRING;
-        return str_copy(&dst->str, src->str);
-    }
-    if (src->type != PS_GGUF_ARRAY) {
-        if (!scalar_fits(src)) return PS_ERR_ARG;
-        *dst = *src;
-        return PS_OK;
-    }
-    uint32_t elem = src->arr.type;
-    uint64_t n = src->arr.n;
-    if (depth >= GGUF_MAX_DEPTH || elem >= PS_GGUF_VTYPE_COUNT) return PS_ERR_ARG;
-    dst->type = PS_GGUF_ARRAY;
-    dst->arr.type = (ps_gguf_vtype)elem;
-    if (n == 0) return PS_OK;
-    if (vtype_is_fixed(elem)) {
-        size_t esz = vtypes[elem].size;
-        if (!src->arr.data || n > SIZE_MAX / esz) return PS_ERR_ARG;
-        if (elem == PS_GGUF_BOOL)
-            for (uint64_t i = 0; i < n; i++)
-                if (((const uint8_t *)src->arr.data)[i] > 1) return PS_ERR_ARG;
-        void *d = malloc((size_t)n * esz);
-        if (!d) return PS_ERR_NOMEM;
-        memcpy(d, src->arr.data, (size_t)n * esz);
-        dst->arr.data = d;
-        dst->arr.n = n;
-        return PS_OK;
-    }
-    size_t esz = elem == PS_GGUF_STRING ? sizeof(ps_gguf_str) : sizeof(ps_gguf_value);
-    const void *from = elem == PS_GGUF_STRING ? (const void *)src->arr.strs : (const void *)src->arr.elems;
-    if (!from || n > SIZE_MAX / esz) return PS_ERR_ARG;
-    void *table = calloc((size_t)n, esz);
-    if (!table) return PS_ERR_NOMEM;
-    dst->arr.n = n;
-    if (elem == PS_GGUF_STRING) {
-        ps_gguf_str *strs = table;
-        dst->arr.strs = strs;
-        for (uint64_t i = 0; i < n; i++)
-            if ((s = str_copy(&strs[i], src->arr.strs[i]))) return s;
-        return PS_OK;
-    }
-    ps_gguf_value *elems = table;
-    dst->arr.elems = elems;
-    for (uint64_t i = 0; i < n; i++) {
-        if (src->arr.elems[i].type != PS_GGUF_ARRAY) return PS_ERR_ARG;
-        if ((s = value_copy(&elems[i], &src->arr.elems[i], depth + 1))) return s;
-    }
-    return PS_OK;
-}
-
-/* Creates an empty writer for GGUF `version` (2 or 3) aligning tensor data to `alignment`
- * (a power of two; 0 means the GGUF default 32). A non-default alignment is recorded as
- * general.alignment. The caller frees the writer with ps_gguf_writer_free. */
-ps_status ps_gguf_writer_create(ps_gguf_writer **out, uint32_t version, uint32_t alignment) {
-    if (!out) return PS_ERR_ARG;
-    *out = NULL;
-    if (version != 2 && version != 3) return PS_ERR_ARG;
-    if (alignment == 0) alignment = GGUF_DEFAULT_ALIGNMENT;
-    if (alignment & (alignment - 1)) return PS_ERR_ARG;
-    ps_gguf_writer *w = calloc(1, sizeof *w);
-    if (!w) return PS_ERR_NOMEM;
-    w->version = version;
-    w->alignment = alignment;
-    if (alignment != GGUF_DEFAULT_ALIGNMENT) {
-        ps_status s = ps_gguf_writer_set_u32(w, "general.alignment", alignment);
-        if (s) {
-            ps_gguf_writer_free(w);
-            return s;
-        }
-    }
-    *out = w;
-    return PS_OK;
-}
-
-/* Frees the writer and its copies of keys and values; NULL is a no-op. Tensor data the
- * caller handed to add_tensor stays the caller's. */
-void ps_gguf_writer_free(ps_gguf_writer *w) {
-    if (!w) return;
-    for (size_t i = 0; i < w->n_kv; i++) {
-        free(w->kv[i].key);
-        value_free(&w->kv[i].v);
-    }
-    for (size_t i = 0; i < w->n_t; i++) free(w->t[i].name);
-    free(w->kv);
-    free(w->t);
-    free(w);
-}
-
-/* Grows *arr (elements of esz bytes) so that it holds at least n + 1. */
-static ps_status grow(void **arr, size_t *cap, size_t n, size_t esz) {
-    if (n < *cap) return PS_OK;
-    size_t c = *cap ? *cap * 2 : 16;
-    if (c > SIZE_MAX / esz) return PS_ERR_NOMEM;
-    void *p = realloc(*arr, c * esz);
-    if (!p) return PS_ERR_NOMEM;
-    *arr = p;
-    *cap = c;
-    return PS_OK;
-}
-
-/* Sets key to a deep copy of v, replacing an earlier value in place. general.alignment
- * must be a UINT32 power of two, and sets the writer's alignment. */
-ps_status ps_gguf_writer_set_value(ps_gguf_writer *w, const char *key, const ps_gguf_value *v) {
-    if (!w || !key || !*key || !v) return PS_ERR_ARG;
-    if (!strcmp(key, "general.alignment") &&
-        (v->type != PS_GGUF_U32 || v->u64 == 0 || v->u64 > UINT32_MAX || (v->u64 & (v->u64 - 1))))
-        return PS_ERR_ARG;
-    ps_gguf_value copy = {0};
-    ps_status s = value_copy(&copy, v, 0);
-    if (s) {
-        value_free(&copy);
-        return s;
-    }
-    size_t i = 0;
-    while (i < w->n_kv && strcmp(w->kv[i].key, key)) i++;
-    if (i < w->n_kv) {
-        value_free(&w->kv[i].v);
-    } else {
-        char *k = strdup(key);
-        if (!k || (s = grow((void **)&w->kv, &w->cap_kv, w->n_kv, sizeof *w->kv))) {
-            free(k);
-            value_free(&copy);
-            return PS_ERR_NOMEM;
-        }
-        w->kv[w->n_kv++].key = k;
-    }
-    w->kv[i].v = copy;
-    if (!strcmp(key, "general.alignment")) w->alignment = (uint32_t)copy.u64;
-    return PS_OK;
-}
-
-/* Typed setters: each wraps v in a ps_gguf_value for ps_gguf_writer_set_value. */
-ps_status ps_gguf_writer_set_u32(ps_gguf_writer *w, const char *key, uint32_t v) {
-    return ps_gguf_writer_set_value(w, key, &(ps_gguf_value){.type = PS_GGUF_U32, .u64 = v});
-}
-
-ps_status ps_gguf_writer_set_i32(ps_gguf_writer *w, const char *key, int32_t v) {
-    return ps_gguf_writer_set_value(w, key, &(ps_gguf_value){.type = PS_GGUF_I32, .i64 = v});
-}
-
-ps_status ps_gguf_writer_set_u64(ps_gguf_writer *w, const char *key, uint64_t v) {
-    return ps_gguf_writer_set_value(w, key, &(ps_gguf_value){.type = PS_GGUF_U64, .u64 = v});
-}
-
-ps_status ps_gguf_writer_set_f32(ps_gguf_writer *w, const char *key, float v) {
-    return ps_gguf_writer_set_value(w, key, &(ps_gguf_value){.type = PS_GGUF_F32, .f64 = v});
-}
-
-ps_status ps_gguf_writer_set_bool(ps_gguf_writer *w, const char *key, bool v) {
-    return ps_gguf_writer_set_value(w, key, &(ps_gguf_value){.type = PS_GGUF_BOOL, .b = v});
-}
-
-ps_status ps_gguf_writer_set_str(ps_gguf_writer *w, const char *key, const char *v) {
-    if (!v) return PS_ERR_ARG;
-    ps_gguf_value val = {.type = PS_GGUF_STRING, .str = {strlen(v), v}};
-    return ps_gguf_writer_set_value(w, key, &val);
-}
-
-/* Numeric (or BOOL) array of n elements packed little-endian in data. */
-ps_status ps_gguf_writer_set_arr(ps_gguf_writer *w, const char *key, ps_gguf_vtype elem, const void *data,
-                                 uint64_t n) {
-    if (!vtype_is_fixed(elem)) return PS_ERR_ARG;
-    ps_gguf_value val = {.type = PS_GGUF_ARRAY};
-    val.arr.type = elem;
-    val.arr.n = n;
-    val.arr.data = data;
-    return ps_gguf_writer_set_value(w, key, &val);
-}
-
-/* Array of n NUL-terminated strings. */
-ps_status ps_gguf_writer_set_arr_str(ps_gguf_writer *w, const char *key, const char *const *strs, uint64_t n) {
-    if (n && !strs) return PS_ERR_ARG;
-    if (n > SIZE_MAX / sizeof(ps_gguf_str)) return PS_ERR_NOMEM;
-    ps_gguf_str *tmp = n ? malloc((size_t)n * sizeof *tmp) : NULL;
-    if (n && !tmp) return PS_ERR_NOMEM;
-    ps_status s = PS_OK;
-    for (uint64_t i = 0; i < n && !s; i++) {
-        if (!strs[i]) s = PS_ERR_ARG;
-        else tmp[i] = (ps_gguf_str){strlen(strs[i]), strs[i]};
-    }
-    if (!s) {
-        ps_gguf_value val = {.type = PS_GGUF_ARRAY};
-        val.arr.type = PS_GGUF_STRING;
-        val.arr.n = n;
-        val.arr.strs = tmp;
-        s = ps_gguf_writer_set_value(w, key, &val);
-    }
-    free(tmp);
-    return s;
-}
-
-/* Adds a tensor description (see gguf.h). PS_ERR_ARG for an empty or duplicate name, a bad
- * shape, an unknown type, a row length that is not a whole number of blocks, or neither
- * data nor fill. */
-ps_status ps_gguf_writer_add_tensor(ps_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
-                                    const int64_t *ne, const void *data, ps_gguf_fill_fn fill, void *ctx) {
-    if (!w || !name || !*name || !ne || n_dims < 1 || n_dims > 4 || (!data && !fill)) return PS_ERR_ARG;
-    const ps_type_info *ti = ps_type_get(type);
-    if (!ti || !ti->block_size || !ti->type_size) return PS_ERR_ARG;
-    wtensor t = {.type = type, .n_dims = n_dims, .data = data, .fill = fill, .ctx = ctx};
-    uint64_t nel = 1;
-    for (uint32_t d = 0; d < 4; d++) {
-        t.ne[d] = d < n_dims ? ne[d] : 1;
-        if (t.ne[d] <= 0 || nel > (uint64_t)INT64_MAX / (uint64_t)t.ne[d]) return PS_ERR_ARG;
-        nel *= (uint64_t)t.ne[d];
-    }
-    size_t row = ps_row_bytes(type, t.ne[0]);
-    uint64_t rows = (uint64_t)t.ne[1] * (uint64_t)t.ne[2] * (uint64_t)t.ne[3];
-    if (!row || rows > SIZE_MAX / row) return PS_ERR_ARG;
-    t.nbytes = row * (size_t)rows;
-    for (size_t i = 0; i < w->n_t; i++)
-        if (!strcmp(w->t[i].name, name)) return PS_ERR_ARG;
-    if (grow((void **)&w->t, &w->cap_t, w->n_t, sizeof *w->t)) return PS_ERR_NOMEM;
-    if (!(t.name = strdup(name))) return PS_ERR_NOMEM;
-    w->t[w->n_t++] = t;
-    return PS_OK;
-}
-
-/* Buffered output to a file descriptor; the first error sticks in st. */
-typedef struct {
-    int fd;
-    const char *path;
-    unsigned char *buf;
-    size_t used, cap;
-    uint64_t written; /* bytes accepted so far (buffered or written) */
-    char *err;
-    size_t errlen;
-} wbuf;
-
-/* Writes all n bytes to fd, retrying short writes and EINTR. */
-static ps_status write_all(wbuf *b, const void *p, size_t n) {
-    const char *c = p;
-    while (n > 0) {
-        ssize_t k = write(b->fd, c, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0)
-            return ps_errf(b->err, b->errlen, PS_ERR_IO, "cannot write '%s': %s", b->path,
-                           k < 0 ? strerror(errno) : "no progress");
-        c += k;
-        n -= (size_t)k;
-    }
-    return PS_OK;
-}
-
-/* Writes out and empties the buffer. */
-static ps_status wb_flush(wbuf *b) {
-    ps_status s = write_all(b, b->buf, b->used);
-    b->used = 0;
-    return s;
-}
-
-/* Appends n bytes; large blocks bypass the buffer. */
-static ps_status wb_put(wbuf *b, const void *p, size_t n) {
-    ps_status s;
-    if (n == 0) return PS_OK;
-    b->written += n;
-    if (n > b->cap - b->used) {
-        if ((s = wb_flush(b))) return s;
-        if (n >= b->cap) return write_all(b, p, n);
-    }
-    memcpy(b->buf + b->used, p, n);
-    b->used += n;
-    return PS_OK;
-}
-
-static ps_status wb_u32(wbuf *b, uint32_t v) { return wb_put(b, &v, 4); }
-static ps_status wb_u64(wbuf *b, uint64_t v) { return wb_put(b, &v, 8); }
-
-/* A GGUF string: u64 length, then the bytes. */
-static ps_status wb_str(wbuf *b, const char *s, uint64_t len) {
-    ps_status st = wb_u64(b, len);
-    return st ? st : wb_put(b, s, (size_t)len);
-}
-
-/* Zero bytes up to the next multiple of align. */
-static ps_status wb_pad(wbuf *b, uint32_t align) {
-    static const unsigned char zeros[256];
-    size_t pad = (size_t)((align - b->written % align) % align);
-    ps_status s = PS_OK;
-    while (pad > 0 && !s) {
-        size_t k = pad < sizeof zeros ? pad : sizeof zeros;
-        s = wb_put(b, zeros, k);
-        pad -= k;
-    }
-    return s;
-}
-
-/* Serializes one value (validated by value_copy); with_type writes its type tag first. */
-static ps_status wb_value(wbuf *b, const ps_gguf_value *v, bool with_type) {
-    ps_status s;
-    if (with_type && (s = wb_u32(b, v->type))) return s;
-    switch (v->type) {
-    case PS_GGUF_U8: case PS_GGUF_I8: { uint8_t x = (uint8_t)v->u64; return wb_put(b, &x, 1); }
-    case PS_GGUF_BOOL: { uint8_t x = v->b; return wb_put(b, &x, 1); }
-    case PS_GGUF_U16: case PS_GGUF_I16: { uint16_t x = (uint16_t)v->u64; return wb_put(b, &x, 2); }
-    case PS_GGUF_U32: case PS_GGUF_I32: { uint32_t x = (uint32_t)v->u64; return wb_put(b, &x, 4); }
-    case PS_GGUF_F32: { float x = (float)v->f64; return wb_put(b, &x, 4); }
-    case PS_GGUF_U64: case PS_GGUF_I64: case PS_GGUF_F64: return wb_put(b, &v->u64, 8);
-    case PS_GGUF_STRING: return wb_str(b, v->str.data, v->str.len);
-    case PS_GGUF_ARRAY: break;
-    default: return PS_ERR_INTERNAL;
-    }
-    if ((s = wb_u32(b, v->arr.type)) || (s = wb_u64(b, v->arr.n))) return s;
-    if (vtype_is_fixed(v->arr.type)) return wb_put(b, v->arr.data, (size_t)v->arr.n * vtypes[v->arr.type].size);
-    for (uint64_t i = 0; i < v->arr.n; i++) {
-        if (v->arr.type == PS_GGUF_STRING) s = wb_str(b, v->arr.strs[i].data, v->arr.strs[i].len);
-        else s = wb_value(b, &v->arr.elems[i], false);
-        if (s) return s;
-    }
-    return PS_OK;
-}
-
-/* Header, metadata and tensor infos (offsets assigned here), padded to the alignment. */
-static ps_status write_head(ps_gguf_writer *w, wbuf *b) {
-    ps_status s;
-    uint64_t off = 0;
-    if ((s = wb_put(b, GGUF_MAGIC, 4)) || (s = wb_u32(b, w->version)) || (s = wb_u64(b, w->n_t)) ||
-        (s = wb_u64(b, w->n_kv)))
-        return s;
-    for (size_t i = 0; i < w->n_kv; i++)
-        if ((s = wb_str(b, w->kv[i].key, strlen(w->kv[i].key))) || (s = wb_value(b, &w->kv[i].v, true))) return s;
-    for (size_t i = 0; i < w->n_t; i++) {
-        wtensor *t = &w->t[i];
-        t->offset = off;
-        off += (t->nbytes + w->alignment - 1) / w->alignment * w->alignment;
-        if ((s = wb_str(b, t->name, strlen(t->name))) || (s = wb_u32(b, t->n_dims))) return s;
-        for (uint32_t d = 0; d < t->n_dims; d++)
-            if ((s = wb_u64(b, (uint64_t)t->ne[d]))) return s;
-        if ((s = wb_u32(b, t->type)) || (s = wb_u64(b, t->offset))) return s;
-    }
-    return wb_pad(b, w->alignment);
-}
-
-/* Every tensor's bytes, each padded to the alignment, asking fill callbacks for data that
- * was not given; progress is called after each tensor. */
-static ps_status write_data(ps_gguf_writer *w, wbuf *b, ps_gguf_progress_fn progress, void *pctx) {
-    ps_status s = PS_OK;
-    uint64_t total = 0, done = 0;
-    size_t fill_max = 0;
-    for (size_t i = 0; i < w->n_t; i++) {
-        total += w->t[i].nbytes;
-        if (!w->t[i].data && w->t[i].nbytes > fill_max) fill_max = w->t[i].nbytes;
-    }
-    void *tmp = fill_max ? malloc(fill_max) : NULL;
-    if (fill_max && !tmp) return ps_errf(b->err, b->errlen, PS_ERR_NOMEM, "out of memory for a %zu-byte tensor", fill_max);
-    for (size_t i = 0; i < w->n_t && !s; i++) {
-        wtensor *t = &w->t[i];
-        const void *data = t->data;
-        if (!data) {
-            char detail[256] = "";
-            s = t->fill(t->ctx, (int64_t)i, tmp, t->nbytes, detail, sizeof detail);
-            if (s) {
-                ps_errf(b->err, b->errlen, s, "tensor '%s': %s", t->name, *detail ? detail : ps_strerror(s));
-                break;
-            }
-            data = tmp;
-        }
-        if ((s = wb_put(b, data, t->nbytes)) || (s = wb_pad(b, w->alignment))) break;
-        done += t->nbytes;
-        if (progress) progress(pctx, done, total);
-    }
-    free(tmp);
-    return s ? s : wb_flush(b);
-}
-
-/* Writes the whole file to path + ".tmp", syncs it and renames it over path; on any error
- * the temporary file is removed and path is left as it was. */
-ps_status ps_gguf_writer_write(ps_gguf_writer *w, const char *path, ps_gguf_progress_fn progress,
-                               void *progress_ctx, char *err, size_t errlen) {
-    ps_status s;
-    char *tmp = NULL;
-    bool created = false;
-    wbuf b = {.fd = -1, .err = err, .errlen = errlen, .cap = 1 << 20};
-    if (!w || !path) return ps_errf(err, errlen, PS_ERR_ARG, "ps_gguf_writer_write: NULL writer or path");
-    size_t plen = strlen(path);
-    tmp = malloc(plen + 5);
-    b.buf = malloc(b.cap);
-    if (!tmp || !b.buf) {
-        s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-        goto err;
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-    b.path = tmp;
-    b.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (b.fd < 0) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-        goto err;
-    }
-    created = true;
-    if ((s = write_head(w, &b)) || (s = write_data(w, &b, progress, progress_ctx))) goto err;
-    if (fsync(b.fd) < 0) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "cannot sync '%s': %s", tmp, strerror(errno));
-        goto err;
-    }
-    int fd = b.fd;
-    b.fd = -1;
-    if (close(fd) < 0) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "cannot close '%s': %s", tmp, strerror(errno));
-        goto err;
-    }
-    if (rename(tmp, path) < 0) {
-        s = ps_errf(err, errlen, PS_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        goto err;
-    }
-    free(tmp);
-    free(b.buf);
-    return PS_OK;
-err:
-    if (b.fd >= 0) close(b.fd);
-    if (created) unlink(tmp);
-    free(tmp);
-    free(b.buf);
-    return s;
+    return e;
 }
