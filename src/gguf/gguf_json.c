@@ -27,7 +27,7 @@ static size_t utf8_len(const unsigned char *p, size_t n) {
  * escaped, bytes that are not valid UTF-8 replaced by U+FFFD. NULL when out of memory. */
 static char *json_quote(const char *s, size_t n) {
     if (n > (SIZE_MAX - 3) / 6) return NULL;
-    char *out = malloc(n * 6 + 3), *o = out;
+    char *out = ps_malloc(n * 6 + 3), *o = out;
     if (!out) return NULL;
     const unsigned char *p = (const unsigned char *)s;
     *o++ = '"';
@@ -89,7 +89,7 @@ cJSON *ps_gguf_json_f64(double v) {
  * either is missing. */
 bool ps_gguf_json_put(cJSON *obj, const char *key, cJSON *item) {
     if (!item) return false;
-    char *k = strdup(key);
+    char *k = ps_strdup(key);
     if (!k) {
         cJSON_Delete(item);
         return false;

@@ -118,7 +118,7 @@ static void *arena_alloc(arena_chunk **head, size_t n) {
     arena_chunk *c = *head;
     if (!c || c->cap - c->used < n) {
         size_t cap = n > ARENA_CHUNK ? n : ARENA_CHUNK;
-        c = calloc(1, sizeof *c + cap);
+        c = ps_calloc(1, sizeof *c + cap);
         if (!c) return NULL;
         c->used = 0;
         c->cap = cap;
@@ -507,7 +507,7 @@ static ps_status check_placement(parser *ps) {
         t->data = g->base + g->data_offset + t->offset;
     }
     if (g->n_tensors < 2) return PS_OK;
-    extent *ex = malloc((size_t)g->n_tensors * sizeof *ex);
+    extent *ex = ps_malloc((size_t)g->n_tensors * sizeof *ex);
     if (!ex) return ps_errf(ps->err, ps->errlen, PS_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; i < g->n_tensors; i++) ex[i] = (extent){g->tensors[i].offset, g->tensors[i].nbytes, i};
     qsort(ex, (size_t)g->n_tensors, sizeof *ex, extent_cmp);
@@ -549,7 +549,7 @@ static ps_status parse_tensors(parser *ps, uint64_t n_tensors) {
 ps_status ps_gguf_parse(const void *buf, size_t len, ps_gguf **out, char *err, size_t errlen) {
     ps_status s;
     uint64_t n_tensors = 0, n_kv = 0;
-    ps_gguf *g = calloc(1, sizeof *g);
+    ps_gguf *g = ps_calloc(1, sizeof *g);
     if (!g) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     g->base = buf;
     g->size = len;

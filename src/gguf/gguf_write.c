@@ -58,7 +58,7 @@ static void value_free(ps_gguf_value *v) {
 /* A malloc'd copy of s with a NUL after its len bytes. */
 static ps_status str_copy(ps_gguf_str *dst, ps_gguf_str src) {
     if (src.len >= SIZE_MAX || (src.len && !src.data)) return PS_ERR_ARG;
-    char *c = malloc((size_t)src.len + 1);
+    char *c = ps_malloc((size_t)src.len + 1);
     if (!c) return PS_ERR_NOMEM;
     if (src.len) memcpy(c, src.data, (size_t)src.len);
     c[src.len] = 0;
@@ -106,7 +106,7 @@ static ps_status value_copy(ps_gguf_value *dst, const ps_gguf_value *src, int de
         if (elem == PS_GGUF_BOOL)
             for (uint64_t i = 0; i < n; i++)
                 if (((const uint8_t *)src->arr.data)[i] > 1) return PS_ERR_ARG;
-        void *d = malloc((size_t)n * esz);
+        void *d = ps_malloc((size_t)n * esz);
         if (!d) return PS_ERR_NOMEM;
         memcpy(d, src->arr.data, (size_t)n * esz);
         dst->arr.data = d;
@@ -116,7 +116,7 @@ static ps_status value_copy(ps_gguf_value *dst, const ps_gguf_value *src, int de
     size_t esz = elem == PS_GGUF_STRING ? sizeof(ps_gguf_str) : sizeof(ps_gguf_value);
     const void *from = elem == PS_GGUF_STRING ? (const void *)src->arr.strs : (const void *)src->arr.elems;
     if (!from || n > SIZE_MAX / esz) return PS_ERR_ARG;
-    void *table = calloc((size_t)n, esz);
+    void *table = ps_calloc((size_t)n, esz);
     if (!table) return PS_ERR_NOMEM;
     dst->arr.n = n;
     if (elem == PS_GGUF_STRING) {
@@ -144,7 +144,7 @@ ps_status ps_gguf_writer_create(ps_gguf_writer **out, uint32_t version, uint32_t
     if (version != 2 && version != 3) return PS_ERR_ARG;
     if (alignment == 0) alignment = GGUF_DEFAULT_ALIGNMENT;
     if (alignment & (alignment - 1)) return PS_ERR_ARG;
-    ps_gguf_writer *w = calloc(1, sizeof *w);
+    ps_gguf_writer *w = ps_calloc(1, sizeof *w);
     if (!w) return PS_ERR_NOMEM;
     w->version = version;
     w->alignment = alignment;
@@ -178,7 +178,7 @@ static ps_status grow(void **arr, size_t *cap, size_t n, size_t esz) {
     if (n < *cap) return PS_OK;
     size_t c = *cap ? *cap * 2 : 16;
     if (c > SIZE_MAX / esz) return PS_ERR_NOMEM;
-    void *p = realloc(*arr, c * esz);
+    void *p = ps_realloc(*arr, c * esz);
     if (!p) return PS_ERR_NOMEM;
     *arr = p;
     *cap = c;
@@ -203,7 +203,7 @@ ps_status ps_gguf_writer_set_value(ps_gguf_writer *w, const char *key, const ps_
     if (i < w->n_kv) {
         value_free(&w->kv[i].v);
     } else {
-        char *k = strdup(key);
+        char *k = ps_strdup(key);
         if (!k || (s = grow((void **)&w->kv, &w->cap_kv, w->n_kv, sizeof *w->kv))) {
             free(k);
             value_free(&copy);
@@ -258,7 +258,7 @@ ps_status ps_gguf_writer_set_arr(ps_gguf_writer *w, const char *key, ps_gguf_vty
 ps_status ps_gguf_writer_set_arr_str(ps_gguf_writer *w, const char *key, const char *const *strs, uint64_t n) {
     if (n && !strs) return PS_ERR_ARG;
     if (n > SIZE_MAX / sizeof(ps_gguf_str)) return PS_ERR_NOMEM;
-    ps_gguf_str *tmp = n ? malloc((size_t)n * sizeof *tmp) : NULL;
+    ps_gguf_str *tmp = n ? ps_malloc((size_t)n * sizeof *tmp) : NULL;
     if (n && !tmp) return PS_ERR_NOMEM;
     ps_status s = PS_OK;
     for (uint64_t i = 0; i < n && !s; i++) {
@@ -298,7 +298,7 @@ ps_status ps_gguf_writer_add_tensor(ps_gguf_writer *w, const char *name, uint32_
     for (size_t i = 0; i < w->n_t; i++)
         if (!strcmp(w->t[i].name, name)) return PS_ERR_ARG;
     if (grow((void **)&w->t, &w->cap_t, w->n_t, sizeof *w->t)) return PS_ERR_NOMEM;
-    if (!(t.name = strdup(name))) return PS_ERR_NOMEM;
+    if (!(t.name = ps_strdup(name))) return PS_ERR_NOMEM;
     w->t[w->n_t++] = t;
     return PS_OK;
 }
@@ -429,7 +429,7 @@ static ps_status write_data(ps_gguf_writer *w, wbuf *b, ps_gguf_progress_fn prog
         total += w->t[i].nbytes;
         if (!w->t[i].data && w->t[i].nbytes > fill_max) fill_max = w->t[i].nbytes;
     }
-    void *tmp = fill_max ? malloc(fill_max) : NULL;
+    void *tmp = fill_max ? ps_malloc(fill_max) : NULL;
     if (fill_max && !tmp) return ps_errf(b->err, b->errlen, PS_ERR_NOMEM, "out of memory for a %zu-byte tensor", fill_max);
     for (size_t i = 0; i < w->n_t && !s; i++) {
         wtensor *t = &w->t[i];
@@ -461,8 +461,8 @@ ps_status ps_gguf_writer_write(ps_gguf_writer *w, const char *path, ps_gguf_prog
     wbuf b = {.fd = -1, .err = err, .errlen = errlen, .cap = 1 << 20};
     if (!w || !path) return ps_errf(err, errlen, PS_ERR_ARG, "ps_gguf_writer_write: NULL writer or path");
     size_t plen = strlen(path);
-    tmp = malloc(plen + 5);
-    b.buf = malloc(b.cap);
+    tmp = ps_malloc(plen + 5);
+    b.buf = ps_malloc(b.cap);
     if (!tmp || !b.buf) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
         goto err;
