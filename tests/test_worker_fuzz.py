@@ -42,7 +42,7 @@ the worker's log and the ERROR / REFUSE sent back name the problem. Before, a fe
 and at the end, a real `pipeshard run --fleet ... --print-ids --temp 0` through the same workers
 prints exactly the ids of the unsplit `run -m`; the idle workers hold as many file descriptors and
 threads as at the start (no leaked connection or sender thread), and exit 0 on SIGTERM (no leak
-report under the sanitizer build). Exit 0 pass, 1 fail, 77 skip (no pipeshard binary).
+report under the sanitizer build). Exit 0 pass, 1 fail.
 """
 import json
 import os
@@ -57,7 +57,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import xxhash  # noqa: E402
-from pstest import check, conclude, tmpdir, verdict  # noqa: E402
+from pstest import check, conclude, require, tmpdir, verdict  # noqa: E402
 import psworker  # noqa: E402
 from psworker import HDR, MAGIC, VERSION, frame, pstr, san_check  # noqa: E402
 
@@ -81,7 +81,7 @@ MB_SAMPLE = 1
 # stage.c: the 72 fixed bytes of a FORWARD: seq, mb, pos, n, flags, xdim, n_stats, then the sampling
 # parameters temperature, top_k, top_p, min_p, repetition_penalty, penalty_last_n, presence, frequency, seed
 MB_FIXED = struct.Struct("<QIiiIIi" "fifffiff" "Q")
-assert MB_FIXED.size == 72
+require(MB_FIXED.size == 72, 'MB_FIXED.size == 72')
 STAT = struct.Struct("<iIdQQd")  # stage, pad, compute_ms, frames, bytes, send_ms
 # (offset, struct code) of each field, for field-aware mutations
 MB_FIELDS = [(0, "Q"), (8, "I"), (12, "i"), (16, "i"), (20, "I"), (24, "I"), (28, "i"), (32, "f"), (36, "i"),
@@ -1102,8 +1102,8 @@ def idle_resources(w, base, what):
 def main():
     global TMP, FLEET, W1, W2, REF
     if not os.access(BIN, os.X_OK):
-        print(f"skipped: PIPESHARD_BIN={BIN} is not executable")
-        return 77
+        print(f"FAIL: PIPESHARD_BIN={BIN} is not executable (run through ctest)")
+        return 1
     TMP = tmpdir("worker-fuzz-")
     t0 = time.time()
     workers = []
