@@ -8,6 +8,7 @@
 
 int ps_test_failures = 0;
 int ps_test_checks = 0;
+static int skipped_parts = 0;
 
 int ps_test_done(void) {
     if (ps_test_failures) {
@@ -15,7 +16,16 @@ int ps_test_done(void) {
         return 1;
     }
     printf("ok: %d checks\n", ps_test_checks);
+    if (skipped_parts) {
+        printf("SKIPPED: %d part(s) did not run (listed above)\n", skipped_parts);
+        return 77;
+    }
     return 0;
+}
+
+void ps_test_skip_part(const char *why) {
+    skipped_parts++;
+    printf("SKIPPED part: %s\n", why);
 }
 
 int ps_test_skip(const char *why) {

@@ -3,8 +3,11 @@
  *   PS_CHECK(cond)                 fails (and goes on) when cond is false
  *   PS_CHECK_EQ_INT(a, b)          compares two integers and prints both on failure
  *   PS_CHECK_OK(status_expr)       expects PS_OK
- *   return ps_test_done();         0 when every check passed, 1 otherwise
- *   return ps_test_skip("why");    prints the reason, exit code 77 (CTest "skipped") */
+ *   return ps_test_done();         0 when every check passed, 1 otherwise (77 after a skipped part)
+ *   return ps_test_skip("why");    prints the reason, exit code 77 (CTest "skipped")
+ *   ps_test_skip_part("why");      a part that cannot run (a model absent): printed now, and
+ *                                  ps_test_done() returns 77 if all else passed, so that
+ *                                  CTest's "Passed" always means the whole test ran */
 #ifndef PS_TEST_H
 #define PS_TEST_H
 
@@ -47,6 +50,7 @@ extern int ps_test_checks;
 
 int ps_test_done(void);
 int ps_test_skip(const char *why);
+void ps_test_skip_part(const char *why);
 /* Deterministic test data: xorshift64, one stream per test process. */
 void ps_test_rng_seed(uint64_t seed);
 uint32_t ps_test_rng_u32(void);

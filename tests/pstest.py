@@ -1,8 +1,12 @@
-"""pstest.py - what the Python tests share: a check counter and the ASan re-exec.
+"""pstest.py - what the Python tests share: a check counter, visible skips and the ASan re-exec.
 
-    from pstest import check, verdict, reexec_with_asan
+    from pstest import check, require, skip, verdict, reexec_with_asan
     check(cond, "what went wrong")   # counts, prints FAIL lines on stderr, returns cond
-    return verdict()                 # prints "ok: N checks" or "FAILED: ..."; 0 or 1
+    require(cond, "what went wrong") # the same, then raises CheckFailed: ends the case, as assert
+                                     # did (what may be a callable, evaluated only on failure);
+                                     # never a plain assert, which `python -O` removes
+    skip("what could not run, why")  # a part that could not run (a model absent): verdict is 77
+    return verdict()                 # prints "ok: N checks" or "FAILED: ..."; 0, 1 or 77 (SKIP)
     tmp = tmpdir("name-")            # a fresh folder under $PS_TEST_TMP (or the system's)
     return conclude(tmp, t0)         # removes it unless a check failed, then verdict()
 """
@@ -15,15 +19,53 @@ import tempfile
 import time
 
 _count = {"checks": 0, "failures": 0}
+_skipped = []
+SKIP = 77  # CTest's SKIP_RETURN_CODE (CMakeLists.txt): "Skipped", never "Passed"
+
+
+class CheckFailed(AssertionError):
+    """Raised by require(): a failed check that ends the current case."""
 
 
 def check(cond, what):
-    """Counts one check; prints what failed on stderr. Returns cond."""
+    """Counts one check; prints what failed on stderr (what: a string, or a callable giving
+    one, called only on failure). Returns cond."""
     _count["checks"] += 1
     if not cond:
         _count["failures"] += 1
-        print(f"FAIL: {what}", file=sys.stderr)
+        print(f"FAIL: {what() if callable(what) else what}", file=sys.stderr)
     return cond
+
+
+def require(cond, what):
+    """check(cond, what), then raises CheckFailed(what) when cond is false: for a check the rest
+    of a case depends on. Unlike assert it stays under `python -O`."""
+    if not check(cond, what):
+        raise CheckFailed(what() if callable(what) else what)
+
+
+def skip(what):
+    """Records a part of the test that could not run (a model file or a tool absent) and prints
+    it. verdict() then returns SKIP (77) when every check that ran passed, so that CTest reports
+    "Skipped", never "Passed", for a test that did not run all of itself."""
+    _skipped.append(what)
+    print(f"SKIPPED part: {what}")
+
+
+def skipped():
+    """The parts skip() recorded, in order."""
+    return list(_skipped)
+
+
+def exit_status(failed):
+    """The exit status of a test that counts its own failed cases: 1 when any failed or a
+    check failed, else SKIP when a part was skipped (listed once more), else 0."""
+    if failed or failures():
+        return 1
+    if _skipped:
+        print(f"SKIPPED: {len(_skipped)} part(s) did not run: " + "; ".join(_skipped))
+        return SKIP
+    return 0
 
 
 def failures():
@@ -31,13 +73,14 @@ def failures():
 
 
 def verdict(extra=""):
-    """Prints the summary line; returns the exit status (0 pass, 1 fail)."""
+    """Prints the summary line; returns the exit status (0 pass, 1 fail, SKIP when every check
+    passed but a part was skipped)."""
     n, bad = _count["checks"], _count["failures"]
     if bad:
         print(f"FAILED: {bad} of {n} checks")
         return 1
     print(f"ok: {n} checks{extra}")
-    return 0
+    return exit_status(0)
 
 
 def tmpdir(prefix):

@@ -71,17 +71,19 @@ def case_not_gguf():
 def case_empty_file():
     path = os.path.join(TMP, "empty.gguf")
     open(path, "wb").close()
-    expect_error(["-m", path, "--prompt-ids", "1,2", "-n", "1"], [])
+    expect_error(["-m", path, "--prompt-ids", "1,2", "-n", "1"], [path, "not a GGUF file", "0 bytes"])
 
 
 def case_truncated_gguf():
     # a valid model cut in the middle of its tensor data, and one cut inside its metadata
     data = open(GOOD, "rb").read()
-    for name, cut in (("tensors", len(data) * 3 // 4), ("metadata", 200)):
+    # (the metadata cut: the header's key count cannot fit in 200 bytes)
+    for name, cut, words in (("tensors", len(data) * 3 // 4, ["tensor '", "runs past the end of the file"]),
+                             ("metadata", 200, ["metadata keys", "200 bytes"])):
         path = os.path.join(TMP, f"truncated-{name}.gguf")
         with open(path, "wb") as f:
             f.write(data[:cut])
-        expect_error(["-m", path, "--prompt-ids", "1,2", "-n", "1"], [])
+        expect_error(["-m", path, "--prompt-ids", "1,2", "-n", "1"], [path] + words)
 
 
 def case_unsupported_arch():

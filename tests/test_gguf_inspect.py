@@ -6,7 +6,7 @@
   * usage errors exit 2, other errors exit 1, each with one line on stderr that starts with
     "pipeshard inspect: " (missing file, non-GGUF file, truncated model, unknown tensor);
     --help exits 0 and prints the usage on stdout.
-Exit 0 pass, 77 skip, 1 fail.
+Exit 0 pass, 1 fail, 77 when a model file is absent (the rest ran).
 """
 import json
 import os
@@ -15,19 +15,15 @@ import subprocess
 import sys
 import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pstest import check, verdict, failures  # noqa: E402
+from pstest import check, verdict, failures, skip  # noqa: E402
 
-try:
-    import numpy as np
-    import gguf
-except ImportError as e:  # pragma: no cover
-    print(f"SKIPPED: python gguf/numpy missing ({e})")
-    sys.exit(77)
+import numpy as np  # noqa: E402 - scripts/setup.sh installs numpy and gguf: no skip without them
+import gguf  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN")
 if not BIN or not os.path.exists(BIN):
-    print("SKIPPED: PIPESHARD_BIN not set (run through ctest)")
-    sys.exit(77)
+    print("FAIL: PIPESHARD_BIN not set (run through ctest)")
+    sys.exit(1)
 TMP = tempfile.mkdtemp(prefix="gguf_inspect_", dir=os.environ.get("PS_TEST_TMP") or None)
 
 
@@ -119,13 +115,13 @@ def main():
         models += 1
         check_model(smol, "llama", 30, 49152)
     else:
-        print(f"note: {smol} absent, skipped")
+        skip(f"{smol} is absent (scripts/setup.sh fetches it)")
     stories = os.path.join(os.environ.get("PS_SHARED_MODELS", "../shared/models"), "stories260K.gguf")
     if os.path.exists(stories):
         models += 1
         check_model(stories, "llama", 5, 512)
     else:
-        print(f"note: {stories} absent, skipped")
+        skip(f"{stories} is absent (only CI has ../shared/models)")
 
     h = inspect("--help")
     check(h.returncode == 0 and h.stdout.startswith("usage: pipeshard inspect MODEL") and h.stderr == "", "--help")

@@ -9,7 +9,7 @@
     tensors given directly and through the fill callback, versions 2 and 3, alignment
     32 and 64) are read by gguf.GGUFReader with identical contents.
 
-Exit 0 pass, 77 skip, 1 fail.
+Exit 0 pass, 1 fail (a missing gguf/numpy package or binary included).
 """
 import ctypes
 import json
@@ -19,22 +19,18 @@ import subprocess
 import sys
 import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pstest import check, verdict, failures, reexec_with_asan  # noqa: E402
+from pstest import check, verdict, failures, reexec_with_asan, require  # noqa: E402
 
-try:
-    import numpy as np
-    import gguf
-    from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFValueType as VT
-except ImportError as e:  # pragma: no cover
-    print(f"SKIPPED: python gguf/numpy missing ({e})")
-    sys.exit(77)
+import numpy as np  # noqa: E402 - scripts/setup.sh installs numpy and gguf: no skip without them
+import gguf  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf import GGUFValueType as VT  # noqa: E402
 
 LIB = os.environ.get("PS_LIBPSCORE")
 BIN = os.environ.get("PIPESHARD_BIN")
 if not LIB or not os.path.exists(LIB) or not BIN or not os.path.exists(BIN):
-    print("SKIPPED: PS_LIBPSCORE or PIPESHARD_BIN not set (run through ctest)")
-    sys.exit(77)
+    print("FAIL: PS_LIBPSCORE or PIPESHARD_BIN not set (run through ctest)")
+    sys.exit(1)
 
 
 
@@ -109,7 +105,8 @@ lib.ps_gguf_writer_write.argtypes = [P, ctypes.c_char_p, PROGRESS, ctypes.c_void
 lib.ps_quantize_row.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
 lib.ps_row_bytes.argtypes = [ctypes.c_uint32, ctypes.c_int64]
 lib.ps_row_bytes.restype = ctypes.c_size_t
-assert ctypes.sizeof(Value) == 48 and ctypes.sizeof(Tensor) == 80
+require(ctypes.sizeof(Value) == 48 and ctypes.sizeof(Tensor) == 80,
+        'ctypes.sizeof(Value) == 48 and ctypes.sizeof(Tensor) == 80')
 
 # ---------------------------------------------------------------------------------------------
 # Canonical values: ("UINT8", 5), ("STRING", b"..."), ("ARRAY", "INT32", [canonical, ...]).
@@ -277,7 +274,7 @@ def quantized(qtype, rows, cols):
         for r in range(rows):
             row = np.ascontiguousarray(x[r])
             st = lib.ps_quantize_row(int(qtype), row.ctypes.data, out[r].ctypes.data, cols)
-            assert st == 0, f"ps_quantize_row({qtype.name}) -> {st}"
+            require(st == 0, lambda: f"ps_quantize_row({qtype.name}) -> {st}")
         return out
 
 

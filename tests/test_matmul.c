@@ -133,16 +133,23 @@ static bool all_runnable(const int *tids, int n) {
     return true;
 }
 
-/* Milliseconds until the n threads in tids were all seen sleeping (S) in three looks in a
- * row, 1 ms apart; gives up after limit_ms (returns it). */
-static int ms_until_asleep(const int *tids, int n, int limit_ms) {
-    int ms = 0;
-    for (int row = 0; row < 3 && ms < limit_ms; ms++, sleep_us(1000)) {
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Milliseconds of real time from t0 (a now_ms() value) until the n threads in tids were
+ * all seen sleeping (S) in three looks in a row, at least 1 ms apart; gives up once
+ * limit_ms have passed (returns that). Real time, not a count of looks: on a loaded host a
+ * look may come late, which only makes the figure larger, never smaller. */
+static double ms_until_asleep(const int *tids, int n, double t0, double limit_ms) {
+    for (int row = 0; row < 3 && now_ms() - t0 < limit_ms; sleep_us(1000)) {
         bool all = true;
         for (int i = 0; i < n; i++) all &= thread_state(tids[i]) == 'S';
         row = all ? row + 1 : 0;
     }
-    return ms;
+    return now_ms() - t0;
 }
 
 /* ps_pool_park: in a pinned pool the workers stay runnable (yielding their cores) for the
@@ -155,13 +162,22 @@ static void test_pool_park(void) {
     int n = new_thread_ids(before, nb, tids, 64); /* the pool's threads */
     PS_CHECK_EQ_INT(n, 2);
     pool_probe p = {.nth_expect = 3};
-    int waited = 1000;
-    for (int attempt = 0; attempt < 5 && waited > 6; attempt++) { /* retried: a loaded host may be slow */
+    /* Unpinned, parked workers sleep at once. The bug this guards (they yield for the pinned
+     * pool's park-yield period, 8 ms, first) keeps them runnable for 8 ms of real time after
+     * ps_pool_park, and three sleeping looks need 2 ms more, so with the bug no attempt can
+     * take under 10 ms, however fast or loaded the host: one attempt under 9 ms proves the
+     * pool slept at once. A correct pool takes about 2-3 ms; a loaded host only delays it,
+     * so it gets up to 20 attempts to find a quiet moment. */
+    double waited = 1000;
+    for (int attempt = 0; attempt < 20 && waited >= 9; attempt++) {
         ps_pool_run(pool, probe_task, &p);
+        double t0 = now_ms();
         ps_pool_park(pool);
-        waited = ms_until_asleep(tids, n, 1000);
+        double w = ms_until_asleep(tids, n, t0, 1000);
+        if (w < waited) waited = w;
     }
-    PS_CHECK(waited <= 6); /* unpinned: asleep at once, well within the yield period */
+    if (!(waited < 9)) fprintf(stderr, "unpinned parked pool: asleep after %.1f ms at best\n", waited);
+    PS_CHECK(waited < 9);
     char err[256];
     PS_CHECK_OK(ps_pool_pin(pool, err, sizeof err));
     ps_pool_set_park_yield(pool, 300000000LL); /* 300 ms, not 8: a loaded host may delay the looks that long */
@@ -176,7 +192,7 @@ static void test_pool_park(void) {
         PS_CHECK(yielding);
         if (round == 1) ps_pool_run(pool, probe_task, &p); /* a job while they yield */
         if (round == 1) ps_pool_park(pool);
-        PS_CHECK(ms_until_asleep(tids, n, 3000) < 3000); /* then asleep: no core kept busy */
+        PS_CHECK(ms_until_asleep(tids, n, now_ms(), 3000) < 3000); /* then asleep: no core kept busy */
         if (round == 2) ps_pool_wake(pool);
     }
     ps_pool_run(pool, probe_task, &p);

@@ -294,7 +294,9 @@ static void *big_send_main(void *arg) {
 static void test_round_trip_at(const char *addr) {
     ps_conn *a, *b;
     if (!make_pair_at(addr, &a, &b)) {
-        printf("round trip on %s skipped (no such address here)\n", addr);
+        char why[160];
+        snprintf(why, sizeof why, "round trip on %s (no such address here)", addr);
+        ps_test_skip_part(why);
         return;
     }
     char err[256];

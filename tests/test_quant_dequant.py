@@ -12,7 +12,7 @@ gguf has no Q8_1 or Q8_K dequantizer (and its size table says 40 bytes for Q8_1 
 ggml's block_q8_1 is 36); for those two the reference is a NumPy transcription of
 ggml's formula (d * q) in this file.
 
-Exit 0 pass, 1 fail, 77 skip (no $PS_LIBPSCORE).
+Exit 0 pass, 1 fail (a missing gguf package or $PS_LIBPSCORE included).
 """
 import ctypes
 import os
@@ -20,19 +20,15 @@ import sys
 
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pstest import check, verdict  # noqa: E402
+from pstest import check, require, verdict  # noqa: E402
 
-try:
-    from gguf import quants
-    from gguf.constants import GGMLQuantizationType as T
-except ImportError as e:  # pragma: no cover
-    print(f"SKIPPED: gguf package not importable ({e})")
-    sys.exit(77)
+from gguf import quants  # noqa: E402 - scripts/setup.sh installs gguf: no skip without it
+from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 LIB = os.environ.get("PS_LIBPSCORE")
 if not LIB:
-    print("SKIPPED: PS_LIBPSCORE is not set (run through ctest)")
-    sys.exit(77)
+    print("FAIL: PS_LIBPSCORE is not set (run through ctest)")
+    sys.exit(1)
 
 lib = ctypes.CDLL(LIB)
 lib.ps_dequantize_row.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
@@ -64,7 +60,7 @@ def ours_dequant(t, raw, n):
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     out = np.empty(n, dtype=np.float32)
     st = lib.ps_dequantize_row(int(t), raw.ctypes.data, out.ctypes.data, n)
-    assert st == 0, f"ps_dequantize_row({t.name}) returned {st}"
+    require(st == 0, lambda: f"ps_dequantize_row({t.name}) returned {st}")
     return out
 
 
@@ -73,7 +69,7 @@ def ours_quant(t, x):
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.zeros(x.size // bs * ts, dtype=np.uint8)
     st = lib.ps_quantize_row(int(t), x.ctypes.data, out.ctypes.data, x.size)
-    assert st == 0, f"ps_quantize_row({t.name}) returned {st}"
+    require(st == 0, lambda: f"ps_quantize_row({t.name}) returned {st}")
     return out
 
 

@@ -19,7 +19,7 @@ never fully skips. Every split is checked with independent readers, never with e
     ps_fleet_load (paths resolved, and a clear message naming the field for each broken fleet),
     ps_shard_meta_read on malformed pipeshard.* keys;
   * bad command lines exit non-zero with one specific stderr line.
-Exit 0 pass, 1 fail, 77 skip.
+Exit 0 pass, 1 fail, 77 when a part was skipped (stories260K or the library absent) and the rest passed.
 """
 import ctypes
 import itertools
@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gguf  # noqa: E402
 import xxhash  # noqa: E402
-from pstest import reexec_with_asan, tmpdir  # noqa: E402
+from pstest import exit_status, require, reexec_with_asan, skip, tmpdir  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN")
 TMP = None
@@ -133,7 +133,7 @@ def expected_tensors(orig, k, bounds):
         elif t.name.startswith(("output_norm.", "output.")):
             keep = k == n - 1
         else:
-            assert t.name.startswith("rope_freqs."), f"test does not know where {t.name} goes"
+            require(t.name.startswith("rope_freqs."), lambda: f"test does not know where {t.name} goes")
             keep = True
         if keep:
             names[t.name] = t.name
@@ -152,10 +152,12 @@ def verify_split(model, out, bounds, addresses=None):
     otens = {t.name: t for t in orig.tensors}
     model_fp = xxhash.xxh3_128_hexdigest(open(model, "rb").read())
     fleet = json.load(open(os.path.join(out, "fleet.json")))
-    assert set(fleet) == {"pipeshard_fleet", "model", "model_fingerprint", "n_layer", "stages"}, sorted(fleet)
-    assert fleet["pipeshard_fleet"] == 1 and fleet["model"] == os.path.basename(model), fleet
-    assert fleet["model_fingerprint"] == model_fp, f"model fingerprint {fleet['model_fingerprint']} != {model_fp}"
-    assert fleet["n_layer"] == L and len(fleet["stages"]) == n, (fleet["n_layer"], len(fleet["stages"]))
+    require(set(fleet) == {"pipeshard_fleet", "model", "model_fingerprint", "n_layer", "stages"},
+            lambda: sorted(fleet))
+    require(fleet["pipeshard_fleet"] == 1 and fleet["model"] == os.path.basename(model), lambda: fleet)
+    require(fleet["model_fingerprint"] == model_fp,
+            lambda: f"model fingerprint {fleet['model_fingerprint']} != {model_fp}")
+    require(fleet["n_layer"] == L and len(fleet["stages"]) == n, lambda: (fleet["n_layer"], len(fleet["stages"])))
     addresses = addresses or [f"127.0.0.1:{7700 + k}" for k in range(1, n)]
     vocab = int(otens["token_embd.weight"].shape[1])
     for k, st in enumerate(fleet["stages"]):
@@ -164,34 +166,37 @@ def verify_split(model, out, bounds, addresses=None):
         want = {"stage": k, "shard": f"stage-{k}.gguf", "layers": [b, e], "bytes": os.path.getsize(path),
                 "address": "local" if k == 0 else addresses[k - 1]}
         for key, v in want.items():
-            assert st[key] == v, f"fleet stage {k}: {key} = {st[key]!r}, expected {v!r}"
+            require(st[key] == v, lambda: f"fleet stage {k}: {key} = {st[key]!r}, expected {v!r}")
         r = gguf.GGUFReader(path)
-        assert r.fields["GGUF.version"].contents() == orig.fields["GGUF.version"].contents()
+        require(r.fields["GGUF.version"].contents() == orig.fields["GGUF.version"].contents(),
+                'r.fields["GGUF.version"].contents() == orig.fields["GGUF.version"].contents()')
         # tensors: exactly the expected ones, each the original's type, shape and bytes
         tens = {t.name: t for t in r.tensors}
         exp = expected_tensors(orig, k, bounds)
-        assert set(tens) == set(exp), f"stage {k}: tensors {sorted(set(tens) ^ set(exp))} differ"
-        assert len(r.tensors) == len(tens), f"stage {k}: duplicate tensor names"
+        require(set(tens) == set(exp), lambda: f"stage {k}: tensors {sorted(set(tens) ^ set(exp))} differ")
+        require(len(r.tensors) == len(tens), lambda: f"stage {k}: duplicate tensor names")
         for name, src in exp.items():
             t, o = tens[name], otens[src]
-            assert t.tensor_type == o.tensor_type and list(t.shape) == list(o.shape), f"stage {k}: {name} differs"
-            assert raw(r, t) == raw(orig, o), f"stage {k}: bytes of {name} differ from {src}"
+            require(t.tensor_type == o.tensor_type and list(t.shape) == list(o.shape),
+                    lambda: f"stage {k}: {name} differs")
+            require(raw(r, t) == raw(orig, o), lambda: f"stage {k}: bytes of {name} differ from {src}")
         # metadata: every original key with its type and value, plus the pipeshard.* keys
         sf = fields(r)
         for key, f in of.items():
-            assert key in sf, f"stage {k}: metadata {key} missing"
-            assert sf[key].types == f.types, f"stage {k}: {key} types {sf[key].types} != {f.types}"
-            assert sf[key].contents() == f.contents(), f"stage {k}: {key} value differs"
+            require(key in sf, lambda: f"stage {k}: metadata {key} missing")
+            require(sf[key].types == f.types, lambda: f"stage {k}: {key} types {sf[key].types} != {f.types}")
+            require(sf[key].contents() == f.contents(), lambda: f"stage {k}: {key} value differs")
         ps = {"pipeshard.shard.version": 1, "pipeshard.stage.index": k, "pipeshard.stage.count": n,
               "pipeshard.layer_begin": b, "pipeshard.layer_end": e, "pipeshard.vocab_size": vocab,
               "pipeshard.model_fingerprint": model_fp, "pipeshard.shard_fingerprint": st["fingerprint"]}
-        assert set(sf) == set(of) | set(ps), f"stage {k}: extra keys {sorted(set(sf) - set(of) - set(ps))}"
+        require(set(sf) == set(of) | set(ps), lambda: f"stage {k}: extra keys {sorted(set(sf) - set(of) - set(ps))}")
         for key, v in ps.items():
             typ = gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.UINT32
-            assert sf[key].types == [typ], f"stage {k}: {key} has type {sf[key].types}"
-            assert sf[key].contents() == v, f"stage {k}: {key} = {sf[key].contents()!r}, expected {v!r}"
+            require(sf[key].types == [typ], lambda: f"stage {k}: {key} has type {sf[key].types}")
+            require(sf[key].contents() == v, lambda: f"stage {k}: {key} = {sf[key].contents()!r}, expected {v!r}")
         fp = shard_fp(r, model_fp, k, n, b, e)
-        assert fp == st["fingerprint"], f"stage {k}: recomputed shard fingerprint {fp} != {st['fingerprint']}"
+        require(fp == st["fingerprint"],
+                lambda: f"stage {k}: recomputed shard fingerprint {fp} != {st['fingerprint']}")
         LIB.check_shard(path, k, n, b, e, vocab, model_fp, fp)
     return fleet
 
@@ -203,12 +208,12 @@ def bounds_of(fleet):
 def check_table(p, fleet, out):
     """The stdout table has a row per stage: stage, layers, bytes, address."""
     rows = [l.split() for l in p.stdout.splitlines()[1:] if l.strip()]
-    assert p.stdout.splitlines()[0].split()[:4] == ["stage", "layers", "bytes", "MiB"], p.stdout
-    assert len(rows) == len(fleet["stages"]), p.stdout
+    require(p.stdout.splitlines()[0].split()[:4] == ["stage", "layers", "bytes", "MiB"], lambda: p.stdout)
+    require(len(rows) == len(fleet["stages"]), lambda: p.stdout)
     for row, st in zip(rows, fleet["stages"]):
-        assert row[0] == str(st["stage"]) and row[1] == "%d:%d" % tuple(st["layers"]), row
-        assert row[2] == str(st["bytes"]) and row[4] == st["address"], row
-        assert row[5] == os.path.join(out, st["shard"]), row
+        require(row[0] == str(st["stage"]) and row[1] == "%d:%d" % tuple(st["layers"]), lambda: row)
+        require(row[2] == str(st["bytes"]) and row[4] == st["address"], lambda: row)
+        require(row[5] == os.path.join(out, st["shard"]), lambda: row)
 
 
 # ------------------------------------------------------------------------------ library (ctypes)
@@ -272,7 +277,7 @@ class Lib:
             st = self.lib.ps_shard_meta_read(g, ctypes.byref(m), err, 512)
             if st == 0 and m.present:
                 hx = ctypes.create_string_buffer(33)
-                assert self.lib.ps_shard_fingerprint(g, ctypes.byref(m), hx, err, 512) == 0, err.value
+                require(self.lib.ps_shard_fingerprint(g, ctypes.byref(m), hx, err, 512) == 0, lambda: err.value)
                 fp = hx.value.decode()
         finally:
             self.lib.ps_gguf_close(g)
@@ -280,11 +285,11 @@ class Lib:
 
     def check_shard(self, path, k, n, b, e, vocab, model_fp, fp):
         st, m, ours, err = self.meta(path)
-        assert st == 0 and m.present, f"ps_shard_meta_read {path}: {st} {err}"
+        require(st == 0 and m.present, lambda: f"ps_shard_meta_read {path}: {st} {err}")
         got = (m.stage_index, m.stage_count, m.layer_begin, m.layer_end, m.vocab, m.model_fp.decode(),
                m.shard_fp.decode())
-        assert got == (k, n, b, e, vocab, model_fp, fp), f"{path}: meta {got}"
-        assert ours == fp, f"{path}: ps_shard_fingerprint {ours} != metadata {fp}"
+        require(got == (k, n, b, e, vocab, model_fp, fp), lambda: f"{path}: meta {got}")
+        require(ours == fp, lambda: f"{path}: ps_shard_fingerprint {ours} != metadata {fp}")
 
 
 class NoLib:
@@ -310,9 +315,10 @@ def case_models():
     MODELS["l32-rope"] = synth("l32-rope.gguf", ["--like", "llama-3.2-1b", "--layers", "3", "--dim", "256",
                                                  "--heads", "4", "--kv-heads", "2", "--ffn", "512", "--vocab", "600",
                                                  "--type", "Q8_0"])
-    assert "rope_freqs.weight" in {t.name for t in gguf.GGUFReader(MODELS["l32-rope"]).tensors}
+    require("rope_freqs.weight" in {t.name for t in gguf.GGUFReader(MODELS["l32-rope"]).tensors},
+            '"rope_freqs.weight" in {t.name for t in gguf.GGUFReader(MODELS["l32-rope"]).tensors}')
     lb, _, _ = costs(gguf.GGUFReader(MODELS["q4km"]))
-    assert len(set(lb)) > 1, f"Q4_K_M layers should differ in size: {lb}"
+    require(len(set(lb)) > 1, lambda: f"Q4_K_M layers should differ in size: {lb}")
     print(f"  ok: {len(MODELS)} synth models")
 
 
@@ -328,8 +334,8 @@ def check_default_plans(model, max_stages=4, label=None):
         b = bounds_of(fleet)
         got = max(stage_cost(lb, emb, head, b, k) for k in range(n))
         best = brute_minimax(lb, emb, head, n)
-        assert got == best, f"{label} --stages {n}: largest stage {got} bytes (bounds {b}), optimum {best}"
-        assert p.stderr == "", f"--quiet printed {p.stderr!r}"
+        require(got == best, lambda: f"{label} --stages {n}: largest stage {got} bytes (bounds {b}), optimum {best}")
+        require(p.stderr == "", lambda: f"--quiet printed {p.stderr!r}")
     return lb
 
 
@@ -342,7 +348,7 @@ def case_default_plans():
 def case_stories():
     path = os.path.join(os.environ.get("PS_SHARED_MODELS", "../shared/models"), "stories260K.gguf")
     if not os.path.exists(path):
-        print(f"  skipped: {path} is absent (a user's clone does not have it)")
+        skip(f"stories260K: {path} is absent (a user's clone does not have it)")
         return
     check_default_plans(path, max_stages=5, label="stories")
     out = os.path.join(TMP, "stories-layers")
@@ -358,7 +364,7 @@ def case_layers_workers():
                      out])
     fleet = verify_split(m, out, [0, 1, 5, 6], ["gpu-box.local:7801", "unix:/run/ps/w2.sock"])
     check_table(p, fleet, out)
-    assert "wrote 3 shards" in p.stderr, p.stderr
+    require("wrote 3 shards" in p.stderr, lambda: p.stderr)
     # --stages and --layers that agree; an existing directory is rewritten in place
     split(m, out, ["--stages", "2", "--layers", "0:3,3:6"])
     verify_split(m, out, [0, 3, 6])
@@ -367,7 +373,8 @@ def case_layers_workers():
     split(m, out1, ["--stages", "1"])
     verify_split(m, out1, [0, 6])
     names = {t.name for t in gguf.GGUFReader(os.path.join(out1, "stage-0.gguf")).tensors}
-    assert {"token_embd.weight", "output.weight", "output_norm.weight"} <= names
+    require({"token_embd.weight", "output.weight", "output_norm.weight"} <= names,
+            '{"token_embd.weight", "output.weight", "output_norm.weight"} <= names')
     # a nested output directory is created
     deep = os.path.join(TMP, "a", "b", "c")
     split(m, deep, ["--stages", "6"])
@@ -404,8 +411,8 @@ def case_odd_models():
     verify_split(path, out, [0, 1, 2, 3])
     for k in range(3):
         r = gguf.GGUFReader(os.path.join(out, f"stage-{k}.gguf"))
-        assert r.fields["general.alignment"].contents() == 64
-        assert all(t.data_offset % 64 == 0 for t in r.tensors), [t.data_offset for t in r.tensors]
+        require(r.fields["general.alignment"].contents() == 64, 'r.fields["general.alignment"].contents() == 64')
+        require(all(t.data_offset % 64 == 0 for t in r.tensors), lambda: [t.data_offset for t in r.tensors])
     bad = [
         (["token_embd.weight", *layers, "output_norm.weight", "foo.weight"], 3,
          ["tensor 'foo.weight' belongs to no stage"]),
@@ -418,18 +425,18 @@ def case_odd_models():
     for i, (names, bc, words) in enumerate(bad):
         m = write_odd_model(os.path.join(TMP, f"odd-{i}.gguf"), names, bc)
         p = sh("split", ["-m", m, "-o", os.path.join(TMP, f"odd-{i}"), "--stages", "2"], expect=1)
-        assert p.stderr.count("\n") == 1 and p.stderr.startswith("pipeshard split: "), p.stderr
-        assert all(w in p.stderr for w in words), f"{names}: {p.stderr!r} lacks {words}"
-        assert not os.path.exists(os.path.join(TMP, f"odd-{i}")), "a refused split left its output directory"
+        require(p.stderr.count("\n") == 1 and p.stderr.startswith("pipeshard split: "), lambda: p.stderr)
+        require(all(w in p.stderr for w in words), lambda: f"{names}: {p.stderr!r} lacks {words}")
+        require(not os.path.exists(os.path.join(TMP, f"odd-{i}")), "a refused split left its output directory")
     print(f"  ok: alignment 64 kept; {len(bad)} models with misplaced tensors refused")
 
 
 def case_help():
     p = sh("split", ["--help"])
     for w in ("usage: pipeshard split", "--stages", "--layers", "--workers", "--quiet", "-o, --output"):
-        assert w in p.stdout, f"--help lacks {w}"
+        require(w in p.stdout, lambda: f"--help lacks {w}")
     p = subprocess.run([BIN, "--help"], capture_output=True, text=True)
-    assert "split" in p.stdout, p.stdout
+    require("split" in p.stdout, lambda: p.stdout)
     print("  ok: --help, listed in pipeshard --help")
 
 
@@ -492,12 +499,12 @@ def case_bad():
         p = sh("split", args, expect=None)
         lines = [l for l in p.stderr.splitlines() if l.strip()]
         shown = "split " + " ".join(args)
-        assert p.returncode == code, f"{shown}: exit {p.returncode}, expected {code}: {p.stderr!r}"
-        assert len(lines) == 1, f"{shown}: {len(lines)} stderr lines: {p.stderr!r}"
-        assert lines[0].startswith("pipeshard split: "), lines[0]
-        assert all(w.lower() in lines[0].lower() for w in words), f"{shown}: {lines[0]!r} lacks {words}"
-        assert p.stdout == "", f"{shown}: printed {p.stdout!r}"
-    assert not os.path.exists(os.path.join(TMP, "bad-out")), "a refused split left its output directory behind"
+        require(p.returncode == code, lambda: f"{shown}: exit {p.returncode}, expected {code}: {p.stderr!r}")
+        require(len(lines) == 1, lambda: f"{shown}: {len(lines)} stderr lines: {p.stderr!r}")
+        require(lines[0].startswith("pipeshard split: "), lambda: lines[0])
+        require(all(w.lower() in lines[0].lower() for w in words), lambda: f"{shown}: {lines[0]!r} lacks {words}")
+        require(p.stdout == "", lambda: f"{shown}: printed {p.stdout!r}")
+    require(not os.path.exists(os.path.join(TMP, "bad-out")), "a refused split left its output directory behind")
     print(f"  ok: {len(cases)} bad command lines refused with one line each")
 
 
@@ -512,22 +519,22 @@ def case_plan_lib():
         emb, head = rnd.randint(0, 3 * big), rnd.randint(0, 3 * big)
         for n in range(1, min(L, 5) + 1):
             st, b, err = LIB.plan(lb, emb, head, n)
-            assert st == 0, err
-            assert b[0] == 0 and b[-1] == L and all(x < y for x, y in zip(b, b[1:])), f"bad bounds {b}"
+            require(st == 0, lambda: err)
+            require(b[0] == 0 and b[-1] == L and all(x < y for x, y in zip(b, b[1:])), lambda: f"bad bounds {b}")
             got = max(stage_cost(lb, emb, head, b, k) for k in range(n))
-            assert got == brute_minimax(lb, emb, head, n), f"plan {lb} {emb} {head} n={n}: {b} gives {got}"
+            require(got == brute_minimax(lb, emb, head, n), lambda: f"plan {lb} {emb} {head} n={n}: {b} gives {got}")
             n_cases += 1
     # equal layers with a heavy embedding: stage 0 gets fewer layers; among optimal cuts the most even
     st, b, _ = LIB.plan([10] * 12, 40, 0, 3)
-    assert st == 0 and max(stage_cost([10] * 12, 40, 0, b, k) for k in range(3)) == 60 and b[1] < 4, b
+    require(st == 0 and max(stage_cost([10] * 12, 40, 0, b, k) for k in range(3)) == 60 and b[1] < 4, lambda: b)
     st, b, _ = LIB.plan([10] * 6, 0, 0, 3)
-    assert st == 0 and b == [0, 2, 4, 6], b
+    require(st == 0 and b == [0, 2, 4, 6], lambda: b)
     st, b, _ = LIB.plan([5] * 9, 0, 20, 3)
-    assert st == 0 and max(stage_cost([5] * 9, 0, 20, b, k) for k in range(3)) == 25 and b[2] == 8, b
+    require(st == 0 and max(stage_cost([5] * 9, 0, 20, b, k) for k in range(3)) == 25 and b[2] == 8, lambda: b)
     st, b, err = LIB.plan([1, 2, 3], 0, 0, 4)
-    assert st != 0 and "3 layers into 4 stages" in err, err
+    require(st != 0 and "3 layers into 4 stages" in err, lambda: err)
     st, b, err = LIB.plan([1, 2, 3], 0, 0, 0)
-    assert st != 0 and "stage count 0" in err, err
+    require(st != 0 and "stage count 0" in err, lambda: err)
     print(f"  ok: ps_shard_plan optimal on {n_cases} random cases, refuses more stages than layers")
 
 
@@ -538,13 +545,16 @@ def case_fleet_lib():
     path = os.path.join(out, "fleet.json")
     good = json.load(open(path))
     st, f, err = LIB.fleet(path)
-    assert st == 0, err
-    assert (f.n_layer, f.n_stages, f.model_fp.decode()) == (6, 3, good["model_fingerprint"])
+    require(st == 0, lambda: err)
+    require((f.n_layer, f.n_stages, f.model_fp.decode()) == (6, 3, good["model_fingerprint"]),
+            '(f.n_layer, f.n_stages, f.model_fp.decode()) == (6, 3, good["model_fingerprint"])')
     for k, s in enumerate(good["stages"]):
         g = f.stages[k]
-        assert g.shard.decode() == os.path.join(out, s["shard"]), g.shard
-        assert (g.index, g.layer_begin, g.layer_end, g.bytes) == (k, *s["layers"], s["bytes"])
-        assert (g.fingerprint.decode(), g.address.decode()) == (s["fingerprint"], s["address"])
+        require(g.shard.decode() == os.path.join(out, s["shard"]), lambda: g.shard)
+        require((g.index, g.layer_begin, g.layer_end, g.bytes) == (k, *s["layers"], s["bytes"]),
+                '(g.index, g.layer_begin, g.layer_end, g.bytes) == (k, *s["layers"], s["bytes"])')
+        require((g.fingerprint.decode(), g.address.decode()) == (s["fingerprint"], s["address"]),
+                '(g.fingerprint.decode(), g.address.decode()) == (s["fingerprint"], s["address"])')
     bad = os.path.join(TMP, "fleet-bad.json")
 
     def broken(edit, words):
@@ -553,9 +563,9 @@ def case_fleet_lib():
         with open(bad, "w") as fh:
             fh.write(text if isinstance(text, str) else json.dumps(doc))
         st, _, err = LIB.fleet(bad)
-        assert st != 0, f"broken fleet accepted ({words})"
-        assert err.startswith(bad + ": "), err
-        assert all(w in err for w in words), f"{err!r} lacks {words}"
+        require(st != 0, lambda: f"broken fleet accepted ({words})")
+        require(err.startswith(bad + ": "), lambda: err)
+        require(all(w in err for w in words), lambda: f"{err!r} lacks {words}")
 
     broken(lambda d: d["stages"][2].update(layers=[3, 6]), ["stages[2].layers must start at 4"])
     broken(lambda d: d["stages"][1].update(layers=[3, 3]), ["stages[1].layers must be [BEGIN, END]"])
@@ -582,10 +592,12 @@ def case_fleet_lib():
     with open(bad, "w") as fh:
         json.dump(doc, fh)
     st, f, err = LIB.fleet(bad)
-    assert st == 0, err
-    assert f.stages[1].shard == b"/abs/where/stage-1.gguf" and f.stages[2].shard.decode() == os.path.join(TMP, "sub/stage-2.gguf")
+    require(st == 0, lambda: err)
+    require(f.stages[1].shard == b"/abs/where/stage-1.gguf"
+            and f.stages[2].shard.decode() == os.path.join(TMP, "sub/stage-2.gguf"),
+            lambda: f"shard paths {f.stages[1].shard!r}, {f.stages[2].shard!r}")
     st, _, err = LIB.fleet(os.path.join(TMP, "no-such-fleet.json"))
-    assert st != 0 and "no-such-fleet.json" in err, err
+    require(st != 0 and "no-such-fleet.json" in err, lambda: err)
     print("  ok: ps_fleet_load resolves paths; 18 broken fleets refused naming the field")
 
 
@@ -614,10 +626,11 @@ def case_meta_lib():
     path = os.path.join(TMP, "meta.gguf")
     write_meta_gguf(path, {})
     st, m, _, err = LIB.meta(path)
-    assert st == 0 and not m.present, err
+    require(st == 0 and not m.present, lambda: err)
     write_meta_gguf(path, good)
     st, m, _, err = LIB.meta(path)
-    assert st == 0 and m.present and (m.stage_index, m.layer_begin, m.layer_end, m.vocab) == (1, 2, 4, 500), err
+    require(st == 0 and m.present and (m.stage_index, m.layer_begin, m.layer_end, m.vocab) == (1, 2, 4, 500),
+            lambda: err)
     bad = [
         ({"pipeshard.layer_begin": (4, U)}, ["layers 4:4"]),
         ({"pipeshard.layer_end": (7, U)}, ["layers 2:7", "0:6"]),
@@ -634,16 +647,17 @@ def case_meta_lib():
     for change, words in bad:
         write_meta_gguf(path, {**good, **change})
         st, m, _, err = LIB.meta(path)
-        assert st != 0 and not m.present, f"{change} accepted"
-        assert all(w in err for w in words), f"{change}: {err!r} lacks {words}"
+        require(st != 0 and not m.present, lambda: f"{change} accepted")
+        require(all(w in err for w in words), lambda: f"{change}: {err!r} lacks {words}")
     write_meta_gguf(path, {"pipeshard.shard.version": (1, U)})
     st, _, _, err = LIB.meta(path)
-    assert st != 0 and "lacks 'pipeshard.stage.index'" in err, err
+    require(st != 0 and "lacks 'pipeshard.stage.index'" in err, lambda: err)
     hx = ctypes.create_string_buffer(33)
     e = ctypes.create_string_buffer(256)
     for name in MODELS.values():
-        assert LIB.lib.ps_fingerprint_file(name.encode(), hx, e, 256) == 0, e.value
-        assert hx.value.decode() == xxhash.xxh3_128_hexdigest(open(name, "rb").read())
+        require(LIB.lib.ps_fingerprint_file(name.encode(), hx, e, 256) == 0, lambda: e.value)
+        require(hx.value.decode() == xxhash.xxh3_128_hexdigest(open(name, "rb").read()),
+                'hx.value.decode() == xxhash.xxh3_128_hexdigest(open(name, "rb").read())')
     print(f"  ok: ps_shard_meta_read refuses {len(bad) + 1} malformed shards; ps_fingerprint_file == xxhash")
 
 
@@ -656,14 +670,15 @@ LIB_CASES = {"plan-lib", "fleet-lib", "meta-lib"}
 def main():
     global TMP, LIB
     if not BIN or not os.access(BIN, os.X_OK):
-        print(f"skip: PIPESHARD_BIN={BIN!r} is not an executable (run through ctest)")
-        return 77
+        print(f"FAIL: PIPESHARD_BIN={BIN!r} is not an executable (run through ctest)")
+        return 1
     reexec_with_asan()
     libpath = os.environ.get("PS_LIBPSCORE", "")
     if libpath and os.path.exists(libpath):
         LIB = Lib(libpath)
     else:
         print(f"note: PS_LIBPSCORE={libpath!r} is absent: the library cases are skipped")
+        skip(f"{', '.join(sorted(LIB_CASES))}: PS_LIBPSCORE={libpath!r} is absent")
     TMP = tmpdir("split-")
     failed = skipped = 0
     for name, fn in CASES:
@@ -682,7 +697,7 @@ def main():
     print(f"{len(CASES) - failed - skipped}/{len(CASES)} cases passed" + (f", {skipped} skipped" if skipped else ""))
     if not failed:
         shutil.rmtree(TMP, ignore_errors=True)   # kept for a look when something failed
-    return 1 if failed else 0
+    return exit_status(failed)
 
 
 if __name__ == "__main__":

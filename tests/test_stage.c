@@ -81,9 +81,9 @@ static void test_rejects(void) {
     free(longer);
     /* a model of another width, too many positions for this stage */
     PS_CHECK(ps_mb_decode(b.p, b.len, DIM + 1, 16, &out, err, sizeof err) == PS_ERR_PROTOCOL);
-    PS_CHECK(strstr(err, "9") != NULL);
+    PS_CHECK(strstr(err, "activations are 8 wide") != NULL && strstr(err, "model's are 9") != NULL);
     PS_CHECK(ps_mb_decode(b.p, b.len, DIM, N - 1, &out, err, sizeof err) == PS_ERR_PROTOCOL);
-    PS_CHECK(strstr(err, "positions") != NULL);
+    PS_CHECK(strstr(err, "of 3 positions") != NULL && strstr(err, "takes 1..2") != NULL);
     /* corrupt fields: n, pos, flags, n_stats */
     struct { size_t off; uint32_t v; } fields[] = {{16, 0}, {16, 0x7fffffff}, {12, 0xffffffff}, {20, 2}, {28, 1000}};
     for (size_t i = 0; i < PS_ARRAY_LEN(fields); i++) {

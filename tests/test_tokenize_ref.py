@@ -14,6 +14,12 @@
     those models' tokenizer.json files (the original regexes, run by HF's Oniguruma).
 (d) a synthetic SentencePiece vocabulary written here as a GGUF file (with user-defined and
     unused pieces, which stories260K lacks), against sentencepiece the same way; no model needed.
+(e) the vocabulary `pipeshard synth` writes, under the smollm, llama-bpe (Llama 3) and qwen2
+    pre-tokenizers (synth --like smollm2-135m / llama-3.2-1b / qwen2.5-1.5b, shrunk), against HF
+    as in (a'); no model needed.
+Every part runs over FIXED, EDGE (issue 17: contractions before capitals and in all-caps words,
+every Unicode White_Space and line-break character, lone CR, combining marks, digits next to
+letters in many scripts) and a few hundred random strings from those classes (fixed seeds).
 
 The C library is reached through ctypes on $PS_LIBPSCORE. Parts (a) and (b) are skipped (with a
 message) when their model file is absent; the test then exits 77 (skipped) if all else passed.
@@ -21,9 +27,13 @@ message) when their model file is absent; the test then exits 77 (skipped) if al
 import ctypes
 import os
 import random
+import subprocess
 import sys
 
 import gguf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pstest import require  # noqa: E402
 
 PS_TOK_DECODE_SPECIAL = 1
 PS_TOK_DECODE_STRIP_SPACE = 2
@@ -82,12 +92,13 @@ class CTok:
     def stream(self, ids, flags=0):
         """The chunks the streaming detokenizer hands out, the final flush last."""
         s = ctypes.c_void_p()
-        assert self.lib.ps_tok_stream_create(self.tok, flags, ctypes.byref(s)) == 0
+        require(self.lib.ps_tok_stream_create(self.tok, flags, ctypes.byref(s)) == 0, "ps_tok_stream_create failed")
         p = ctypes.POINTER(ctypes.c_char)()
         n = ctypes.c_size_t()
         chunks = []
         for i in ids:
-            assert self.lib.ps_tok_stream_push(s, i, ctypes.byref(p), ctypes.byref(n)) == 0
+            require(self.lib.ps_tok_stream_push(s, i, ctypes.byref(p), ctypes.byref(n)) == 0,
+                    lambda: f"ps_tok_stream_push({i}) failed")
             chunks.append(ctypes.string_at(p, n.value))
         self.lib.ps_tok_stream_flush(s, ctypes.byref(p), ctypes.byref(n))
         chunks.append(ctypes.string_at(p, n.value))
@@ -136,7 +147,8 @@ def hf_smollm(path):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     get = gguf_fields(path)
-    assert get("tokenizer.ggml.model") == "gpt2" and get("tokenizer.ggml.pre") == "smollm"
+    require(get("tokenizer.ggml.model") == "gpt2" and get("tokenizer.ggml.pre") == "smollm",
+            lambda: f"{path}: not a gpt2/smollm vocabulary")
     tokens = get("tokenizer.ggml.tokens")
     types = get("tokenizer.ggml.token_type")
     merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
@@ -160,7 +172,7 @@ def sp_stories(path):
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     get = gguf_fields(path)
-    assert get("tokenizer.ggml.model") == "llama"
+    require(get("tokenizer.ggml.model") == "llama", lambda: f"{path}: not a llama vocabulary")
     m = pb.ModelProto()
     for piece, score, ty in zip(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.scores"),
                                 get("tokenizer.ggml.token_type")):
@@ -333,9 +345,57 @@ ALPHABET = [
 ]
 
 
+# Issue 17's edge cases: contractions before capitals and in all-caps words (Llama 3's and Qwen2's
+# (?i:'s|...) must match "'T" in "'The" and "'LL" in "HE'LLO"), every Unicode White_Space and
+# line-break character (HF's \s, Oniguruma's, is exactly White_Space: U+0085 NEL included, U+180E
+# and U+200B not), lone CR, combining marks around letters, digits and apostrophes, and digits next
+# to letters in many scripts (\p{N} takes Nd, Nl and No).
+WHITESPACE = ["\t", "\n", "\x0b", "\x0c", "\r", " ", "\x85", "\xa0", "\u1680"] + \
+    [chr(c) for c in range(0x2000, 0x200B)] + ["\u2028", "\u2029", "\u202f", "\u205f", "\u3000"]
+NOT_WHITESPACE = ["\u180e", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\x1c", "\x1f"]
+EDGE = [
+    "'The end", "HE'LLO", "I'M", "I'M here", "'S", "'Tis the season", "O'NEIL'S", "DON'T STOP", "WE'RE'VE'LL'D",
+    "rock'N'roll", "x'M'y", "'LLAMA", "'Re 'Ve 'Ll 'D 'M 'T 'S", "it'S", "you'RE", "'ss 'tt 'mm", "''The", " 'The",
+    "Don\u2019T curly", "'\u0301s", "'1st", "'\u0130s", "'\u212a", "a'\nThe", "\"'Hello'\"",
+    "a \x85b", "a\x85b", "a \u2028b", "a \u2029b", "a \xa0b", "a \u3000b", "a\u3000 b", "x \rb", "a\r", "\rb",
+    "a\rb", "\r\r", "\r \r", " \r", "\r\n\r", "a\r\n\rb", "\x85", " \x85", "\x85 ", "\x85\n", "a\x85\nb",
+    "\u2028\u2029", "\u2028 x", "x\u2029\n", "\xa0\xa0x", "\u3000\u3000\u3000", "\x0b\x0c", "a \x0bb",
+    "e\u0301", "\u0301", "\u0301a", "a \u0301b", "1\u0301", "12\u0301 3", "\u0301 \u0301", "x\u0308\u0301\u0327y",
+    "\u0915\u093f\u0915", "\u0e01\u0e34\u0e4c", "\u05e9\u05b8\u05c1", "\u0627\u064b",
+    "abc123def", "ABC123DEF", "x1y2z3", "1a2b3c", "a1234567b", "x\u0661\u0662\u0663y", "\u4e2d123\u6587",
+    "\u03a9\u0663\u03bb", "\u0967\u0968\u0969\u0915", "\u0e51\u0e52\u0e53\u0e01", "\u2460a", "\u00b2x", "a\u00b2",
+    "\u216bb", "\U0001d7d9\U0001d7dax", "\u0416123\u0436", "\u05d0\u0031\u05d1", "\uff11\uff12\uff41",
+    "\u0aeb\u0a95", "\u1040\u1000", "\u17e1\u1780", "\u0f21\u0f40", "\u09e7\u0995", "\u3007\u4e00",
+] + ["a" + w + "b" for w in WHITESPACE + NOT_WHITESPACE] + ["x " + w + "y" for w in WHITESPACE] + \
+    ["'" + w + "T" for w in WHITESPACE[:6]]
+
+# The classes the random edge-case strings draw from, each a list of short pieces.
+EDGE_CLASSES = [
+    ["'s", "'S", "'t", "'T", "'re", "'RE", "'Re", "'ve", "'VE", "'m", "'M", "'ll", "'LL", "'lL", "'d", "'D", "'",
+     "\u2019", "'The", "'EM"],
+    WHITESPACE + ["\r\n", "  ", "\n\n"],
+    NOT_WHITESPACE,
+    ["\u0300", "\u0301", "\u0308", "\u0327", "\u0345", "\u20dd", "\u093f", "\u0e34", "\u05b8", "\u064b", "\ufe0f"],
+    ["a", "Z", "He", "LLO", "I", "the", "\u00e9", "\u00df", "\u0416", "\u0436", "\u03a9", "\u03bb", "\u4e2d",
+     "\u3042", "\u30a2", "\ud55c", "\u0639", "\u05e9", "\u0915", "\u0e01", "\u10d0", "\u0531", "\u01c5"],
+    ["0", "7", "12", "345", "6789", "\u0661", "\u0663\u0664", "\u0967", "\u0e51", "\u09e7", "\uff11", "\u00b2",
+     "\u00bd", "\u2460", "\u216b", "\U0001d7d9", "\u3007", "\u1040"],
+    [".", ",", "!", "?", "-", "(", ")", "\"", "#", "\u3002", "\u00bf", "\U0001f600"],
+]
+
+
+def edge_strings(n, seed=17):
+    """n random strings built from EDGE_CLASSES (a fixed seed: the same strings every run)."""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        out.append("".join(rnd.choice(rnd.choice(EDGE_CLASSES)) for _ in range(rnd.randint(2, 12))))
+    return out
+
+
 def test_strings():
     rnd = random.Random(20240601)
-    out = list(FIXED)
+    out = list(FIXED) + EDGE + edge_strings(300)
     out += [str(10 ** k + 7 * k) for k in range(1, 25)]              # digits of many lengths
     out += [("x" + " " * k + "y") for k in range(1, 12)]             # whitespace runs
     out += [("x" + "\n" * k + " " * (k % 3) + "y") for k in range(1, 8)]
@@ -408,6 +468,33 @@ def run_variants(lib, path, strings):
     return ok
 
 
+def run_synth_vocabs(lib, strings):
+    """The vocabulary `pipeshard synth` writes (merges learnt from its own corpus: another
+    vocabulary than SmolLM2's, and one a user's clone has too) under each pre-tokenizer the
+    project's model families use, against HF with the original regexes."""
+    ok = True
+    bin_ = os.environ.get("PIPESHARD_BIN", "")
+    require(os.access(bin_, os.X_OK), f"PIPESHARD_BIN={bin_!r} is not an executable (run through ctest)")
+    for like, pre in (("smollm2-135m", "smollm"), ("llama-3.2-1b", "llama-bpe"), ("qwen2.5-1.5b", "qwen2")):
+        ck = Checker(f"synth {pre}")
+        path = os.path.join(os.environ.get("PS_TEST_TMP", "/tmp"), f"tokenize_synth_{pre}.gguf")
+        p = subprocess.run([bin_, "synth", "--like", like, "--layers", "1", "--dim", "64", "--heads", "4",
+                            "--kv-heads", "2", "--head-dim", "16", "--ffn", "128", "--vocab", "4096", "--type", "F32",
+                            "-o", path], capture_output=True, text=True, timeout=120)
+        require(p.returncode == 0, lambda: f"pipeshard synth --like {like}: {p.stderr[-800:]}")
+        require(gguf_fields(path)("tokenizer.ggml.pre") == pre, f"synth --like {like} did not write pre {pre}")
+        tk = hf_smollm(path) if pre == "smollm" else hf_variant(path, pre)
+        ctok = CTok(lib, path)
+        for s in strings:
+            ids = ctok.encode(s, add_special=False, parse_special=True)
+            ck.eq("ids", s, ids, tk.encode(s, add_special_tokens=False).ids)
+            ck.eq("decode(encode(s))", s, ctok.decode(ids, PS_TOK_DECODE_SPECIAL), s.encode())
+        ctok.close()
+        print(f"[{pre} over synth's vocabulary] {ck.n - ck.fail}/{ck.n} checks passed")
+        ok &= ck.fail == 0
+    return ok
+
+
 def run_stories(lib, path, strings):
     ck = Checker("stories260K")
     sp, ctok = sp_stories(path), CTok(lib, path)
@@ -444,10 +531,11 @@ def run_synth_spm(lib, strings):
 def main():
     lib = load_lib()
     strings = test_strings()
-    assert len(strings) >= 200, len(strings)
+    require(len(strings) >= 200, lambda: f"only {len(strings)} test strings")
     smol = os.path.join(os.environ.get("PS_MODEL_CACHE", ".cache/models"), "SmolLM2-135M-Instruct.Q4_1.gguf")
     stories = os.path.join(os.environ.get("PS_SHARED_MODELS", "../shared/models"), "stories260K.gguf")
     ok = run_synth_spm(lib, strings)
+    ok &= run_synth_vocabs(lib, strings)
     ran = 0
     if os.path.exists(smol):
         ran += 1
