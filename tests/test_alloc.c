@@ -145,9 +145,9 @@ int main(void) {
     model_path = ps_test_shared_model("stories260K.gguf");
     sweep("a connection's send path", op_conn);
     if (!model_path) {
-        if (ps_test_done()) return 1;
-        return ps_test_skip("stories260K.gguf is absent (../shared/models): the model, tokenizer, stage and "
-                            "session sweeps did not run");
+        ps_test_skip_part("stories260K.gguf is absent (../shared/models): the model, tokenizer, stage and session "
+                          "sweeps did not run");
+        return ps_test_done();
     }
     sweep("loading a mapped model", op_model_map);
     sweep("loading a model into memory", op_model_read);
