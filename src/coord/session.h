@@ -5,12 +5,12 @@
  * invariant 3), runs the prompt around the ring on the first step and feeds each sampled
  * token back on the next, stops at the end of text, after n_predict tokens or when the
  * context is full, and turns tokens into text through a streaming detokenizer that never
- * splits a UTF-8 character. `run`, `bench --stages`, the HTTP server and speculative
- * decoding all drive generation through it.
+ * splits a UTF-8 character. `run` and `bench --stages` drive generation through it; the
+ * HTTP server and speculative decoding are to build on it.
  *
  *     ps_session_prompt_text(s, text, len, &gp, err, errlen);
- *     ps_session_step st;
- *     while (!(e = ps_session_next(s, &st, err, errlen)) && !st.stop) print(st.text, st.len);
+ *     ps_session_step st = {0};
+ *     while (!st.stop && !ps_session_next(s, &st, err, errlen)) print(st.text, st.len);
  *     ps_session_flush(s, &text, &len);        // the bytes the stream still held back
  *
  * The coordinator runs one sequence at a time: one session per coordinator. */

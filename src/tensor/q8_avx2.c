@@ -185,9 +185,10 @@ KI void q32_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint
 KI void store_tile(int R, int T, __m256 acc[RMAX][TMAX], float macc[RMAX][TMAX], int use_macc, float *y,
                    int64_t ys) {
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) y[t * ys + r] = use_macc ? hsum8(acc[r][t]) + macc[r][t] : hsum8(acc[r][t]);
+    }
 }
 
 KI void q32_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
@@ -195,9 +196,10 @@ KI void q32_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t co
     __m256 acc[RMAX][TMAX];
     float macc[RMAX][TMAX];
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
+    }
     for (int64_t i = 0; i < cols / PS_QK; i++) q32_step(R, T, type, w, wb, x, xs, i, acc, macc);
     store_tile(R, T, acc, macc, type == T_Q4_1 || type == T_Q5_1, y, ys);
 }
@@ -281,9 +283,10 @@ KI void k_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_
     UNROLL
     for (int r = 0; r < R; r++) kblock_load(type, w + r * wb + i * bsize, &kb[r]);
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) isum[r][t] = _mm256_setzero_si256();
+    }
     for (int j = 0; j < 8; j++) {
         __m256i q[RMAX];
         UNROLL
@@ -324,9 +327,10 @@ KI void k_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols
     __m256 acc[RMAX][TMAX];
     float macc[RMAX][TMAX];
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
+    }
     for (int64_t i = 0; i < cols / PS_QK_K; i++) k_step(R, T, type, w, wb, x, xs, i, acc, macc);
     store_tile(R, T, acc, macc, type != T_Q6_K, y, ys);
 }
@@ -377,9 +381,10 @@ KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols
     __m256 acc[RMAX][TMAX];
     float macc[RMAX][TMAX];
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
+    }
     int64_t c = 0;
     for (; c + 8 <= cols; c += 8) f_step(R, T, type, w, wb, x, xs, c, 8, acc);
     if (c < cols) f_step(R, T, type, w, wb, x, xs, c, (int)(cols - c), acc);

@@ -182,9 +182,10 @@ KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint
     const __m512i rot_lo = _mm512_set_epi32(30, 30, 30, 30, 0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4);
     const __m512i rot_hi = _mm512_set_epi32(29, 29, 29, 29, 31, 31, 31, 31, 1, 1, 1, 1, 3, 3, 3, 3);
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) lo[r][t] = hi[r][t] = _mm512_setzero_si512();
+    }
     UNROLL
     for (int c = 0; c < 8; c++) {
         __m512i vl[RMAX], vh[RMAX];

@@ -200,9 +200,10 @@ KI __m256i tail_quants(const uint8_t *p, int bsize, int qs_off, int qh_off) {
 KI void tail_blocks(int R, int T, int bsize, int qs_off, int qh_off, int has_min, const uint8_t *w, size_t wb,
                     const uint8_t *x, size_t xs, int rem, __m256 tacc[RMAX][TMAX]) {
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) tacc[r][t] = _mm256_setzero_ps();
+    }
     for (int b = 0; b < rem; b++) {
         __m256i q[RMAX];
         float dw[RMAX], mw[RMAX];

@@ -7,9 +7,10 @@
 /* Writes the horizontal sums of an R x T tile. */
 KI void store_sums(int R, int T, __m512 facc[RMAX][TMAX], float *y, int64_t ys) {
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) y[t * ys + r] = hsum16(facc[r][t]);
+    }
 }
 
 /* A tile's share of one pass over the columns: groups [g0, g1) of the row. The first pass
@@ -39,18 +40,20 @@ KI void facc_end(int R, int T, const span *sp, __m512 facc[RMAX][TMAX], float *y
         return;
     }
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) _mm512_store_ps(sp->acc + 16 * (r * T + t), facc[r][t]);
+    }
 }
 
 /* Folds the 8 tail lanes into lanes 0-7 of the group accumulators (for every pair of a
  * row with a natural tail, once, after its last group). */
 KI void add_tail(int R, int T, __m512 facc[RMAX][TMAX], __m256 tacc[RMAX][TMAX]) {
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         UNROLL
         for (int t = 0; t < T; t++) facc[r][t] = _mm512_add_ps(facc[r][t], _mm512_zextps256_ps512(tacc[r][t]));
+    }
 }
 
 /* name_tile_RxT: groups [g0, g1) of R weight rows against T activation rows. A type
