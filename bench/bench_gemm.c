@@ -174,7 +174,7 @@ static void baselines(ps_pool *pool, int reps) {
 // Problems
 
 typedef struct {
-    ps_mat m[64];   /* copies of one matrix (m[0] owns the data of all) */
+    ps_mat m[64]; /* copies of one matrix (m[0] owns the data of all) */
     int copies;
     float *x, *y;
     void *scratch;
@@ -294,8 +294,10 @@ static double gemm_gflops(ps_type t, int64_t rows, int64_t cols, int64_t n_tok, 
 static void bench_row(ps_type t, const char *isa, const opts *o) {
     if (ps_gemm_set_isa(isa) != PS_OK) return;
     printf("%-5s %-7s", ps_type_name(t), isa);
-    if (o->pp_only) printf(" %9s %8s %7s", "", "", "");
-    else put(gemv_gbs(t, 2048, 8192, true, o), 9);
+    if (o->pp_only)
+        printf(" %9s %8s %7s", "", "", "");
+    else
+        put(gemv_gbs(t, 2048, 8192, true, o), 9);
     if (!o->pp_only) put(gemv_gbs(t, 2048, 8192, false, o), 8);
     if (o->pp_only) {
     } else if (ps_row_bytes(t, 576)) {
@@ -329,13 +331,20 @@ int main(int argc, char **argv) {
     const char *isas = "avx512,avx2", *types = "Q4_0,Q8_0,Q4_1,Q4_K,Q5_K,Q6_K,Q5_0,Q5_1,F16,BF16,F32";
     bool quick = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-t") && i + 1 < argc) o.threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-r") && i + 1 < argc) o.reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-i") && i + 1 < argc) isas = argv[++i];
-        else if (!strcmp(argv[i], "-T") && i + 1 < argc) types = argv[++i];
-        else if (!strcmp(argv[i], "-s")) o.head = true;
-        else if (!strcmp(argv[i], "-q")) quick = true;
-        else if (!strcmp(argv[i], "-p")) o.pp_only = true;
+        if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            o.threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc)
+            o.reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-i") && i + 1 < argc)
+            isas = argv[++i];
+        else if (!strcmp(argv[i], "-T") && i + 1 < argc)
+            types = argv[++i];
+        else if (!strcmp(argv[i], "-s"))
+            o.head = true;
+        else if (!strcmp(argv[i], "-q"))
+            quick = true;
+        else if (!strcmp(argv[i], "-p"))
+            o.pp_only = true;
         else {
             fprintf(stderr, "usage: bench_gemm [-t threads] [-r reps] [-i isa,...] [-T type,...] [-s] [-q] [-p]\n");
             return 2;
@@ -346,8 +355,8 @@ int main(int argc, char **argv) {
     if (!quick) baselines(o.pool, o.reps);
     ps_type ts[16];
     int nt = parse_types(types, ts, 16);
-    printf("\n%-5s %-7s %9s %8s %7s %9s %9s %9s%s\n", "type", "isa", "gemv cold", "gemv hot", "576", "pp128",
-           "pp128", "pp128", o.head ? "      pp128" : "");
+    printf("\n%-5s %-7s %9s %8s %7s %9s %9s %9s%s\n", "type", "isa", "gemv cold", "gemv hot", "576", "pp128", "pp128",
+           "pp128", o.head ? "      pp128" : "");
     printf("%-5s %-7s %9s %8s %7s %9s %9s %9s%s\n", "", "", "2048x8192", "GB/s", "us", "2048x2048", "8192x2048",
            "2048x8192", o.head ? " 128256x2048" : "");
     char buf[256];

@@ -109,13 +109,20 @@ int main(int argc, char **argv) {
     int64_t n_tok = 128;
     const char *family = NULL, *types = "F32,F16,BF16,Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q5_K,Q6_K";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-f") && i + 1 < argc) family = argv[++i];
-        else if (!strcmp(argv[i], "-T") && i + 1 < argc) types = argv[++i];
-        else if (!strcmp(argv[i], "-p") && i + 1 < argc) n_tok = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "-s")) shapes = 1;
-        else if (!strcmp(argv[i], "-c")) clock_id = CLOCK_PROCESS_CPUTIME_ID;
+        if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-f") && i + 1 < argc)
+            family = argv[++i];
+        else if (!strcmp(argv[i], "-T") && i + 1 < argc)
+            types = argv[++i];
+        else if (!strcmp(argv[i], "-p") && i + 1 < argc)
+            n_tok = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "-s"))
+            shapes = 1;
+        else if (!strcmp(argv[i], "-c"))
+            clock_id = CLOCK_PROCESS_CPUTIME_ID;
         else {
             fprintf(stderr, "usage: %s [-t threads] [-r reps] [-f family] [-T types] [-p n_tok] [-s] [-c]\n", argv[0]);
             return 2;

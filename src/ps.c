@@ -106,7 +106,8 @@ void ps_thread_unpin(void) {
 ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen) {
     char path[4096];
     size_t len = strlen(dir);
-    if (!len || len >= sizeof path) return ps_errf(err, errlen, PS_ERR_ARG, "output directory name is empty or too long");
+    if (!len || len >= sizeof path)
+        return ps_errf(err, errlen, PS_ERR_ARG, "output directory name is empty or too long");
     memcpy(path, dir, len + 1);
     for (size_t i = 1; i <= len; i++) {
         if (path[i] != '/' && path[i] != 0) continue;

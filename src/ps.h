@@ -31,8 +31,7 @@ const char *ps_strerror(ps_status s);
 
 /* Formats one line into err (when err is non-NULL and errlen > 0) and returns s,
  * so that callers can write `return ps_errf(err, errlen, PS_ERR_FORMAT, "...", ...)`. */
-ps_status ps_errf(char *err, size_t errlen, ps_status s, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+ps_status ps_errf(char *err, size_t errlen, ps_status s, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Monotonic clock in seconds. */
 double ps_now(void);

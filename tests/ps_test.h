@@ -17,35 +17,34 @@
 extern int ps_test_failures;
 extern int ps_test_checks;
 
-#define PS_CHECK(cond)                                                                   \
-    do {                                                                                 \
-        ps_test_checks++;                                                                \
-        if (!(cond)) {                                                                   \
-            ps_test_failures++;                                                          \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);     \
-        }                                                                                \
+#define PS_CHECK(cond)                                                                                                 \
+    do {                                                                                                               \
+        ps_test_checks++;                                                                                              \
+        if (!(cond)) {                                                                                                 \
+            ps_test_failures++;                                                                                        \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);                                   \
+        }                                                                                                              \
     } while (0)
 
-#define PS_CHECK_EQ_INT(a, b)                                                            \
-    do {                                                                                 \
-        long long ps_a_ = (long long)(a), ps_b_ = (long long)(b);                        \
-        ps_test_checks++;                                                                \
-        if (ps_a_ != ps_b_) {                                                            \
-            ps_test_failures++;                                                          \
-            fprintf(stderr, "%s:%d: %s == %lld, expected %s == %lld\n", __FILE__,        \
-                    __LINE__, #a, ps_a_, #b, ps_b_);                                     \
-        }                                                                                \
+#define PS_CHECK_EQ_INT(a, b)                                                                                          \
+    do {                                                                                                               \
+        long long ps_a_ = (long long)(a), ps_b_ = (long long)(b);                                                      \
+        ps_test_checks++;                                                                                              \
+        if (ps_a_ != ps_b_) {                                                                                          \
+            ps_test_failures++;                                                                                        \
+            fprintf(stderr, "%s:%d: %s == %lld, expected %s == %lld\n", __FILE__, __LINE__, #a, ps_a_, #b, ps_b_);     \
+        }                                                                                                              \
     } while (0)
 
-#define PS_CHECK_OK(expr)                                                                \
-    do {                                                                                 \
-        int ps_s_ = (int)(expr);                                                         \
-        ps_test_checks++;                                                                \
-        if (ps_s_ != 0) {                                                                \
-            ps_test_failures++;                                                          \
-            fprintf(stderr, "%s:%d: %s returned %d (%s)\n", __FILE__, __LINE__, #expr,   \
-                    ps_s_, ps_strerror((ps_status)ps_s_));                               \
-        }                                                                                \
+#define PS_CHECK_OK(expr)                                                                                              \
+    do {                                                                                                               \
+        int ps_s_ = (int)(expr);                                                                                       \
+        ps_test_checks++;                                                                                              \
+        if (ps_s_ != 0) {                                                                                              \
+            ps_test_failures++;                                                                                        \
+            fprintf(stderr, "%s:%d: %s returned %d (%s)\n", __FILE__, __LINE__, #expr, ps_s_,                          \
+                    ps_strerror((ps_status)ps_s_));                                                                    \
+        }                                                                                                              \
     } while (0)
 
 int ps_test_done(void);

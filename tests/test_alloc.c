@@ -33,8 +33,8 @@ static void sweep(const char *name, op_fn op) {
         long used = ps_alloc_fail_at(0);
         if (s == PS_OK) {
             PS_CHECK(used > 0 && used < n); /* it allocated, and the failing one never came */
-            printf("  ok: %s completes once %ld allocations succeed; the %ld failures before were clean\n", name,
-                   used, n - 1);
+            printf("  ok: %s completes once %ld allocations succeed; the %ld failures before were clean\n", name, used,
+                   n - 1);
             return;
         }
         ps_test_checks++;
@@ -107,7 +107,8 @@ static ps_status op_session(char *err, size_t errlen) {
     if (!s) s = ps_session_prompt_ids(ss, prompt, 4, &gp, err, errlen);
     ps_session_step step = {0};
     while (!s && !step.stop) s = ps_session_next(ss, &step, err, errlen);
-    if (!s && step.stop != PS_STOP_LENGTH) s = ps_errf(err, errlen, PS_ERR_INTERNAL, "stopped for %s", ps_stop_reason_name(step.stop));
+    if (!s && step.stop != PS_STOP_LENGTH)
+        s = ps_errf(err, errlen, PS_ERR_INTERNAL, "stopped for %s", ps_stop_reason_name(step.stop));
     ps_session_free(ss);
     ps_coord_free(c);
     return s;

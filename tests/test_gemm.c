@@ -21,14 +21,14 @@
 #include "tensor/gemm.h"
 #include "tensor/pool.h"
 
-#define ROWS 101   /* > 65536 multiply-adds at n_tok = 1 with 768 columns: threads split rows */
+#define ROWS 101 /* > 65536 multiply-adds at n_tok = 1 with 768 columns: threads split rows */
 #if defined(__SANITIZE_ADDRESS__)
-#define N_TOK 150  /* > 1 token block of the panel path; the sanitizer build is slow */
+#define N_TOK 150 /* > 1 token block of the panel path; the sanitizer build is slow */
 #else
-#define N_TOK 300  /* > 2 token blocks of the panel path */
+#define N_TOK 300 /* > 2 token blocks of the panel path */
 #endif
-#define XPAD 5     /* x_stride = cols + XPAD */
-#define YPAD 3     /* y_stride = ROWS + YPAD */
+#define XPAD     5 /* x_stride = cols + XPAD */
+#define YPAD     3 /* y_stride = ROWS + YPAD */
 #define SENTINEL 0x7fc0dead
 
 // Random data (ps_test_rng_*, seeded in main)
@@ -63,11 +63,11 @@ static uint8_t *make_weights(ps_type t, int64_t rows, int64_t cols, size_t rb) {
 typedef struct {
     ps_type type;
     int64_t rows, cols;
-    size_t rb;          /* bytes per weight row */
-    uint8_t *wbuf;      /* rows × rb bytes at wbuf + 1 (an odd address) */
-    float *x;           /* N_TOK rows of cols, stride cols + XPAD */
-    float *y_ref;       /* N_TOK rows of ROWS, stride ROWS + YPAD, from the ref family */
-    ps_pool *pools[3];  /* 1, 2 and 3 threads */
+    size_t rb;         /* bytes per weight row */
+    uint8_t *wbuf;     /* rows × rb bytes at wbuf + 1 (an odd address) */
+    float *x;          /* N_TOK rows of cols, stride cols + XPAD */
+    float *y_ref;      /* N_TOK rows of ROWS, stride ROWS + YPAD, from the ref family */
+    ps_pool *pools[3]; /* 1, 2 and 3 threads */
 } problem;
 
 static int64_t xs_of(const problem *p) { return p->cols + XPAD; }
@@ -247,7 +247,7 @@ static void test_edges(void) {
 }
 
 static void test_api(void) {
-    static const ps_type yes[] = {PS_TYPE_F32, PS_TYPE_F16, PS_TYPE_BF16, PS_TYPE_Q8_0, PS_TYPE_Q4_0, PS_TYPE_Q4_1,
+    static const ps_type yes[] = {PS_TYPE_F32,  PS_TYPE_F16,  PS_TYPE_BF16, PS_TYPE_Q8_0, PS_TYPE_Q4_0, PS_TYPE_Q4_1,
                                   PS_TYPE_Q5_0, PS_TYPE_Q5_1, PS_TYPE_Q4_K, PS_TYPE_Q5_K, PS_TYPE_Q6_K};
     for (size_t i = 0; i < PS_ARRAY_LEN(yes); i++) PS_CHECK(ps_gemm_supported(yes[i]));
     PS_CHECK(!ps_gemm_supported(PS_TYPE_Q8_1));

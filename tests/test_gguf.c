@@ -290,7 +290,8 @@ static const struct {
     {"data past EOF", m_past_eof, PS_ERR_FORMAT,
      "tensor 'blk.0.attn_q.weight': data [offset 0, 256 bytes] runs past the end of the file"},
     {"offset near 2^64", m_offset_huge, PS_ERR_FORMAT, "runs past the end of the file"},
-    {"overlapping tensors", m_overlap, PS_ERR_FORMAT, "tensors 'a' [offset 0, 64 bytes] and 'b' [offset 32, 64 bytes] overlap"},
+    {"overlapping tensors", m_overlap, PS_ERR_FORMAT,
+     "tensors 'a' [offset 0, 64 bytes] and 'b' [offset 32, 64 bytes] overlap"},
     {"duplicate tensor", m_dup_tensor, PS_ERR_FORMAT, "duplicate tensor name 'a'"},
     {"truncated tensor info", m_tinfo_trunc, PS_ERR_FORMAT, "tensor 'tensor.name': dimension at offset"},
 };
@@ -307,7 +308,8 @@ static void test_malformed(void) {
         PS_CHECK(g == NULL);
         if (!strstr(err, malformed[i].substr)) {
             PS_CHECK(!"error message lacks the expected text");
-            fprintf(stderr, "  case '%s': got \"%s\", want \"...%s...\"\n", malformed[i].name, err, malformed[i].substr);
+            fprintf(stderr, "  case '%s': got \"%s\", want \"...%s...\"\n", malformed[i].name, err,
+                    malformed[i].substr);
         }
         ps_gguf_close(g);
         free(copy);
@@ -338,11 +340,19 @@ static void test_malformed(void) {
 static bool value_eq(const ps_gguf_value *a, const ps_gguf_value *b) {
     if (a->type != b->type) return false;
     switch (a->type) {
-    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: case PS_GGUF_U64: return a->u64 == b->u64;
-    case PS_GGUF_I8: case PS_GGUF_I16: case PS_GGUF_I32: case PS_GGUF_I64: return a->i64 == b->i64;
-    case PS_GGUF_F32: case PS_GGUF_F64: return memcmp(&a->f64, &b->f64, 8) == 0;
+    case PS_GGUF_U8:
+    case PS_GGUF_U16:
+    case PS_GGUF_U32:
+    case PS_GGUF_U64: return a->u64 == b->u64;
+    case PS_GGUF_I8:
+    case PS_GGUF_I16:
+    case PS_GGUF_I32:
+    case PS_GGUF_I64: return a->i64 == b->i64;
+    case PS_GGUF_F32:
+    case PS_GGUF_F64: return memcmp(&a->f64, &b->f64, 8) == 0;
     case PS_GGUF_BOOL: return a->b == b->b;
-    case PS_GGUF_STRING: return a->str.len == b->str.len && (!a->str.len || !memcmp(a->str.data, b->str.data, a->str.len));
+    case PS_GGUF_STRING:
+        return a->str.len == b->str.len && (!a->str.len || !memcmp(a->str.data, b->str.data, a->str.len));
     default: break;
     }
     if (a->arr.type != b->arr.type || a->arr.n != b->arr.n) return false;
@@ -383,7 +393,10 @@ static ps_gguf_str strs_b[] = {{3, "\xc3\xa9t"}};
 static ps_gguf_value inner_str_arrays[2];
 static ps_gguf_value inner_i32_arrays[2], mid_arrays[1];
 
-#define ARR(t, d) {.type = PS_GGUF_ARRAY, .arr = {.type = (t), .n = PS_ARRAY_LEN(d), .data = (d)}}
+#define ARR(t, d)                                                                                                      \
+    {                                                                                                                  \
+        .type = PS_GGUF_ARRAY, .arr = {.type = (t), .n = PS_ARRAY_LEN(d), .data = (d) }                                \
+    }
 
 static kv_case kv_cases[] = {
     {"general.architecture", {.type = PS_GGUF_STRING, .str = {5, "llama"}}},
@@ -419,11 +432,14 @@ static kv_case kv_cases[] = {
 };
 
 static void init_nested(void) {
-    inner_str_arrays[0] = (ps_gguf_value){.type = PS_GGUF_ARRAY, .arr = {.type = PS_GGUF_STRING, .n = 3, .strs = strs_a}};
-    inner_str_arrays[1] = (ps_gguf_value){.type = PS_GGUF_ARRAY, .arr = {.type = PS_GGUF_STRING, .n = 1, .strs = strs_b}};
+    inner_str_arrays[0] =
+        (ps_gguf_value){.type = PS_GGUF_ARRAY, .arr = {.type = PS_GGUF_STRING, .n = 3, .strs = strs_a}};
+    inner_str_arrays[1] =
+        (ps_gguf_value){.type = PS_GGUF_ARRAY, .arr = {.type = PS_GGUF_STRING, .n = 1, .strs = strs_b}};
     inner_i32_arrays[0] = (ps_gguf_value)ARR(PS_GGUF_I32, i32s);
     inner_i32_arrays[1] = (ps_gguf_value)ARR(PS_GGUF_U8, u8s); /* elements of one array may differ in type */
-    mid_arrays[0] = (ps_gguf_value){.type = PS_GGUF_ARRAY, .arr = {.type = PS_GGUF_ARRAY, .n = 2, .elems = inner_i32_arrays}};
+    mid_arrays[0] =
+        (ps_gguf_value){.type = PS_GGUF_ARRAY, .arr = {.type = PS_GGUF_ARRAY, .n = 2, .elems = inner_i32_arrays}};
 }
 
 /* Tensors of the round trip: shapes chosen so that most sizes are not multiples of the
@@ -474,7 +490,8 @@ static const char *write_roundtrip(uint32_t version, uint32_t alignment, const c
     progress_log prog = {.monotone = true};
     PS_CHECK_OK(ps_gguf_writer_create(&w, version, alignment));
     if (!w) return NULL;
-    for (size_t i = 0; i < PS_ARRAY_LEN(kv_cases); i++) PS_CHECK_OK(ps_gguf_writer_set_value(w, kv_cases[i].key, &kv_cases[i].v));
+    for (size_t i = 0; i < PS_ARRAY_LEN(kv_cases); i++)
+        PS_CHECK_OK(ps_gguf_writer_set_value(w, kv_cases[i].key, &kv_cases[i].v));
     /* the typed setters, and replacing a value in place */
     PS_CHECK_OK(ps_gguf_writer_set_u32(w, "s.u32", 7));
     PS_CHECK_OK(ps_gguf_writer_set_i32(w, "s.i32", -7));
@@ -485,7 +502,7 @@ static const char *write_roundtrip(uint32_t version, uint32_t alignment, const c
     PS_CHECK_OK(ps_gguf_writer_set_arr(w, "s.arr", PS_GGUF_I32, i32s, 3));
     const char *toks[] = {"<s>", "</s>", "\xe2\x96\x81hi"};
     PS_CHECK_OK(ps_gguf_writer_set_arr_str(w, "s.toks", toks, 3));
-    PS_CHECK_OK(ps_gguf_writer_set_u32(w, "s.u32", 8));      /* replace: keeps position */
+    PS_CHECK_OK(ps_gguf_writer_set_u32(w, "s.u32", 8)); /* replace: keeps position */
     PS_CHECK_OK(ps_gguf_writer_set_str(w, "s.bool", "now a string"));
     for (size_t i = 0; i < PS_ARRAY_LEN(rt_tensors); i++) {
         size_t nbytes = ps_row_bytes(rt_tensors[i].type, rt_tensors[i].ne[0]) * rt_tensors[i].ne[1] *
@@ -632,7 +649,8 @@ static unsigned walk_value(const ps_gguf_value *v) {
 
 static unsigned walk(const ps_gguf *g) {
     unsigned h = 0;
-    for (int64_t i = 0; i < ps_gguf_n_kv(g); i++) h += walk_value(ps_gguf_kv_value(g, i)) + (unsigned)strlen(ps_gguf_kv_key(g, i));
+    for (int64_t i = 0; i < ps_gguf_n_kv(g); i++)
+        h += walk_value(ps_gguf_kv_value(g, i)) + (unsigned)strlen(ps_gguf_kv_key(g, i));
     for (int64_t i = 0; i < ps_gguf_n_tensors(g); i++) {
         const ps_gguf_tensor *t = ps_gguf_tensor_at(g, i);
         for (size_t j = 0; j < t->nbytes; j++) h += ((const uint8_t *)t->data)[j];
@@ -666,7 +684,8 @@ static void test_truncation(const char *path) {
         err[0] = 0;
         ps_status s = open_blob(&b, n, &g, err, sizeof err, &copy);
         bool ok = n >= end ? s == PS_OK && g : s != PS_OK && !g && err[0];
-        if (!ok && bad++ < 5) fprintf(stderr, "  truncated to %zu of %zu bytes: status %d, err \"%s\"\n", n, len, s, err);
+        if (!ok && bad++ < 5)
+            fprintf(stderr, "  truncated to %zu of %zu bytes: status %d, err \"%s\"\n", n, len, s, err);
         if (g) walk(g);
         ps_gguf_close(g);
         free(copy);
@@ -780,7 +799,8 @@ static void test_writer_errors(void) {
     PS_CHECK_EQ_INT(ps_gguf_writer_add_tensor(w, "t", PS_TYPE_Q4_0, 1, (int64_t[]){33}, zeros, NULL, NULL), PS_ERR_ARG);
     PS_CHECK_EQ_INT(ps_gguf_writer_add_tensor(w, "t", PS_TYPE_F32, 0, ne, zeros, NULL, NULL), PS_ERR_ARG);
     PS_CHECK_EQ_INT(ps_gguf_writer_add_tensor(w, "t", PS_TYPE_F32, 5, ne, zeros, NULL, NULL), PS_ERR_ARG);
-    PS_CHECK_EQ_INT(ps_gguf_writer_add_tensor(w, "t", PS_TYPE_F32, 2, (int64_t[]){4, 0}, zeros, NULL, NULL), PS_ERR_ARG);
+    PS_CHECK_EQ_INT(ps_gguf_writer_add_tensor(w, "t", PS_TYPE_F32, 2, (int64_t[]){4, 0}, zeros, NULL, NULL),
+                    PS_ERR_ARG);
     PS_CHECK_EQ_INT(ps_gguf_writer_add_tensor(w, "t", PS_TYPE_F32, 2, ne, NULL, NULL, NULL), PS_ERR_ARG);
     PS_CHECK_EQ_INT(ps_gguf_writer_add_tensor(w, "", PS_TYPE_F32, 2, ne, zeros, NULL, NULL), PS_ERR_ARG);
     PS_CHECK_OK(ps_gguf_writer_add_tensor(w, "t", PS_TYPE_F32, 2, ne, zeros, NULL, NULL));
@@ -860,7 +880,8 @@ static void copy_and_compare(const ps_gguf *g, const char *name, bool with_tenso
     char err[512] = "", path[4096];
     PS_CHECK_OK(ps_gguf_writer_create(&w, 3, ps_gguf_alignment(g)));
     if (!w) return;
-    for (int64_t i = 0; i < ps_gguf_n_kv(g); i++) PS_CHECK_OK(ps_gguf_writer_set_value(w, ps_gguf_kv_key(g, i), ps_gguf_kv_value(g, i)));
+    for (int64_t i = 0; i < ps_gguf_n_kv(g); i++)
+        PS_CHECK_OK(ps_gguf_writer_set_value(w, ps_gguf_kv_key(g, i), ps_gguf_kv_value(g, i)));
     for (int64_t i = 0; with_tensors && i < ps_gguf_n_tensors(g); i++) {
         const ps_gguf_tensor *t = ps_gguf_tensor_at(g, i);
         PS_CHECK_OK(ps_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL));

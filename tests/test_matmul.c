@@ -234,9 +234,9 @@ static void test_pool_pin(void) {
 typedef struct {
     ps_type type;
     int64_t rows, cols, n_tok;
-    void *w;        /* rows x ps_row_bytes, allocated to the byte */
-    float *wf;      /* dequantized weights */
-    float *x;       /* n_tok x x_stride */
+    void *w;   /* rows x ps_row_bytes, allocated to the byte */
+    float *wf; /* dequantized weights */
+    float *x;  /* n_tok x x_stride */
     int64_t x_stride;
 } problem;
 
@@ -383,8 +383,8 @@ static void test_accuracy(ps_type type, int64_t rows, int64_t cols, int64_t n_to
 // Batch invariance
 
 /* Compares y[t][r] (rows [r0, r0+nr), tokens [t0, t0+n)) bit for bit with full[t][r]. */
-static int compare_bits(const float *full, int64_t rows, const float *y, int64_t ys, int64_t t0, int64_t n,
-                        int64_t r0, int64_t nr) {
+static int compare_bits(const float *full, int64_t rows, const float *y, int64_t ys, int64_t t0, int64_t n, int64_t r0,
+                        int64_t nr) {
     int bad = 0;
     for (int64_t t = 0; t < n; t++)
         if (memcmp(full + (t0 + t) * rows + r0, y + t * ys, sizeof(float) * (size_t)nr) != 0) bad++;
@@ -468,9 +468,11 @@ static void test_multi(ps_pool *pool) {
             int bad = 0;
             for (int i = 0; i < N; i++)
                 for (int64_t t = 0; t < n_tok; t++)
-                    bad += memcmp(ys[i] + t * strides[i], ref[i] + t * strides[i], sizeof(float) * (size_t)m[i].rows) != 0;
+                    bad +=
+                        memcmp(ys[i] + t * strides[i], ref[i] + t * strides[i], sizeof(float) * (size_t)m[i].rows) != 0;
             if (bad)
-                fprintf(stderr, "multi %s n_tok %lld: %d rows differ\n", ps_isa_name((ps_isa)isa), (long long)n_tok, bad);
+                fprintf(stderr, "multi %s n_tok %lld: %d rows differ\n", ps_isa_name((ps_isa)isa), (long long)n_tok,
+                        bad);
             PS_CHECK_EQ_INT(bad, 0);
         }
     }
@@ -483,17 +485,19 @@ static void test_multi(ps_pool *pool) {
 
 // Main
 
-static const ps_type all_types[] = {PS_TYPE_F32,  PS_TYPE_F16,  PS_TYPE_BF16, PS_TYPE_Q4_0,
-                                    PS_TYPE_Q4_1, PS_TYPE_Q5_0, PS_TYPE_Q5_1, PS_TYPE_Q8_0,
-                                    PS_TYPE_Q4_K, PS_TYPE_Q5_K, PS_TYPE_Q6_K};
+static const ps_type all_types[] = {PS_TYPE_F32,  PS_TYPE_F16,  PS_TYPE_BF16, PS_TYPE_Q4_0, PS_TYPE_Q4_1, PS_TYPE_Q5_0,
+                                    PS_TYPE_Q5_1, PS_TYPE_Q8_0, PS_TYPE_Q4_K, PS_TYPE_Q5_K, PS_TYPE_Q6_K};
 
 /* Column counts that exercise whole SIMD groups and the tails after them; the third is
  * long enough for the kernels to split rows into several column passes. */
 static void cols_for(ps_type t, int64_t out[3]) {
     uint32_t bs = ps_type_get(t)->block_size;
-    if (bs == 1) out[0] = 1031, out[1] = 100, out[2] = 2000;
-    else if (bs == PS_QK) out[0] = 32 * 41, out[1] = 32 * 18, out[2] = 32 * (16 * 7 + 5);
-    else out[0] = 256 * 5, out[1] = 256 * 3, out[2] = 256 * 22;
+    if (bs == 1)
+        out[0] = 1031, out[1] = 100, out[2] = 2000;
+    else if (bs == PS_QK)
+        out[0] = 32 * 41, out[1] = 32 * 18, out[2] = 32 * (16 * 7 + 5);
+    else
+        out[0] = 256 * 5, out[1] = 256 * 3, out[2] = 256 * 22;
 }
 
 int main(void) {

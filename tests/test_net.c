@@ -55,8 +55,8 @@ static void check_has(const char *got, const char *want, int line) {
     }
 }
 #define CHECK_HAS(got, want) check_has(got, want, __LINE__)
-#define PS_XSTR(x) #x
-#define PS_STR(x) PS_XSTR(x)
+#define PS_XSTR(x)           #x
+#define PS_STR(x)            PS_XSTR(x)
 
 /* ---- helpers: connections and raw bytes ---------------------------------------------- */
 
@@ -125,7 +125,11 @@ static void raw_frame(ps_conn *c, uint16_t version, uint16_t type, const void *p
 /* ---- header and payload codecs ------------------------------------------------------- */
 
 static void test_header_codec(void) {
-    ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = 1, .type = 18, .flags = 0, .len = 0x01020304,
+    ps_frame_hdr h = {.magic = PS_NET_MAGIC,
+                      .version = 1,
+                      .type = 18,
+                      .flags = 0,
+                      .len = 0x01020304,
                       .checksum = 0x1122334455667788ull};
     uint8_t enc[24], want[24];
     ps_frame_hdr_encode(&h, enc);
@@ -134,8 +138,8 @@ static void test_header_codec(void) {
     PS_CHECK(memcmp(enc, "NSD1", 4) == 0);
     ps_frame_hdr d;
     ps_frame_hdr_decode(enc, &d);
-    PS_CHECK(d.magic == h.magic && d.version == h.version && d.type == h.type && d.flags == h.flags &&
-             d.len == h.len && d.checksum == h.checksum);
+    PS_CHECK(d.magic == h.magic && d.version == h.version && d.type == h.type && d.flags == h.flags && d.len == h.len &&
+             d.checksum == h.checksum);
 }
 
 static void test_wbuf_rbuf(void) {
@@ -225,8 +229,8 @@ static void test_parse_addr(void) {
     PS_CHECK_OK(ps_net_parse_addr("worker-3.lan:65535", host, sizeof host, &port, err, sizeof err));
     CHECK_STR(host, "worker-3.lan");
     PS_CHECK_EQ_INT(port, 65535);
-    static const char *const bad[] = {"", "nohost", ":80", "::1:80", "h:65536", "h:-1", "h:", "h:12a",
-                                      "[::1]80", "[::1", "h:000001"};
+    static const char *const bad[] = {"",   "nohost", ":80",     "::1:80", "h:65536", "h:-1",
+                                      "h:", "h:12a",  "[::1]80", "[::1",   "h:000001"};
     for (size_t i = 0; i < PS_ARRAY_LEN(bad); i++) {
         err[0] = 0;
         PS_CHECK_EQ_INT(ps_net_parse_addr(bad[i], host, sizeof host, &port, err, sizeof err), PS_ERR_ARG);
@@ -417,8 +421,8 @@ static void test_bad_frames(void) {
     raw_frame(a, PS_NET_VERSION + 1, 18, "0123456789", 10);
     raw_frame(a, PS_NET_VERSION, 19, "abc", 3);
     PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_PROTOCOL);
-    snprintf(want, sizeof want, "%s speaks protocol version %d; this build speaks %d", ps_conn_peer(b), PS_NET_VERSION + 1,
-             PS_NET_VERSION);
+    snprintf(want, sizeof want, "%s speaks protocol version %d; this build speaks %d", ps_conn_peer(b),
+             PS_NET_VERSION + 1, PS_NET_VERSION);
     CHECK_STR(err, want);
     PS_CHECK_OK(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err));
     PS_CHECK(type == 19 && len == 3 && memcmp(p, "abc", 3) == 0);
@@ -609,8 +613,13 @@ static void *hs_server_main(void *arg) {
 }
 
 static ps_hello hello_of(uint8_t role, int stage, int begin, int end) {
-    ps_hello h = {.role = role, .stage = stage, .stage_count = 3, .layer_begin = begin, .layer_end = end,
-                  .n_layer = 30, .session = role == PS_ROLE_COORD ? 0x1234567890abcdefull : 0};
+    ps_hello h = {.role = role,
+                  .stage = stage,
+                  .stage_count = 3,
+                  .layer_begin = begin,
+                  .layer_end = end,
+                  .n_layer = 30,
+                  .session = role == PS_ROLE_COORD ? 0x1234567890abcdefull : 0};
     strcpy(h.model_fp, "0123456789abcdef0123456789ABCDEF");
     strcpy(h.shard_fp, stage == 0 ? "" : "ffffffffffffffffffffffffffffffff");
     return h;
@@ -675,9 +684,12 @@ static bool raw_recv(ps_conn *c, uint8_t *p, size_t n) {
     double end = now_ms() + 2000;
     for (size_t got = 0; got < n;) {
         ssize_t r = recv(ps_conn_fd(c), p + got, n - got, MSG_DONTWAIT);
-        if (r > 0) got += (size_t)r;
-        else if (r == 0 || (errno != EAGAIN && errno != EINTR) || now_ms() > end) return false;
-        else usleep(1000);
+        if (r > 0)
+            got += (size_t)r;
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR) || now_ms() > end)
+            return false;
+        else
+            usleep(1000);
     }
     return true;
 }
@@ -730,8 +742,10 @@ static void test_sealed_frames(void) {
         } else if (round == 2) {
             put_le(wire + 6, PS_MSG_TOKENS, 2);
         }
-        if (round < 3) raw_send(a, wire, sizeof wire);
-        else raw_frame(a, PS_NET_VERSION, PS_MSG_FORWARD, msg, sizeof msg);
+        if (round < 3)
+            raw_send(a, wire, sizeof wire);
+        else
+            raw_frame(a, PS_NET_VERSION, PS_MSG_FORWARD, msg, sizeof msg);
         PS_CHECK_EQ_INT(ps_conn_recv(b, 1000, &type, &p, &len, err, sizeof err), PS_ERR_AUTH);
         CHECK_HAS(err, "fails authentication");
         if (!strstr(err, "fails authentication")) fprintf(stderr, "%s: %s\n", what[round], err);
@@ -847,8 +861,8 @@ static void test_handshake_refusals(void) {
     memset(k1, 1, 32);
     memset(k2, 2, 32);
     hs_side cl, sv;
-#define RESET(ck, sk)                                                                                    \
-    cl = (hs_side){.key = ck, .mine = hello_of(PS_ROLE_COORD, 0, 0, 10)};                                \
+#define RESET(ck, sk)                                                                                                  \
+    cl = (hs_side){.key = ck, .mine = hello_of(PS_ROLE_COORD, 0, 0, 10)};                                              \
     sv = (hs_side){.key = sk, .mine = hello_of(PS_ROLE_WORKER, 1, 10, 20)}
 
     RESET(k1, k2);
@@ -922,8 +936,8 @@ static void test_handshake_stale_and_malformed(void) {
     ps_hello cm = hello_of(PS_ROLE_COORD, 0, 0, 10);
     PS_CHECK_EQ_INT(ps_net_handshake_client(a, NULL, &cm, NULL, NULL, 0, 1000, &peer, err, sizeof err),
                     PS_ERR_PROTOCOL);
-    snprintf(want, sizeof want, "%s speaks protocol version %d; this build speaks %d", ps_conn_peer(a), PS_NET_VERSION + 1,
-             PS_NET_VERSION);
+    snprintf(want, sizeof want, "%s speaks protocol version %d; this build speaks %d", ps_conn_peer(a),
+             PS_NET_VERSION + 1, PS_NET_VERSION);
     CHECK_STR(err, want);
     ps_conn_free(a);
     ps_conn_free(b);
@@ -939,7 +953,8 @@ static void test_handshake_stale_and_malformed(void) {
         {1, 3, 3, 0, 1, 1, "", "malformed HELLO: stage 3 of 3 is out of range"},
         {1, 0, 1, 5, 4, 10, "", "malformed HELLO: layer range [5, 4) does not fit a model of 10 layers"},
         {1, 0, 1, 0, 1, 1, "0123", "malformed HELLO: model fingerprint is not 32 hex digits"},
-        {1, 0, 1, 0, 1, 1, "0123456789abcdef0123456789abcdeg", "malformed HELLO: model fingerprint is not 32 hex digits"},
+        {1, 0, 1, 0, 1, 1, "0123456789abcdef0123456789abcdeg",
+         "malformed HELLO: model fingerprint is not 32 hex digits"},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(bad); i++) {
         if (!make_pair(&a, &b)) return;
@@ -1090,8 +1105,7 @@ static void test_link_timing(void) {
     ps_conn *a, *b;
     if (!make_pair(&a, &b)) return;
     PS_CHECK_EQ_INT(ps_conn_start_sender(a, &(ps_link_sim){.latency_ms = -1}, err, sizeof err), PS_ERR_ARG);
-    PS_CHECK_EQ_INT(ps_conn_start_sender(a, &(ps_link_sim){.bandwidth_mbps = 1.0 / 0.0}, err, sizeof err),
-                    PS_ERR_ARG);
+    PS_CHECK_EQ_INT(ps_conn_start_sender(a, &(ps_link_sim){.bandwidth_mbps = 1.0 / 0.0}, err, sizeof err), PS_ERR_ARG);
     PS_CHECK_OK(ps_conn_start_sender(a, NULL, err, sizeof err));
     PS_CHECK_EQ_INT(ps_conn_start_sender(a, NULL, err, sizeof err), PS_ERR_ARG);
     ps_conn_free(a);
@@ -1208,7 +1222,8 @@ static void test_link_stop_and_errors(void) {
     if (!make_pair(&a, &b)) return;
     PS_CHECK_OK(ps_conn_start_sender(a, NULL, err, sizeof err));
     s = PS_OK;
-    for (int i = 0; i < 1000000 && s == PS_OK; i++) s = ps_conn_send_async(a, PS_MSG_FORWARD, &iov, 1, 50, err, sizeof err);
+    for (int i = 0; i < 1000000 && s == PS_OK; i++)
+        s = ps_conn_send_async(a, PS_MSG_FORWARD, &iov, 1, 50, err, sizeof err);
     PS_CHECK_EQ_INT(s, PS_ERR_TIMEOUT);
     CHECK_HAS(err, "(4096 frames queued)");
     ps_conn_free(a);

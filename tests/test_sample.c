@@ -14,9 +14,9 @@
 
 /* Upper 0.999 quantiles of the chi-square distribution, by degrees of freedom
  * (standard tables; recomputed from the regularised incomplete gamma function). */
-#define CHI2_999_DF3 16.266
-#define CHI2_999_DF4 18.467
-#define CHI2_999_DF9 27.877
+#define CHI2_999_DF3  16.266
+#define CHI2_999_DF4  18.467
+#define CHI2_999_DF9  27.877
 #define CHI2_999_DF99 148.230
 
 static int near(double a, double b, double tol) { return fabs(a - b) <= tol; }
@@ -71,8 +71,8 @@ static void test_rng_uniformity(void) {
         for (uint64_t i = 0; i < N; i++) count[(int)(ps_rng_uniform(seed * 0x9e3779b97f4a7c15ull, i, 0) * BINS)]++;
         double chi2 = 0, e = (double)N / BINS;
         for (int b = 0; b < BINS; b++) chi2 += (count[b] - e) * (count[b] - e) / e;
-        printf("rng uniformity, seed %llu: chi2 = %.2f (99 dof, 0.999 critical %.2f)\n",
-               (unsigned long long)seed, chi2, CHI2_999_DF99);
+        printf("rng uniformity, seed %llu: chi2 = %.2f (99 dof, 0.999 critical %.2f)\n", (unsigned long long)seed, chi2,
+               CHI2_999_DF99);
         PS_CHECK(chi2 < CHI2_999_DF99);
     }
 }
@@ -87,8 +87,8 @@ static ps_sampler *make(int32_t n) {
 }
 
 /* The kept set of ps_sample_dist equals want[0, n_want) in this order. */
-static void check_kept(ps_sampler *s, const ps_sample_params *p, const float *logits,
-                       const int32_t *want, int32_t n_want) {
+static void check_kept(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *want,
+                       int32_t n_want) {
     const int32_t *ids;
     const float *probs;
     int32_t n = -1;
@@ -267,8 +267,8 @@ static void test_big_vocab(void) {
 // ---- penalties ----------------------------------------------------------------------
 
 /* Compares the distribution at T = 1 with softmax of the expected penalised logits. */
-static void check_penalised(ps_sampler *s, const ps_sample_params *p, const float *logits,
-                            const int32_t *hist, int64_t n_hist, const double *want_logit, int n) {
+static void check_penalised(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *hist,
+                            int64_t n_hist, const double *want_logit, int n) {
     const int32_t *ids;
     const float *probs;
     int32_t k;
@@ -384,8 +384,8 @@ static void test_sample_matches_dist(void) {
 
 /* 200000 draws at positions 0..N-1 against the renormalised softmax at T over the
  * kept set want[0, k); tokens outside it must never appear. */
-static void chi2_check(const char *name, const ps_sample_params *p, const float *l, int n_vocab,
-                       const int32_t *want, int k, double critical) {
+static void chi2_check(const char *name, const ps_sample_params *p, const float *l, int n_vocab, const int32_t *want,
+                       int k, double critical) {
     enum { N = 200000 };
     ps_sampler *s = make(n_vocab);
     long count[16] = {0};
@@ -472,8 +472,7 @@ static void test_bad_params(void) {
     PS_CHECK_EQ_INT(ps_sample(NULL, &d, all_inf, NULL, 0, 0, &tok), PS_ERR_ARG);
     /* penalties that overflow a logit to +inf are reported, not sampled from */
     p = d, p.repetition_penalty = 1e-38f;
-    PS_CHECK_EQ_INT(ps_sample(s, &p, (const float[4]){0, 1e30f, 2, 3}, (const int32_t[1]){1}, 1, 0, &tok),
-                    PS_ERR_ARG);
+    PS_CHECK_EQ_INT(ps_sample(s, &p, (const float[4]){0, 1e30f, 2, 3}, (const int32_t[1]){1}, 1, 0, &tok), PS_ERR_ARG);
     PS_CHECK(strstr(ps_sampler_error(s), "penalties") != NULL);
     PS_CHECK_OK(ps_sample(s, &d, (const float[4]){0, 1, 2, 3}, NULL, 0, 0, &tok));
     PS_CHECK(strcmp(ps_sampler_error(s), "") == 0);
@@ -502,9 +501,16 @@ static void report_speed(void) {
     make_big(l, N, 21);
     for (int i = 0; i < 64; i++) hist[i] = i * 1999 % N;
     ps_sampler *s = make(N);
-    struct { const char *name; float t; int32_t k; float top_p, min_p; } cfg[] = {
-        {"greedy", 0, 0, 1, 0},          {"T=1 no truncation", 1, 0, 1, 0},
-        {"top_k 40", 0.8f, 40, 1, 0},    {"llama.cpp defaults", 0.8f, 40, 0.95f, 0.05f},
+    struct {
+        const char *name;
+        float t;
+        int32_t k;
+        float top_p, min_p;
+    } cfg[] = {
+        {"greedy", 0, 0, 1, 0},
+        {"T=1 no truncation", 1, 0, 1, 0},
+        {"top_k 40", 0.8f, 40, 1, 0},
+        {"llama.cpp defaults", 0.8f, 40, 0.95f, 0.05f},
         {"top_p 0.95 alone", 0.8f, 0, 0.95f, 0},
     };
     for (size_t c = 0; c < PS_ARRAY_LEN(cfg); c++) {

@@ -17,8 +17,10 @@ static ps_tok *tok;
 /* Greedy (or seeded at temperature 1 when seed > 0) generation parameters. */
 static ps_gen_params params(int64_t n_predict, bool ignore_eos, uint64_t seed) {
     ps_gen_params gp = {.sp = ps_sample_params_default(), .n_predict = n_predict, .ignore_eos = ignore_eos};
-    if (seed) gp.sp.seed = seed;
-    else gp.sp.temperature = 0;
+    if (seed)
+        gp.sp.seed = seed;
+    else
+        gp.sp.temperature = 0;
     return gp;
 }
 
@@ -58,7 +60,8 @@ static void test_length(ps_session *s) {
     PS_CHECK_EQ_INT(n - n_prompt, 12);
     PS_CHECK_EQ_INT(ids[0], ps_tok_bos(tok));
     size_t len = 0;
-    PS_CHECK_OK(ps_tok_decode(tok, ids + n_prompt, (size_t)(n - n_prompt), 0, ref, sizeof ref - 1, &len, err, sizeof err));
+    PS_CHECK_OK(
+        ps_tok_decode(tok, ids + n_prompt, (size_t)(n - n_prompt), 0, ref, sizeof ref - 1, &len, err, sizeof err));
     ref[len] = 0;
     PS_CHECK(!strcmp(text, ref));
     ps_session_stats st;

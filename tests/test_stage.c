@@ -24,7 +24,8 @@ static void make_mb(ps_mb *mb, int32_t *tokens, float *x) {
     mb->x = x;
     mb->n_stats = 2;
     for (int k = 0; k < 2; k++)
-        mb->stats[k] = (ps_stage_stat){.stage = k + 1, .compute_ms = 1.5 * (k + 1), .hop = {k + 10, 1000 * (k + 1), 0.125}};
+        mb->stats[k] =
+            (ps_stage_stat){.stage = k + 1, .compute_ms = 1.5 * (k + 1), .hop = {k + 10, 1000 * (k + 1), 0.125}};
 }
 
 /* Flattens an iovec pair into buf; returns the length. */
@@ -73,7 +74,8 @@ static void test_rejects(void) {
     char err[256];
     /* every truncation, and one byte too many */
     int bad = 0;
-    for (size_t cut = 0; cut < b.len; cut++) bad += ps_mb_decode(b.p, cut, DIM, 16, &out, err, sizeof err) == PS_ERR_PROTOCOL;
+    for (size_t cut = 0; cut < b.len; cut++)
+        bad += ps_mb_decode(b.p, cut, DIM, 16, &out, err, sizeof err) == PS_ERR_PROTOCOL;
     PS_CHECK_EQ_INT(bad, b.len);
     uint8_t *longer = calloc(1, b.len + 1);
     memcpy(longer, b.p, b.len);
@@ -85,7 +87,10 @@ static void test_rejects(void) {
     PS_CHECK(ps_mb_decode(b.p, b.len, DIM, N - 1, &out, err, sizeof err) == PS_ERR_PROTOCOL);
     PS_CHECK(strstr(err, "of 3 positions") != NULL && strstr(err, "takes 1..2") != NULL);
     /* corrupt fields: n, pos, flags, n_stats */
-    struct { size_t off; uint32_t v; } fields[] = {{16, 0}, {16, 0x7fffffff}, {12, 0xffffffff}, {20, 2}, {28, 1000}};
+    struct {
+        size_t off;
+        uint32_t v;
+    } fields[] = {{16, 0}, {16, 0x7fffffff}, {12, 0xffffffff}, {20, 2}, {28, 1000}};
     for (size_t i = 0; i < PS_ARRAY_LEN(fields); i++) {
         uint8_t *c = malloc(b.len);
         memcpy(c, b.p, b.len);

@@ -26,9 +26,11 @@ static int err_has(const char *err, const char *want) {
 static int utf8_ok(const char *b, size_t n) {
     const unsigned char *s = (const unsigned char *)b;
     for (size_t i = 0; i < n;) {
-        size_t l = s[i] < 0x80 ? 1 : s[i] >= 0xC2 && s[i] < 0xE0 ? 2 : s[i] >= 0xE0 && s[i] < 0xF0 ? 3
-                 : s[i] >= 0xF0 && s[i] < 0xF5                     ? 4
-                                                                    : 0;
+        size_t l = s[i] < 0x80                   ? 1
+                   : s[i] >= 0xC2 && s[i] < 0xE0 ? 2
+                   : s[i] >= 0xE0 && s[i] < 0xF0 ? 3
+                   : s[i] >= 0xF0 && s[i] < 0xF5 ? 4
+                                                 : 0;
         if (!l || i + l > n) return 0;
         for (size_t k = 1; k < l; k++)
             if ((s[i + k] & 0xC0) != 0x80) return 0;
@@ -130,8 +132,10 @@ static ps_tok_spec bpe_spec(void) {
     for (unsigned b = 0; b < 256; b++) {
         unsigned cp = byte_char(b);
         char *c = bpe_chars[b];
-        if (cp < 0x80) c[0] = (char)cp, c[1] = 0;
-        else c[0] = (char)(0xC0 | cp >> 6), c[1] = (char)(0x80 | (cp & 0x3F)), c[2] = 0;
+        if (cp < 0x80)
+            c[0] = (char)cp, c[1] = 0;
+        else
+            c[0] = (char)(0xC0 | cp >> 6), c[1] = (char)(0x80 | (cp & 0x3F)), c[2] = 0;
         bpe_toks[n] = S(bpe_chars[b]), bpe_types[n++] = PS_TOK_TYPE_NORMAL;
     }
     for (size_t i = 0; i < PS_ARRAY_LEN(words); i++) bpe_toks[n] = S(words[i]), bpe_types[n++] = PS_TOK_TYPE_NORMAL;
@@ -170,8 +174,10 @@ static void test_spm_encode(void) {
     int n = enc(t, "ab a", true, false, ids, 64);
     PS_CHECK_EQ_INT(n, 3); /* <s> ▁ab ▁a */
     PS_CHECK_EQ_INT(ids[0], 1);
-    PS_CHECK_EQ_INT(ids[1], id_of(t, "\xe2\x96\x81" "ab"));
-    PS_CHECK_EQ_INT(ids[2], id_of(t, "\xe2\x96\x81" "a"));
+    PS_CHECK_EQ_INT(ids[1], id_of(t, "\xe2\x96\x81"
+                                     "ab"));
+    PS_CHECK_EQ_INT(ids[2], id_of(t, "\xe2\x96\x81"
+                                     "a"));
     PS_CHECK(strcmp(dec(t, ids, n, PS_TOK_DECODE_STRIP_SPACE), "ab a") == 0);
     PS_CHECK(strcmp(dec(t, ids, n, 0), " ab a") == 0);
     PS_CHECK(strcmp(dec(t, ids, n, PS_TOK_DECODE_SPECIAL | PS_TOK_DECODE_STRIP_SPACE), "<s>ab a") == 0);
@@ -200,7 +206,8 @@ static void test_spm_special(void) {
     int n = enc(t, "a<|sep|>a", false, true, ids, 64);
     PS_CHECK_EQ_INT(n, 3); /* ▁a <|sep|> ▁a: the space prefix comes back after a control token */
     PS_CHECK_EQ_INT(ids[1], sep);
-    PS_CHECK_EQ_INT(ids[2], id_of(t, "\xe2\x96\x81" "a"));
+    PS_CHECK_EQ_INT(ids[2], id_of(t, "\xe2\x96\x81"
+                                     "a"));
     n = enc(t, "a<|sep|>a", false, false, ids, 64);
     for (int i = 0; i < n; i++) PS_CHECK(ids[i] != sep);
     PS_CHECK(strcmp(dec(t, ids, n, PS_TOK_DECODE_STRIP_SPACE), "a<|sep|>a") == 0);
@@ -335,7 +342,10 @@ static void test_stream(void) {
     PS_CHECK_OK(ps_tok_stream_push(s, 3 + 0xC3, &p, &len));
     PS_CHECK_EQ_INT(len, 0);
     PS_CHECK_OK(ps_tok_stream_push(s, id_of(t, "a"), &p, &len));
-    PS_CHECK(len == 2 && memcmp(p, "\xc3" "a", 2) == 0);
+    PS_CHECK(len == 2 && memcmp(p,
+                                "\xc3"
+                                "a",
+                                2) == 0);
     /* control tokens: hidden unless asked for */
     PS_CHECK_OK(ps_tok_stream_push(s, 1, &p, &len));
     PS_CHECK_EQ_INT(len, 0);
@@ -429,8 +439,10 @@ static ps_status gguf_try(int tweak, char *err, size_t errlen, ps_tok **out) {
     if (tweak != 1) ps_gguf_writer_set_str(w, "tokenizer.ggml.model", tweak == 2 ? "t5" : "llama");
     ps_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", strs, sp.n_tokens);
     ps_gguf_writer_set_arr(w, "tokenizer.ggml.scores", PS_GGUF_F32, spm_scores, sp.n_tokens - (tweak == 3));
-    if (tweak == 4) ps_gguf_writer_set_arr_str(w, "tokenizer.ggml.token_type", strs, sp.n_tokens);
-    else ps_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", PS_GGUF_I32, spm_types, sp.n_tokens);
+    if (tweak == 4)
+        ps_gguf_writer_set_arr_str(w, "tokenizer.ggml.token_type", strs, sp.n_tokens);
+    else
+        ps_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", PS_GGUF_I32, spm_types, sp.n_tokens);
     ps_gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", UINT32_MAX); /* none */
     if (tweak == 5) ps_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 70000);
     if (tweak == 6) ps_gguf_writer_set_str(w, "tokenizer.ggml.add_bos_token", "yes");

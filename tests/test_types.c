@@ -80,10 +80,14 @@ static void test_table(void) {
         PS_CHECK_EQ_INT(info->type_size, supported[i].type_size);
     }
     /* known by name, not supported: the ggml numbering */
-    static const struct { uint32_t t; const char *name; uint32_t bs, ts; } named[] = {
-        {10, "Q2_K", 256, 84},   {11, "Q3_K", 256, 110}, {16, "IQ2_XXS", 256, 66}, {20, "IQ4_NL", 32, 18},
-        {23, "IQ4_XS", 256, 136}, {24, "I8", 1, 1},       {28, "F64", 1, 8},         {29, "IQ1_M", 256, 56},
-        {34, "TQ1_0", 256, 54},  {35, "TQ2_0", 256, 66}, {39, "MXFP4", 32, 17},
+    static const struct {
+        uint32_t t;
+        const char *name;
+        uint32_t bs, ts;
+    } named[] = {
+        {10, "Q2_K", 256, 84},    {11, "Q3_K", 256, 110}, {16, "IQ2_XXS", 256, 66}, {20, "IQ4_NL", 32, 18},
+        {23, "IQ4_XS", 256, 136}, {24, "I8", 1, 1},       {28, "F64", 1, 8},        {29, "IQ1_M", 256, 56},
+        {34, "TQ1_0", 256, 54},   {35, "TQ2_0", 256, 66}, {39, "MXFP4", 32, 17},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(named); i++) {
         const ps_type_info *info = ps_type_get(named[i].t);
@@ -162,9 +166,12 @@ static void test_f16_exhaustive(void) {
     for (uint32_t h = 0; h < 65536; h++) {
         float f = ps_f16_to_f32((ps_f16)h);
         uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-        if (exp == 0x1f && man == 0) bad_value += !(isinf(f) && (signbit(f) != 0) == (h >> 15));
-        else if (exp == 0x1f) bad_value += !(isnan(f) && (signbit(f) != 0) == (h >> 15) && (bits_of(f) >> 13 & 0x3ff) == man);
-        else bad_value += (double)f != f16_value((uint16_t)h) || (signbit(f) != 0) != (h >> 15);
+        if (exp == 0x1f && man == 0)
+            bad_value += !(isinf(f) && (signbit(f) != 0) == (h >> 15));
+        else if (exp == 0x1f)
+            bad_value += !(isnan(f) && (signbit(f) != 0) == (h >> 15) && (bits_of(f) >> 13 & 0x3ff) == man);
+        else
+            bad_value += (double)f != f16_value((uint16_t)h) || (signbit(f) != 0) != (h >> 15);
         bad_trip += ps_f32_to_f16(f) != h;
     }
     PS_CHECK_EQ_INT(bad_value, 0);
@@ -180,7 +187,7 @@ static void test_f16_rounding(void) {
     for (uint32_t h = 0; h < 0x7c00; h++) {
         double a = f16_value((uint16_t)h);
         double b = h + 1 < 0x7c00 ? f16_value((uint16_t)(h + 1)) : 65536.0; /* 2^16: where inf "is" */
-        float mid = (float)((a + b) / 2); /* exact: 12 significant bits */
+        float mid = (float)((a + b) / 2);                                   /* exact: 12 significant bits */
         uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
         for (int s = 0; s < 2; s++) {
             uint16_t sg = s ? 0x8000 : 0;
@@ -199,9 +206,9 @@ static void test_f16_rounding(void) {
     PS_CHECK_EQ_INT(ps_f32_to_f16(-INFINITY), 0xfc00);
     PS_CHECK_EQ_INT(ps_f32_to_f16(1e-30f), 0x0000);
     PS_CHECK_EQ_INT(ps_f32_to_f16(-1e-30f), 0x8000);
-    PS_CHECK_EQ_INT(ps_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);  /* tie with 0: even */
-    PS_CHECK_EQ_INT(ps_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);  /* 1.5 units: tie, to even 2 */
-    PS_CHECK_EQ_INT(ps_f32_to_f16(ldexpf(1.0f, -14)), 0x0400);  /* smallest normal */
+    PS_CHECK_EQ_INT(ps_f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* tie with 0: even */
+    PS_CHECK_EQ_INT(ps_f32_to_f16(ldexpf(3.0f, -25)), 0x0002); /* 1.5 units: tie, to even 2 */
+    PS_CHECK_EQ_INT(ps_f32_to_f16(ldexpf(1.0f, -14)), 0x0400); /* smallest normal */
     PS_CHECK_EQ_INT(ps_f32_to_f16(1.0f), 0x3c00);
     PS_CHECK_EQ_INT(ps_f32_to_f16(-2.0f), 0xc000);
     PS_CHECK_EQ_INT(ps_f32_to_f16(0.1f), 0x2e66);
@@ -246,8 +253,10 @@ static void test_bf16(void) {
         float f = ps_bf16_to_f32((ps_bf16)h);
         bad += bits_of(f) != h << 16;
         ps_bf16 back = ps_f32_to_bf16(f);
-        if (isnan(f)) bad += back != (h | 0x0040); /* made quiet, otherwise unchanged */
-        else bad += back != h;
+        if (isnan(f))
+            bad += back != (h | 0x0040); /* made quiet, otherwise unchanged */
+        else
+            bad += back != h;
     }
     PS_CHECK_EQ_INT(bad, 0);
 }
@@ -317,10 +326,10 @@ static const struct {
     ps_type t;
     double gauss, shifted;
 } bounds[] = {
-    {PS_TYPE_F32, 0.0, 0.0},        {PS_TYPE_F16, 0.0004, 0.0004},  {PS_TYPE_BF16, 0.003, 0.003},
-    {PS_TYPE_Q4_0, 0.11, 0.072},     {PS_TYPE_Q4_1, 0.10, 0.031},     {PS_TYPE_Q5_0, 0.053, 0.036},
-    {PS_TYPE_Q5_1, 0.047, 0.016},     {PS_TYPE_Q8_0, 0.007, 0.0046},   {PS_TYPE_Q8_1, 0.007, 0.0046},
-    {PS_TYPE_Q4_K, 0.09, 0.035},     {PS_TYPE_Q5_K, 0.044, 0.017},     {PS_TYPE_Q6_K, 0.022, 0.015},
+    {PS_TYPE_F32, 0.0, 0.0},       {PS_TYPE_F16, 0.0004, 0.0004}, {PS_TYPE_BF16, 0.003, 0.003},
+    {PS_TYPE_Q4_0, 0.11, 0.072},   {PS_TYPE_Q4_1, 0.10, 0.031},   {PS_TYPE_Q5_0, 0.053, 0.036},
+    {PS_TYPE_Q5_1, 0.047, 0.016},  {PS_TYPE_Q8_0, 0.007, 0.0046}, {PS_TYPE_Q8_1, 0.007, 0.0046},
+    {PS_TYPE_Q4_K, 0.09, 0.035},   {PS_TYPE_Q5_K, 0.044, 0.017},  {PS_TYPE_Q6_K, 0.022, 0.015},
     {PS_TYPE_Q8_K, 0.009, 0.0055},
 };
 
@@ -343,8 +352,8 @@ static void test_roundtrip(void) {
             PS_CHECK_OK(ps_quantize_row(t, x, q, N_ROW));
             PS_CHECK_OK(ps_dequantize_row(t, q, y, N_ROW));
             double err = rel_rms(x, y, N_ROW), bound = shifted ? bounds[k].shifted : bounds[k].gauss;
-            printf("  %-5s %s relative RMS error %.5f (bound %.4f)\n", ps_type_name(t),
-                   shifted ? "N(3,1)" : "N(0,1)", err, bound);
+            printf("  %-5s %s relative RMS error %.5f (bound %.4f)\n", ps_type_name(t), shifted ? "N(3,1)" : "N(0,1)",
+                   err, bound);
             PS_CHECK(err <= bound);
         }
         /* a zero row gives zeros; a constant row comes back close */

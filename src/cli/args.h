@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "../net/net.h" /* PS_LINK_MIN_MBPS */
-#include "../ps.h"     /* ps_now */
+#include "../ps.h"      /* ps_now */
 
 /* The value after flag argv[*i] (advancing *i), or NULL with a message when it is missing. */
 const char *ps_arg_value(const char *cmd, int argc, char **argv, int *i);

@@ -52,8 +52,10 @@ static bool parse_stages(const char *v, bench_opts *o) {
         for (int i = 0; i < o->n_split; i++) dup |= o->split[i] == n;
         if (*p < '0' || *p > '9' || (*end && *end != ',') || n < 2 || n > PS_SHARD_MAX_STAGES || dup ||
             o->n_split == PS_SHARD_MAX_STAGES) {
-            fprintf(stderr, "pipeshard bench: --stages takes distinct stage counts 2..%d separated by commas (the "
-                    "unsplit model always runs), got '%s'\n", PS_SHARD_MAX_STAGES, v);
+            fprintf(stderr,
+                    "pipeshard bench: --stages takes distinct stage counts 2..%d separated by commas (the "
+                    "unsplit model always runs), got '%s'\n",
+                    PS_SHARD_MAX_STAGES, v);
             return false;
         }
         o->split[o->n_split++] = (int)n;
@@ -100,11 +102,16 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-t") || !strcmp(a, "-r")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
             bool ok = true;
-            if (a[1] == 'm') o->model = v;
-            else if (a[1] == 'p') ok = ps_arg_int("bench", a, v, 1, 1 << 20, &o->n_prompt);
-            else if (a[1] == 'n') ok = ps_arg_int("bench", a, v, 1, 1 << 20, &o->n_gen);
-            else if (a[1] == 't') ok = ps_arg_int("bench", a, v, 1, 1024, &o->threads);
-            else ok = ps_arg_int("bench", a, v, 1, 1000, &o->reps);
+            if (a[1] == 'm')
+                o->model = v;
+            else if (a[1] == 'p')
+                ok = ps_arg_int("bench", a, v, 1, 1 << 20, &o->n_prompt);
+            else if (a[1] == 'n')
+                ok = ps_arg_int("bench", a, v, 1, 1 << 20, &o->n_gen);
+            else if (a[1] == 't')
+                ok = ps_arg_int("bench", a, v, 1, 1024, &o->threads);
+            else
+                ok = ps_arg_int("bench", a, v, 1, 1000, &o->reps);
             if (!ok) return 2;
         } else {
             fprintf(stderr, "pipeshard bench: unknown option '%s' (see --help)\n", a);

@@ -11,13 +11,13 @@
 typedef struct {
     const char *model;
     long long n_prompt, n_gen, threads, reps;
-    double mem_bw;      /* GB/s given by --mem-bw, or 0: measure */
+    double mem_bw; /* GB/s given by --mem-bw, or 0: measure */
     ps_act act;
     bool json, pin, mmap;
-    bool unix_sockets;                    /* --local-transport unix */
-    int n_split;                          /* --stages: how many stage counts (0: engine mode) */
-    int split[PS_SHARD_MAX_STAGES];       /* the stage counts, each 2.. */
-    long long segment;                    /* --segment: decode tokens per turn */
+    bool unix_sockets;              /* --local-transport unix */
+    int n_split;                    /* --stages: how many stage counts (0: engine mode) */
+    int split[PS_SHARD_MAX_STAGES]; /* the stage counts, each 2.. */
+    long long segment;              /* --segment: decode tokens per turn */
 } bench_opts;
 
 /* `bench --stages`: prints the table (or JSON) and returns the exit status. */

@@ -21,18 +21,23 @@
 
 typedef struct {
     int stages;
-    ps_launch *launch;    /* the coordinator, and its local fleet when stages > 1 */
-    ps_session *session;  /* greedy, never stopping */
-    double t_prefill, t_decode;  /* seconds */
+    ps_launch *launch;              /* the coordinator, and its local fleet when stages > 1 */
+    ps_session *session;            /* greedy, never stopping */
+    double t_prefill, t_decode;     /* seconds */
     double compute_ms, overhead_ms; /* in decode: every stage's compute, the ring's overhead */
     long long n_decode;
-    double *round_s;      /* this configuration's time in each round */
+    double *round_s; /* this configuration's time in each round */
 } config;
 
 static ps_status config_start(config *c, const bench_opts *o, char *err, size_t errlen) {
-    ps_launch_opts lo = {.model = o->model, .local_stages = c->stages, .local_unix = o->unix_sockets,
-                         .timeout_ms = 30000, .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
-                         .n_ctx = (int)(o->n_prompt + o->n_gen + 1), .max_batch = (int)o->n_prompt, .act = o->act};
+    ps_launch_opts lo = {.model = o->model,
+                         .local_stages = c->stages,
+                         .local_unix = o->unix_sockets,
+                         .timeout_ms = 30000,
+                         .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
+                         .n_ctx = (int)(o->n_prompt + o->n_gen + 1),
+                         .max_batch = (int)o->n_prompt,
+                         .act = o->act};
     ps_status s = ps_launch_start(&lo, &c->launch, err, errlen);
     return s ? s : ps_session_create(ps_launch_coord(c->launch), NULL, &c->session, err, errlen);
 }
@@ -60,8 +65,7 @@ static ps_status steps(config *c, int n, char *err, size_t errlen) {
 
 /* Faults every configuration's weights in (first touches of a mapped file are slow) and
  * starts its threads: the prompt and one turn of decode, untimed. */
-static ps_status warm_up(config *cs, int nc, const bench_opts *o, const int32_t *prompt, char *err,
-                         size_t errlen) {
+static ps_status warm_up(config *cs, int nc, const bench_opts *o, const int32_t *prompt, char *err, size_t errlen) {
     int n = 1 + (int)(o->segment < o->n_gen ? o->segment : o->n_gen);
     for (int i = 0; i < nc; i++) {
         ps_status s = set_prompt(&cs[i], prompt, (int)o->n_prompt, err, errlen);
@@ -114,8 +118,10 @@ static ps_status bench_rep(config *cs, int nc, const bench_opts *o, const int32_
         const int32_t *toks = ps_session_tokens(c->session, NULL, NULL);
         for (int pos = p; pos <= p + o->n_gen; pos++)
             if (toks[pos] != base[pos])
-                return ps_errf(err, errlen, PS_ERR_INTERNAL, "%d stages generated token %d at position %d where the "
-                               "unsplit model generated %d", c->stages, toks[pos], pos, base[pos]);
+                return ps_errf(err, errlen, PS_ERR_INTERNAL,
+                               "%d stages generated token %d at position %d where the "
+                               "unsplit model generated %d",
+                               c->stages, toks[pos], pos, base[pos]);
     }
     return PS_OK;
 }
@@ -182,8 +188,10 @@ int ps_bench_stages(const bench_opts *o) {
         config *c = &cs[i];
         c->stages = i ? o->split[i - 1] : 1;
         c->round_s = calloc((size_t)n_rounds, sizeof *c->round_s);
-        if (!c->round_s) s = ps_errf(err, sizeof err, PS_ERR_NOMEM, "out of memory");
-        else s = config_start(c, o, err, sizeof err);
+        if (!c->round_s)
+            s = ps_errf(err, sizeof err, PS_ERR_NOMEM, "out of memory");
+        else
+            s = config_start(c, o, err, sizeof err);
     }
     if (!s) {
         int vocab = ps_coord_model(ps_launch_coord(cs[0].launch))->hp.vocab;

@@ -29,10 +29,10 @@
 #error "--dump-tensor writes host floats as little-endian: add a byte swap for this host"
 #endif
 
-#define JSON_ARRAY_MAX 16 /* longer metadata arrays are summarized as {"type", "n"} */
-#define TEXT_ARRAY_MAX 8  /* elements of an array shown in the text report */
-#define TEXT_STR_MAX 72   /* bytes of a string value shown in the text report */
-#define MAX_TYPES 256     /* tensor type numbers counted per type */
+#define JSON_ARRAY_MAX 16  /* longer metadata arrays are summarized as {"type", "n"} */
+#define TEXT_ARRAY_MAX 8   /* elements of an array shown in the text report */
+#define TEXT_STR_MAX   72  /* bytes of a string value shown in the text report */
+#define MAX_TYPES      256 /* tensor type numbers counted per type */
 
 /* The --help text. */
 static void usage(FILE *f) {
@@ -73,19 +73,19 @@ static int usage_error(const char *fmt, const char *arg) {
 /* Statistics -------------------------------------------------------------------------------- */
 
 typedef struct {
-    int64_t index;    /* N of blk.N.* */
-    int64_t tensors;  /* tensors in the layer */
-    uint64_t bytes;   /* their data bytes */
+    int64_t index;   /* N of blk.N.* */
+    int64_t tensors; /* tensors in the layer */
+    uint64_t bytes;  /* their data bytes */
 } layer_stat;
 
 typedef struct {
-    const char *arch;        /* general.architecture as a C string, or NULL (owned here) */
+    const char *arch; /* general.architecture as a C string, or NULL (owned here) */
     int64_t type_count[MAX_TYPES];
     uint64_t type_bytes[MAX_TYPES];
     uint64_t total_bytes;
-    layer_stat *layers;      /* distinct layer indices, ascending */
+    layer_stat *layers; /* distinct layer indices, ascending */
     int64_t n_layers;
-    int64_t *non_layer;      /* indices of tensors not named blk.N.* */
+    int64_t *non_layer; /* indices of tensors not named blk.N.* */
     int64_t n_non_layer;
     uint64_t non_layer_bytes;
 } stats;
@@ -218,8 +218,10 @@ static void print_tokenizer(FILE *f, const ps_gguf *g, const char *arch) {
     int64_t id;
     const char *from = NULL;
     fprintf(f, "%-14s ", "tokenizer");
-    if (ps_gguf_get_str(g, "tokenizer.ggml.model", &s, NULL, 0) == PS_OK) ps_gguf_print_str(f, s, 40, false);
-    else fputs("(no tokenizer.ggml.model)", f);
+    if (ps_gguf_get_str(g, "tokenizer.ggml.model", &s, NULL, 0) == PS_OK)
+        ps_gguf_print_str(f, s, 40, false);
+    else
+        fputs("(no tokenizer.ggml.model)", f);
     if (ps_gguf_get_str(g, "tokenizer.ggml.pre", &s, NULL, 0) == PS_OK)
         fputs(", pre ", f), ps_gguf_print_str(f, s, 40, false);
     int64_t nv = vocab_size(g, arch, &from);
@@ -245,8 +247,10 @@ static void print_layers(FILE *f, const stats *s) {
     layer_range(s, &min, &max, &mean, &tmin, &tmax);
     fprintf(f, "%-14s %" PRId64 " (blk.%" PRId64 " .. blk.%" PRId64 "), ", "layers", s->n_layers, s->layers[0].index,
             s->layers[s->n_layers - 1].index);
-    if (tmin == tmax) fprintf(f, "%" PRId64 " tensors each", tmin);
-    else fprintf(f, "%" PRId64 "..%" PRId64 " tensors", tmin, tmax);
+    if (tmin == tmax)
+        fprintf(f, "%" PRId64 " tensors each", tmin);
+    else
+        fprintf(f, "%" PRId64 "..%" PRId64 " tensors", tmin, tmax);
     if (min == max)
         fprintf(f, ", %s (%" PRIu64 " bytes) per layer\n", human_bytes(a, sizeof a, (double)min), min);
     else
@@ -283,7 +287,8 @@ static void print_report(FILE *f, const char *path, const ps_gguf *g, const stat
     for (int t = 0; t < MAX_TYPES; t++)
         if (s->type_count[t]) fprintf(f, " %s x%" PRId64, ps_type_name((uint32_t)t), s->type_count[t]);
     fputc('\n', f);
-    fprintf(f, "%-14s %" PRIu64 " bytes (%s)\n", "tensor bytes", s->total_bytes, human_bytes(a, sizeof a, (double)s->total_bytes));
+    fprintf(f, "%-14s %" PRIu64 " bytes (%s)\n", "tensor bytes", s->total_bytes,
+            human_bytes(a, sizeof a, (double)s->total_bytes));
     print_layers(f, s);
     fprintf(f, "%-14s %" PRId64 " tensors, %" PRIu64 " bytes (%s)\n", "non-layer", s->n_non_layer, s->non_layer_bytes,
             human_bytes(a, sizeof a, (double)s->non_layer_bytes));
@@ -312,9 +317,13 @@ static cJSON *json_hparams(const ps_gguf *g, const stats *s) {
 
 /* Tokenizer summary: model, pre, vocab_size, n_merges, special token ids, chat_template. */
 static cJSON *json_tokenizer(const ps_gguf *g, const char *arch) {
-    static const struct { const char *key, *name; } ids[] = {
-        {"tokenizer.ggml.bos_token_id", "bos_token_id"},         {"tokenizer.ggml.eos_token_id", "eos_token_id"},
-        {"tokenizer.ggml.unknown_token_id", "unknown_token_id"}, {"tokenizer.ggml.padding_token_id", "padding_token_id"},
+    static const struct {
+        const char *key, *name;
+    } ids[] = {
+        {"tokenizer.ggml.bos_token_id", "bos_token_id"},
+        {"tokenizer.ggml.eos_token_id", "eos_token_id"},
+        {"tokenizer.ggml.unknown_token_id", "unknown_token_id"},
+        {"tokenizer.ggml.padding_token_id", "padding_token_id"},
     };
     cJSON *o = cJSON_CreateObject();
     ps_gguf_str str;
@@ -333,8 +342,8 @@ static cJSON *json_tokenizer(const ps_gguf *g, const char *arch) {
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
         if (ps_gguf_get_i64(g, ids[i].key, &id, NULL, 0) == PS_OK)
             ok = ok && ps_gguf_json_put(o, ids[i].name, ps_gguf_json_i64(id));
-    ok = ok &&
-         ps_gguf_json_put(o, "chat_template", cJSON_CreateBool(ps_gguf_get(g, "tokenizer.chat_template") != NULL));
+    ok =
+        ok && ps_gguf_json_put(o, "chat_template", cJSON_CreateBool(ps_gguf_get(g, "tokenizer.chat_template") != NULL));
     if (ok) return o;
     cJSON_Delete(o);
     return NULL;
@@ -417,10 +426,12 @@ static int dump_tensor(const ps_gguf *g, const char *model, const char *name, co
     const ps_gguf_tensor *t = ps_gguf_find_tensor(g, name);
     if (!t) return fail("%s: no tensor named '%s'", model, name);
     const ps_type_info *ti = ps_type_get(t->type);
-    if (!ti || !ti->supported) return fail("tensor '%s' has type %s, which cannot be dequantized", name, ps_type_name(t->type));
+    if (!ti || !ti->supported)
+        return fail("tensor '%s' has type %s, which cannot be dequantized", name, ps_type_name(t->type));
     int64_t ne0 = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
     size_t row_bytes = ps_row_bytes(t->type, ne0);
-    if ((uint64_t)ne0 > SIZE_MAX / sizeof(float)) return fail("tensor '%s': rows of %" PRId64 " values are too long", name, ne0);
+    if ((uint64_t)ne0 > SIZE_MAX / sizeof(float))
+        return fail("tensor '%s': rows of %" PRId64 " values are too long", name, ne0);
     float *row = malloc((size_t)ne0 * sizeof *row);
     if (!row) return fail("out of memory for a row of %" PRId64 " values", ne0);
     FILE *f = fopen(out_path, "wb");
@@ -431,7 +442,8 @@ static int dump_tensor(const ps_gguf *g, const char *model, const char *name, co
     int rc = 0;
     for (int64_t r = 0; r < rows && !rc; r++) {
         ps_status s = ps_dequantize_row((ps_type)t->type, (const uint8_t *)t->data + (size_t)r * row_bytes, row, ne0);
-        if (s) rc = fail("cannot dequantize tensor '%s' (%s): %s", name, ps_type_name(t->type), ps_strerror(s));
+        if (s)
+            rc = fail("cannot dequantize tensor '%s' (%s): %s", name, ps_type_name(t->type), ps_strerror(s));
         else if (fwrite(row, sizeof *row, (size_t)ne0, f) != (size_t)ne0)
             rc = fail("cannot write '%s': %s", out_path, strerror(errno));
     }
@@ -441,7 +453,8 @@ static int dump_tensor(const ps_gguf *g, const char *model, const char *name, co
         unlink(out_path);
         return rc;
     }
-    fprintf(stderr, "pipeshard inspect: wrote %" PRId64 " float32 values of '%s' (%s ", ne0 * rows, name, ps_type_name(t->type));
+    fprintf(stderr, "pipeshard inspect: wrote %" PRId64 " float32 values of '%s' (%s ", ne0 * rows, name,
+            ps_type_name(t->type));
     print_shape(stderr, t);
     fprintf(stderr, ") to %s\n", out_path);
     return 0;
@@ -495,8 +508,10 @@ int ps_cli_inspect(int argc, char **argv) {
         } else if (json) {
             cJSON *j = json_report(model, g, &s);
             char *text = j ? cJSON_Print(j) : NULL;
-            if (text) printf("%s\n", text);
-            else rc = fail("out of memory while building the JSON report");
+            if (text)
+                printf("%s\n", text);
+            else
+                rc = fail("out of memory while building the JSON report");
             free(text);
             cJSON_Delete(j);
         } else {

@@ -19,7 +19,7 @@ typedef struct {
     ps_link_sim sim;
     bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport;
     ps_act act;
-    ps_gen_params gp;      /* sampling, -n, --ignore-eos */
+    ps_gen_params gp; /* sampling, -n, --ignore-eos */
 } run_opts;
 
 static void run_usage(FILE *f) {
@@ -85,22 +85,69 @@ static void run_usage(FILE *f) {
 }
 
 /* The option table: flags taking a value. */
-enum { O_MODEL, O_PROMPT, O_FILE, O_N, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_PRES, O_FREQ, O_SEED,
-       O_THREADS, O_CTX, O_BATCH, O_TEMPLATE, O_SYSTEM, O_IDS, O_DUMP, O_ACT, O_FLEET, O_LOCAL, O_CHUNK, O_KEY,
-       O_LAT, O_BW, O_TIMEOUT, O_TRANSPORT };
+enum {
+    O_MODEL,
+    O_PROMPT,
+    O_FILE,
+    O_N,
+    O_TEMP,
+    O_TOPK,
+    O_TOPP,
+    O_MINP,
+    O_REP,
+    O_REPN,
+    O_PRES,
+    O_FREQ,
+    O_SEED,
+    O_THREADS,
+    O_CTX,
+    O_BATCH,
+    O_TEMPLATE,
+    O_SYSTEM,
+    O_IDS,
+    O_DUMP,
+    O_ACT,
+    O_FLEET,
+    O_LOCAL,
+    O_CHUNK,
+    O_KEY,
+    O_LAT,
+    O_BW,
+    O_TIMEOUT,
+    O_TRANSPORT
+};
 static const struct {
     const char *s, *l;
     int id;
 } value_flags[] = {
-    {"-m", "--model", O_MODEL}, {"-p", "--prompt", O_PROMPT}, {"-f", "--file", O_FILE}, {"-n", "--n-predict", O_N},
-    {NULL, "--temp", O_TEMP}, {NULL, "--top-k", O_TOPK}, {NULL, "--top-p", O_TOPP}, {NULL, "--min-p", O_MINP},
-    {NULL, "--repeat-penalty", O_REP}, {NULL, "--repeat-last-n", O_REPN}, {NULL, "--presence-penalty", O_PRES},
-    {NULL, "--frequency-penalty", O_FREQ}, {NULL, "--seed", O_SEED}, {"-t", "--threads", O_THREADS},
-    {"-c", "--ctx-size", O_CTX}, {"-b", "--batch-size", O_BATCH}, {NULL, "--chat-template", O_TEMPLATE},
-    {NULL, "--system", O_SYSTEM}, {NULL, "--prompt-ids", O_IDS}, {NULL, "--dump-logits", O_DUMP},
-    {NULL, "--activations", O_ACT}, {NULL, "--fleet", O_FLEET}, {NULL, "--local-stages", O_LOCAL},
-    {NULL, "--prefill-chunk", O_CHUNK}, {NULL, "--key-file", O_KEY}, {NULL, "--sim-latency-ms", O_LAT},
-    {NULL, "--sim-bandwidth-mbps", O_BW}, {NULL, "--stage-timeout-ms", O_TIMEOUT},
+    {"-m", "--model", O_MODEL},
+    {"-p", "--prompt", O_PROMPT},
+    {"-f", "--file", O_FILE},
+    {"-n", "--n-predict", O_N},
+    {NULL, "--temp", O_TEMP},
+    {NULL, "--top-k", O_TOPK},
+    {NULL, "--top-p", O_TOPP},
+    {NULL, "--min-p", O_MINP},
+    {NULL, "--repeat-penalty", O_REP},
+    {NULL, "--repeat-last-n", O_REPN},
+    {NULL, "--presence-penalty", O_PRES},
+    {NULL, "--frequency-penalty", O_FREQ},
+    {NULL, "--seed", O_SEED},
+    {"-t", "--threads", O_THREADS},
+    {"-c", "--ctx-size", O_CTX},
+    {"-b", "--batch-size", O_BATCH},
+    {NULL, "--chat-template", O_TEMPLATE},
+    {NULL, "--system", O_SYSTEM},
+    {NULL, "--prompt-ids", O_IDS},
+    {NULL, "--dump-logits", O_DUMP},
+    {NULL, "--activations", O_ACT},
+    {NULL, "--fleet", O_FLEET},
+    {NULL, "--local-stages", O_LOCAL},
+    {NULL, "--prefill-chunk", O_CHUNK},
+    {NULL, "--key-file", O_KEY},
+    {NULL, "--sim-latency-ms", O_LAT},
+    {NULL, "--sim-bandwidth-mbps", O_BW},
+    {NULL, "--stage-timeout-ms", O_TIMEOUT},
     {NULL, "--local-transport", O_TRANSPORT},
 };
 
@@ -149,18 +196,39 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
 
 /* Parses argv; returns -1 to go on, else the exit status (0 after --help). */
 static int run_parse(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.threads = ps_cpu_count(), .batch = 128, .local_stages = 1, .timeout_ms = 60000,
-                    .gp = ps_gen_params_default()};
+    *o = (run_opts){
+        .threads = ps_cpu_count(), .batch = 128, .local_stages = 1, .timeout_ms = 60000, .gp = ps_gen_params_default()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return run_usage(stdout), 0;
-        if (!strcmp(a, "--ignore-eos")) { o->gp.ignore_eos = true; continue; }
-        if (!strcmp(a, "--chat")) { o->chat = true; continue; }
-        if (!strcmp(a, "--stats")) { o->stats = true; continue; }
-        if (!strcmp(a, "--print-ids")) { o->print_ids = true; continue; }
-        if (!strcmp(a, "--pin")) { o->pin = true; continue; }
-        if (!strcmp(a, "--mmap")) { o->mmap = true; continue; }
-        if (!strcmp(a, "--plain-frames")) { o->plain = true; continue; }
+        if (!strcmp(a, "--ignore-eos")) {
+            o->gp.ignore_eos = true;
+            continue;
+        }
+        if (!strcmp(a, "--chat")) {
+            o->chat = true;
+            continue;
+        }
+        if (!strcmp(a, "--stats")) {
+            o->stats = true;
+            continue;
+        }
+        if (!strcmp(a, "--print-ids")) {
+            o->print_ids = true;
+            continue;
+        }
+        if (!strcmp(a, "--pin")) {
+            o->pin = true;
+            continue;
+        }
+        if (!strcmp(a, "--mmap")) {
+            o->mmap = true;
+            continue;
+        }
+        if (!strcmp(a, "--plain-frames")) {
+            o->plain = true;
+            continue;
+        }
         size_t k = 0;
         while (k < PS_ARRAY_LEN(value_flags) &&
                !((value_flags[k].s && !strcmp(a, value_flags[k].s)) || !strcmp(a, value_flags[k].l)))
@@ -173,18 +241,25 @@ static int run_parse(int argc, char **argv, run_opts *o) {
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
     }
     const char *why = NULL;
-    if (!o->model == !o->fleet) why = o->model ? "give -m MODEL or --fleet FLEET.json, not both" : "no model given (-m MODEL or --fleet FLEET.json)";
-    else if (o->fleet && o->local_stages > 1) why = "--local-stages splits -m MODEL; --fleet runs a fleet already split";
-    else if (o->local_transport && o->local_stages < 2) why = "--local-transport applies to --local-stages N (N >= 2)";
+    if (!o->model == !o->fleet)
+        why = o->model ? "give -m MODEL or --fleet FLEET.json, not both"
+                       : "no model given (-m MODEL or --fleet FLEET.json)";
+    else if (o->fleet && o->local_stages > 1)
+        why = "--local-stages splits -m MODEL; --fleet runs a fleet already split";
+    else if (o->local_transport && o->local_stages < 2)
+        why = "--local-transport applies to --local-stages N (N >= 2)";
     else if (o->dump_logits && (o->fleet || o->local_stages > 1))
         why = "--dump-logits needs the whole model in this process (logits never cross the network)";
-    else if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids > 1) why = "give only one of -p, -f and --prompt-ids";
-    else if (o->chat && o->prompt_ids) why = "--chat needs a text prompt, not --prompt-ids";
+    else if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids > 1)
+        why = "give only one of -p, -f and --prompt-ids";
+    else if (o->chat && o->prompt_ids)
+        why = "--chat needs a text prompt, not --prompt-ids";
     if (why) {
         fprintf(stderr, "pipeshard run: %s\n", why);
         return 2;
     }
-    if (!o->seeded && getrandom(&o->gp.sp.seed, sizeof o->gp.sp.seed, 0) != sizeof o->gp.sp.seed) o->gp.sp.seed = (uint64_t)ps_now();
+    if (!o->seeded && getrandom(&o->gp.sp.seed, sizeof o->gp.sp.seed, 0) != sizeof o->gp.sp.seed)
+        o->gp.sp.seed = (uint64_t)ps_now();
     o->gp.sp.seed &= INT64_MAX;
     return -1;
 }
@@ -197,7 +272,7 @@ typedef struct {
     const run_opts *o;
     ps_launch *launch;
     ps_session *session;
-    FILE *dump;           /* --dump-logits */
+    FILE *dump; /* --dump-logits */
     char err[1024];
 } run_state;
 
@@ -263,9 +338,12 @@ static ps_status set_prompt(run_state *st) {
         free(ids);
         return s;
     }
-    if (o->prompt_file) s = read_file(o->prompt_file, &text, &len, err, el);
-    else if (!(text = strdup(o->prompt ? o->prompt : ""))) s = ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
-    else s = PS_OK, len = strlen(text);
+    if (o->prompt_file)
+        s = read_file(o->prompt_file, &text, &len, err, el);
+    else if (!(text = strdup(o->prompt ? o->prompt : "")))
+        s = ps_errf(err, el, PS_ERR_NOMEM, "out of memory");
+    else
+        s = PS_OK, len = strlen(text);
     ps_chat_msg msgs[2] = {{"system", o->system}, {"user", text}};
     if (!s && o->chat)
         s = ps_session_prompt_chat(st->session, o->system ? msgs : msgs + 1, o->system ? 2 : 1, o->chat_template,
@@ -283,12 +361,20 @@ static ps_status run_setup(run_state *st) {
     size_t el = sizeof st->err;
     ps_status s = ps_sample_params_check(&o->gp.sp, err, el);
     if (s) return s;
-    ps_launch_opts lo = {.model = o->model, .fleet = o->fleet, .local_stages = (int)o->local_stages,
-                         .local_unix = o->local_unix, .key_file = o->key_file, .plain = o->plain, .sim = o->sim,
+    ps_launch_opts lo = {.model = o->model,
+                         .fleet = o->fleet,
+                         .local_stages = (int)o->local_stages,
+                         .local_unix = o->local_unix,
+                         .key_file = o->key_file,
+                         .plain = o->plain,
+                         .sim = o->sim,
                          .timeout_ms = (int)o->timeout_ms,
                          .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
-                         .n_ctx = (int)o->ctx, .max_batch = (int)o->batch, .prefill_chunk = (int)o->prefill_chunk,
-                         .act = o->act, .tokenizer = !(o->prompt_ids && o->print_ids)};
+                         .n_ctx = (int)o->ctx,
+                         .max_batch = (int)o->batch,
+                         .prefill_chunk = (int)o->prefill_chunk,
+                         .act = o->act,
+                         .tokenizer = !(o->prompt_ids && o->print_ids)};
     if ((s = ps_launch_start(&lo, &st->launch, err, el))) return s;
     if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)))
         return s;
@@ -316,8 +402,10 @@ static ps_status generate(run_state *st) {
     while (!(s = ps_session_next(st->session, &step, st->err, sizeof st->err))) {
         if (step.token >= 0 && (s = dump_logits(st))) return s;
         if (step.token >= 0 && step.stop != PS_STOP_EOS) {
-            if (st->o->print_ids) printf(first ? "%d" : " %d", step.token);
-            else fwrite(step.text, 1, step.len, stdout);
+            if (st->o->print_ids)
+                printf(first ? "%d" : " %d", step.token);
+            else
+                fwrite(step.text, 1, step.len, stdout);
             fflush(stdout);
             first = false;
         }
@@ -353,8 +441,10 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
         if (cs.n_stages == 1) continue;
         cJSON *h = cJSON_CreateObject();
         cJSON_AddNumberToObject(h, "from", k);
-        if (k + 1 < cs.n_stages) cJSON_AddNumberToObject(h, "to", k + 1);
-        else cJSON_AddStringToObject(h, "to", "coordinator");
+        if (k + 1 < cs.n_stages)
+            cJSON_AddNumberToObject(h, "to", k + 1);
+        else
+            cJSON_AddStringToObject(h, "to", "coordinator");
         cJSON_AddNumberToObject(h, "frames", (double)cs.hop[k].frames);
         cJSON_AddNumberToObject(h, "bytes", (double)cs.hop[k].bytes);
         cJSON_AddNumberToObject(h, "ms", cs.hop[k].send_ms);
@@ -394,8 +484,10 @@ int ps_cli_run(int argc, char **argv) {
     run_state st = {.o = &o};
     ps_status s = run_setup(&st);
     if (!s) s = generate(&st);
-    if (s) fprintf(stderr, "pipeshard run: %s\n", st.err[0] ? st.err : ps_strerror(s));
-    else if (o.stats) print_stats(&st);
+    if (s)
+        fprintf(stderr, "pipeshard run: %s\n", st.err[0] ? st.err : ps_strerror(s));
+    else if (o.stats)
+        print_stats(&st);
     if (st.dump) fclose(st.dump);
     ps_session_free(st.session);
     ps_launch_stop(st.launch);

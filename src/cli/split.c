@@ -75,8 +75,10 @@ static bool parse(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof *o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], **sp;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) o->help = true;
-        else if (!strcmp(a, "--quiet")) o->quiet = true;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            o->help = true;
+        else if (!strcmp(a, "--quiet"))
+            o->quiet = true;
         else if ((sp = str_flag(o, a))) {
             if (*sp) return fail(0, "option '%s' is given twice", a), false;
             if (!(*sp = ps_arg_value(CMD, argc, argv, &i))) return false;
@@ -105,7 +107,8 @@ static bool check_required(const opts *o) {
  * false after printing what is wrong. */
 static bool parse_workers(const char *list, int n_stages, char *buf, size_t cap, const char **addr) {
     size_t len = strlen(list);
-    if (n_stages == 1) return fail(0, "--workers names the workers of stages 1..N-1, but there is only one stage"), false;
+    if (n_stages == 1)
+        return fail(0, "--workers names the workers of stages 1..N-1, but there is only one stage"), false;
     if (len >= cap) return fail(0, "--workers is too long"), false;
     memcpy(buf, list, len + 1);
     int n = 0;
@@ -121,9 +124,11 @@ static bool parse_workers(const char *list, int n_stages, char *buf, size_t cap,
     }
     n++;
     if (n != n_stages - 1)
-        return fail(0, "--workers gives %d address%s, but %d stage%s need%s one (stages 1..%d; stage 0 runs in the "
-                    "coordinator)", n, n == 1 ? "" : "es", n_stages - 1, n_stages == 2 ? "" : "s",
-                    n_stages == 2 ? "s" : "", n_stages - 1),
+        return fail(0,
+                    "--workers gives %d address%s, but %d stage%s need%s one (stages 1..%d; stage 0 runs in the "
+                    "coordinator)",
+                    n, n == 1 ? "" : "es", n_stages - 1, n_stages == 2 ? "" : "s", n_stages == 2 ? "s" : "",
+                    n_stages - 1),
                false;
     return true;
 }
@@ -190,8 +195,8 @@ out:
 // Writing
 
 typedef struct {
-    bool show;      /* draw the progress line */
-    bool open;      /* a progress line is on the screen without its newline */
+    bool show; /* draw the progress line */
+    bool open; /* a progress line is on the screen without its newline */
     double t0;
 } progress_state;
 
@@ -258,8 +263,8 @@ int ps_cli_split(int argc, char **argv) {
     if (o.workers && !o.stages && !parse_workers(o.workers, n_stages, wbuf, sizeof wbuf, addr)) return 2;
     progress_state ps = {.show = !o.quiet && isatty(STDERR_FILENO), .t0 = t0};
     char err[512] = "";
-    ps_status s = ps_fleet_split(o.model, n_stages, bounds, o.workers ? addr : NULL, o.out, progress, &ps, err,
-                                 sizeof err);
+    ps_status s =
+        ps_fleet_split(o.model, n_stages, bounds, o.workers ? addr : NULL, o.out, progress, &ps, err, sizeof err);
     if (s) {
         if (ps.open) fputc('\n', stderr);
         return fail(1, "%s", *err ? err : ps_strerror(s));

@@ -21,69 +21,132 @@
 
 /* head_dim 0 means dim / n_head (computed after any override of dim or heads). */
 static const ps_cli_synth_shape presets[] = {
-    {.name = "tiny", .arch = "llama", .n_layer = 2, .dim = 64, .n_head = 4, .n_head_kv = 2, .ffn = 128,
-     .vocab = 512, .ctx = 2048, .rope_base = 10000, .rms_eps = 1e-5f, .tied = true, .pre = "smollm"},
-    {.name = "smollm2-135m", .arch = "llama", .n_layer = 30, .dim = 576, .n_head = 9, .n_head_kv = 3, .ffn = 1536,
-     .vocab = 49152, .ctx = 8192, .rope_base = 100000, .rms_eps = 1e-5f, .tied = true, .pre = "smollm"},
-    {.name = "llama-3.2-1b", .arch = "llama", .n_layer = 16, .dim = 2048, .n_head = 32, .n_head_kv = 8,
-     .ffn = 8192, .vocab = 128256, .ctx = 8192, .rope_base = 500000, .rms_eps = 1e-5f, .rope_factor = 32,
-     .tied = true, .pre = "llama-bpe"},
-    {.name = "llama-3.1-8b", .arch = "llama", .n_layer = 32, .dim = 4096, .n_head = 32, .n_head_kv = 8,
-     .ffn = 14336, .vocab = 128256, .ctx = 8192, .rope_base = 500000, .rms_eps = 1e-5f, .rope_factor = 8,
-     .tied = false, .pre = "llama-bpe"},
-    {.name = "qwen2.5-1.5b", .arch = "qwen2", .n_layer = 28, .dim = 1536, .n_head = 12, .n_head_kv = 2,
-     .ffn = 8960, .vocab = 151936, .ctx = 32768, .rope_base = 1000000, .rms_eps = 1e-6f, .tied = true,
+    {.name = "tiny",
+     .arch = "llama",
+     .n_layer = 2,
+     .dim = 64,
+     .n_head = 4,
+     .n_head_kv = 2,
+     .ffn = 128,
+     .vocab = 512,
+     .ctx = 2048,
+     .rope_base = 10000,
+     .rms_eps = 1e-5f,
+     .tied = true,
+     .pre = "smollm"},
+    {.name = "smollm2-135m",
+     .arch = "llama",
+     .n_layer = 30,
+     .dim = 576,
+     .n_head = 9,
+     .n_head_kv = 3,
+     .ffn = 1536,
+     .vocab = 49152,
+     .ctx = 8192,
+     .rope_base = 100000,
+     .rms_eps = 1e-5f,
+     .tied = true,
+     .pre = "smollm"},
+    {.name = "llama-3.2-1b",
+     .arch = "llama",
+     .n_layer = 16,
+     .dim = 2048,
+     .n_head = 32,
+     .n_head_kv = 8,
+     .ffn = 8192,
+     .vocab = 128256,
+     .ctx = 8192,
+     .rope_base = 500000,
+     .rms_eps = 1e-5f,
+     .rope_factor = 32,
+     .tied = true,
+     .pre = "llama-bpe"},
+    {.name = "llama-3.1-8b",
+     .arch = "llama",
+     .n_layer = 32,
+     .dim = 4096,
+     .n_head = 32,
+     .n_head_kv = 8,
+     .ffn = 14336,
+     .vocab = 128256,
+     .ctx = 8192,
+     .rope_base = 500000,
+     .rms_eps = 1e-5f,
+     .rope_factor = 8,
+     .tied = false,
+     .pre = "llama-bpe"},
+    {.name = "qwen2.5-1.5b",
+     .arch = "qwen2",
+     .n_layer = 28,
+     .dim = 1536,
+     .n_head = 12,
+     .n_head_kv = 2,
+     .ffn = 8960,
+     .vocab = 151936,
+     .ctx = 32768,
+     .rope_base = 1000000,
+     .rms_eps = 1e-6f,
+     .tied = true,
      .pre = "qwen2"},
-    {.name = "qwen3-0.6b", .arch = "qwen3", .n_layer = 28, .dim = 1024, .n_head = 16, .n_head_kv = 8,
-     .head_dim = 128, .ffn = 3072, .vocab = 151936, .ctx = 40960, .rope_base = 1000000, .rms_eps = 1e-6f,
-     .tied = true, .pre = "qwen2"},
+    {.name = "qwen3-0.6b",
+     .arch = "qwen3",
+     .n_layer = 28,
+     .dim = 1024,
+     .n_head = 16,
+     .n_head_kv = 8,
+     .head_dim = 128,
+     .ffn = 3072,
+     .vocab = 151936,
+     .ctx = 40960,
+     .rope_base = 1000000,
+     .rms_eps = 1e-6f,
+     .tied = true,
+     .pre = "qwen2"},
 };
 
 /* --type values; general.file_type in llama.cpp's llama_ftype numbering (plain K types are
  * recorded as the _S variants, the nearest llama.cpp names). */
 static const ps_cli_synth_quant quants[] = {
-    {"F32", PS_TYPE_F32, PS_TYPE_F32, false, 0},     {"F16", PS_TYPE_F16, PS_TYPE_F16, false, 1},
-    {"BF16", PS_TYPE_BF16, PS_TYPE_BF16, false, 32}, {"Q8_0", PS_TYPE_Q8_0, PS_TYPE_Q8_0, false, 7},
-    {"Q4_0", PS_TYPE_Q4_0, PS_TYPE_Q4_0, false, 2},  {"Q4_1", PS_TYPE_Q4_1, PS_TYPE_Q4_1, false, 3},
-    {"Q5_0", PS_TYPE_Q5_0, PS_TYPE_Q5_0, false, 8},  {"Q5_1", PS_TYPE_Q5_1, PS_TYPE_Q5_1, false, 9},
-    {"Q4_K", PS_TYPE_Q4_K, PS_TYPE_Q4_K, false, 14}, {"Q5_K", PS_TYPE_Q5_K, PS_TYPE_Q5_K, false, 16},
-    {"Q6_K", PS_TYPE_Q6_K, PS_TYPE_Q6_K, false, 18}, {"Q4_K_M", PS_TYPE_Q4_K, PS_TYPE_Q6_K, true, 15},
+    {"F32", PS_TYPE_F32, PS_TYPE_F32, false, 0},      {"F16", PS_TYPE_F16, PS_TYPE_F16, false, 1},
+    {"BF16", PS_TYPE_BF16, PS_TYPE_BF16, false, 32},  {"Q8_0", PS_TYPE_Q8_0, PS_TYPE_Q8_0, false, 7},
+    {"Q4_0", PS_TYPE_Q4_0, PS_TYPE_Q4_0, false, 2},   {"Q4_1", PS_TYPE_Q4_1, PS_TYPE_Q4_1, false, 3},
+    {"Q5_0", PS_TYPE_Q5_0, PS_TYPE_Q5_0, false, 8},   {"Q5_1", PS_TYPE_Q5_1, PS_TYPE_Q5_1, false, 9},
+    {"Q4_K", PS_TYPE_Q4_K, PS_TYPE_Q4_K, false, 14},  {"Q5_K", PS_TYPE_Q5_K, PS_TYPE_Q5_K, false, 16},
+    {"Q6_K", PS_TYPE_Q6_K, PS_TYPE_Q6_K, false, 18},  {"Q4_K_M", PS_TYPE_Q4_K, PS_TYPE_Q6_K, true, 15},
     {"Q5_K_M", PS_TYPE_Q5_K, PS_TYPE_Q6_K, true, 17},
 };
 
 /* Prints the command's usage, presets and types to f. */
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: pipeshard synth (--like NAME | --layers L --dim D --heads H [--kv-heads KV] --ffn F --vocab V)\n"
-            "                       --type TYPE -o OUT [--arch llama|qwen2|qwen3] [--ctx N] [--seed S]\n"
-            "                       [--head-dim HD] [--untied] [--exact] [--threads N]\n\n"
-            "Writes a GGUF v3 model with random weights (seeded, deterministic) and a usable byte-level\n"
-            "BPE vocabulary of exactly V tokens with a ChatML chat template. Shape flags given with --like\n"
-            "override the preset's values.\n\n"
-            "  --like NAME     preset shape:");
+    fprintf(f, "usage: pipeshard synth (--like NAME | --layers L --dim D --heads H [--kv-heads KV] --ffn F --vocab V)\n"
+               "                       --type TYPE -o OUT [--arch llama|qwen2|qwen3] [--ctx N] [--seed S]\n"
+               "                       [--head-dim HD] [--untied] [--exact] [--threads N]\n\n"
+               "Writes a GGUF v3 model with random weights (seeded, deterministic) and a usable byte-level\n"
+               "BPE vocabulary of exactly V tokens with a ChatML chat template. Shape flags given with --like\n"
+               "override the preset's values.\n\n"
+               "  --like NAME     preset shape:");
     for (size_t i = 0; i < PS_ARRAY_LEN(presets); i++) fprintf(f, "%s %s", i ? "," : "", presets[i].name);
     fprintf(f, "\n  --type TYPE     weight type:");
     for (size_t i = 0; i < PS_ARRAY_LEN(quants); i++) fprintf(f, "%s %s", i ? "," : "", quants[i].name);
-    fprintf(f,
-            "\n                  (K types need row lengths that are multiples of 256, the others of 32)\n"
-            "  -o, --output OUT  file to write\n"
-            "  --arch A        llama (default), qwen2 (Q/K/V biases) or qwen3 (per-head Q/K norms)\n"
-            "  --kv-heads KV   key/value heads (default: --heads)\n"
-            "  --head-dim HD   per-head width (default: dim / heads)\n"
-            "  --ctx N         context length in the metadata (default 2048 or the preset's)\n"
-            "  --seed S        random seed (default 0)\n"
-            "  --untied        write a separate output.weight (default: tied to token_embd)\n"
-            "  --threads N     generating threads (default: all cores)\n"
-            "  --exact         quantize every row of K-type tensors (slow) instead of assembling those\n"
-            "                  of more than 2048 super-blocks (rows of 1024+) from pools of 16384\n");
+    fprintf(f, "\n                  (K types need row lengths that are multiples of 256, the others of 32)\n"
+               "  -o, --output OUT  file to write\n"
+               "  --arch A        llama (default), qwen2 (Q/K/V biases) or qwen3 (per-head Q/K norms)\n"
+               "  --kv-heads KV   key/value heads (default: --heads)\n"
+               "  --head-dim HD   per-head width (default: dim / heads)\n"
+               "  --ctx N         context length in the metadata (default 2048 or the preset's)\n"
+               "  --seed S        random seed (default 0)\n"
+               "  --untied        write a separate output.weight (default: tied to token_embd)\n"
+               "  --threads N     generating threads (default: all cores)\n"
+               "  --exact         quantize every row of K-type tensors (slow) instead of assembling those\n"
+               "                  of more than 2048 super-blocks (rows of 1024+) from pools of 16384\n");
 }
 
 /* Writes "a, b, c" of the names in a table to buf. */
-#define NAME_LIST(tab, field, buf)                                                                 \
-    do {                                                                                          \
-        size_t o_ = 0;                                                                            \
-        for (size_t i_ = 0; i_ < PS_ARRAY_LEN(tab) && o_ < sizeof(buf); i_++)                     \
-            o_ += (size_t)snprintf((buf) + o_, sizeof(buf) - o_, "%s%s", i_ ? ", " : "", tab[i_].field); \
+#define NAME_LIST(tab, field, buf)                                                                                     \
+    do {                                                                                                               \
+        size_t o_ = 0;                                                                                                 \
+        for (size_t i_ = 0; i_ < PS_ARRAY_LEN(tab) && o_ < sizeof(buf); i_++)                                          \
+            o_ += (size_t)snprintf((buf) + o_, sizeof(buf) - o_, "%s%s", i_ ? ", " : "", tab[i_].field);               \
     } while (0)
 
 // ---------------------------------------------------------------------------------------
@@ -102,10 +165,10 @@ static long long *int_flag(opts *o, const char *flag, long long *max) {
         size_t off;
         long long max;
     } tab[] = {
-        {"--layers", offsetof(opts, layers), 4096},      {"--dim", offsetof(opts, dim), 1 << 16},
-        {"--heads", offsetof(opts, heads), 4096},        {"--kv-heads", offsetof(opts, kv_heads), 4096},
-        {"--ffn", offsetof(opts, ffn), 1 << 20},         {"--vocab", offsetof(opts, vocab), 1 << 22},
-        {"--ctx", offsetof(opts, ctx), 1 << 24},         {"--head-dim", offsetof(opts, head_dim), 1 << 14},
+        {"--layers", offsetof(opts, layers), 4096}, {"--dim", offsetof(opts, dim), 1 << 16},
+        {"--heads", offsetof(opts, heads), 4096},   {"--kv-heads", offsetof(opts, kv_heads), 4096},
+        {"--ffn", offsetof(opts, ffn), 1 << 20},    {"--vocab", offsetof(opts, vocab), 1 << 22},
+        {"--ctx", offsetof(opts, ctx), 1 << 24},    {"--head-dim", offsetof(opts, head_dim), 1 << 14},
         {"--threads", offsetof(opts, threads), 64},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(tab); i++)
@@ -131,9 +194,12 @@ static bool parse(int argc, char **argv, opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], **sp;
         long long *ip, max;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) o->help = true;
-        else if (!strcmp(a, "--untied")) o->untied = true;
-        else if (!strcmp(a, "--exact")) o->exact = true;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            o->help = true;
+        else if (!strcmp(a, "--untied"))
+            o->untied = true;
+        else if (!strcmp(a, "--exact"))
+            o->exact = true;
         else if ((sp = str_flag(o, a))) {
             if (!(*sp = ps_arg_value(CMD, argc, argv, &i))) return false;
         } else if ((ip = int_flag(o, a, &max))) {
@@ -202,8 +268,10 @@ static bool apply_flags(const opts *o, ps_cli_synth_shape *s, bool preset) {
     if (o->layers) s->n_layer = (int)o->layers;
     if (o->dim) s->dim = (int)o->dim;
     if (o->heads) s->n_head = (int)o->heads;
-    if (o->kv_heads) s->n_head_kv = (int)o->kv_heads;
-    else if (!preset || o->heads) s->n_head_kv = s->n_head;
+    if (o->kv_heads)
+        s->n_head_kv = (int)o->kv_heads;
+    else if (!preset || o->heads)
+        s->n_head_kv = s->n_head;
     if (o->ffn) s->ffn = (int)o->ffn;
     if (o->vocab) s->vocab = (int)o->vocab;
     if (o->ctx) s->ctx = (int)o->ctx;
@@ -231,8 +299,10 @@ static bool check_heads(ps_cli_synth_shape *s) {
         return false;
     }
     if (s->vocab < 256 + PS_CLI_SYNTH_N_SPECIAL) {
-        fprintf(stderr, "pipeshard synth: --vocab %d is too small: 256 byte tokens and %d control tokens need at "
-                "least %d\n", s->vocab, PS_CLI_SYNTH_N_SPECIAL, 256 + PS_CLI_SYNTH_N_SPECIAL);
+        fprintf(stderr,
+                "pipeshard synth: --vocab %d is too small: 256 byte tokens and %d control tokens need at "
+                "least %d\n",
+                s->vocab, PS_CLI_SYNTH_N_SPECIAL, 256 + PS_CLI_SYNTH_N_SPECIAL);
         return false;
     }
     return true;
@@ -292,8 +362,8 @@ static int synth(const opts *o, const ps_cli_synth_shape *s, const ps_cli_synth_
     ps_status st = ps_cli_synth_vocab_build(s->vocab, &v, err, sizeof err);
     int threads = o->threads ? (int)o->threads : ps_cpu_count();
     if (!st)
-        st = ps_cli_synth_write(s, q, &v, (uint64_t)o->seed, threads, o->exact, o->out, isatty(STDERR_FILENO),
-                                err, sizeof err);
+        st = ps_cli_synth_write(s, q, &v, (uint64_t)o->seed, threads, o->exact, o->out, isatty(STDERR_FILENO), err,
+                                sizeof err);
     ps_cli_synth_vocab_free(&v);
     if (st) {
         fprintf(stderr, "pipeshard synth: %s\n", *err ? err : ps_strerror(st));
@@ -301,8 +371,8 @@ static int synth(const opts *o, const ps_cli_synth_shape *s, const ps_cli_synth_
     }
     struct stat sb;
     double mib = stat(o->out, &sb) == 0 ? (double)sb.st_size / (1024.0 * 1024.0) : 0;
-    fprintf(stderr, "pipeshard synth: wrote %s (%s %s, %d layers, dim %d, vocab %d, %s, %.1f MiB) in %.1f s\n",
-            o->out, s->name, s->arch, s->n_layer, s->dim, s->vocab, q->name, mib, ps_now() - t0);
+    fprintf(stderr, "pipeshard synth: wrote %s (%s %s, %d layers, dim %d, vocab %d, %s, %.1f MiB) in %.1f s\n", o->out,
+            s->name, s->arch, s->n_layer, s->dim, s->vocab, q->name, mib, ps_now() - t0);
     return 0;
 }
 

@@ -42,13 +42,13 @@ typedef struct {
 /* A byte-level BPE vocabulary: tokens[0..255] are the 256 byte symbols (GPT-2 mapping,
  * by byte value), then merged tokens, then the control tokens. Owns all its strings. */
 typedef struct {
-    int n_tokens;       /* exactly the requested vocabulary size */
-    char **tokens;      /* [n_tokens] NUL-terminated UTF-8 */
-    int32_t *types;     /* [n_tokens] 1 normal, 3 control */
-    int n_merges;       /* ordered by rank */
-    char **merges;      /* [n_merges] "left right", each left+right a token */
-    int bos, eos, pad;  /* ids of <|endoftext|>, <|im_end|>, <|endoftext|> */
-    char *arena;        /* backing store of every string */
+    int n_tokens;      /* exactly the requested vocabulary size */
+    char **tokens;     /* [n_tokens] NUL-terminated UTF-8 */
+    int32_t *types;    /* [n_tokens] 1 normal, 3 control */
+    int n_merges;      /* ordered by rank */
+    char **merges;     /* [n_merges] "left right", each left+right a token */
+    int bos, eos, pad; /* ids of <|endoftext|>, <|im_end|>, <|endoftext|> */
+    char *arena;       /* backing store of every string */
 } ps_cli_synth_vocab;
 
 #define PS_CLI_SYNTH_N_SPECIAL 3 /* <|endoftext|>, <|im_start|>, <|im_end|> */
@@ -68,8 +68,8 @@ ps_type ps_cli_synth_tensor_type(const ps_cli_synth_quant *q, const char *suffix
  * quantized super-blocks unless exact (see synth_model.c). Reports progress on stderr when
  * show_progress.
  * The GGUF writer renames a finished file into place, so path never holds half a model. */
-ps_status ps_cli_synth_write(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q,
-                             const ps_cli_synth_vocab *v, uint64_t seed, int n_threads, bool exact,
-                             const char *path, bool show_progress, char *err, size_t errlen);
+ps_status ps_cli_synth_write(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q, const ps_cli_synth_vocab *v,
+                             uint64_t seed, int n_threads, bool exact, const char *path, bool show_progress, char *err,
+                             size_t errlen);
 
 #endif

@@ -114,16 +114,16 @@ typedef struct {
     char name[64];
     ps_type type;
     uint32_t n_dims;
-    int64_t ne[2];     /* ne[0] = row length (fan-in), ne[1] = rows (1 for vectors) */
+    int64_t ne[2]; /* ne[0] = row length (fan-in), ne[1] = rows (1 for vectors) */
     tensor_kind kind;
-    uint64_t key;      /* random stream key */
-    float std;         /* of a matrix's values: 1/sqrt(fan-in) */
+    uint64_t key; /* random stream key */
+    float std;    /* of a matrix's values: 1/sqrt(fan-in) */
     size_t nbytes;
 } tensor_spec;
 
-#define POOL_BLOCKS 16384   /* super-blocks per pool (4M values, ~0.4 s of K quantization) */
-#define POOL_MIN_BLOCKS 2048 /* smaller K-type tensors are quantized row by row */
-#define POOL_MIN_ROW_BLOCKS 4 /* and so are narrower rows (rows of 1-3 pool blocks could repeat) */
+#define POOL_BLOCKS         16384 /* super-blocks per pool (4M values, ~0.4 s of K quantization) */
+#define POOL_MIN_BLOCKS     2048  /* smaller K-type tensors are quantized row by row */
+#define POOL_MIN_ROW_BLOCKS 4     /* and so are narrower rows (rows of 1-3 pool blocks could repeat) */
 
 /* Quantized super-blocks of one type for matrices of one row width (fan-in). */
 typedef struct {
@@ -138,10 +138,10 @@ typedef struct {
     int n, cap;
     int n_threads;
     bool show_progress;
-    bool exact;            /* never use pools */
+    bool exact; /* never use pools */
     double t0;
     uint64_t seed;
-    block_pool pools[8];   /* at most {base, hi} x {dim, heads x head size, ffn} */
+    block_pool pools[8]; /* at most {base, hi} x {dim, heads x head size, ffn} */
     int n_pools;
 } plan;
 
@@ -201,8 +201,7 @@ static ps_status plan_layer(plan *p, const ps_cli_synth_quant *q, int il) {
 static ps_status plan_build(plan *p, const ps_cli_synth_quant *q) {
     const ps_cli_synth_shape *s = p->s;
     ps_status st;
-    if (s->rope_factor > 0 && (st = plan_add(p, q, -1, "rope_freqs.weight", KIND_ROPE, s->head_dim / 2, 1)))
-        return st;
+    if (s->rope_factor > 0 && (st = plan_add(p, q, -1, "rope_freqs.weight", KIND_ROPE, s->head_dim / 2, 1))) return st;
     if ((st = plan_add(p, q, -1, "token_embd.weight", KIND_MAT, s->dim, s->vocab))) return st;
     for (int il = 0; il < s->n_layer; il++)
         if ((st = plan_layer(p, q, il))) return st;
@@ -218,7 +217,7 @@ typedef struct {
     const tensor_spec *t;
     const uint8_t *pool; /* non-NULL: pick the blocks of each row from this pool */
     uint8_t *buf;
-    int64_t r0, r1;      /* rows [r0, r1) */
+    int64_t r0, r1; /* rows [r0, r1) */
     ps_status st;
 } fill_job;
 
@@ -268,8 +267,10 @@ static ps_status fill_matrix(const tensor_spec *t, const uint8_t *pool, uint8_t 
     fill_rows(&jobs[0]);
     ps_status st = jobs[0].st;
     for (int i = 1; i < nth; i++) {
-        if (started[i]) pthread_join(tid[i], NULL);
-        else fill_rows(&jobs[i]); /* no thread: do its share here */
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else
+            fill_rows(&jobs[i]); /* no thread: do its share here */
         if (!st) st = jobs[i].st;
     }
     return st;
@@ -307,8 +308,8 @@ static ps_status pool_for(plan *p, const tensor_spec *t, const uint8_t **out) {
 static ps_status fill(void *ctx, int64_t index, void *buf, size_t nbytes, char *err, size_t errlen) {
     plan *p = ctx;
     if (index < 0 || index >= p->n || nbytes != p->t[index].nbytes)
-        return ps_errf(err, errlen, PS_ERR_INTERNAL, "fill asked for tensor %lld of %zu bytes",
-                       (long long)index, nbytes);
+        return ps_errf(err, errlen, PS_ERR_INTERNAL, "fill asked for tensor %lld of %zu bytes", (long long)index,
+                       nbytes);
     const tensor_spec *t = &p->t[index];
     switch (t->kind) {
     case KIND_MAT: {
@@ -379,8 +380,10 @@ static const char chat_template[] =
 /* general.* and the architecture's hyper-parameters. */
 static void set_hparams(meta *m, const ps_cli_synth_shape *s, const ps_cli_synth_quant *q, uint64_t seed) {
     char desc[160];
-    snprintf(desc, sizeof desc, "random weights (seed %llu, %s) written by pipeshard synth: for speed and "
-             "bit-exactness tests, not for quality", (unsigned long long)seed, q->name);
+    snprintf(desc, sizeof desc,
+             "random weights (seed %llu, %s) written by pipeshard synth: for speed and "
+             "bit-exactness tests, not for quality",
+             (unsigned long long)seed, q->name);
     m_str(m, "general.architecture", s->arch);
     m_str(m, "general.name", s->name);
     m_str(m, "general.description", desc);
@@ -427,19 +430,19 @@ static void set_tokenizer(meta *m, const ps_cli_synth_shape *s, const ps_cli_syn
 /* Adds every planned tensor to the writer, to be filled at write time. */
 static ps_status add_tensors(ps_gguf_writer *w, plan *p) {
     for (int i = 0; i < p->n; i++) {
-        ps_status st = ps_gguf_writer_add_tensor(w, p->t[i].name, p->t[i].type, p->t[i].n_dims, p->t[i].ne, NULL,
-                                                 fill, p);
+        ps_status st =
+            ps_gguf_writer_add_tensor(w, p->t[i].name, p->t[i].type, p->t[i].n_dims, p->t[i].ne, NULL, fill, p);
         if (st) return st;
     }
     return PS_OK;
 }
 
 /* See synth.h. */
-ps_status ps_cli_synth_write(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q,
-                             const ps_cli_synth_vocab *v, uint64_t seed, int n_threads, bool exact,
-                             const char *path, bool show_progress, char *err, size_t errlen) {
-    plan p = {.s = s, .n_threads = n_threads, .show_progress = show_progress, .exact = exact, .t0 = ps_now(),
-              .seed = seed};
+ps_status ps_cli_synth_write(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q, const ps_cli_synth_vocab *v,
+                             uint64_t seed, int n_threads, bool exact, const char *path, bool show_progress, char *err,
+                             size_t errlen) {
+    plan p = {
+        .s = s, .n_threads = n_threads, .show_progress = show_progress, .exact = exact, .t0 = ps_now(), .seed = seed};
     ps_gguf_writer *w = NULL;
     ps_status st = plan_build(&p, q);
     if (st) {

@@ -94,12 +94,12 @@ static const char *const specials[PS_CLI_SYNTH_N_SPECIAL] = {"<|endoftext|>", "<
 typedef struct {
     char *buf;
     size_t len, cap;
-    size_t *tok;     /* [limit + N_SPECIAL] token offsets */
+    size_t *tok; /* [limit + N_SPECIAL] token offsets */
     int n_tok;
-    int limit;       /* tokens before the specials */
-    size_t *merge;   /* merge offsets */
+    int limit;     /* tokens before the specials */
+    size_t *merge; /* merge offsets */
     int n_merge, merge_cap;
-    int32_t *slot;   /* hash set of token ids */
+    int32_t *slot; /* hash set of token ids */
     uint64_t mask;
 } builder;
 

@@ -16,30 +16,31 @@ static void on_signal(int sig) {
 }
 
 static void worker_usage(FILE *f) {
-    fprintf(f,
-            "usage: pipeshard worker --shard FILE --listen HOST:PORT [options]\n"
-            "  --shard FILE              shard of stage 1 or later, written by `pipeshard split`\n"
-            "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr);\n"
-            "                            unix:PATH = a Unix socket, for a coordinator on this host\n"
-            "  -t, --threads N           compute threads (default: all cores)\n"
-            "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
-            "  --mmap                    map the shard instead of reading it into huge pages (see pipeshard run --help)\n"
-            "  --key-file F              shared key: peers must prove they hold the same file; frames after\n"
-            "                            the handshake are then sealed (encrypted, authenticated)\n"
-            "  --plain-frames            with a key: frames in the clear when the peer asks too (peers on\n"
-            "                            this host only: sealing then buys nothing)\n"
-            "  --sim-latency-ms MS       emulated one-way delay added to every outgoing hop (default 0)\n"
-            "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
-            "  --timeout-ms MS           handshakes and frame transfers time out after MS (default 30000)\n"
-            "  --max-ctx N               most positions a session may ask for (default: the model's trained context)\n"
-            "  --no-verify               skip recomputing the shard's fingerprint at start-up\n"
-            "  --ready-fd N              (for --local-stages) write the port (or the unix: address) to file\n"
-            "                            descriptor N once listening\n");
+    fprintf(
+        f,
+        "usage: pipeshard worker --shard FILE --listen HOST:PORT [options]\n"
+        "  --shard FILE              shard of stage 1 or later, written by `pipeshard split`\n"
+        "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr);\n"
+        "                            unix:PATH = a Unix socket, for a coordinator on this host\n"
+        "  -t, --threads N           compute threads (default: all cores)\n"
+        "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
+        "  --mmap                    map the shard instead of reading it into huge pages (see pipeshard run --help)\n"
+        "  --key-file F              shared key: peers must prove they hold the same file; frames after\n"
+        "                            the handshake are then sealed (encrypted, authenticated)\n"
+        "  --plain-frames            with a key: frames in the clear when the peer asks too (peers on\n"
+        "                            this host only: sealing then buys nothing)\n"
+        "  --sim-latency-ms MS       emulated one-way delay added to every outgoing hop (default 0)\n"
+        "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
+        "  --timeout-ms MS           handshakes and frame transfers time out after MS (default 30000)\n"
+        "  --max-ctx N               most positions a session may ask for (default: the model's trained context)\n"
+        "  --no-verify               skip recomputing the shard's fingerprint at start-up\n"
+        "  --ready-fd N              (for --local-stages) write the port (or the unix: address) to file\n"
+        "                            descriptor N once listening\n");
 }
 
 int ps_cli_worker(int argc, char **argv) {
-    ps_worker_opts o = {.threads = ps_cpu_count(), .timeout_ms = 30000, .ready_fd = -1, .verify = true,
-                        .stop = &stop_flag};
+    ps_worker_opts o = {
+        .threads = ps_cpu_count(), .timeout_ms = 30000, .ready_fd = -1, .verify = true, .stop = &stop_flag};
     const char *key_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -48,7 +49,9 @@ int ps_cli_worker(int argc, char **argv) {
         const struct {
             const char *flag;
             bool *field, value;
-        } switches[] = {{"--no-verify", &o.verify, false}, {"--pin", &o.pin, true}, {"--mmap", &o.mmap, true},
+        } switches[] = {{"--no-verify", &o.verify, false},
+                        {"--pin", &o.pin, true},
+                        {"--mmap", &o.mmap, true},
                         {"--plain-frames", &o.plain, true}};
         size_t k = 0;
         while (k < PS_ARRAY_LEN(switches) && strcmp(a, switches[k].flag)) k++;
@@ -58,15 +61,24 @@ int ps_cli_worker(int argc, char **argv) {
         }
         bool ok = (v = ps_arg_value("worker", argc, argv, &i)) != NULL;
         if (!ok) return 2;
-        if (!strcmp(a, "--shard")) o.shard = v;
-        else if (!strcmp(a, "--listen")) o.listen = v;
-        else if (!strcmp(a, "--key-file")) key_file = v;
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = ps_arg_int("worker", a, v, 1, 1024, &n) && ((o.threads = (int)n), 1);
-        else if (!strcmp(a, "--sim-latency-ms")) ok = ps_arg_float("worker", a, v, 0, 1e5, &o.sim.latency_ms);
-        else if (!strcmp(a, "--sim-bandwidth-mbps")) ok = ps_arg_mbps("worker", a, v, &o.sim.bandwidth_mbps);
-        else if (!strcmp(a, "--timeout-ms")) ok = ps_arg_int("worker", a, v, 1, 86400000, &n) && ((o.timeout_ms = (int)n), 1);
-        else if (!strcmp(a, "--max-ctx")) ok = ps_arg_int("worker", a, v, 1, 1 << 24, &n) && ((o.max_ctx = (int)n), 1);
-        else if (!strcmp(a, "--ready-fd")) ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
+        if (!strcmp(a, "--shard"))
+            o.shard = v;
+        else if (!strcmp(a, "--listen"))
+            o.listen = v;
+        else if (!strcmp(a, "--key-file"))
+            key_file = v;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            ok = ps_arg_int("worker", a, v, 1, 1024, &n) && ((o.threads = (int)n), 1);
+        else if (!strcmp(a, "--sim-latency-ms"))
+            ok = ps_arg_float("worker", a, v, 0, 1e5, &o.sim.latency_ms);
+        else if (!strcmp(a, "--sim-bandwidth-mbps"))
+            ok = ps_arg_mbps("worker", a, v, &o.sim.bandwidth_mbps);
+        else if (!strcmp(a, "--timeout-ms"))
+            ok = ps_arg_int("worker", a, v, 1, 86400000, &n) && ((o.timeout_ms = (int)n), 1);
+        else if (!strcmp(a, "--max-ctx"))
+            ok = ps_arg_int("worker", a, v, 1, 1 << 24, &n) && ((o.max_ctx = (int)n), 1);
+        else if (!strcmp(a, "--ready-fd"))
+            ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
         else {
             fprintf(stderr, "pipeshard worker: unknown option '%s' (see pipeshard worker --help)\n", a);
             return 2;
@@ -74,7 +86,8 @@ int ps_cli_worker(int argc, char **argv) {
         if (!ok) return 2;
     }
     if (!o.shard || !o.listen) {
-        fprintf(stderr, "pipeshard worker: %s\n", !o.shard ? "no shard given (--shard FILE)" : "no address given (--listen HOST:PORT)");
+        fprintf(stderr, "pipeshard worker: %s\n",
+                !o.shard ? "no shard given (--shard FILE)" : "no address given (--listen HOST:PORT)");
         return 2;
     }
     char err[1024] = "";

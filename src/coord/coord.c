@@ -13,11 +13,11 @@
 
 /* What the coordinator knows of one stage. */
 typedef struct {
-    ps_conn *conn;          /* worker stages: its connection (stage 1: also the data hop) */
-    ps_stage_stat cur;      /* this session's counters, as the latest token brought them */
-    ps_stage_stat base;     /* ... at the last reset */
-    int probe;              /* PROBE_*: its answer when the ring went silent */
-    int fail;               /* FAIL_*: what went wrong, when something did */
+    ps_conn *conn;      /* worker stages: its connection (stage 1: also the data hop) */
+    ps_stage_stat cur;  /* this session's counters, as the latest token brought them */
+    ps_stage_stat base; /* ... at the last reset */
+    int probe;          /* PROBE_*: its answer when the ring went silent */
+    int fail;           /* FAIL_*: what went wrong, when something did */
     char why[512];
 } stage_view;
 
@@ -26,16 +26,16 @@ enum { PROBE_SILENT, PROBE_BEHIND, PROBE_DONE };
 
 struct ps_coord {
     ps_coord_opts o;
-    ps_fleet fleet;           /* a copy (one stage when running a whole model) */
-    int n;                    /* stages */
+    ps_fleet fleet; /* a copy (one stage when running a whole model) */
+    int n;          /* stages */
     ps_stage *stage0;
     ps_hello me;
     bool connected;
-    uint32_t mb;              /* micro-batches sent in this session */
-    int32_t token;            /* the awaited token, once it came (-1 before) */
+    uint32_t mb;               /* micro-batches sent in this session */
+    int32_t token;             /* the awaited token, once it came (-1 before) */
     double wait_ms, wait_base; /* time spent in wait_token, and its value at the last reset */
-    int32_t *hist;            /* (n_ctx) the sequence's tokens, to rebuild the workers' KV
-                                 after a reconnection (DESIGN.md, invariant 3) */
+    int32_t *hist;             /* (n_ctx) the sequence's tokens, to rebuild the workers' KV
+                                  after a reconnection (DESIGN.md, invariant 3) */
     int max_mb;
     stage_view st[PS_SHARD_MAX_STAGES];
     ps_wbuf wb;
@@ -58,15 +58,20 @@ static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t er
     const ps_fleet_stage *fs = &e->c->fleet.stages[e->k];
     if (p->role != PS_ROLE_WORKER) return ps_errf(err, errlen, PS_ERR_ARG, "the peer is not a worker");
     if (strcmp(p->model_fp, e->c->fleet.model_fp))
-        return ps_errf(err, errlen, PS_ERR_ARG, "the worker serves a shard of another model (fingerprint %s; "
-                       "fleet.json's model is %s)", p->model_fp, e->c->fleet.model_fp);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "the worker serves a shard of another model (fingerprint %s; "
+                       "fleet.json's model is %s)",
+                       p->model_fp, e->c->fleet.model_fp);
     if (p->stage != e->k || p->layer_begin != fs->layer_begin || p->layer_end != fs->layer_end)
-        return ps_errf(err, errlen, PS_ERR_ARG, "the worker serves stage %d (layers %d..%d), but fleet.json puts stage "
-                       "%d (layers %d..%d) there", p->stage, p->layer_begin, p->layer_end, e->k, fs->layer_begin,
-                       fs->layer_end);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "the worker serves stage %d (layers %d..%d), but fleet.json puts stage "
+                       "%d (layers %d..%d) there",
+                       p->stage, p->layer_begin, p->layer_end, e->k, fs->layer_begin, fs->layer_end);
     if (fs->fingerprint[0] && strcmp(p->shard_fp, fs->fingerprint))
-        return ps_errf(err, errlen, PS_ERR_ARG, "the worker serves stage %d with shard fingerprint %s, fleet.json lists "
-                       "%s (split again?)", e->k, p->shard_fp, fs->fingerprint);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "the worker serves stage %d with shard fingerprint %s, fleet.json lists "
+                       "%s (split again?)",
+                       e->k, p->shard_fp, fs->fingerprint);
     return PS_OK;
 }
 
@@ -100,8 +105,9 @@ static ps_status connect_stage(ps_coord *c, int k) {
     expect ex = {c, k};
     ps_hello peer;
     uint32_t limit = ps_mb_max_bytes(ps_stage_model(c->stage0)->hp.dim, c->max_mb);
-    if (!s) s = ps_net_handshake_client(v->conn, c->o.key, &c->me, check_worker, &ex, limit, c->o.timeout_ms, &peer, e,
-                                        sizeof e);
+    if (!s)
+        s = ps_net_handshake_client(v->conn, c->o.key, &c->me, check_worker, &ex, limit, c->o.timeout_ms, &peer, e,
+                                    sizeof e);
     if (s) return ps_errf(c->err, sizeof c->err, s, "%s: %s", name, e);
     c->wb.len = 0;
     ps_wbuf_u64(&c->wb, c->me.session);
@@ -224,7 +230,7 @@ static bool pump(ps_coord *c, double ms, uint32_t want_mb, int32_t *token, bool 
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         ps_pool_wake(ps_stage_pool(c->stage0)); /* likely the token: stage 0 runs next */
-        for (int i = 0; i < m; i++) /* within what is left: a worker dripping a frame cannot stretch it */
+        for (int i = 0; i < m; i++)             /* within what is left: a worker dripping a frame cannot stretch it */
             if (fds[i].revents) on_frame(c, ks[i], want_mb, token, (int)fmax(1, end - now_ms()));
         for (int k = 1; done != never && k < c->n; k++)
             if (c->st[k].fail) return false;
@@ -309,9 +315,10 @@ static ps_status check_stage0(ps_coord *c, char *err, size_t errlen) {
     if (!sm->present || sm->stage_index != 0 || sm->stage_count != c->n || strcmp(sm->model_fp, c->fleet.model_fp) ||
         m->layer_begin != fs->layer_begin || m->layer_end != fs->layer_end ||
         (fs->fingerprint[0] && strcmp(sm->shard_fp, fs->fingerprint)))
-        return ps_errf(err, errlen, PS_ERR_ARG, "%s is not the stage-0 shard fleet.json describes (stage %d of %d, layers "
-                       "%d..%d, model %s)", fs->shard, sm->stage_index, sm->stage_count, m->layer_begin, m->layer_end,
-                       sm->model_fp);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "%s is not the stage-0 shard fleet.json describes (stage %d of %d, layers "
+                       "%d..%d, model %s)",
+                       fs->shard, sm->stage_index, sm->stage_count, m->layer_begin, m->layer_end, sm->model_fp);
     return PS_OK;
 }
 
@@ -348,8 +355,13 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
         goto fail;
     }
     const ps_shard_meta *sm = &m->shard;
-    c->me = (ps_hello){.role = PS_ROLE_COORD, .stage = 0, .stage_count = c->n, .layer_begin = m->layer_begin,
-                       .layer_end = m->layer_end, .n_layer = m->hp.n_layer, .plain = o->plain};
+    c->me = (ps_hello){.role = PS_ROLE_COORD,
+                       .stage = 0,
+                       .stage_count = c->n,
+                       .layer_begin = m->layer_begin,
+                       .layer_end = m->layer_end,
+                       .n_layer = m->hp.n_layer,
+                       .plain = o->plain};
     snprintf(c->me.model_fp, sizeof c->me.model_fp, "%s", sm->model_fp);
     snprintf(c->me.shard_fp, sizeof c->me.shard_fp, "%s", sm->shard_fp);
     *out = c;
@@ -380,8 +392,8 @@ int ps_coord_n_ctx(const ps_coord *c) { return ps_stage_n_ctx(c->stage0); }
 int ps_coord_n_stages(const ps_coord *c) { return c->n; }
 const float *ps_coord_logits(const ps_coord *c) { return c->n == 1 ? ps_stage_logits(c->stage0) : NULL; }
 
-ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp,
-                        int32_t *token, char *err, size_t errlen) {
+ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
+                        char *err, size_t errlen) {
     *token = -1;
     c->err[0] = 0;
     ps_status s = PS_OK;

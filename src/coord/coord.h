@@ -19,19 +19,19 @@
 #include "../sample/sample.h"
 
 typedef struct {
-    const char *model;       /* a whole model run as the only stage, or NULL with fleet */
-    const ps_fleet *fleet;   /* the fleet: stage 0 runs here, the others on workers */
-    int threads;             /* threads of stage 0 */
-    bool pin;                /* pin them to CPUs (ps_pool_pin; ps_coord_next's caller is thread 0) */
-    bool mmap;               /* map stage 0's file rather than read it into huge pages */
-    int n_ctx;               /* positions; 0 = the model's context, at most 4096 */
-    int max_batch;           /* tokens per forward pass */
-    int prefill_chunk;       /* positions per micro-batch; 0 = max_batch */
-    ps_act act;              /* matmul arithmetic of every stage */
-    const uint8_t *key;      /* 32-byte shared key, or NULL */
-    bool plain;              /* with a key: ask for frames in the clear (ps_hello.plain) */
-    ps_link_sim sim;         /* emulation of the coordinator's outgoing hop */
-    int timeout_ms;          /* a stage silent for this long is reported as stalled */
+    const char *model;     /* a whole model run as the only stage, or NULL with fleet */
+    const ps_fleet *fleet; /* the fleet: stage 0 runs here, the others on workers */
+    int threads;           /* threads of stage 0 */
+    bool pin;              /* pin them to CPUs (ps_pool_pin; ps_coord_next's caller is thread 0) */
+    bool mmap;             /* map stage 0's file rather than read it into huge pages */
+    int n_ctx;             /* positions; 0 = the model's context, at most 4096 */
+    int max_batch;         /* tokens per forward pass */
+    int prefill_chunk;     /* positions per micro-batch; 0 = max_batch */
+    ps_act act;            /* matmul arithmetic of every stage */
+    const uint8_t *key;    /* 32-byte shared key, or NULL */
+    bool plain;            /* with a key: ask for frames in the clear (ps_hello.plain) */
+    ps_link_sim sim;       /* emulation of the coordinator's outgoing hop */
+    int timeout_ms;        /* a stage silent for this long is reported as stalled */
 } ps_coord_opts;
 
 typedef struct ps_coord ps_coord;
@@ -52,8 +52,8 @@ int ps_coord_n_stages(const ps_coord *c);
 
 /* Runs tokens[0..n) at positions pos..pos+n-1 around the ring (discarding every stage's
  * KV beyond pos) and returns the token the last stage samples at position pos + n. */
-ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp,
-                        int32_t *token, char *err, size_t errlen);
+ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
+                        char *err, size_t errlen);
 /* The logits behind the latest token when the model runs as one stage, else NULL
  * (logits never cross the network). */
 const float *ps_coord_logits(const ps_coord *c);
@@ -63,9 +63,9 @@ const float *ps_coord_logits(const ps_coord *c);
 typedef struct {
     int n_stages;
     double compute_ms[PS_SHARD_MAX_STAGES];
-    double wait_ms;  /* from stage 0's last chunk to the token, summed: the other stages' compute
-                        plus every hop, wake-up and queue on the way (minus their compute: the
-                        ring's overhead; during a pipelined prefill their compute overlaps ours) */
+    double wait_ms; /* from stage 0's last chunk to the token, summed: the other stages' compute
+                       plus every hop, wake-up and queue on the way (minus their compute: the
+                       ring's overhead; during a pipelined prefill their compute overlaps ours) */
     ps_conn_stats hop[PS_SHARD_MAX_STAGES];
 } ps_coord_stats;
 void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out);

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define FLEET_MAX_BYTES (1u << 20)   /* fleet.json larger than this is refused */
-#define DEFAULT_PORT 7701            /* stage k defaults to 127.0.0.1:(DEFAULT_PORT + k - 1) */
+#define FLEET_MAX_BYTES (1u << 20) /* fleet.json larger than this is refused */
+#define DEFAULT_PORT    7701       /* stage k defaults to 127.0.0.1:(DEFAULT_PORT + k - 1) */
 
 // ---------------------------------------------------------------------------------------
 // Addresses
@@ -36,8 +36,8 @@ bool ps_fleet_address_ok(const char *s) {
             if (!(strchr("0123456789abcdefABCDEF:.", *p))) return false;
     } else {
         for (const char *p = s; p < colon; p++)
-            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-                  *p == '-' || *p == '.' || *p == '_'))
+            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+                  *p == '.' || *p == '_'))
                 return false;
     }
     const char *port = colon + 1;
@@ -118,7 +118,10 @@ static ps_status write_fleet(const char *path, const char *model_name, int n, co
              cJSON_AddItemToObject(st, "layers", cJSON_CreateIntArray(layers, 2)) &&
              cJSON_AddNumberToObject(st, "bytes", (double)sf->bytes[k]) &&
              cJSON_AddStringToObject(st, "fingerprint", sf->fingerprint[k]) &&
-             cJSON_AddStringToObject(st, "address", k == 0 ? "local" : addresses ? addresses[k - 1] : addr);
+             cJSON_AddStringToObject(st, "address",
+                                     k == 0      ? "local"
+                                     : addresses ? addresses[k - 1]
+                                                 : addr);
     }
     if (!ok || !(text = fleet_text(root))) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory building fleet.json");
@@ -149,8 +152,7 @@ out:
 
 /* See fleet.h. The addresses are checked before anything is written. */
 ps_status ps_fleet_split(const char *model_path, int n_stages, const int *bounds, const char *const *addresses,
-                         const char *dir, ps_shard_progress_fn progress, void *progress_ctx, char *err,
-                         size_t errlen) {
+                         const char *dir, ps_shard_progress_fn progress, void *progress_ctx, char *err, size_t errlen) {
     for (int k = 1; addresses && k < n_stages && k < PS_SHARD_MAX_STAGES; k++)
         if (!addresses[k - 1] || !ps_fleet_address_ok(addresses[k - 1]))
             return ps_errf(err, errlen, PS_ERR_ARG, "address '%s' of stage %d is not HOST:PORT or unix:PATH",
@@ -216,7 +218,8 @@ static ps_status resolve_shard(const fleet_rd *r, const char *shard, const char 
     const char *slash = strrchr(r->path, '/');
     int k = shard[0] == '/' || !slash ? snprintf(out, n, "%s", shard)
                                       : snprintf(out, n, "%.*s/%s", (int)(slash - r->path), r->path, shard);
-    if (k < 0 || (size_t)k >= n) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %sshard is too long", r->path, where);
+    if (k < 0 || (size_t)k >= n)
+        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %sshard is too long", r->path, where);
     return PS_OK;
 }
 
@@ -225,12 +228,14 @@ static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n_l
                              ps_fleet_stage *st) {
     char where[48];
     snprintf(where, sizeof where, "stages[%d].", k);
-    if (!cJSON_IsObject(obj)) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages[%d] must be an object", r->path, k);
+    if (!cJSON_IsObject(obj))
+        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages[%d] must be an object", r->path, k);
     double d = 0;
     const char *shard = NULL, *addr = NULL;
     ps_status s;
     if ((s = json_int(r, obj, "stage", where, 0, PS_SHARD_MAX_STAGES, &d))) return s;
-    if ((int)d != k) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %sstage must be %d, not %d", r->path, where, k, (int)d);
+    if ((int)d != k)
+        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %sstage must be %d, not %d", r->path, where, k, (int)d);
     st->index = k;
     if ((s = json_str(r, obj, "shard", where, &shard)) ||
         (s = resolve_shard(r, shard, where, st->shard, sizeof st->shard)))
@@ -239,10 +244,10 @@ static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n_l
     if (!layers) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %slayers is missing", r->path, where);
     const cJSON *b = cJSON_GetArrayItem(layers, 0), *e = cJSON_GetArrayItem(layers, 1);
     if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != 2 || !cJSON_IsNumber(b) || !cJSON_IsNumber(e) ||
-        b->valuedouble != floor(b->valuedouble) || e->valuedouble != floor(e->valuedouble) ||
-        b->valuedouble < 0 || e->valuedouble > n_layer || b->valuedouble >= e->valuedouble)
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %slayers must be [BEGIN, END] with 0 <= BEGIN < END <= %d",
-                       r->path, where, n_layer);
+        b->valuedouble != floor(b->valuedouble) || e->valuedouble != floor(e->valuedouble) || b->valuedouble < 0 ||
+        e->valuedouble > n_layer || b->valuedouble >= e->valuedouble)
+        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT,
+                       "%s: %slayers must be [BEGIN, END] with 0 <= BEGIN < END <= %d", r->path, where, n_layer);
     st->layer_begin = (int)b->valuedouble;
     st->layer_end = (int)e->valuedouble;
     if (st->layer_begin != prev_end)
@@ -253,8 +258,10 @@ static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n_l
     if ((s = json_fp(r, obj, "fingerprint", where, st->fingerprint)) || (s = json_str(r, obj, "address", where, &addr)))
         return s;
     if (k == 0 && strcmp(addr, "local"))
-        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages[0].address must be \"local\" (stage 0 runs in the "
-                       "coordinator), not \"%.64s\"", r->path, addr);
+        return ps_errf(r->err, r->errlen, PS_ERR_FORMAT,
+                       "%s: stages[0].address must be \"local\" (stage 0 runs in the "
+                       "coordinator), not \"%.64s\"",
+                       r->path, addr);
     if (k > 0 && !ps_fleet_address_ok(addr))
         return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: %saddress \"%.64s\" is not HOST:PORT or unix:PATH",
                        r->path, where, addr);
@@ -272,7 +279,8 @@ static ps_status fleet_parse(const fleet_rd *r, const cJSON *root, ps_fleet *out
     if (d != 1)
         return ps_errf(r->err, r->errlen, PS_ERR_UNSUPPORTED, "%s: pipeshard_fleet %.0f is not supported (only 1)",
                        r->path, d);
-    if ((s = json_str(r, root, "model", "", &model)) || (s = json_fp(r, root, "model_fingerprint", "", out->model_fp)) ||
+    if ((s = json_str(r, root, "model", "", &model)) ||
+        (s = json_fp(r, root, "model_fingerprint", "", out->model_fp)) ||
         (s = json_int(r, root, "n_layer", "", 1, PS_SHARD_MAX_LAYERS, &d)))
         return s;
     out->n_layer = (int)d;
@@ -297,8 +305,9 @@ static ps_status fleet_parse(const fleet_rd *r, const cJSON *root, ps_fleet *out
 /* Reads the whole file (at most FLEET_MAX_BYTES) into a malloc'd buffer. */
 static ps_status read_small_file(const char *path, char **buf, size_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open '%s': %s", path,
-                           strerror(errno));
+    if (!f)
+        return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open '%s': %s", path,
+                       strerror(errno));
     *buf = ps_malloc(FLEET_MAX_BYTES + 1);
     if (!*buf) {
         fclose(f);
@@ -310,8 +319,8 @@ static ps_status read_small_file(const char *path, char **buf, size_t *len, char
     if (bad || *len > FLEET_MAX_BYTES) {
         free(*buf);
         *buf = NULL;
-        return ps_errf(err, errlen, bad ? PS_ERR_IO : PS_ERR_FORMAT, bad ? "%s: read error" : "%s: larger than %u bytes",
-                       path, FLEET_MAX_BYTES);
+        return ps_errf(err, errlen, bad ? PS_ERR_IO : PS_ERR_FORMAT,
+                       bad ? "%s: read error" : "%s: larger than %u bytes", path, FLEET_MAX_BYTES);
     }
     return PS_OK;
 }

@@ -22,8 +22,8 @@
 /* A loaded fleet.json. Paths are resolved relative to the directory of fleet.json. */
 typedef struct {
     int index;
-    char shard[4096];      /* path of the shard file */
-    char address[256];     /* "local" for stage 0, else "HOST:PORT" or "unix:PATH" */
+    char shard[4096];  /* path of the shard file */
+    char address[256]; /* "local" for stage 0, else "HOST:PORT" or "unix:PATH" */
     int layer_begin, layer_end;
     char fingerprint[33];
     uint64_t bytes;
@@ -46,8 +46,7 @@ ps_status ps_fleet_load(const char *path, ps_fleet *out, char *err, size_t errle
  * written. addresses: n_stages - 1 addresses for stages 1.., or NULL for the defaults
  * 127.0.0.1:7701, 7702, ... fleet.json's "bytes" is each shard's file size. */
 ps_status ps_fleet_split(const char *model_path, int n_stages, const int *bounds, const char *const *addresses,
-                         const char *dir, ps_shard_progress_fn progress, void *progress_ctx, char *err,
-                         size_t errlen);
+                         const char *dir, ps_shard_progress_fn progress, void *progress_ctx, char *err, size_t errlen);
 
 /* Longest PATH of a "unix:PATH" address (a socket address holds 108 bytes with its NUL). */
 #define PS_UNIX_PATH_MAX 107

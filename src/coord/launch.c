@@ -8,8 +8,8 @@
 #include "local_fleet.h"
 
 struct ps_launch {
-    ps_local_fleet *local;   /* local_stages > 1 */
-    ps_fleet *fleet;         /* --fleet's, or the local one's; NULL for a whole model */
+    ps_local_fleet *local; /* local_stages > 1 */
+    ps_fleet *fleet;       /* --fleet's, or the local one's; NULL for a whole model */
     ps_coord *coord;
     ps_tok *tok;
     double seconds;
@@ -57,10 +57,19 @@ ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, s
     uint8_t key[32];
     bool have_key;
     ps_status s = start_fleet(l, o, key, &have_key, err, errlen);
-    ps_coord_opts co = {.model = l->fleet ? NULL : o->model, .fleet = l->fleet, .threads = o->stage.threads,
-                        .pin = o->stage.pin, .mmap = o->stage.mmap, .plain = o->plain || o->local_stages > 1,
-                        .n_ctx = o->n_ctx, .max_batch = o->max_batch, .prefill_chunk = o->prefill_chunk,
-                        .act = o->act, .key = have_key ? key : NULL, .sim = o->sim, .timeout_ms = o->timeout_ms};
+    ps_coord_opts co = {.model = l->fleet ? NULL : o->model,
+                        .fleet = l->fleet,
+                        .threads = o->stage.threads,
+                        .pin = o->stage.pin,
+                        .mmap = o->stage.mmap,
+                        .plain = o->plain || o->local_stages > 1,
+                        .n_ctx = o->n_ctx,
+                        .max_batch = o->max_batch,
+                        .prefill_chunk = o->prefill_chunk,
+                        .act = o->act,
+                        .key = have_key ? key : NULL,
+                        .sim = o->sim,
+                        .timeout_ms = o->timeout_ms};
     if (!s) s = ps_coord_create(&co, &l->coord, err, errlen);
     if (!s) s = ps_coord_connect(l->coord, err, errlen);
     if (!s && o->tokenizer) s = load_tokenizer(l, err, errlen);
@@ -77,8 +86,10 @@ void ps_launch_stop(ps_launch *l) {
     if (!l) return;
     ps_tok_free(l->tok);
     ps_coord_free(l->coord);
-    if (l->local) ps_local_fleet_stop(l->local);
-    else free(l->fleet);
+    if (l->local)
+        ps_local_fleet_stop(l->local);
+    else
+        free(l->fleet);
     free(l->local);
     free(l);
 }

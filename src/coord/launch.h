@@ -13,21 +13,21 @@
 #include "coord.h"
 
 typedef struct {
-    const char *model;       /* a whole model (-m), also the one to split with local_stages */
-    const char *fleet;       /* or fleet.json (--fleet): stage 0 here, the rest on its workers */
-    int local_stages;        /* > 1: split model and start stages 1.. as local worker processes
-                                of this binary (coord/local_fleet.h) */
-    bool local_unix;         /* their connections on Unix sockets instead of loopback TCP */
-    const char *key_file;    /* the workers' shared key, or NULL (local fleets: a fresh one) */
-    bool plain;              /* with a key: ask for frames in the clear (local fleets always do) */
-    ps_link_sim sim;         /* link emulation of the coordinator's hop (and local workers') */
-    int timeout_ms;          /* a stage silent for this long is reported as stalled */
-    ps_stage_opts stage;     /* threads, --pin, --mmap of stage 0 and of local workers */
-    int n_ctx;               /* positions; 0 = the model's, at most 4096 */
-    int max_batch;           /* prompt tokens per forward pass */
-    int prefill_chunk;       /* positions per micro-batch on the ring; 0 = max_batch */
-    ps_act act;              /* matmul arithmetic of every stage */
-    bool tokenizer;          /* load the model's tokenizer (false: token ids in and out) */
+    const char *model;    /* a whole model (-m), also the one to split with local_stages */
+    const char *fleet;    /* or fleet.json (--fleet): stage 0 here, the rest on its workers */
+    int local_stages;     /* > 1: split model and start stages 1.. as local worker processes
+                             of this binary (coord/local_fleet.h) */
+    bool local_unix;      /* their connections on Unix sockets instead of loopback TCP */
+    const char *key_file; /* the workers' shared key, or NULL (local fleets: a fresh one) */
+    bool plain;           /* with a key: ask for frames in the clear (local fleets always do) */
+    ps_link_sim sim;      /* link emulation of the coordinator's hop (and local workers') */
+    int timeout_ms;       /* a stage silent for this long is reported as stalled */
+    ps_stage_opts stage;  /* threads, --pin, --mmap of stage 0 and of local workers */
+    int n_ctx;            /* positions; 0 = the model's, at most 4096 */
+    int max_batch;        /* prompt tokens per forward pass */
+    int prefill_chunk;    /* positions per micro-batch on the ring; 0 = max_batch */
+    ps_act act;           /* matmul arithmetic of every stage */
+    bool tokenizer;       /* load the model's tokenizer (false: token ids in and out) */
 } ps_launch_opts;
 
 typedef struct ps_launch ps_launch;
@@ -41,8 +41,8 @@ void ps_launch_stop(ps_launch *l);
 
 /* What was started; owned by l until ps_launch_stop. */
 ps_coord *ps_launch_coord(ps_launch *l);
-const ps_tok *ps_launch_tok(const ps_launch *l);        /* NULL without opts.tokenizer */
-const ps_fleet *ps_launch_fleet(const ps_launch *l);    /* NULL for a whole model */
-double ps_launch_seconds(const ps_launch *l);           /* how long ps_launch_start took */
+const ps_tok *ps_launch_tok(const ps_launch *l);     /* NULL without opts.tokenizer */
+const ps_fleet *ps_launch_fleet(const ps_launch *l); /* NULL for a whole model */
+double ps_launch_seconds(const ps_launch *l);        /* how long ps_launch_start took */
 
 #endif

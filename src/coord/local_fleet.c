@@ -57,13 +57,15 @@ static void own_cores(int k, int n, int threads) {
 
 /* Starts the worker of stage k, listening on loopback TCP or on dir/stage-K.sock; its
  * messages go to dir/worker-K.log. */
-static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const ps_link_sim *sim,
-                       const char *key_path, bool unix_socket, char *err, size_t errlen) {
+static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const ps_link_sim *sim, const char *key_path,
+                       bool unix_socket, char *err, size_t errlen) {
     char listen[sizeof lf->fleet.stages[k].address] = "127.0.0.1:0";
     if (unix_socket &&
         (size_t)snprintf(listen, sizeof listen, "unix:%s/stage-%d.sock", lf->dir, k) - 5 > PS_UNIX_PATH_MAX)
-        return ps_errf(err, errlen, PS_ERR_ARG, "the socket path %s is longer than %d bytes (set TMPDIR to a shorter "
-                       "directory)", listen + 5, PS_UNIX_PATH_MAX);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "the socket path %s is longer than %d bytes (set TMPDIR to a shorter "
+                       "directory)",
+                       listen + 5, PS_UNIX_PATH_MAX);
     int pfd[2];
     if (pipe(pfd)) return ps_errf(err, errlen, PS_ERR_IO, "pipe: %s", strerror(errno));
     char log[4200], t[16], rfd[16], lat[32], bw[32];
@@ -84,10 +86,28 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
         close(pfd[0]);
         int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (lfd >= 0) dup2(lfd, 2), close(lfd);
-        char *args[] = {"pipeshard", "worker", "--shard", lf->fleet.stages[k].shard, "--listen", listen,
-                        "-t", t, "--key-file", (char *)key_path, "--ready-fd", rfd, "--sim-latency-ms", lat,
-                        "--sim-bandwidth-mbps", bw, "--max-ctx", "16777216" /* ours: whatever run -c asks */,
-                        "--plain-frames" /* this host: sealing buys nothing */, NULL, NULL, NULL};
+        char *args[] = {"pipeshard",
+                        "worker",
+                        "--shard",
+                        lf->fleet.stages[k].shard,
+                        "--listen",
+                        listen,
+                        "-t",
+                        t,
+                        "--key-file",
+                        (char *)key_path,
+                        "--ready-fd",
+                        rfd,
+                        "--sim-latency-ms",
+                        lat,
+                        "--sim-bandwidth-mbps",
+                        bw,
+                        "--max-ctx",
+                        "16777216" /* ours: whatever run -c asks */,
+                        "--plain-frames" /* this host: sealing buys nothing */,
+                        NULL,
+                        NULL,
+                        NULL};
         char **flag = args;
         while (*flag) flag++;
         if (so->pin) *flag++ = "--pin";
@@ -112,20 +132,22 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
         return ps_errf(err, errlen, PS_ERR_IO, "the local worker of stage %d did not start: %s", k,
                        tail[0] ? tail : "no message");
     }
-    if (unix_socket) snprintf(lf->fleet.stages[k].address, sizeof lf->fleet.stages[k].address, "%s", listen);
-    else snprintf(lf->fleet.stages[k].address, sizeof lf->fleet.stages[k].address, "127.0.0.1:%d", port);
+    if (unix_socket)
+        snprintf(lf->fleet.stages[k].address, sizeof lf->fleet.stages[k].address, "%s", listen);
+    else
+        snprintf(lf->fleet.stages[k].address, sizeof lf->fleet.stages[k].address, "127.0.0.1:%d", port);
     return PS_OK;
 }
 
 /* Writes the key file: key_file's key, or 32 fresh random bytes. */
-static ps_status make_key(ps_local_fleet *lf, const char *key_file, char *path, size_t cap, char *err,
-                          size_t errlen) {
+static ps_status make_key(ps_local_fleet *lf, const char *key_file, char *path, size_t cap, char *err, size_t errlen) {
     if (key_file) {
         snprintf(path, cap, "%s", key_file);
         return ps_net_key_load(key_file, lf->key, err, errlen);
     }
     uint8_t raw[32];
-    if (getrandom(raw, sizeof raw, 0) != sizeof raw) return ps_errf(err, errlen, PS_ERR_IO, "no random bytes for a key");
+    if (getrandom(raw, sizeof raw, 0) != sizeof raw)
+        return ps_errf(err, errlen, PS_ERR_IO, "no random bytes for a key");
     snprintf(path, cap, "%s/key", lf->dir);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
     bool ok = fd >= 0 && write(fd, raw, sizeof raw) == (ssize_t)sizeof raw;
@@ -161,8 +183,10 @@ static void remove_dir(const char *dir) {
     while (d && (e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (!strcmp(e->d_name, "shards")) remove_dir(path);
-        else unlink(path);
+        if (!strcmp(e->d_name, "shards"))
+            remove_dir(path);
+        else
+            unlink(path);
     }
     if (d) closedir(d);
     rmdir(dir);

@@ -11,12 +11,12 @@
 #include "fleet.h"
 
 typedef struct {
-    char dir[4096];                   /* the run's temporary directory: key, logs (and the
-                                         shards when the cache is off) */
-    int n;                            /* stages */
-    pid_t pids[PS_SHARD_MAX_STAGES];  /* workers (index 0 unused) */
-    ps_fleet fleet;                   /* with the workers' addresses */
-    uint8_t key[32];                  /* the shared key every process of the fleet holds */
+    char dir[4096];                  /* the run's temporary directory: key, logs (and the
+                                        shards when the cache is off) */
+    int n;                           /* stages */
+    pid_t pids[PS_SHARD_MAX_STAGES]; /* workers (index 0 unused) */
+    ps_fleet fleet;                  /* with the workers' addresses */
+    uint8_t key[32];                 /* the shared key every process of the fleet holds */
 } ps_local_fleet;
 
 /* Splits model into n_stages (bytes balanced; reusing the cached split of an unchanged

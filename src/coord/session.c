@@ -7,15 +7,15 @@
 
 struct ps_session {
     ps_coord *coord;
-    const ps_tok *tok;         /* NULL: ids in and out */
-    const ps_model *m;         /* stage 0's model: the chat template, the vocabulary size */
-    ps_tok_stream *stream;     /* with tok */
+    const ps_tok *tok;     /* NULL: ids in and out */
+    const ps_model *m;     /* stage 0's model: the chat template, the vocabulary size */
+    ps_tok_stream *stream; /* with tok */
     int n_ctx;
-    int32_t *toks;             /* (n_ctx + 1) prompt, then generated tokens; the last one
-                                  generated is never fed when the context is full */
+    int32_t *toks; /* (n_ctx + 1) prompt, then generated tokens; the last one
+                      generated is never fed when the context is full */
     int n_toks, n_prompt;
     ps_gen_params gp;
-    bool started;              /* the prompt went around the ring */
+    bool started; /* the prompt went around the ring */
     ps_stop_reason stop;
     atomic_bool cancel;
     double ttft_s, decode_s;
@@ -27,9 +27,7 @@ const char *ps_stop_reason_name(ps_stop_reason r) {
     return (unsigned)r < PS_ARRAY_LEN(names) ? names[r] : "unknown";
 }
 
-ps_gen_params ps_gen_params_default(void) {
-    return (ps_gen_params){.sp = ps_sample_params_cli(), .n_predict = 128};
-}
+ps_gen_params ps_gen_params_default(void) { return (ps_gen_params){.sp = ps_sample_params_cli(), .n_predict = 128}; }
 
 ps_status ps_session_create(ps_coord *c, const ps_tok *tok, ps_session **out, char *err, size_t errlen) {
     *out = NULL;
@@ -70,8 +68,10 @@ static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, cha
 
 /* The message of a prompt of n tokens that does not fit the context. */
 static ps_status too_long(const ps_session *s, long long n, char *err, size_t errlen) {
-    return ps_errf(err, errlen, PS_ERR_RANGE, "the prompt has %lld tokens, more than the context size of %d "
-                   "(-c/--ctx-size)", n, s->n_ctx);
+    return ps_errf(err, errlen, PS_ERR_RANGE,
+                   "the prompt has %lld tokens, more than the context size of %d "
+                   "(-c/--ctx-size)",
+                   n, s->n_ctx);
 }
 
 ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const ps_gen_params *gp, char *err,
@@ -87,8 +87,7 @@ static ps_status prompt_tokens(ps_session *s, const char *text, size_t len, bool
                                const ps_gen_params *gp, char *err, size_t errlen) {
     if (!s->tok) return ps_errf(err, errlen, PS_ERR_ARG, "a text prompt needs the model's tokenizer");
     size_t n = 0;
-    ps_status st = ps_tok_encode(s->tok, text, len, add_bos, parse_special, s->toks, (size_t)s->n_ctx, &n, err,
-                                 errlen);
+    ps_status st = ps_tok_encode(s->tok, text, len, add_bos, parse_special, s->toks, (size_t)s->n_ctx, &n, err, errlen);
     if (st == PS_ERR_RANGE) return too_long(s, (long long)n, err, errlen);
     if (st) return st;
     if (n == 0) return ps_errf(err, errlen, PS_ERR_ARG, "the prompt is empty");
@@ -159,8 +158,10 @@ ps_status ps_session_next(ps_session *s, ps_session_step *out, char *err, size_t
     s->toks[s->n_toks++] = tok;
     if (s->stream && (st = ps_tok_stream_push(s->stream, tok, &out->text, &out->len)))
         return ps_errf(err, errlen, st, "cannot decode token %d", tok);
-    if (n_gen + 1 == s->gp.n_predict) s->stop = PS_STOP_LENGTH;
-    else if (s->n_toks > s->n_ctx) s->stop = PS_STOP_CONTEXT; /* nowhere to feed it */
+    if (n_gen + 1 == s->gp.n_predict)
+        s->stop = PS_STOP_LENGTH;
+    else if (s->n_toks > s->n_ctx)
+        s->stop = PS_STOP_CONTEXT; /* nowhere to feed it */
     out->stop = s->stop;
     return PS_OK;
 }
@@ -179,6 +180,9 @@ const int32_t *ps_session_tokens(const ps_session *s, int *n_tokens, int *n_prom
 }
 
 void ps_session_get_stats(const ps_session *s, ps_session_stats *out) {
-    *out = (ps_session_stats){.n_prompt = s->n_prompt, .n_generated = s->n_toks - s->n_prompt, .ttft_s = s->ttft_s,
-                              .decode_s = s->decode_s, .n_decode = s->n_decode};
+    *out = (ps_session_stats){.n_prompt = s->n_prompt,
+                              .n_generated = s->n_toks - s->n_prompt,
+                              .ttft_s = s->ttft_s,
+                              .decode_s = s->decode_s,
+                              .n_decode = s->n_decode};
 }

@@ -39,9 +39,9 @@ const char *ps_stop_reason_name(ps_stop_reason r);
 
 /* How to generate: sampling, and when to stop. */
 typedef struct {
-    ps_sample_params sp;  /* checked by ps_sample_params_check when a prompt is set */
-    int64_t n_predict;    /* tokens to generate; -1 = until end of text or the context is full */
-    bool ignore_eos;      /* do not stop at an end-of-generation token */
+    ps_sample_params sp; /* checked by ps_sample_params_check when a prompt is set */
+    int64_t n_predict;   /* tokens to generate; -1 = until end of text or the context is full */
+    bool ignore_eos;     /* do not stop at an end-of-generation token */
 } ps_gen_params;
 
 /* The defaults of the command line (llama.cpp's): sp = ps_sample_params_cli(), n_predict 128. */
@@ -74,10 +74,10 @@ ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const 
 
 /* One step of generation. */
 typedef struct {
-    int32_t token;       /* the token sampled in this step; -1 when the step sampled none */
-    const char *text;    /* its text (only complete UTF-8 characters; "" without a tokenizer
-                            and for an end-of-text token); owned by the session until the
-                            next call */
+    int32_t token;    /* the token sampled in this step; -1 when the step sampled none */
+    const char *text; /* its text (only complete UTF-8 characters; "" without a tokenizer
+                         and for an end-of-text token); owned by the session until the
+                         next call */
     size_t len;
     ps_stop_reason stop; /* PS_STOP_NONE: more follow. Otherwise this step ends the
                             generation: with EOS its token is not part of the text or the
@@ -101,9 +101,9 @@ const int32_t *ps_session_tokens(const ps_session *s, int *n_tokens, int *n_prom
 /* Timings of the current generation. */
 typedef struct {
     int n_prompt, n_generated;
-    double ttft_s;       /* prompt around the ring to the first token */
-    double decode_s;     /* the steps after the first, summed */
-    int n_decode;        /* how many steps decode_s covers */
+    double ttft_s;   /* prompt around the ring to the first token */
+    double decode_s; /* the steps after the first, summed */
+    int n_decode;    /* how many steps decode_s covers */
 } ps_session_stats;
 void ps_session_get_stats(const ps_session *s, ps_session_stats *out);
 

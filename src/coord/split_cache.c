@@ -29,10 +29,14 @@ static ps_status plan(const char *model, int n, int *bounds, char *err, size_t e
 static bool cache_root(char *out, size_t cap) {
     const char *env = getenv("PIPESHARD_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     if (env && !strcmp(env, "off")) return false;
-    if (env && *env) snprintf(out, cap, "%s", env);
-    else if (xdg && *xdg) snprintf(out, cap, "%s/pipeshard", xdg);
-    else if (home && *home) snprintf(out, cap, "%s/.cache/pipeshard", home);
-    else return false;
+    if (env && *env)
+        snprintf(out, cap, "%s", env);
+    else if (xdg && *xdg)
+        snprintf(out, cap, "%s/pipeshard", xdg);
+    else if (home && *home)
+        snprintf(out, cap, "%s/.cache/pipeshard", home);
+    else
+        return false;
     return true;
 }
 
@@ -51,8 +55,7 @@ static bool cached_split_ok(const char *dir, const char *fp, int n, const int *b
 }
 
 /* See split_cache.h. */
-ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_fleet *fleet, char *err,
-                             size_t errlen) {
+ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_fleet *fleet, char *err, size_t errlen) {
     int bounds[PS_SHARD_MAX_STAGES + 1];
     char dir[4200], fp[33], path[4300];
     ps_status s = plan(model, n, bounds, err, errlen);
@@ -64,8 +67,10 @@ ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_f
         if (cached_split_ok(dir, fp, n, bounds, fleet)) return PS_OK;
         char why[4400];
         if (ps_make_dirs(dir, 0700, why, sizeof why))
-            return ps_errf(err, errlen, PS_ERR_IO, "cannot create the split cache %s: %s (PIPESHARD_CACHE=off splits "
-                           "into a temporary directory)", dir, why);
+            return ps_errf(err, errlen, PS_ERR_IO,
+                           "cannot create the split cache %s: %s (PIPESHARD_CACHE=off splits "
+                           "into a temporary directory)",
+                           dir, why);
     } else {
         snprintf(dir, sizeof dir, "%s/shards", run_dir);
         if (mkdir(dir, 0700)) return ps_errf(err, errlen, PS_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
@@ -74,4 +79,3 @@ ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_f
     snprintf(path, sizeof path, "%s/fleet.json", dir);
     return ps_fleet_load(path, fleet, err, errlen);
 }
-

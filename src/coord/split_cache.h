@@ -9,7 +9,6 @@
 
 /* Finds the cached split of model into n stages, or writes it (into the cache, or with the
  * cache off into run_dir/shards), and loads its fleet.json into *fleet. */
-ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_fleet *fleet, char *err,
-                             size_t errlen);
+ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_fleet *fleet, char *err, size_t errlen);
 
 #endif

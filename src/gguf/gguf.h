@@ -51,22 +51,22 @@ struct ps_gguf_value {
         bool b;
         ps_gguf_str str;
         struct {
-            ps_gguf_vtype type;          /* element type */
-            uint64_t n;                  /* element count */
-            const void *data;            /* numeric/bool elements, raw little-endian, maybe unaligned */
-            const ps_gguf_str *strs;     /* when type == STRING: n strings */
-            const ps_gguf_value *elems;  /* when type == ARRAY: n nested array values */
+            ps_gguf_vtype type;         /* element type */
+            uint64_t n;                 /* element count */
+            const void *data;           /* numeric/bool elements, raw little-endian, maybe unaligned */
+            const ps_gguf_str *strs;    /* when type == STRING: n strings */
+            const ps_gguf_value *elems; /* when type == ARRAY: n nested array values */
         } arr;
     };
 };
 
 typedef struct {
-    const char *name;  /* NUL-terminated, owned by the reader */
-    uint32_t n_dims;   /* 1..4 */
-    int64_t ne[4];     /* ne[0] is the innermost (row) length; unused dims are 1 */
-    uint32_t type;     /* ps_type numbering */
-    uint64_t offset;   /* from the start of the data section */
-    const void *data;  /* into the mapping */
+    const char *name; /* NUL-terminated, owned by the reader */
+    uint32_t n_dims;  /* 1..4 */
+    int64_t ne[4];    /* ne[0] is the innermost (row) length; unused dims are 1 */
+    uint32_t type;    /* ps_type numbering */
+    uint64_t offset;  /* from the start of the data section */
+    const void *data; /* into the mapping */
     size_t nbytes;
 } ps_gguf_tensor;
 
@@ -104,7 +104,7 @@ const char *ps_gguf_vtype_name(ps_gguf_vtype t);
 
 /* Key/value metadata, in file order. */
 int64_t ps_gguf_n_kv(const ps_gguf *g);
-const char *ps_gguf_kv_key(const ps_gguf *g, int64_t i);            /* NUL-terminated, reader-owned */
+const char *ps_gguf_kv_key(const ps_gguf *g, int64_t i); /* NUL-terminated, reader-owned */
 const ps_gguf_value *ps_gguf_kv_value(const ps_gguf *g, int64_t i);
 const ps_gguf_value *ps_gguf_get(const ps_gguf *g, const char *key); /* NULL when absent */
 
@@ -117,14 +117,14 @@ ps_status ps_gguf_get_f32(const ps_gguf *g, const char *key, float *out, char *e
 ps_status ps_gguf_get_bool(const ps_gguf *g, const char *key, bool *out, char *err, size_t errlen);
 ps_status ps_gguf_get_str(const ps_gguf *g, const char *key, ps_gguf_str *out, char *err, size_t errlen);
 /* An array value of the given element type (PS_ERR_FORMAT if it is another). */
-ps_status ps_gguf_get_arr(const ps_gguf *g, const char *key, ps_gguf_vtype elem, const ps_gguf_value **out,
-                          char *err, size_t errlen);
+ps_status ps_gguf_get_arr(const ps_gguf *g, const char *key, ps_gguf_vtype elem, const ps_gguf_value **out, char *err,
+                          size_t errlen);
 /* True when s equals the NUL-terminated c string. */
 bool ps_gguf_str_eq(ps_gguf_str s, const char *c);
 
 /* Element i of a numeric array value (caller checks i < n and the element type). */
-int64_t ps_gguf_arr_int(const ps_gguf_value *arr, uint64_t i);    /* any integer or bool type */
-double ps_gguf_arr_float(const ps_gguf_value *arr, uint64_t i);   /* F32 or F64 (or integer) */
+int64_t ps_gguf_arr_int(const ps_gguf_value *arr, uint64_t i);  /* any integer or bool type */
+double ps_gguf_arr_float(const ps_gguf_value *arr, uint64_t i); /* F32 or F64 (or integer) */
 /* Element i of an array value as a standalone value (caller checks i < n): numeric and bool
  * elements widened like scalars, a string element's bytes and a nested array's tables still
  * pointing into the reader (or wherever arr's did). */
@@ -168,8 +168,7 @@ ps_status ps_gguf_writer_set_f32(ps_gguf_writer *w, const char *key, float v);
 ps_status ps_gguf_writer_set_bool(ps_gguf_writer *w, const char *key, bool v);
 ps_status ps_gguf_writer_set_str(ps_gguf_writer *w, const char *key, const char *v);
 /* Numeric array: n elements of elem type, packed little-endian in data (copied). */
-ps_status ps_gguf_writer_set_arr(ps_gguf_writer *w, const char *key, ps_gguf_vtype elem, const void *data,
-                                 uint64_t n);
+ps_status ps_gguf_writer_set_arr(ps_gguf_writer *w, const char *key, ps_gguf_vtype elem, const void *data, uint64_t n);
 ps_status ps_gguf_writer_set_arr_str(ps_gguf_writer *w, const char *key, const char *const *strs, uint64_t n);
 /* Any value (nested arrays included), deep-copied: used to copy metadata from a reader. */
 ps_status ps_gguf_writer_set_value(ps_gguf_writer *w, const char *key, const ps_gguf_value *v);
@@ -180,7 +179,7 @@ ps_status ps_gguf_writer_set_value(ps_gguf_writer *w, const char *key, const ps_
 ps_status ps_gguf_writer_add_tensor(ps_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                                     const int64_t *ne, const void *data, ps_gguf_fill_fn fill, void *ctx);
 
-ps_status ps_gguf_writer_write(ps_gguf_writer *w, const char *path, ps_gguf_progress_fn progress,
-                               void *progress_ctx, char *err, size_t errlen);
+ps_status ps_gguf_writer_write(ps_gguf_writer *w, const char *path, ps_gguf_progress_fn progress, void *progress_ctx,
+                               char *err, size_t errlen);
 
 #endif

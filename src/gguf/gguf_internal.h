@@ -20,16 +20,16 @@
 #error "src/gguf reads and writes little-endian fields with memcpy: port it before building on a big-endian host"
 #endif
 
-#define GGUF_MAGIC "GGUF"
+#define GGUF_MAGIC             "GGUF"
 #define GGUF_DEFAULT_ALIGNMENT 32u
-#define GGUF_MAX_DEPTH 8 /* deepest nesting of arrays we accept (reader) and write (writer) */
+#define GGUF_MAX_DEPTH         8 /* deepest nesting of arrays we accept (reader) and write (writer) */
 
 struct arena_chunk; /* gguf_read.c */
 
 struct ps_gguf {
     const uint8_t *base; /* the file's bytes */
     size_t size;
-    void *region;        /* what close unmaps: the file's mapping, or the memory it was read into */
+    void *region; /* what close unmaps: the file's mapping, or the memory it was read into */
     size_t region_len;
     uint32_t version;
     uint32_t alignment;

@@ -40,11 +40,16 @@ static char *json_quote(const char *s, size_t n) {
             memcpy(o, p + i, k), o += k, i += k;
         } else {
             unsigned char c = p[i++];
-            if (c == '"' || c == '\\') *o++ = '\\', *o++ = (char)c;
-            else if (c == '\n') *o++ = '\\', *o++ = 'n';
-            else if (c == '\t') *o++ = '\\', *o++ = 't';
-            else if (c < 0x20 || c == 0x7f) o += sprintf(o, "\\u%04x", c);
-            else *o++ = (char)c;
+            if (c == '"' || c == '\\')
+                *o++ = '\\', *o++ = (char)c;
+            else if (c == '\n')
+                *o++ = '\\', *o++ = 'n';
+            else if (c == '\t')
+                *o++ = '\\', *o++ = 't';
+            else if (c < 0x20 || c == 0x7f)
+                o += sprintf(o, "\\u%04x", c);
+            else
+                *o++ = (char)c;
         }
     }
     *o++ = '"';
@@ -96,8 +101,10 @@ bool ps_gguf_json_put(cJSON *obj, const char *key, cJSON *item) {
     }
     for (size_t i = 0, n = strlen(k); i < n;) {
         size_t len = utf8_len((unsigned char *)k + i, n - i);
-        if (!len) k[i++] = '?';
-        else i += len;
+        if (!len)
+            k[i++] = '?';
+        else
+            i += len;
     }
     cJSON_AddItemToObject(obj, k, item);
     free(k);
@@ -115,9 +122,16 @@ bool ps_gguf_json_push(cJSON *arr, cJSON *item) {
  * max_array elements in full, longer ones as {"type": elem type, "n": count}. */
 cJSON *ps_gguf_json_value(const ps_gguf_value *v, uint64_t max_array) {
     switch (v->type) {
-    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: case PS_GGUF_U64: return ps_gguf_json_u64(v->u64);
-    case PS_GGUF_I8: case PS_GGUF_I16: case PS_GGUF_I32: case PS_GGUF_I64: return ps_gguf_json_i64(v->i64);
-    case PS_GGUF_F32: case PS_GGUF_F64: return ps_gguf_json_f64(v->f64);
+    case PS_GGUF_U8:
+    case PS_GGUF_U16:
+    case PS_GGUF_U32:
+    case PS_GGUF_U64: return ps_gguf_json_u64(v->u64);
+    case PS_GGUF_I8:
+    case PS_GGUF_I16:
+    case PS_GGUF_I32:
+    case PS_GGUF_I64: return ps_gguf_json_i64(v->i64);
+    case PS_GGUF_F32:
+    case PS_GGUF_F64: return ps_gguf_json_f64(v->f64);
     case PS_GGUF_BOOL: return cJSON_CreateBool(v->b);
     case PS_GGUF_STRING: return ps_gguf_json_str(v->str.data, (size_t)v->str.len);
     default: break;

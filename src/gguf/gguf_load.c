@@ -48,7 +48,8 @@ static ps_status read_huge(int fd, const char *path, size_t size, const uint8_t 
     size_t len = size + HUGE_BYTES;
     uint8_t *r = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r == MAP_FAILED)
-        return ps_errf(err, errlen, PS_ERR_NOMEM, "cannot allocate %zu bytes for '%s': %s", size, path, strerror(errno));
+        return ps_errf(err, errlen, PS_ERR_NOMEM, "cannot allocate %zu bytes for '%s': %s", size, path,
+                       strerror(errno));
     uint8_t *p = (uint8_t *)(((uintptr_t)r + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
     madvise(p, size, MADV_HUGEPAGE); /* hints: without them, normal pages, and a forked child's copy */
     madvise(r, len, MADV_DONTFORK);
@@ -104,9 +105,9 @@ ps_status ps_gguf_open_with(const char *path, ps_gguf_load how, ps_gguf **out, c
     }
     size = (size_t)st.st_size;
     char magic[4] = "";
-    bool huge = size > 0 && how == PS_GGUF_HUGE && huge_pages_on() && copy_fits(size) &&
-                pread(fd, magic, 4, 0) == 4 && !memcmp(magic, GGUF_MAGIC, 4); /* else mapped (the parser
-                                                                                  says what is wrong) */
+    bool huge = size > 0 && how == PS_GGUF_HUGE && huge_pages_on() && copy_fits(size) && pread(fd, magic, 4, 0) == 4 &&
+                !memcmp(magic, GGUF_MAGIC, 4); /* else mapped (the parser
+                                                  says what is wrong) */
     if (huge && (s = read_huge(fd, path, size, &base, &region, &region_len, err, errlen)) != PS_ERR_NOMEM && s)
         goto err;
     if (size > 0 && !region) { /* mapped by choice, or because memory for a copy was short */

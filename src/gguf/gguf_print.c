@@ -10,10 +10,14 @@ void ps_gguf_print_str(FILE *f, ps_gguf_str s, size_t max, bool quote) {
     if (quote) fputc('"', f);
     for (uint64_t i = 0; i < s.len && i < max; i++) {
         unsigned char c = (unsigned char)s.data[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\x%02x", c);
-        else fputc(c, f);
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
     }
     if (quote) fputc('"', f);
     if (s.len > max) fputs("...", f);
@@ -22,8 +26,14 @@ void ps_gguf_print_str(FILE *f, ps_gguf_str s, size_t max, bool quote) {
 /* Prints a scalar (non-array) value; strings quoted and cut after max_str bytes. */
 static void print_scalar(FILE *f, const ps_gguf_value *v, size_t max_str) {
     switch (v->type) {
-    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: case PS_GGUF_U64: fprintf(f, "%" PRIu64, v->u64); break;
-    case PS_GGUF_I8: case PS_GGUF_I16: case PS_GGUF_I32: case PS_GGUF_I64: fprintf(f, "%" PRId64, v->i64); break;
+    case PS_GGUF_U8:
+    case PS_GGUF_U16:
+    case PS_GGUF_U32:
+    case PS_GGUF_U64: fprintf(f, "%" PRIu64, v->u64); break;
+    case PS_GGUF_I8:
+    case PS_GGUF_I16:
+    case PS_GGUF_I32:
+    case PS_GGUF_I64: fprintf(f, "%" PRId64, v->i64); break;
     case PS_GGUF_F32: fprintf(f, "%.9g", v->f64); break;
     case PS_GGUF_F64: fprintf(f, "%.17g", v->f64); break;
     case PS_GGUF_BOOL: fputs(v->b ? "true" : "false", f); break;

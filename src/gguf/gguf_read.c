@@ -14,10 +14,10 @@
 #include "../tensor/types.h"
 #include "gguf_internal.h"
 
-#define GGUF_HEADER_BYTES 24u      /* magic, version, n_tensors, n_kv */
-#define GGUF_MIN_KV_BYTES 14u      /* u64 key len, >= 1 key byte, u32 type, >= 1 value byte */
-#define GGUF_MIN_TENSOR_BYTES 33u  /* u64 name len, >= 1 name byte, u32 n_dims, u64 ne, u32 type, u64 offset */
-#define GGUF_NAME_SHOW 80          /* longest name quoted in an error message */
+#define GGUF_HEADER_BYTES     24u /* magic, version, n_tensors, n_kv */
+#define GGUF_MIN_KV_BYTES     14u /* u64 key len, >= 1 key byte, u32 type, >= 1 value byte */
+#define GGUF_MIN_TENSOR_BYTES 33u /* u64 name len, >= 1 name byte, u32 n_dims, u64 ne, u32 type, u64 offset */
+#define GGUF_NAME_SHOW        80  /* longest name quoted in an error message */
 
 /* ---------------------------------------------------------------------------------------------
  * Value types */
@@ -26,10 +26,10 @@ static const struct {
     const char *name;
     size_t size; /* bytes of one element on disk; 0 for STRING and ARRAY */
 } vtypes[PS_GGUF_VTYPE_COUNT] = {
-    [PS_GGUF_U8] = {"UINT8", 1},     [PS_GGUF_I8] = {"INT8", 1},       [PS_GGUF_U16] = {"UINT16", 2},
-    [PS_GGUF_I16] = {"INT16", 2},    [PS_GGUF_U32] = {"UINT32", 4},    [PS_GGUF_I32] = {"INT32", 4},
-    [PS_GGUF_F32] = {"FLOAT32", 4},  [PS_GGUF_BOOL] = {"BOOL", 1},     [PS_GGUF_STRING] = {"STRING", 0},
-    [PS_GGUF_ARRAY] = {"ARRAY", 0},  [PS_GGUF_U64] = {"UINT64", 8},    [PS_GGUF_I64] = {"INT64", 8},
+    [PS_GGUF_U8] = {"UINT8", 1},    [PS_GGUF_I8] = {"INT8", 1},    [PS_GGUF_U16] = {"UINT16", 2},
+    [PS_GGUF_I16] = {"INT16", 2},   [PS_GGUF_U32] = {"UINT32", 4}, [PS_GGUF_I32] = {"INT32", 4},
+    [PS_GGUF_F32] = {"FLOAT32", 4}, [PS_GGUF_BOOL] = {"BOOL", 1},  [PS_GGUF_STRING] = {"STRING", 0},
+    [PS_GGUF_ARRAY] = {"ARRAY", 0}, [PS_GGUF_U64] = {"UINT64", 8}, [PS_GGUF_I64] = {"INT64", 8},
     [PS_GGUF_F64] = {"FLOAT64", 8},
 };
 
@@ -65,11 +65,36 @@ static void scalar_load(ps_gguf_value *v, uint32_t t, const uint8_t *p) {
     case PS_GGUF_U8: v->u64 = p[0]; break;
     case PS_GGUF_I8: v->i64 = (int8_t)p[0]; break;
     case PS_GGUF_BOOL: v->b = p[0] != 0; break;
-    case PS_GGUF_U16: { uint16_t x; memcpy(&x, p, 2); v->u64 = x; break; }
-    case PS_GGUF_I16: { int16_t x; memcpy(&x, p, 2); v->i64 = x; break; }
-    case PS_GGUF_U32: { uint32_t x; memcpy(&x, p, 4); v->u64 = x; break; }
-    case PS_GGUF_I32: { int32_t x; memcpy(&x, p, 4); v->i64 = x; break; }
-    case PS_GGUF_F32: { float x; memcpy(&x, p, 4); v->f64 = x; break; }
+    case PS_GGUF_U16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        v->u64 = x;
+        break;
+    }
+    case PS_GGUF_I16: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        v->i64 = x;
+        break;
+    }
+    case PS_GGUF_U32: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        v->u64 = x;
+        break;
+    }
+    case PS_GGUF_I32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        v->i64 = x;
+        break;
+    }
+    case PS_GGUF_F32: {
+        float x;
+        memcpy(&x, p, 4);
+        v->f64 = x;
+        break;
+    }
     case PS_GGUF_U64: memcpy(&v->u64, p, 8); break;
     case PS_GGUF_I64: memcpy(&v->i64, p, 8); break;
     case PS_GGUF_F64: memcpy(&v->f64, p, 8); break;
@@ -167,9 +192,8 @@ static size_t left(const parser *ps) { return ps->g->size - ps->pos; }
 /* Fails with PS_ERR_FORMAT unless n more bytes are in the file; `thing` names the field. */
 static ps_status need(parser *ps, size_t n, const char *thing) {
     if (n <= left(ps)) return PS_OK;
-    return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT,
-                   "%s: %s at offset %zu runs past the end of the file (%zu bytes)", ps->what, thing, ps->pos,
-                   ps->g->size);
+    return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: %s at offset %zu runs past the end of the file (%zu bytes)",
+                   ps->what, thing, ps->pos, ps->g->size);
 }
 
 /* Reads a little-endian u32 at the cursor, or fails naming `thing`. */
@@ -198,8 +222,8 @@ static ps_status rd_str(parser *ps, ps_gguf_str *out, const char *thing) {
     if (s) return s;
     if (len > left(ps))
         return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT,
-                       "%s: %s of %" PRIu64 " bytes at offset %zu runs past the end of the file (%zu bytes)",
-                       ps->what, thing, len, at, ps->g->size);
+                       "%s: %s of %" PRIu64 " bytes at offset %zu runs past the end of the file (%zu bytes)", ps->what,
+                       thing, len, at, ps->g->size);
     out->len = len;
     out->data = (const char *)ps->g->base + ps->pos;
     ps->pos += (size_t)len;
@@ -292,8 +316,8 @@ static ps_status parse_array(parser *ps, ps_gguf_value *v, int depth) {
  * around it. */
 static ps_status parse_value(parser *ps, uint32_t type, ps_gguf_value *v, int depth) {
     if (type >= PS_GGUF_VTYPE_COUNT)
-        return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: unknown value type %" PRIu32 " at offset %zu",
-                       ps->what, type, ps->pos - 4);
+        return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: unknown value type %" PRIu32 " at offset %zu", ps->what,
+                       type, ps->pos - 4);
     if (type == PS_GGUF_ARRAY) return parse_array(ps, v, depth + 1);
     v->type = (ps_gguf_vtype)type;
     if (type == PS_GGUF_STRING) return rd_str(ps, &v->str, "string value");
@@ -310,8 +334,8 @@ static ps_status parse_value(parser *ps, uint32_t type, ps_gguf_value *v, int de
 
 /* Inserts entry idx named `name` into an open-addressing table; returns the index of an
  * earlier entry with the same name, or -1. name_of(g, i) gives entry i's name. */
-static int64_t table_insert(int64_t *table, size_t cap, const char *name, int64_t idx, const char *(*name_of)(const ps_gguf *, int64_t),
-                            const ps_gguf *g) {
+static int64_t table_insert(int64_t *table, size_t cap, const char *name, int64_t idx,
+                            const char *(*name_of)(const ps_gguf *, int64_t), const ps_gguf *g) {
     size_t mask = cap - 1;
     for (size_t h = (size_t)hash_str(name) & mask;; h = (h + 1) & mask) {
         if (!table[h]) {
@@ -364,9 +388,9 @@ static ps_status parse_header(parser *ps, uint64_t *n_tensors, uint64_t *n_kv) {
     rd_u32(ps, &v, "version");
     uint32_t swapped = __builtin_bswap32(v);
     if ((v & 0xffff) == 0 && swapped >= 1 && swapped <= 3)
-        return ps_errf(ps->err, ps->errlen, PS_ERR_UNSUPPORTED,
-                       "big-endian GGUF file (version %" PRIu32 " byte-swapped): only little-endian files are supported",
-                       swapped);
+        return ps_errf(
+            ps->err, ps->errlen, PS_ERR_UNSUPPORTED,
+            "big-endian GGUF file (version %" PRIu32 " byte-swapped): only little-endian files are supported", swapped);
     if (v == 1)
         return ps_errf(ps->err, ps->errlen, PS_ERR_UNSUPPORTED,
                        "GGUF version 1 is not supported (it has 32-bit counts); convert the file to version 3");
@@ -383,8 +407,8 @@ static ps_status parse_header(parser *ps, uint64_t *n_tensors, uint64_t *n_kv) {
                        *n_kv, g->size, rest / GGUF_MIN_KV_BYTES);
     if (*n_tensors > rest / GGUF_MIN_TENSOR_BYTES)
         return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT,
-                       "header declares %" PRIu64 " tensors, but the file (%zu bytes) can hold at most %zu",
-                       *n_tensors, g->size, rest / GGUF_MIN_TENSOR_BYTES);
+                       "header declares %" PRIu64 " tensors, but the file (%zu bytes) can hold at most %zu", *n_tensors,
+                       g->size, rest / GGUF_MIN_TENSOR_BYTES);
     if (*n_kv * GGUF_MIN_KV_BYTES + *n_tensors * GGUF_MIN_TENSOR_BYTES > rest)
         return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT,
                        "header declares %" PRIu64 " metadata keys and %" PRIu64
@@ -414,8 +438,8 @@ static ps_status parse_metadata(parser *ps, uint64_t n_kv, uint64_t n_tensors) {
         g->n_kv = (int64_t)i + 1;
         int64_t dup = table_insert(g->kv_table, g->kv_cap, g->keys[i], (int64_t)i, key_of, g);
         if (dup >= 0)
-            return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "duplicate metadata key '%s' (entries #%" PRId64 " and #%" PRIu64 ")",
-                           shown, dup, i);
+            return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT,
+                           "duplicate metadata key '%s' (entries #%" PRId64 " and #%" PRIu64 ")", shown, dup, i);
     }
     ps->reserve = 0;
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
@@ -441,14 +465,15 @@ static ps_status parse_tensor_info(parser *ps, ps_gguf_tensor *t, uint64_t i) {
     snprintf(ps->what, sizeof ps->what, "tensor '%s'", show_name(shown, sizeof shown, t->name, strlen(t->name)));
     if ((s = rd_u32(ps, &t->n_dims, "n_dims"))) return s;
     if (t->n_dims < 1 || t->n_dims > 4)
-        return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: n_dims %" PRIu32 " is outside 1..4", ps->what, t->n_dims);
+        return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: n_dims %" PRIu32 " is outside 1..4", ps->what,
+                       t->n_dims);
     uint64_t nel = 1;
     for (uint32_t d = 0; d < 4; d++) {
         uint64_t ne = 1;
         if (d < t->n_dims && (s = rd_u64(ps, &ne, "dimension"))) return s;
         if (ne == 0 || ne > INT64_MAX)
-            return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: dimension %" PRIu32 " is %" PRIu64 ", must be 1..2^63-1",
-                           ps->what, d, ne);
+            return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT,
+                           "%s: dimension %" PRIu32 " is %" PRIu64 ", must be 1..2^63-1", ps->what, d, ne);
         if (nel > (uint64_t)INT64_MAX / ne)
             return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: element count overflows (more than 2^63 elements)",
                            ps->what);
@@ -457,8 +482,7 @@ static ps_status parse_tensor_info(parser *ps, ps_gguf_tensor *t, uint64_t i) {
     }
     if ((s = rd_u32(ps, &t->type, "tensor type")) || (s = rd_u64(ps, &t->offset, "tensor offset"))) return s;
     const ps_type_info *ti = ps_type_get(t->type);
-    if (!ti)
-        return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: unknown tensor type %" PRIu32, ps->what, t->type);
+    if (!ti) return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "%s: unknown tensor type %" PRIu32, ps->what, t->type);
     if (!ti->block_size || !ti->type_size)
         return ps_errf(ps->err, ps->errlen, PS_ERR_UNSUPPORTED, "%s: tensor type %s has no known block layout",
                        ps->what, ti->name);
@@ -537,7 +561,8 @@ static ps_status parse_tensors(parser *ps, uint64_t n_tensors) {
         g->n_tensors = (int64_t)i + 1;
         int64_t dup = table_insert(g->tensor_table, g->tensor_cap, g->tensors[i].name, (int64_t)i, tensor_name_of, g);
         if (dup >= 0)
-            return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT, "duplicate tensor name '%s' (tensors #%" PRId64 " and #%" PRIu64 ")",
+            return ps_errf(ps->err, ps->errlen, PS_ERR_FORMAT,
+                           "duplicate tensor name '%s' (tensors #%" PRId64 " and #%" PRIu64 ")",
                            show_name(shown, sizeof shown, g->tensors[i].name, strlen(g->tensors[i].name)), dup, i);
     }
     /* pos <= size, alignment <= 2^31: no overflow in size_t */
@@ -666,7 +691,8 @@ ps_status ps_gguf_get_i64(const ps_gguf *g, const char *key, int64_t *out, char 
         return ps_errf(err, errlen, PS_ERR_FORMAT, "metadata key '%s' has type %s, expected an integer (INT64)", key,
                        ps_gguf_vtype_name(v->type));
     if (v->u64 > INT64_MAX)
-        return ps_errf(err, errlen, PS_ERR_FORMAT, "metadata key '%s' = %" PRIu64 " does not fit in INT64", key, v->u64);
+        return ps_errf(err, errlen, PS_ERR_FORMAT, "metadata key '%s' = %" PRIu64 " does not fit in INT64", key,
+                       v->u64);
     *out = (int64_t)v->u64;
     return PS_OK;
 }
@@ -708,8 +734,8 @@ ps_status ps_gguf_get_str(const ps_gguf *g, const char *key, ps_gguf_str *out, c
 }
 
 /* An ARRAY value whose elements have type elem. */
-ps_status ps_gguf_get_arr(const ps_gguf *g, const char *key, ps_gguf_vtype elem, const ps_gguf_value **out,
-                          char *err, size_t errlen) {
+ps_status ps_gguf_get_arr(const ps_gguf *g, const char *key, ps_gguf_vtype elem, const ps_gguf_value **out, char *err,
+                          size_t errlen) {
     const ps_gguf_value *v;
     ps_status s = lookup(g, key, &v, err, errlen);
     if (s) return s;
@@ -758,10 +784,18 @@ ps_gguf_value ps_gguf_arr_elem(const ps_gguf_value *arr, uint64_t i) {
     switch (arr->arr.type) {
     case PS_GGUF_STRING: e.str = arr->arr.strs[i]; break;
     case PS_GGUF_ARRAY: e = arr->arr.elems[i]; break;
-    case PS_GGUF_F32: case PS_GGUF_F64: e.f64 = ps_gguf_arr_float(arr, i); break;
+    case PS_GGUF_F32:
+    case PS_GGUF_F64: e.f64 = ps_gguf_arr_float(arr, i); break;
     case PS_GGUF_BOOL: e.b = ps_gguf_arr_int(arr, i) != 0; break;
-    case PS_GGUF_U64: { uint64_t x; memcpy(&x, (const uint8_t *)arr->arr.data + 8 * i, 8); e.u64 = x; break; }
-    case PS_GGUF_U8: case PS_GGUF_U16: case PS_GGUF_U32: e.u64 = (uint64_t)ps_gguf_arr_int(arr, i); break;
+    case PS_GGUF_U64: {
+        uint64_t x;
+        memcpy(&x, (const uint8_t *)arr->arr.data + 8 * i, 8);
+        e.u64 = x;
+        break;
+    }
+    case PS_GGUF_U8:
+    case PS_GGUF_U16:
+    case PS_GGUF_U32: e.u64 = (uint64_t)ps_gguf_arr_int(arr, i); break;
     default: e.i64 = ps_gguf_arr_int(arr, i); break;
     }
     return e;

@@ -244,8 +244,7 @@ ps_status ps_gguf_writer_set_str(ps_gguf_writer *w, const char *key, const char 
 }
 
 /* Numeric (or BOOL) array of n elements packed little-endian in data. */
-ps_status ps_gguf_writer_set_arr(ps_gguf_writer *w, const char *key, ps_gguf_vtype elem, const void *data,
-                                 uint64_t n) {
+ps_status ps_gguf_writer_set_arr(ps_gguf_writer *w, const char *key, ps_gguf_vtype elem, const void *data, uint64_t n) {
     if (!vtype_is_fixed(elem)) return PS_ERR_ARG;
     ps_gguf_value val = {.type = PS_GGUF_ARRAY};
     val.arr.type = elem;
@@ -262,8 +261,10 @@ ps_status ps_gguf_writer_set_arr_str(ps_gguf_writer *w, const char *key, const c
     if (n && !tmp) return PS_ERR_NOMEM;
     ps_status s = PS_OK;
     for (uint64_t i = 0; i < n && !s; i++) {
-        if (!strs[i]) s = PS_ERR_ARG;
-        else tmp[i] = (ps_gguf_str){strlen(strs[i]), strs[i]};
+        if (!strs[i])
+            s = PS_ERR_ARG;
+        else
+            tmp[i] = (ps_gguf_str){strlen(strs[i]), strs[i]};
     }
     if (!s) {
         ps_gguf_value val = {.type = PS_GGUF_ARRAY};
@@ -378,12 +379,32 @@ static ps_status wb_value(wbuf *b, const ps_gguf_value *v, bool with_type) {
     ps_status s;
     if (with_type && (s = wb_u32(b, v->type))) return s;
     switch (v->type) {
-    case PS_GGUF_U8: case PS_GGUF_I8: { uint8_t x = (uint8_t)v->u64; return wb_put(b, &x, 1); }
-    case PS_GGUF_BOOL: { uint8_t x = v->b; return wb_put(b, &x, 1); }
-    case PS_GGUF_U16: case PS_GGUF_I16: { uint16_t x = (uint16_t)v->u64; return wb_put(b, &x, 2); }
-    case PS_GGUF_U32: case PS_GGUF_I32: { uint32_t x = (uint32_t)v->u64; return wb_put(b, &x, 4); }
-    case PS_GGUF_F32: { float x = (float)v->f64; return wb_put(b, &x, 4); }
-    case PS_GGUF_U64: case PS_GGUF_I64: case PS_GGUF_F64: return wb_put(b, &v->u64, 8);
+    case PS_GGUF_U8:
+    case PS_GGUF_I8: {
+        uint8_t x = (uint8_t)v->u64;
+        return wb_put(b, &x, 1);
+    }
+    case PS_GGUF_BOOL: {
+        uint8_t x = v->b;
+        return wb_put(b, &x, 1);
+    }
+    case PS_GGUF_U16:
+    case PS_GGUF_I16: {
+        uint16_t x = (uint16_t)v->u64;
+        return wb_put(b, &x, 2);
+    }
+    case PS_GGUF_U32:
+    case PS_GGUF_I32: {
+        uint32_t x = (uint32_t)v->u64;
+        return wb_put(b, &x, 4);
+    }
+    case PS_GGUF_F32: {
+        float x = (float)v->f64;
+        return wb_put(b, &x, 4);
+    }
+    case PS_GGUF_U64:
+    case PS_GGUF_I64:
+    case PS_GGUF_F64: return wb_put(b, &v->u64, 8);
     case PS_GGUF_STRING: return wb_str(b, v->str.data, v->str.len);
     case PS_GGUF_ARRAY: break;
     default: return PS_ERR_INTERNAL;
@@ -391,8 +412,10 @@ static ps_status wb_value(wbuf *b, const ps_gguf_value *v, bool with_type) {
     if ((s = wb_u32(b, v->arr.type)) || (s = wb_u64(b, v->arr.n))) return s;
     if (vtype_is_fixed(v->arr.type)) return wb_put(b, v->arr.data, (size_t)v->arr.n * ps_gguf_vtype_size(v->arr.type));
     for (uint64_t i = 0; i < v->arr.n; i++) {
-        if (v->arr.type == PS_GGUF_STRING) s = wb_str(b, v->arr.strs[i].data, v->arr.strs[i].len);
-        else s = wb_value(b, &v->arr.elems[i], false);
+        if (v->arr.type == PS_GGUF_STRING)
+            s = wb_str(b, v->arr.strs[i].data, v->arr.strs[i].len);
+        else
+            s = wb_value(b, &v->arr.elems[i], false);
         if (s) return s;
     }
     return PS_OK;
@@ -430,7 +453,8 @@ static ps_status write_data(ps_gguf_writer *w, wbuf *b, ps_gguf_progress_fn prog
         if (!w->t[i].data && w->t[i].nbytes > fill_max) fill_max = w->t[i].nbytes;
     }
     void *tmp = fill_max ? ps_malloc(fill_max) : NULL;
-    if (fill_max && !tmp) return ps_errf(b->err, b->errlen, PS_ERR_NOMEM, "out of memory for a %zu-byte tensor", fill_max);
+    if (fill_max && !tmp)
+        return ps_errf(b->err, b->errlen, PS_ERR_NOMEM, "out of memory for a %zu-byte tensor", fill_max);
     for (size_t i = 0; i < w->n_t && !s; i++) {
         wtensor *t = &w->t[i];
         const void *data = t->data;
@@ -453,8 +477,8 @@ static ps_status write_data(ps_gguf_writer *w, wbuf *b, ps_gguf_progress_fn prog
 
 /* Writes the whole file to path + ".tmp", syncs it and renames it over path; on any error
  * the temporary file is removed and path is left as it was. */
-ps_status ps_gguf_writer_write(ps_gguf_writer *w, const char *path, ps_gguf_progress_fn progress,
-                               void *progress_ctx, char *err, size_t errlen) {
+ps_status ps_gguf_writer_write(ps_gguf_writer *w, const char *path, ps_gguf_progress_fn progress, void *progress_ctx,
+                               char *err, size_t errlen) {
     ps_status s;
     char *tmp = NULL;
     bool created = false;

@@ -20,27 +20,27 @@
 
 struct ps_ctx {
     const ps_model *m;
-    ps_pool *pool;      /* not owned */
-    int n_ctx;          /* positions the KV cache holds */
-    int max_batch;      /* tokens per forward chunk */
-    ps_act act;         /* matmul arithmetic */
-    int q_dim;          /* n_head * head_dim */
-    int kv_dim;         /* n_head_kv * head_dim */
-    float *x;           /* (max_batch, dim) residual stream */
-    float *xb;          /* (max_batch, dim) normed input of a branch */
-    float *q;           /* (max_batch, q_dim) */
-    float *att;         /* (max_batch, q_dim) attention output */
-    float *hb;          /* (max_batch, ffn_dim) gate, then silu(gate) * up */
-    float *hb2;         /* (max_batch, ffn_dim) up */
-    float *scores;      /* (threads, ATT_HEADS, SCORES_ROW(n_ctx)) attention weights of each thread's heads */
-    float *rope_cs;     /* (max_batch, rope_dim / 2, 2) cos and sin for the chunk's positions */
-    double *inv_freq;   /* (rope_dim / 2) rotation frequency of each pair */
-    float *kt, *vt;     /* (max_batch, kv_dim) the chunk's keys and values, before the cache */
-    float *k_cache;     /* (layers, n_head_kv, n_ctx, head_dim), in kv_mem: each key/value */
-    float *v_cache;     /* head's positions contiguous, as attention reads them */
-    void *kv_mem;       /* kv_alloc */
+    ps_pool *pool;    /* not owned */
+    int n_ctx;        /* positions the KV cache holds */
+    int max_batch;    /* tokens per forward chunk */
+    ps_act act;       /* matmul arithmetic */
+    int q_dim;        /* n_head * head_dim */
+    int kv_dim;       /* n_head_kv * head_dim */
+    float *x;         /* (max_batch, dim) residual stream */
+    float *xb;        /* (max_batch, dim) normed input of a branch */
+    float *q;         /* (max_batch, q_dim) */
+    float *att;       /* (max_batch, q_dim) attention output */
+    float *hb;        /* (max_batch, ffn_dim) gate, then silu(gate) * up */
+    float *hb2;       /* (max_batch, ffn_dim) up */
+    float *scores;    /* (threads, ATT_HEADS, SCORES_ROW(n_ctx)) attention weights of each thread's heads */
+    float *rope_cs;   /* (max_batch, rope_dim / 2, 2) cos and sin for the chunk's positions */
+    double *inv_freq; /* (rope_dim / 2) rotation frequency of each pair */
+    float *kt, *vt;   /* (max_batch, kv_dim) the chunk's keys and values, before the cache */
+    float *k_cache;   /* (layers, n_head_kv, n_ctx, head_dim), in kv_mem: each key/value */
+    float *v_cache;   /* head's positions contiguous, as attention reads them */
+    void *kv_mem;     /* kv_alloc */
     size_t kv_bytes;
-    void *scratch;      /* matmul scratch */
+    void *scratch; /* matmul scratch */
 };
 
 /* The attention loops are plain C whose order of operations is fixed in the source; built
@@ -157,9 +157,12 @@ static size_t scratch_bytes(const ps_model *m, ps_act act, int max_batch, int n_
 }
 
 ps_status ps_act_from_name(const char *name, ps_act *out) {
-    if (!strcmp(name, "q8")) *out = PS_ACT_Q8;
-    else if (!strcmp(name, "f32")) *out = PS_ACT_F32;
-    else return PS_ERR_ARG;
+    if (!strcmp(name, "q8"))
+        *out = PS_ACT_Q8;
+    else if (!strcmp(name, "f32"))
+        *out = PS_ACT_F32;
+    else
+        return PS_ERR_ARG;
     return PS_OK;
 }
 
@@ -200,8 +203,8 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     if ((c->kv_mem = kv_alloc(c->kv_bytes))) c->k_cache = c->kv_mem, c->v_cache = c->k_cache + kv;
     size_t sb = scratch_bytes(m, p->act, max_batch, threads);
     c->scratch = sb ? ps_malloc(sb) : NULL;
-    if (!c->x || !c->xb || !c->q || !c->att || !c->kt || !c->vt || !c->hb || !c->hb2 || !c->scores || !c->rope_cs || !c->inv_freq ||
-        !c->k_cache || !c->v_cache || (sb && !c->scratch)) {
+    if (!c->x || !c->xb || !c->q || !c->att || !c->kt || !c->vt || !c->hb || !c->hb2 || !c->scores || !c->rope_cs ||
+        !c->inv_freq || !c->k_cache || !c->v_cache || (sb && !c->scratch)) {
         ps_ctx_free(c);
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for a %d-position context (KV cache %.1f MiB)", n_ctx,
                        2.0 * kv * sizeof(float) / (1 << 20));
@@ -213,7 +216,8 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
 
 void ps_ctx_free(ps_ctx *c) {
     if (!c) return;
-    free(c->x), free(c->xb), free(c->q), free(c->att), free(c->kt), free(c->vt), free(c->hb), free(c->hb2), free(c->scores);
+    free(c->x), free(c->xb), free(c->q), free(c->att), free(c->kt), free(c->vt), free(c->hb), free(c->hb2),
+        free(c->scores);
     free(c->rope_cs), free(c->inv_freq), free(c->scratch);
     kv_free(c->kv_mem, c->kv_bytes);
     free(c);
@@ -265,13 +269,13 @@ static ALWAYS_INLINE v16 tree16(v16 a[16]) {
                __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
                                        31);
     for (int i = 0; i < 4; i++) /* w = 4: four lanes per vector of a */
-        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
-                                       31);
+        c[i] =
+            __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+            __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
     for (int i = 0; i < 2; i++) /* w = 2 */
-        d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-               __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
-                                       31);
+        d[i] =
+            __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+            __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
     /* w = 1 */
     return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
@@ -475,7 +479,8 @@ static void attention_block(ps_ctx *c, int li, int n, int pos) {
     size_t plane = (size_t)c->n_ctx * hd; /* one key/value head's positions */
     float *kc = c->k_cache + (size_t)li * hp->n_head_kv * plane, *vc = c->v_cache + (size_t)li * hp->n_head_kv * plane;
     float *k = c->kt, *v = c->vt;
-    for (int t = 0; t < n; t++) rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)t * dim, L->attn_norm, dim, hp->rms_eps);
+    for (int t = 0; t < n; t++)
+        rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)t * dim, L->attn_norm, dim, hp->rms_eps);
     const ps_mat *qkv[] = {&L->wq, &L->wk, &L->wv};
     mm_multi(c, qkv, 3, c->xb, n, (float *[]){c->q, k, v}, (int64_t[]){c->q_dim, c->kv_dim, c->kv_dim});
     add_bias(c->q, L->bq, n, c->q_dim);
@@ -504,8 +509,8 @@ static void attention_block(ps_ctx *c, int li, int n, int pos) {
 }
 
 typedef struct {
-    float *gate;       /* (n) in: gate projection; out: silu(gate) * up */
-    const float *up;   /* (n) */
+    float *gate;     /* (n) in: gate projection; out: silu(gate) * up */
+    const float *up; /* (n) */
     size_t n;
 } swiglu_job;
 
@@ -539,7 +544,8 @@ static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_
     int dim = m->hp.dim;
     if (!m->has_embed) memcpy(c->x, x_in, (size_t)n * dim * sizeof(float));
     for (int t = 0; m->has_embed && t < n; t++) {
-        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * ps_row_bytes(m->tok_embd.type, dim);
+        const uint8_t *row =
+            (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * ps_row_bytes(m->tok_embd.type, dim);
         ps_status s = ps_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * dim, dim);
         if (s) return s;
     }
@@ -579,8 +585,8 @@ ps_status ps_forward_stage(ps_ctx *c, const int32_t *tokens, const float *x_in, 
         int chunk = n - done < c->max_batch ? n - done : c->max_batch;
         int fl = first_logit > done ? first_logit - done : 0;
         float *o = m->has_head ? out + (size_t)(done + fl - first_logit) * m->hp.vocab : out + (size_t)done * dim;
-        ps_status s = forward_chunk(c, m->has_embed ? tokens + done : NULL, m->has_embed ? NULL : x_in + (size_t)done * dim,
-                                    chunk, pos + done, o, fl);
+        ps_status s = forward_chunk(c, m->has_embed ? tokens + done : NULL,
+                                    m->has_embed ? NULL : x_in + (size_t)done * dim, chunk, pos + done, o, fl);
         if (s) return ps_errf(err, errlen, s, "forward pass failed: %s", ps_strerror(s));
         done += chunk;
     }

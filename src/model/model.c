@@ -45,8 +45,8 @@ static ps_status hp_int(const ps_gguf *g, const char *arch, const char *suffix, 
 }
 
 /* Reads "<arch>.<suffix>" as a finite float; absent gives def. */
-static ps_status hp_float(const ps_gguf *g, const char *arch, const char *suffix, float def, float *out,
-                          char *err, size_t errlen) {
+static ps_status hp_float(const ps_gguf *g, const char *arch, const char *suffix, float def, float *out, char *err,
+                          size_t errlen) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     ps_status s = ps_gguf_get_f32(g, key, out, err, errlen);
@@ -63,12 +63,14 @@ static ps_status hp_float(const ps_gguf *g, const char *arch, const char *suffix
 static ps_status read_hparams(const ps_gguf *g, ps_hparams *hp, char *err, size_t errlen) {
     ps_gguf_str a;
     ps_status s = ps_gguf_get_str(g, "general.architecture", &a, err, errlen);
-    if (s == PS_ERR_NOT_FOUND) return ps_errf(err, errlen, PS_ERR_FORMAT, "model metadata lacks 'general.architecture'");
+    if (s == PS_ERR_NOT_FOUND)
+        return ps_errf(err, errlen, PS_ERR_FORMAT, "model metadata lacks 'general.architecture'");
     if (s != PS_OK) return s;
     size_t i = 0;
     while (i < PS_ARRAY_LEN(arch_table) && !ps_gguf_str_eq(a, arch_table[i].name)) i++;
     if (i == PS_ARRAY_LEN(arch_table))
-        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
+        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED,
+                       "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
                        (int)(a.len > 64 ? 64 : a.len), a.data);
     memset(hp, 0, sizeof *hp);
     hp->arch = arch_table[i].arch;
@@ -142,12 +144,11 @@ static ps_status bind_mat(binder *b, const char *name, int64_t rows, int64_t col
     const ps_gguf_tensor *t = find(b, name, false, &s);
     if (!t) return s;
     if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
-        return ps_errf(b->err, b->errlen, PS_ERR_FORMAT,
-                       "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name, (long long)t->ne[0],
-                       (long long)t->ne[1], (long long)cols, (long long)rows);
+        return ps_errf(b->err, b->errlen, PS_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)cols, (long long)rows);
     if (!ps_matmul_supported(t->type))
-        return ps_errf(b->err, b->errlen, PS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which is not supported",
-                       name, ps_type_name(t->type));
+        return ps_errf(b->err, b->errlen, PS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which is not supported", name,
+                       ps_type_name(t->type));
     *out = (ps_mat){.type = t->type, .rows = rows, .cols = cols, .data = t->data};
     return PS_OK;
 }
@@ -164,8 +165,8 @@ static ps_status bind_vec(binder *b, const char *name, int64_t n, bool optional,
                        name, (long long)t->ne[0], t->n_dims, (long long)n);
     const ps_type_info *ti = ps_type_get(t->type);
     if (!ti || !ti->supported || n % ti->block_size)
-        return ps_errf(b->err, b->errlen, PS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which is not supported",
-                       name, ps_type_name(t->type));
+        return ps_errf(b->err, b->errlen, PS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which is not supported", name,
+                       ps_type_name(t->type));
     if (b->arena_used + (size_t)n > b->arena_cap)
         return ps_errf(b->err, b->errlen, PS_ERR_INTERNAL, "vector arena too small for '%s'", name);
     float *dst = b->arena + b->arena_used;

@@ -20,20 +20,20 @@ typedef enum { PS_ARCH_LLAMA, PS_ARCH_QWEN2, PS_ARCH_QWEN3 } ps_arch;
 
 typedef struct {
     ps_arch arch;
-    char arch_name[32];  /* "llama", "qwen2", "qwen3" */
-    int n_layer;         /* transformer blocks in the whole model */
-    int dim;             /* embedding width */
-    int n_head;          /* query heads */
-    int n_head_kv;       /* key/value heads (grouped-query attention when < n_head) */
-    int head_dim;        /* per head (key_length; dim / n_head unless the file says) */
-    int ffn_dim;         /* feed-forward hidden width */
-    int vocab;           /* rows of the embedding and of the output head */
-    int ctx_train;       /* context length the model was trained for */
-    float rms_eps;       /* RMSNorm epsilon */
-    float rope_base;     /* RoPE theta */
-    int rope_dim;        /* rotated dimensions per head (<= head_dim) */
-    bool rope_neox;      /* pairs (i, i + rope_dim/2) instead of (2i, 2i+1) */
-    float rope_scale;    /* linear position scaling (1 = none) */
+    char arch_name[32]; /* "llama", "qwen2", "qwen3" */
+    int n_layer;        /* transformer blocks in the whole model */
+    int dim;            /* embedding width */
+    int n_head;         /* query heads */
+    int n_head_kv;      /* key/value heads (grouped-query attention when < n_head) */
+    int head_dim;       /* per head (key_length; dim / n_head unless the file says) */
+    int ffn_dim;        /* feed-forward hidden width */
+    int vocab;          /* rows of the embedding and of the output head */
+    int ctx_train;      /* context length the model was trained for */
+    float rms_eps;      /* RMSNorm epsilon */
+    float rope_base;    /* RoPE theta */
+    int rope_dim;       /* rotated dimensions per head (<= head_dim) */
+    bool rope_neox;     /* pairs (i, i + rope_dim/2) instead of (2i, 2i+1) */
+    float rope_scale;   /* linear position scaling (1 = none) */
 } ps_hparams;
 
 typedef struct {
@@ -54,19 +54,19 @@ typedef struct {
 } ps_layer;
 
 typedef struct {
-    ps_gguf *gguf;          /* owned: the mapping every ps_mat points into */
+    ps_gguf *gguf; /* owned: the mapping every ps_mat points into */
     ps_hparams hp;
-    int layer_begin;        /* first layer this file holds */
-    int layer_end;          /* one past the last */
-    bool has_embed;         /* holds token_embd (stage 0) */
-    bool has_head;          /* holds output_norm and the output head (last stage) */
-    ps_mat tok_embd;        /* (vocab, dim), rows dequantized on lookup */
-    const float *out_norm;  /* (dim) */
-    ps_mat output;          /* (vocab, dim): output.weight, or tok_embd when tied */
-    const float *rope_freqs;/* (rope_dim / 2) Llama 3.1 frequency divisors, else NULL */
-    ps_layer *layers;       /* [layer_end - layer_begin] */
-    float *owned;           /* one block holding every converted small vector */
-    ps_shard_meta shard;    /* pipeshard.* metadata (shard.present = false for a whole model) */
+    int layer_begin;         /* first layer this file holds */
+    int layer_end;           /* one past the last */
+    bool has_embed;          /* holds token_embd (stage 0) */
+    bool has_head;           /* holds output_norm and the output head (last stage) */
+    ps_mat tok_embd;         /* (vocab, dim), rows dequantized on lookup */
+    const float *out_norm;   /* (dim) */
+    ps_mat output;           /* (vocab, dim): output.weight, or tok_embd when tied */
+    const float *rope_freqs; /* (rope_dim / 2) Llama 3.1 frequency divisors, else NULL */
+    ps_layer *layers;        /* [layer_end - layer_begin] */
+    float *owned;            /* one block holding every converted small vector */
+    ps_shard_meta shard;     /* pipeshard.* metadata (shard.present = false for a whole model) */
 } ps_model;
 
 /* Opens a GGUF model, or one shard of it (a file written by `pipeshard split`: then only
@@ -97,9 +97,9 @@ typedef enum {
 } ps_act;
 
 typedef struct {
-    int n_ctx;      /* positions the KV cache holds */
-    int max_batch;  /* tokens per forward chunk (longer inputs are chunked, same results) */
-    ps_act act;     /* matmul arithmetic */
+    int n_ctx;     /* positions the KV cache holds */
+    int max_batch; /* tokens per forward chunk (longer inputs are chunked, same results) */
+    ps_act act;    /* matmul arithmetic */
 } ps_ctx_params;
 
 /* Parses "q8" / "f32" (the --activations flag). */

@@ -19,7 +19,7 @@
 #include <xxhash.h>
 
 #define MAX_LAYERS PS_SHARD_MAX_LAYERS
-#define HASH_CHUNK (4u << 20)        /* ps_fingerprint_file reads this much at a time */
+#define HASH_CHUNK (4u << 20) /* ps_fingerprint_file reads this much at a time */
 
 // ---------------------------------------------------------------------------------------
 // Fingerprints
@@ -128,20 +128,24 @@ static ps_status classify(const char *name, int n_layer, place_kind *kind, int *
         if (!digits || *p != '.' || (digits > 1 && p[-digits] == '0'))
             return ps_errf(err, errlen, PS_ERR_FORMAT, "tensor '%s': cannot read its layer number", name);
         if (n >= n_layer)
-            return ps_errf(err, errlen, PS_ERR_FORMAT, "tensor '%s' belongs to layer %ld, but block_count is %d",
-                           name, n, n_layer);
+            return ps_errf(err, errlen, PS_ERR_FORMAT, "tensor '%s' belongs to layer %ld, but block_count is %d", name,
+                           n, n_layer);
         *kind = PLACE_LAYER;
         *layer = (int)n;
         return PS_OK;
     }
     *layer = -1;
-    if (starts(name, "token_embd.")) *kind = PLACE_EMBED;
-    else if (starts(name, "output_norm.") || starts(name, "output.")) *kind = PLACE_HEAD;
-    else if (starts(name, "rope_freqs.")) *kind = PLACE_ALL;
+    if (starts(name, "token_embd."))
+        *kind = PLACE_EMBED;
+    else if (starts(name, "output_norm.") || starts(name, "output."))
+        *kind = PLACE_HEAD;
+    else if (starts(name, "rope_freqs."))
+        *kind = PLACE_ALL;
     else
         return ps_errf(err, errlen, PS_ERR_UNSUPPORTED,
                        "tensor '%s' belongs to no stage (split places blk.N.*, token_embd.*, output_norm.*, "
-                       "output.* and rope_freqs.*)", name);
+                       "output.* and rope_freqs.*)",
+                       name);
     return PS_OK;
 }
 
@@ -190,9 +194,12 @@ ps_status ps_shard_layer_bytes(const ps_gguf *g, int n_layer, uint64_t *layer_by
         place_kind kind;
         int layer;
         if ((s = classify(t->name, n_layer, &kind, &layer, err, errlen))) break;
-        if (kind == PLACE_LAYER) layer_bytes[layer] += t->nbytes, count[layer]++;
-        else if (kind == PLACE_EMBED) *embed_bytes += t->nbytes;
-        else if (kind == PLACE_HEAD) *head_bytes += t->nbytes;
+        if (kind == PLACE_LAYER)
+            layer_bytes[layer] += t->nbytes, count[layer]++;
+        else if (kind == PLACE_EMBED)
+            *embed_bytes += t->nbytes;
+        else if (kind == PLACE_HEAD)
+            *head_bytes += t->nbytes;
     }
     for (int l = 0; l < n_layer && !s; l++)
         if (!count[l])
@@ -346,24 +353,21 @@ ps_status ps_shard_parse_layers(const char *spec, int n_layer, int n_stages, int
         int b, e;
         if (!parse_uint(&p, &b) || *p++ != ':' || !parse_uint(&p, &e) || (*p && *p != ',')) {
             size_t len = strcspn(start, ",");
-            return ps_errf(err, errlen, PS_ERR_ARG,
-                           "range %d '%.*s' is not BEGIN:END (expected e.g. 0:8,8:16,16:30)", n + 1,
-                           (int)(len > 64 ? 64 : len), start);
+            return ps_errf(err, errlen, PS_ERR_ARG, "range %d '%.*s' is not BEGIN:END (expected e.g. 0:8,8:16,16:30)",
+                           n + 1, (int)(len > 64 ? 64 : len), start);
         }
         if (n >= PS_SHARD_MAX_STAGES)
             return ps_errf(err, errlen, PS_ERR_RANGE, "more than %d ranges", PS_SHARD_MAX_STAGES);
         if (b >= e) return ps_errf(err, errlen, PS_ERR_ARG, "range %d '%d:%d' is empty", n + 1, b, e);
-        if (n == 0 && b != 0)
-            return ps_errf(err, errlen, PS_ERR_ARG, "the first range '%d:%d' must start at 0", b, e);
+        if (n == 0 && b != 0) return ps_errf(err, errlen, PS_ERR_ARG, "the first range '%d:%d' must start at 0", b, e);
         if (n > 0 && b != prev_end)
-            return ps_errf(err, errlen, PS_ERR_ARG, "range %d '%d:%d' must start at %d where range %d ends (%s)",
-                           n + 1, b, e, prev_end, n, b < prev_end ? "overlap" : "gap");
+            return ps_errf(err, errlen, PS_ERR_ARG, "range %d '%d:%d' must start at %d where range %d ends (%s)", n + 1,
+                           b, e, prev_end, n, b < prev_end ? "overlap" : "gap");
         if (e > n_layer)
             return ps_errf(err, errlen, PS_ERR_RANGE, "range %d '%d:%d' goes past the model's %d layers", n + 1, b, e,
                            n_layer);
         if (n_stages > 0 && n >= n_stages)
-            return ps_errf(err, errlen, PS_ERR_ARG, "more than the %d ranges --stages %d asks for", n_stages,
-                           n_stages);
+            return ps_errf(err, errlen, PS_ERR_ARG, "more than the %d ranges --stages %d asks for", n_stages, n_stages);
         bounds[n++] = b;
         prev_end = e;
         if (!*p) break;
@@ -373,8 +377,7 @@ ps_status ps_shard_parse_layers(const char *spec, int n_layer, int n_stages, int
         return ps_errf(err, errlen, PS_ERR_ARG, "the last range ends at %d, but the model has %d layers", prev_end,
                        n_layer);
     if (n_stages > 0 && n != n_stages)
-        return ps_errf(err, errlen, PS_ERR_ARG, "%d range%s given, but --stages is %d", n, n == 1 ? "" : "s",
-                       n_stages);
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d range%s given, but --stages is %d", n, n == 1 ? "" : "s", n_stages);
     bounds[n] = n_layer;
     if (n_out) *n_out = n;
     return PS_OK;
@@ -394,14 +397,14 @@ typedef struct {
     const ps_gguf *g;
     int n_layer, n_stages;
     const int *bounds;
-    bool tied;               /* no output.weight: the last stage gets a copy of token_embd */
-    uint32_t vocab;          /* rows of token_embd.weight */
+    bool tied;      /* no output.weight: the last stage gets a copy of token_embd */
+    uint32_t vocab; /* rows of token_embd.weight */
     char model_fp[33];
-    shard_tensor *list;      /* tensors of the stage being written (n_tensors + 1 capacity) */
+    shard_tensor *list; /* tensors of the stage being written (n_tensors + 1 capacity) */
     int n_list;
     ps_shard_progress_fn progress;
     void *progress_ctx;
-    uint64_t done, total;    /* tensor bytes written in earlier shards, in all shards */
+    uint64_t done, total; /* tensor bytes written in earlier shards, in all shards */
 } split_ctx;
 
 /* Fills sc->list with stage k's tensors in the order they go into its file: the model's
@@ -438,8 +441,10 @@ static ps_status copy_metadata(const ps_gguf *g, ps_gguf_writer *w) {
         const char *key = ps_gguf_kv_key(g, i);
         ps_status s;
         if (starts(key, "pipeshard.")) continue;
-        if (!strcmp(key, "general.alignment")) s = ps_gguf_writer_set_u32(w, key, ps_gguf_alignment(g));
-        else s = ps_gguf_writer_set_value(w, key, ps_gguf_kv_value(g, i));
+        if (!strcmp(key, "general.alignment"))
+            s = ps_gguf_writer_set_u32(w, key, ps_gguf_alignment(g));
+        else
+            s = ps_gguf_writer_set_value(w, key, ps_gguf_kv_value(g, i));
         if (s) return s;
     }
     return PS_OK;
@@ -515,7 +520,6 @@ static ps_status check_bounds(const int *bounds, int n, int n_layer, char *err, 
     return PS_OK;
 }
 
-
 /* Opens the model for a split and fills what sc needs about it: the layer count (which
  * must match the plan), the tied flag, the vocabulary. Refuses a shard as input. */
 static ps_status open_model(const char *model_path, int n_stages, const int *bounds, ps_gguf **g, split_ctx *sc,
@@ -551,7 +555,8 @@ static ps_status open_model(const char *model_path, int n_stages, const int *bou
 ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds, const char *dir,
                          ps_shard_progress_fn progress, void *progress_ctx, ps_shard_files *out, char *err,
                          size_t errlen) {
-    if (!model_path || !bounds || !dir || !out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_shard_split: NULL argument");
+    if (!model_path || !bounds || !dir || !out)
+        return ps_errf(err, errlen, PS_ERR_ARG, "ps_shard_split: NULL argument");
     if (n_stages < 1 || n_stages > PS_SHARD_MAX_STAGES)
         return ps_errf(err, errlen, PS_ERR_RANGE, "stage count %d is out of range (1..%d)", n_stages,
                        PS_SHARD_MAX_STAGES);
@@ -570,7 +575,8 @@ ps_status ps_shard_split(const char *model_path, int n_stages, const int *bounds
         stage_tensors(&sc, k);
         for (int i = 0; i < sc.n_list; i++) sc.total += sc.list[i].src->nbytes;
     }
-    if ((s = ps_fingerprint_file(model_path, sc.model_fp, err, errlen)) || (s = ps_make_dirs(dir, 0755, err, errlen))) goto out;
+    if ((s = ps_fingerprint_file(model_path, sc.model_fp, err, errlen)) || (s = ps_make_dirs(dir, 0755, err, errlen)))
+        goto out;
     for (int k = 0; k < n_stages; k++) {
         snprintf(out->file[k], sizeof out->file[k], "stage-%d.gguf", k);
         struct stat sb;
@@ -650,12 +656,13 @@ ps_status ps_shard_meta_read(const ps_gguf *g, ps_shard_meta *out, char *err, si
         return ps_errf(err, errlen, PS_ERR_FORMAT, "shard metadata: stage %u of %u is out of range (count 1..%d)", idx,
                        cnt, n_layer < PS_SHARD_MAX_STAGES ? n_layer : PS_SHARD_MAX_STAGES);
     if (beg >= end || end > (uint32_t)n_layer)
-        return ps_errf(err, errlen, PS_ERR_FORMAT, "shard metadata: layers %u:%u are not a range within 0:%d", beg,
-                       end, n_layer);
+        return ps_errf(err, errlen, PS_ERR_FORMAT, "shard metadata: layers %u:%u are not a range within 0:%d", beg, end,
+                       n_layer);
     if ((idx == 0) != (beg == 0) || (idx == cnt - 1) != (end == (uint32_t)n_layer))
         return ps_errf(err, errlen, PS_ERR_FORMAT,
                        "shard metadata: stage %u of %u cannot hold layers %u:%u of %d (the first stage starts at 0, "
-                       "the last ends at block_count)", idx, cnt, beg, end, n_layer);
+                       "the last ends at block_count)",
+                       idx, cnt, beg, end, n_layer);
     if (voc < 1 || voc > INT32_MAX)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "shard metadata: vocab_size %u is out of range", voc);
     out->present = true;

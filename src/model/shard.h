@@ -60,7 +60,7 @@ typedef void (*ps_shard_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 /* What ps_shard_split wrote: per stage its file name (in the output directory), its
  * fingerprint (ps_shard_fingerprint) and its size in bytes. */
 typedef struct {
-    char model_fp[33];  /* ps_fingerprint_file of the model */
+    char model_fp[33]; /* ps_fingerprint_file of the model */
     int n_layer;
     char file[PS_SHARD_MAX_STAGES][32];
     char fingerprint[PS_SHARD_MAX_STAGES][33];
@@ -92,7 +92,6 @@ ps_status ps_shard_meta_read(const ps_gguf *g, ps_shard_meta *out, char *err, si
  * dim (u64), and its data bytes. Depends on the tensors and the placement, not on the
  * metadata; `split` computes it from the tensors it writes, a worker recomputes it from
  * the file it serves. */
-ps_status ps_shard_fingerprint(const ps_gguf *shard, const ps_shard_meta *meta, char hex[33], char *err,
-                               size_t errlen);
+ps_status ps_shard_fingerprint(const ps_gguf *shard, const ps_shard_meta *meta, char hex[33], char *err, size_t errlen);
 
 #endif

@@ -39,8 +39,8 @@
 
 #include "net_internal.h"
 
-#define KEY_MIN_BYTES 16
-#define KEY_MAX_BYTES (64 * 1024)
+#define KEY_MIN_BYTES  16
+#define KEY_MAX_BYTES  (64 * 1024)
 #define HS_NONCE_BYTES 32
 #define HS_PROOF_BYTES crypto_auth_BYTES
 #define HS_REASON_SHOW 400 /* longest refusal reason quoted in an error line */
@@ -81,8 +81,8 @@ ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t e
     if (st != PS_OK) return st;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open key file %s: %s",
-                       path, ps_net_errno_str(errno, eb, sizeof eb));
+        return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open key file %s: %s", path,
+                       ps_net_errno_str(errno, eb, sizeof eb));
     uint8_t *buf = ps_malloc(KEY_MAX_BYTES + 1);
     if (!buf) {
         close(fd);
@@ -129,8 +129,8 @@ static void proof_msg(const char *label, const uint8_t *n1, const uint8_t *n2, c
 }
 
 /* proof = HMAC-SHA-512-256(key, label || n1 || n2 || transcript), or all zero without a key. */
-static void make_proof(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
-                       const transcript *t, uint8_t out[HS_PROOF_BYTES]) {
+static void make_proof(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2, const transcript *t,
+                       uint8_t out[HS_PROOF_BYTES]) {
     uint8_t msg[PROOF_MSG];
     proof_msg(label, n1, n2, t, msg);
     if (key)
@@ -140,8 +140,8 @@ static void make_proof(const uint8_t *key, const char *label, const uint8_t *n1,
 }
 
 /* Whether proof is the one key gives for label || n1 || n2 || transcript (constant time). */
-static bool proof_ok(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2,
-                     const transcript *t, const uint8_t *proof) {
+static bool proof_ok(const uint8_t *key, const char *label, const uint8_t *n1, const uint8_t *n2, const transcript *t,
+                     const uint8_t *proof) {
     uint8_t msg[PROOF_MSG];
     proof_msg(label, n1, n2, t, msg);
     return crypto_auth_verify(proof, msg, sizeof msg, key) == 0;
@@ -276,8 +276,8 @@ static ps_status expect(ps_conn *c, uint16_t want, int timeout_ms, ps_frame_hdr 
     if (h->type == PS_MSG_REFUSE) {
         char why[HS_REASON_SHOW + 8];
         show_reason(why, sizeof why, p, h->len);
-        return ps_errf(err, errlen, (h->flags & NET_FLAG_REFUSE_AUTH) ? PS_ERR_AUTH : PS_ERR_PROTOCOL,
-                       "%s refused: %s", c->peer, why);
+        return ps_errf(err, errlen, (h->flags & NET_FLAG_REFUSE_AUTH) ? PS_ERR_AUTH : PS_ERR_PROTOCOL, "%s refused: %s",
+                       c->peer, why);
     }
     if (h->type != want)
         return refuse(c, PS_ERR_PROTOCOL, timeout_ms, err, errlen, "expected %s, got message type %u", msg_name(want),
@@ -303,13 +303,12 @@ static ps_status run_check(ps_conn *c, ps_hello_check_fn check, void *ctx, const
     return refuse(c, st, timeout_ms, err, errlen, "%s", why[0] ? why : ps_strerror(st));
 }
 
-
 /* Reads the body HELLO and HELLO_REPLY share — the hello, a nonce, the has_key flag, and for
  * HELLO_REPLY (proof non-NULL) the proof — and refuses a malformed one. what names the
  * message. */
 static ps_status read_hello_body(ps_conn *c, ps_rbuf *r, const char *what, ps_hello *peer,
-                                 uint8_t nonce[HS_NONCE_BYTES], uint8_t *has_key, const uint8_t **proof,
-                                 int timeout_ms, char *err, size_t errlen) {
+                                 uint8_t nonce[HS_NONCE_BYTES], uint8_t *has_key, const uint8_t **proof, int timeout_ms,
+                                 char *err, size_t errlen) {
     char why[160];
     hello_get(r, peer);
     const uint8_t *n = ps_rbuf_bytes(r, HS_NONCE_BYTES);
@@ -364,9 +363,9 @@ static ps_status start_sealing(ps_conn *c, const uint8_t *key, const ps_hello *m
  * Client */
 
 /* Parses HELLO_REPLY and checks the server's key and proof. */
-static ps_status client_check_reply(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, ps_rbuf *r,
-                                    transcript *t, ps_hello *peer, uint8_t nonce_s[HS_NONCE_BYTES], int timeout_ms,
-                                    char *err, size_t errlen) {
+static ps_status client_check_reply(ps_conn *c, const uint8_t *key, const uint8_t *nonce_c, ps_rbuf *r, transcript *t,
+                                    ps_hello *peer, uint8_t nonce_s[HS_NONCE_BYTES], int timeout_ms, char *err,
+                                    size_t errlen) {
     uint8_t has_key;
     const uint8_t *proof_s;
     ps_status st = read_hello_body(c, r, "HELLO_REPLY", peer, nonce_s, &has_key, &proof_s, timeout_ms, err, errlen);
@@ -374,7 +373,8 @@ static ps_status client_check_reply(ps_conn *c, const uint8_t *key, const uint8_
     transcript_add(t, r->p, r->len - HS_PROOF_BYTES); /* read_hello_body checked the length */
     transcript_done(t);
     if (key && !has_key)
-        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "we require a shared key (--key-file) but the peer has none");
+        return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen,
+                      "we require a shared key (--key-file) but the peer has none");
     if (!key && has_key)
         return refuse(c, PS_ERR_AUTH, timeout_ms, err, errlen, "the peer has a shared key but we have none");
     return check_proof(c, key, label_server, nonce_c, nonce_s, t, proof_s, "HELLO_REPLY", timeout_ms, err, errlen);
@@ -385,13 +385,14 @@ static ps_status handshake_ready(const ps_hello *mine, char *err, size_t errlen)
     char why[160];
     ps_status st = sodium_ready(err, errlen);
     if (st != PS_OK) return st;
-    if (!hello_valid(mine, why, sizeof why)) return ps_errf(err, errlen, PS_ERR_ARG, "our own hello is invalid: %s", why);
+    if (!hello_valid(mine, why, sizeof why))
+        return ps_errf(err, errlen, PS_ERR_ARG, "our own hello is invalid: %s", why);
     return PS_OK;
 }
 
 ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
-                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
-                                  char *err, size_t errlen) {
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out, char *err,
+                                  size_t errlen) {
     ps_status st = handshake_ready(mine, err, errlen);
     if (st != PS_OK) return st;
     uint8_t nonce_c[HS_NONCE_BYTES], nonce_s[HS_NONCE_BYTES], proof[HS_PROOF_BYTES];
@@ -464,8 +465,8 @@ static ps_status server_get_auth(ps_conn *c, const uint8_t *key, const uint8_t *
 }
 
 ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
-                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
-                                  char *err, size_t errlen) {
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out, char *err,
+                                  size_t errlen) {
     ps_status st = handshake_ready(mine, err, errlen);
     if (st != PS_OK) return st;
     uint8_t nonce_c[HS_NONCE_BYTES], nonce_s[HS_NONCE_BYTES], proof[HS_PROOF_BYTES];

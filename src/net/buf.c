@@ -83,12 +83,36 @@ static void rbuf_copy(ps_rbuf *r, void *out, size_t n) {
         memset(out, 0, n);
 }
 
-uint8_t ps_rbuf_u8(ps_rbuf *r) { uint8_t v; rbuf_copy(r, &v, 1); return v; }
-uint16_t ps_rbuf_u16(ps_rbuf *r) { uint16_t v; rbuf_copy(r, &v, 2); return v; }
-uint32_t ps_rbuf_u32(ps_rbuf *r) { uint32_t v; rbuf_copy(r, &v, 4); return v; }
-uint64_t ps_rbuf_u64(ps_rbuf *r) { uint64_t v; rbuf_copy(r, &v, 8); return v; }
-int32_t ps_rbuf_i32(ps_rbuf *r) { int32_t v; rbuf_copy(r, &v, 4); return v; }
-float ps_rbuf_f32(ps_rbuf *r) { float v; rbuf_copy(r, &v, 4); return v; }
+uint8_t ps_rbuf_u8(ps_rbuf *r) {
+    uint8_t v;
+    rbuf_copy(r, &v, 1);
+    return v;
+}
+uint16_t ps_rbuf_u16(ps_rbuf *r) {
+    uint16_t v;
+    rbuf_copy(r, &v, 2);
+    return v;
+}
+uint32_t ps_rbuf_u32(ps_rbuf *r) {
+    uint32_t v;
+    rbuf_copy(r, &v, 4);
+    return v;
+}
+uint64_t ps_rbuf_u64(ps_rbuf *r) {
+    uint64_t v;
+    rbuf_copy(r, &v, 8);
+    return v;
+}
+int32_t ps_rbuf_i32(ps_rbuf *r) {
+    int32_t v;
+    rbuf_copy(r, &v, 4);
+    return v;
+}
+float ps_rbuf_f32(ps_rbuf *r) {
+    float v;
+    rbuf_copy(r, &v, 4);
+    return v;
+}
 
 /* out always ends up NUL-terminated (empty on failure) when cap > 0. */
 void ps_rbuf_str(ps_rbuf *r, char *out, size_t cap) {

@@ -26,7 +26,7 @@
 #endif
 
 #define NET_IOV_BATCH 64 /* iovecs handed to one sendmsg */
-#define AD_BYTES 16      /* the header's magic, version, type, flags and len: authenticated in a sealed frame */
+#define AD_BYTES      16 /* the header's magic, version, type, flags and len: authenticated in a sealed frame */
 
 /* ---------------------------------------------------------------------------------------------
  * Header */
@@ -50,8 +50,7 @@ void ps_frame_hdr_decode(const uint8_t in[PS_NET_HDR_BYTES], ps_frame_hdr *h) {
 }
 
 /* The bytes of iov[0..iovcnt) in *len, when they and `extra` more fit a frame's u32 length. */
-static ps_status iov_len(const struct iovec *iov, int iovcnt, uint32_t extra, uint32_t *len, char *err,
-                         size_t errlen) {
+static ps_status iov_len(const struct iovec *iov, int iovcnt, uint32_t extra, uint32_t *len, char *err, size_t errlen) {
     uint64_t total = 0;
     for (int i = 0; i < iovcnt; i++) total += iov[i].iov_len;
     if (total + extra > UINT32_MAX)
@@ -98,8 +97,8 @@ ps_status ps_net_frame_header(uint16_t type, uint32_t flags, const struct iovec 
 void ps_net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct iovec *iov, int iovcnt, uint32_t len,
                        uint8_t *out, uint8_t hdr[PS_NET_HDR_BYTES], uint32_t *wire_len) {
     ps_net_gather(out, iov, iovcnt);
-    ps_frame_hdr h = {.magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags,
-                      .len = len + NET_TAG_BYTES};
+    ps_frame_hdr h = {
+        .magic = PS_NET_MAGIC, .version = PS_NET_VERSION, .type = type, .flags = flags, .len = len + NET_TAG_BYTES};
     ps_frame_hdr_encode(&h, hdr); /* the authenticated part is final; the checksum comes last */
     ps_net_seal_payload(c->seal, out, len, hdr, AD_BYTES);
     h.checksum = XXH3_64bits(out, h.len);
@@ -112,7 +111,8 @@ void ps_net_seal_frame(ps_conn *c, uint16_t type, uint32_t flags, const struct i
 static ps_status open_frame(ps_conn *c, ps_frame_hdr *h, const uint8_t hdr[PS_NET_HDR_BYTES], uint8_t *payload,
                             char *err, size_t errlen) {
     if (!ps_net_open_payload(c->seal, payload, h->len, hdr, AD_BYTES))
-        return ps_errf(err, errlen, PS_ERR_AUTH, "%s sent a frame (type %u, %" PRIu32 " bytes) that fails "
+        return ps_errf(err, errlen, PS_ERR_AUTH,
+                       "%s sent a frame (type %u, %" PRIu32 " bytes) that fails "
                        "authentication: altered, injected, replayed or lost on the way",
                        c->peer, (unsigned)h->type, h->len);
     h->len -= NET_TAG_BYTES;
@@ -219,8 +219,8 @@ void ps_conn_reset_stats(ps_conn *c) {
  * bytes read: PS_ERR_TIMEOUT (no line in err: the caller knows what it was waiting for),
  * PS_ERR_NET with *closed set when the peer closed, or PS_ERR_NET for a socket error
  * (line in err). */
-static ps_status read_exact(ps_conn *c, uint8_t *p, size_t n, int64_t deadline, size_t *got, bool *closed,
-                            char *err, size_t errlen) {
+static ps_status read_exact(ps_conn *c, uint8_t *p, size_t n, int64_t deadline, size_t *got, bool *closed, char *err,
+                            size_t errlen) {
     char eb[128];
     *got = 0;
     *closed = false;
@@ -270,11 +270,13 @@ static ps_status read_payload(ps_conn *c, const ps_frame_hdr *h, int64_t deadlin
     ps_status s = rbuf_reserve(c, h->len, err, errlen);
     if (s == PS_OK) s = read_exact(c, c->rbuf, h->len, deadline, &got, &closed, err, errlen);
     if (s == PS_ERR_TIMEOUT)
-        return ps_errf(err, errlen, s, "timed out after %d ms receiving a frame from %s (got %zu of %" PRIu32
-                       " payload bytes)", timeout_ms, c->peer, got, h->len);
+        return ps_errf(err, errlen, s,
+                       "timed out after %d ms receiving a frame from %s (got %zu of %" PRIu32 " payload bytes)",
+                       timeout_ms, c->peer, got, h->len);
     if (s == PS_ERR_NET && closed)
-        return ps_errf(err, errlen, s, "%s closed the connection in the middle of a frame (got %zu of %" PRIu32
-                       " payload bytes)", c->peer, got, h->len);
+        return ps_errf(err, errlen, s,
+                       "%s closed the connection in the middle of a frame (got %zu of %" PRIu32 " payload bytes)",
+                       c->peer, got, h->len);
     return s;
 }
 
@@ -291,8 +293,7 @@ ps_status ps_net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const u
     if (s == PS_ERR_TIMEOUT)
         return ps_errf(err, errlen, s, "timed out after %d ms receiving a frame from %s (got %zu of %d header bytes)",
                        timeout_ms, c->peer, got, PS_NET_HDR_BYTES);
-    if (s == PS_ERR_NET && closed && got == 0)
-        return ps_errf(err, errlen, s, "%s closed the connection", c->peer);
+    if (s == PS_ERR_NET && closed && got == 0) return ps_errf(err, errlen, s, "%s closed the connection", c->peer);
     if (s == PS_ERR_NET && closed)
         return ps_errf(err, errlen, s, "%s closed the connection in the middle of a frame header (got %zu of %d bytes)",
                        c->peer, got, PS_NET_HDR_BYTES);
@@ -312,23 +313,24 @@ ps_status ps_net_recv_frame(ps_conn *c, int timeout_ms, ps_frame_hdr *h, const u
     }
     uint32_t tag = c->seal ? NET_TAG_BYTES : 0;
     if (fh.len > (uint64_t)c->max_payload + tag)
-        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "%s: frame of %" PRIu32 " bytes exceeds the limit of %" PRIu32 "%s",
-                       c->peer, fh.len - tag, c->max_payload, tag ? " (its 16-byte tag not counted)" : "");
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL,
+                       "%s: frame of %" PRIu32 " bytes exceeds the limit of %" PRIu32 "%s", c->peer, fh.len - tag,
+                       c->max_payload, tag ? " (its 16-byte tag not counted)" : "");
     s = read_payload(c, &fh, deadline, timeout_ms, err, errlen);
     if (s != PS_OK) return s;
     uint64_t sum = XXH3_64bits(c->rbuf, fh.len);
     if (sum != fh.checksum)
         return ps_errf(err, errlen, PS_ERR_PROTOCOL,
-                       "%s: checksum mismatch in a frame of type %u, %" PRIu32 " bytes (corrupted in transit)",
-                       c->peer, (unsigned)fh.type, fh.len);
+                       "%s: checksum mismatch in a frame of type %u, %" PRIu32 " bytes (corrupted in transit)", c->peer,
+                       (unsigned)fh.type, fh.len);
     if (c->seal && (s = open_frame(c, h, raw, c->rbuf, err, errlen))) return s;
     *payload = c->rbuf;
     return PS_OK;
 }
 
 /* ps_net_recv_frame without the header; the out-parameters are set only on success. */
-ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t **payload, uint32_t *len,
-                       char *err, size_t errlen) {
+ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t **payload, uint32_t *len, char *err,
+                       size_t errlen) {
     ps_frame_hdr h;
     const uint8_t *p = NULL;
     ps_status s = ps_net_recv_frame(c, timeout_ms, &h, &p, err, errlen);

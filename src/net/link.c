@@ -34,9 +34,9 @@
 
 #include "net_internal.h"
 
-#define LINK_QUEUE_LIMIT (64ull << 20) /* queued header + payload bytes before send_async waits */
-#define LINK_QUEUE_FRAMES 4096         /* queued frames before send_async waits */
-#define LINK_KEEP_BYTES (64ull << 20)  /* payload buffers kept for reuse beyond those of queued frames */
+#define LINK_QUEUE_LIMIT  (64ull << 20) /* queued header + payload bytes before send_async waits */
+#define LINK_QUEUE_FRAMES 4096          /* queued frames before send_async waits */
+#define LINK_KEEP_BYTES   (64ull << 20) /* payload buffers kept for reuse beyond those of queued frames */
 
 typedef struct {
     uint8_t hdr[PS_NET_HDR_BYTES]; /* encoded header, checksum included */
@@ -59,10 +59,10 @@ struct net_sender {
     uint64_t queued_bytes; /* header + payload bytes in the ring */
     uint64_t buf_bytes;    /* capacity of every slot's payload buffer, queued or kept */
     int64_t latency_ns;
-    double ns_per_byte; /* 0 = no rate limit */
+    double ns_per_byte;  /* 0 = no rate limit */
     int64_t prev_end_ns; /* emulated end of the previous frame */
     bool stop;
-    ps_status fail;     /* first write error of the thread, sticky */
+    ps_status fail;                    /* first write error of the thread, sticky */
     char fail_msg[NET_PEER_MAX + 160]; /* its line, naming the peer */
 };
 
@@ -159,8 +159,7 @@ static void sender_free(net_sender *s) {
     pthread_cond_broadcast(&s->room);
     pthread_mutex_unlock(&s->mu);
     uint64_t one = 1;
-    while (write(s->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {
-    }
+    while (write(s->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {}
     pthread_join(s->thread, NULL);
     for (size_t i = 0; i < s->qcap; i++) free(s->q[i].p);
     free(s->q);
@@ -176,8 +175,10 @@ static ps_status check_sim(const ps_link_sim *sim, char *err, size_t errlen) {
     if (!(sim->latency_ms >= 0 && sim->latency_ms <= 86400e3))
         return ps_errf(err, errlen, PS_ERR_ARG, "link latency %g ms is out of range (0 to 86400000)", sim->latency_ms);
     if (!(sim->bandwidth_mbps == 0 || (sim->bandwidth_mbps >= PS_LINK_MIN_MBPS && sim->bandwidth_mbps <= 1e6)))
-        return ps_errf(err, errlen, PS_ERR_ARG, "link bandwidth %g Mbit/s is out of range (0 = no limit, else %g to "
-                       "1e+06)", sim->bandwidth_mbps, PS_LINK_MIN_MBPS);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "link bandwidth %g Mbit/s is out of range (0 = no limit, else %g to "
+                       "1e+06)",
+                       sim->bandwidth_mbps, PS_LINK_MIN_MBPS);
     return PS_OK;
 }
 
@@ -242,8 +243,7 @@ static bool write_now(net_sender *s, link_frame *f, const struct iovec *payload,
     if (iovcnt) memcpy(v + 1, payload, sizeof *v * (size_t)iovcnt);
     struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)iovcnt + 1};
     ssize_t n;
-    while ((n = sendmsg(s->c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR) {
-    }
+    while ((n = sendmsg(s->c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR) {}
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
         sender_fail(s, errno);
         return false;
@@ -252,8 +252,8 @@ static bool write_now(net_sender *s, link_frame *f, const struct iovec *payload,
     return f->off == PS_NET_HDR_BYTES + (size_t)f->len;
 }
 
-ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
-                             char *err, size_t errlen) {
+ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms, char *err,
+                             size_t errlen) {
     net_sender *s = c->snd;
     if (!s) return ps_net_send_frame(c, type, 0, iov, iovcnt, timeout_ms, err, errlen); /* no thread: send now */
     if (iovcnt < 0 || (iovcnt > 0 && !iov)) return ps_errf(err, errlen, PS_ERR_ARG, "bad iovec list");

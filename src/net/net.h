@@ -20,8 +20,8 @@
 // ---------------------------------------------------------------------------------------
 // Frames
 
-#define PS_NET_MAGIC 0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
-#define PS_NET_VERSION 2         /* bump on any incompatible change of a message (2: sealed frames) */
+#define PS_NET_MAGIC     0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
+#define PS_NET_VERSION   2           /* bump on any incompatible change of a message (2: sealed frames) */
 #define PS_NET_HDR_BYTES 24
 
 /* The header as it travels (little-endian, no padding; encoded/decoded field by field). */
@@ -111,8 +111,7 @@ bool ps_net_is_unix(const char *addr);
  * socket on "unix:PATH" (a stale socket file at PATH, left by a process that died, is
  * replaced; the caller removes the file when done). *fd_out is owned by the caller (close
  * it). bound receives the actual "HOST:PORT" (or "unix:PATH"). */
-ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err,
-                        size_t errlen);
+ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err, size_t errlen);
 /* Accepts one connection on a listening socket, waiting at most timeout_ms (-1 = forever).
  * PS_ERR_TIMEOUT when none came. *out is owned by the caller (ps_conn_free). */
 ps_status ps_net_accept(int listen_fd, int timeout_ms, ps_conn **out, char *err, size_t errlen);
@@ -125,7 +124,7 @@ ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char 
 void ps_conn_free(ps_conn *c);
 int ps_conn_fd(const ps_conn *c);
 const char *ps_conn_peer(const ps_conn *c); /* "HOST:PORT" (or "unix:PATH") of the other end */
-bool ps_conn_sealed(const ps_conn *c);       /* whether its frames are sealed (after a keyed handshake) */
+bool ps_conn_sealed(const ps_conn *c);      /* whether its frames are sealed (after a keyed handshake) */
 
 /* Largest payload ps_conn_recv accepts (default 64 KiB, until the handshake is done; a
  * larger frame is PS_ERR_PROTOCOL "frame of N bytes exceeds the limit of M"). */
@@ -141,8 +140,8 @@ ps_status ps_conn_send(ps_conn *c, uint16_t type, const struct iovec *iov, int i
  * Errors: PS_ERR_TIMEOUT, PS_ERR_NET ("peer closed the connection", socket errors),
  * PS_ERR_PROTOCOL (bad magic, other version: "peer speaks protocol version 3, this
  * build speaks 1", payload over the limit, checksum mismatch). */
-ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t **payload, uint32_t *len,
-                       char *err, size_t errlen);
+ps_status ps_conn_recv(ps_conn *c, int timeout_ms, uint16_t *type, const uint8_t **payload, uint32_t *len, char *err,
+                       size_t errlen);
 
 // ---------------------------------------------------------------------------------------
 // Asynchronous sending and link emulation
@@ -165,16 +164,16 @@ ps_status ps_conn_start_sender(ps_conn *c, const ps_link_sim *sim, char *err, si
 /* Queues one frame. Returns at once, unless the queue holds more than 64 MiB or 4096
  * frames, then waits for room (at most timeout_ms). A write error of the thread is returned by the next call
  * (and by ps_conn_flush), naming the peer. */
-ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms,
-                             char *err, size_t errlen);
+ps_status ps_conn_send_async(ps_conn *c, uint16_t type, const struct iovec *iov, int iovcnt, int timeout_ms, char *err,
+                             size_t errlen);
 /* Waits until every queued frame has been written (at most timeout_ms). */
 ps_status ps_conn_flush(ps_conn *c, int timeout_ms, char *err, size_t errlen);
 
 /* Counters of what c sent (sync and async), for --stats. */
 typedef struct {
-    uint64_t frames;   /* frames sent */
-    uint64_t bytes;    /* header + payload bytes */
-    double send_ms;    /* sum over frames of queued → last byte written (emulated delay included) */
+    uint64_t frames; /* frames sent */
+    uint64_t bytes;  /* header + payload bytes */
+    double send_ms;  /* sum over frames of queued → last byte written (emulated delay included) */
 } ps_conn_stats;
 void ps_conn_get_stats(const ps_conn *c, ps_conn_stats *out);
 void ps_conn_reset_stats(ps_conn *c);
@@ -189,17 +188,17 @@ ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t e
 /* Who is on each end of a connection. */
 typedef enum { PS_ROLE_COORD = 1, PS_ROLE_PREV_STAGE = 2, PS_ROLE_WORKER = 3 } ps_role;
 typedef struct {
-    uint8_t role;          /* ps_role */
-    int32_t stage;         /* the sender's stage index (coordinator: 0) */
-    int32_t stage_count;   /* stages in the fleet */
-    int32_t layer_begin;   /* the sender's layer range [begin, end) */
+    uint8_t role;        /* ps_role */
+    int32_t stage;       /* the sender's stage index (coordinator: 0) */
+    int32_t stage_count; /* stages in the fleet */
+    int32_t layer_begin; /* the sender's layer range [begin, end) */
     int32_t layer_end;
-    int32_t n_layer;       /* layers of the whole model */
-    char model_fp[33];     /* hex fingerprint of the whole model, NUL-terminated */
-    char shard_fp[33];     /* hex fingerprint of the sender's shard */
-    uint64_t session;      /* coordinator-chosen session id (0 from a worker) */
-    bool plain;            /* with a key: asks for frames in the clear after the handshake (they
-                              are sealed unless both sides ask; for peers on one host) */
+    int32_t n_layer;   /* layers of the whole model */
+    char model_fp[33]; /* hex fingerprint of the whole model, NUL-terminated */
+    char shard_fp[33]; /* hex fingerprint of the sender's shard */
+    uint64_t session;  /* coordinator-chosen session id (0 from a worker) */
+    bool plain;        /* with a key: asks for frames in the clear after the handshake (they
+                          are sealed unless both sides ask; for peers on one host) */
 } ps_hello;
 
 /* Application check of the peer's hello: returns PS_OK, or an error status with a reason
@@ -225,10 +224,10 @@ typedef ps_status (*ps_hello_check_fn)(void *ctx, const ps_hello *peer, char *er
  * timeout_ms. On success *peer_out holds the peer's hello and the connection's payload
  * limit is raised to max_payload. */
 ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
-                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
-                                  char *err, size_t errlen);
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out, char *err,
+                                  size_t errlen);
 ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
-                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out,
-                                  char *err, size_t errlen);
+                                  void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out, char *err,
+                                  size_t errlen);
 
 #endif

@@ -21,7 +21,7 @@
 #include "seal.h"
 
 #define NET_DEFAULT_MAX_PAYLOAD (64u * 1024u) /* payload limit until the handshake raises it */
-#define NET_PEER_MAX 320                      /* "[host]:port" with a 255-byte host name */
+#define NET_PEER_MAX            320           /* "[host]:port" with a 255-byte host name */
 
 /* Header flags. Bit 0 of a REFUSE frame: the refusal is about keys or proofs (the
  * receiver returns PS_ERR_AUTH rather than PS_ERR_PROTOCOL). Other bits are reserved:

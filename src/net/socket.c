@@ -105,8 +105,8 @@ ps_status ps_net_parse_addr(const char *hostport, char *host, size_t hostcap, in
 
 /* getaddrinfo for host and port (numeric port, TCP). *res is freed by the caller. */
 static ps_status resolve(const char *host, int port, bool passive, struct addrinfo **res, char *err, size_t errlen) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
     char serv[8];
     snprintf(serv, sizeof serv, "%d", port);
     int rc = getaddrinfo(host, serv, &hints, res);
@@ -214,8 +214,7 @@ static ps_status unix_listen(const char *addr, int *fd_out, char *err, size_t er
 
 /* The listening socket is non-blocking, so that ps_net_accept never blocks in accept4
  * when a connection vanished between poll and accept. */
-ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err,
-                        size_t errlen) {
+ps_status ps_net_listen(const char *hostport, int *fd_out, char *bound, size_t boundcap, char *err, size_t errlen) {
     char host[256], eb[128];
     int port;
     struct addrinfo *res;
@@ -353,4 +352,3 @@ ps_status ps_net_dial(const char *hostport, int timeout_ms, ps_conn **out, char 
                        ps_net_errno_str(last, eb, sizeof eb));
     return conn_new(fd, peer, out, err, errlen);
 }
-

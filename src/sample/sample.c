@@ -91,8 +91,7 @@ ps_status ps_sample_params_check(const ps_sample_params *p, char *err, size_t er
     const ps_status e = PS_ERR_ARG;
     if (!p) return ps_errf(err, errlen, e, "sampling parameters are NULL");
     if (!(p->temperature >= 0.0f && isfinite(p->temperature)))
-        return ps_errf(err, errlen, e, "temperature %g must be a finite number >= 0 (0 = greedy)",
-                       p->temperature);
+        return ps_errf(err, errlen, e, "temperature %g must be a finite number >= 0 (0 = greedy)", p->temperature);
     if (p->top_k < 0) return ps_errf(err, errlen, e, "top_k %d must be >= 0 (0 = off)", p->top_k);
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
         return ps_errf(err, errlen, e, "top_p %g must be in (0, 1] (1 = off)", p->top_p);
@@ -115,21 +114,20 @@ ps_status ps_sample_params_check(const ps_sample_params *p, char *err, size_t er
 
 struct ps_sampler {
     int32_t n_vocab;
-    float *logit;      // (n_vocab) penalised copy of the caller's logits
-    uint64_t *key;     // (n_vocab) candidate keys, [0, n_cand) live
-    double *w;         // (n_vocab) by token id: exp((logit - max) / T) of a live candidate
-    int32_t *count;    // (n_vocab) by token id: occurrences in the penalty window; 0 between calls
-    int32_t *touched;  // (n_vocab) ids whose count is non-zero, in first-seen order
-    int32_t *out_id;   // (n_vocab) ps_sample_dist's ids
-    float *out_p;      // (n_vocab) ps_sample_dist's probabilities
-    int32_t n_cand;    // live candidates
-    double max_logit;  // the largest finite logit (truncation never removes its token)
+    float *logit;     // (n_vocab) penalised copy of the caller's logits
+    uint64_t *key;    // (n_vocab) candidate keys, [0, n_cand) live
+    double *w;        // (n_vocab) by token id: exp((logit - max) / T) of a live candidate
+    int32_t *count;   // (n_vocab) by token id: occurrences in the penalty window; 0 between calls
+    int32_t *touched; // (n_vocab) ids whose count is non-zero, in first-seen order
+    int32_t *out_id;  // (n_vocab) ps_sample_dist's ids
+    float *out_p;     // (n_vocab) ps_sample_dist's probabilities
+    int32_t n_cand;   // live candidates
+    double max_logit; // the largest finite logit (truncation never removes its token)
     char err[256];
 };
 
 /* Records a message for ps_sampler_error and returns st. */
-static ps_status fail(ps_sampler *s, ps_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static ps_status fail(ps_sampler *s, ps_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static ps_status fail(ps_sampler *s, ps_status st, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -187,13 +185,11 @@ static uint32_t float_order(float f) {
     uint32_t b;
     f = f + 0.0f; /* -0 + 0 = +0; branch-free on random signs */
     memcpy(&b, &f, sizeof b);
-    uint32_t neg = (uint32_t)-(int32_t)(b >> 31); /* all ones when negative */
+    uint32_t neg = (uint32_t) - (int32_t)(b >> 31); /* all ones when negative */
     return b ^ (neg | 0x80000000u);
 }
 
-static uint64_t cand_key(float logit, int32_t id) {
-    return (uint64_t)(~float_order(logit)) << 32 | (uint32_t)id;
-}
+static uint64_t cand_key(float logit, int32_t id) { return (uint64_t)(~float_order(logit)) << 32 | (uint32_t)id; }
 
 static int32_t key_id(uint64_t k) { return (int32_t)(uint32_t)k; }
 
@@ -267,17 +263,17 @@ static void select_smallest(uint64_t *a, int32_t n, int32_t m) {
     while (hi - lo > 16 && depth-- > 0) {
         int32_t p = partition(a, lo, hi, NULL, NULL);
         if (p == m || p == m - 1) return;
-        if (p < m) lo = p + 1;
-        else hi = p;
+        if (p < m)
+            lo = p + 1;
+        else
+            hi = p;
     }
     sort_keys(a + lo, hi - lo);
 }
 
 /* Whether a cumulative weight has reached target: cum > target when strict (the
  * inverse CDF), cum >= target otherwise (top-p). */
-static bool reaches(double cum, double target, bool strict) {
-    return strict ? cum > target : cum >= target;
-}
+static bool reaches(double cum, double target, bool strict) { return strict ? cum > target : cum >= target; }
 
 /* Weighted quickselect over the live keys: finds j such that, in draw order, the
  * cumulative weight (s->w by id) of the first j + 1 candidates reaches target and that
@@ -318,15 +314,16 @@ static bool penalties_off(const ps_sample_params *p) {
 /* llama.cpp's penalty for a token seen c > 0 times: the repetition penalty scales the
  * logit towards (below) zero, then OpenAI's frequency and presence terms subtract. */
 static float penalise(float l, int32_t c, const ps_sample_params *p) {
-    if (l <= 0.0f) l *= p->repetition_penalty;
-    else l /= p->repetition_penalty;
+    if (l <= 0.0f)
+        l *= p->repetition_penalty;
+    else
+        l /= p->repetition_penalty;
     return l - ((float)c * p->frequency_penalty + (float)(c > 0) * p->presence_penalty);
 }
 
 /* Applies the penalties of p over the last penalty_last_n tokens of history to
  * s->logit. Leaves count[] all zero again, on success and on failure. */
-static ps_status apply_penalties(ps_sampler *s, const ps_sample_params *p, const int32_t *history,
-                                 int64_t n_history) {
+static ps_status apply_penalties(ps_sampler *s, const ps_sample_params *p, const int32_t *history, int64_t n_history) {
     if (penalties_off(p) || n_history == 0) return PS_OK;
     int64_t n = p->penalty_last_n < 0 || n_history < p->penalty_last_n ? n_history : p->penalty_last_n;
     const int32_t *win = history + (n_history - n);
@@ -396,15 +393,14 @@ static ps_status argmax(ps_sampler *s, int32_t *out) {
 }
 
 /* Validates the call, copies and penalises the logits, and finds the argmax. */
-static ps_status prepare(ps_sampler *s, const ps_sample_params *p, const float *logits,
-                         const int32_t *history, int64_t n_history, int32_t *best) {
+static ps_status prepare(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                         int64_t n_history, int32_t *best) {
     s->err[0] = '\0';
     ps_status st = ps_sample_params_check(p, s->err, sizeof s->err);
     if (st) return st;
     if (!logits) return fail(s, PS_ERR_ARG, "logits are NULL");
     if (n_history < 0 || (n_history > 0 && !history))
-        return fail(s, PS_ERR_ARG, "history of %lld tokens is %s", (long long)n_history,
-                    history ? "negative" : "NULL");
+        return fail(s, PS_ERR_ARG, "history of %lld tokens is %s", (long long)n_history, history ? "negative" : "NULL");
     if ((st = copy_logits(s, logits))) return st;
     if ((st = apply_penalties(s, p, history, n_history))) return st;
     return argmax(s, best);
@@ -496,9 +492,8 @@ static int32_t draw(ps_sampler *s, double z, double u) {
     return key_id(last);
 }
 
-ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logits,
-                    const int32_t *history, int64_t n_history, uint64_t position,
-                    int32_t *out_token) {
+ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                    int64_t n_history, uint64_t position, int32_t *out_token) {
     if (out_token) *out_token = -1;
     if (!s) return PS_ERR_ARG;
     if (!out_token) return fail(s, PS_ERR_ARG, "out_token is NULL");
@@ -515,9 +510,8 @@ ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logit
     return PS_OK;
 }
 
-ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *logits,
-                         const int32_t *history, int64_t n_history, const int32_t **ids,
-                         const float **probs, int32_t *n_kept) {
+ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                         int64_t n_history, const int32_t **ids, const float **probs, int32_t *n_kept) {
     if (!s) return PS_ERR_ARG;
     if (!ids || !probs || !n_kept) return fail(s, PS_ERR_ARG, "ps_sample_dist: NULL output");
     *n_kept = 0;

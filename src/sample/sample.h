@@ -96,9 +96,8 @@ int32_t ps_sampler_n_vocab(const ps_sampler *s);
  * Logits may be -inf (token banned); a NaN or +inf logit, a history token outside
  * [0, n_vocab), invalid params, or no finite logit at all give PS_ERR_ARG.
  * On failure *out_token is -1 and ps_sampler_error(s) says why. */
-ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logits,
-                    const int32_t *history, int64_t n_history, uint64_t position,
-                    int32_t *out_token);
+ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                    int64_t n_history, uint64_t position, int32_t *out_token);
 
 /* The distribution ps_sample draws from: runs the same penalties and truncation and
  * the softmax at the temperature, and points *ids / *probs at the kept tokens in draw
@@ -106,9 +105,8 @@ ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logit
  * of them. Temperature 0 gives the argmax alone with probability 1. The arrays belong
  * to s and stay valid until the next call on s. Costs a sort of the kept tokens
  * (meant for speculative verification, log-probabilities and tests). Errors as ps_sample. */
-ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *logits,
-                         const int32_t *history, int64_t n_history, const int32_t **ids,
-                         const float **probs, int32_t *n_kept);
+ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                         int64_t n_history, const int32_t **ids, const float **probs, int32_t *n_kept);
 
 /* The message of the last failed call on s ("" after a success); owned by s, valid
  * until the next call on s. */

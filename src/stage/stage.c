@@ -8,12 +8,12 @@ struct ps_stage {
     ps_model *m;
     ps_pool *pool;
     ps_ctx *ctx;
-    ps_ctx_params cp;   /* of ctx */
-    int max_mb;         /* positions a micro-batch may carry */
-    float *x_out;       /* (max_mb, dim) activations for the next stage */
-    float *logits;      /* (vocab) last stage */
-    int32_t *history;   /* (n_ctx) last stage: the sequence's tokens, for the penalties */
-    ps_sampler *smp;    /* last stage */
+    ps_ctx_params cp; /* of ctx */
+    int max_mb;       /* positions a micro-batch may carry */
+    float *x_out;     /* (max_mb, dim) activations for the next stage */
+    float *logits;    /* (vocab) last stage */
+    int32_t *history; /* (n_ctx) last stage: the sequence's tokens, for the penalties */
+    ps_sampler *smp;  /* last stage */
 };
 
 // ---------------------------------------------------------------------------------------
@@ -117,8 +117,9 @@ ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *
     out->x = xdim ? ps_rbuf_bytes(&r, (size_t)out->n * dim * sizeof(float)) : NULL;
     if (r.bad || r.off != len)
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d positions has %zu bytes, expected %zu", out->n,
-                       len, (size_t)MB_FIXED_BYTES + (size_t)out->n * 4 + (size_t)out->n_stats * PS_STAGE_STAT_BYTES +
-                       (xdim ? (size_t)out->n * dim * 4 : 0));
+                       len,
+                       (size_t)MB_FIXED_BYTES + (size_t)out->n * 4 + (size_t)out->n_stats * PS_STAGE_STAT_BYTES +
+                           (xdim ? (size_t)out->n * dim * 4 : 0));
     return PS_OK;
 }
 
@@ -188,13 +189,14 @@ ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, char *
     return PS_OK;
 }
 
-ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, int32_t *token, char *err,
-                       size_t errlen) {
+ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, int32_t *token, char *err, size_t errlen) {
     *token = -1;
     if (!s->ctx) return ps_errf(err, errlen, PS_ERR_INTERNAL, "stage run before its session began");
     if (mb->n < 1 || mb->n > s->max_mb || mb->pos < 0 || (long long)mb->pos + mb->n > s->cp.n_ctx)
-        return ps_errf(err, errlen, PS_ERR_RANGE, "micro-batch of %d positions at %d does not fit (%d positions, %d per "
-                       "micro-batch)", mb->n, mb->pos, s->cp.n_ctx, s->max_mb);
+        return ps_errf(err, errlen, PS_ERR_RANGE,
+                       "micro-batch of %d positions at %d does not fit (%d positions, %d per "
+                       "micro-batch)",
+                       mb->n, mb->pos, s->cp.n_ctx, s->max_mb);
     const ps_model *m = s->m;
     bool sample = m->has_head && (mb->flags & PS_MB_SAMPLE);
     float *out = m->has_head ? s->logits : s->x_out;

@@ -45,8 +45,8 @@ enum { PS_MB_SAMPLE = 1 }; /* the last stage samples the token after the last po
  * it passes on, so the counters reach the coordinator with the token, at no extra hop. */
 typedef struct {
     int32_t stage;
-    double compute_ms;  /* time in its forward passes */
-    ps_conn_stats hop;  /* its outgoing hop, cumulative (frames, bytes, send_ms) */
+    double compute_ms; /* time in its forward passes */
+    ps_conn_stats hop; /* its outgoing hop, cumulative (frames, bytes, send_ms) */
 } ps_stage_stat;
 #define PS_STAGE_STAT_BYTES 40
 void ps_stage_stat_encode(ps_wbuf *b, const ps_stage_stat *st);
@@ -105,8 +105,7 @@ int ps_stage_max_mb(const ps_stage *s);
 /* Runs a micro-batch. A stage without the head writes the activations for the next
  * stage to *x_out (n × dim, owned by s, valid until the next call). The last stage,
  * given PS_MB_SAMPLE, samples the token at position pos + n into *token (else -1). */
-ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, int32_t *token, char *err,
-                       size_t errlen);
+ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, int32_t *token, char *err, size_t errlen);
 /* The logits the last stage's latest PS_MB_SAMPLE run sampled from (vocab floats). */
 const float *ps_stage_logits(const ps_stage *s);
 

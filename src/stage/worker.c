@@ -28,7 +28,7 @@
 #include "stage.h"
 
 /* Longest wait for each step of an incoming handshake, and how many run at once. */
-#define HANDSHAKE_MS 5000
+#define HANDSHAKE_MS   5000
 #define MAX_HANDSHAKES 8
 /* Lines about connections that failed or were dropped: a burst of PEER_LINES_BURST, then
  * PEER_LINES_PER_S a second (a peer can open connections faster than a log should grow);
@@ -48,33 +48,33 @@ typedef struct {
     char err[512];
     double since;     /* when the connection was accepted */
     atomic_bool done; /* the thread has finished (set before it writes its slot to the pipe) */
-    bool busy; /* a thread runs or ran here and the loop has not collected it (the loop's own flag) */
+    bool busy;        /* a thread runs or ran here and the loop has not collected it (the loop's own flag) */
 } handshake;
 
 struct worker {
     const ps_worker_opts *o;
     ps_stage *stage;
     const ps_model *m;
-    ps_hello me;         /* our hello (session filled per session) */
-    int lfd;             /* listening socket */
-    ps_conn *ctrl;       /* the coordinator's connection (NULL: no session) */
-    double ctrl_since;   /* when it connected (ps_now): SETUP must follow within --timeout-ms */
-    ps_conn *in;         /* the previous stage's connection (stage 1: ctrl) */
-    ps_conn *out;        /* the next stage's connection (last stage: ctrl) */
-    bool out_failed;     /* the last error came from the next stage's connection */
-    double compute_ms;   /* in forward passes, this session */
-    bool done;           /* done_mb is valid */
-    int32_t filled;      /* positions [0, filled) were computed in this session */
-    uint32_t done_mb;    /* the latest micro-batch finished */
-    ps_mb mb;            /* the one being run */
+    ps_hello me;       /* our hello (session filled per session) */
+    int lfd;           /* listening socket */
+    ps_conn *ctrl;     /* the coordinator's connection (NULL: no session) */
+    double ctrl_since; /* when it connected (ps_now): SETUP must follow within --timeout-ms */
+    ps_conn *in;       /* the previous stage's connection (stage 1: ctrl) */
+    ps_conn *out;      /* the next stage's connection (last stage: ctrl) */
+    bool out_failed;   /* the last error came from the next stage's connection */
+    double compute_ms; /* in forward passes, this session */
+    bool done;         /* done_mb is valid */
+    int32_t filled;    /* positions [0, filled) were computed in this session */
+    uint32_t done_mb;  /* the latest micro-batch finished */
+    ps_mb mb;          /* the one being run */
     uint64_t session;
-    ps_wbuf wb;          /* reusable payload buffer */
+    ps_wbuf wb; /* reusable payload buffer */
     char err[512];
-    pthread_mutex_t mu;  /* ctrl, in, out and session against the handshake threads' reads */
+    pthread_mutex_t mu; /* ctrl, in, out and session against the handshake threads' reads */
     handshake hs[MAX_HANDSHAKES];
-    int hs_pipe[2];      /* a finished handshake writes its slot number */
+    int hs_pipe[2];           /* a finished handshake writes its slot number */
     double peer_room, peer_t; /* lines that may be shown now, and when that was counted (ps_now) */
-    int peer_hidden;     /* lines left out since the last one shown */
+    int peer_hidden;          /* lines left out since the last one shown */
 };
 
 static double now_ms(void) { return ps_now() * 1e3; }
@@ -148,11 +148,13 @@ static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errl
     worker *w = ctx;
     const ps_hello *me = &w->me;
     if (strcmp(p->model_fp, me->model_fp))
-        return ps_errf(err, errlen, PS_ERR_ARG, "model fingerprint %s does not match this shard's model %s", p->model_fp,
-                       me->model_fp);
+        return ps_errf(err, errlen, PS_ERR_ARG, "model fingerprint %s does not match this shard's model %s",
+                       p->model_fp, me->model_fp);
     if (p->stage_count != me->stage_count || p->n_layer != me->n_layer)
-        return ps_errf(err, errlen, PS_ERR_ARG, "a fleet of %d stages over %d layers does not match this shard (stage %d "
-                       "of %d, %d layers)", p->stage_count, p->n_layer, me->stage, me->stage_count, me->n_layer);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "a fleet of %d stages over %d layers does not match this shard (stage %d "
+                       "of %d, %d layers)",
+                       p->stage_count, p->n_layer, me->stage, me->stage_count, me->n_layer);
     if (p->role != PS_ROLE_COORD && p->role != PS_ROLE_PREV_STAGE)
         return ps_errf(err, errlen, PS_ERR_ARG, "a peer of role %d cannot connect to a worker", p->role);
     pthread_mutex_lock(&w->mu);
@@ -160,8 +162,8 @@ static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errl
     pthread_mutex_unlock(&w->mu);
     if (s) return s;
     if (p->role == PS_ROLE_PREV_STAGE && (p->stage != me->stage - 1 || p->layer_end != me->layer_begin))
-        return ps_errf(err, errlen, PS_ERR_ARG, "stage %d (layers %d..%d) cannot feed stage %d (layers %d..%d)", p->stage,
-                       p->layer_begin, p->layer_end, me->stage, me->layer_begin, me->layer_end);
+        return ps_errf(err, errlen, PS_ERR_ARG, "stage %d (layers %d..%d) cannot feed stage %d (layers %d..%d)",
+                       p->stage, p->layer_begin, p->layer_end, me->stage, me->layer_begin, me->layer_end);
     return PS_OK;
 }
 
@@ -172,8 +174,10 @@ static ps_status check_next(void *ctx, const ps_hello *p, char *err, size_t errl
         return ps_errf(err, errlen, PS_ERR_ARG, "the next stage serves another model (%s, ours %s)", p->model_fp,
                        me->model_fp);
     if (p->stage != me->stage + 1 || p->layer_begin != me->layer_end)
-        return ps_errf(err, errlen, PS_ERR_ARG, "the next stage is stage %d (layers %d..%d), expected stage %d from layer "
-                       "%d", p->stage, p->layer_begin, p->layer_end, me->stage + 1, me->layer_end);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "the next stage is stage %d (layers %d..%d), expected stage %d from layer "
+                       "%d",
+                       p->stage, p->layer_begin, p->layer_end, me->stage + 1, me->layer_end);
     return PS_OK;
 }
 
@@ -203,12 +207,16 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
                        "malformed SETUP message: the next stage's address has a control, space or non-ASCII byte");
     if (cp.n_ctx < 1 || cp.n_ctx > (1 << 24) || cp.max_batch < 1 || cp.max_batch > (1 << 16))
-        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP asks for %d positions in batches of %d (at most "
-                       "%d and %d)", cp.n_ctx, cp.max_batch, 1 << 24, 1 << 16);
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                       "SETUP asks for %d positions in batches of %d (at most "
+                       "%d and %d)",
+                       cp.n_ctx, cp.max_batch, 1 << 24, 1 << 16);
     int max_ctx = w->o->max_ctx ? w->o->max_ctx : w->m->hp.ctx_train;
     if (cp.n_ctx > max_ctx)
-        return ps_errf(w->err, sizeof w->err, PS_ERR_ARG, "SETUP asks for %d positions; this worker serves at most %d "
-                       "(--max-ctx)", cp.n_ctx, max_ctx);
+        return ps_errf(w->err, sizeof w->err, PS_ERR_ARG,
+                       "SETUP asks for %d positions; this worker serves at most %d "
+                       "(--max-ctx)",
+                       cp.n_ctx, max_ctx);
     if (cp.max_batch > cp.n_ctx) cp.max_batch = cp.n_ctx; /* no forward pass is longer (same bits: invariant 1) */
     cp.act = (ps_act)act;
     bool last = w->m->has_head;
@@ -244,7 +252,9 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     ps_conn_reset_stats(w->out);
     say(w, "session %016llx: %d positions, activations %s, micro-batches of up to %d, next %s, frames %s",
         (unsigned long long)session, cp.n_ctx, ps_act_name(cp.act), max_mb, last ? "the coordinator" : next,
-        ps_conn_sealed(w->ctrl) ? "sealed" : w->o->key ? "in the clear (both ends asked)" : "in the clear (no key)");
+        ps_conn_sealed(w->ctrl) ? "sealed"
+        : w->o->key             ? "in the clear (both ends asked)"
+                                : "in the clear (no key)");
     return ctrl_send(w, PS_MSG_READY, NULL, 0);
 }
 
@@ -259,15 +269,19 @@ static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
     if (!mb->x) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch without activations");
     for (size_t i = 0; i < (size_t)mb->n * dim; i++) /* name the stage that made them, not the sampler */
         if (!isfinite(mb->x[i]))
-            return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "the micro-batch from stage %d carries a non-finite "
-                           "activation (%g at position %lld, element %lld)", w->me.stage - 1, (double)mb->x[i],
-                           (long long)(mb->pos + (int64_t)(i / (size_t)dim)), (long long)(i % (size_t)dim));
+            return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                           "the micro-batch from stage %d carries a non-finite "
+                           "activation (%g at position %lld, element %lld)",
+                           w->me.stage - 1, (double)mb->x[i], (long long)(mb->pos + (int64_t)(i / (size_t)dim)),
+                           (long long)(i % (size_t)dim));
     /* a micro-batch attends to every position before it: those must be this session's (the
        context is reused across sessions, so a gap would read another session's keys, values
        and tokens) */
     if (mb->pos > w->filled)
-        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch at position %d skips positions %d..%d, "
-                       "never sent in this session", mb->pos, w->filled, mb->pos - 1);
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                       "micro-batch at position %d skips positions %d..%d, "
+                       "never sent in this session",
+                       mb->pos, w->filled, mb->pos - 1);
     double t0 = now_ms();
     const float *x = NULL;
     int32_t tok;
@@ -357,8 +371,7 @@ static void drop_late(worker *w, ps_conn *c, const char *why) {
     if (!w->wb.oom) ps_conn_send(c, PS_MSG_ERROR, &iov, 1, 100, NULL, 0);
     shutdown(ps_conn_fd(c), SHUT_WR);
     char junk[4096];
-    for (int i = 0; i < 64 && recv(ps_conn_fd(c), junk, sizeof junk, MSG_DONTWAIT) > 0; i++) {
-    }
+    for (int i = 0; i < 64 && recv(ps_conn_fd(c), junk, sizeof junk, MSG_DONTWAIT) > 0; i++) {}
     ps_conn_free(c);
 }
 
@@ -370,8 +383,10 @@ static void adopt_peer(worker *w, handshake *h) {
     ps_status s = h->s;
     if (s && peer_line(w)) {
         /* the handshake's errors name the peer already ("refused P: why", "P refused: why") */
-        if (strstr(h->err, ps_conn_peer(c))) say(w, "%s", h->err);
-        else say(w, "handshake with %s failed: %s", ps_conn_peer(c), h->err);
+        if (strstr(h->err, ps_conn_peer(c)))
+            say(w, "%s", h->err);
+        else
+            say(w, "handshake with %s failed: %s", ps_conn_peer(c), h->err);
     } else if (!s && (s = session_refuses(w, &h->peer, w->err, sizeof w->err))) {
         if (peer_line(w)) say(w, "dropped %s after its handshake: %s", ps_conn_peer(c), w->err);
         drop_late(w, c, w->err);
@@ -471,44 +486,61 @@ static void on_frame(worker *w, ps_conn *c) {
     const uint8_t *p;
     uint32_t len;
     ps_status s = ps_conn_recv(c, w->o->timeout_ms, &type, &p, &len, w->err, sizeof w->err);
-    if (!s && c == w->ctrl && type == PS_MSG_SETUP) s = setup(w, p, len);
-    else if (!s && c == w->ctrl && type == PS_MSG_BYE) return end_session(w, 0, NULL);
-    else if (!s && c == w->ctrl && type == PS_MSG_PROBE) s = probe(w);
-    else if (!s && c == w->in && type == PS_MSG_FORWARD) s = forward(w, p, len);
-    else if (!s) s = ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "unexpected message type %u from %s", type,
-                             ps_conn_peer(c));
+    if (!s && c == w->ctrl && type == PS_MSG_SETUP)
+        s = setup(w, p, len);
+    else if (!s && c == w->ctrl && type == PS_MSG_BYE)
+        return end_session(w, 0, NULL);
+    else if (!s && c == w->ctrl && type == PS_MSG_PROBE)
+        s = probe(w);
+    else if (!s && c == w->in && type == PS_MSG_FORWARD)
+        s = forward(w, p, len);
+    else if (!s)
+        s = ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "unexpected message type %u from %s", type,
+                    ps_conn_peer(c));
     if (!s) return;
     int kind = PS_ERR_KIND_SELF;
-    if (w->out_failed) kind = PS_ERR_KIND_NEXT;
-    else if (c != w->ctrl && (s == PS_ERR_NET || s == PS_ERR_TIMEOUT)) kind = PS_ERR_KIND_PREV;
+    if (w->out_failed)
+        kind = PS_ERR_KIND_NEXT;
+    else if (c != w->ctrl && (s == PS_ERR_NET || s == PS_ERR_TIMEOUT))
+        kind = PS_ERR_KIND_PREV;
     w->out_failed = false;
     end_session(w, kind, w->err);
 }
 
 ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
-    worker w = {.o = o, .lfd = -1, .hs_pipe = {-1, -1}, .mu = PTHREAD_MUTEX_INITIALIZER, .peer_room = PEER_LINES_BURST,
+    worker w = {.o = o,
+                .lfd = -1,
+                .hs_pipe = {-1, -1},
+                .mu = PTHREAD_MUTEX_INITIALIZER,
+                .peer_room = PEER_LINES_BURST,
                 .peer_t = ps_now()};
     ps_stage_opts so = {.threads = o->threads, .pin = o->pin, .mmap = o->mmap};
     ps_status s = ps_stage_open(o->shard, &so, &w.stage, err, errlen);
     if (s) return s;
     w.m = ps_stage_model(w.stage);
     const ps_shard_meta *sm = &w.m->shard;
-    w.me = (ps_hello){.role = PS_ROLE_WORKER, .stage = sm->present ? sm->stage_index : 0,
-                      .stage_count = sm->present ? sm->stage_count : 1, .layer_begin = w.m->layer_begin,
-                      .layer_end = w.m->layer_end, .n_layer = w.m->hp.n_layer, .plain = o->plain};
+    w.me = (ps_hello){.role = PS_ROLE_WORKER,
+                      .stage = sm->present ? sm->stage_index : 0,
+                      .stage_count = sm->present ? sm->stage_count : 1,
+                      .layer_begin = w.m->layer_begin,
+                      .layer_end = w.m->layer_end,
+                      .n_layer = w.m->hp.n_layer,
+                      .plain = o->plain};
     snprintf(w.me.model_fp, sizeof w.me.model_fp, "%s", sm->model_fp);
     snprintf(w.me.shard_fp, sizeof w.me.shard_fp, "%s", sm->shard_fp);
     if (!sm->present || w.me.stage == 0) {
-        s = ps_errf(err, errlen, PS_ERR_ARG, "%s is %s; a worker serves a shard of stage 1 or later (stage 0 runs in "
-                    "the coordinator)", o->shard, sm->present ? "the stage-0 shard" : "a whole model, not a shard");
+        s = ps_errf(err, errlen, PS_ERR_ARG,
+                    "%s is %s; a worker serves a shard of stage 1 or later (stage 0 runs in "
+                    "the coordinator)",
+                    o->shard, sm->present ? "the stage-0 shard" : "a whole model, not a shard");
         goto out;
     }
     if (o->verify) {
         char fp[33];
         if ((s = ps_shard_fingerprint(w.m->gguf, sm, fp, err, errlen))) goto out;
         if (strcmp(fp, sm->shard_fp)) {
-            s = ps_errf(err, errlen, PS_ERR_FORMAT, "%s: shard fingerprint %s does not match its contents (%s)", o->shard,
-                        sm->shard_fp, fp);
+            s = ps_errf(err, errlen, PS_ERR_FORMAT, "%s: shard fingerprint %s does not match its contents (%s)",
+                        o->shard, sm->shard_fp, fp);
             goto out;
         }
     }
@@ -528,7 +560,8 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
     while (!*o->stop) {
         if (w.peer_hidden) peer_refill(&w); /* says what was left out, once it can */
         if (w.ctrl && !w.out && (ps_now() - w.ctrl_since) * 1e3 > o->timeout_ms) { /* it would hold us: busy */
-            snprintf(w.err, sizeof w.err, "coordinator %s sent no SETUP within %d ms", ps_conn_peer(w.ctrl), o->timeout_ms);
+            snprintf(w.err, sizeof w.err, "coordinator %s sent no SETUP within %d ms", ps_conn_peer(w.ctrl),
+                     o->timeout_ms);
             end_session(&w, PS_ERR_KIND_SELF, w.err);
         }
         struct pollfd fds[4] = {{.fd = w.lfd, .events = POLLIN}, {.fd = w.hs_pipe[0], .events = POLLIN}};

@@ -17,18 +17,18 @@
 #include "../ps.h"
 
 typedef struct {
-    const char *shard;         /* shard file (or a whole model: then the only stage) */
-    const char *listen;        /* "HOST:PORT" (PORT 0 = any free port) or "unix:PATH" */
-    int threads;               /* compute threads */
-    bool pin;                  /* pin them to CPUs (ps_pool_pin) */
-    bool mmap;                 /* map the shard rather than read it into huge pages */
-    bool plain;                /* with a key: ask for frames in the clear (ps_hello.plain) */
-    const uint8_t *key;        /* 32-byte shared key, or NULL for none */
-    ps_link_sim sim;           /* emulation of the outgoing hop */
-    int timeout_ms;            /* handshakes, and a frame once it has begun to arrive */
-    int ready_fd;              /* >= 0: write "PORT\n" there once listening, then close it */
-    int max_ctx;               /* most positions a session may ask for (0: the model's trained context) */
-    bool verify;               /* recompute the shard fingerprint at start-up */
+    const char *shard;           /* shard file (or a whole model: then the only stage) */
+    const char *listen;          /* "HOST:PORT" (PORT 0 = any free port) or "unix:PATH" */
+    int threads;                 /* compute threads */
+    bool pin;                    /* pin them to CPUs (ps_pool_pin) */
+    bool mmap;                   /* map the shard rather than read it into huge pages */
+    bool plain;                  /* with a key: ask for frames in the clear (ps_hello.plain) */
+    const uint8_t *key;          /* 32-byte shared key, or NULL for none */
+    ps_link_sim sim;             /* emulation of the outgoing hop */
+    int timeout_ms;              /* handshakes, and a frame once it has begun to arrive */
+    int ready_fd;                /* >= 0: write "PORT\n" there once listening, then close it */
+    int max_ctx;                 /* most positions a session may ask for (0: the model's trained context) */
+    bool verify;                 /* recompute the shard fingerprint at start-up */
     volatile sig_atomic_t *stop; /* set by a signal handler: return after the current step */
 } ps_worker_opts;
 

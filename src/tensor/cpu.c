@@ -24,12 +24,12 @@
 
 /* What this CPU offers, as far as the OS lets us use it. */
 typedef struct {
-    bool avx2, fma, f16c;                 /* with OS support for ymm state */
-    bool avx512f, avx512bw, avx512vl;     /* with OS support for zmm/opmask state */
+    bool avx2, fma, f16c;             /* with OS support for ymm state */
+    bool avx512f, avx512bw, avx512vl; /* with OS support for zmm/opmask state */
     bool avx512dq, avx512vnni, avx512vbmi;
     bool avx512bitalg, avx512bf16;
-    bool neon;                            /* aarch64 Advanced SIMD */
-    bool neon_dot;                        /* ARMv8.2 dot product (sdot), as the OS reports it */
+    bool neon;     /* aarch64 Advanced SIMD */
+    bool neon_dot; /* ARMv8.2 dot product (sdot), as the OS reports it */
 } cpu_features;
 
 #ifdef PS_X86
@@ -108,8 +108,7 @@ static const cpu_features *cpu_features_get(void) {
         g_features = f;
         atomic_store_explicit(&g_features_state, 2, memory_order_release);
     } else {
-        while (atomic_load_explicit(&g_features_state, memory_order_acquire) != 2) {
-        }
+        while (atomic_load_explicit(&g_features_state, memory_order_acquire) != 2) {}
     }
     return &g_features;
 }
@@ -117,13 +116,12 @@ static const cpu_features *cpu_features_get(void) {
 // Families
 
 static const char *const isa_names[PS_ISA_COUNT] = {
-    [PS_ISA_REF] = "ref", [PS_ISA_AVX2] = "avx2", [PS_ISA_AVX512] = "avx512",
-    [PS_ISA_AVX512VNNI] = "avx512vnni", [PS_ISA_NEON] = "neon", [PS_ISA_NEONDOT] = "neondot",
+    [PS_ISA_REF] = "ref",       [PS_ISA_AVX2] = "avx2",
+    [PS_ISA_AVX512] = "avx512", [PS_ISA_AVX512VNNI] = "avx512vnni",
+    [PS_ISA_NEON] = "neon",     [PS_ISA_NEONDOT] = "neondot",
 };
 
-const char *ps_isa_name(ps_isa isa) {
-    return (unsigned)isa < PS_ISA_COUNT ? isa_names[isa] : "unknown";
-}
+const char *ps_isa_name(ps_isa isa) { return (unsigned)isa < PS_ISA_COUNT ? isa_names[isa] : "unknown"; }
 
 bool ps_isa_available(ps_isa isa) {
     const cpu_features *f = cpu_features_get();

@@ -30,12 +30,12 @@
 #endif
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
-#define AI static inline __attribute__((always_inline)) TGT
+#define AI  static inline __attribute__((always_inline)) TGT
 
-#define MR 2        /* panel micro-kernel rows */
-#define NR 3        /* panel micro-kernel tokens */
-#define FR_MAX 4    /* fused rows: 4 for one token, 2 for two */
-#define FT 2        /* fused tokens per pass */
+#define MR        2 /* panel micro-kernel rows */
+#define NR        3 /* panel micro-kernel tokens */
+#define FR_MAX    4 /* fused rows: 4 for one token, 2 for two */
+#define FT        2 /* fused tokens per pass */
 #define FUSED_MAX 8 /* n_tok handled by the fused path (passes of FT tokens beat panels up to 8) */
 /* Panel column chunk: with 2-row strips the activations are re-read for every strip, so
  * 3 tokens' chunk (12 KiB) should stay in L1 beside the strip (measured on Zen 4: 1024
@@ -73,7 +73,7 @@ AI v16 fma16(v16 w, const float *x, v16 acc) {
 
 /* Sums of two 16-lane accumulators by gemm.h's tree: [sum a, sum b, -, -]. */
 AI __m128 reduce2(v16 a, v16 b) {
-    __m256 sa = _mm256_add_ps(a.lo, a.hi), sb = _mm256_add_ps(b.lo, b.hi);                 /* s8 */
+    __m256 sa = _mm256_add_ps(a.lo, a.hi), sb = _mm256_add_ps(b.lo, b.hi); /* s8 */
     __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(sa, sb, 0x20), _mm256_permute2f128_ps(sa, sb, 0x31));
     __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4e));
     __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xb1));
@@ -82,15 +82,17 @@ AI __m128 reduce2(v16 a, v16 b) {
 
 /* Stores the first n (1 or 2) floats of v at y. */
 AI void store_n(float *y, __m128 v, int64_t n) {
-    if (n >= 2) _mm_storel_pi((__m64 *)y, v);
-    else _mm_store_ss(y, v);
+    if (n >= 2)
+        _mm_storel_pi((__m64 *)y, v);
+    else
+        _mm_store_ss(y, v);
 }
 
 // Dequantization: per type, prep() once per block, then unit() per 32 elements
 
 typedef struct {
-    __m256 d, m;                    /* scale and minimum (32-element types) */
-    _Alignas(32) float sc[16];      /* K types: d * sc[0..8), dmin * m[0..8); q6_K: d * sc[0..16) */
+    __m256 d, m;                     /* scale and minimum (32-element types) */
+    _Alignas(32) float sc[16];       /* K types: d * sc[0..8), dmin * m[0..8); q6_K: d * sc[0..16) */
     _Alignas(32) uint8_t q[PS_QK_K]; /* K types: the quants, element by element (q6_K: q - 32) */
 } dq_state;
 
@@ -159,7 +161,8 @@ AI void q6_bytes(const uint8_t *blk, uint8_t *q) {
             _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
             _mm256_or_si256(_mm256_and_si256(l1, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f), _mm256_and_si256(qh, m30)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
         };
         for (int j = 0; j < 4; j++) _mm256_store_si256((__m256i *)(q + 128 * h + 32 * j), _mm256_sub_epi8(e[j], k32));
     }
@@ -192,7 +195,8 @@ AI void dq_prep(int ty, const uint8_t *blk, dq_state *st) {
 
 /* Fifth bits j0 .. j0 + 7 of the u32 qh, moved to bit 4. */
 AI __m256i bit5(uint32_t qh, int j0) {
-    __m256i b = _mm256_srlv_epi32(_mm256_set1_epi32((int)qh), _mm256_setr_epi32(j0, j0 + 1, j0 + 2, j0 + 3, j0 + 4, j0 + 5, j0 + 6, j0 + 7));
+    __m256i b = _mm256_srlv_epi32(_mm256_set1_epi32((int)qh),
+                                  _mm256_setr_epi32(j0, j0 + 1, j0 + 2, j0 + 3, j0 + 4, j0 + 5, j0 + 6, j0 + 7));
     return _mm256_slli_epi32(and_c(b, 1), 4);
 }
 
@@ -225,7 +229,8 @@ AI __m256 dq32(int ty, const uint8_t *blk, int j, const dq_state *st) {
 AI __m256 dq_k(int ty, int u, int j, const dq_state *st) {
     const uint8_t *q = st->q + 32 * u + 8 * j;
     if (ty == PS_TYPE_Q6_K) return _mm256_mul_ps(_mm256_set1_ps(st->sc[2 * u + (j >> 1)]), _mm256_cvtepi32_ps(i8x8(q)));
-    return _mm256_fmsub_ps(_mm256_set1_ps(st->sc[u]), _mm256_cvtepi32_ps(u8x8(q)), _mm256_set1_ps(st->sc[u + 8])); /* exact */
+    return _mm256_fmsub_ps(_mm256_set1_ps(st->sc[u]), _mm256_cvtepi32_ps(u8x8(q)),
+                           _mm256_set1_ps(st->sc[u + 8])); /* exact */
 }
 
 /* Elements [32u, 32u + 32) of the block at blk as two 16-lane vectors. */
@@ -276,7 +281,8 @@ AI v16 fma16_tail(v16 w, const float *x, int64_t n, v16 acc) {
 /* Writes the sums of acc[0..R)[t] to y[t * ys + i], i < nrows (R is 2 or 4). */
 AI void store_rows(v16 acc[FR_MAX][FT], int R, int T, float *y, int64_t ys, int64_t nrows) {
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < R && i < nrows; i += 2) store_n(y + t * ys + i, reduce2(acc[i][t], acc[i + 1][t]), nrows - i);
+        for (int i = 0; i < R && i < nrows; i += 2)
+            store_n(y + t * ys + i, reduce2(acc[i][t], acc[i + 1][t]), nrows - i);
 }
 
 /* R rows (row i at p[i]) × T tokens of a float type, cols columns (a ragged tail of the
@@ -326,8 +332,10 @@ AI void fused_tile(int ty, const uint8_t *const p[FR_MAX], int R, int64_t cols, 
     v16 acc[FR_MAX][FT];
     for (int i = 0; i < R; i++)
         for (int t = 0; t < T; t++) acc[i][t] = (v16){_mm256_setzero_ps(), _mm256_setzero_ps()};
-    if (is_float_type(ty)) fused_f(ty, p, R, cols, x, xs, T, acc);
-    else fused_q(ty, p, R, cols, x, xs, T, acc, pf);
+    if (is_float_type(ty))
+        fused_f(ty, p, R, cols, x, xs, T, acc);
+    else
+        fused_q(ty, p, R, cols, x, xs, T, acc, pf);
     store_rows(acc, R, T, y, ys, nrows);
 }
 
@@ -345,8 +353,10 @@ AI void fused(int ty, const uint8_t *w, size_t wb, int64_t cols, const float *x,
             for (int i = 0; i < FR_MAX; i++) p[i] = w + (size_t)(r0 + (i < n ? i : n - 1)) * wb;
             const float *xt = x + t0 * xs;
             float *yt = y + t0 * ys + r0;
-            if (T == 1) fused_tile(ty, p, 4, cols, xt, xs, 1, yt, ys, n, 4 * (int64_t)wb);
-            else fused_tile(ty, p, 2, cols, xt, xs, 2, yt, ys, n, 2 * (int64_t)wb);
+            if (T == 1)
+                fused_tile(ty, p, 4, cols, xt, xs, 1, yt, ys, n, 4 * (int64_t)wb);
+            else
+                fused_tile(ty, p, 2, cols, xt, xs, 2, yt, ys, n, 2 * (int64_t)wb);
         }
     }
 }
@@ -364,7 +374,8 @@ AI void pack_row(int ty, const uint8_t *row, int64_t kc, float *dst) {
     if (is_float_type(ty)) {
         const int es = elem_bytes(ty);
         for (int64_t c = 0; c < kc; c += 16)
-            store16(dst + (c / 16) * MR * 16, kc - c >= 16 ? ld16(ty, row + c * es) : ld16_tail(ty, row + c * es, kc - c));
+            store16(dst + (c / 16) * MR * 16,
+                    kc - c >= 16 ? ld16(ty, row + c * es) : ld16_tail(ty, row + c * es, kc - c));
         return;
     }
     const int bs = blk_elems(ty), bb = blk_bytes(ty);
@@ -391,7 +402,8 @@ AI void pack(int ty, const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_
             pack_row(ty, w + (size_t)r * wb + off, kc, dst);
             continue;
         }
-        for (int64_t k = 0; k < kcp / 16; k++) store16(dst + k * MR * 16, (v16){_mm256_setzero_ps(), _mm256_setzero_ps()});
+        for (int64_t k = 0; k < kcp / 16; k++)
+            store16(dst + k * MR * 16, (v16){_mm256_setzero_ps(), _mm256_setzero_ps()});
     }
 }
 
@@ -459,13 +471,13 @@ static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs,
 
 // Tables
 
-#define KERN(T)                                                                                                 \
-    static TGT void fused_##T(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs,           \
-                              int64_t nt, float *y, int64_t ys, int64_t nrows) {                               \
-        fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                                             \
-    }                                                                                                         \
-    static TGT void pack_##T(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *p) {   \
-        pack(PS_TYPE_##T, w, wb, c0, kc, nrows, p);                                                           \
+#define KERN(T)                                                                                                        \
+    static TGT void fused_##T(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs, int64_t nt,       \
+                              float *y, int64_t ys, int64_t nrows) {                                                   \
+        fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                                                      \
+    }                                                                                                                  \
+    static TGT void pack_##T(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *p) {           \
+        pack(PS_TYPE_##T, w, wb, c0, kc, nrows, p);                                                                    \
     }
 
 KERN(F32)
@@ -483,17 +495,8 @@ KERN(Q6_K)
 /* The family's kernels by ps_type (f32_kern.h): one row per type. */
 #define ROW(T) [PS_TYPE_##T] = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR, KC}
 const ps_f32_kern ps_f32_avx2_kerns[PS_TYPE_COUNT] = {
-    ROW(F32),
-    ROW(F16),
-    ROW(BF16),
-    ROW(Q8_0),
-    ROW(Q4_0),
-    ROW(Q4_1),
-    ROW(Q5_0),
-    ROW(Q5_1),
-    ROW(Q4_K),
-    ROW(Q5_K),
-    ROW(Q6_K),
+    ROW(F32),  ROW(F16),  ROW(BF16), ROW(Q8_0), ROW(Q4_0), ROW(Q4_1),
+    ROW(Q5_0), ROW(Q5_1), ROW(Q4_K), ROW(Q5_K), ROW(Q6_K),
 };
 
 #else

@@ -41,25 +41,24 @@
 #endif
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-#define AI static inline __attribute__((always_inline)) TGT
+#define AI  static inline __attribute__((always_inline)) TGT
 
-#define MR 4        /* panel micro-kernel rows */
-#define NR 6        /* panel micro-kernel tokens */
-#define FR 4        /* fused rows */
-#define FT 4        /* fused tokens per pass */
+#define MR        4  /* panel micro-kernel rows */
+#define NR        6  /* panel micro-kernel tokens */
+#define FR        4  /* fused rows */
+#define FT        4  /* fused tokens per pass */
 #define FUSED_MAX 12 /* n_tok handled by the fused path (passes of FT tokens beat panels up to 12) */
 /* Panel column chunk: large, as the 16-lane partial sums a tile saves and reloads between
  * chunks cost about as much as 100 FMA cycles; strips and activations stream from L2
  * (measured on Zen 4: 2048 beats 256 by 50%, 512 by 25%). */
-#define KC 2048
+#define KC      2048
 #define PF_HINT _MM_HINT_T1 /* fused path: prefetch the next row group into L2 */
 
 // Vector helpers
 
 /* v + 0, v + 1, ..., v + 15 as floats. */
 AI __m512 iota(float v) {
-    return _mm512_add_ps(_mm512_set1_ps(v),
-                         _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return _mm512_add_ps(_mm512_set1_ps(v), _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 /* The binary16 at p (unaligned), converted exactly and broadcast. */
@@ -82,15 +81,16 @@ AI __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     __m512 s4 = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
     __m512 s2 = _mm512_add_ps(s4, _mm512_permute_ps(s4, 0x4e)); /* lanes 0,1: s4[0]+s4[2], s4[1]+s4[3] */
     __m512 s1 = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0xb1)); /* lane 0: s2[0] + s2[1] */
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s1));
+    return _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s1));
 }
 
 // Dequantization: per type, prep() once per block, then unit() per 32 elements
 
 typedef struct {
-    __m512 a, b;                        /* tables of the current block (32-element types) */
-    _Alignas(64) float sc[16];          /* K types: scales, broadcast from memory (no shuffle) */
-    _Alignas(64) int8_t q[PS_QK_K];     /* q5_K: q (as uint8_t); q6_K: q - 32; element by element */
+    __m512 a, b;                    /* tables of the current block (32-element types) */
+    _Alignas(64) float sc[16];      /* K types: scales, broadcast from memory (no shuffle) */
+    _Alignas(64) int8_t q[PS_QK_K]; /* q5_K: q (as uint8_t); q6_K: q - 32; element by element */
 } dq_state;
 
 /* Elements per block of a block-quantized type. */
@@ -150,7 +150,8 @@ AI void q5k_bytes(const uint8_t *blk, int h, uint8_t *out) {
     __m512i qs = _mm512_loadu_si512(blk + 48 + 64 * h);
     __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
     __m512i m0f = _mm512_set1_epi8(0x0f), k16 = _mm512_set1_epi8(16);
-    __m512i bit_lo = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * h))), _mm256_set1_epi8((char)(1 << (4 * h + 2))), 1);
+    __m512i bit_lo =
+        _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * h))), _mm256_set1_epi8((char)(1 << (4 * h + 2))), 1);
     __m512i lo = _mm512_and_si512(qs, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m0f);
     lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bit_lo), lo, k16);
     hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, _mm512_add_epi8(bit_lo, bit_lo)), hi, k16);
@@ -236,8 +237,10 @@ AI void dq_unit(int ty, const uint8_t *blk, int u, const dq_state *st, __m512 *v
         break;
     }
     case PS_TYPE_Q8_0:
-        *v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))), st->a);
-        *v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))), st->a);
+        *v0 =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))), st->a);
+        *v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))),
+                            st->a);
         break;
     case PS_TYPE_Q4_K: {
         __m512i q0, q1;
@@ -350,8 +353,10 @@ AI void fused_f_tile(int ty, const uint8_t *const p[FR], int64_t cols, const flo
 /* One fused tile of T tokens (T a constant after inlining). */
 AI void fused_tile(int ty, const uint8_t *const p[FR], int64_t cols, const float *x, int64_t xs, int T, float *y,
                    int64_t ys, int64_t nrows, int64_t pf) {
-    if (is_float_type(ty)) fused_f_tile(ty, p, cols, x, xs, T, y, ys, nrows);
-    else fused_q_tile(ty, p, cols / blk_elems(ty), x, xs, T, y, ys, nrows, pf);
+    if (is_float_type(ty))
+        fused_f_tile(ty, p, cols, x, xs, T, y, ys, nrows);
+    else
+        fused_q_tile(ty, p, cols / blk_elems(ty), x, xs, T, y, ys, nrows, pf);
 }
 
 /* The ps_f32_fused_fn contract for type ty: FR-row groups × FT-token passes; a short
@@ -446,12 +451,14 @@ AI void tile_t(const float *strip, int64_t kc, const float *x, int64_t xs, int T
         const float *wk = strip + steps * MR * 16;
         for (int t = 0; t < T; t++) {
             __m512 xv = _mm512_maskz_loadu_ps(m, x + t * xs + 16 * steps);
-            for (int i = 0; i < MR; i++) acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_load_ps(wk + 16 * i), xv, acc[i][t], m);
+            for (int i = 0; i < MR; i++)
+                acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_load_ps(wk + 16 * i), xv, acc[i][t], m);
         }
     }
     if (last) {
         __mmask8 k = (__mmask8)((1u << nrows) - 1);
-        for (int t = 0; t < T; t++) _mm_mask_storeu_ps(y + t * ys, k, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        for (int t = 0; t < T; t++)
+            _mm_mask_storeu_ps(y + t * ys, k, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
     } else {
         for (int t = 0; t < T; t++)
             for (int i = 0; i < MR; i++) _mm512_store_ps(part + (t * MR + i) * 16, acc[i][t]);
@@ -484,13 +491,13 @@ static TGT void tile(const float *strip, int64_t kc, const float *x, int64_t xs,
 
 // Tables
 
-#define KERN(T)                                                                                                 \
-    static TGT void fused_##T(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs,           \
-                              int64_t nt, float *y, int64_t ys, int64_t nrows) {                               \
-        fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                                             \
-    }                                                                                                         \
-    static TGT void pack_##T(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *p) {   \
-        pack(PS_TYPE_##T, w, wb, c0, kc, nrows, p);                                                           \
+#define KERN(T)                                                                                                        \
+    static TGT void fused_##T(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs, int64_t nt,       \
+                              float *y, int64_t ys, int64_t nrows) {                                                   \
+        fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                                                      \
+    }                                                                                                                  \
+    static TGT void pack_##T(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *p) {           \
+        pack(PS_TYPE_##T, w, wb, c0, kc, nrows, p);                                                                    \
     }
 
 KERN(F32)
@@ -508,17 +515,8 @@ KERN(Q6_K)
 /* The family's kernels by ps_type (f32_kern.h): one row per type. */
 #define ROW(T) [PS_TYPE_##T] = {fused_##T, pack_##T, tile, FUSED_MAX, MR, NR, KC}
 const ps_f32_kern ps_f32_avx512_kerns[PS_TYPE_COUNT] = {
-    ROW(F32),
-    ROW(F16),
-    ROW(BF16),
-    ROW(Q8_0),
-    ROW(Q4_0),
-    ROW(Q4_1),
-    ROW(Q5_0),
-    ROW(Q5_1),
-    ROW(Q4_K),
-    ROW(Q5_K),
-    ROW(Q6_K),
+    ROW(F32),  ROW(F16),  ROW(BF16), ROW(Q8_0), ROW(Q4_0), ROW(Q4_1),
+    ROW(Q5_0), ROW(Q5_1), ROW(Q4_K), ROW(Q5_K), ROW(Q6_K),
 };
 
 #else

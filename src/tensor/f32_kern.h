@@ -40,35 +40,34 @@
 
 /* tile modes */
 #define PS_F32_FIRST 1 /* start the accumulators at +0 (else load them from part) */
-#define PS_F32_LAST 2  /* reduce and write y (else store the accumulators to part) */
+#define PS_F32_LAST  2 /* reduce and write y (else store the accumulators to part) */
 
 /* For rows r < nrows and tokens t < nt: y[t * ys + r] = canonical dot of weight row r
  * (at w + r * wb, cols columns) with x + t * xs. */
-typedef void (*ps_f32_fused_fn)(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs,
-                                int64_t nt, float *y, int64_t ys, int64_t nrows);
+typedef void (*ps_f32_fused_fn)(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs, int64_t nt,
+                                float *y, int64_t ys, int64_t nrows);
 
 /* Dequantizes columns [c0, c0 + kc) of rows [0, nrows) (row r at w + r * wb) into
  * ceil(nrows / mr) strips laid out as above, strip s at panel + s * mr * ceil16(kc).
  * nrows <= PS_F32_MC; c0 is a multiple of 256; kc is a multiple of the type's block
  * size. panel is 64-byte aligned. */
-typedef void (*ps_f32_pack_fn)(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows,
-                               float *panel);
+typedef void (*ps_f32_pack_fn)(const uint8_t *w, size_t wb, int64_t c0, int64_t kc, int64_t nrows, float *panel);
 
 /* One micro-tile: strip rows [0, mr) × tokens [0, nt) (nt <= nr) over kc columns; x
  * points at token 0's first column of the chunk, token t at x + t * xs. Accumulators
  * start at +0 (mode & FIRST) or from part; at the end they are stored to part, or
  * (mode & LAST) reduced and written to y[t * ys + i] for i < nrows (<= mr). part holds
  * mr * nr * 16 floats, 64-byte aligned. */
-typedef void (*ps_f32_tile_fn)(const float *strip, int64_t kc, const float *x, int64_t xs, int64_t nt,
-                               float *part, int mode, float *y, int64_t ys, int64_t nrows);
+typedef void (*ps_f32_tile_fn)(const float *strip, int64_t kc, const float *x, int64_t xs, int64_t nt, float *part,
+                               int mode, float *y, int64_t ys, int64_t nrows);
 
 typedef struct {
     ps_f32_fused_fn fused; /* NULL: the family lacks the type */
     ps_f32_pack_fn pack;   /* NULL: the family has no panel path (fused for every n_tok) */
     ps_f32_tile_fn tile;
-    int fused_max;         /* n_tok up to this go through fused, larger ones through panels */
-    int mr, nr;            /* tile rows (divides PS_F32_MC) and tokens (<= PS_F32_NR_MAX) */
-    int kc;                /* column chunk of a panel: a multiple of 256 (the K super-block) */
+    int fused_max; /* n_tok up to this go through fused, larger ones through panels */
+    int mr, nr;    /* tile rows (divides PS_F32_MC) and tokens (<= PS_F32_NR_MAX) */
+    int kc;        /* column chunk of a panel: a multiple of 256 (the K super-block) */
 } ps_f32_kern;
 
 /* Sets the column chunk of the panel path for every family (a positive multiple of 256;

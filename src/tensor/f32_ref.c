@@ -17,7 +17,7 @@
 #endif
 
 #define CHUNK 256 /* columns dequantized at a time (a multiple of every block size) */
-#define TOKS 8    /* tokens served per pass over a weight row */
+#define TOKS  8   /* tokens served per pass over a weight row */
 
 /* The fixed 16 -> 1 reduction tree of gemm.h. */
 static float reduce16(const float acc[16]) {
@@ -30,8 +30,7 @@ static float reduce16(const float acc[16]) {
 
 /* Lane c % 16 of token t's accumulator takes w[j] * x_t[c], c = c0 + j, for j < n, in
  * increasing c. x points at column 0 of token 0; token t is at x + t * xs. */
-static void fma_chunk(const float *w, int64_t c0, int64_t n, const float *x, int64_t xs, int nt,
-                      float acc[][16]) {
+static void fma_chunk(const float *w, int64_t c0, int64_t n, const float *x, int64_t xs, int nt, float acc[][16]) {
     for (int t = 0; t < nt; t++) {
         const float *xt = x + t * xs;
         for (int64_t j = 0; j < n; j++) {
@@ -55,18 +54,19 @@ static void row_dot(uint32_t type, const uint8_t *row, int64_t cols, const float
 }
 
 /* The ps_f32_fused_fn contract, for weights of `type`. */
-static void ref_fused(uint32_t type, const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs,
-                      int64_t nt, float *y, int64_t ys, int64_t nrows) {
+static void ref_fused(uint32_t type, const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs, int64_t nt,
+                      float *y, int64_t ys, int64_t nrows) {
     for (int64_t t0 = 0; t0 < nt; t0 += TOKS) {
         int n = nt - t0 < TOKS ? (int)(nt - t0) : TOKS;
-        for (int64_t r = 0; r < nrows; r++) row_dot(type, w + (size_t)r * wb, cols, x + t0 * xs, xs, n, y + t0 * ys + r, ys);
+        for (int64_t r = 0; r < nrows; r++)
+            row_dot(type, w + (size_t)r * wb, cols, x + t0 * xs, xs, n, y + t0 * ys + r, ys);
     }
 }
 
-#define REF_KERN(T)                                                                                  \
-    static void fused_##T(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs,   \
-                          int64_t nt, float *y, int64_t ys, int64_t nrows) {                       \
-        ref_fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                              \
+#define REF_KERN(T)                                                                                                    \
+    static void fused_##T(const uint8_t *w, size_t wb, int64_t cols, const float *x, int64_t xs, int64_t nt, float *y, \
+                          int64_t ys, int64_t nrows) {                                                                 \
+        ref_fused(PS_TYPE_##T, w, wb, cols, x, xs, nt, y, ys, nrows);                                                  \
     }
 
 REF_KERN(F32)
@@ -84,15 +84,6 @@ REF_KERN(Q6_K)
 /* The family's kernels by ps_type (f32_kern.h): one row per type. */
 #define ROW(T) [PS_TYPE_##T] = {.fused = fused_##T, .fused_max = INT32_MAX, .mr = 1, .nr = 1, .kc = 256}
 const ps_f32_kern ps_f32_ref_kerns[PS_TYPE_COUNT] = {
-    ROW(F32),
-    ROW(F16),
-    ROW(BF16),
-    ROW(Q8_0),
-    ROW(Q4_0),
-    ROW(Q4_1),
-    ROW(Q5_0),
-    ROW(Q5_1),
-    ROW(Q4_K),
-    ROW(Q5_K),
-    ROW(Q6_K),
+    ROW(F32),  ROW(F16),  ROW(BF16), ROW(Q8_0), ROW(Q4_0), ROW(Q4_1),
+    ROW(Q5_0), ROW(Q5_1), ROW(Q4_K), ROW(Q5_K), ROW(Q6_K),
 };

@@ -33,7 +33,7 @@ enum { ISA_REF, ISA_AVX2, ISA_AVX512, ISA_COUNT };
 static const char *const isa_names[ISA_COUNT] = {"ref", "avx2", "avx512"};
 
 static atomic_int g_isa = -1; /* the family in use, or -1 before the first call */
-static int64_t g_kc = 0; /* column chunk forced by ps_gemm_set_chunk, or 0 */
+static int64_t g_kc = 0;      /* column chunk forced by ps_gemm_set_chunk, or 0 */
 
 /* True when this CPU (with OS support for the registers) runs family isa. */
 static bool isa_available(int isa) {
@@ -131,19 +131,19 @@ size_t ps_gemm_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok, int n_t
 
 typedef struct {
     const ps_f32_kern *k;
-    const uint8_t *w;    /* weight rows */
-    size_t wb;           /* bytes per weight row */
+    const uint8_t *w; /* weight rows */
+    size_t wb;        /* bytes per weight row */
     int64_t rows, cols;
     const float *x;
     int64_t xs, n_tok;
     float *y;
     int64_t ys;
-    uint8_t *scratch;    /* 64-aligned; thread ith's part at ith * per_thread */
+    uint8_t *scratch; /* 64-aligned; thread ith's part at ith * per_thread */
     size_t per_thread;
-    int64_t kc;          /* column chunk of the panel path */
+    int64_t kc; /* column chunk of the panel path */
     int64_t chunk_rows, n_chunks;
     void (*item)(const void *job, int64_t i, int ith);
-    atomic_llong next;   /* next unclaimed item beyond the first nth */
+    atomic_llong next; /* next unclaimed item beyond the first nth */
 } gemm_job;
 
 /* Fused path: rows [i * chunk_rows, ...) against every token. */
@@ -173,8 +173,7 @@ static void run_tiles(const gemm_job *j, const float *panel, float *part, int64_
 }
 
 /* Panel path for rows [r0, r0 + nr) × tokens [t0, t0 + nt): column chunk by chunk. */
-static void panel_block(const gemm_job *j, float *panel, float *part, int64_t r0, int64_t nr, int64_t t0,
-                        int64_t nt) {
+static void panel_block(const gemm_job *j, float *panel, float *part, int64_t r0, int64_t nr, int64_t t0, int64_t nt) {
     for (int64_t c0 = 0; c0 < j->cols; c0 += j->kc) {
         int64_t kc = j->cols - c0 < j->kc ? j->cols - c0 : j->kc;
         j->k->pack(j->w + (size_t)r0 * j->wb, j->wb, c0, kc, nr, panel);
@@ -222,8 +221,16 @@ void ps_gemm(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, f
     const ps_f32_kern *k = kern_get(current_isa(), w->type);
     size_t wb = ps_row_bytes(w->type, w->cols);
     if (!k || n_tok <= 0 || w->rows <= 0 || w->cols < 0 || (!wb && w->cols)) return;
-    gemm_job *j = &(gemm_job){.k = k, .w = w->data, .wb = wb, .rows = w->rows, .cols = w->cols, .x = x,
-                              .xs = x_stride, .n_tok = n_tok, .y = y, .ys = y_stride};
+    gemm_job *j = &(gemm_job){.k = k,
+                              .w = w->data,
+                              .wb = wb,
+                              .rows = w->rows,
+                              .cols = w->cols,
+                              .x = x,
+                              .xs = x_stride,
+                              .n_tok = n_tok,
+                              .y = y,
+                              .ys = y_stride};
     int nth = (double)w->rows * (double)w->cols * (double)n_tok < SERIAL_MACS ? 1 : ps_pool_size(pool);
     if (!use_panels(k, w->cols, n_tok, scratch)) {
         j->item = fused_item;
@@ -237,6 +244,8 @@ void ps_gemm(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, f
     }
     j->n_chunks = (w->rows + j->chunk_rows - 1) / j->chunk_rows;
     atomic_init(&j->next, 0);
-    if (nth > 1) ps_pool_run(pool, gemm_task, j);
-    else gemm_task(j, 0, 1);
+    if (nth > 1)
+        ps_pool_run(pool, gemm_task, j);
+    else
+        gemm_task(j, 0, 1);
 }

@@ -85,12 +85,12 @@ size_t ps_matmul_multi_scratch_bytes(const ps_mat *const *ws, int n, int64_t n_t
 /* One matrix of a job. */
 typedef struct {
     const ps_q8_kern *k;
-    const uint8_t *w;             /* weight rows, wb bytes each */
+    const uint8_t *w; /* weight rows, wb bytes each */
     size_t wb;
     int64_t rows;
     float *y;
     int64_t ys;
-    const uint8_t *xq;            /* activations as its kernel reads them, xs bytes per row */
+    const uint8_t *xq; /* activations as its kernel reads them, xs bytes per row */
     size_t xs;
     int64_t chunk_rows, n_chunks; /* row chunks (multiples of the tile height) */
     int64_t tok_block, n_tblocks; /* token blocks */
@@ -98,14 +98,14 @@ typedef struct {
 } mm_part;
 
 typedef struct {
-    const float *x;     /* f32 activations, x_stride floats apart */
+    const float *x; /* f32 activations, x_stride floats apart */
     int64_t x_stride, cols, n_tok;
     int n;
     mm_part p[MULTI_MAX];
     int quant[MULTI_MAX]; /* parts whose activations must be quantized (one per format) */
     int n_quant;
     int64_t n_items;
-    atomic_llong next;  /* next unclaimed work item beyond the first nth */
+    atomic_llong next; /* next unclaimed work item beyond the first nth */
 } mm_job;
 
 /* Quantizes this thread's share of the (format, token) rows. */
@@ -193,16 +193,20 @@ static void run_job(const ps_mat *const *ws, int n, const float *x, int64_t x_st
         macs += (double)ws[i]->rows * (double)ws[i]->cols * (double)n_tok;
     }
     int nth = macs < SERIAL_MACS ? 1 : ps_pool_size(pool);
-    if (j->n_quant && n_tok * j->n_quant >= 8 && nth > 1) ps_pool_run(pool, quant_task, j);
-    else if (j->n_quant) quant_task(j, 0, 1);
+    if (j->n_quant && n_tok * j->n_quant >= 8 && nth > 1)
+        ps_pool_run(pool, quant_task, j);
+    else if (j->n_quant)
+        quant_task(j, 0, 1);
     for (int i = 0; i < j->n; i++) {
         plan(&j->p[i], n_tok, nth);
         j->p[i].first_item = j->n_items;
         j->n_items += j->p[i].n_chunks * j->p[i].n_tblocks;
     }
     atomic_init(&j->next, 0);
-    if (nth > 1) ps_pool_run(pool, mm_task, j);
-    else mm_task(j, 0, 1);
+    if (nth > 1)
+        ps_pool_run(pool, mm_task, j);
+    else
+        mm_task(j, 0, 1);
 }
 
 void ps_matmul(const ps_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,

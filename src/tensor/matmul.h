@@ -20,10 +20,10 @@
 
 /* Matrices ------------------------------------------------------------------------- */
 typedef struct {
-    uint32_t type;     /* ps_type of the weights */
-    int64_t rows;      /* output features */
-    int64_t cols;      /* input features (a multiple of the type's block size) */
-    const void *data;  /* rows × ps_row_bytes(type, cols) bytes, row-major, e.g. into a mapping */
+    uint32_t type;    /* ps_type of the weights */
+    int64_t rows;     /* output features */
+    int64_t cols;     /* input features (a multiple of the type's block size) */
+    const void *data; /* rows × ps_row_bytes(type, cols) bytes, row-major, e.g. into a mapping */
 } ps_mat;
 
 /* True when ps_matmul handles weights of this type. */

@@ -55,14 +55,14 @@ typedef struct {
 } worker;
 
 struct ps_pool {
-    int n;                        /* threads in all, the caller included */
-    worker *workers;              /* n - 1 of them */
-    atomic_uint gen;              /* bumped once per job (the futex word) */
-    atomic_int pending;           /* workers that have not finished the current job */
-    atomic_int sleepers;          /* workers asleep or about to sleep on gen */
+    int n;               /* threads in all, the caller included */
+    worker *workers;     /* n - 1 of them */
+    atomic_uint gen;     /* bumped once per job (the futex word) */
+    atomic_int pending;  /* workers that have not finished the current job */
+    atomic_int sleepers; /* workers asleep or about to sleep on gen */
     atomic_bool stop;
-    atomic_bool parked;           /* ps_pool_park: idle workers stop spinning */
-    atomic_llong park_yield_ns;   /* how long parked workers yield before they sleep: 0 unless pinned */
+    atomic_bool parked;         /* ps_pool_park: idle workers stop spinning */
+    atomic_llong park_yield_ns; /* how long parked workers yield before they sleep: 0 unless pinned */
     void (*fn)(void *ctx, int ith, int nth);
     void *ctx;
 #ifndef __linux__
@@ -233,15 +233,17 @@ int ps_pool_size(const ps_pool *p) { return p ? p->n : 1; }
 ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen) {
 #ifdef __linux__
     int cpus[CPU_SETSIZE], m = ps_first_cpus(cpus, CPU_SETSIZE);
-    if (m <= 0) return ps_errf(err, errlen, PS_ERR_IO, "cannot read the CPUs this process may use: %s",
-                               m ? strerror(-m) : "none");
+    if (m <= 0)
+        return ps_errf(err, errlen, PS_ERR_IO, "cannot read the CPUs this process may use: %s",
+                       m ? strerror(-m) : "none");
     for (int i = 0; i < ps_pool_size(p); i++) {
         cpu_set_t one;
         CPU_ZERO(&one);
         CPU_SET(cpus[i % m], &one);
         int e = i == 0 ? (sched_setaffinity(0, sizeof one, &one) ? errno : 0)
                        : pthread_setaffinity_np(p->workers[i - 1].thread, sizeof one, &one);
-        if (e) return ps_errf(err, errlen, PS_ERR_IO, "cannot pin thread %d to CPU %d: %s", i, cpus[i % m], strerror(e));
+        if (e)
+            return ps_errf(err, errlen, PS_ERR_IO, "cannot pin thread %d to CPU %d: %s", i, cpus[i % m], strerror(e));
     }
     ps_pool_set_park_yield(p, PARK_YIELD_NS);
     return PS_OK;

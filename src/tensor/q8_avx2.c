@@ -19,12 +19,12 @@
 #include <math.h>
 #include <string.h>
 
-#define TGT "avx2,fma,f16c"
-#define KI static inline __attribute__((always_inline, target(TGT)))
-#define KF static __attribute__((target(TGT)))
+#define TGT    "avx2,fma,f16c"
+#define KI     static inline __attribute__((always_inline, target(TGT)))
+#define KF     static __attribute__((target(TGT)))
 #define UNROLL _Pragma("GCC unroll 16")
-#define RMAX 2
-#define TMAX 4
+#define RMAX   2
+#define TMAX   4
 
 // Helpers
 
@@ -52,8 +52,8 @@ KI __m256i nibbles32(const uint8_t *qs) {
 KI __m256i fifth_bits32(const uint8_t *qh) {
     uint32_t h;
     memcpy(&h, qh, 4);
-    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL,
-                                            0x0303030303030303LL);
+    const __m256i shuf =
+        _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
     __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf);
     const __m256i bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL);
     b = _mm256_cmpeq_epi8(_mm256_or_si256(b, bit), _mm256_set1_epi64x(-1));
@@ -93,9 +93,7 @@ KI int32_t xq_round32(const float *x, float id, int8_t q[32]) {
 }
 
 static size_t x32_bytes(int64_t cols) { return ((size_t)(cols / PS_QK) * sizeof(ps_xq32) + 63) & ~(size_t)63; }
-static size_t x256_bytes(int64_t cols) {
-    return ((size_t)(cols / PS_QK_K) * sizeof(ps_block_q8_K) + 63) & ~(size_t)63;
-}
+static size_t x256_bytes(int64_t cols) { return ((size_t)(cols / PS_QK_K) * sizeof(ps_block_q8_K) + 63) & ~(size_t)63; }
 static size_t f32_bytes(int64_t cols) { return ((size_t)cols * sizeof(float) + 63) & ~(size_t)63; }
 
 KF void quant_x32(const float *x, void *xq, int64_t cols) {
@@ -182,8 +180,7 @@ KI void q32_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint
 }
 
 /* Writes hsum8(acc) (+ macc) for an R x T tile. */
-KI void store_tile(int R, int T, __m256 acc[RMAX][TMAX], float macc[RMAX][TMAX], int use_macc, float *y,
-                   int64_t ys) {
+KI void store_tile(int R, int T, __m256 acc[RMAX][TMAX], float macc[RMAX][TMAX], int use_macc, float *y, int64_t ys) {
     UNROLL
     for (int r = 0; r < R; r++) {
         UNROLL
@@ -297,8 +294,8 @@ KI void k_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * j));
             UNROLL
             for (int r = 0; r < R; r++)
-                isum[r][t] = _mm256_add_epi32(isum[r][t],
-                                              _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), kb[r].sc[j]));
+                isum[r][t] =
+                    _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), kb[r].sc[j]));
         }
     }
     UNROLL
@@ -322,8 +319,8 @@ KI void k_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_
     }
 }
 
-KI void k_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
-               float *y, int64_t ys) {
+KI void k_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
+               int64_t ys) {
     __m256 acc[RMAX][TMAX];
     float macc[RMAX][TMAX];
     UNROLL
@@ -344,7 +341,7 @@ KI __m256 fw_load(int type, const uint8_t *row, int64_t c, int n) {
     if (n < 8) {
         float f[8] = {0};
         for (int k = 0; k < n; k++)
-            f[k] = type == T_F32    ? ((const float *)row)[c + k]
+            f[k] = type == T_F32   ? ((const float *)row)[c + k]
                    : type == T_F16 ? _cvtsh_ss(((const ps_f16 *)row)[c + k])
                                    : ps_bf16_to_f32(((const ps_bf16 *)row)[c + k]);
         return _mm256_loadu_ps(f);
@@ -376,8 +373,8 @@ KI void f_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_
     }
 }
 
-KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
-               float *y, int64_t ys) {
+KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
+               int64_t ys) {
     __m256 acc[RMAX][TMAX];
     float macc[RMAX][TMAX];
     UNROLL
@@ -395,29 +392,34 @@ KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols
 
 typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys);
 
-#define DEF_TILE(name, fn, type, R, T)                                                                          \
-    KF void name##_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,   \
-                             int64_t ys) {                                                                      \
-        fn(R, T, type, w, wb, cols, x, xs, y, ys);                                                              \
+#define DEF_TILE(name, fn, type, R, T)                                                                                 \
+    KF void name##_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,         \
+                             int64_t ys) {                                                                             \
+        fn(R, T, type, w, wb, cols, x, xs, y, ys);                                                                     \
     }
 /* Tiles up to 2 rows x 4 tokens and the gemm that covers nr x nt with them (token tiles
  * outside; a single token takes one row at a time, one weight stream per thread). */
-#define DEF_TYPE(name, fn, type)                                                                                \
-    DEF_TILE(name, fn, type, 1, 1) DEF_TILE(name, fn, type, 1, 2) DEF_TILE(name, fn, type, 1, 3)                \
-    DEF_TILE(name, fn, type, 1, 4) DEF_TILE(name, fn, type, 2, 1) DEF_TILE(name, fn, type, 2, 2)                \
-    DEF_TILE(name, fn, type, 2, 3) DEF_TILE(name, fn, type, 2, 4)                                               \
-    static tile_fn *const name##_tiles[2][4] = {{name##_1x1, name##_1x2, name##_1x3, name##_1x4},               \
-                                                {name##_2x1, name##_2x2, name##_2x3, name##_2x4}};              \
-    static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,    \
-                            int64_t ys, int64_t nr, int64_t nt) {                                               \
-        int rm = nt == 1 ? 1 : 2;                                                                               \
-        for (int64_t t = 0; t < nt; t += 4) {                                                                   \
-            int T = nt - t >= 4 ? 4 : (int)(nt - t);                                                            \
-            for (int64_t r = 0; r < nr; r += rm) {                                                              \
-                int R = nr - r >= rm ? rm : (int)(nr - r);                                                      \
-                name##_tiles[R - 1][T - 1](w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys);          \
-            }                                                                                                   \
-        }                                                                                                       \
+#define DEF_TYPE(name, fn, type)                                                                                       \
+    DEF_TILE(name, fn, type, 1, 1)                                                                                     \
+    DEF_TILE(name, fn, type, 1, 2)                                                                                     \
+    DEF_TILE(name, fn, type, 1, 3)                                                                                     \
+    DEF_TILE(name, fn, type, 1, 4)                                                                                     \
+    DEF_TILE(name, fn, type, 2, 1)                                                                                     \
+    DEF_TILE(name, fn, type, 2, 2)                                                                                     \
+    DEF_TILE(name, fn, type, 2, 3)                                                                                     \
+    DEF_TILE(name, fn, type, 2, 4)                                                                                     \
+    static tile_fn *const name##_tiles[2][4] = {{name##_1x1, name##_1x2, name##_1x3, name##_1x4},                      \
+                                                {name##_2x1, name##_2x2, name##_2x3, name##_2x4}};                     \
+    static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,          \
+                            int64_t ys, int64_t nr, int64_t nt) {                                                      \
+        int rm = nt == 1 ? 1 : 2;                                                                                      \
+        for (int64_t t = 0; t < nt; t += 4) {                                                                          \
+            int T = nt - t >= 4 ? 4 : (int)(nt - t);                                                                   \
+            for (int64_t r = 0; r < nr; r += rm) {                                                                     \
+                int R = nr - r >= rm ? rm : (int)(nr - r);                                                             \
+                name##_tiles[R - 1][T - 1](w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys);                  \
+            }                                                                                                          \
+        }                                                                                                              \
     }
 
 DEF_TYPE(f32, f_tile, T_F32)

@@ -63,30 +63,32 @@ KI void transpose4(const __m512i Q[4], __m512i P[4]) {
 
 /* Constant vectors a type's kernels need, made once per type (ctx_once). */
 typedef struct {
-    __m512i qs;      /* vpermt2b index: the quants of 4 (nibble types) or 2 (q8_0) blocks */
-    __m512i d, m;    /* vpermt2w indices of the scales and minimums (q4_0, q4_1) */
+    __m512i qs;         /* vpermt2b index: the quants of 4 (nibble types) or 2 (q8_0) blocks */
+    __m512i d, m;       /* vpermt2w indices of the scales and minimums (q4_0, q4_1) */
     __m512i hd, hm, hq; /* vpermt2w indices of scale, minimum and fifth bits from (L0, L1) (q5_0, q5_1) */
-    __m512i bits[8]; /* vpshufbitqmb controls picking the fifth bits of each step (q5_0, q5_1) */
+    __m512i bits[8];    /* vpshufbitqmb controls picking the fifth bits of each step (q5_0, q5_1) */
 } kctx;
 
 // Activations of the 32-element types: groups of 16 blocks, transposed
 
 /* Per group: int8 x[8][16][4] (vector j, lane m), int32 corr[16], float dx[16], float
  * xs[16] (dx * sum(q), for the types with a minimum). */
-#define G16_CORR 512
-#define G16_DX 576
-#define G16_XS 640
+#define G16_CORR  512
+#define G16_DX    576
+#define G16_XS    640
 #define G16_BYTES 704
 
 /* A partial last group of at most NAT_TAIL_MAX blocks is not padded to 16 blocks: its
  * blocks keep their natural order ("tail blocks": float d, int32 corr, float xs, 4 bytes
  * unused, int8 q[32]) and the kernels take them one at a time in 256-bit vectors. */
 #define NAT_TAIL_MAX 6
-#define XT_BYTES 48
+#define XT_BYTES     48
 
 static size_t g16_bytes(int64_t cols) {
     int64_t nb = cols / PS_QK, rem = nb % 16;
-    size_t n = (size_t)(nb / 16) * G16_BYTES + (size_t)(rem == 0 ? 0 : rem <= NAT_TAIL_MAX ? rem * XT_BYTES : G16_BYTES);
+    size_t n = (size_t)(nb / 16) * G16_BYTES + (size_t)(rem == 0              ? 0
+                                                        : rem <= NAT_TAIL_MAX ? rem * XT_BYTES
+                                                                              : G16_BYTES);
     return (n + 63) & ~(size_t)63;
 }
 

@@ -8,7 +8,8 @@ enum { W_F32, W_F16, W_BF16 };
 /* 16 weights at column c of a row (lanes beyond mask are 0), as floats. */
 KI __m512 fw_load(int kind, const uint8_t *row, int64_t c, __mmask16 mask) {
     if (kind == W_F32)
-        return mask == 0xffff ? _mm512_loadu_ps((const float *)row + c) : _mm512_maskz_loadu_ps(mask, (const float *)row + c);
+        return mask == 0xffff ? _mm512_loadu_ps((const float *)row + c)
+                              : _mm512_maskz_loadu_ps(mask, (const float *)row + c);
     __m256i h = mask == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c))
                                : _mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + c);
     if (kind == W_F16) return _mm512_cvtph_ps(h);
@@ -46,24 +47,31 @@ KI void ftile(int R, int T, int kind, const uint8_t *w, size_t wb, int64_t cols,
     facc_end(R, T, sp, facc, y, ys);
 }
 
-#define DEF_FTILE(name, kind, R, T)                                                                             \
-    KF void name##_tile_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,        \
-                                  const span *sp, float *y, int64_t ys, const kctx *cx) {                       \
-        (void)cx;                                                                                               \
-        ftile(R, T, kind, w, wb, cols, x, xs, sp, y, ys);                                                       \
+#define DEF_FTILE(name, kind, R, T)                                                                                    \
+    KF void name##_tile_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,              \
+                                  const span *sp, float *y, int64_t ys, const kctx *cx) {                              \
+        (void)cx;                                                                                                      \
+        ftile(R, T, kind, w, wb, cols, x, xs, sp, y, ys);                                                              \
     }
-#define DEF_FROW(name, kind, R)                                                                                 \
-    DEF_FTILE(name, kind, R, 1) DEF_FTILE(name, kind, R, 2) DEF_FTILE(name, kind, R, 3)                         \
-    DEF_FTILE(name, kind, R, 4) DEF_FTILE(name, kind, R, 5) DEF_FTILE(name, kind, R, 6)
-#define FROW_TABLE(name, R)                                                                                     \
-    name##_tile_##R##x1, name##_tile_##R##x2, name##_tile_##R##x3, name##_tile_##R##x4, name##_tile_##R##x5,     \
+#define DEF_FROW(name, kind, R)                                                                                        \
+    DEF_FTILE(name, kind, R, 1)                                                                                        \
+    DEF_FTILE(name, kind, R, 2)                                                                                        \
+    DEF_FTILE(name, kind, R, 3)                                                                                        \
+    DEF_FTILE(name, kind, R, 4)                                                                                        \
+    DEF_FTILE(name, kind, R, 5)                                                                                        \
+    DEF_FTILE(name, kind, R, 6)
+#define FROW_TABLE(name, R)                                                                                            \
+    name##_tile_##R##x1, name##_tile_##R##x2, name##_tile_##R##x3, name##_tile_##R##x4, name##_tile_##R##x5,           \
         name##_tile_##R##x6
 /* Tiles up to 4 rows x 6 tokens. */
-#define FLOAT_TYPE(name, kind)                                                                                  \
-    DEF_FROW(name, kind, 1) DEF_FROW(name, kind, 2) DEF_FROW(name, kind, 3) DEF_FROW(name, kind, 4)             \
-    static tile_fn *const name##_tiles[] = {FROW_TABLE(name, 1), FROW_TABLE(name, 2), FROW_TABLE(name, 3),      \
-                                            FROW_TABLE(name, 4)};                                               \
-    static void name##_ctx(kctx *cx) { memset(cx, 0, sizeof *cx); }                                             \
+#define FLOAT_TYPE(name, kind)                                                                                         \
+    DEF_FROW(name, kind, 1)                                                                                            \
+    DEF_FROW(name, kind, 2)                                                                                            \
+    DEF_FROW(name, kind, 3)                                                                                            \
+    DEF_FROW(name, kind, 4)                                                                                            \
+    static tile_fn *const name##_tiles[] = {FROW_TABLE(name, 1), FROW_TABLE(name, 2), FROW_TABLE(name, 3),             \
+                                            FROW_TABLE(name, 4)};                                                      \
+    static void name##_ctx(kctx *cx) { memset(cx, 0, sizeof *cx); }                                                    \
     DEF_GEMM(name, 4, 6, name##_ctx)
 
 enum { f32_BE = 1, f32_BPG = 16, f32_XG = 64, f16_BE = 1, f16_BPG = 16, f16_XG = 64 };

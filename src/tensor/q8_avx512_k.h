@@ -12,11 +12,11 @@
  *   q6_K ("k6"): x[16][16][4]: vector 4 (2h + u) + c lane m = quants 128h + 64u + 16k +
  *     4c..+3 (sub-block 8h + 4u + k); then int32 corr[4][16] (-32 * the sub-block's sum
  *     for the accumulator 2h + u) and float dx[16]. */
-#define K4_DX 1024
-#define K4_BS 1088
+#define K4_DX    1024
+#define K4_BS    1088
 #define K4_BYTES 1152
-#define K6_CORR 1024
-#define K6_DX 1280
+#define K6_CORR  1024
+#define K6_DX    1280
 #define K6_BYTES 1344
 
 static size_t k4_bytes(int64_t cols) { return (size_t)((cols / PS_QK_K + 3) / 4) * K4_BYTES; }
@@ -148,8 +148,9 @@ KI k4_scales k4_scales_load(const uint8_t *p, int bsize, const kctx *cx) {
     ks.dmin = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dd, 1));
     __m512i e = _mm512_permutexvar_epi8(cx->qs, z), f = _mm512_permutexvar_epi8(cx->m, z);
     __m512i lo = _mm512_and_si512(e, _mm512_set1_epi8(0x3f));
-    __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(e, _mm512_set1_epi32(4 << 16)), _mm512_set1_epi8(0x0f)),
-                                 _mm512_and_si512(_mm512_srli_epi16(f, 2), _mm512_set1_epi8(0x30)));
+    __m512i hi =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(e, _mm512_set1_epi32(4 << 16)), _mm512_set1_epi8(0x0f)),
+                        _mm512_and_si512(_mm512_srli_epi16(f, 2), _mm512_set1_epi8(0x30)));
     __m512i r = _mm512_mask_blend_epi32(0xff00, lo, hi); /* bytes sc0, sc1, m0, m1 */
     ks.scl = _mm512_and_si512(r, _mm512_set1_epi32(0xff));
     ks.sch = _mm512_and_si512(_mm512_srli_epi32(r, 8), _mm512_set1_epi32(0xff));
@@ -225,19 +226,21 @@ KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint
         __m512 dx = _mm512_load_ps(x + t * xs + K4_DX);
         UNROLL
         for (int r = 0; r < R; r++) {
-            __m512i a = _mm512_add_epi32(_mm512_mullo_epi32(lo[r][t], ks[r].scl), _mm512_mullo_epi32(hi[r][t], ks[r].sch));
+            __m512i a =
+                _mm512_add_epi32(_mm512_mullo_epi32(lo[r][t], ks[r].scl), _mm512_mullo_epi32(hi[r][t], ks[r].sch));
             __m512i i = _mm512_madd_epi16(ks[r].mins, bs);
-            __m512 f = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), ks[r].dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(a), ks[r].d));
+            __m512 f =
+                _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), ks[r].dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(a), ks[r].d));
             facc[r][t] = _mm512_fmadd_ps(f, dx, facc[r][t]);
         }
     }
 }
 
 /* The K types pad their last group: their tail functions never run. */
-#define NO_TAIL(name)                                                                                           \
-    KI void name##_tail(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int rem,         \
-                        __m256 tacc[RMAX][TMAX]) {                                                              \
-        (void)R, (void)T, (void)w, (void)wb, (void)x, (void)xs, (void)rem, (void)tacc;                          \
+#define NO_TAIL(name)                                                                                                  \
+    KI void name##_tail(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int rem,               \
+                        __m256 tacc[RMAX][TMAX]) {                                                                     \
+        (void)R, (void)T, (void)w, (void)wb, (void)x, (void)xs, (void)rem, (void)tacc;                                 \
     }
 NO_TAIL(q4_K)
 NO_TAIL(q5_K)
@@ -257,15 +260,22 @@ KI void q5_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
 }
 
 /* Tiles of 1 row x up to 6 tokens. */
-#define DEF_TILES_R1T6(name)                                                                                    \
-    DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
-    DEF_TILE(name, 1, 5) DEF_TILE(name, 1, 6)                                                                   \
-    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,  \
-                                            name##_tile_1x5, name##_tile_1x6};
+#define DEF_TILES_R1T6(name)                                                                                           \
+    DEF_TILE(name, 1, 1)                                                                                               \
+    DEF_TILE(name, 1, 2)                                                                                               \
+    DEF_TILE(name, 1, 3)                                                                                               \
+    DEF_TILE(name, 1, 4)                                                                                               \
+    DEF_TILE(name, 1, 5)                                                                                               \
+    DEF_TILE(name, 1, 6)                                                                                               \
+    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3,                         \
+                                            name##_tile_1x4, name##_tile_1x5, name##_tile_1x6};
 
 /* Tiles of 1 row x up to 4 tokens. */
-#define DEF_TILES_R1T4(name)                                                                                    \
-    DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
+#define DEF_TILES_R1T4(name)                                                                                           \
+    DEF_TILE(name, 1, 1)                                                                                               \
+    DEF_TILE(name, 1, 2)                                                                                               \
+    DEF_TILE(name, 1, 3)                                                                                               \
+    DEF_TILE(name, 1, 4)                                                                                               \
     static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4};
 
 DEF_TILES_R1T6(q4_K)
@@ -334,13 +344,13 @@ KI void q6_K_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
         __m512i s1 = _mm512_cvtepi8_epi32(h ? _mm512_extracti32x4_epi32(sc, 3) : _mm512_extracti32x4_epi32(sc, 1));
         UNROLL
         for (int t = 0; t < T; t++)
-            a[t] = _mm512_add_epi32(a[t], _mm512_add_epi32(_mm512_mullo_epi32(acc[0][t], s0),
-                                                           _mm512_mullo_epi32(acc[1][t], s1)));
+            a[t] = _mm512_add_epi32(
+                a[t], _mm512_add_epi32(_mm512_mullo_epi32(acc[0][t], s0), _mm512_mullo_epi32(acc[1][t], s1)));
     }
     UNROLL
     for (int t = 0; t < T; t++)
-        facc[0][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(x + t * xs + K6_DX)),
-                                     _mm512_cvtepi32_ps(a[t]), facc[0][t]);
+        facc[0][t] =
+            _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(x + t * xs + K6_DX)), _mm512_cvtepi32_ps(a[t]), facc[0][t]);
 }
 
 enum { q6_K_NAT = 0, q6_K_BE = PS_QK_K, q6_K_BB = 210, q6_K_BPG = 4, q6_K_WG = 840, q6_K_XG = K6_BYTES };

@@ -40,8 +40,7 @@ static void nib_ctx(kctx *cx, int bsize, int qs_off, int qh_off) {
 
 /* Packed quants of 16 blocks: P[c] lane m = packed dword c of block nib_block(m); L0[g]
  * and L1[g] keep the two windows of sub-group g (L1 with VBMI only). */
-KI void nib_load(const uint8_t *p, int bsize, int qs_off, const kctx *cx, __m512i P[4], __m512i L0[4],
-                 __m512i L1[4]) {
+KI void nib_load(const uint8_t *p, int bsize, int qs_off, const kctx *cx, __m512i P[4], __m512i L0[4], __m512i L1[4]) {
     __m512i Q[4];
     UNROLL
     for (int g = 0; g < 4; g++) {
@@ -141,8 +140,10 @@ KI void nib_group(int R, int T, int bsize, int qs_off, int has_min, int qh_off, 
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     int chain = split ? (c % 2) * 2 + h : 0;
-                    if (chain) acc2[r][t][chain - 1] = dpbusd(acc2[r][t][chain - 1], v[r], xv);
-                    else acc[r][t] = dpbusd(acc[r][t], v[r], xv);
+                    if (chain)
+                        acc2[r][t][chain - 1] = dpbusd(acc2[r][t][chain - 1], v[r], xv);
+                    else
+                        acc[r][t] = dpbusd(acc[r][t], v[r], xv);
                 }
             }
         }
@@ -179,7 +180,8 @@ KI __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
 /* The 32 unsigned quants of one block in element order: nibble types (qh_off > 0 adds the
  * fifth bits), or q8_0 (bsize 34) biased by +128. */
 KI __m256i tail_quants(const uint8_t *p, int bsize, int qs_off, int qh_off) {
-    if (bsize == 34) return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80));
+    if (bsize == 34)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80));
     __m128i v = _mm_loadu_si128((const __m128i *)(p + qs_off));
     __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
     q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
@@ -231,26 +233,32 @@ KI void tail_blocks(int R, int T, int bsize, int qs_off, int qh_off, int has_min
                 __m256i i = dpbusd256(c0, q[r], xv);
                 tacc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * dx), _mm256_cvtepi32_ps(i), tacc[r][t]);
                 if (has_min)
-                    tacc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(mw[r]), _mm256_zextps128_ps256(_mm_set_ss(xsum)),
-                                                 tacc[r][t]);
+                    tacc[r][t] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(mw[r]), _mm256_zextps128_ps256(_mm_set_ss(xsum)), tacc[r][t]);
             }
         }
     }
 }
 
-#define NIB_TYPE(name, bsize, qs_off, has_min, qh_off)                                                          \
-    enum { name##_BE = PS_QK, name##_BB = bsize, name##_BPG = 16, name##_WG = 16 * bsize, name##_XG = G16_BYTES,  \
-           name##_NAT = 1 };                                                                                    \
-    KI void name##_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,  \
-                         __m512 facc[RMAX][TMAX]) {                                                             \
-        nib_group(R, T, bsize, qs_off, has_min, qh_off, w, wb, x, xs, cx, facc);                                \
-    }                                                                                                           \
-    KI void name##_tail(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int rem,         \
-                        __m256 tacc[RMAX][TMAX]) {                                                              \
-        tail_blocks(R, T, bsize, qs_off, qh_off, has_min, w, wb, x, xs, rem, tacc);                             \
-    }                                                                                                           \
-    static void name##_ctx(kctx *cx) { nib_ctx(cx, bsize, qs_off, qh_off); }                                    \
-    DEF_TILES_R2T4(name)                                                                                        \
+#define NIB_TYPE(name, bsize, qs_off, has_min, qh_off)                                                                 \
+    enum {                                                                                                             \
+        name##_BE = PS_QK,                                                                                             \
+        name##_BB = bsize,                                                                                             \
+        name##_BPG = 16,                                                                                               \
+        name##_WG = 16 * bsize,                                                                                        \
+        name##_XG = G16_BYTES,                                                                                         \
+        name##_NAT = 1                                                                                                 \
+    };                                                                                                                 \
+    KI void name##_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,       \
+                         __m512 facc[RMAX][TMAX]) {                                                                    \
+        nib_group(R, T, bsize, qs_off, has_min, qh_off, w, wb, x, xs, cx, facc);                                       \
+    }                                                                                                                  \
+    KI void name##_tail(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int rem,               \
+                        __m256 tacc[RMAX][TMAX]) {                                                                     \
+        tail_blocks(R, T, bsize, qs_off, qh_off, has_min, w, wb, x, xs, rem, tacc);                                    \
+    }                                                                                                                  \
+    static void name##_ctx(kctx *cx) { nib_ctx(cx, bsize, qs_off, qh_off); }                                           \
+    DEF_TILES_R2T4(name)                                                                                               \
     DEF_GEMM(name, 2, 4, name##_ctx)
 
 NIB_TYPE(q4_0, 18, 2, 0, 0)
@@ -335,8 +343,10 @@ KI void q8_0_group(int R, int T, const uint8_t *w, size_t wb, const uint8_t *x, 
             __m512i xv = load_reg(x + t * xs + 64 * j);
             UNROLL
             for (int r = 0; r < R; r++) {
-                if (split && j % 4) acc2[j % 4 - 1] = dpbusd(acc2[j % 4 - 1], W[r][j], xv);
-                else acc[r][t] = dpbusd(acc[r][t], W[r][j], xv);
+                if (split && j % 4)
+                    acc2[j % 4 - 1] = dpbusd(acc2[j % 4 - 1], W[r][j], xv);
+                else
+                    acc[r][t] = dpbusd(acc[r][t], W[r][j], xv);
             }
         }
     }

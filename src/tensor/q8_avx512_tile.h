@@ -23,15 +23,14 @@ typedef struct {
     float *acc;
 } span;
 
-typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const span *sp,
-                     float *y, int64_t ys, const kctx *cx);
+typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const span *sp, float *y,
+                     int64_t ys, const kctx *cx);
 
 KI void facc_begin(int R, int T, const span *sp, __m512 facc[RMAX][TMAX]) {
     UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int t = 0; t < T; t++)
-            facc[r][t] = sp->first ? _mm512_setzero_ps() : _mm512_load_ps(sp->acc + 16 * (r * T + t));
+    for (int r = 0; r < R; r++) UNROLL
+    for (int t = 0; t < T; t++)
+        facc[r][t] = sp->first ? _mm512_setzero_ps() : _mm512_load_ps(sp->acc + 16 * (r * T + t));
 }
 
 KI void facc_end(int R, int T, const span *sp, __m512 facc[RMAX][TMAX], float *y, int64_t ys) {
@@ -61,45 +60,59 @@ KI void add_tail(int R, int T, __m512 facc[RMAX][TMAX], __m256 tacc[RMAX][TMAX])
  * block), name_BB (bytes per block), name_BPG (blocks per group), name_WG (= BPG * BB)
  * and name_XG (activation bytes per group). The partial last group runs on a zero-padded
  * copy of the weights (the activations are padded when quantized). */
-#define DEF_TILE(name, R, T)                                                                                    \
-    KF void name##_tile_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,        \
-                                  const span *sp, float *y, int64_t ys, const kctx *cx) {                       \
-        __m512 facc[RMAX][TMAX];                                                                                \
-        facc_begin(R, T, sp, facc);                                                                             \
-        int64_t nb = cols / name##_BE, nfull = nb / name##_BPG, rem = nb % name##_BPG;                          \
-        int64_t gend = sp->g1 < nfull ? sp->g1 : nfull;                                                         \
-        for (int64_t g = sp->g0; g < gend; g++) {                                                               \
-            if (R * T == 1) prefetch_ahead(w + g * name##_WG, name##_WG);                                          \
-            else prefetch_rows(R, w + R * wb + g * name##_WG, wb, name##_WG);                                     \
-            name##_group(R, T, w + g * name##_WG, wb, x + g * name##_XG, xs, cx, facc);                         \
-        }                                                                                                       \
-        if (rem && sp->g1 > nfull && name##_NAT && rem <= NAT_TAIL_MAX) {                                       \
-            __m256 tacc[RMAX][TMAX];                                                                            \
-            if (R * T == 1) prefetch_ahead(w + nfull * name##_WG, (int)rem * name##_BB);                         \
-            name##_tail(R, T, w + nfull * name##_WG, wb, x + nfull * name##_XG, xs, (int)rem, tacc);             \
-            add_tail(R, T, facc, tacc);                                                                         \
-        } else if (rem && sp->g1 > nfull) {                                                                     \
-            uint8_t tail[R][name##_WG] __attribute__((aligned(64)));                                            \
-            if (R * T == 1) prefetch_ahead(w + nfull * name##_WG, (int)rem * name##_BB);                         \
-            memset(tail, 0, sizeof tail);                                                                       \
-            for (int r = 0; r < R; r++) memcpy(tail[r], w + r * wb + nfull * name##_WG, (size_t)rem * name##_BB); \
-            name##_group(R, T, tail[0], name##_WG, x + nfull * name##_XG, xs, cx, facc);                         \
-        }                                                                                                       \
-        facc_end(R, T, sp, facc, y, ys);                                                                        \
+#define DEF_TILE(name, R, T)                                                                                           \
+    KF void name##_tile_##R##x##T(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,              \
+                                  const span *sp, float *y, int64_t ys, const kctx *cx) {                              \
+        __m512 facc[RMAX][TMAX];                                                                                       \
+        facc_begin(R, T, sp, facc);                                                                                    \
+        int64_t nb = cols / name##_BE, nfull = nb / name##_BPG, rem = nb % name##_BPG;                                 \
+        int64_t gend = sp->g1 < nfull ? sp->g1 : nfull;                                                                \
+        for (int64_t g = sp->g0; g < gend; g++) {                                                                      \
+            if (R * T == 1)                                                                                            \
+                prefetch_ahead(w + g * name##_WG, name##_WG);                                                          \
+            else                                                                                                       \
+                prefetch_rows(R, w + R * wb + g * name##_WG, wb, name##_WG);                                           \
+            name##_group(R, T, w + g * name##_WG, wb, x + g * name##_XG, xs, cx, facc);                                \
+        }                                                                                                              \
+        if (rem && sp->g1 > nfull && name##_NAT && rem <= NAT_TAIL_MAX) {                                              \
+            __m256 tacc[RMAX][TMAX];                                                                                   \
+            if (R * T == 1) prefetch_ahead(w + nfull * name##_WG, (int)rem * name##_BB);                               \
+            name##_tail(R, T, w + nfull * name##_WG, wb, x + nfull * name##_XG, xs, (int)rem, tacc);                   \
+            add_tail(R, T, facc, tacc);                                                                                \
+        } else if (rem && sp->g1 > nfull) {                                                                            \
+            uint8_t tail[R][name##_WG] __attribute__((aligned(64)));                                                   \
+            if (R * T == 1) prefetch_ahead(w + nfull * name##_WG, (int)rem * name##_BB);                               \
+            memset(tail, 0, sizeof tail);                                                                              \
+            for (int r = 0; r < R; r++) memcpy(tail[r], w + r * wb + nfull * name##_WG, (size_t)rem * name##_BB);      \
+            name##_group(R, T, tail[0], name##_WG, x + nfull * name##_XG, xs, cx, facc);                               \
+        }                                                                                                              \
+        facc_end(R, T, sp, facc, y, ys);                                                                               \
     }
 
 /* Tiles up to 2 rows x 4 tokens, in a table indexed [R - 1][T - 1]. */
-#define DEF_TILES_R2T4(name)                                                                                    \
-    DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
-    DEF_TILE(name, 2, 1) DEF_TILE(name, 2, 2) DEF_TILE(name, 2, 3) DEF_TILE(name, 2, 4)                         \
-    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,  \
+#define DEF_TILES_R2T4(name)                                                                                           \
+    DEF_TILE(name, 1, 1)                                                                                               \
+    DEF_TILE(name, 1, 2)                                                                                               \
+    DEF_TILE(name, 1, 3)                                                                                               \
+    DEF_TILE(name, 1, 4)                                                                                               \
+    DEF_TILE(name, 2, 1)                                                                                               \
+    DEF_TILE(name, 2, 2)                                                                                               \
+    DEF_TILE(name, 2, 3)                                                                                               \
+    DEF_TILE(name, 2, 4)                                                                                               \
+    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,        \
                                             name##_tile_2x1, name##_tile_2x2, name##_tile_2x3, name##_tile_2x4};
 
 /* Tiles of 1 row x up to 8 tokens. */
-#define DEF_TILES_R1T8(name)                                                                                    \
-    DEF_TILE(name, 1, 1) DEF_TILE(name, 1, 2) DEF_TILE(name, 1, 3) DEF_TILE(name, 1, 4)                         \
-    DEF_TILE(name, 1, 5) DEF_TILE(name, 1, 6) DEF_TILE(name, 1, 7) DEF_TILE(name, 1, 8)                         \
-    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,  \
+#define DEF_TILES_R1T8(name)                                                                                           \
+    DEF_TILE(name, 1, 1)                                                                                               \
+    DEF_TILE(name, 1, 2)                                                                                               \
+    DEF_TILE(name, 1, 3)                                                                                               \
+    DEF_TILE(name, 1, 4)                                                                                               \
+    DEF_TILE(name, 1, 5)                                                                                               \
+    DEF_TILE(name, 1, 6)                                                                                               \
+    DEF_TILE(name, 1, 7)                                                                                               \
+    DEF_TILE(name, 1, 8)                                                                                               \
+    static tile_fn *const name##_tiles[] = {name##_tile_1x1, name##_tile_1x2, name##_tile_1x3, name##_tile_1x4,        \
                                             name##_tile_1x5, name##_tile_1x6, name##_tile_1x7, name##_tile_1x8};
 
 /* Activation bytes a token tile's column block may take (so that it stays in L1 while the
@@ -116,9 +129,9 @@ KI void add_tail(int R, int T, __m512 facc[RMAX][TMAX], __m256 tacc[RMAX][TMAX])
  * sub-chunk of rows, per token tile, per column block, all row tiles. A single token
  * takes one row at a time and no column blocks: one weight stream per thread is what
  * streams fastest from DRAM. ng groups per row, xg activation bytes per group. */
-static void tile_drive(tile_fn *const *tiles, int rm, int tm, const kctx *cx, const uint8_t *w, size_t wb,
-                       int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys, int64_t nr, int64_t nt,
-                       int64_t ng, size_t xg) {
+static void tile_drive(tile_fn *const *tiles, int rm, int tm, const kctx *cx, const uint8_t *w, size_t wb, int64_t cols,
+                       const uint8_t *x, size_t xs, float *y, int64_t ys, int64_t nr, int64_t nt, int64_t ng,
+                       size_t xg) {
     float acc[SUB_ROWS * TMAX * 16] __attribute__((aligned(64)));
     if (nt == 1 && wb > GEMV_PAIR_BYTES) rm = 1;
     int64_t kb = (int64_t)(L1_X_BYTES / ((size_t)tm * xg));
@@ -151,19 +164,16 @@ static const kctx *ctx_once(kctx *cx, atomic_int *state, void (*make)(kctx *)) {
         *cx = tmp;
         atomic_store_explicit(state, 2, memory_order_release);
     }
-    while (atomic_load_explicit(state, memory_order_acquire) != 2) {
-    }
+    while (atomic_load_explicit(state, memory_order_acquire) != 2) {}
     return cx;
 }
 
-#define DEF_GEMM(name, rm, tm, ctx_make)                                                                        \
-    static inline int64_t name##_groups(int64_t cols) {                                                         \
-        return (cols / name##_BE + name##_BPG - 1) / name##_BPG;                                                \
-    }                                                                                                           \
-    static kctx name##_cx;                                                                                      \
-    static atomic_int name##_cx_state;                                                                          \
-    KF void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,        \
-                        int64_t ys, int64_t nr, int64_t nt) {                                                   \
-        const kctx *cx = ctx_once(&name##_cx, &name##_cx_state, ctx_make);                                      \
-        tile_drive(name##_tiles, rm, tm, cx, w, wb, cols, x, xs, y, ys, nr, nt, name##_groups(cols), name##_XG);  \
+#define DEF_GEMM(name, rm, tm, ctx_make)                                                                               \
+    static inline int64_t name##_groups(int64_t cols) { return (cols / name##_BE + name##_BPG - 1) / name##_BPG; }     \
+    static kctx name##_cx;                                                                                             \
+    static atomic_int name##_cx_state;                                                                                 \
+    KF void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys,  \
+                        int64_t nr, int64_t nt) {                                                                      \
+        const kctx *cx = ctx_once(&name##_cx, &name##_cx_state, ctx_make);                                             \
+        tile_drive(name##_tiles, rm, tm, cx, w, wb, cols, x, xs, y, ys, nr, nt, name##_groups(cols), name##_XG);       \
     }

@@ -3,8 +3,8 @@
 #include "q8_kern.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TGT "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-#define HAVE_VNNI 1
+#define TGT          "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+#define HAVE_VNNI    1
 #define FAMILY_TABLE ps_q8_avx512vnni_kerns
 #include "q8_avx512.h"
 #else

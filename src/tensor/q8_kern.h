@@ -32,11 +32,11 @@ typedef void (*ps_q8_gemm_fn)(const uint8_t *w, size_t wb, int64_t cols, const u
                               int64_t ys, int64_t nr, int64_t nt);
 
 typedef struct {
-    ps_q8_quant_fn quant;             /* NULL: the kernel reads f32 activations in place */
-    size_t (*x_bytes)(int64_t cols);  /* bytes of one quantized row (multiple of 64) */
-    ps_q8_gemm_fn gemm;               /* NULL: the family lacks the type */
-    int tile_rows;                    /* row chunks given to gemm are multiples of this */
-    int tile_toks;                    /* tokens per register tile */
+    ps_q8_quant_fn quant;            /* NULL: the kernel reads f32 activations in place */
+    size_t (*x_bytes)(int64_t cols); /* bytes of one quantized row (multiple of 64) */
+    ps_q8_gemm_fn gemm;              /* NULL: the family lacks the type */
+    int tile_rows;                   /* row chunks given to gemm are multiples of this */
+    int tile_toks;                   /* tokens per register tile */
 } ps_q8_kern;
 
 /* Per-family tables, indexed by ps_type: an entry with gemm NULL is a type the family
@@ -58,9 +58,9 @@ const ps_q8_kern *ps_q8_kern_get(ps_isa isa, uint32_t t);
 
 /* 32-element activation block for the q4_0/q4_1/q5_0/q5_1/q8_0 weights. */
 typedef struct {
-    float d;           /* scale: value d * q */
-    int32_t sum;       /* sum of qs */
-    int8_t qs[PS_QK];  /* q = nearest-even(x / d) in [-127, 127] */
+    float d;          /* scale: value d * q */
+    int32_t sum;      /* sum of qs */
+    int8_t qs[PS_QK]; /* q = nearest-even(x / d) in [-127, 127] */
 } ps_xq32;
 _Static_assert(sizeof(ps_xq32) == 40, "xq32 size");
 

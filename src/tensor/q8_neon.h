@@ -108,9 +108,7 @@ KI int8x16_t xq_round16(const float *x, float id) {
 }
 
 static size_t x32_bytes(int64_t cols) { return ((size_t)(cols / PS_QK) * sizeof(ps_xq32) + 63) & ~(size_t)63; }
-static size_t x256_bytes(int64_t cols) {
-    return ((size_t)(cols / PS_QK_K) * sizeof(ps_block_q8_K) + 63) & ~(size_t)63;
-}
+static size_t x256_bytes(int64_t cols) { return ((size_t)(cols / PS_QK_K) * sizeof(ps_block_q8_K) + 63) & ~(size_t)63; }
 
 KF void quant_x32(const float *x, void *xq, int64_t cols) {
     ps_xq32 *b = xq;
@@ -247,8 +245,8 @@ static inline int kblock_bytes(int type) { return type == T_Q4_K ? 144 : type ==
 /* Per row and super-block: the float scales and the integer sub-block scales. */
 typedef struct {
     float d, dmin;
-    int32_t sc[16];  /* q4_K/q5_K: the 8 scales; q6_K: the 16 scales */
-    int16x8_t mins;  /* q4_K/q5_K: the 8 minimums */
+    int32_t sc[16]; /* q4_K/q5_K: the 8 scales; q6_K: the 16 scales */
+    int16x8_t mins; /* q4_K/q5_K: the 8 minimums */
 } kblock;
 
 /* As ref's k4_scales (q4_K, q5_K), or q6_K's d and scales. */
@@ -309,8 +307,8 @@ KI void kquants(int type, const uint8_t *p, int j, int8x16_t *lo, int8x16_t *hi)
  *     isum = sum_s sc_s (q . x)_s,  imin = sum_s m_s (bsum_2s + bsum_2s+1)   (int32, exact)
  *     acc += (d * dx) * float(isum) - (dmin * dx) * float(imin)             (q4_K, q5_K)
  *     acc += (d * dx) * float(isum)                                         (q6_K) */
-KI void k_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
-               float *y, int64_t ys, int nr, int nt) {
+KI void k_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
+               int64_t ys, int nr, int nt) {
     const uint8_t *wr[4];
     const ps_block_q8_K *xt[4];
     float32x4_t acc[2];
@@ -400,8 +398,8 @@ KI float fw_at(int type, const uint8_t *row, int64_t c) {
 
 /* An R x T tile as ref's dot_f32 / dot_f16 / dot_bf16: s[j % 8] += w_j * x_j, then
  * ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)). */
-KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
-               float *y, int64_t ys, int nr, int nt) {
+KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
+               int64_t ys, int nr, int nt) {
     const uint8_t *wr[4];
     const float *xt[4];
     float32x4_t a0[8], a1[8];
@@ -448,23 +446,23 @@ typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x
 
 /* name_4x1 and name_2x4, and the gemm that covers nr x nt with them: token tiles of 4
  * outside, rows inside; a token tile of one token takes 4 rows at a time. */
-#define DEF_TYPE(name, fn, type)                                                                                \
-    KF void name##_4x1(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,         \
-                       int64_t ys, int nr, int nt) {                                                            \
-        fn(4, 1, type, w, wb, cols, x, xs, y, ys, nr, nt);                                                      \
-    }                                                                                                           \
-    KF void name##_2x4(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,         \
-                       int64_t ys, int nr, int nt) {                                                            \
-        fn(2, 4, type, w, wb, cols, x, xs, y, ys, nr, nt);                                                      \
-    }                                                                                                           \
-    static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,    \
-                            int64_t ys, int64_t nr, int64_t nt) {                                               \
-        for (int64_t t = 0; t < nt; t += 4) {                                                                   \
-            int T = nt - t >= 4 ? 4 : (int)(nt - t), R = T == 1 ? 4 : 2;                                        \
-            tile_fn *tile = T == 1 ? name##_4x1 : name##_2x4;                                                   \
-            for (int64_t r = 0; r < nr; r += R)                                                                 \
-                tile(w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys, nr - r >= R ? R : (int)(nr - r), T); \
-        }                                                                                                       \
+#define DEF_TYPE(name, fn, type)                                                                                       \
+    KF void name##_4x1(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys,   \
+                       int nr, int nt) {                                                                               \
+        fn(4, 1, type, w, wb, cols, x, xs, y, ys, nr, nt);                                                             \
+    }                                                                                                                  \
+    KF void name##_2x4(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys,   \
+                       int nr, int nt) {                                                                               \
+        fn(2, 4, type, w, wb, cols, x, xs, y, ys, nr, nt);                                                             \
+    }                                                                                                                  \
+    static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,          \
+                            int64_t ys, int64_t nr, int64_t nt) {                                                      \
+        for (int64_t t = 0; t < nt; t += 4) {                                                                          \
+            int T = nt - t >= 4 ? 4 : (int)(nt - t), R = T == 1 ? 4 : 2;                                               \
+            tile_fn *tile = T == 1 ? name##_4x1 : name##_2x4;                                                          \
+            for (int64_t r = 0; r < nr; r += R)                                                                        \
+                tile(w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys, nr - r >= R ? R : (int)(nr - r), T);    \
+        }                                                                                                              \
     }
 
 #if !HAVE_DOTPROD

@@ -76,9 +76,7 @@ static size_t f32_bytes(int64_t cols) { return ((size_t)cols * sizeof(float) + 6
  * 32-element types, ps_block_q8_K for the K types. */
 
 /* The eight partial sums added in one fixed tree: (0+4, 2+6), (1+5, 3+7). */
-static float reduce8(float s[8]) {
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-}
+static float reduce8(float s[8]) { return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])); }
 
 static float dot_f32(const void *w, const float *x, int64_t n) {
     const float *a = w;
@@ -201,8 +199,7 @@ static void k4_quants(const uint8_t qs[128], const uint8_t *qh, uint8_t q[256]) 
 }
 
 /* One q4_K / q5_K super-block against a q8_K one: d dx sum_s sc_s (q.x)_s - dmin dx sum_s m_s bsum_s. */
-static float k4_block(ps_f16 d, ps_f16 dmin, const uint8_t scales[12], const uint8_t q[256],
-                      const ps_block_q8_K *x) {
+static float k4_block(ps_f16 d, ps_f16 dmin, const uint8_t scales[12], const uint8_t q[256], const ps_block_q8_K *x) {
     int sc[8], m[8];
     k4_scales(scales, sc, m);
     int32_t isum = 0, imin = 0;
@@ -274,12 +271,11 @@ static float dot_q6_K(const void *w, const void *xq, int64_t cols) {
 // Tables
 
 /* Every (row, token) pair through one dot function: trivially batch-invariant. */
-#define REF_GEMM(name, dot)                                                                            \
-    static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,     \
-                            float *y, int64_t ys, int64_t nr, int64_t nt) {                             \
-        for (int64_t r = 0; r < nr; r++)                                                               \
-            for (int64_t t = 0; t < nt; t++)                                                           \
-                y[t * ys + r] = dot(w + r * wb, (const void *)(x + t * xs), cols);                      \
+#define REF_GEMM(name, dot)                                                                                            \
+    static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,          \
+                            int64_t ys, int64_t nr, int64_t nt) {                                                      \
+        for (int64_t r = 0; r < nr; r++)                                                                               \
+            for (int64_t t = 0; t < nt; t++) y[t * ys + r] = dot(w + r * wb, (const void *)(x + t * xs), cols);        \
     }
 
 REF_GEMM(f32, dot_f32)

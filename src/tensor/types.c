@@ -45,9 +45,9 @@ static float f32_from_bits(uint32_t u) {
  * selects rather than early returns so that row loops over it can vectorize. */
 float ps_f16_to_f32(ps_f16 h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t em = h & 0x7fff;                  /* exponent and mantissa */
-    uint32_t r = (em << 13) + (112u << 23);    /* normal: rebias the exponent 15 -> 127 */
-    uint32_t special = r + (112u << 23);       /* inf, nan: exponent 31 -> 255 */
+    uint32_t em = h & 0x7fff;                        /* exponent and mantissa */
+    uint32_t r = (em << 13) + (112u << 23);          /* normal: rebias the exponent 15 -> 127 */
+    uint32_t special = r + (112u << 23);             /* inf, nan: exponent 31 -> 255 */
     uint32_t small = f32_bits((float)em * 0x1p-24f); /* zero, subnormal: exact */
     r = em >= 0x7c00 ? special : em < 0x0400 ? small : r;
     return f32_from_bits(sign | r);
@@ -66,7 +66,7 @@ ps_f16 ps_f32_to_f16(float f) {
         return (ps_f16)(sign | 0x7c00 | (payload ? payload : 0x200));
     }
     if (ax >= 0x477ff000) return (ps_f16)(sign | 0x7c00); /* >= 65520: inf */
-    if (ax >= 0x38800000) {                                /* >= 2^-14: normal result */
+    if (ax >= 0x38800000) {                               /* >= 2^-14: normal result */
         uint32_t h = ((ax >> 13) - (112u << 10));
         uint32_t rem = ax & 0x1fff;
         if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* a carry may bump the exponent */
@@ -506,8 +506,8 @@ static float fit_scale_min(const float *x, int nmax, float *min_out) {
  * scales and minimums to 6 bits against d = max scale / 63 and dmin = max min / 63, and
  * rounds the elements against the stored (f16-rounded) scales. Writes d, dmin, the
  * packed scale bytes and L[256]. */
-static void quant_k4_common(const float *x, int nmax, ps_f16 *d_out, ps_f16 *dmin_out,
-                            uint8_t scales[PS_K_SCALE_SIZE], uint8_t L[PS_QK_K]) {
+static void quant_k4_common(const float *x, int nmax, ps_f16 *d_out, ps_f16 *dmin_out, uint8_t scales[PS_K_SCALE_SIZE],
+                            uint8_t L[PS_QK_K]) {
     float scale[8], min[8], max_scale = 0.0f, max_min = 0.0f;
     for (int s = 0; s < 8; s++) {
         scale[s] = fit_scale_min(x + 32 * s, nmax, &min[s]);
@@ -637,8 +637,8 @@ static void quant_q6_K(const float *x, void *dst, int64_t nb) {
             for (int l = 0; l < 32; l++) {
                 b.ql[64 * h + l] = (uint8_t)((LL[l] & 0x0f) | (LL[l + 64] & 0x0f) << 4);
                 b.ql[64 * h + l + 32] = (uint8_t)((LL[l + 32] & 0x0f) | (LL[l + 96] & 0x0f) << 4);
-                b.qh[32 * h + l] = (uint8_t)((LL[l] >> 4) | (LL[l + 32] >> 4) << 2 | (LL[l + 64] >> 4) << 4 |
-                                             (LL[l + 96] >> 4) << 6);
+                b.qh[32 * h + l] =
+                    (uint8_t)((LL[l] >> 4) | (LL[l + 32] >> 4) << 2 | (LL[l + 64] >> 4) << 4 | (LL[l + 96] >> 4) << 6);
             }
         }
         memcpy((uint8_t *)dst + i * sizeof b, &b, sizeof b);
@@ -687,8 +687,10 @@ typedef struct {
     quant_fn quant;
 } type_entry;
 
-#define SUPPORTED(nm, bs, ts, fn) {{nm, bs, ts, true}, dequant_##fn, quant_##fn}
-#define NAMED(nm, bs, ts) {{nm, bs, ts, false}, NULL, NULL}
+#define SUPPORTED(nm, bs, ts, fn)                                                                                      \
+    { {nm, bs, ts, true}, dequant_##fn, quant_##fn }
+#define NAMED(nm, bs, ts)                                                                                              \
+    { {nm, bs, ts, false}, NULL, NULL }
 
 static const type_entry type_table[] = {
     [PS_TYPE_F32] = SUPPORTED("F32", 1, 4, f32),

@@ -34,47 +34,47 @@ typedef enum {
 typedef uint16_t ps_f16;  /* IEEE binary16 bits */
 typedef uint16_t ps_bf16; /* bfloat16 bits (upper half of an f32) */
 
-#define PS_QK 32    /* elements per block of the 32-wide formats */
+#define PS_QK   32  /* elements per block of the 32-wide formats */
 #define PS_QK_K 256 /* elements per super-block of the K formats */
 
 typedef struct {
-    ps_f16 d;                /* scale */
-    uint8_t qs[PS_QK / 2];   /* nibbles: element j in low nibble of qs[j], j+16 in high; value (q - 8) * d */
+    ps_f16 d;              /* scale */
+    uint8_t qs[PS_QK / 2]; /* nibbles: element j in low nibble of qs[j], j+16 in high; value (q - 8) * d */
 } ps_block_q4_0;
 _Static_assert(sizeof(ps_block_q4_0) == 18, "q4_0 block size");
 
 typedef struct {
-    ps_f16 d;                /* scale */
-    ps_f16 m;                /* minimum; value q * d + m */
-    uint8_t qs[PS_QK / 2];   /* nibbles, laid out as q4_0 */
+    ps_f16 d;              /* scale */
+    ps_f16 m;              /* minimum; value q * d + m */
+    uint8_t qs[PS_QK / 2]; /* nibbles, laid out as q4_0 */
 } ps_block_q4_1;
 _Static_assert(sizeof(ps_block_q4_1) == 20, "q4_1 block size");
 
 typedef struct {
-    ps_f16 d;                /* scale */
-    uint8_t qh[4];           /* fifth bit of element j is bit j of this little-endian u32 */
-    uint8_t qs[PS_QK / 2];   /* low four bits, laid out as q4_0; value (q - 16) * d */
+    ps_f16 d;              /* scale */
+    uint8_t qh[4];         /* fifth bit of element j is bit j of this little-endian u32 */
+    uint8_t qs[PS_QK / 2]; /* low four bits, laid out as q4_0; value (q - 16) * d */
 } ps_block_q5_0;
 _Static_assert(sizeof(ps_block_q5_0) == 22, "q5_0 block size");
 
 typedef struct {
-    ps_f16 d;                /* scale */
-    ps_f16 m;                /* minimum; value q * d + m */
-    uint8_t qh[4];           /* fifth bits, as q5_0 */
-    uint8_t qs[PS_QK / 2];   /* low four bits, as q4_0 */
+    ps_f16 d;              /* scale */
+    ps_f16 m;              /* minimum; value q * d + m */
+    uint8_t qh[4];         /* fifth bits, as q5_0 */
+    uint8_t qs[PS_QK / 2]; /* low four bits, as q4_0 */
 } ps_block_q5_1;
 _Static_assert(sizeof(ps_block_q5_1) == 24, "q5_1 block size");
 
 typedef struct {
-    ps_f16 d;                /* scale */
-    int8_t qs[PS_QK];        /* value q * d */
+    ps_f16 d;         /* scale */
+    int8_t qs[PS_QK]; /* value q * d */
 } ps_block_q8_0;
 _Static_assert(sizeof(ps_block_q8_0) == 34, "q8_0 block size");
 
 typedef struct {
-    ps_f16 d;                /* scale */
-    ps_f16 s;                /* d * sum(qs) */
-    int8_t qs[PS_QK];        /* value q * d */
+    ps_f16 d;         /* scale */
+    ps_f16 s;         /* d * sum(qs) */
+    int8_t qs[PS_QK]; /* value q * d */
 } ps_block_q8_1;
 _Static_assert(sizeof(ps_block_q8_1) == 36, "q8_1 block size");
 
@@ -98,26 +98,26 @@ typedef struct {
 _Static_assert(sizeof(ps_block_q5_K) == 176, "q5_K block size");
 
 typedef struct {
-    uint8_t ql[PS_QK_K / 2];         /* low four bits */
-    uint8_t qh[PS_QK_K / 4];         /* high two bits */
-    int8_t scales[PS_QK_K / 16];     /* 8-bit scale per 16 elements */
-    ps_f16 d;                        /* super-block scale; value d * scale * (q - 32) */
+    uint8_t ql[PS_QK_K / 2];     /* low four bits */
+    uint8_t qh[PS_QK_K / 4];     /* high two bits */
+    int8_t scales[PS_QK_K / 16]; /* 8-bit scale per 16 elements */
+    ps_f16 d;                    /* super-block scale; value d * scale * (q - 32) */
 } ps_block_q6_K;
 _Static_assert(sizeof(ps_block_q6_K) == 210, "q6_K block size");
 
 typedef struct {
-    float d;                         /* scale */
-    int8_t qs[PS_QK_K];              /* value q * d */
-    int16_t bsums[PS_QK_K / 16];     /* sum of qs over each 16 elements */
+    float d;                     /* scale */
+    int8_t qs[PS_QK_K];          /* value q * d */
+    int16_t bsums[PS_QK_K / 16]; /* sum of qs over each 16 elements */
 } ps_block_q8_K;
 _Static_assert(sizeof(ps_block_q8_K) == 292, "q8_K block size");
 
 /* Static facts about a type. */
 typedef struct {
-    const char *name;     /* "Q4_K", as GGUF tools print it */
-    uint32_t block_size;  /* elements per block (1 for F32/F16/BF16) */
-    uint32_t type_size;   /* bytes per block */
-    bool supported;       /* we can load weights of this type */
+    const char *name;    /* "Q4_K", as GGUF tools print it */
+    uint32_t block_size; /* elements per block (1 for F32/F16/BF16) */
+    uint32_t type_size;  /* bytes per block */
+    bool supported;      /* we can load weights of this type */
 } ps_type_info;
 
 /* Facts for type t; NULL when t is not a type we know (not even by name). */
@@ -134,9 +134,9 @@ size_t ps_row_bytes(uint32_t t, int64_t n);
 
 /* Scalar conversions. */
 float ps_f16_to_f32(ps_f16 h);
-ps_f16 ps_f32_to_f16(float f);    /* round to nearest even */
+ps_f16 ps_f32_to_f16(float f); /* round to nearest even */
 float ps_bf16_to_f32(ps_bf16 h);
-ps_bf16 ps_f32_to_bf16(float f);  /* round to nearest even */
+ps_bf16 ps_f32_to_bf16(float f); /* round to nearest even */
 
 /* Dequantizes n elements (a multiple of the block size) of type t from src into dst.
  * Reference code: the NumPy `gguf` package gives bit-identical values. src needs no

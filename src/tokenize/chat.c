@@ -27,22 +27,22 @@ static const char *const default_eos[PS_CHAT_FAMILY_COUNT] = {
 
 struct ps_chat {
     ps_chat_family family;
-    bool bos;               // the template writes bos_token
-    char *bos_text;         // owned
-    char *eos_text;         // owned
-    char *default_system;   // chatml: written when the first message is not system; owned or NULL
-    bool m_lead_space;      // mistral: " [INST]" (Mistral's updated v0.2 template)
-    bool m_inst_space;      // mistral: "[INST] " (all but the tekken-style templates)
-    bool m_close_space;     // mistral: " [/INST]" (v0.1, v0.2)
-    bool m_sys_last;        // mistral: the system text goes before the last message (v0.3)
-    bool m_asst_space;      // mistral: " " + content
-    bool m_asst_trim;       // mistral: content|trim (v0.3)
-    bool m_eos_space;       // mistral: eos_token + " " (v0.1)
-    char *l3_cutoff;        // llama3.1+: "December 2023" of its system header; NULL for 3.0
-    char *l3_date;          // llama3.1+: the template's default date_string
-    bool p_eos_no_gen;      // phi3: eos_token when add_generation_prompt is false
-    bool p_legacy;          // phi3: the user turn ends with "<|assistant|>\n"; no system, no gen
-    bool p_skip_empty_sys;  // phi3.5: an empty system message writes nothing
+    bool bos;              // the template writes bos_token
+    char *bos_text;        // owned
+    char *eos_text;        // owned
+    char *default_system;  // chatml: written when the first message is not system; owned or NULL
+    bool m_lead_space;     // mistral: " [INST]" (Mistral's updated v0.2 template)
+    bool m_inst_space;     // mistral: "[INST] " (all but the tekken-style templates)
+    bool m_close_space;    // mistral: " [/INST]" (v0.1, v0.2)
+    bool m_sys_last;       // mistral: the system text goes before the last message (v0.3)
+    bool m_asst_space;     // mistral: " " + content
+    bool m_asst_trim;      // mistral: content|trim (v0.3)
+    bool m_eos_space;      // mistral: eos_token + " " (v0.1)
+    char *l3_cutoff;       // llama3.1+: "December 2023" of its system header; NULL for 3.0
+    char *l3_date;         // llama3.1+: the template's default date_string
+    bool p_eos_no_gen;     // phi3: eos_token when add_generation_prompt is false
+    bool p_legacy;         // phi3: the user turn ends with "<|assistant|>\n"; no system, no gen
+    bool p_skip_empty_sys; // phi3.5: an empty system message writes nothing
 };
 
 const char *ps_chat_family_name(ps_chat_family f) {
@@ -61,11 +61,11 @@ ps_status ps_chat_family_from_name(const char *name, ps_chat_family *out, char *
 
 // ---- template text ----------------------------------------------------------------
 
-#define QT "\x03"      /* ' or " */
-#define WS "\x04"      /* optional whitespace */
+#define QT      "\x03" /* ' or " */
+#define WS      "\x04" /* optional whitespace */
 #define CONTENT "\x05" /* the message content expression */
-#define ESC_SQ '\x01'  /* an escaped ' inside a literal, after normalize */
-#define ESC_DQ '\x02'  /* an escaped " */
+#define ESC_SQ  '\x01' /* an escaped ' inside a literal, after normalize */
+#define ESC_DQ  '\x02' /* an escaped " */
 
 /* The escape character backslash-c stands for in a Jinja literal, or 0. */
 static char unescape(char c) {
@@ -199,8 +199,9 @@ static ps_status unrecognised(const char *tmpl, char *err, size_t errlen) {
 
 /* The error for a model without a chat template: names the --chat-template choices. */
 static ps_status no_template(char *err, size_t errlen) {
-    return ps_errf(err, errlen, PS_ERR_NOT_FOUND,
-                   "the model has no chat template (tokenizer.chat_template); pass --chat-template NAME, one of: " NAME_LIST);
+    return ps_errf(
+        err, errlen, PS_ERR_NOT_FOUND,
+        "the model has no chat template (tokenizer.chat_template); pass --chat-template NAME, one of: " NAME_LIST);
 }
 
 ps_status ps_chat_detect(const char *tmpl, ps_chat_family *out, char *err, size_t errlen) {
@@ -266,7 +267,8 @@ static void mistral_details(ps_chat *c, const char *t) {
 /* Whether the template writes eos_token in the else branch of add_generation_prompt. */
 static bool eos_in_else(const char *t) {
     static const char *const forms[] = {"else" WS "%}" WS "{{" WS "eos_token", "else" WS "%}" WS "{{-" WS "eos_token",
-                                        "else" WS "-%}" WS "{{" WS "eos_token", "else" WS "-%}" WS "{{-" WS "eos_token"};
+                                        "else" WS "-%}" WS "{{" WS "eos_token",
+                                        "else" WS "-%}" WS "{{-" WS "eos_token"};
     for (size_t i = 0; i < PS_ARRAY_LEN(forms); i++)
         if (has(t, forms[i])) return true;
     return false;
@@ -283,9 +285,7 @@ static void phi3_details(ps_chat *c, const char *t) {
 static ps_status read_details(ps_chat *c, const char *t) {
     c->bos = has(t, "bos_token");
     switch (c->family) {
-    case PS_CHAT_CHATML:
-        c->default_system = chatml_default_system(t);
-        return PS_OK;
+    case PS_CHAT_CHATML: c->default_system = chatml_default_system(t); return PS_OK;
     case PS_CHAT_MISTRAL: mistral_details(c, t); return PS_OK;
     case PS_CHAT_LLAMA3: return llama3_details(c, t);
     case PS_CHAT_PHI3: phi3_details(c, t); return PS_OK;
@@ -324,8 +324,8 @@ static ps_status fill(ps_chat *c, const char *tmpl, const char *bos, const char 
     return c->bos_text && c->eos_text ? PS_OK : PS_ERR_NOMEM;
 }
 
-ps_status ps_chat_create(const char *tmpl, const char *name, const char *bos, const char *eos,
-                         ps_chat **out, char *err, size_t errlen) {
+ps_status ps_chat_create(const char *tmpl, const char *name, const char *bos, const char *eos, ps_chat **out, char *err,
+                         size_t errlen) {
     if (!out) return ps_errf(err, errlen, PS_ERR_ARG, "ps_chat_create: out is NULL");
     *out = NULL;
     ps_chat_family f;
@@ -494,8 +494,10 @@ static void render_llama2(const ps_chat *c, const ps_chat_msg *m, size_t n, bool
         if (role_of(&m[i]) == R_USER) {
             if (c->bos) put(k, c->bos_text);
             put(k, "[INST] ");
-            if (i == 1 && start) put_llama2_first(k, m[0].content, m[i].content);
-            else put_strip(k, m[i].content);
+            if (i == 1 && start)
+                put_llama2_first(k, m[0].content, m[i].content);
+            else
+                put_strip(k, m[i].content);
             put(k, " [/INST]");
         } else {
             put(k, " ");
@@ -521,8 +523,10 @@ static void put_mistral_user(const ps_chat *c, const char *sys, const char *cont
 /* A Mistral assistant turn followed by eos; spacing and trim per variant. */
 static void put_mistral_assistant(const ps_chat *c, const char *content, sink *k) {
     if (c->m_asst_space) put(k, " ");
-    if (c->m_asst_trim) put_strip(k, content);
-    else put(k, content);
+    if (c->m_asst_trim)
+        put_strip(k, content);
+    else
+        put(k, content);
     put(k, c->eos_text);
     if (c->m_eos_space) put(k, " ");
 }
@@ -535,8 +539,10 @@ static void render_mistral(const ps_chat *c, const ps_chat_msg *m, size_t n, boo
     if (c->bos) put(k, c->bos_text);
     for (size_t i = start; i < n; i++) {
         bool here = sys && (c->m_sys_last ? i == n - 1 : i == start);
-        if (role_of(&m[i]) == R_USER) put_mistral_user(c, here ? sys : NULL, m[i].content, k);
-        else put_mistral_assistant(c, m[i].content, k);
+        if (role_of(&m[i]) == R_USER)
+            put_mistral_user(c, here ? sys : NULL, m[i].content, k);
+        else
+            put_mistral_assistant(c, m[i].content, k);
     }
 }
 
@@ -618,8 +624,10 @@ static void render_phi3(const ps_chat *c, const ps_chat_msg *m, size_t n, bool g
         put(k, m[i].content);
         put(k, "<|end|>\n");
     }
-    if (gen) put(k, "<|assistant|>\n");
-    else if (c->p_eos_no_gen) put(k, c->eos_text);
+    if (gen)
+        put(k, "<|assistant|>\n");
+    else if (c->p_eos_no_gen)
+        put(k, c->eos_text);
 }
 
 /* Zephyr: "<|role|>\ncontent" + eos + "\n" per message. */
@@ -642,8 +650,7 @@ static const render_fn renderers[PS_CHAT_FAMILY_COUNT] = {
 };
 
 /* Validates the messages for c's family and renders them into k. */
-static ps_status render(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k, char *err,
-                        size_t errlen) {
+static ps_status render(const ps_chat *c, const ps_chat_msg *m, size_t n, bool gen, sink *k, char *err, size_t errlen) {
     if (!c) return ps_errf(err, errlen, PS_ERR_ARG, "chat template is NULL");
     ps_status st = check_messages(m, n, err, errlen);
     if (st) return st;
@@ -653,8 +660,8 @@ static ps_status render(const ps_chat *c, const ps_chat_msg *m, size_t n, bool g
     return PS_OK;
 }
 
-ps_status ps_chat_apply(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt,
-                        char *buf, size_t buflen, size_t *len, char *err, size_t errlen) {
+ps_status ps_chat_apply(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt, char *buf,
+                        size_t buflen, size_t *len, char *err, size_t errlen) {
     sink k = {buf && buflen ? buf : NULL, buflen ? buflen - 1 : 0, 0};
     if (len) *len = 0;
     if (buf && buflen) buf[0] = '\0';

@@ -77,8 +77,8 @@ ps_status ps_chat_detect(const char *tmpl, ps_chat_family *out, char *err, size_
  * and its variant details are read from it. bos / eos: the text of the model's BOS and
  * EOS tokens (from the GGUF vocabulary); NULL takes the family's usual one ("<s>",
  * "<|begin_of_text|>", "<bos>", ...). The strings are copied. Free with ps_chat_free. */
-ps_status ps_chat_create(const char *tmpl, const char *name, const char *bos, const char *eos,
-                         ps_chat **out, char *err, size_t errlen);
+ps_status ps_chat_create(const char *tmpl, const char *name, const char *bos, const char *eos, ps_chat **out, char *err,
+                         size_t errlen);
 
 /* Frees c; NULL is a no-op. */
 void ps_chat_free(ps_chat *c);
@@ -109,14 +109,12 @@ const char *ps_chat_default_system(const ps_chat *c);
  * templates reject it) is put before the first user message followed by "\n\n", as
  * Gemma 3 and Mistral's updated v0.2 template do. Phi-3's old template (the user turn
  * opens <|assistant|>) drops system messages, as that template does. */
-ps_status ps_chat_apply(const ps_chat *c, const ps_chat_msg *msgs, size_t n,
-                        bool add_generation_prompt, char *buf, size_t buflen, size_t *len,
-                        char *err, size_t errlen);
+ps_status ps_chat_apply(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt, char *buf,
+                        size_t buflen, size_t *len, char *err, size_t errlen);
 
 /* As ps_chat_apply, into a malloc'd NUL-terminated string that the caller frees with
  * free(); *out is NULL on failure. */
-ps_status ps_chat_apply_alloc(const ps_chat *c, const ps_chat_msg *msgs, size_t n,
-                              bool add_generation_prompt, char **out, size_t *len, char *err,
-                              size_t errlen);
+ps_status ps_chat_apply_alloc(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt,
+                              char **out, size_t *len, char *err, size_t errlen);
 
 #endif

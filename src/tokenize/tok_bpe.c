@@ -24,9 +24,9 @@ static bool byte_printable(unsigned b) { return (b >= 0x21 && b <= 0x7E) || (b >
 
 uint32_t ps_tok_bpe_byte_cp(uint8_t b) {
     if (byte_printable(b)) return b;
-    if (b <= 0x20) return 256u + b;            /* 0x00..0x20 -> 256..288 */
+    if (b <= 0x20) return 256u + b;               /* 0x00..0x20 -> 256..288 */
     if (b <= 0xA0) return 256u + 33 + (b - 0x7F); /* 0x7F..0xA0 -> 289..322 */
-    return 256u + 67;                           /* 0xAD -> 323 */
+    return 256u + 67;                             /* 0xAD -> 323 */
 }
 
 int ps_tok_bpe_cp_byte(uint32_t cp) {
@@ -39,23 +39,23 @@ int ps_tok_bpe_cp_byte(uint32_t cp) {
 // ---- pre-tokenizers
 
 /* Unicode White_Space, which is what \s means in Oniguruma (HF) and llama.cpp. */
-#define WS "\\t\\n\\x0B\\f\\r\\x{85}\\p{Z}"
-#define RE_GPT2                                                                                    \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+#define WS             "\\t\\n\\x0B\\f\\r\\x{85}\\p{Z}"
+#define RE_GPT2        "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+"
 #define RE_LLAMA3_HEAD "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
-#define RE_LLAMA3_TAIL                                                                             \
-    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+#define RE_LLAMA3_TAIL "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
 
 typedef struct {
-    const char *names;               /* NUL-separated, double-NUL-terminated */
-    const char *re[TOK_MAX_REGEX];   /* applied in order; NULL ends */
-    bool ignore_merges;              /* whole-token words skip merging (llama.cpp's LLAMA3) */
-    bool add_bos;                    /* llama.cpp's default for add_bos_token */
+    const char *names;             /* NUL-separated, double-NUL-terminated */
+    const char *re[TOK_MAX_REGEX]; /* applied in order; NULL ends */
+    bool ignore_merges;            /* whole-token words skip merging (llama.cpp's LLAMA3) */
+    bool add_bos;                  /* llama.cpp's default for add_bos_token */
 } pre_def;
 
 static const pre_def pre_defs[] = {
     {"llama3\0llama-v3\0llama-bpe\0falcon3\0falcon-h1\0pixtral\0",
-     {RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL}, true, true},
+     {RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL},
+     true,
+     true},
     {"smaug-bpe\0dbrx\0", {RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL}, false, false},
     {"qwen2\0deepseek-r1-qwen\0megrez\0stablelm2\0", {RE_LLAMA3_HEAD "\\p{N}" RE_LLAMA3_TAIL}, false, false},
     {"smollm\0starcoder\0refact\0command-r\0codeshell\0exaone\0minerva-7b\0", {"\\p{N}", RE_GPT2}, false, false},
@@ -205,7 +205,8 @@ static long map_word(bpe_ctx *c, const char *s, size_t len) {
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
         uint32_t cp = ps_tok_bpe_byte_cp((uint8_t)s[i]);
-        if (cp < 0x80) c->map[n++] = (char)cp;
+        if (cp < 0x80)
+            c->map[n++] = (char)cp;
         else {
             c->map[n++] = (char)(0xC0 | (cp >> 6));
             c->map[n++] = (char)(0x80 | (cp & 0x3F));

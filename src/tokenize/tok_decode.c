@@ -44,7 +44,8 @@ static size_t bpe_piece(const char *s, size_t n, char *out) {
         size_t l = 1;
         long cp = utf8_decode((const unsigned char *)s + i, n - i, &l);
         int b = cp >= 0 ? ps_tok_bpe_cp_byte((uint32_t)cp) : -1;
-        if (b >= 0) out[k++] = (char)b;
+        if (b >= 0)
+            out[k++] = (char)b;
         else {
             if (cp < 0) l = 1;
             memcpy(out + k, s + i, l);
@@ -61,9 +62,7 @@ static size_t make_piece(const ps_tok *t, int32_t id, char *out) {
     const char *s = tok_text(t, id, &n);
     switch (t->types[id]) {
     case PS_TOK_TYPE_CONTROL:
-    case PS_TOK_TYPE_UNKNOWN:
-        memcpy(out, s, n);
-        return n;
+    case PS_TOK_TYPE_UNKNOWN: memcpy(out, s, n); return n;
     case PS_TOK_TYPE_USER_DEFINED: /* SPM: like a normal piece (sentencepiece); BPE: raw (HF added token) */
         if (t->kind == PS_TOK_SPM) break;
         memcpy(out, s, n);
@@ -77,8 +76,7 @@ static size_t make_piece(const ps_tok *t, int32_t id, char *out) {
                 }
         }
         break;
-    default:
-        break;
+    default: break;
     }
     return t->kind == PS_TOK_SPM ? spm_piece(s, n, out) : bpe_piece(s, n, out);
 }
@@ -157,10 +155,10 @@ ps_status ps_tok_decode(const ps_tok *t, const int32_t *ids, size_t n, unsigned 
 struct ps_tok_stream {
     const ps_tok *t;
     unsigned flags;
-    bool strip;           /* the leading-space rule is still armed */
+    bool strip; /* the leading-space rule is still armed */
     unsigned char held[4];
-    size_t n_held;        /* bytes of an incomplete character held back, <= 3 */
-    char *buf;            /* (max_piece + 4) what the last call handed out */
+    size_t n_held; /* bytes of an incomplete character held back, <= 3 */
+    char *buf;     /* (max_piece + 4) what the last call handed out */
 };
 
 ps_status ps_tok_stream_create(const ps_tok *t, unsigned flags, ps_tok_stream **out) {

@@ -30,8 +30,8 @@ static int32_t match_special(const ps_tok *t, const char *s, size_t len, bool pa
 
 /* Encodes plain text s[0..len); *after_special says whether it follows the start or a special
  * token (SPM space prefix) and is cleared when the fragment is not empty. */
-static ps_status encode_fragment(const ps_tok *t, const char *s, size_t len, bool *after_special, tok_out *o,
-                                 char *err, size_t errlen) {
+static ps_status encode_fragment(const ps_tok *t, const char *s, size_t len, bool *after_special, tok_out *o, char *err,
+                                 size_t errlen) {
     if (!len) return PS_OK;
     bool prefix = t->add_space_prefix && *after_special;
     *after_special = false;
@@ -40,8 +40,8 @@ static ps_status encode_fragment(const ps_tok *t, const char *s, size_t len, boo
 }
 
 /* Cuts text at special tokens and encodes every piece into o. */
-static ps_status encode_text(const ps_tok *t, const char *text, size_t len, bool parse_special, tok_out *o,
-                             char *err, size_t errlen) {
+static ps_status encode_text(const ps_tok *t, const char *text, size_t len, bool parse_special, tok_out *o, char *err,
+                             size_t errlen) {
     bool after_special = true;
     size_t frag = 0;
     bool any_special = t->special_start[256] > 0;
@@ -73,7 +73,6 @@ ps_status ps_tok_encode(const ps_tok *t, const char *text, size_t len, bool add_
     if (s) return s;
     if (add_special && t->add_eos) tok_emit(&o, t->eos);
     *n_ids = o.n;
-    if (o.n > cap)
-        return ps_errf(err, errlen, PS_ERR_RANGE, "%zu tokens do not fit in a buffer of %zu", o.n, cap);
+    if (o.n > cap) return ps_errf(err, errlen, PS_ERR_RANGE, "%zu tokens do not fit in a buffer of %zu", o.n, cap);
     return PS_OK;
 }

@@ -44,13 +44,12 @@ static ps_status opt_bool(const ps_gguf *g, const char *key, int8_t *out, char *
 }
 
 /* An optional numeric array of exactly n elements (NULL when absent). */
-static ps_status opt_num_arr(const ps_gguf *g, const char *key, uint32_t n, bool want_float,
-                             const ps_gguf_value **out, char *err, size_t errlen) {
+static ps_status opt_num_arr(const ps_gguf *g, const char *key, uint32_t n, bool want_float, const ps_gguf_value **out,
+                             char *err, size_t errlen) {
     const ps_gguf_value *v = ps_gguf_get(g, key);
     *out = NULL;
     if (!v) return PS_OK;
-    if (v->type != PS_GGUF_ARRAY)
-        return ps_errf(err, errlen, PS_ERR_FORMAT, "%s is not an array", key);
+    if (v->type != PS_GGUF_ARRAY) return ps_errf(err, errlen, PS_ERR_FORMAT, "%s is not an array", key);
     ps_gguf_vtype et = v->arr.type;
     bool is_float = et == PS_GGUF_F32 || et == PS_GGUF_F64;
     bool is_int = et <= PS_GGUF_I32 || et == PS_GGUF_U64 || et == PS_GGUF_I64;

@@ -18,19 +18,19 @@
 
 /* Token text -> id, open addressing over ids; the texts live in the owning ps_tok. */
 typedef struct {
-    int32_t *slots;     /* (mask + 1) token ids, -1 = empty */
-    uint32_t mask;      /* capacity - 1, capacity a power of two */
+    int32_t *slots; /* (mask + 1) token ids, -1 = empty */
+    uint32_t mask;  /* capacity - 1, capacity a power of two */
 } tok_strmap;
 
 /* One merge rule: (left, right) -> merged token, lower rank merges first. */
 typedef struct {
-    uint64_t key;       /* left << 32 | right; UINT64_MAX = empty slot */
-    int32_t rank;       /* index in tokenizer.ggml.merges */
-    int32_t merged;     /* id of left's text followed by right's */
+    uint64_t key;   /* left << 32 | right; UINT64_MAX = empty slot */
+    int32_t rank;   /* index in tokenizer.ggml.merges */
+    int32_t merged; /* id of left's text followed by right's */
 } tok_merge;
 
 typedef struct {
-    tok_merge *slots;   /* (mask + 1) */
+    tok_merge *slots; /* (mask + 1) */
     uint32_t mask;
 } tok_mergemap;
 
@@ -57,27 +57,27 @@ const tok_merge *ps_tok_mergemap_get(const tok_mergemap *m, int32_t left, int32_
 struct ps_tok {
     ps_tok_kind kind;
     int32_t n_vocab;
-    char *text;             /* all raw token texts, back to back */
-    uint32_t *text_off;     /* (n_vocab + 1) token i is text[text_off[i] .. text_off[i + 1]) */
-    float *scores;          /* (n_vocab) */
-    uint8_t *types;         /* (n_vocab) ps_tok_type */
-    char *piece;            /* decoded bytes of every token, back to back */
-    uint32_t *piece_off;    /* (n_vocab + 1) like text_off */
-    uint32_t max_piece;     /* longest piece in bytes */
-    uint8_t *eog;           /* (n_vocab) 1 for end-of-generation tokens */
-    tok_strmap vocab;       /* raw text -> id */
-    tok_mergemap merges;    /* BPE only */
-    int32_t byte_tok[256];  /* SPM: id of "<0xXX>"; BPE: id of the byte's byte-level character; -1 none */
+    char *text;            /* all raw token texts, back to back */
+    uint32_t *text_off;    /* (n_vocab + 1) token i is text[text_off[i] .. text_off[i + 1]) */
+    float *scores;         /* (n_vocab) */
+    uint8_t *types;        /* (n_vocab) ps_tok_type */
+    char *piece;           /* decoded bytes of every token, back to back */
+    uint32_t *piece_off;   /* (n_vocab + 1) like text_off */
+    uint32_t max_piece;    /* longest piece in bytes */
+    uint8_t *eog;          /* (n_vocab) 1 for end-of-generation tokens */
+    tok_strmap vocab;      /* raw text -> id */
+    tok_mergemap merges;   /* BPE only */
+    int32_t byte_tok[256]; /* SPM: id of "<0xXX>"; BPE: id of the byte's byte-level character; -1 none */
     /* special-token matcher: ids of control/unknown/user-defined tokens grouped by first byte,
      * longest first within a group */
-    int32_t *special;       /* (n_special) */
+    int32_t *special; /* (n_special) */
     uint32_t special_start[257];
-    int32_t n_user;         /* how many of them are user-defined */
+    int32_t n_user; /* how many of them are user-defined */
     int32_t bos, eos, eot, unk, pad;
     bool add_bos, add_eos, add_space_prefix;
-    bool ignore_merges;     /* BPE: a word that is a whole vocabulary token skips merging (llama3) */
-    bool has_unused;        /* SPM: some token is of type unused (needs resegmentation) */
-    bool byte_fallback;     /* SPM: all 256 byte tokens exist (else unknown pieces become unk) */
+    bool ignore_merges;            /* BPE: a word that is a whole vocabulary token skips merging (llama3) */
+    bool has_unused;               /* SPM: some token is of type unused (needs resegmentation) */
+    bool byte_fallback;            /* SPM: all 256 byte tokens exist (else unknown pieces become unk) */
     pcre2_code *re[TOK_MAX_REGEX]; /* BPE pre-split, applied in order */
     int n_re;
     char pre_name[32];

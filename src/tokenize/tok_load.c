@@ -122,8 +122,9 @@ static ps_status set_specials(ps_tok *t, const ps_tok_spec *sp, bool default_bos
 
 /* End-of-generation tokens: EOS, EOT and the texts llama.cpp recognises. */
 static ps_status mark_eog(ps_tok *t) {
-    static const char *const names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                        "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<end_of_utterance>"};
+    static const char *const names[] = {"<|eot_id|>",    "<|im_end|>",      "<|end|>",
+                                        "<end_of_turn>", "<|endoftext|>",   "<|eom_id|>",
+                                        "<EOT>",         "<|end_of_text|>", "<end_of_utterance>"};
     t->eog = ps_calloc((size_t)t->n_vocab, 1);
     if (!t->eog) return PS_ERR_NOMEM;
     if (t->eos >= 0) t->eog[t->eos] = 1;
@@ -190,8 +191,7 @@ static void bpe_bytes(ps_tok *t) {
 
 /* Parses merge i "left right" into the ids of left, right and left+right. buf holds
  * left+right while it is looked up (grown as needed). */
-static ps_status parse_merge(ps_tok *t, ps_gguf_str m, uint64_t i, char **buf, size_t *cap, char *err,
-                             size_t errlen) {
+static ps_status parse_merge(ps_tok *t, ps_gguf_str m, uint64_t i, char **buf, size_t *cap, char *err, size_t errlen) {
     const char *sp = m.len > 1 && m.data ? memchr(m.data + 1, ' ', m.len - 1) : NULL;
     if (!sp || sp + 1 == m.data + m.len)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.merges[%llu] '%.*s' is not two tokens and a space",
@@ -201,8 +201,8 @@ static ps_status parse_merge(ps_tok *t, ps_gguf_str m, uint64_t i, char **buf, s
     int32_t right = ps_tok_strmap_get(&t->vocab, t, sp + 1, rl);
     if (left < 0 || right < 0)
         return ps_errf(err, errlen, PS_ERR_FORMAT,
-                       "tokenizer.ggml.merges[%llu] '%.*s' names a token not in the vocabulary",
-                       (unsigned long long)i, shown(m.len), m.data);
+                       "tokenizer.ggml.merges[%llu] '%.*s' names a token not in the vocabulary", (unsigned long long)i,
+                       shown(m.len), m.data);
     if (*cap < ll + rl) {
         char *nb = ps_realloc(*buf, ll + rl);
         if (!nb) return PS_ERR_NOMEM;
@@ -292,8 +292,10 @@ static ps_status build_special(ps_tok *t) {
 
 /* Kind from tokenizer.ggml.model; PS_ERR_UNSUPPORTED names anything else. */
 static ps_status pick_kind(ps_tok *t, ps_gguf_str model, char *err, size_t errlen) {
-    if (str_is(model, "llama")) t->kind = PS_TOK_SPM;
-    else if (str_is(model, "gpt2")) t->kind = PS_TOK_BPE;
+    if (str_is(model, "llama"))
+        t->kind = PS_TOK_SPM;
+    else if (str_is(model, "gpt2"))
+        t->kind = PS_TOK_BPE;
     else if (!model.len)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "tokenizer.ggml.model is empty");
     else

@@ -20,7 +20,7 @@ typedef struct {
     uint32_t start; /* offset in the escaped text */
     uint32_t n;     /* length in bytes; 0: merged away */
     int32_t prev, next;
-    bool frozen;    /* a user-defined piece: never merged */
+    bool frozen; /* a user-defined piece: never merged */
 } spm_sym;
 
 typedef struct {
@@ -37,11 +37,11 @@ typedef struct {
 typedef struct {
     const ps_tok *t;
     tok_out *o;
-    char *text;         /* escaped text */
+    char *text; /* escaped text */
     spm_sym *sym;
-    spm_cand *heap;     /* capacity 3 * symbols: each merge pushes at most two */
+    spm_cand *heap; /* capacity 3 * symbols: each merge pushes at most two */
     size_t heap_n;
-    spm_rev *rev;       /* open addressing on text, only when the vocabulary has unused pieces */
+    spm_rev *rev; /* open addressing on text, only when the vocabulary has unused pieces */
     uint32_t rev_mask;
 } spm_ctx;
 
@@ -189,8 +189,10 @@ static void resegment(spm_ctx *c, uint32_t start, uint32_t n) {
             return;
         }
     }
-    if (id >= 0) tok_emit(c->o, id);
-    else if (!t->byte_fallback) tok_emit(c->o, t->unk);
+    if (id >= 0)
+        tok_emit(c->o, id);
+    else if (!t->byte_fallback)
+        tok_emit(c->o, t->unk);
     else
         for (uint32_t i = 0; i < n; i++) tok_emit(c->o, t->byte_tok[(unsigned char)c->text[start + i]]);
 }

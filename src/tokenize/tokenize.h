@@ -42,17 +42,17 @@ typedef enum {
 /* Everything a tokenizer is built from, as the GGUF metadata has it. Strings need not be
  * NUL-terminated; all pointers are only read during ps_tok_create_spec. */
 typedef struct {
-    ps_gguf_str model;            /* "llama" or "gpt2" (tokenizer.ggml.model) */
-    ps_gguf_str pre;              /* gpt2 pre-tokenizer name; len 0 means "default" */
-    uint32_t n_tokens;            /* vocabulary size, >= 1 */
-    const ps_gguf_str *tokens;    /* (n_tokens) token texts */
-    const float *scores;          /* (n_tokens) or NULL: all 0 */
-    const int32_t *types;         /* (n_tokens) ps_tok_type values, or NULL: all normal */
+    ps_gguf_str model;         /* "llama" or "gpt2" (tokenizer.ggml.model) */
+    ps_gguf_str pre;           /* gpt2 pre-tokenizer name; len 0 means "default" */
+    uint32_t n_tokens;         /* vocabulary size, >= 1 */
+    const ps_gguf_str *tokens; /* (n_tokens) token texts */
+    const float *scores;       /* (n_tokens) or NULL: all 0 */
+    const int32_t *types;      /* (n_tokens) ps_tok_type values, or NULL: all normal */
     uint64_t n_merges;
-    const ps_gguf_str *merges;    /* (n_merges) "left right", rank = index; gpt2 only */
+    const ps_gguf_str *merges;                      /* (n_merges) "left right", rank = index; gpt2 only */
     int64_t bos_id, eos_id, unk_id, pad_id, eot_id; /* -1: none */
-    int8_t add_bos, add_eos;      /* 0/1, or -1 for the kind's default (SPM: BOS yes; gpt2: no) */
-    int8_t add_space_prefix;      /* 0/1, or -1 for the kind's default (SPM: yes; gpt2: no) */
+    int8_t add_bos, add_eos;                        /* 0/1, or -1 for the kind's default (SPM: BOS yes; gpt2: no) */
+    int8_t add_space_prefix;                        /* 0/1, or -1 for the kind's default (SPM: yes; gpt2: no) */
 } ps_tok_spec;
 
 /* A spec with every id -1, every flag -1 and nothing else set. */
@@ -80,7 +80,7 @@ ps_status ps_tok_encode(const ps_tok *t, const char *text, size_t len, bool add_
                         int32_t *ids, size_t cap, size_t *n_ids, char *err, size_t errlen);
 
 /* Decode flags. */
-#define PS_TOK_DECODE_SPECIAL 1u     /* render control and unknown tokens as their text (else empty) */
+#define PS_TOK_DECODE_SPECIAL     1u /* render control and unknown tokens as their text (else empty) */
 #define PS_TOK_DECODE_STRIP_SPACE 2u /* drop the space the SPM space prefix put before the first word */
 
 /* The bytes of one token as decoding produces them (flags: PS_TOK_DECODE_SPECIAL only):
