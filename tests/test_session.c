@@ -1,7 +1,8 @@
 /* test_session.c - the generation session (coord/session.h) on stories260K: where each stop
- * reason falls (n_predict, n_predict 0, a full context, cancel; end of text on SmolLM2), that a new
- * prompt forgets the old generation, that the streamed text plus the flush equals the
- * tokenizer's own decoding of the generated ids, and the prompt errors. */
+ * reason falls (n_predict, n_predict 0, a full context, cancel; end of text on SmolLM2), that a
+ * new prompt keeps only the prefix the stages hold and gives the same tokens as one run whole,
+ * that the streamed text plus the flush equals the tokenizer's own decoding of the generated
+ * ids, and the prompt errors. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,13 +74,48 @@ static void test_length(ps_session *s) {
     PS_CHECK_OK(ps_session_next(s, &step, err, sizeof err));
     PS_CHECK(step.stop == PS_STOP_LENGTH && step.token == -1 && step.len == 0);
 
-    /* a new prompt forgets the generation: the same ids again */
+    /* the same prompt again (its prefix kept): the same ids again */
     int32_t first[12];
     memcpy(first, ids + n_prompt, sizeof first);
     PS_CHECK_OK(ps_session_prompt_text(s, "Once upon a time", 16, &gp, err, sizeof err));
     PS_CHECK_EQ_INT(run_out(s, &steps, text, sizeof text), PS_STOP_LENGTH);
     ids = ps_session_tokens(s, &n, &n_prompt);
     PS_CHECK(n - n_prompt == 12 && !memcmp(first, ids + n_prompt, sizeof first));
+}
+
+/* A prompt that extends the last sequence keeps its keys and values and runs only the new
+ * tokens; its tokens equal the same prompt run whole after ps_session_reset. */
+static void test_reuse(ps_session *s) {
+    char err[512], text[4096];
+    int32_t prompt[40], again[40];
+    int steps, n, n_prompt;
+    for (int i = 0; i < 20; i++) prompt[i] = 100 + 7 * i;
+    ps_gen_params gp = params(10, true, 0);
+    PS_CHECK_OK(ps_session_prompt_ids(s, prompt, 20, &gp, err, sizeof err));
+    run_out(s, &steps, text, sizeof text);
+    const int32_t *ids = ps_session_tokens(s, &n, &n_prompt);
+    memcpy(prompt, ids, (size_t)n * sizeof *ids); /* the prompt, the 10 tokens, then 5 more of ours */
+    for (int i = n; i < n + 5; i++) prompt[i] = 300 + i;
+    int n_new = n + 5;
+    PS_CHECK_OK(ps_session_prompt_ids(s, prompt, n_new, &gp, err, sizeof err));
+    run_out(s, &steps, text, sizeof text);
+    ps_session_stats st;
+    ps_session_get_stats(s, &st);
+    PS_CHECK_EQ_INT(st.n_reused, n - 1); /* all but the last generated token, which was never fed */
+    ids = ps_session_tokens(s, &n, &n_prompt);
+    memcpy(again, ids + n_prompt, 10 * sizeof *ids);
+    ps_session_reset(s);
+    PS_CHECK_OK(ps_session_prompt_ids(s, prompt, n_new, &gp, err, sizeof err));
+    run_out(s, &steps, text, sizeof text);
+    ps_session_get_stats(s, &st);
+    PS_CHECK_EQ_INT(st.n_reused, 0);
+    ids = ps_session_tokens(s, &n, &n_prompt);
+    PS_CHECK(!memcmp(again, ids + n_prompt, 10 * sizeof *ids));
+    /* a prompt that departs early keeps only the shared part */
+    prompt[3] = 499;
+    PS_CHECK_OK(ps_session_prompt_ids(s, prompt, n_new, &gp, err, sizeof err));
+    ps_session_get_stats(s, &st);
+    PS_CHECK_EQ_INT(st.n_reused, 3);
 }
 
 /* n_predict 0 runs the prompt and stops at once; a full context stops with CONTEXT. */
@@ -194,6 +230,7 @@ int main(void) {
         return ps_test_done();
     }
     test_length(s);
+    test_reuse(s);
     test_zero_and_context(s);
     test_cancel(s);
     test_bad_prompts(s);

@@ -48,10 +48,12 @@ static void config_stop(config *c) {
     free(c->round_s);
 }
 
-/* Starts a generation of c's session over prompt (n tokens): greedy, to the end of the context. */
+/* Starts a generation of c's session over prompt (n tokens), prefilled whole (not kept from
+ * the last repetition): greedy, to the end of the context. */
 static ps_status set_prompt(config *c, const int32_t *prompt, int n, char *err, size_t errlen) {
     ps_gen_params gp = {.sp = ps_sample_params_default(), .n_predict = -1, .ignore_eos = true};
     gp.sp.temperature = 0;
+    ps_session_reset(c->session);
     return ps_session_prompt_ids(c->session, prompt, n, &gp, err, errlen);
 }
 

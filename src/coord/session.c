@@ -14,6 +14,9 @@ struct ps_session {
     int32_t *toks; /* (n_ctx + 1) prompt, then generated tokens; the last one
                       generated is never fed when the context is full */
     int n_toks, n_prompt;
+    int32_t *next; /* (n_ctx) a new prompt, before it replaces toks */
+    int n_fed;     /* positions of toks whose keys and values every stage holds */
+    int n_reused;  /* of them, those the current prompt kept from the last one */
     ps_gen_params gp;
     bool started; /* the prompt went around the ring */
     ps_stop_reason stop;
@@ -36,6 +39,7 @@ ps_status ps_session_create(ps_coord *c, const ps_tok *tok, ps_session **out, ch
     s->coord = c, s->tok = tok, s->m = ps_coord_model(c), s->n_ctx = ps_coord_n_ctx(c);
     atomic_init(&s->cancel, false);
     if (!(s->toks = ps_malloc(((size_t)s->n_ctx + 1) * sizeof *s->toks)) ||
+        !(s->next = ps_malloc((size_t)s->n_ctx * sizeof *s->next)) ||
         (tok && ps_tok_stream_create(tok, 0, &s->stream))) {
         ps_session_free(s);
         return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
@@ -48,15 +52,21 @@ void ps_session_free(ps_session *s) {
     if (!s) return;
     ps_tok_stream_free(s->stream);
     free(s->toks);
+    free(s->next);
     free(s);
 }
 
-/* Starts a generation over the n_prompt tokens already in s->toks. */
+/* Starts a generation over the n_prompt tokens in s->next. The longest prefix they share
+ * with what every stage already holds is kept (at least one token runs, for the logits). */
 static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, char *err, size_t errlen) {
     ps_status st = ps_sample_params_check(&gp->sp, err, errlen);
     if (st) return st;
+    int keep = 0;
+    while (keep < s->n_fed && keep < n_prompt - 1 && s->toks[keep] == s->next[keep]) keep++;
+    memcpy(s->toks + keep, s->next + keep, (size_t)(n_prompt - keep) * sizeof *s->toks);
     s->gp = *gp;
     s->n_prompt = s->n_toks = n_prompt;
+    s->n_fed = s->n_reused = keep;
     s->started = false;
     s->stop = PS_STOP_NONE;
     atomic_store(&s->cancel, false);
@@ -65,6 +75,8 @@ static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, cha
     if (s->stream) ps_tok_stream_reset(s->stream);
     return PS_OK;
 }
+
+void ps_session_reset(ps_session *s) { s->n_fed = 0; }
 
 /* The message of a prompt of n tokens that does not fit the context. */
 static ps_status too_long(const ps_session *s, long long n, char *err, size_t errlen) {
@@ -78,7 +90,7 @@ ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const 
                                 size_t errlen) {
     if (n <= 0) return ps_errf(err, errlen, PS_ERR_ARG, "the prompt is empty");
     if (n > s->n_ctx) return too_long(s, n, err, errlen);
-    memcpy(s->toks, ids, (size_t)n * sizeof *ids);
+    memcpy(s->next, ids, (size_t)n * sizeof *ids);
     return start(s, n, gp, err, errlen);
 }
 
@@ -87,7 +99,7 @@ static ps_status prompt_tokens(ps_session *s, const char *text, size_t len, bool
                                const ps_gen_params *gp, char *err, size_t errlen) {
     if (!s->tok) return ps_errf(err, errlen, PS_ERR_ARG, "a text prompt needs the model's tokenizer");
     size_t n = 0;
-    ps_status st = ps_tok_encode(s->tok, text, len, add_bos, parse_special, s->toks, (size_t)s->n_ctx, &n, err, errlen);
+    ps_status st = ps_tok_encode(s->tok, text, len, add_bos, parse_special, s->next, (size_t)s->n_ctx, &n, err, errlen);
     if (st == PS_ERR_RANGE) return too_long(s, (long long)n, err, errlen);
     if (st) return st;
     if (n == 0) return ps_errf(err, errlen, PS_ERR_ARG, "the prompt is empty");
@@ -125,21 +137,24 @@ ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t 
     return st;
 }
 
-/* Runs the model for the next token: the whole prompt on the first step, else the token
- * before; the last stage samples at position n_toks. */
+/* Runs the model for the next token: the prompt (beyond what the stages kept) on the first
+ * step, else the token before; the last stage samples at position n_toks. On failure no
+ * stage's keys and values are trusted any more. */
 static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errlen) {
     double t0 = ps_now();
-    ps_status st;
+    int from = s->started ? s->n_toks - 1 : s->n_fed;
+    s->n_fed = 0;
+    ps_status st = ps_coord_next(s->coord, s->toks + from, s->n_toks - from, from, &s->gp.sp, tok, err, errlen);
+    if (st) return st;
+    s->n_fed = s->n_toks;
     if (!s->started) {
-        st = ps_coord_next(s->coord, s->toks, s->n_toks, 0, &s->gp.sp, tok, err, errlen);
         s->ttft_s = ps_now() - t0;
         s->started = true;
-        return st;
+        return PS_OK;
     }
-    st = ps_coord_next(s->coord, &s->toks[s->n_toks - 1], 1, s->n_toks - 1, &s->gp.sp, tok, err, errlen);
     s->decode_s += ps_now() - t0;
     s->n_decode++;
-    return st;
+    return PS_OK;
 }
 
 /* See session.h. A stop found after sampling (end of text) leaves the token out of the
@@ -182,6 +197,7 @@ const int32_t *ps_session_tokens(const ps_session *s, int *n_tokens, int *n_prom
 void ps_session_get_stats(const ps_session *s, ps_session_stats *out) {
     *out = (ps_session_stats){.n_prompt = s->n_prompt,
                               .n_generated = s->n_toks - s->n_prompt,
+                              .n_reused = s->n_reused,
                               .ttft_s = s->ttft_s,
                               .decode_s = s->decode_s,
                               .n_decode = s->n_decode};

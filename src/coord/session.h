@@ -55,9 +55,11 @@ ps_status ps_session_create(ps_coord *c, const ps_tok *tok, ps_session **out, ch
 /* NULL is a no-op. */
 void ps_session_free(ps_session *s);
 
-/* Each prompt call starts a new generation with gp (copied): the tokens of the previous one
- * are forgotten (the first step overwrites every stage's KV from position 0). A prompt
- * longer than the context is PS_ERR_RANGE, an empty one PS_ERR_ARG. */
+/* Each prompt call starts a new generation with gp (copied). The stages keep the keys and
+ * values of the longest prefix the new prompt shares with the sequence they hold (a chat's
+ * earlier turns, a shared system prompt), and the first step runs only the rest: the same
+ * tokens as a prompt run whole (DESIGN.md invariant 1), less prefill. A prompt longer than
+ * the context is PS_ERR_RANGE, an empty one PS_ERR_ARG. */
 
 /* Text, tokenized with BOS added and special-token strings taken literally. */
 ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, const ps_gen_params *gp, char *err,
@@ -71,6 +73,9 @@ ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t 
  * which the first step checks. */
 ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const ps_gen_params *gp, char *err,
                                 size_t errlen);
+
+/* Forgets what the stages hold: the next prompt runs whole (for measuring prefill). */
+void ps_session_reset(ps_session *s);
 
 /* One step of generation. */
 typedef struct {
@@ -101,6 +106,7 @@ const int32_t *ps_session_tokens(const ps_session *s, int *n_tokens, int *n_prom
 /* Timings of the current generation. */
 typedef struct {
     int n_prompt, n_generated;
+    int n_reused;    /* prompt tokens whose keys and values were kept from before */
     double ttft_s;   /* prompt around the ring to the first token */
     double decode_s; /* the steps after the first, summed */
     int n_decode;    /* how many steps decode_s covers */
