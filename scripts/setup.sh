@@ -16,7 +16,7 @@ for a in "$@"; do
 done
 
 debs=(build-essential cmake pkg-config python3 python3-venv iproute2 clang-format
-      libpcre2-dev libutf8proc-dev libcjson-dev libxxhash-dev libsodium-dev libmicrohttpd-dev
+      libpcre2-dev libutf8proc-dev libcjson-dev libxxhash-dev libsodium-dev libmicrohttpd-dev libedit-dev
       gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)  # the last three: tests/cross_neon.sh
 missing=()
 for p in "${debs[@]}"; do

@@ -11,6 +11,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"run", ps_cli_run, "generate text from a prompt"},
+    {"chat", ps_cli_chat, "talk with a model in the terminal, turn after turn"},
     {"inspect", ps_cli_inspect, "describe a GGUF model"},
     {"synth", ps_cli_synth, "write a GGUF model with random weights"},
     {"bench", ps_cli_bench, "measure prefill and decode speed"},

@@ -12,12 +12,13 @@
 #include "../coord/session.h"
 #include "args.h"
 #include "cli.h"
+#include "repl.h"
 
 typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
     long long threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
     ps_link_sim sim;
-    bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport;
+    bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, n_set;
     ps_act act;
     ps_gen_params gp; /* sampling, -n, --ignore-eos */
 } run_opts;
@@ -175,7 +176,7 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
         if (!ps_act_from_name(v, &o->act)) return true;
         fprintf(stderr, "pipeshard run: %s must be q8 or f32, got '%s'\n", flag, v);
         return false;
-    case O_N: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->gp.n_predict = i), true);
+    case O_N: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->gp.n_predict = i), o->n_set = true);
     case O_THREADS: return ps_arg_int("run", flag, v, 1, 1024, &o->threads);
     case O_CTX: return ps_arg_int("run", flag, v, 1, 1 << 24, &o->ctx);
     case O_BATCH: return ps_arg_int("run", flag, v, 1, 1 << 16, &o->batch);
@@ -272,7 +273,8 @@ typedef struct {
     const run_opts *o;
     ps_launch *launch;
     ps_session *session;
-    FILE *dump; /* --dump-logits */
+    FILE *dump;       /* --dump-logits */
+    bool interactive; /* `pipeshard chat`: the prompts come from the terminal (repl.c) */
     char err[1024];
 } run_state;
 
@@ -380,7 +382,7 @@ static ps_status run_setup(run_state *st) {
         return s;
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
         return ps_errf(err, el, PS_ERR_IO, "cannot create '%s': %s", o->dump_logits, strerror(errno));
-    return set_prompt(st);
+    return st->interactive ? PS_OK : set_prompt(st);
 }
 
 /* Writes the logits behind the latest token (--dump-logits). */
@@ -492,4 +494,42 @@ int ps_cli_run(int argc, char **argv) {
     ps_session_free(st.session);
     ps_launch_stop(st.launch);
     return s ? 1 : 0;
+}
+
+static void chat_usage(FILE *f) {
+    fprintf(f, "usage: pipeshard chat (-m MODEL | --fleet FLEET.json | -m MODEL --local-stages N) [options]\n"
+               "  A conversation in the terminal: type a message, read the answer as it is written.\n"
+               "  Each turn goes through the model's chat template; the conversation's keys and values\n"
+               "  stay on the stages between turns, so only the new turn is prefilled. Commands: /reset,\n"
+               "  /system TEXT, /exit, /help; Ctrl-C stops an answer, Ctrl-D ends the chat. Without a\n"
+               "  terminal, each line of standard input is a turn.\n"
+               "  --system TEXT           the system message\n"
+               "  --chat-template NAME    chat template family (default: the model's)\n"
+               "  -n, --n-predict N       tokens per answer at most (default -1: until its end or the context)\n"
+               "  --stats                 a JSON line per turn on stderr: prompt_tokens, reused_tokens (kept\n"
+               "                          from the turns before), generated_tokens, ttft_ms, decode_tok_s, stop\n"
+               "  and every option of `pipeshard run` but -p, -f, --prompt-ids, --print-ids, --dump-logits\n"
+               "  and --chat (see pipeshard run --help)\n");
+}
+
+int ps_cli_chat(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return chat_usage(stdout), 0;
+    run_opts o;
+    int rc = run_parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    if (o.prompt || o.prompt_file || o.prompt_ids || o.print_ids || o.dump_logits || o.chat) {
+        fprintf(stderr, "pipeshard chat: the turns come from the terminal; -p, -f, --prompt-ids, --print-ids, "
+                        "--dump-logits and --chat are options of `pipeshard run`\n");
+        return 2;
+    }
+    if (!o.n_set) o.gp.n_predict = -1;
+    run_state st = {.o = &o, .interactive = true};
+    ps_status s = run_setup(&st);
+    if (s) fprintf(stderr, "pipeshard chat: %s\n", st.err[0] ? st.err : ps_strerror(s));
+    ps_repl_opts ro = {.gp = o.gp, .system = o.system, .template_name = o.chat_template, .stats = o.stats};
+    if (!s) rc = ps_repl_run(st.session, &ro);
+    ps_session_free(st.session);
+    ps_launch_stop(st.launch);
+    return s ? 1 : rc;
 }

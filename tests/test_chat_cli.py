@@ -1,0 +1,127 @@
+"""test_chat_cli.py - `pipeshard chat` on SmolLM2-135M-Instruct (.cache/models, from scripts/setup.sh).
+
+1. Lines on standard input, greedy, --stats: the answers ("Paris", then "Berlin" for a follow-up that
+   only makes sense with the first turn), and turn 2 keeps turn 1's prompt and answer on the stages
+   (reused_tokens = turn 1's prompt + answer tokens) so that only the new turn is prefilled; after
+   /reset the same two turns give the same answers (kept keys and values change no token).
+2. Through a pseudo-terminal (libedit): the "> " prompt, Ctrl-C stops an answer ("[stopped]") and
+   the chat goes on, Ctrl-D ends it with status 0.
+3. Options that belong to `run` are refused with status 2.
+"""
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pstest import check, require, verdict  # noqa: E402
+
+BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
+MODEL = os.path.join(os.environ.get("PS_MODEL_CACHE", ".cache/models"), "SmolLM2-135M-Instruct.Q4_1.gguf")
+ARGS = ["-m", MODEL, "--temp", "0", "-t", "2", "-c", "512"]
+Q1 = "What is the capital of France? Answer in one word."
+Q2 = "And of Germany? Answer in one word."
+
+
+def case_lines():
+    p = subprocess.run([BIN, "chat", *ARGS, "--stats"], input=f"{Q1}\n{Q2}\n/reset\n{Q1}\n{Q2}\n", text=True,
+                       capture_output=True, timeout=300)
+    require(p.returncode == 0, lambda: f"chat exited {p.returncode}: {p.stderr}")
+    answers = [line for line in p.stdout.splitlines() if line and not line.startswith("(")]
+    turns = [json.loads(line) for line in p.stderr.splitlines() if line.startswith("{")]
+    require(len(answers) == 4 and len(turns) == 4, lambda: f"4 answers and 4 stats lines expected: {p.stdout!r}")
+    check("Paris" in answers[0], f"turn 1 answered {answers[0]!r}")
+    check("Berlin" in answers[1], f"turn 2 answered {answers[1]!r}")
+    check(turns[0]["reused_tokens"] == 0, f"turn 1 reused {turns[0]['reused_tokens']} tokens of nothing")
+    kept = turns[0]["prompt_tokens"] + turns[0]["generated_tokens"]
+    check(turns[1]["reused_tokens"] == kept,
+          f"turn 2 kept {turns[1]['reused_tokens']} tokens, expected turn 1's {kept} (prompt and answer)")
+    check(turns[1]["prompt_tokens"] - turns[1]["reused_tokens"] < turns[0]["prompt_tokens"],
+          "turn 2 prefilled more than its own turn")
+    check(answers[2:] == answers[:2], f"after /reset the same turns answered {answers[2:]} (first: {answers[:2]})")
+    check(all(t["stop"] == "eos" for t in turns), f"stop reasons {[t['stop'] for t in turns]}")
+    print(f"  ok: turn 2 prefilled {turns[1]['prompt_tokens'] - turns[1]['reused_tokens']} of "
+          f"{turns[1]['prompt_tokens']} tokens (ttft {turns[1]['ttft_ms']:.0f} ms; turn 1: "
+          f"{turns[0]['prompt_tokens']} tokens, {turns[0]['ttft_ms']:.0f} ms)")
+
+
+class Pty:
+    """pipeshard chat on a pseudo-terminal; read_until waits for bytes, never a fixed time."""
+
+    def __init__(self, argv):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.execv(BIN, [BIN, *argv])
+        self.buf = b""
+
+    def read_until(self, pat, timeout=120):
+        end = time.time() + timeout
+        while pat not in self.buf and time.time() < end:
+            r, _, _ = select.select([self.fd], [], [], 0.5)
+            if r:
+                try:
+                    self.buf += os.read(self.fd, 4096)
+                except OSError:
+                    break
+        found = pat in self.buf
+        if found:
+            self.buf = self.buf[self.buf.index(pat) + len(pat):]
+        return found
+
+    def read_bytes(self, n, timeout=120):
+        """Waits until at least n bytes are buffered; whether they came."""
+        end = time.time() + timeout
+        while len(self.buf) < n and time.time() < end:
+            self.read_until(b"\0", 0.2)
+        return len(self.buf) >= n
+
+    def wait(self, timeout=60):
+        end = time.time() + timeout
+        while time.time() < end:
+            pid, st = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(st)
+            self.read_until(b"\0", 0.2)  # keep draining the terminal
+        os.kill(self.pid, 9)
+        return None
+
+
+def case_terminal():
+    t = Pty(["chat", *ARGS, "-n", "4000"])
+    require(t.read_until(b"> "), "no prompt on the terminal")
+    os.write(t.fd, b"Write a very long story about a dragon and a knight.\r")
+    require(t.read_until(b"knight.\r\n", 60), "the line was not echoed")
+    require(t.read_bytes(40), "the answer did not start")  # its first words: the session is answering
+    os.write(t.fd, b"\x03")
+    check(t.read_until(b"[stopped]", 60), "Ctrl-C did not stop the answer")
+    require(t.read_until(b"> "), "no prompt after the stopped answer")
+    os.write(t.fd, (Q1 + "\r").encode())
+    check(t.read_until(b"Paris"), "no answer after Ctrl-C")
+    require(t.read_until(b"> "), "no prompt after the answer")
+    os.write(t.fd, b"\x04")
+    rc = t.wait()
+    check(rc == 0, f"Ctrl-D ended the chat with status {rc}")
+
+
+def case_run_options():
+    for extra in (["-p", "hi"], ["--print-ids"], ["--chat"], ["--dump-logits", "/dev/null"]):
+        p = subprocess.run([BIN, "chat", *ARGS, *extra], input="", text=True, capture_output=True, timeout=60)
+        check(p.returncode == 2 and "options of `pipeshard run`" in p.stderr,
+              f"chat {extra}: status {p.returncode}, {p.stderr!r}")
+
+
+def main():
+    require(os.path.exists(MODEL), f"{MODEL} is absent (scripts/setup.sh fetches it)")
+    for case in (case_lines, case_terminal, case_run_options):
+        try:
+            case()
+        except AssertionError:
+            pass
+    return verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
