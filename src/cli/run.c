@@ -388,7 +388,7 @@ static ps_status run_setup(run_state *st) {
     char *err = st->err;
     size_t el = sizeof st->err;
     ps_status s = ps_sample_params_check(&o->gp.sp, err, el);
-    if (s) return s;
+    if (s) return st->usage = true, s; /* sampling flags that do not go together */
     ps_launch_opts lo = {.model = o->model,
                          .fleet = o->fleet,
                          .local_stages = (int)o->local_stages,
