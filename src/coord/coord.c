@@ -323,15 +323,15 @@ static ps_status check_stage0(ps_coord *c, char *err, size_t errlen) {
 }
 
 /* See coord.h. A file that does not open is left to the loader, whose message is the more
- * precise. */
+ * precise; running out of memory is not. */
 ps_status ps_coord_refuse_shard(const char *path, char *err, size_t errlen) {
     ps_gguf *g = NULL;
     ps_shard_meta sm = {0};
-    if (ps_gguf_open(path, &g, NULL, 0) || ps_shard_meta_read(g, &sm, NULL, 0) || !sm.present) {
-        ps_gguf_close(g);
-        return PS_OK;
-    }
+    ps_status s = ps_gguf_open(path, &g, err, errlen);
+    if (!s) s = ps_shard_meta_read(g, &sm, err, errlen);
     ps_gguf_close(g);
+    if (s == PS_ERR_NOMEM) return s;
+    if (s || !sm.present) return ps_errf(err, errlen, PS_OK, "%s", ""); /* no stale message */
     const char *slash = strrchr(path, '/');
     int dir_len = slash ? (int)(slash - path + 1) : 0; /* fleet.json is written next to the shards */
     if (sm.stage_index == 0)
