@@ -107,7 +107,7 @@ def case_terminal():
 
 
 def case_run_options():
-    for extra in (["-p", "hi"], ["--print-ids"], ["--chat"], ["--dump-logits", "/dev/null"]):
+    for extra in (["-p", "hi"], ["--print-ids"], ["--prompt-ids", "1,2"], ["--dump-logits", "/dev/null"]):
         p = subprocess.run([BIN, "chat", *ARGS, *extra], input="", text=True, capture_output=True, timeout=60)
         check(p.returncode == 2 and "options of `pipeshard run`" in p.stderr,
               f"chat {extra}: status {p.returncode}, {p.stderr!r}")

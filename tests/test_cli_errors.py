@@ -9,6 +9,7 @@ DESIGN.md invariant 4. Every case runs `$PIPESHARD_BIN run ...` and asserts:
 Models are written into $PS_TEST_TMP with gguf.GGUFWriter (tests/ref/synth.py), so nothing here
 needs a downloaded model. Exit 0 pass, 1 fail.
 """
+import json
 import os
 import subprocess
 import sys
@@ -18,19 +19,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
+from pstest import require  # noqa: E402
 from ref.synth import write_model  # noqa: E402
 
 
-def run(args, timeout=120):
+def pipeshard(args, timeout=120, **kw):
+    """Runs $PIPESHARD_BIN with args (standard input: /dev/null unless kw gives input or stdin)."""
     b = os.environ.get("PIPESHARD_BIN")
     if not b or not os.access(b, os.X_OK):
         raise AssertionError(f"PIPESHARD_BIN={b!r} is not an executable (run through ctest)")
-    return subprocess.run([b, "run"] + args, capture_output=True, text=True, timeout=timeout)
+    if "input" not in kw and "stdin" not in kw:
+        kw["stdin"] = subprocess.DEVNULL
+    return subprocess.run([b] + args, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def expect_error(args, keywords, one_line=True):
+def run(args, timeout=120, **kw):
+    return pipeshard(["run"] + args, timeout, **kw)
+
+
+def expect_error(args, keywords, one_line=True, status=None):
     """Run and check a clean failure whose first stderr line contains every keyword
-    (case-insensitive). Returns that line."""
+    (case-insensitive), and with status given, that exit status. Returns that line."""
     p = run(args)
     shown = f"pipeshard run {' '.join(args)}"
     lines = [l for l in p.stderr.splitlines() if l.strip()]
@@ -48,6 +57,8 @@ def expect_error(args, keywords, one_line=True):
                              f"(whole stderr: {p.stderr[-1000:]!r})")
     if one_line and len(lines) != 1:
         raise AssertionError(f"{shown}: expected one line on stderr, got {len(lines)}:\n{p.stderr[-1500:]}")
+    if status is not None and p.returncode != status:
+        raise AssertionError(f"{shown}: exit status {p.returncode}, expected {status} ({first!r})")
     print(f"  ok (exit {p.returncode}): {first}")
     return first
 
@@ -197,6 +208,106 @@ def case_fleet_flags():
     expect_error(["-m", GOOD, "--key-file", os.path.join(TMP, "no-such.key")] + ids, ["no-such.key"])
 
 
+def case_shard_as_model():
+    # issue 16 (1): a shard of `pipeshard split` given to -m says which shard it is and how its fleet runs
+    model = write_model(os.path.join(TMP, "three.gguf"), "llama", n_layer=3)
+    out = os.path.join(TMP, "three-fleet")
+    p = pipeshard(["split", "-m", model, "--stages", "3", "-o", out])
+    require(p.returncode == 0, lambda: f"split: exit {p.returncode}: {p.stderr[-800:]}")
+    ids = ["--prompt-ids", "1,2", "-n", "1"]
+    s1 = os.path.join(out, "stage-1.gguf")
+    fleet = os.path.join(out, "fleet.json")
+    expect_error(["-m", s1] + ids, [f"'{s1}' is shard 1 of 3 (layers 1..2)", f"pipeshard worker --shard {s1}",
+                                    f"pipeshard run --fleet {fleet}"], status=1)
+    s0 = os.path.join(out, "stage-0.gguf")
+    expect_error(["-m", s0] + ids, [f"'{s0}' is shard 0 of 3", f"pipeshard run --fleet {fleet}"], status=1)
+    # the same with --local-stages, before any split is tried
+    expect_error(["-m", s1, "--local-stages", "2"] + ids, [f"'{s1}' is shard 1 of 3"], status=1)
+
+
+def case_fleet_not_a_fleet_json():
+    # issue 16 (7): --fleet given a directory or a GGUF file says that a fleet.json is expected
+    ids = ["--prompt-ids", "1,2", "-n", "1"]
+    d = os.path.join(TMP, "a-dir")
+    os.makedirs(d, exist_ok=True)
+    expect_error(["--fleet", d] + ids, [f"'{d}' is a directory", "--fleet takes the fleet.json"])
+    with open(os.path.join(d, "fleet.json"), "w") as f:
+        f.write("{}")
+    expect_error(["--fleet", d] + ids, [f"'{d}' is a directory", f"({d}/fleet.json?)"])
+    expect_error(["--fleet", GOOD] + ids, [f"'{GOOD}' is a GGUF file, not a fleet.json", "-m"])
+
+
+def case_context_full_is_said():
+    # issue 16 (3): a generation cut short by the context says so on stderr (exit 0), and
+    # --stats names the stop reason
+    p = run(["-m", GOOD, "--prompt-ids", "5,6,7", "-c", "8", "-n", "20", "--temp", "0", "--print-ids",
+             "--ignore-eos", "--stats"])
+    require(p.returncode == 0, lambda: f"context-filling run: exit {p.returncode}: {p.stderr[-800:]}")
+    lines = p.stderr.strip().splitlines()
+    require(len(p.stdout.split()) == 6, lambda: f"expected 6 ids (8 positions, 3 in the prompt), got {p.stdout!r}")
+    require(len(lines) == 2 and lines[0] == "pipeshard run: stopped after 6 tokens: the context of 8 positions is "
+            "full (-c/--ctx-size)", lambda: f"stderr lacks the context line: {p.stderr!r}")
+    require(json.loads(lines[1]).get("stop") == "context", lambda: f"--stats lacks \"stop\": \"context\": {lines[1]}")
+    p = run(["-m", GOOD, "--prompt-ids", "5,6,7", "-n", "2", "--temp", "0", "--print-ids", "--ignore-eos", "--stats"])
+    lines = p.stderr.strip().splitlines()
+    require(p.returncode == 0 and len(lines) == 1 and json.loads(lines[0]).get("stop") == "length",
+            lambda: f"-n 2: expected only the stats line with \"stop\": \"length\": {p.stderr!r}")
+    print("  ok: context stop said on stderr, stop reason in --stats")
+
+
+def case_prompt_from_stdin():
+    # issue 16 (4): no -p/-f/--prompt-ids and standard input not a terminal: the prompt is read
+    # from it; -f - too; a terminal with no prompt is a usage error
+    base = ["-m", GOOD, "-n", "3", "--temp", "0", "--print-ids", "--ignore-eos"]
+    want = run(base + ["-p", "abc ab"])
+    require(want.returncode == 0, lambda: f"-p: exit {want.returncode}: {want.stderr[-800:]}")
+    for extra in ([], ["-f", "-"]):
+        p = run(base + extra, input="abc ab")
+        require(p.returncode == 0 and p.stdout == want.stdout,
+                lambda: f"prompt on stdin {extra}: exit {p.returncode}, {p.stdout!r} != {want.stdout!r}: {p.stderr}")
+    import pty
+    master, slave = pty.openpty()
+    try:
+        p = run(base, stdin=slave)
+    finally:
+        os.close(slave)
+        os.close(master)
+    require(p.returncode == 2 and "no prompt" in p.stderr,
+            lambda: f"no prompt on a terminal: exit {p.returncode}, {p.stderr!r}; expected 2 and 'no prompt'")
+    print("  ok: prompt read from standard input")
+
+
+def case_flags_that_need_another():
+    # issue 16 (6): --system / --chat-template only with --chat; -c beyond the model's context
+    # and -t beyond the CPUs run, with one warning line
+    ids = ["--prompt-ids", "1,2", "-n", "1"]
+    expect_error(["-m", GOOD, "-p", "hi", "--system", "be brief"], ["--system", "--chat"], status=2)
+    expect_error(["-m", GOOD, "-p", "hi", "--chat-template", "chatml"], ["--chat-template", "--chat"], status=2)
+    p = run(["-m", GOOD, "-c", "512"] + ids)
+    require(p.returncode == 0 and p.stderr.strip() == "pipeshard run: warning: -c 512 is more than the 256 positions "
+            "the model was trained on; using 512 (text past 256 may degrade)", lambda: f"-c 512: {p.stderr!r}")
+    n = len(os.sched_getaffinity(0))
+    p = run(["-m", GOOD, "-t", str(n + 1)] + ids)
+    require(p.returncode == 0 and p.stderr.strip() == f"pipeshard run: warning: -t {n + 1} is more than the {n} "
+            f"CPUs this process may use; using {n + 1} threads (they share cores: slower)",
+            lambda: f"-t {n + 1}: {p.stderr!r}")
+    print("  ok: flags without effect are refused or warned about")
+
+
+def case_usage_errors_exit_2():
+    # issue 16 (9): every error in what the command line gives exits 2, runtime failures 1
+    ids = ["--prompt-ids", "1,2", "-n", "1"]
+    nobos = write_model(os.path.join(TMP, "qwen.gguf"), "qwen2", n_layer=1)
+    expect_error(["-m", nobos, "-p", "", "-n", "1"], ["the prompt is empty"], status=2)
+    expect_error(["-m", GOOD, "-p", "hi", "--chat", "--chat-template", "nope"], ["nope"], status=2)
+    expect_error(["-m", GOOD, "--prompt-ids", "1,x", "-n", "1"], ["prompt-ids"], status=2)
+    expect_error(["-m", GOOD, "--prompt-ids", "1,99999", "-n", "1"], ["99999"], status=2)
+    expect_error(["-m", GOOD, "--prompt-ids", ",".join(["5"] * 12), "-c", "8", "-n", "1"], ["context"], status=2)
+    expect_error(["-m", GOOD, "-p", "a", "-f", "b"] + ids[2:], ["only one"], status=2)
+    expect_error(["-m", GOOD, "-n", "x"] + ids[:2], ["x"], one_line=False, status=2)
+    expect_error(["-m", os.path.join(TMP, "absent.gguf")] + ids, ["absent.gguf"], status=1)
+
+
 CASES = [
     case_good_model_runs,
     case_fleet_flags,
@@ -212,6 +323,12 @@ CASES = [
     case_token_id_out_of_range,
     case_unknown_flag,
     case_bad_numbers,
+    case_shard_as_model,
+    case_fleet_not_a_fleet_json,
+    case_context_full_is_said,
+    case_prompt_from_stdin,
+    case_flags_that_need_another,
+    case_usage_errors_exit_2,
 ]
 
 

@@ -211,6 +211,12 @@ static void test_bad_prompts(ps_session *s) {
     PS_CHECK(strstr(err, "65 tokens") && strstr(err, "context size of 64"));
     PS_CHECK_EQ_INT(ps_session_prompt_ids(s, ids, 0, &gp, err, sizeof err), PS_ERR_ARG);
     PS_CHECK(strstr(err, "empty") != NULL);
+    ids[1] = ps_coord_model(coord)->hp.vocab; /* one past the last token */
+    PS_CHECK_EQ_INT(ps_session_prompt_ids(s, ids, 2, &gp, err, sizeof err), PS_ERR_ARG);
+    PS_CHECK(strstr(err, "token id 512 of the prompt is not in the model's vocabulary (0..511)") != NULL);
+    ids[1] = -1;
+    PS_CHECK_EQ_INT(ps_session_prompt_ids(s, ids, 2, &gp, err, sizeof err), PS_ERR_ARG);
+    ids[1] = 0;
     gp.sp.top_p = 0;
     PS_CHECK_EQ_INT(ps_session_prompt_ids(s, ids, 2, &gp, err, sizeof err), PS_ERR_ARG);
     PS_CHECK(strstr(err, "top_p") != NULL);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../coord/coord.h"
 #include "../model/model.h"
 #include "../tensor/pool.h"
 #include "../tensor/types.h"
@@ -256,6 +257,7 @@ int ps_cli_bench(int argc, char **argv) {
     float *logits = NULL;
     ps_status s = PS_ERR_NOMEM;
     if (!toks || !pp || !tg || !bw || !share) goto out;
+    if ((s = ps_coord_refuse_shard(o.model, err, sizeof err))) goto out;
     if ((s = ps_model_load(o.model, o.mmap ? PS_GGUF_MAP : PS_GGUF_HUGE, &m, err, sizeof err))) goto out;
     if ((s = ps_pool_create((int)o.threads, &pool))) goto out;
     if (o.pin && (s = ps_pool_pin(pool, err, sizeof err))) goto out;

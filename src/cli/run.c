@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include "../coord/launch.h"
 #include "../coord/session.h"
@@ -18,7 +19,7 @@ typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
     long long threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
     ps_link_sim sim;
-    bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, n_set;
+    bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, threads_given, n_set;
     ps_act act;
     ps_gen_params gp; /* sampling, -n, --ignore-eos */
 } run_opts;
@@ -27,6 +28,8 @@ static void run_usage(FILE *f) {
     ps_gen_params d = ps_gen_params_default();
     fprintf(f,
             "usage: pipeshard run (-m MODEL | --fleet FLEET.json) [-p PROMPT | -f FILE] [options]\n"
+            "       ... | pipeshard run -m MODEL [options]    (no -p, -f or --prompt-ids: the prompt is\n"
+            "                                                   read from standard input)\n"
             "  -m, --model FILE        GGUF model\n"
             "  --fleet FILE            run a split model: fleet.json written by `pipeshard split`; stage 0\n"
             "                          runs here, the other stages on the workers it lists\n"
@@ -47,7 +50,7 @@ static void run_usage(FILE *f) {
             "  --sim-bandwidth-mbps R  emulated rate limit of every outgoing hop, megabits/s (0 = none)\n"
             "  --stage-timeout-ms MS   report a stage that does not answer within MS (default 60000)\n"
             "  -p, --prompt TEXT       prompt text\n"
-            "  -f, --file FILE         read the prompt from FILE\n"
+            "  -f, --file FILE         read the prompt from FILE (- = standard input)\n"
             "  -n, --n-predict N       tokens to generate (default %lld; -1 = until end of text or context)\n"
             "  --temp T                temperature; 0 = greedy (default %g)\n"
             "  --top-k K               keep the K most likely tokens; 0 = off (default %d)\n"
@@ -58,7 +61,7 @@ static void run_usage(FILE *f) {
             "  --presence-penalty P    OpenAI presence penalty (default %g)\n"
             "  --frequency-penalty F   OpenAI frequency penalty (default %g)\n"
             "  --seed S                sampling seed (default: random, printed by --stats)\n"
-            "  -t, --threads N         threads (default: all cores)\n"
+            "  -t, --threads N         threads (default: all cores; more is allowed, with a warning)\n"
             "  --pin                   pin thread i to the i-th CPU this process may use (with\n"
             "                          --local-stages, the workers' threads too): steadier, faster decode\n"
             "                          when the cores are this run's alone or its stages share them; not\n"
@@ -67,7 +70,8 @@ static void run_usage(FILE *f) {
             "                          cache) instead of reading it into huge pages at start (default\n"
             "                          where transparent huge pages are on: decode is faster, start-up\n"
             "                          slower); with --local-stages, the workers too\n"
-            "  -c, --ctx-size N        context size in tokens (default: the model's, at most 4096)\n"
+            "  -c, --ctx-size N        context size in tokens (default: the model's, at most 4096; more\n"
+            "                          than the model's is allowed, with a warning)\n"
             "  -b, --batch-size N      prompt tokens per forward pass (default 128)\n"
             "  --activations q8|f32    matmul arithmetic: q8 = 8-bit activations, integer dot products\n"
             "                          (llama.cpp's numerics, fastest; default), f32 = float activations\n"
@@ -177,7 +181,7 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
         fprintf(stderr, "pipeshard run: %s must be q8 or f32, got '%s'\n", flag, v);
         return false;
     case O_N: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->gp.n_predict = i), o->n_set = true);
-    case O_THREADS: return ps_arg_int("run", flag, v, 1, 1024, &o->threads);
+    case O_THREADS: o->threads_given = true; return ps_arg_int("run", flag, v, 1, 1024, &o->threads);
     case O_CTX: return ps_arg_int("run", flag, v, 1, 1 << 24, &o->ctx);
     case O_BATCH: return ps_arg_int("run", flag, v, 1, 1 << 16, &o->batch);
     case O_TOPK: return ps_arg_int("run", flag, v, 0, 1 << 30, &i) && ((o->gp.sp.top_k = (int32_t)i), true);
@@ -196,7 +200,7 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
 }
 
 /* Parses argv; returns -1 to go on, else the exit status (0 after --help). */
-static int run_parse(int argc, char **argv, run_opts *o) {
+static int run_parse(int argc, char **argv, run_opts *o, bool interactive) {
     *o = (run_opts){
         .threads = ps_cpu_count(), .batch = 128, .local_stages = 1, .timeout_ms = 60000, .gp = ps_gen_params_default()};
     for (int i = 1; i < argc; i++) {
@@ -255,10 +259,28 @@ static int run_parse(int argc, char **argv, run_opts *o) {
         why = "give only one of -p, -f and --prompt-ids";
     else if (o->chat && o->prompt_ids)
         why = "--chat needs a text prompt, not --prompt-ids";
+    else if (!o->chat && !interactive && (o->system || o->chat_template))
+        why = o->system ? "--system is the system message of --chat: add --chat"
+                        : "--chat-template picks the template of --chat: add --chat";
+    else if (!interactive && !o->prompt && !o->prompt_file && !o->prompt_ids && isatty(STDIN_FILENO))
+        why = "no prompt: give -p TEXT, -f FILE or --prompt-ids IDS, or pipe the prompt on standard input";
     if (why) {
         fprintf(stderr, "pipeshard run: %s\n", why);
         return 2;
     }
+    char err[256];
+    ps_chat_family fam;
+    if (o->chat_template && ps_chat_family_from_name(o->chat_template, &fam, err, sizeof err)) {
+        fprintf(stderr, "pipeshard run: %s\n", err);
+        return 2;
+    }
+    if (!interactive && !o->prompt && !o->prompt_file && !o->prompt_ids)
+        o->prompt_file = "-"; /* stdin is not a terminal */
+    if (o->threads_given && o->threads > ps_cpu_count())
+        fprintf(stderr,
+                "pipeshard run: warning: -t %lld is more than the %d CPUs this process may use; using %lld threads "
+                "(they share cores: slower)\n",
+                o->threads, ps_cpu_count(), o->threads);
     if (!o->seeded && getrandom(&o->gp.sp.seed, sizeof o->gp.sp.seed, 0) != sizeof o->gp.sp.seed)
         o->gp.sp.seed = (uint64_t)ps_now();
     o->gp.sp.seed &= INT64_MAX;
@@ -273,14 +295,18 @@ typedef struct {
     const run_opts *o;
     ps_launch *launch;
     ps_session *session;
-    FILE *dump;       /* --dump-logits */
-    bool interactive; /* `pipeshard chat`: the prompts come from the terminal (repl.c) */
+    FILE *dump;          /* --dump-logits */
+    ps_stop_reason stop; /* why generation ended */
+    bool usage;          /* the error is in what the command line gives (exit 2) */
+    bool interactive;    /* `pipeshard chat`: the prompts come from the terminal (repl.c) */
     char err[1024];
 } run_state;
 
-/* Reads a whole file into a NUL-terminated malloc'd buffer (caller frees). */
+/* Reads a whole file ("-": standard input) into a NUL-terminated malloc'd buffer (caller frees). */
 static ps_status read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
+    bool in = !strcmp(path, "-");
+    FILE *f = in ? stdin : fopen(path, "rb");
+    if (in) path = "(standard input)";
     if (!f) return ps_errf(err, errlen, PS_ERR_IO, "cannot open prompt file '%s': %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0, got;
     char *buf = malloc(cap + 1);
@@ -293,7 +319,7 @@ static ps_status read_file(const char *path, char **out, size_t *len, char *err,
         }
     }
     bool bad = ferror(f);
-    fclose(f);
+    if (!in) fclose(f);
     if (!buf) return ps_errf(err, errlen, PS_ERR_NOMEM, "prompt file '%s' is too large", path);
     if (bad) {
         free(buf);
@@ -325,8 +351,9 @@ static ps_status parse_ids(const char *s, int32_t **ids, int *n_ids, char *err, 
     return PS_OK;
 }
 
-/* Gives the session the prompt: --prompt-ids, or -p / -f text (a user message of the chat
- * template with --chat, after --system's). */
+/* Gives the session the prompt: --prompt-ids, or -p / -f / standard input text (a user
+ * message of the chat template with --chat, after --system's). Errors in what the user gave
+ * (ids that do not parse or are not tokens, an empty or over-long prompt) set st->usage. */
 static ps_status set_prompt(run_state *st) {
     const run_opts *o = st->o;
     char *err = st->err, *text = NULL;
@@ -338,6 +365,7 @@ static ps_status set_prompt(run_state *st) {
         s = parse_ids(o->prompt_ids, &ids, &n, err, el);
         if (!s) s = ps_session_prompt_ids(st->session, ids, n, &o->gp, err, el);
         free(ids);
+        st->usage = s == PS_ERR_ARG || s == PS_ERR_RANGE;
         return s;
     }
     if (o->prompt_file)
@@ -352,6 +380,7 @@ static ps_status set_prompt(run_state *st) {
                                    &o->gp, err, el);
     else if (!s)
         s = ps_session_prompt_text(st->session, text, len, &o->gp, err, el);
+    st->usage = s == PS_ERR_ARG || s == PS_ERR_RANGE; /* empty or longer than the context */
     free(text);
     return s;
 }
@@ -362,7 +391,7 @@ static ps_status run_setup(run_state *st) {
     char *err = st->err;
     size_t el = sizeof st->err;
     ps_status s = ps_sample_params_check(&o->gp.sp, err, el);
-    if (s) return s;
+    if (s) return st->usage = true, s; /* sampling flags that do not go together */
     ps_launch_opts lo = {.model = o->model,
                          .fleet = o->fleet,
                          .local_stages = (int)o->local_stages,
@@ -378,6 +407,12 @@ static ps_status run_setup(run_state *st) {
                          .act = o->act,
                          .tokenizer = !(o->prompt_ids && o->print_ids)};
     if ((s = ps_launch_start(&lo, &st->launch, err, el))) return s;
+    int trained = ps_coord_model(ps_launch_coord(st->launch))->hp.ctx_train;
+    if (o->ctx > trained)
+        fprintf(stderr,
+                "pipeshard run: warning: -c %lld is more than the %d positions the model was trained on; using %lld "
+                "(text past %d may degrade)\n",
+                o->ctx, trained, o->ctx, trained);
     if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)))
         return s;
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
@@ -414,12 +449,20 @@ static ps_status generate(run_state *st) {
         if (step.stop) break;
     }
     if (s) return s;
+    st->stop = step.stop;
     const char *text;
     size_t len;
     ps_session_flush(st->session, &text, &len);
     if (!st->o->print_ids) fwrite(text, 1, len, stdout);
     printf("\n");
     fflush(stdout);
+    if (st->stop == PS_STOP_CONTEXT) {
+        ps_session_stats ss;
+        ps_session_get_stats(st->session, &ss);
+        fprintf(stderr,
+                "pipeshard run: stopped after %d token%s: the context of %d positions is full (-c/--ctx-size)\n",
+                ss.n_generated, ss.n_generated == 1 ? "" : "s", ps_coord_n_ctx(ps_launch_coord(st->launch)));
+    }
     return PS_OK;
 }
 
@@ -461,6 +504,7 @@ static void print_stats(const run_state *st) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "prompt_tokens", ss.n_prompt);
     cJSON_AddNumberToObject(j, "generated_tokens", ss.n_generated);
+    cJSON_AddStringToObject(j, "stop", ps_stop_reason_name(st->stop));
     cJSON_AddNumberToObject(j, "load_ms", ps_launch_seconds(st->launch) * 1e3);
     cJSON_AddNumberToObject(j, "ttft_ms", ss.ttft_s * 1e3);
     cJSON_AddNumberToObject(j, "prefill_tok_s", ss.ttft_s > 0 ? ss.n_prompt / ss.ttft_s : 0);
@@ -481,7 +525,7 @@ static void print_stats(const run_state *st) {
 
 int ps_cli_run(int argc, char **argv) {
     run_opts o;
-    int rc = run_parse(argc, argv, &o);
+    int rc = run_parse(argc, argv, &o, false);
     if (rc >= 0) return rc;
     run_state st = {.o = &o};
     ps_status s = run_setup(&st);
@@ -493,7 +537,7 @@ int ps_cli_run(int argc, char **argv) {
     if (st.dump) fclose(st.dump);
     ps_session_free(st.session);
     ps_launch_stop(st.launch);
-    return s ? 1 : 0;
+    return s ? (st.usage ? 2 : 1) : 0;
 }
 
 static void chat_usage(FILE *f) {
@@ -508,19 +552,19 @@ static void chat_usage(FILE *f) {
                "  -n, --n-predict N       tokens per answer at most (default -1: until its end or the context)\n"
                "  --stats                 a JSON line per turn on stderr: prompt_tokens, reused_tokens (kept\n"
                "                          from the turns before), generated_tokens, ttft_ms, decode_tok_s, stop\n"
-               "  and every option of `pipeshard run` but -p, -f, --prompt-ids, --print-ids, --dump-logits\n"
-               "  and --chat (see pipeshard run --help)\n");
+               "  and every option of `pipeshard run` but -p, -f, --prompt-ids, --print-ids and\n"
+               "  --dump-logits (see pipeshard run --help)\n");
 }
 
 int ps_cli_chat(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return chat_usage(stdout), 0;
     run_opts o;
-    int rc = run_parse(argc, argv, &o);
+    int rc = run_parse(argc, argv, &o, true);
     if (rc >= 0) return rc;
-    if (o.prompt || o.prompt_file || o.prompt_ids || o.print_ids || o.dump_logits || o.chat) {
-        fprintf(stderr, "pipeshard chat: the turns come from the terminal; -p, -f, --prompt-ids, --print-ids, "
-                        "--dump-logits and --chat are options of `pipeshard run`\n");
+    if (o.prompt || o.prompt_file || o.prompt_ids || o.print_ids || o.dump_logits) {
+        fprintf(stderr, "pipeshard chat: the turns come from the terminal; -p, -f, --prompt-ids, --print-ids and "
+                        "--dump-logits are options of `pipeshard run`\n");
         return 2;
     }
     if (!o.n_set) o.gp.n_predict = -1;

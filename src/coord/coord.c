@@ -322,8 +322,36 @@ static ps_status check_stage0(ps_coord *c, char *err, size_t errlen) {
     return PS_OK;
 }
 
+/* See coord.h. A file that does not open is left to the loader, whose message is the more
+ * precise; running out of memory is not. */
+ps_status ps_coord_refuse_shard(const char *path, char *err, size_t errlen) {
+    ps_gguf *g = NULL;
+    ps_shard_meta sm = {0};
+    ps_status s = ps_gguf_open(path, &g, err, errlen);
+    if (!s) s = ps_shard_meta_read(g, &sm, err, errlen);
+    ps_gguf_close(g);
+    if (s == PS_ERR_NOMEM) return s;
+    if (s || !sm.present) return ps_errf(err, errlen, PS_OK, "%s", ""); /* no stale message */
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path + 1) : 0; /* fleet.json is written next to the shards */
+    if (sm.stage_index == 0)
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "'%s' is shard 0 of %d (layers %d..%d) of a split model: run the fleet with "
+                       "`pipeshard run --fleet %.*sfleet.json` (stage 0 runs in that process, the others on "
+                       "`pipeshard worker --shard` processes)",
+                       path, sm.stage_count, sm.layer_begin, sm.layer_end, dir_len, path);
+    return ps_errf(err, errlen, PS_ERR_ARG,
+                   "'%s' is shard %d of %d (layers %d..%d) of a split model: serve it with `pipeshard worker "
+                   "--shard %s`, and run the fleet with `pipeshard run --fleet %.*sfleet.json`",
+                   path, sm.stage_index, sm.stage_count, sm.layer_begin, sm.layer_end, path, dir_len, path);
+}
+
 ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, size_t errlen) {
     *out = NULL;
+    if (!o->fleet && o->model) {
+        ps_status s = ps_coord_refuse_shard(o->model, err, errlen);
+        if (s) return s;
+    }
     ps_coord *c = ps_calloc(1, sizeof *c);
     if (!c) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     c->o = *o;

@@ -37,8 +37,13 @@ typedef struct {
 typedef struct ps_coord ps_coord;
 
 /* Loads stage 0 (checked against the fleet) and starts its threads; workers are
- * connected on the first ps_coord_next. *out owned by the caller. */
+ * connected on the first ps_coord_next. *out owned by the caller. A shard given as the
+ * whole model (o->model) is refused before it is loaded (ps_coord_refuse_shard). */
 ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, size_t errlen);
+/* PS_ERR_ARG when path is a shard written by `pipeshard split` (which needs its fleet), with
+ * a message that says which shard and how its fleet runs; PS_OK otherwise, also for a file
+ * that does not open (the loader's message says why). Reads only the metadata. */
+ps_status ps_coord_refuse_shard(const char *path, char *err, size_t errlen);
 /* Ends the session on every worker (BYE) and frees. NULL is a no-op. */
 void ps_coord_free(ps_coord *c);
 

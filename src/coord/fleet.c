@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define FLEET_MAX_BYTES (1u << 20) /* fleet.json larger than this is refused */
@@ -302,12 +303,40 @@ static ps_status fleet_parse(const fleet_rd *r, const cJSON *root, ps_fleet *out
     return PS_OK;
 }
 
+/* Refuses what is plainly not a fleet.json before reading it: a directory (naming its
+ * fleet.json when it holds one) or a GGUF file (a model or a shard given to --fleet). */
+static ps_status not_a_fleet(const char *path, FILE *f, char *err, size_t errlen) {
+    struct stat st;
+    char magic[4];
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        char inside[4200];
+        size_t n = strlen(path);
+        snprintf(inside, sizeof inside, "%s%sfleet.json", path, n && path[n - 1] == '/' ? "" : "/");
+        bool has = access(inside, R_OK) == 0;
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "'%s' is a directory: --fleet takes the fleet.json that `pipeshard split` wrote%s%s%s", path,
+                       has ? " (" : "", has ? inside : "", has ? "?)" : "");
+    }
+    if (fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4))
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "'%s' is a GGUF file, not a fleet.json: --fleet takes the fleet.json that `pipeshard split` "
+                       "wrote next to the shards; run a whole model with -m",
+                       path);
+    rewind(f);
+    return PS_OK;
+}
+
 /* Reads the whole file (at most FLEET_MAX_BYTES) into a malloc'd buffer. */
 static ps_status read_small_file(const char *path, char **buf, size_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f)
         return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot open '%s': %s", path,
                        strerror(errno));
+    ps_status s = not_a_fleet(path, f, err, errlen);
+    if (s) {
+        fclose(f);
+        return s;
+    }
     *buf = ps_malloc(FLEET_MAX_BYTES + 1);
     if (!*buf) {
         fclose(f);
@@ -320,7 +349,7 @@ static ps_status read_small_file(const char *path, char **buf, size_t *len, char
         free(*buf);
         *buf = NULL;
         return ps_errf(err, errlen, bad ? PS_ERR_IO : PS_ERR_FORMAT,
-                       bad ? "%s: read error" : "%s: larger than %u bytes", path, FLEET_MAX_BYTES);
+                       bad ? "%s: read error" : "%s: larger than %u bytes: not a fleet.json", path, FLEET_MAX_BYTES);
     }
     return PS_OK;
 }

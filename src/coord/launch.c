@@ -22,6 +22,7 @@ static ps_status start_fleet(ps_launch *l, const ps_launch_opts *o, uint8_t key[
     ps_status s = PS_OK;
     *have_key = false;
     if (o->local_stages > 1) {
+        if ((s = ps_coord_refuse_shard(o->model, err, errlen))) return s; /* before the splitter's message */
         if (!(l->local = ps_calloc(1, sizeof *l->local))) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
         s = ps_local_fleet_start(o->model, o->local_stages, &o->stage, &o->sim, o->key_file, o->local_unix, l->local,
                                  err, errlen);

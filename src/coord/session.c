@@ -90,6 +90,11 @@ ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const 
                                 size_t errlen) {
     if (n <= 0) return ps_errf(err, errlen, PS_ERR_ARG, "the prompt is empty");
     if (n > s->n_ctx) return too_long(s, n, err, errlen);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->m->hp.vocab)
+            return ps_errf(err, errlen, PS_ERR_ARG,
+                           "token id %d of the prompt is not in the model's vocabulary (0..%d)", ids[i],
+                           s->m->hp.vocab - 1);
     memcpy(s->next, ids, (size_t)n * sizeof *ids);
     return start(s, n, gp, err, errlen);
 }

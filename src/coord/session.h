@@ -59,7 +59,8 @@ void ps_session_free(ps_session *s);
  * values of the longest prefix the new prompt shares with the sequence they hold (a chat's
  * earlier turns, a shared system prompt), and the first step runs only the rest: the same
  * tokens as a prompt run whole (DESIGN.md invariant 1), less prefill. A prompt longer than
- * the context is PS_ERR_RANGE, an empty one PS_ERR_ARG. */
+ * the context is PS_ERR_RANGE, an empty one PS_ERR_ARG: both errors in what the user gave
+ * (`run` exits 2 for them). */
 
 /* Text, tokenized with BOS added and special-token strings taken literally. */
 ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, const ps_gen_params *gp, char *err,
@@ -69,8 +70,7 @@ ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, co
  * opened; special-token strings of the template are parsed. */
 ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t n, const char *template_name,
                                  const ps_gen_params *gp, char *err, size_t errlen);
-/* Token ids as they are (no BOS added); each must be below the model's vocabulary size,
- * which the first step checks. */
+/* Token ids as they are (no BOS added); one outside the model's vocabulary is PS_ERR_ARG. */
 ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const ps_gen_params *gp, char *err,
                                 size_t errlen);
 
