@@ -390,6 +390,20 @@ def case_version():
     print(f"  ok: {' | '.join(lines)}")
 
 
+def case_install():
+    # `cmake --install` of the build the test runs from puts a working bin/pipeshard under the prefix
+    build = os.path.dirname(os.path.abspath(bin_path()))
+    prefix = os.path.join(TMP, "prefix")
+    p = subprocess.run(["cmake", "--install", build, "--prefix", prefix], capture_output=True, text=True, timeout=120)
+    require(p.returncode == 0, f"cmake --install {build}: exit {p.returncode}: {p.stderr[-800:]}")
+    installed = os.path.join(prefix, "bin", "pipeshard")
+    require(os.access(installed, os.X_OK), f"cmake --install {build} --prefix {prefix}: no {installed}")
+    q = subprocess.run([installed, "--version"], capture_output=True, text=True, timeout=30)
+    require(q.returncode == 0 and q.stdout == cli(["--version"]).stdout,
+            f"{installed} --version: exit {q.returncode}, {q.stdout!r}")
+    print(f"  ok: cmake --install put {installed}")
+
+
 CASES = [
     case_good_model_runs,
     case_fleet_flags,
@@ -410,6 +424,7 @@ CASES = [
     case_worker_open_warning,
     case_keygen,
     case_version,
+    case_install,
 ]
 
 
