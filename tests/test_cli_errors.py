@@ -401,7 +401,37 @@ def case_install():
     q = subprocess.run([installed, "--version"], capture_output=True, text=True, timeout=30)
     require(q.returncode == 0 and q.stdout == cli(["--version"]).stdout,
             f"{installed} --version: exit {q.returncode}, {q.stdout!r}")
-    print(f"  ok: cmake --install put {installed}")
+    completion = os.path.join(prefix, "share", "bash-completion", "completions", "pipeshard")
+    require(os.path.isfile(completion), f"cmake --install put no {completion}")
+    print(f"  ok: cmake --install put {installed} and {completion}")
+
+
+def complete(words):
+    """What scripts/pipeshard-completion.bash offers for the command line words (the last one
+    being completed), one a line."""
+    script = os.path.join(os.environ.get("PS_SOURCE_DIR", "."), "scripts", "pipeshard-completion.bash")
+    prog = ('source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _pipeshard; '
+            'printf "%s\\n" "${COMPREPLY[@]}"')
+    p = subprocess.run(["bash", "-c", prog, "complete", script, bin_path()] + words, capture_output=True,
+                       text=True, timeout=60)
+    require(p.returncode == 0, f"completion of {words}: exit {p.returncode}: {p.stderr}")
+    return [w for w in p.stdout.splitlines() if w]
+
+
+def case_bash_completion():
+    cmds = complete([""])
+    require(set(COMMANDS + ["version", "--version"]) <= set(cmds), f"completion of the command: {cmds}")
+    require(complete(["ke"]) == ["keygen"], f"completion of 'ke': {complete(['ke'])}")
+    for cmd in COMMANDS:
+        opts = complete([cmd, "-"])
+        require(len(opts) >= 2, f"completion of pipeshard {cmd} -: {opts}")
+        # every option offered is one the command takes (an unknown one would say so)
+        for o in opts:
+            p = cli([cmd, o])
+            require("unknown option" not in p.stderr, f"completion offers pipeshard {cmd} {o}: {p.stderr.strip()}")
+        print(f"  ok: {cmd}: {len(opts)} options, each one the command takes")
+    require("--temp" in complete(["run", "--te"]), "completion of run --te lacks --temp")
+    require("--listen" in complete(["worker", "--li"]), "completion of worker --li lacks --listen")
 
 
 CASES = [
@@ -425,6 +455,7 @@ CASES = [
     case_keygen,
     case_version,
     case_install,
+    case_bash_completion,
 ]
 
 
