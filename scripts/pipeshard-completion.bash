@@ -11,7 +11,10 @@ _pipeshard_options() {
         NR == 1 { syn = 1 }
         syn && (NR == 1 || /^      /) { print; next }
         { syn = 0; match($0, /^ */) }
-        RLENGTH <= 4 && /^ *-/ { sub(/^ */, ""); if (match($0, /^(-[A-Za-z], )?--?[A-Za-z][A-Za-z0-9-]*/)) print substr($0, 1, RLENGTH) }' |
+        RLENGTH <= 4 && /^ *-/ {
+            sub(/^ */, "")
+            if (match($0, /^(-[A-Za-z], )?--?[A-Za-z][A-Za-z0-9-]*/)) print substr($0, 1, RLENGTH)
+        }' |
         grep -oE '(^|[][ (|,])--?[A-Za-z][A-Za-z0-9-]*' | sed 's/^[][ (|,]//' | sort -u
 }
 

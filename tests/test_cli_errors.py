@@ -14,6 +14,7 @@ needs a downloaded model. Exit 0 pass, 1 fail.
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -403,7 +404,26 @@ def case_install():
             f"{installed} --version: exit {q.returncode}, {q.stdout!r}")
     completion = os.path.join(prefix, "share", "bash-completion", "completions", "pipeshard")
     require(os.path.isfile(completion), f"cmake --install put no {completion}")
-    print(f"  ok: cmake --install put {installed} and {completion}")
+    page = os.path.join(prefix, "share", "man", "man1", "pipeshard.1")
+    require(os.path.isfile(page), f"cmake --install put no {page}")
+    print(f"  ok: cmake --install put {installed}, {completion} and {page}")
+
+
+def case_man_page():
+    # the build's pipeshard(1): the version, a section per command with its options, valid roff
+    page = os.path.join(os.path.dirname(os.path.abspath(bin_path())), "pipeshard.1")
+    require(os.path.isfile(page), f"the build made no {page}")
+    text = open(page).read()
+    ver = cli(["--version"]).stdout.split()[1]
+    require(text.startswith(f'.TH PIPESHARD 1 "" "pipeshard {ver}"'), f"{page}: first line {text[:80]!r}")
+    for cmd in COMMANDS:
+        require(f".SS pipeshard {cmd}\n" in text, f"{page} has no section for {cmd}")
+    require("\\-\\-temp" in text and "\\-\\-listen" in text,
+            f"{page} lacks run's --temp or worker's --listen")
+    if shutil.which("groff"):
+        p = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-z", page], capture_output=True, text=True, timeout=60)
+        require(p.returncode == 0 and not p.stderr.strip(), f"groff warns about {page}: {p.stderr[-800:]}")
+    print(f"  ok: {page}: pipeshard {ver}, {len(COMMANDS)} command sections")
 
 
 def complete(words):
@@ -456,6 +476,7 @@ CASES = [
     case_version,
     case_install,
     case_bash_completion,
+    case_man_page,
 ]
 
 

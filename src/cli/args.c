@@ -84,8 +84,7 @@ static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
 }
 
 const char *ps_arg_suggest(const char *word, const char *const *known) {
-    size_t n = strcspn(word, "="), core = n - strspn(word, "-");
-    if (core > n) core = 0;
+    size_t n = strcspn(word, "="), core = n - strspn(word, "-"); /* '-' is not '=': core <= n */
     /* edits allowed: none for a letter or two, then about one in four characters */
     int limit = core < 2 ? 0 : core <= 4 ? 1 : core <= 8 ? 2 : 3, best_d = limit + 1;
     const char *best = NULL;
