@@ -6,14 +6,20 @@ DESIGN.md invariant 4. Every case runs `$PIPESHARD_BIN run ...` and asserts:
   * stderr's first non-empty line says what is wrong (the keywords listed per case);
   * for errors about the model or the prompt, that line is the only one on stderr; for errors
     about flags a usage hint may follow it.
+The command-line-wide cases (typos in any subcommand's options and in command names, worker
+--listen, keygen, --version) run the other subcommands too, with pstest's require.
 Models are written into $PS_TEST_TMP with gguf.GGUFWriter (tests/ref/synth.py), so nothing here
 needs a downloaded model. Exit 0 pass, 1 fail.
 """
 import json
 import os
+import re
+import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,6 +27,8 @@ import gguf  # noqa: E402
 import numpy as np  # noqa: E402
 from pstest import require  # noqa: E402
 from ref.synth import write_model  # noqa: E402
+from psworker import Worker  # noqa: E402
+from pstest import failures, require  # noqa: E402
 
 
 def pipeshard(args, timeout=120, **kw):
@@ -308,6 +316,254 @@ def case_usage_errors_exit_2():
     expect_error(["-m", os.path.join(TMP, "absent.gguf")] + ids, ["absent.gguf"], status=1)
 
 
+def bin_path():
+    return os.environ["PIPESHARD_BIN"]
+
+
+def cli(args, timeout=120):
+    """`pipeshard args` (any subcommand); the CompletedProcess (text)."""
+    return subprocess.run([bin_path()] + args, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def usage_error(args, keywords, absent=()):
+    """`pipeshard args` exits 2 with a first stderr line holding every keyword and none of absent."""
+    p = cli(args)
+    first = next((line for line in p.stderr.splitlines() if line.strip()), "")
+    shown = f"pipeshard {' '.join(args)}"
+    require(p.returncode == 2, f"{shown}: exit {p.returncode}, expected 2 (stderr {p.stderr[-800:]!r})")
+    missing = [k for k in keywords if k not in first]
+    require(not missing, f"{shown}: first stderr line {first!r} lacks {missing}")
+    present = [k for k in absent if k in first]
+    require(not present, f"{shown}: first stderr line {first!r} should not say {present}")
+    print(f"  ok: {first}")
+    return first
+
+
+COMMANDS = ["run", "bench", "split", "worker", "inspect", "synth", "keygen"]
+
+
+def case_typos():
+    # the examples: a transposition, a wrong dash, an underscore; the closest option is named
+    usage_error(["run", "-m", GOOD, "--tmep", "0"],
+                ["pipeshard run: unknown option '--tmep'; did you mean '--temp'? (see pipeshard run --help)"])
+    usage_error(["run", "-m", GOOD, "-temp", "0"], ["'-temp'; did you mean '--temp'?"])
+    usage_error(["run", "-m", GOOD, "--top_k", "4"], ["'--top_k'; did you mean '--top-k'?"])
+    usage_error(["bench", "-m", GOOD, "--jsno"], ["pipeshard bench: unknown option '--jsno'; did you mean '--json'?"])
+    usage_error(["split", "-m", GOOD, "--stagse", "2"], ["did you mean '--stages'?"])
+    usage_error(["worker", "--shard", GOOD, "--lisen", "127.0.0.1:0"],
+                ["pipeshard worker: unknown option '--lisen'; did you mean '--listen'?"])
+    usage_error(["worker", "--nover"], ["unknown option '--nover'"], ["needs a value"])
+    usage_error(["inspect", GOOD, "--jsn"], ["pipeshard inspect: unknown option '--jsn'; did you mean '--json'?"])
+    usage_error(["synth", "--vocb", "3"], ["pipeshard synth: unknown option '--vocb'; did you mean '--vocab'?"])
+    usage_error(["keygen", "--froce"], ["did you mean '--force'?"])
+    # unrelated words get no suggestion
+    for cmd in COMMANDS:
+        usage_error([cmd, "--frobnicate"], [f"pipeshard {cmd}: unknown option '--frobnicate'", f"{cmd} --help"],
+                    ["did you mean"])
+    usage_error(["run", "-m", GOOD, "-x"], ["unknown option '-x'"], ["did you mean"])
+    # a stray word: run's prompt goes after -p; the others name the word
+    usage_error(["run", "-m", GOOD, "hello"],
+                ["pipeshard run: unexpected argument 'hello': give the prompt with -p TEXT"])
+    usage_error(["split", "-m", GOOD, "extra"], ["pipeshard split: unexpected argument 'extra'"])
+    usage_error(["synth", "extra"], ["pipeshard synth: unexpected argument 'extra'"])
+    usage_error(["keygen", "extra"], ["pipeshard keygen: unexpected argument 'extra': give the key file with -o FILE"])
+    # commands
+    usage_error(["rn"], ["pipeshard: unknown command 'rn'; did you mean 'run'?"])
+    usage_error(["wroker"], ["did you mean 'worker'?"])
+    usage_error(["--verison"], ["did you mean '--version'?"])
+    usage_error(["banana"], ["pipeshard: unknown command 'banana'"], ["did you mean"])
+    # every option a command's --help lists is suggested for a typo of it (so the lists the
+    # suggestions come from keep up with the options)
+    for cmd in COMMANDS:
+        text = cli([cmd, "--help"]).stdout
+        # the options a line of the help begins with ("  -t, --threads N  ...")
+        flags = sorted(set(re.findall(r"(?m)^\s*(?:-\w,\s*)?(--[a-z][a-z0-9-]+)", text)) - {"--help"})
+        require(flags, f"pipeshard {cmd} --help lists no options: {text!r}")
+        tried = 0
+        for flag in flags:
+            core = flag[2:]
+            if len(core) < 3 or core[1] == core[2]:
+                continue
+            typo = "--" + core[0] + core[2] + core[1] + core[3:]
+            p = cli([cmd, typo])
+            want = f"did you mean '{flag}'?"
+            require(p.returncode == 2 and want in p.stderr,
+                    f"pipeshard {cmd} {typo}: exit {p.returncode}, stderr {p.stderr.strip()!r} lacks {want!r}")
+            tried += 1
+        print(f"  ok: {cmd}: a typo of each of {tried} options of its --help names the option")
+
+
+def case_worker_listen():
+    usage_error(["worker", "--shard", GOOD, "--listen", "7720"],
+                ["--listen expects HOST:PORT or unix:PATH, got '7720'", "0.0.0.0:7720", "127.0.0.1:7720"])
+    usage_error(["worker", "--shard", GOOD, "--listen", "somehost"], ["--listen expects HOST:PORT or unix:PATH"])
+
+
+def two_stage_fleet():
+    """A 2-layer model split into 2 stages: (model, fleet.json, stage-1 shard)."""
+    model = write_model(os.path.join(TMP, "two.gguf"), "llama", n_layer=2)
+    out = os.path.join(TMP, "two-fleet")
+    p = cli(["split", "-m", model, "--stages", "2", "-o", out, "--quiet"])
+    require(p.returncode == 0, f"split: exit {p.returncode}: {p.stderr}")
+    return model, os.path.join(out, "fleet.json"), os.path.join(out, "stage-1.gguf")
+
+
+def case_worker_open_warning():
+    _, _, shard = two_stage_fleet()
+    key = os.path.join(TMP, "warn.key")
+    with open(key, "wb") as f:
+        f.write(os.urandom(32))
+    for name, host, k, warns in (("open", "0.0.0.0", None, True), ("loopback", "127.0.0.1", None, False),
+                                 ("keyed", "0.0.0.0", key, False)):
+        w = Worker(bin_path(), shard, os.path.join(TMP, f"warn-{name}.log"), name, host=host, key=k)
+        try:
+            require(w.wait_log("listening on"), f"worker {name}: no 'listening on' line: {w.text()}")
+            time.sleep(0.2)
+            lines = [line for line in w.text().splitlines() if "warning" in line]
+        finally:
+            w.stop()
+        if warns:
+            require(len(lines) == 1 and "anyone who can reach" in lines[0] and "--key-file" in lines[0]
+                    and "pipeshard keygen" in lines[0],
+                    f"worker on {host} without a key: expected one warning line, got {lines}")
+            print(f"  ok: {lines[0]}")
+        else:
+            require(not lines, f"worker {name} on {host}: unexpected warning {lines}")
+            print(f"  ok: no warning on {host}{' with a key' if k else ''}")
+
+
+def case_keygen():
+    a, b = os.path.join(TMP, "a.key"), os.path.join(TMP, "b.key")
+    p = cli(["keygen", "-o", a])
+    require(p.returncode == 0 and a in p.stdout and "--key-file" in p.stdout,
+            f"keygen -o {a}: exit {p.returncode}, stdout {p.stdout!r}, stderr {p.stderr!r}")
+    st = os.stat(a)
+    require(stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == 32,
+            f"keygen: mode {oct(stat.S_IMODE(st.st_mode))} size {st.st_size}, expected 0o600 and 32")
+    require(cli(["keygen", "-o", b]).returncode == 0, "keygen -o b.key failed")
+    ka, kb = open(a, "rb").read(), open(b, "rb").read()
+    require(ka != kb, "two keys from keygen are the same")
+    p = cli(["keygen", "-o", a])
+    require(p.returncode == 1 and "exists" in p.stderr and "--force" in p.stderr and open(a, "rb").read() == ka,
+            f"keygen over an existing file: exit {p.returncode}, stderr {p.stderr!r} (or the file changed)")
+    os.chmod(a, 0o644)
+    p = cli(["keygen", "-o", a, "--force"])
+    st = os.stat(a)
+    require(p.returncode == 0 and open(a, "rb").read() != ka and stat.S_IMODE(st.st_mode) == 0o600,
+            f"keygen --force: exit {p.returncode}, mode {oct(stat.S_IMODE(st.st_mode))}, stderr {p.stderr!r}")
+    usage_error(["keygen"], ["pipeshard keygen: no key file given (-o FILE)"])
+    print("  ok: keys of 32 bytes, mode 0600, different, kept unless --force")
+    # a 2-stage fleet where the worker and the run both use a keygen key
+    model, fleet, shard = two_stage_fleet()
+    gen = ["--prompt-ids", "1,5,6", "-n", "4", "--temp", "0", "--print-ids", "--ignore-eos", "-t", "1"]
+    want = cli(["run", "-m", model] + gen)
+    require(want.returncode == 0, f"unsplit run: {want.stderr[-800:]}")
+    w = Worker(bin_path(), shard, os.path.join(TMP, "keygen-w1.log"), "keygen-w1", key=a)
+    try:
+        with open(fleet) as fh:
+            j = json.load(fh)
+        j["stages"][1]["address"] = w.addr
+        f = os.path.join(os.path.dirname(fleet), "fleet-keygen.json")
+        with open(f, "w") as fh:
+            json.dump(j, fh)
+        got = cli(["run", "--fleet", f, "--key-file", a] + gen)
+        require(got.returncode == 0 and got.stdout.split() == want.stdout.split(),
+                f"fleet with the keygen key: exit {got.returncode}, ids {got.stdout!r} vs {want.stdout!r}: "
+                f"{got.stderr[-800:]}")
+        require("shared key required" in w.text(), f"worker log lacks 'shared key required': {w.text()}")
+        bad = cli(["run", "--fleet", f, "--key-file", b] + gen)
+        require(bad.returncode != 0, f"a run with another keygen key was served: {bad.stdout!r}")
+    finally:
+        w.stop()
+    print("  ok: a worker and a run with the keygen key serve the unsplit run's ids; another key is refused")
+
+
+def case_version():
+    p, q = cli(["--version"]), cli(["version"])
+    require(p.returncode == 0 and q.returncode == 0 and p.stdout == q.stdout and not p.stderr,
+            f"--version / version: exit {p.returncode}/{q.returncode}, {p.stdout!r} vs {q.stdout!r}, {p.stderr!r}")
+    cmake = open(os.path.join(os.environ.get("PS_SOURCE_DIR", "."), "CMakeLists.txt")).read()
+    ver = re.search(r"project\(pipeshard VERSION (\d+\.\d+\.\d+)", cmake)
+    require(ver, "CMakeLists.txt has no project(pipeshard VERSION x.y.z)")
+    lines = p.stdout.splitlines()
+    require(len(lines) == 3, f"--version: expected 3 lines, got {p.stdout!r}")
+    m = re.fullmatch(r"pipeshard (\S+) \(git (\S+)\)", lines[0])
+    require(m and m.group(1) == ver.group(1) and re.fullmatch(r"unknown|[\w.-]*[0-9a-f]{7,}(-dirty)?", m.group(2)),
+            f"--version line 1 {lines[0]!r}: expected 'pipeshard {ver.group(1)} (git COMMIT)'")
+    k = re.match(r"kernels: (\S+)", lines[1])
+    require(k and k.group(1) in ("ref", "avx2", "avx512", "avx512vnni", "neon", "neondot"),
+            f"--version line 2 {lines[1]!r}: no kernel family")
+    forced = subprocess.run([bin_path(), "--version"], capture_output=True, text=True, timeout=30,
+                            env=dict(os.environ, PS_ISA="ref"))
+    require("kernels: ref" in forced.stdout, f"PS_ISA=ref pipeshard --version: {forced.stdout!r}")
+    require(lines[2] == "backends: cpu", f"--version line 3 {lines[2]!r}: expected 'backends: cpu'")
+    print(f"  ok: {' | '.join(lines)}")
+
+
+def case_install():
+    # `cmake --install` of the build the test runs from puts a working bin/pipeshard under the prefix
+    build = os.path.dirname(os.path.abspath(bin_path()))
+    prefix = os.path.join(TMP, "prefix")
+    p = subprocess.run(["cmake", "--install", build, "--prefix", prefix], capture_output=True, text=True, timeout=120)
+    require(p.returncode == 0, f"cmake --install {build}: exit {p.returncode}: {p.stderr[-800:]}")
+    installed = os.path.join(prefix, "bin", "pipeshard")
+    require(os.access(installed, os.X_OK), f"cmake --install {build} --prefix {prefix}: no {installed}")
+    q = subprocess.run([installed, "--version"], capture_output=True, text=True, timeout=30)
+    require(q.returncode == 0 and q.stdout == cli(["--version"]).stdout,
+            f"{installed} --version: exit {q.returncode}, {q.stdout!r}")
+    completion = os.path.join(prefix, "share", "bash-completion", "completions", "pipeshard")
+    require(os.path.isfile(completion), f"cmake --install put no {completion}")
+    page = os.path.join(prefix, "share", "man", "man1", "pipeshard.1")
+    require(os.path.isfile(page), f"cmake --install put no {page}")
+    print(f"  ok: cmake --install put {installed}, {completion} and {page}")
+
+
+def case_man_page():
+    # the build's pipeshard(1): the version, a section per command with its options, valid roff
+    page = os.path.join(os.path.dirname(os.path.abspath(bin_path())), "pipeshard.1")
+    require(os.path.isfile(page), f"the build made no {page}")
+    text = open(page).read()
+    ver = cli(["--version"]).stdout.split()[1]
+    require(text.startswith(f'.TH PIPESHARD 1 "" "pipeshard {ver}"'), f"{page}: first line {text[:80]!r}")
+    for cmd in COMMANDS:
+        require(f".SS pipeshard {cmd}\n" in text, f"{page} has no section for {cmd}")
+    require("\\-\\-temp" in text and "\\-\\-listen" in text,
+            f"{page} lacks run's --temp or worker's --listen")
+    if shutil.which("groff"):
+        p = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-z", page], capture_output=True, text=True, timeout=60)
+        require(p.returncode == 0 and not p.stderr.strip(), f"groff warns about {page}: {p.stderr[-800:]}")
+    print(f"  ok: {page}: pipeshard {ver}, {len(COMMANDS)} command sections")
+
+
+def complete(words):
+    """What scripts/pipeshard-completion.bash offers for the command line words (the last one
+    being completed), one a line."""
+    script = os.path.join(os.environ.get("PS_SOURCE_DIR", "."), "scripts", "pipeshard-completion.bash")
+    prog = ('source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _pipeshard; '
+            'printf "%s\\n" "${COMPREPLY[@]}"')
+    p = subprocess.run(["bash", "-c", prog, "complete", script, bin_path()] + words, capture_output=True,
+                       text=True, timeout=60)
+    require(p.returncode == 0, f"completion of {words}: exit {p.returncode}: {p.stderr}")
+    return [w for w in p.stdout.splitlines() if w]
+
+
+def case_bash_completion():
+    cmds = complete([""])
+    require(set(COMMANDS + ["version", "--version"]) <= set(cmds), f"completion of the command: {cmds}")
+    require(complete(["ke"]) == ["keygen"], f"completion of 'ke': {complete(['ke'])}")
+    for cmd in COMMANDS:
+        opts = complete([cmd, "-"])
+        require(len(opts) >= 2, f"completion of pipeshard {cmd} -: {opts}")
+        # every option offered is one the command takes (an unknown one would say so)
+        for o in opts:
+            p = cli([cmd, o])
+            require("unknown option" not in p.stderr, f"completion offers pipeshard {cmd} {o}: {p.stderr.strip()}")
+        print(f"  ok: {cmd}: {len(opts)} options, each one the command takes")
+    require("--temp" in complete(["run", "--te"]), "completion of run --te lacks --temp")
+    require("--listen" in complete(["worker", "--li"]), "completion of worker --li lacks --listen")
+
+
 CASES = [
     case_good_model_runs,
     case_fleet_flags,
@@ -329,6 +585,14 @@ CASES = [
     case_prompt_from_stdin,
     case_flags_that_need_another,
     case_usage_errors_exit_2,
+    case_typos,
+    case_worker_listen,
+    case_worker_open_warning,
+    case_keygen,
+    case_version,
+    case_install,
+    case_bash_completion,
+    case_man_page,
 ]
 
 
@@ -349,7 +613,7 @@ def main():
             print(f"  FAIL: {type(e).__name__}: {e}")
     print(f"summary: {len(CASES) - len(failed)} of {len(CASES)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    return 1 if failed or failures() else 0
 
 
 if __name__ == "__main__":

@@ -474,7 +474,7 @@ def bad_cases():
         (["-m", m, "--stages", "2"], 2, ["missing -o"]),
         (B, 2, ["missing --stages"]),
         (B + ["--stages", "2", "--bogus"], 2, ["unknown option", "--bogus"]),
-        (B + ["--stages", "2", "extra"], 2, ["unknown argument", "extra"]),
+        (B + ["--stages", "2", "extra"], 2, ["unexpected argument 'extra'", "see pipeshard split --help"]),
         (B + ["--stages"], 2, ["--stages", "needs a value"]),
         (B + ["--stages", "3", "--workers", "h:1"], 2, ["--workers gives 1 address", "2 stages"]),
         (B + ["--layers", "0:3,3:6", "--workers", "h:1,h:2"], 2, ["--workers gives 2 addresses", "1 stage needs"]),

@@ -63,6 +63,55 @@ bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *un
     return false;
 }
 
+/* Optimal string alignment distance between a[0..na) and b[0..nb) (Damerau-Levenshtein with
+ * adjacent transpositions), or a value over 64 when either is longer than 64. */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    enum { N = 64 };
+    if (na > N || nb > N) return N + 1;
+    int d[N + 1][N + 1];
+    for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= na; i++)
+        for (size_t j = 1; j <= nb; j++) {
+            int cost = a[i - 1] != b[j - 1], v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[na][nb];
+}
+
+const char *ps_arg_suggest(const char *word, const char *const *known) {
+    size_t n = strcspn(word, "="), core = n - strspn(word, "-"); /* '-' is not '=': core <= n */
+    /* edits allowed: none for a letter or two, then about one in four characters */
+    int limit = core < 2 ? 0 : core <= 4 ? 1 : core <= 8 ? 2 : 3, best_d = limit + 1;
+    const char *best = NULL;
+    for (size_t k = 0; known[k]; k++) {
+        int d = edit_distance(word, n, known[k], strlen(known[k]));
+        if (d < best_d) best_d = d, best = known[k];
+    }
+    return best;
+}
+
+int ps_arg_unknown(const char *cmd, const char *a, const char *const *known, const char *hint) {
+    if (a[0] != '-' || !a[1]) {
+        if (hint)
+            fprintf(stderr, "pipeshard %s: unexpected argument '%s': %s\n", cmd, a, hint);
+        else
+            fprintf(stderr, "pipeshard %s: unexpected argument '%s' (see pipeshard %s --help)\n", cmd, a, cmd);
+        return 2;
+    }
+    const char *near = ps_arg_suggest(a, known);
+    if (near)
+        fprintf(stderr, "pipeshard %s: unknown option '%s'; did you mean '%s'? (see pipeshard %s --help)\n", cmd, a,
+                near, cmd);
+    else
+        fprintf(stderr, "pipeshard %s: unknown option '%s' (see pipeshard %s --help)\n", cmd, a, cmd);
+    return 2;
+}
+
 int ps_cpu_count(void) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) {

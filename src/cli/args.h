@@ -18,6 +18,13 @@ bool ps_arg_float(const char *cmd, const char *flag, const char *s, double min, 
 bool ps_arg_mbps(const char *cmd, const char *flag, const char *s, double *out);
 /* A local fleet's transport: "tcp" (loopback; *unix_sockets false) or "unix". */
 bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *unix_sockets);
+/* The word in known (NULL-terminated) nearest to word by Damerau-Levenshtein distance (an
+ * '=VALUE' tail of word is ignored), or NULL when none is near enough to be a typo of it. */
+const char *ps_arg_suggest(const char *word, const char *const *known);
+/* Reports argv word a that no parser of `pipeshard CMD` takes and returns 2 (usage error):
+ * "unknown option 'A'; did you mean 'X'? (see pipeshard CMD --help)" for a word that starts
+ * with '-', else "unexpected argument 'A': HINT" (HINT NULL: see pipeshard CMD --help). */
+int ps_arg_unknown(const char *cmd, const char *a, const char *const *known, const char *hint);
 /* Number of CPU cores this process may use (at least 1). */
 int ps_cpu_count(void);
 

@@ -115,8 +115,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
                 ok = ps_arg_int("bench", a, v, 1, 1000, &o->reps);
             if (!ok) return 2;
         } else {
-            fprintf(stderr, "pipeshard bench: unknown option '%s' (see --help)\n", a);
-            return 2;
+            static const char *const known[] = {
+                "--help",        "--json", "--pin", "--mmap", "--mem-bw", "--stages", "--segment", "--local-transport",
+                "--activations", "-m",     "-p",    "-n",     "-t",       "-r",       NULL};
+            return ps_arg_unknown("bench", a, known, NULL);
         }
     }
     if (!o->model) {

@@ -23,6 +23,7 @@
 #include "../gguf/gguf.h"
 #include "../gguf/gguf_json.h"
 #include "../tensor/types.h"
+#include "args.h"
 #include "cli.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -484,7 +485,8 @@ int ps_cli_inspect(int argc, char **argv) {
         } else if (!strncmp(a, "--output=", 9)) {
             out = a + 9;
         } else if (a[0] == '-' && a[1]) {
-            return usage_error("unknown option '%s'", a);
+            static const char *const known[] = {"--help", "--json", "--dump-tensor", "-o", "--output", NULL};
+            return ps_arg_unknown("inspect", a, known, NULL);
         } else if (model) {
             return usage_error("unexpected argument '%s' (one MODEL only)", a);
         } else {

@@ -3,7 +3,24 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../tensor/matmul.h"
+#include "args.h"
 #include "cli.h"
+
+#ifndef PS_VERSION
+#define PS_VERSION "unknown"
+#endif
+#ifndef PS_GIT_COMMIT
+#define PS_GIT_COMMIT "unknown"
+#endif
+
+/* `pipeshard --version`: the release, the commit built, the kernels this CPU gets, the backends. */
+static int version(int argc, char **argv) {
+    (void)argc, (void)argv;
+    printf("pipeshard %s (git %s)\nkernels: %s (the family this CPU gets; PS_ISA overrides)\nbackends: cpu\n",
+           PS_VERSION, PS_GIT_COMMIT, ps_matmul_isa());
+    return 0;
+}
 
 static const struct {
     const char *name;
@@ -17,6 +34,8 @@ static const struct {
     {"bench", ps_cli_bench, "measure prefill and decode speed"},
     {"worker", ps_cli_worker, "serve one shard of a split model to a coordinator"},
     {"split", ps_cli_split, "cut a model by layers into shards and write fleet.json"},
+    {"keygen", ps_cli_keygen, "write a fresh shared key for --key-file"},
+    {"version", version, "print the version, git commit, CPU kernels and backends"},
 };
 
 static void usage(FILE *f) {
@@ -34,9 +53,17 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], "--version")) return version(argc - 1, argv + 1);
+    const char *known[sizeof commands / sizeof commands[0] + 2] = {"--version"};
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "pipeshard: unknown command '%s'\n", argv[1]);
+        known[i + 1] = commands[i].name;
+    }
+    const char *near = ps_arg_suggest(argv[1], known);
+    if (near)
+        fprintf(stderr, "pipeshard: unknown command '%s'; did you mean '%s'?\n", argv[1], near);
+    else
+        fprintf(stderr, "pipeshard: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
 }

@@ -239,8 +239,18 @@ static int run_parse(int argc, char **argv, run_opts *o, bool interactive) {
                !((value_flags[k].s && !strcmp(a, value_flags[k].s)) || !strcmp(a, value_flags[k].l)))
             k++;
         if (k == PS_ARRAY_LEN(value_flags)) {
-            fprintf(stderr, "pipeshard run: unknown option '%s' (see pipeshard run --help)\n", a);
-            return 2;
+            /* the switches above, then the valued flags: what a typo is matched against */
+            static const char *const switches[] = {"--help",      "--ignore-eos", "--chat", "--stats",
+                                                   "--print-ids", "--pin",        "--mmap", "--plain-frames"};
+            const char *known[PS_ARRAY_LEN(switches) + 2 * PS_ARRAY_LEN(value_flags) + 1];
+            size_t n = 0;
+            for (size_t j = 0; j < PS_ARRAY_LEN(switches); j++) known[n++] = switches[j];
+            for (size_t j = 0; j < PS_ARRAY_LEN(value_flags); j++) {
+                if (value_flags[j].s) known[n++] = value_flags[j].s;
+                known[n++] = value_flags[j].l;
+            }
+            known[n] = NULL;
+            return ps_arg_unknown("run", a, known, "give the prompt with -p TEXT (see pipeshard run --help)");
         }
         const char *v = ps_arg_value("run", argc, argv, &i);
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;

@@ -88,7 +88,9 @@ static bool parse(int argc, char **argv, opts *o) {
             const char *v = ps_arg_value(CMD, argc, argv, &i);
             if (!v || !ps_arg_int(CMD, a, v, 1, PS_SHARD_MAX_STAGES, &o->stages)) return false;
         } else {
-            fail(0, "unknown %s '%s' (see pipeshard split --help)", a[0] == '-' ? "option" : "argument", a);
+            static const char *const known[] = {"--help",    "--quiet", "-m",       "--model",  "--layers",
+                                                "--workers", "-o",      "--output", "--stages", NULL};
+            ps_arg_unknown(CMD, a, known, NULL);
             return false;
         }
     }

@@ -209,8 +209,11 @@ static bool parse(int argc, char **argv, opts *o) {
             const char *v = ps_arg_value(CMD, argc, argv, &i);
             if (!v || !ps_arg_int(CMD, a, v, 0, INT64_MAX, &o->seed)) return false;
         } else {
-            fprintf(stderr, "pipeshard synth: unknown %s '%s' (see pipeshard synth --help)\n",
-                    a[0] == '-' ? "option" : "argument", a);
+            static const char *const known[] = {"--help",     "--untied",   "--exact", "--like",   "--type",
+                                                "-o",         "--output",   "--arch",  "--layers", "--dim",
+                                                "--heads",    "--kv-heads", "--ffn",   "--vocab",  "--ctx",
+                                                "--head-dim", "--threads",  "--seed",  NULL};
+            ps_arg_unknown(CMD, a, known, NULL);
             return false;
         }
     }

@@ -25,8 +25,10 @@ static void worker_usage(FILE *f) {
         "  -t, --threads N           compute threads (default: all cores)\n"
         "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
         "  --mmap                    map the shard instead of reading it into huge pages (see pipeshard run --help)\n"
-        "  --key-file F              shared key: peers must prove they hold the same file; frames after\n"
-        "                            the handshake are then sealed (encrypted, authenticated)\n"
+        "  --key-file F              shared key (`pipeshard keygen -o F` writes one): peers must prove they\n"
+        "                            hold the same file; frames after the handshake are then sealed\n"
+        "                            (encrypted, authenticated). Without one, a worker on a non-loopback\n"
+        "                            address serves anyone who can reach it\n"
         "  --plain-frames            with a key: frames in the clear when the peer asks too (peers on\n"
         "                            this host only: sealing then buys nothing)\n"
         "  --sim-latency-ms MS       emulated one-way delay added to every outgoing hop (default 0)\n"
@@ -36,6 +38,21 @@ static void worker_usage(FILE *f) {
         "  --no-verify               skip recomputing the shard's fingerprint at start-up\n"
         "  --ready-fd N              (for --local-stages) write the port (or the unix: address) to file\n"
         "                            descriptor N once listening\n");
+}
+
+/* Whether --listen's value is HOST:PORT or unix:PATH; false after printing what is expected. */
+static bool listen_ok(const char *addr) {
+    char host[256], err[512];
+    int port;
+    if (ps_net_is_unix(addr) || !ps_net_parse_addr(addr, host, sizeof host, &port, err, sizeof err)) return true;
+    if (*addr && strspn(addr, "0123456789") == strlen(addr))
+        fprintf(stderr,
+                "pipeshard worker: --listen expects HOST:PORT or unix:PATH, got '%s'; did you mean 0.0.0.0:%s (every "
+                "interface) or 127.0.0.1:%s (this host only)?\n",
+                addr, addr, addr);
+    else
+        fprintf(stderr, "pipeshard worker: --listen expects HOST:PORT or unix:PATH: %s\n", err);
+    return false;
 }
 
 int ps_cli_worker(int argc, char **argv) {
@@ -59,6 +76,19 @@ int ps_cli_worker(int argc, char **argv) {
             *switches[k].field = switches[k].value;
             continue;
         }
+        static const char *const valued[] = {"--shard",   "--listen",         "--key-file",           "-t",
+                                             "--threads", "--sim-latency-ms", "--sim-bandwidth-mbps", "--timeout-ms",
+                                             "--max-ctx", "--ready-fd"};
+        size_t j = 0;
+        while (j < PS_ARRAY_LEN(valued) && strcmp(a, valued[j])) j++;
+        if (j == PS_ARRAY_LEN(valued)) {
+            const char *known[1 + PS_ARRAY_LEN(switches) + PS_ARRAY_LEN(valued) + 1] = {"--help"};
+            size_t n = 1;
+            for (k = 0; k < PS_ARRAY_LEN(switches); k++) known[n++] = switches[k].flag;
+            for (j = 0; j < PS_ARRAY_LEN(valued); j++) known[n++] = valued[j];
+            known[n] = NULL;
+            return ps_arg_unknown("worker", a, known, NULL);
+        }
         bool ok = (v = ps_arg_value("worker", argc, argv, &i)) != NULL;
         if (!ok) return 2;
         if (!strcmp(a, "--shard"))
@@ -77,12 +107,8 @@ int ps_cli_worker(int argc, char **argv) {
             ok = ps_arg_int("worker", a, v, 1, 86400000, &n) && ((o.timeout_ms = (int)n), 1);
         else if (!strcmp(a, "--max-ctx"))
             ok = ps_arg_int("worker", a, v, 1, 1 << 24, &n) && ((o.max_ctx = (int)n), 1);
-        else if (!strcmp(a, "--ready-fd"))
+        else /* --ready-fd */
             ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
-        else {
-            fprintf(stderr, "pipeshard worker: unknown option '%s' (see pipeshard worker --help)\n", a);
-            return 2;
-        }
         if (!ok) return 2;
     }
     if (!o.shard || !o.listen) {
@@ -91,6 +117,7 @@ int ps_cli_worker(int argc, char **argv) {
         return 2;
     }
     char err[1024] = "";
+    if (!listen_ok(o.listen)) return 2;
     uint8_t key[32];
     if (key_file && ps_net_key_load(key_file, key, err, sizeof err)) {
         fprintf(stderr, "pipeshard worker: %s\n", err);

@@ -35,6 +35,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "net_internal.h"
@@ -104,6 +106,40 @@ ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t e
     sodium_memzero(buf, KEY_MAX_BYTES + 1);
     free(buf);
     return st;
+}
+
+ps_status ps_net_key_write(const char *path, bool force, char *err, size_t errlen) {
+    char eb[128];
+    uint8_t key[32];
+    for (size_t got = 0; got < sizeof key;) {
+        ssize_t n = getrandom(key + got, sizeof key - got, 0);
+        if (n < 0 && errno != EINTR)
+            return ps_errf(err, errlen, PS_ERR_IO, "cannot get random bytes: %s",
+                           ps_net_errno_str(errno, eb, sizeof eb));
+        if (n > 0) got += (size_t)n;
+    }
+    /* a replaced file is unlinked first, so the new one is created 0600 whatever the old mode */
+    if (force && unlink(path) != 0 && errno != ENOENT)
+        return ps_errf(err, errlen, PS_ERR_IO, "cannot replace %s: %s", path, ps_net_errno_str(errno, eb, sizeof eb));
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        int e = errno;
+        sodium_memzero(key, sizeof key);
+        if (e == EEXIST) return ps_errf(err, errlen, PS_ERR_ARG, "%s exists (--force replaces it)", path);
+        return ps_errf(err, errlen, PS_ERR_IO, "cannot create %s: %s", path, ps_net_errno_str(e, eb, sizeof eb));
+    }
+    ssize_t n = -1;
+    if (fchmod(fd, 0600) == 0) {
+        do n = write(fd, key, sizeof key);
+        while (n < 0 && errno == EINTR);
+    }
+    int werr = errno;
+    sodium_memzero(key, sizeof key);
+    if (close(fd) != 0 && n == (ssize_t)sizeof key) n = -1, werr = errno;
+    if (n == (ssize_t)sizeof key) return PS_OK;
+    unlink(path);
+    return ps_errf(err, errlen, PS_ERR_IO, "cannot write %s: %s", path,
+                   n < 0 ? ps_net_errno_str(werr, eb, sizeof eb) : "short write");
 }
 
 /* The transcript: BLAKE2b-256 of the HELLO payload and of the HELLO_REPLY payload up to its

@@ -107,6 +107,9 @@ ps_status ps_net_parse_addr(const char *hostport, char *host, size_t hostcap, in
  * shorter path through the kernel than loopback TCP, reachable only as the file's
  * permissions allow). */
 bool ps_net_is_unix(const char *addr);
+/* Whether socket fd is bound to a loopback address (127.0.0.0/8, ::1) or is a Unix socket:
+ * only this host can reach it. False for any other address, 0.0.0.0 and [::] included. */
+bool ps_net_fd_is_local(int fd);
 /* A listening TCP socket on HOST:PORT (SO_REUSEADDR; PORT 0 picks a free port), or a Unix
  * socket on "unix:PATH" (a stale socket file at PATH, left by a process that died, is
  * replaced; the caller removes the file when done). *fd_out is owned by the caller (close
@@ -184,6 +187,9 @@ void ps_conn_reset_stats(ps_conn *c);
 /* Loads a shared key: the file's bytes (at least 16, at most 64 KiB), hashed to 32 bytes
  * with BLAKE2b (libsodium crypto_generichash). Errors name the file. */
 ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t errlen);
+/* Writes a fresh shared key to path: 32 random bytes (getrandom), mode 0600. An existing
+ * path is an error (PS_ERR_ARG, "... exists") unless force, which replaces it. */
+ps_status ps_net_key_write(const char *path, bool force, char *err, size_t errlen);
 
 /* Who is on each end of a connection. */
 typedef enum { PS_ROLE_COORD = 1, PS_ROLE_PREV_STAGE = 2, PS_ROLE_WORKER = 3 } ps_role;

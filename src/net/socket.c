@@ -162,6 +162,17 @@ void ps_conn_set_max_payload(ps_conn *c, uint32_t max) { c->max_payload = max; }
 
 bool ps_net_is_unix(const char *addr) { return !strncmp(addr, "unix:", 5); }
 
+bool ps_net_fd_is_local(int fd) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) return false;
+    if (ss.ss_family == AF_UNIX) return true;
+    if (ss.ss_family == AF_INET) return (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss.ss_family != AF_INET6) return false;
+    const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
 /* The socket address of "unix:PATH". */
 static ps_status unix_addr(const char *addr, struct sockaddr_un *su, socklen_t *len, char *err, size_t errlen) {
     const char *path = addr + 5;

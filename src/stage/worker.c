@@ -552,6 +552,11 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
     if ((s = ps_net_listen(o->listen, &w.lfd, bound, sizeof bound, err, errlen))) goto out;
     say(&w, "layers %d..%d of %d, listening on %s%s", w.me.layer_begin, w.me.layer_end, w.me.n_layer, bound,
         o->key ? " (shared key required)" : "");
+    if (!o->key && !ps_net_fd_is_local(w.lfd))
+        say(&w,
+            "warning: no --key-file, so anyone who can reach %s may use this worker (`pipeshard keygen -o KEY` "
+            "writes a key: give it to each worker and to the coordinator with --key-file KEY)",
+            bound);
     if (o->ready_fd >= 0) {
         const char *colon = strrchr(bound, ':');
         dprintf(o->ready_fd, "%s\n", !ps_net_is_unix(bound) && colon ? colon + 1 : bound);
