@@ -3,10 +3,13 @@
  * token ids with --print-ids), and optionally a JSON stats line. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include "../coord/launch.h"
 #include "../coord/session.h"
@@ -265,6 +268,35 @@ static int run_parse(int argc, char **argv, run_opts *o) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Signals
+
+/* Whether generate() is in its loop, and the first SIGINT / SIGTERM / SIGHUP that came
+ * then (0: none). Lock-free atomics: safe in a handler on any thread. */
+static atomic_int run_generating, run_signal;
+
+/* The first signal during generation is recorded: generate() then cancels the session, so
+ * that the run ends cleanly (newline, --stats, everything freed, exit 128 + signal). Any
+ * other (during start-up or clean-up, or a second one) kills the local workers, removes
+ * their directory and exits at once, through async-signal-safe calls only. */
+static void on_signal(int sig) {
+    int none = 0;
+    if (atomic_load(&run_generating) && atomic_compare_exchange_strong(&run_signal, &none, sig)) return;
+    ps_launch_abort_all();
+    _exit(128 + sig);
+}
+
+/* Installs on_signal; SIGPIPE is ignored, so that a closed stdout (`| head`) is a write
+ * error that generate() sees. */
+static void install_signals(void) {
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+// ---------------------------------------------------------------------------------------
 // Generation
 
 /* What one run holds besides its options. */
@@ -272,7 +304,8 @@ typedef struct {
     const run_opts *o;
     ps_launch *launch;
     ps_session *session;
-    FILE *dump; /* --dump-logits */
+    FILE *dump;       /* --dump-logits */
+    bool stdout_gone; /* a write to stdout failed: the reader went away (`| head`) */
     char err[1024];
 } run_state;
 
@@ -393,32 +426,47 @@ static ps_status dump_logits(run_state *st) {
     return PS_OK;
 }
 
-/* Generates until the session stops, printing each token's text (or its id with
- * --print-ids) as it comes, then what the detokenizer held back and a newline. */
-static ps_status generate(run_state *st) {
-    ps_session_step step;
-    ps_status s;
-    bool first = true;
-    while (!(s = ps_session_next(st->session, &step, st->err, sizeof st->err))) {
-        if (step.token >= 0 && (s = dump_logits(st))) return s;
-        if (step.token >= 0 && step.stop != PS_STOP_EOS) {
-            if (st->o->print_ids)
-                printf(first ? "%d" : " %d", step.token);
-            else
-                fwrite(step.text, 1, step.len, stdout);
-            fflush(stdout);
-            first = false;
-        }
-        if (step.stop) break;
-    }
-    if (s) return s;
+/* Ends the output with what the detokenizer held back and a newline. */
+static void finish_output(run_state *st) {
     const char *text;
     size_t len;
     ps_session_flush(st->session, &text, &len);
     if (!st->o->print_ids) fwrite(text, 1, len, stdout);
     printf("\n");
     fflush(stdout);
-    return PS_OK;
+}
+
+/* Generates until the session stops, printing each token's text (or its id with
+ * --print-ids) as it comes, then what the detokenizer held back and a newline. A signal
+ * (on_signal) cancels the session before the next step; a failed write to stdout ends the
+ * generation quietly (st->stdout_gone) when the reader went away (EPIPE). */
+static ps_status generate(run_state *st) {
+    ps_session_step step;
+    ps_status s;
+    bool first = true;
+    atomic_store(&run_generating, 1);
+    for (;;) {
+        if (atomic_load(&run_signal)) ps_session_cancel(st->session);
+        if ((s = ps_session_next(st->session, &step, st->err, sizeof st->err))) break;
+        if (step.token >= 0 && (s = dump_logits(st))) break;
+        if (step.token >= 0 && step.stop != PS_STOP_EOS) {
+            if (st->o->print_ids)
+                printf(first ? "%d" : " %d", step.token);
+            else
+                fwrite(step.text, 1, step.len, stdout);
+            first = false;
+            if (fflush(stdout) || ferror(stdout)) {
+                st->stdout_gone = errno == EPIPE;
+                if (!st->stdout_gone)
+                    s = ps_errf(st->err, sizeof st->err, PS_ERR_IO, "cannot write: %s", strerror(errno));
+                break;
+            }
+        }
+        if (step.stop) break;
+    }
+    atomic_store(&run_generating, 0);
+    if (!s && !st->stdout_gone) finish_output(st);
+    return s;
 }
 
 /* Per-stage compute and per-hop traffic, for --stats. */
@@ -481,6 +529,7 @@ int ps_cli_run(int argc, char **argv) {
     run_opts o;
     int rc = run_parse(argc, argv, &o);
     if (rc >= 0) return rc;
+    install_signals();
     run_state st = {.o = &o};
     ps_status s = run_setup(&st);
     if (!s) s = generate(&st);
@@ -491,5 +540,6 @@ int ps_cli_run(int argc, char **argv) {
     if (st.dump) fclose(st.dump);
     ps_session_free(st.session);
     ps_launch_stop(st.launch);
-    return s ? 1 : 0;
+    int sig = atomic_load(&run_signal);
+    return s ? 1 : sig ? 128 + sig : st.stdout_gone ? 128 + SIGPIPE : 0;
 }

@@ -39,6 +39,10 @@ ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, s
 /* Ends the coordinator's session, stops local workers, removes their directory. NULL is a no-op. */
 void ps_launch_stop(ps_launch *l);
 
+/* For a signal handler about to _exit (async-signal-safe): kills the local workers of every
+ * launch of this process, started or starting, and removes their directories. */
+void ps_launch_abort_all(void);
+
 /* What was started; owned by l until ps_launch_stop. */
 ps_coord *ps_launch_coord(ps_launch *l);
 const ps_tok *ps_launch_tok(const ps_launch *l);     /* NULL without opts.tokenizer */

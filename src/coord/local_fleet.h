@@ -27,5 +27,9 @@ ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_o
                                const char *key_file, bool unix_sockets, ps_local_fleet *lf, char *err, size_t errlen);
 /* Stops the workers and removes the directory. Safe on a partly started fleet. */
 void ps_local_fleet_stop(ps_local_fleet *lf);
+/* For a signal handler about to _exit: kills the workers of every fleet of this process
+ * that is started (or starting) and not yet stopped, waits for them, and removes their
+ * directories, through async-signal-safe calls only. Nothing is freed: the process ends. */
+void ps_local_fleet_abort_all(void);
 
 #endif
