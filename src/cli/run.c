@@ -273,6 +273,8 @@ static int run_parse(int argc, char **argv, run_opts *o) {
 /* Whether generate() is in its loop, and the first SIGINT / SIGTERM / SIGHUP that came
  * then (0: none). Lock-free atomics: safe in a handler on any thread. */
 static atomic_int run_generating, run_signal;
+/* Whether a progress line is on the terminal (on_progress), for on_signal to clear. */
+static atomic_bool run_line_open;
 
 /* The first signal during generation is recorded: generate() then cancels the session, so
  * that the run ends cleanly (newline, --stats, everything freed, exit 128 + signal). Any
@@ -282,6 +284,10 @@ static void on_signal(int sig) {
     int none = 0;
     if (atomic_load(&run_generating) && atomic_compare_exchange_strong(&run_signal, &none, sig)) return;
     ps_launch_abort_all();
+    if (atomic_load(&run_line_open)) {
+        ssize_t w = write(STDERR_FILENO, "\r\033[K", 4); /* clear the progress line */
+        (void)w;
+    }
     _exit(128 + sig);
 }
 
@@ -297,6 +303,45 @@ static void install_signals(void) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Progress
+
+/* The progress line on stderr, drawn only on a terminal. */
+typedef struct {
+    bool show;        /* stderr is a terminal */
+    bool open;        /* a line is on the screen, to be cleared before anything else */
+    int pct;          /* the percentage drawn last (-1: none) */
+    const char *what; /* what was drawn last */
+} progress_line;
+
+/* ps_progress callback: rewrites one stderr line in place ("splitting model into 2 stages:
+ * 43%", "starting 1 worker", "loading model", "prompt: 512/1024 tokens"). */
+static void on_progress(void *ctx, const char *what, uint64_t done, uint64_t total) {
+    progress_line *p = ctx;
+    if (!p->show) return;
+    bool prompt = !strcmp(what, "prompt");
+    int pct = total && !prompt ? (int)(100 * done / total) : -1;
+    if (!prompt && p->open && p->what == what && pct == p->pct) return; /* nothing new to draw */
+    if (prompt)
+        fprintf(stderr, "\r\033[K%s: %llu/%llu tokens", what, (unsigned long long)done, (unsigned long long)total);
+    else if (pct >= 0)
+        fprintf(stderr, "\r\033[K%s: %d%%", what, pct);
+    else
+        fprintf(stderr, "\r\033[K%s", what);
+    fflush(stderr);
+    p->open = true, p->pct = pct, p->what = what;
+    atomic_store(&run_line_open, true);
+}
+
+/* Clears the progress line, if one is drawn, before other output. */
+static void progress_clear(progress_line *p) {
+    if (!p->open) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    p->open = false;
+    atomic_store(&run_line_open, false);
+}
+
+// ---------------------------------------------------------------------------------------
 // Generation
 
 /* What one run holds besides its options. */
@@ -306,6 +351,7 @@ typedef struct {
     ps_session *session;
     FILE *dump;       /* --dump-logits */
     bool stdout_gone; /* a write to stdout failed: the reader went away (`| head`) */
+    progress_line progress;
     char err[1024];
 } run_state;
 
@@ -407,7 +453,8 @@ static ps_status run_setup(run_state *st) {
                          .max_batch = (int)o->batch,
                          .prefill_chunk = (int)o->prefill_chunk,
                          .act = o->act,
-                         .tokenizer = !(o->prompt_ids && o->print_ids)};
+                         .tokenizer = !(o->prompt_ids && o->print_ids),
+                         .progress = {on_progress, &st->progress}};
     if ((s = ps_launch_start(&lo, &st->launch, err, el))) return s;
     if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)))
         return s;
@@ -447,7 +494,9 @@ static ps_status generate(run_state *st) {
     atomic_store(&run_generating, 1);
     for (;;) {
         if (atomic_load(&run_signal)) ps_session_cancel(st->session);
-        if ((s = ps_session_next(st->session, &step, st->err, sizeof st->err))) break;
+        s = ps_session_next(st->session, &step, st->err, sizeof st->err);
+        progress_clear(&st->progress); /* the prompt's progress ends with its first step */
+        if (s) break;
         if (step.token >= 0 && (s = dump_logits(st))) break;
         if (step.token >= 0 && step.stop != PS_STOP_EOS) {
             if (st->o->print_ids)
@@ -530,9 +579,10 @@ int ps_cli_run(int argc, char **argv) {
     int rc = run_parse(argc, argv, &o);
     if (rc >= 0) return rc;
     install_signals();
-    run_state st = {.o = &o};
+    run_state st = {.o = &o, .progress = {.show = isatty(STDERR_FILENO), .pct = -1}};
     ps_status s = run_setup(&st);
     if (!s) s = generate(&st);
+    progress_clear(&st.progress);
     if (s)
         fprintf(stderr, "pipeshard run: %s\n", st.err[0] ? st.err : ps_strerror(s));
     else if (o.stats)

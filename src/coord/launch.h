@@ -28,6 +28,7 @@ typedef struct {
     int prefill_chunk;    /* positions per micro-batch on the ring; 0 = max_batch */
     ps_act act;           /* matmul arithmetic of every stage */
     bool tokenizer;       /* load the model's tokenizer (false: token ids in and out) */
+    ps_progress progress; /* what start-up and a long prompt are doing (fleet.h); fn NULL: none */
 } ps_launch_opts;
 
 typedef struct ps_launch ps_launch;

@@ -193,7 +193,8 @@ static ps_status make_key(ps_local_fleet *lf, const char *key_file, char *path, 
 }
 
 ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
-                               const char *key_file, bool unix_sockets, ps_local_fleet *lf, char *err, size_t errlen) {
+                               const char *key_file, bool unix_sockets, const ps_progress *progress, ps_local_fleet *lf,
+                               char *err, size_t errlen) {
     memset(lf, 0, sizeof *lf);
     const char *tmp = getenv("TMPDIR");
     snprintf(lf->dir, sizeof lf->dir, "%s/pipeshard-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -204,10 +205,15 @@ ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_o
     }
     live_add(lf);
     char key_path[4200];
-    ps_status s = ps_split_cache_get(model, n_stages, lf->dir, &lf->fleet, err, errlen);
+    ps_status s = ps_split_cache_get(model, n_stages, lf->dir, progress, &lf->fleet, err, errlen);
     if (!s) s = make_key(lf, key_file, key_path, sizeof key_path, err, errlen);
     lf->n = lf->fleet.n_stages;
-    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, so, sim, key_path, unix_sockets, err, errlen);
+    char what[64];
+    snprintf(what, sizeof what, "starting %d worker%s", lf->n - 1, lf->n > 2 ? "s" : "");
+    for (int k = 1; !s && k < lf->n; k++) {
+        if (k == 1) ps_progress_report(progress, what, 0, 0);
+        s = spawn(lf, k, so, sim, key_path, unix_sockets, err, errlen);
+    }
     return s;
 }
 
@@ -229,8 +235,9 @@ static void remove_dir(const char *dir) {
     rmdir(dir);
 }
 
+/* The fleet stays in live until its directory is gone: a signal meanwhile (on_signal of
+ * run.c, while this waits for a worker) still finds what to remove. */
 void ps_local_fleet_stop(ps_local_fleet *lf) {
-    live_remove(lf);
     for (int k = 1; k < lf->n; k++)
         if (lf->pids[k] > 0) kill(lf->pids[k], SIGTERM);
     for (int k = 1; k < lf->n; k++) {
@@ -243,8 +250,8 @@ void ps_local_fleet_stop(ps_local_fleet *lf) {
         }
         lf->pids[k] = 0;
     }
-    if (!lf->dir[0]) return;
-    remove_dir(lf->dir);
+    if (lf->dir[0]) remove_dir(lf->dir);
+    live_remove(lf);
     lf->dir[0] = 0;
 }
 
