@@ -14,6 +14,7 @@ generation cannot end by itself within the test (hours). Cases:
   3. a second SIGINT while the first waits for a stopped (SIGSTOP) worker: exit 130 at once,
      the stopped worker killed (the stage timeout, 10 minutes, is not what ends it).
   4. the reader closes stdout after the first bytes (`| head -c 10`): exit 141, nothing on stderr.
+A sanitizer build (PIPESHARD_BIN) must report nothing: the cancelled run frees everything.
 Waits are for events (bytes on stdout, a process appearing, a signal no longer pending); each has a
 120 s limit, against well under a second on an idle machine. Exit 0 pass, 1 fail.
 """
@@ -104,6 +105,7 @@ def finish(p, name, tmp, err, want_rc):
     with open(err, "rb") as f:
         e = f.read().decode(errors="replace")
     check(p.returncode == want_rc, f"{name}: exit {p.returncode}, want {want_rc}; stderr: {e[-500:]}")
+    check("Sanitizer" not in e, f"{name}: a sanitizer report (leak, bad access): {e[-2000:]}")
     left = os.listdir(tmp)
     check(not left, f"{name}: the run left {left} in TMPDIR")
     survivors = workers_of(tmp)
