@@ -117,8 +117,10 @@ static bool command(conversation *cv, const char *line) {
     } else if (!strncmp(line, "/system", 7) && (line[7] == ' ' || !line[7])) {
         const char *sys = line[7] ? line + 8 : "";
         forget(cv, false);
-        if (*sys && !add(cv, "system", sys, strlen(sys))) printf("(out of memory)\n");
-        else printf(*sys ? "(system message set; conversation cleared)\n" : "(system message removed)\n");
+        if (*sys && !add(cv, "system", sys, strlen(sys)))
+            printf("(out of memory)\n");
+        else
+            printf(*sys ? "(system message set; conversation cleared)\n" : "(system message removed)\n");
     } else {
         printf("commands: /reset (forget the conversation), /system TEXT (set the system message and start "
                "again), /exit; Ctrl-C stops an answer, Ctrl-D ends the chat\n");
@@ -149,7 +151,8 @@ int ps_repl_run(ps_session *s, const ps_repl_opts *o) {
         }
         bool go_on = true;
         char err[1024] = "";
-        if (line[0] == '/') go_on = command(&cv, line);
+        if (line[0] == '/')
+            go_on = command(&cv, line);
         else if (line[0] && add(&cv, "user", line, strlen(line))) {
             ps_status st = answer(&cv, s, o, err, sizeof err);
             if (st) {

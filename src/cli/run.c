@@ -3,6 +3,8 @@
  * token ids with --print-ids), and optionally a JSON stats line. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,6 +300,80 @@ static int run_parse(int argc, char **argv, run_opts *o, bool interactive) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Signals
+
+/* Whether generate() is in its loop, and the first SIGINT / SIGTERM / SIGHUP that came
+ * then (0: none). Lock-free atomics: safe in a handler on any thread. */
+static atomic_int run_generating, run_signal;
+/* Whether a progress line is on the terminal (on_progress), for on_signal to clear. */
+static atomic_bool run_line_open;
+
+/* The first signal during generation is recorded: generate() then cancels the session, so
+ * that the run ends cleanly (newline, --stats, everything freed, exit 128 + signal). Any
+ * other (during start-up or clean-up, or a second one) kills the local workers, removes
+ * their directory and exits at once, through async-signal-safe calls only. */
+static void on_signal(int sig) {
+    int none = 0;
+    if (atomic_load(&run_generating) && atomic_compare_exchange_strong(&run_signal, &none, sig)) return;
+    ps_launch_abort_all();
+    if (atomic_load(&run_line_open)) {
+        ssize_t w = write(STDERR_FILENO, "\r\033[K", 4); /* clear the progress line */
+        (void)w;
+    }
+    _exit(128 + sig);
+}
+
+/* Installs on_signal; SIGPIPE is ignored, so that a closed stdout (`| head`) is a write
+ * error that generate() sees. */
+static void install_signals(void) {
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+// ---------------------------------------------------------------------------------------
+// Progress
+
+/* The progress line on stderr, drawn only on a terminal. */
+typedef struct {
+    bool show;        /* stderr is a terminal */
+    bool open;        /* a line is on the screen, to be cleared before anything else */
+    int pct;          /* the percentage drawn last (-1: none) */
+    const char *what; /* what was drawn last */
+} progress_line;
+
+/* ps_progress callback: rewrites one stderr line in place ("splitting model into 2 stages:
+ * 43%", "starting 1 worker", "loading model", "prompt: 512/1024 tokens"). */
+static void on_progress(void *ctx, const char *what, uint64_t done, uint64_t total) {
+    progress_line *p = ctx;
+    if (!p->show) return;
+    bool prompt = !strcmp(what, "prompt");
+    int pct = total && !prompt ? (int)(100 * done / total) : -1;
+    if (!prompt && p->open && p->what == what && pct == p->pct) return; /* nothing new to draw */
+    if (prompt)
+        fprintf(stderr, "\r\033[K%s: %llu/%llu tokens", what, (unsigned long long)done, (unsigned long long)total);
+    else if (pct >= 0)
+        fprintf(stderr, "\r\033[K%s: %d%%", what, pct);
+    else
+        fprintf(stderr, "\r\033[K%s", what);
+    fflush(stderr);
+    p->open = true, p->pct = pct, p->what = what;
+    atomic_store(&run_line_open, true);
+}
+
+/* Clears the progress line, if one is drawn, before other output. */
+static void progress_clear(progress_line *p) {
+    if (!p->open) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    p->open = false;
+    atomic_store(&run_line_open, false);
+}
+
+// ---------------------------------------------------------------------------------------
 // Generation
 
 /* What one run holds besides its options. */
@@ -309,6 +385,8 @@ typedef struct {
     ps_stop_reason stop; /* why generation ended */
     bool usage;          /* the error is in what the command line gives (exit 2) */
     bool interactive;    /* `pipeshard chat`: the prompts come from the terminal (repl.c) */
+    bool stdout_gone;    /* a write to stdout failed: the reader went away (`| head`) */
+    progress_line progress;
     char err[1024];
 } run_state;
 
@@ -415,7 +493,8 @@ static ps_status run_setup(run_state *st) {
                          .max_batch = (int)o->batch,
                          .prefill_chunk = (int)o->prefill_chunk,
                          .act = o->act,
-                         .tokenizer = !(o->prompt_ids && o->print_ids)};
+                         .tokenizer = !(o->prompt_ids && o->print_ids),
+                         .progress = {on_progress, &st->progress}};
     if ((s = ps_launch_start(&lo, &st->launch, err, el))) return s;
     int trained = ps_coord_model(ps_launch_coord(st->launch))->hp.ctx_train;
     if (o->ctx > trained)
@@ -440,26 +519,8 @@ static ps_status dump_logits(run_state *st) {
     return PS_OK;
 }
 
-/* Generates until the session stops, printing each token's text (or its id with
- * --print-ids) as it comes, then what the detokenizer held back and a newline. */
-static ps_status generate(run_state *st) {
-    ps_session_step step;
-    ps_status s;
-    bool first = true;
-    while (!(s = ps_session_next(st->session, &step, st->err, sizeof st->err))) {
-        if (step.token >= 0 && (s = dump_logits(st))) return s;
-        if (step.token >= 0 && step.stop != PS_STOP_EOS) {
-            if (st->o->print_ids)
-                printf(first ? "%d" : " %d", step.token);
-            else
-                fwrite(step.text, 1, step.len, stdout);
-            fflush(stdout);
-            first = false;
-        }
-        if (step.stop) break;
-    }
-    if (s) return s;
-    st->stop = step.stop;
+/* Ends the output with what the detokenizer held back and a newline. */
+static void finish_output(run_state *st) {
     const char *text;
     size_t len;
     ps_session_flush(st->session, &text, &len);
@@ -473,7 +534,42 @@ static ps_status generate(run_state *st) {
                 "pipeshard run: stopped after %d token%s: the context of %d positions is full (-c/--ctx-size)\n",
                 ss.n_generated, ss.n_generated == 1 ? "" : "s", ps_coord_n_ctx(ps_launch_coord(st->launch)));
     }
-    return PS_OK;
+}
+
+/* Generates until the session stops, printing each token's text (or its id with
+ * --print-ids) as it comes, then what the detokenizer held back and a newline. A signal
+ * (on_signal) cancels the session before the next step; a failed write to stdout ends the
+ * generation quietly (st->stdout_gone) when the reader went away (EPIPE). */
+static ps_status generate(run_state *st) {
+    ps_session_step step;
+    ps_status s;
+    bool first = true;
+    atomic_store(&run_generating, 1);
+    for (;;) {
+        if (atomic_load(&run_signal)) ps_session_cancel(st->session);
+        s = ps_session_next(st->session, &step, st->err, sizeof st->err);
+        progress_clear(&st->progress); /* the prompt's progress ends with its first step */
+        if (s) break;
+        if (step.token >= 0 && (s = dump_logits(st))) break;
+        if (step.token >= 0 && step.stop != PS_STOP_EOS) {
+            if (st->o->print_ids)
+                printf(first ? "%d" : " %d", step.token);
+            else
+                fwrite(step.text, 1, step.len, stdout);
+            first = false;
+            if (fflush(stdout) || ferror(stdout)) {
+                st->stdout_gone = errno == EPIPE;
+                if (!st->stdout_gone)
+                    s = ps_errf(st->err, sizeof st->err, PS_ERR_IO, "cannot write: %s", strerror(errno));
+                break;
+            }
+        }
+        if (step.stop) break;
+    }
+    atomic_store(&run_generating, 0);
+    if (!s) st->stop = step.stop;
+    if (!s && !st->stdout_gone) finish_output(st);
+    return s;
 }
 
 /* Per-stage compute and per-hop traffic, for --stats. */
@@ -537,9 +633,11 @@ int ps_cli_run(int argc, char **argv) {
     run_opts o;
     int rc = run_parse(argc, argv, &o, false);
     if (rc >= 0) return rc;
-    run_state st = {.o = &o};
+    install_signals();
+    run_state st = {.o = &o, .progress = {.show = isatty(STDERR_FILENO), .pct = -1}};
     ps_status s = run_setup(&st);
     if (!s) s = generate(&st);
+    progress_clear(&st.progress);
     if (s)
         fprintf(stderr, "pipeshard run: %s\n", st.err[0] ? st.err : ps_strerror(s));
     else if (o.stats)
@@ -547,7 +645,8 @@ int ps_cli_run(int argc, char **argv) {
     if (st.dump) fclose(st.dump);
     ps_session_free(st.session);
     ps_launch_stop(st.launch);
-    return s ? (st.usage ? 2 : 1) : 0;
+    int sig = atomic_load(&run_signal);
+    return s ? (st.usage ? 2 : 1) : sig ? 128 + sig : st.stdout_gone ? 128 + SIGPIPE : 0;
 }
 
 static void chat_usage(FILE *f) {

@@ -464,6 +464,7 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
         }
         last_mb = mb.mb;
         done += chunk;
+        if (n > c->max_mb) ps_progress_report(&c->o.progress, "prompt", (uint64_t)done, (uint64_t)n);
     }
     if (c->n > 1) {
         s = wait_token(c, last_mb, token);

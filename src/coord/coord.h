@@ -32,6 +32,7 @@ typedef struct {
     bool plain;            /* with a key: ask for frames in the clear (ps_hello.plain) */
     ps_link_sim sim;       /* emulation of the coordinator's outgoing hop */
     int timeout_ms;        /* a stage silent for this long is reported as stalled */
+    ps_progress progress;  /* "prompt": positions stage 0 has run of a prompt of several chunks */
 } ps_coord_opts;
 
 typedef struct ps_coord ps_coord;

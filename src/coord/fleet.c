@@ -381,3 +381,7 @@ ps_status ps_fleet_load(const char *path, ps_fleet *out, char *err, size_t errle
     if (s) memset(out, 0, sizeof *out);
     return s;
 }
+
+void ps_progress_report(const ps_progress *p, const char *what, uint64_t done, uint64_t total) {
+    if (p && p->fn) p->fn(p->ctx, what, done, total);
+}

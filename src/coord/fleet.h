@@ -41,6 +41,17 @@ typedef struct {
  * and the field. *out is caller-allocated. */
 ps_status ps_fleet_load(const char *path, ps_fleet *out, char *err, size_t errlen);
 
+/* Where a long wait reports what it is doing, for a progress line (the library prints
+ * nothing): what ("splitting model into 2 stages", "starting 1 worker", "loading model",
+ * "prompt") and done of total (total 0: no measure). Called on the waiting thread. */
+typedef struct {
+    void (*fn)(void *ctx, const char *what, uint64_t done, uint64_t total); /* NULL: none */
+    void *ctx;
+} ps_progress;
+
+/* Calls p->fn when there is one (p may be NULL). */
+void ps_progress_report(const ps_progress *p, const char *what, uint64_t done, uint64_t total);
+
 /* Cuts the model into dir/stage-K.gguf along bounds (ps_shard_split) and writes
  * dir/fleet.json last, so that a fleet.json on disk never names shards that were not
  * written. addresses: n_stages - 1 addresses for stages 1.., or NULL for the defaults

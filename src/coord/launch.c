@@ -24,8 +24,8 @@ static ps_status start_fleet(ps_launch *l, const ps_launch_opts *o, uint8_t key[
     if (o->local_stages > 1) {
         if ((s = ps_coord_refuse_shard(o->model, err, errlen))) return s; /* before the splitter's message */
         if (!(l->local = ps_calloc(1, sizeof *l->local))) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-        s = ps_local_fleet_start(o->model, o->local_stages, &o->stage, &o->sim, o->key_file, o->local_unix, l->local,
-                                 err, errlen);
+        s = ps_local_fleet_start(o->model, o->local_stages, &o->stage, &o->sim, o->key_file, o->local_unix,
+                                 &o->progress, l->local, err, errlen);
         if (s) return s;
         l->fleet = &l->local->fleet;
         memcpy(key, l->local->key, 32);
@@ -70,7 +70,9 @@ ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, s
                         .act = o->act,
                         .key = have_key ? key : NULL,
                         .sim = o->sim,
-                        .timeout_ms = o->timeout_ms};
+                        .timeout_ms = o->timeout_ms,
+                        .progress = o->progress};
+    if (!s) ps_progress_report(&o->progress, "loading model", 0, 0);
     if (!s) s = ps_coord_create(&co, &l->coord, err, errlen);
     if (!s) s = ps_coord_connect(l->coord, err, errlen);
     if (!s && o->tokenizer) s = load_tokenizer(l, err, errlen);
@@ -94,6 +96,8 @@ void ps_launch_stop(ps_launch *l) {
     free(l->local);
     free(l);
 }
+
+void ps_launch_abort_all(void) { ps_local_fleet_abort_all(); }
 
 ps_coord *ps_launch_coord(ps_launch *l) { return l->coord; }
 const ps_tok *ps_launch_tok(const ps_launch *l) { return l->tok; }

@@ -28,6 +28,7 @@ typedef struct {
     int prefill_chunk;    /* positions per micro-batch on the ring; 0 = max_batch */
     ps_act act;           /* matmul arithmetic of every stage */
     bool tokenizer;       /* load the model's tokenizer (false: token ids in and out) */
+    ps_progress progress; /* what start-up and a long prompt are doing (fleet.h); fn NULL: none */
 } ps_launch_opts;
 
 typedef struct ps_launch ps_launch;
@@ -38,6 +39,10 @@ typedef struct ps_launch ps_launch;
 ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, size_t errlen);
 /* Ends the coordinator's session, stops local workers, removes their directory. NULL is a no-op. */
 void ps_launch_stop(ps_launch *l);
+
+/* For a signal handler about to _exit (async-signal-safe): kills the local workers of every
+ * launch of this process, started or starting, and removes their directories. */
+void ps_launch_abort_all(void);
 
 /* What was started; owned by l until ps_launch_stop. */
 ps_coord *ps_launch_coord(ps_launch *l);

@@ -7,12 +7,14 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +22,27 @@
 
 /* How long a worker may take to load its shard and start listening. */
 #define START_TIMEOUT_MS 120000
+
+/* The fleets of this process between mkdtemp and their stop, for ps_local_fleet_abort_all
+ * (a signal handler): slots taken and left with lock-free atomics only. */
+#define LIVE_MAX 8
+static _Atomic(ps_local_fleet *) live[LIVE_MAX];
+
+/* Registers lf in a free slot of live (none free: lf is only stopped the normal way). */
+static void live_add(ps_local_fleet *lf) {
+    for (int i = 0; i < LIVE_MAX; i++) {
+        ps_local_fleet *none = NULL;
+        if (atomic_compare_exchange_strong(&live[i], &none, lf)) return;
+    }
+}
+
+/* Forgets lf. */
+static void live_remove(ps_local_fleet *lf) {
+    for (int i = 0; i < LIVE_MAX; i++) {
+        ps_local_fleet *me = lf;
+        atomic_compare_exchange_strong(&live[i], &me, NULL);
+    }
+}
 
 /* Reads the line a starting worker writes to fd once listening (its port, or its unix:
  * address), within START_TIMEOUT_MS. Returns the port, 0 for a Unix socket, -1 for none. */
@@ -74,14 +97,26 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
     snprintf(rfd, sizeof rfd, "%d", pfd[1]);
     snprintf(lat, sizeof lat, "%g", sim->latency_ms);
     snprintf(bw, sizeof bw, "%g", sim->bandwidth_mbps);
+    /* Signals wait until the child is in lf->pids, where ps_local_fleet_abort_all finds it. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     pid_t pid = fork();
     if (pid < 0) {
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         close(pfd[0]), close(pfd[1]);
         return ps_errf(err, errlen, PS_ERR_IO, "fork: %s", strerror(errno));
     }
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the coordinator */
-        ps_thread_unpin();                /* a --pin'd coordinator's thread has one CPU left */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);      /* never outlive the coordinator */
+        setpgid(0, 0);                         /* a terminal's Ctrl-C is the coordinator's to handle */
+        for (int sig = 1; sig < NSIG; sig++) { /* the caller's handlers are not the worker's */
+            struct sigaction cur;
+            if (!sigaction(sig, NULL, &cur) && cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN)
+                signal(sig, SIG_DFL);
+        }
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        ps_thread_unpin(); /* a --pin'd coordinator's thread has one CPU left */
         if (so->pin) own_cores(k, lf->fleet.n_stages, so->threads);
         close(pfd[0]);
         int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -117,6 +152,7 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
     }
     close(pfd[1]);
     lf->pids[k] = pid;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     int port = read_port(pfd[0]);
     close(pfd[0]);
     if (port < 0) {
@@ -157,7 +193,8 @@ static ps_status make_key(ps_local_fleet *lf, const char *key_file, char *path, 
 }
 
 ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
-                               const char *key_file, bool unix_sockets, ps_local_fleet *lf, char *err, size_t errlen) {
+                               const char *key_file, bool unix_sockets, const ps_progress *progress, ps_local_fleet *lf,
+                               char *err, size_t errlen) {
     memset(lf, 0, sizeof *lf);
     const char *tmp = getenv("TMPDIR");
     snprintf(lf->dir, sizeof lf->dir, "%s/pipeshard-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -166,11 +203,17 @@ ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_o
         lf->dir[0] = 0;
         return s;
     }
+    live_add(lf);
     char key_path[4200];
-    ps_status s = ps_split_cache_get(model, n_stages, lf->dir, &lf->fleet, err, errlen);
+    ps_status s = ps_split_cache_get(model, n_stages, lf->dir, progress, &lf->fleet, err, errlen);
     if (!s) s = make_key(lf, key_file, key_path, sizeof key_path, err, errlen);
     lf->n = lf->fleet.n_stages;
-    for (int k = 1; !s && k < lf->n; k++) s = spawn(lf, k, so, sim, key_path, unix_sockets, err, errlen);
+    char what[64];
+    snprintf(what, sizeof what, "starting %d worker%s", lf->n - 1, lf->n > 2 ? "s" : "");
+    for (int k = 1; !s && k < lf->n; k++) {
+        if (k == 1) ps_progress_report(progress, what, 0, 0);
+        s = spawn(lf, k, so, sim, key_path, unix_sockets, err, errlen);
+    }
     return s;
 }
 
@@ -192,6 +235,8 @@ static void remove_dir(const char *dir) {
     rmdir(dir);
 }
 
+/* The fleet stays in live until its directory is gone: a signal meanwhile (on_signal of
+ * run.c, while this waits for a worker) still finds what to remove. */
 void ps_local_fleet_stop(ps_local_fleet *lf) {
     for (int k = 1; k < lf->n; k++)
         if (lf->pids[k] > 0) kill(lf->pids[k], SIGTERM);
@@ -205,7 +250,50 @@ void ps_local_fleet_stop(ps_local_fleet *lf) {
         }
         lf->pids[k] = 0;
     }
-    if (!lf->dir[0]) return;
-    remove_dir(lf->dir);
+    if (lf->dir[0]) remove_dir(lf->dir);
+    live_remove(lf);
     lf->dir[0] = 0;
+}
+
+/* Removes the entries of the directory open as fd and, with shards/ (the only directory
+ * there), its files, through system calls only (async-signal-safe; getdents64 is a raw
+ * system call). Entries removed while reading may hide others: the caller repeats. */
+static void abort_remove_entries(int fd, int depth) {
+    char buf[4096] __attribute__((aligned(8)));
+    lseek(fd, 0, SEEK_SET);
+    long n;
+    while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            struct {
+                uint64_t ino;
+                int64_t off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *e = (void *)(buf + off);
+            off += e->reclen;
+            if (!strcmp(e->name, ".") || !strcmp(e->name, "..")) continue;
+            if (!unlinkat(fd, e->name, 0) || errno != EISDIR || depth > 0) continue;
+            int sub = openat(fd, e->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (sub < 0) continue;
+            for (int pass = 0; pass < 4; pass++) abort_remove_entries(sub, depth + 1);
+            close(sub);
+            unlinkat(fd, e->name, AT_REMOVEDIR);
+        }
+    }
+}
+
+/* See local_fleet.h. */
+void ps_local_fleet_abort_all(void) {
+    for (int i = 0; i < LIVE_MAX; i++) {
+        ps_local_fleet *lf = atomic_load(&live[i]);
+        if (!lf) continue;
+        for (int k = 1; k < lf->n && k < PS_SHARD_MAX_STAGES; k++)
+            if (lf->pids[k] > 0) kill(lf->pids[k], SIGKILL);
+        for (int k = 1; k < lf->n && k < PS_SHARD_MAX_STAGES; k++)
+            if (lf->pids[k] > 0) waitpid(lf->pids[k], NULL, 0);
+        int fd = lf->dir[0] ? open(lf->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+        for (int pass = 0; fd >= 0 && rmdir(lf->dir) && pass < 4; pass++) abort_remove_entries(fd, 0);
+        if (fd >= 0) close(fd);
+    }
 }

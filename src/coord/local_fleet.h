@@ -22,10 +22,15 @@ typedef struct {
 /* Splits model into n_stages (bytes balanced; reusing the cached split of an unchanged
  * model) and starts the workers with the stage options so (threads, --pin, --mmap), the
  * link emulation sim, and key_file (NULL: a fresh random key), listening on loopback TCP or
- * (unix_sockets) on Unix sockets. */
+ * (unix_sockets) on Unix sockets; reports the split and the start to progress (may be NULL). */
 ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
-                               const char *key_file, bool unix_sockets, ps_local_fleet *lf, char *err, size_t errlen);
+                               const char *key_file, bool unix_sockets, const ps_progress *progress, ps_local_fleet *lf,
+                               char *err, size_t errlen);
 /* Stops the workers and removes the directory. Safe on a partly started fleet. */
 void ps_local_fleet_stop(ps_local_fleet *lf);
+/* For a signal handler about to _exit: kills the workers of every fleet of this process
+ * that is started (or starting) and not yet stopped, waits for them, and removes their
+ * directories, through async-signal-safe calls only. Nothing is freed: the process ends. */
+void ps_local_fleet_abort_all(void);
 
 #endif

@@ -54,8 +54,20 @@ static bool cached_split_ok(const char *dir, const char *fp, int n, const int *b
     return true;
 }
 
+/* A split's bytes written, as progress "splitting model into N stages". */
+typedef struct {
+    const ps_progress *p;
+    char what[64];
+} split_progress;
+
+static void on_split_bytes(void *ctx, uint64_t done, uint64_t total) {
+    split_progress *sp = ctx;
+    ps_progress_report(sp->p, sp->what, done, total);
+}
+
 /* See split_cache.h. */
-ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_fleet *fleet, char *err, size_t errlen) {
+ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, const ps_progress *progress,
+                             ps_fleet *fleet, char *err, size_t errlen) {
     int bounds[PS_SHARD_MAX_STAGES + 1];
     char dir[4200], fp[33], path[4300];
     ps_status s = plan(model, n, bounds, err, errlen);
@@ -75,7 +87,9 @@ ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_f
         snprintf(dir, sizeof dir, "%s/shards", run_dir);
         if (mkdir(dir, 0700)) return ps_errf(err, errlen, PS_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
     }
-    if ((s = ps_fleet_split(model, n, bounds, NULL, dir, NULL, NULL, err, errlen))) return s;
+    split_progress sp = {.p = progress};
+    snprintf(sp.what, sizeof sp.what, "splitting model into %d stages", n);
+    if ((s = ps_fleet_split(model, n, bounds, NULL, dir, on_split_bytes, &sp, err, errlen))) return s;
     snprintf(path, sizeof path, "%s/fleet.json", dir);
     return ps_fleet_load(path, fleet, err, errlen);
 }

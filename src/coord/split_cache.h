@@ -8,7 +8,9 @@
 #include "fleet.h"
 
 /* Finds the cached split of model into n stages, or writes it (into the cache, or with the
- * cache off into run_dir/shards), and loads its fleet.json into *fleet. */
-ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, ps_fleet *fleet, char *err, size_t errlen);
+ * cache off into run_dir/shards, reporting the bytes written to progress, which may be
+ * NULL), and loads its fleet.json into *fleet. */
+ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, const ps_progress *progress,
+                             ps_fleet *fleet, char *err, size_t errlen);
 
 #endif
