@@ -677,6 +677,7 @@ int ps_cli_chat(int argc, char **argv) {
         return 2;
     }
     if (!o.n_set) o.gp.n_predict = -1;
+    install_signals(); /* SIGTERM and SIGHUP clean up a local fleet; the conversation takes SIGINT */
     run_state st = {.o = &o, .interactive = true};
     ps_status s = run_setup(&st);
     if (s) fprintf(stderr, "pipeshard chat: %s\n", st.err[0] ? st.err : ps_strerror(s));
