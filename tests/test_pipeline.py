@@ -876,8 +876,12 @@ def case_placement(m):
         check(len(coord) >= 2 and all(c == ours for c in coord[1:]),
               f"--pin: the coordinator's other threads are on {coord[1:]}, not on all of {ours}")
     finally:
-        p.kill()
-        p.communicate()
+        p.terminate()  # SIGTERM: the run stops its worker and removes its directory (SIGKILL would leave it)
+        try:
+            p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
     for args in (["-m", m.path], ["-m", m.path, "--local-stages", "3"]):
         for flags in (["--pin", "-t", "2"], ["--mmap"], ["--mmap", "--pin"]):
             same(ids(args + flags + m.prompt + GEN + GREEDY, f"{m.name} {' '.join(flags)}"), m.reference(GREEDY),
