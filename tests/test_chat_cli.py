@@ -14,6 +14,7 @@ import pty
 import select
 import subprocess
 import sys
+import termios
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -71,6 +72,17 @@ class Pty:
             self.buf = self.buf[self.buf.index(pat) + len(pat):]
         return found
 
+    def wait_editing(self, timeout=60):
+        """Waits until libedit has the terminal in raw mode (reading a line): a Ctrl-D typed while
+        the line discipline is still canonical is an end-of-file mark that the switch to raw mode
+        drops, so a test must not type before it (a person never types that fast)."""
+        end = time.time() + timeout
+        while time.time() < end:
+            if not termios.tcgetattr(self.fd)[3] & termios.ICANON:
+                return True
+            time.sleep(0.01)
+        return False
+
     def read_bytes(self, n, timeout=120):
         """Waits until at least n bytes are buffered; whether they came."""
         end = time.time() + timeout
@@ -91,16 +103,16 @@ class Pty:
 
 def case_terminal():
     t = Pty(["chat", *ARGS, "-n", "4000"])
-    require(t.read_until(b"> "), "no prompt on the terminal")
+    require(t.read_until(b"> ") and t.wait_editing(), "no prompt on the terminal")
     os.write(t.fd, b"Write a very long story about a dragon and a knight.\r")
     require(t.read_until(b"knight.\r\n", 60), "the line was not echoed")
     require(t.read_bytes(40), "the answer did not start")  # its first words: the session is answering
     os.write(t.fd, b"\x03")
     check(t.read_until(b"[stopped]", 60), "Ctrl-C did not stop the answer")
-    require(t.read_until(b"> "), "no prompt after the stopped answer")
+    require(t.read_until(b"> ") and t.wait_editing(), "no prompt after the stopped answer")
     os.write(t.fd, (Q1 + "\r").encode())
     check(t.read_until(b"Paris"), "no answer after Ctrl-C")
-    require(t.read_until(b"> "), "no prompt after the answer")
+    require(t.read_until(b"> ") and t.wait_editing(), "no prompt after the answer")
     os.write(t.fd, b"\x04")
     rc = t.wait()
     check(rc == 0, f"Ctrl-D ended the chat with status {rc}")
