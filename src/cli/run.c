@@ -17,6 +17,9 @@
 #include "cli.h"
 #include "repl.h"
 
+/* The command's name in messages: "run", or "chat" (ps_cli_chat). */
+static const char *cmd = "run";
+
 typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
     long long threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
@@ -172,31 +175,31 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     case O_DUMP: o->dump_logits = v; return true;
     case O_FLEET: o->fleet = v; return true;
     case O_KEY: o->key_file = v; return true;
-    case O_LOCAL: return ps_arg_int("run", flag, v, 1, PS_SHARD_MAX_STAGES, &o->local_stages);
-    case O_CHUNK: return ps_arg_int("run", flag, v, 1, 1 << 16, &o->prefill_chunk);
-    case O_TIMEOUT: return ps_arg_int("run", flag, v, 1, 86400000, &o->timeout_ms);
-    case O_LAT: return ps_arg_float("run", flag, v, 0, 1e5, &o->sim.latency_ms);
-    case O_BW: return ps_arg_mbps("run", flag, v, &o->sim.bandwidth_mbps);
-    case O_TRANSPORT: o->local_transport = true; return ps_arg_transport("run", flag, v, &o->local_unix);
+    case O_LOCAL: return ps_arg_int(cmd, flag, v, 1, PS_SHARD_MAX_STAGES, &o->local_stages);
+    case O_CHUNK: return ps_arg_int(cmd, flag, v, 1, 1 << 16, &o->prefill_chunk);
+    case O_TIMEOUT: return ps_arg_int(cmd, flag, v, 1, 86400000, &o->timeout_ms);
+    case O_LAT: return ps_arg_float(cmd, flag, v, 0, 1e5, &o->sim.latency_ms);
+    case O_BW: return ps_arg_mbps(cmd, flag, v, &o->sim.bandwidth_mbps);
+    case O_TRANSPORT: o->local_transport = true; return ps_arg_transport(cmd, flag, v, &o->local_unix);
     case O_ACT:
         if (!ps_act_from_name(v, &o->act)) return true;
-        fprintf(stderr, "pipeshard run: %s must be q8 or f32, got '%s'\n", flag, v);
+        fprintf(stderr, "pipeshard %s: %s must be q8 or f32, got '%s'\n", cmd, flag, v);
         return false;
-    case O_N: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->gp.n_predict = i), o->n_set = true);
-    case O_THREADS: o->threads_given = true; return ps_arg_int("run", flag, v, 1, 1024, &o->threads);
-    case O_CTX: return ps_arg_int("run", flag, v, 1, 1 << 24, &o->ctx);
-    case O_BATCH: return ps_arg_int("run", flag, v, 1, 1 << 16, &o->batch);
-    case O_TOPK: return ps_arg_int("run", flag, v, 0, 1 << 30, &i) && ((o->gp.sp.top_k = (int32_t)i), true);
-    case O_REPN: return ps_arg_int("run", flag, v, -1, 1 << 30, &i) && ((o->gp.sp.penalty_last_n = (int32_t)i), true);
+    case O_N: return ps_arg_int(cmd, flag, v, -1, 1 << 30, &i) && ((o->gp.n_predict = i), o->n_set = true);
+    case O_THREADS: o->threads_given = true; return ps_arg_int(cmd, flag, v, 1, 1024, &o->threads);
+    case O_CTX: return ps_arg_int(cmd, flag, v, 1, 1 << 24, &o->ctx);
+    case O_BATCH: return ps_arg_int(cmd, flag, v, 1, 1 << 16, &o->batch);
+    case O_TOPK: return ps_arg_int(cmd, flag, v, 0, 1 << 30, &i) && ((o->gp.sp.top_k = (int32_t)i), true);
+    case O_REPN: return ps_arg_int(cmd, flag, v, -1, 1 << 30, &i) && ((o->gp.sp.penalty_last_n = (int32_t)i), true);
     case O_SEED:
         o->seeded = true;
-        return ps_arg_int("run", flag, v, 0, INT64_MAX, &i) && ((o->gp.sp.seed = (uint64_t)i), true);
-    case O_TEMP: return ps_arg_float("run", flag, v, 0, 1e6, &d) && ((o->gp.sp.temperature = (float)d), true);
-    case O_TOPP: return ps_arg_float("run", flag, v, 1e-9, 1, &d) && ((o->gp.sp.top_p = (float)d), true);
-    case O_MINP: return ps_arg_float("run", flag, v, 0, 1, &d) && ((o->gp.sp.min_p = (float)d), true);
-    case O_REP: return ps_arg_float("run", flag, v, 1e-6, 1e6, &d) && ((o->gp.sp.repetition_penalty = (float)d), true);
-    case O_PRES: return ps_arg_float("run", flag, v, -2, 2, &d) && ((o->gp.sp.presence_penalty = (float)d), true);
-    case O_FREQ: return ps_arg_float("run", flag, v, -2, 2, &d) && ((o->gp.sp.frequency_penalty = (float)d), true);
+        return ps_arg_int(cmd, flag, v, 0, INT64_MAX, &i) && ((o->gp.sp.seed = (uint64_t)i), true);
+    case O_TEMP: return ps_arg_float(cmd, flag, v, 0, 1e6, &d) && ((o->gp.sp.temperature = (float)d), true);
+    case O_TOPP: return ps_arg_float(cmd, flag, v, 1e-9, 1, &d) && ((o->gp.sp.top_p = (float)d), true);
+    case O_MINP: return ps_arg_float(cmd, flag, v, 0, 1, &d) && ((o->gp.sp.min_p = (float)d), true);
+    case O_REP: return ps_arg_float(cmd, flag, v, 1e-6, 1e6, &d) && ((o->gp.sp.repetition_penalty = (float)d), true);
+    case O_PRES: return ps_arg_float(cmd, flag, v, -2, 2, &d) && ((o->gp.sp.presence_penalty = (float)d), true);
+    case O_FREQ: return ps_arg_float(cmd, flag, v, -2, 2, &d) && ((o->gp.sp.frequency_penalty = (float)d), true);
     }
     return false;
 }
@@ -252,9 +255,11 @@ static int run_parse(int argc, char **argv, run_opts *o, bool interactive) {
                 known[n++] = value_flags[j].l;
             }
             known[n] = NULL;
-            return ps_arg_unknown("run", a, known, "give the prompt with -p TEXT (see pipeshard run --help)");
+            return ps_arg_unknown(cmd, a, known,
+                                  interactive ? "(see pipeshard chat --help)"
+                                              : "give the prompt with -p TEXT (see pipeshard run --help)");
         }
-        const char *v = ps_arg_value("run", argc, argv, &i);
+        const char *v = ps_arg_value(cmd, argc, argv, &i);
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
     }
     const char *why = NULL;
@@ -277,22 +282,22 @@ static int run_parse(int argc, char **argv, run_opts *o, bool interactive) {
     else if (!interactive && !o->prompt && !o->prompt_file && !o->prompt_ids && isatty(STDIN_FILENO))
         why = "no prompt: give -p TEXT, -f FILE or --prompt-ids IDS, or pipe the prompt on standard input";
     if (why) {
-        fprintf(stderr, "pipeshard run: %s\n", why);
+        fprintf(stderr, "pipeshard %s: %s\n", cmd, why);
         return 2;
     }
     char err[256];
     ps_chat_family fam;
     if (o->chat_template && ps_chat_family_from_name(o->chat_template, &fam, err, sizeof err)) {
-        fprintf(stderr, "pipeshard run: %s\n", err);
+        fprintf(stderr, "pipeshard %s: %s\n", cmd, err);
         return 2;
     }
     if (!interactive && !o->prompt && !o->prompt_file && !o->prompt_ids)
         o->prompt_file = "-"; /* stdin is not a terminal */
     if (o->threads_given && o->threads > ps_cpu_count())
         fprintf(stderr,
-                "pipeshard run: warning: -t %lld is more than the %d CPUs this process may use; using %lld threads "
+                "pipeshard %s: warning: -t %lld is more than the %d CPUs this process may use; using %lld threads "
                 "(they share cores: slower)\n",
-                o->threads, ps_cpu_count(), o->threads);
+                cmd, o->threads, ps_cpu_count(), o->threads);
     if (!o->seeded && getrandom(&o->gp.sp.seed, sizeof o->gp.sp.seed, 0) != sizeof o->gp.sp.seed)
         o->gp.sp.seed = (uint64_t)ps_now();
     o->gp.sp.seed &= INT64_MAX;
@@ -499,9 +504,9 @@ static ps_status run_setup(run_state *st) {
     int trained = ps_coord_model(ps_launch_coord(st->launch))->hp.ctx_train;
     if (o->ctx > trained)
         fprintf(stderr,
-                "pipeshard run: warning: -c %lld is more than the %d positions the model was trained on; using %lld "
+                "pipeshard %s: warning: -c %lld is more than the %d positions the model was trained on; using %lld "
                 "(text past %d may degrade)\n",
-                o->ctx, trained, o->ctx, trained);
+                cmd, o->ctx, trained, o->ctx, trained);
     if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)))
         return s;
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
@@ -666,6 +671,7 @@ static void chat_usage(FILE *f) {
 }
 
 int ps_cli_chat(int argc, char **argv) {
+    cmd = "chat";
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return chat_usage(stdout), 0;
     run_opts o;
