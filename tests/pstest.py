@@ -8,6 +8,7 @@
     skip("what could not run, why")  # a part that could not run (a model absent): verdict is 77
     return verdict()                 # prints "ok: N checks" or "FAILED: ..."; 0, 1 or 77 (SKIP)
     tmp = tmpdir("name-")            # a fresh folder under $PS_TEST_TMP (or the system's)
+    synth_small(path)                # the small synthetic model local-fleet tests split
     return conclude(tmp, t0)         # removes it unless a check failed, then verdict()
 """
 import os
@@ -90,6 +91,16 @@ def tmpdir(prefix):
     if base:
         os.makedirs(base, exist_ok=True)
     return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
+def synth_small(path):
+    """Writes the small synthetic Q8_0 model (6 layers, width 128, vocabulary 768, seed 1) that
+    the local-fleet tests split into stages; requires `pipeshard synth` to succeed."""
+    p = subprocess.run([os.environ.get("PIPESHARD_BIN", "build/pipeshard"), "synth", "--like", "tiny", "--layers",
+                        "6", "--dim", "128", "--ffn", "384", "--heads", "4", "--kv-heads", "2", "--vocab", "768",
+                        "--type", "Q8_0", "--seed", "1", "-o", path], capture_output=True, text=True)
+    require(p.returncode == 0, f"synth: {p.stderr}")
+    return path
 
 
 def conclude(tmp, t0):

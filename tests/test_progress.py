@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pstest import check, conclude, require, tmpdir  # noqa: E402
+from pstest import check, conclude, require, synth_small, tmpdir  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 LIMIT = 300  # seconds for a run (about one on an idle machine)
@@ -62,10 +62,7 @@ def main():
     t0 = time.time()
     tmp = tmpdir("progress-")
     model = os.path.join(tmp, "synth.gguf")
-    p = subprocess.run([BIN, "synth", "--like", "tiny", "--layers", "6", "--dim", "128", "--ffn", "384", "--heads",
-                        "4", "--kv-heads", "2", "--vocab", "768", "--type", "Q8_0", "--seed", "1", "-o", model],
-                       capture_output=True, text=True)
-    require(p.returncode == 0, f"synth: {p.stderr}")
+    synth_small(model)
     env = dict(os.environ, PIPESHARD_CACHE="off", TMPDIR=tmp)
 
     plain = subprocess.run(run_args(model), capture_output=True, env=env, timeout=LIMIT)

@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pstest import check, conclude, require, tmpdir  # noqa: E402
+from pstest import check, conclude, require, synth_small, tmpdir  # noqa: E402
 from psworker import die_with_parent  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
@@ -178,10 +178,7 @@ def main():
     t0 = time.time()
     TMP = tmpdir("signals-")
     MODEL = os.path.join(TMP, "synth.gguf")
-    p = subprocess.run([BIN, "synth", "--like", "tiny", "--layers", "6", "--dim", "128", "--ffn", "384", "--heads",
-                        "4", "--kv-heads", "2", "--vocab", "768", "--type", "Q8_0", "--seed", "1", "-o", MODEL],
-                       capture_output=True, text=True)
-    require(p.returncode == 0, f"synth: {p.stderr}")
+    synth_small(MODEL)
     for case in (lambda: signal_in_generation(signal.SIGINT, 130), lambda: signal_in_generation(signal.SIGTERM, 143),
                  signal_in_startup, second_sigint, reader_goes_away):
         try:
