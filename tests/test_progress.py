@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pstest import check, conclude, require, synth_small, tmpdir  # noqa: E402
+from pstest import check, conclude, synth_small, tmpdir  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 LIMIT = 300  # seconds for a run (about one on an idle machine)
