@@ -1,4 +1,5 @@
-/* forward.c - the run state of one sequence and the forward pass over a layer range. */
+/* forward.c - the run state of a stage (its paged KV cache and buffers) and the forward pass
+ * over a layer range, for one sequence or several in one pass. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,8 @@
 struct ps_ctx {
     const ps_model *m;
     ps_pool *pool;    /* not owned */
-    int n_ctx;        /* positions the KV cache holds */
+    int n_ctx;        /* positions one sequence may hold */
+    int n_blocks;     /* blocks of PS_KV_BLOCK positions in the KV pool */
     int max_batch;    /* tokens per forward chunk */
     ps_act act;       /* matmul arithmetic */
     int q_dim;        /* n_head * head_dim */
@@ -36,11 +38,16 @@ struct ps_ctx {
     float *rope_cs;   /* (max_batch, rope_dim / 2, 2) cos and sin for the chunk's positions */
     double *inv_freq; /* (rope_dim / 2) rotation frequency of each pair */
     float *kt, *vt;   /* (max_batch, kv_dim) the chunk's keys and values, before the cache */
-    float *k_cache;   /* (layers, n_head_kv, n_ctx, head_dim), in kv_mem: each key/value */
-    float *v_cache;   /* head's positions contiguous, as attention reads them */
+    float *k_cache;   /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, head_dim), in kv_mem: a */
+    float *v_cache;   /* block's positions of one head contiguous, as attention reads them */
     void *kv_mem;     /* kv_alloc */
     size_t kv_bytes;
-    void *scratch; /* matmul scratch */
+    int32_t *ident;          /* (n_ctx / PS_KV_BLOCK rounded up) blocks 0, 1, 2, ...: the table of
+                                ps_forward_stage's one sequence */
+    int32_t *row_pos;        /* (max_batch) position of each row of the chunk */
+    const int32_t **row_tab; /* (max_batch) block table of each row's sequence */
+    int32_t *logit_rows;     /* (max_batch) rows of the chunk whose logits are asked for */
+    void *scratch;           /* matmul scratch */
 };
 
 /* The attention loops are plain C whose order of operations is fixed in the source; built
@@ -173,20 +180,22 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     *out = NULL;
     const ps_hparams *hp = &m->hp;
     int n_ctx = p->n_ctx, max_batch = p->max_batch;
-    if (n_ctx < 1 || max_batch < 1)
-        return ps_errf(err, errlen, PS_ERR_ARG, "context size and batch size must be positive");
+    int seq_blocks = (n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK, n_blocks = p->n_blocks ? p->n_blocks : seq_blocks;
+    if (n_ctx < 1 || max_batch < 1 || n_blocks < 1)
+        return ps_errf(err, errlen, PS_ERR_ARG, "context size, KV blocks and batch size must be positive");
     if (p->act != PS_ACT_Q8 && p->act != PS_ACT_F32) return ps_errf(err, errlen, PS_ERR_ARG, "unknown activation mode");
     ps_ctx *c = ps_calloc(1, sizeof *c);
     if (!c) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     c->m = m;
     c->pool = pool;
     c->n_ctx = n_ctx;
+    c->n_blocks = n_blocks;
     c->max_batch = max_batch;
     c->act = p->act;
     c->q_dim = hp->n_head * hp->head_dim;
     c->kv_dim = hp->n_head_kv * hp->head_dim;
     size_t B = (size_t)max_batch, layers = (size_t)(m->layer_end - m->layer_begin);
-    size_t kv = layers * (size_t)n_ctx * (size_t)c->kv_dim;
+    size_t kv = layers * (size_t)n_blocks * PS_KV_BLOCK * (size_t)c->kv_dim;
     int threads = ps_pool_size(pool);
     c->x = ps_malloc(B * hp->dim * sizeof(float));
     c->xb = ps_malloc(B * hp->dim * sizeof(float));
@@ -199,16 +208,23 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     c->scores = ps_malloc((size_t)threads * ATT_HEADS * SCORES_ROW(n_ctx) * sizeof(float));
     c->rope_cs = ps_malloc(B * hp->rope_dim * sizeof(float));
     c->inv_freq = ps_malloc((size_t)hp->rope_dim / 2 * sizeof(double) + 1);
+    c->ident = ps_malloc((size_t)seq_blocks * sizeof(int32_t));
+    c->row_pos = ps_malloc(B * sizeof(int32_t));
+    c->row_tab = ps_malloc(B * sizeof(int32_t *));
+    c->logit_rows = ps_malloc(B * sizeof(int32_t));
     c->kv_bytes = 2 * kv * sizeof(float) + 64; /* never 0 */
     if ((c->kv_mem = kv_alloc(c->kv_bytes))) c->k_cache = c->kv_mem, c->v_cache = c->k_cache + kv;
     size_t sb = scratch_bytes(m, p->act, max_batch, threads);
     c->scratch = sb ? ps_malloc(sb) : NULL;
     if (!c->x || !c->xb || !c->q || !c->att || !c->kt || !c->vt || !c->hb || !c->hb2 || !c->scores || !c->rope_cs ||
-        !c->inv_freq || !c->k_cache || !c->v_cache || (sb && !c->scratch)) {
+        !c->inv_freq || !c->k_cache || !c->v_cache || !c->ident || !c->row_pos || !c->row_tab || !c->logit_rows ||
+        (sb && !c->scratch)) {
         ps_ctx_free(c);
-        return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for a %d-position context (KV cache %.1f MiB)", n_ctx,
+        return ps_errf(err, errlen, PS_ERR_NOMEM,
+                       "out of memory for a %d-position context of %d KV blocks (KV cache %.1f MiB)", n_ctx, n_blocks,
                        2.0 * kv * sizeof(float) / (1 << 20));
     }
+    for (int i = 0; i < seq_blocks; i++) c->ident[i] = i;
     init_inv_freq(c);
     *out = c;
     return PS_OK;
@@ -219,22 +235,31 @@ void ps_ctx_free(ps_ctx *c) {
     free(c->x), free(c->xb), free(c->q), free(c->att), free(c->kt), free(c->vt), free(c->hb), free(c->hb2),
         free(c->scores);
     free(c->rope_cs), free(c->inv_freq), free(c->scratch);
+    free(c->ident), free(c->row_pos), free(c->row_tab), free(c->logit_rows);
     kv_free(c->kv_mem, c->kv_bytes);
     free(c);
 }
 
 int ps_ctx_n_ctx(const ps_ctx *c) { return c->n_ctx; }
+int ps_ctx_n_blocks(const ps_ctx *c) { return c->n_blocks; }
 
 // ---------------------------------------------------------------------------------------
 // Attention
 
 typedef struct {
     ps_ctx *c;
-    int n;           /* tokens in the chunk */
-    int pos;         /* position of the first */
-    const float *kc; /* this layer's key cache (n_head_kv, n_ctx, head_dim) */
-    const float *vc; /* this layer's value cache */
+    int n;           /* rows in the chunk (their positions and block tables: c->row_pos, row_tab) */
+    const float *kc; /* this layer's keys (n_blocks, n_head_kv, PS_KV_BLOCK, head_dim) */
+    const float *vc; /* this layer's values */
 } attn_job;
+
+/* Where key/value head kvh of position p lives in a layer's pool, given the sequence's
+ * block table. */
+static ALWAYS_INLINE size_t kv_at(const ps_ctx *c, const int32_t *tab, int kvh, int p) {
+    return (((size_t)tab[p / PS_KV_BLOCK] * c->m->hp.n_head_kv + (size_t)kvh) * PS_KV_BLOCK +
+            (size_t)(p % PS_KV_BLOCK)) *
+           (size_t)c->m->hp.head_dim;
+}
 
 /* Attention in 16-lane vectors (GCC vector extensions: AVX-512, two AVX2 or four SSE/NEON
  * registers, the same lane operations in each). The order of every sum is the one the
@@ -331,10 +356,10 @@ static ALWAYS_INLINE float hsum16(v16 a) {
 static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, float *scores, const int NV) {
     const ps_ctx *c = j->c;
     const ps_hparams *hp = &c->m->hp;
-    int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = j->pos + t + 1;
+    int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = c->row_pos[t] + 1;
     int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16;
-    size_t stride = (size_t)hd, srow = SCORES_ROW(c->n_ctx);
-    const float *kc = j->kc + (size_t)kvh * c->n_ctx * hd, *vc = j->vc + (size_t)kvh * c->n_ctx * hd;
+    size_t srow = SCORES_ROW(c->n_ctx);
+    const int32_t *tab = c->row_tab[t];
     float scale = 1.0f / sqrtf((float)hd);
     /* scores, 16 positions at a time (past the end: the last row again, results unused) */
     for (int p0 = 0; p0 < n_pos; p0 += 16)
@@ -344,7 +369,7 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
             for (int i = 0; i < nv; i++) qv[i] = load16(q + 16 * i);
             if (tail) qv[nv] = load_part(q + 16 * nv, tail);
             for (int r = 0; r < 16; r++) {
-                const float *kr = kc + (size_t)(p0 + r < n_pos ? p0 + r : n_pos - 1) * stride;
+                const float *kr = j->kc + kv_at(c, tab, kvh, p0 + r < n_pos ? p0 + r : n_pos - 1);
                 v16 a = {0};
                 for (int i = 0; i < nv; i++) a += qv[i] * load16(kr + 16 * i);
                 if (tail) a += qv[nv] * load_part(kr + 16 * nv, tail);
@@ -383,7 +408,7 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
             v16 ok[17];
             for (int i = 0; i <= nv; i++) ok[i] = o[k][i];
             for (int p = p0; p < pe; p++) {
-                const float *vr = vc + (size_t)p * stride;
+                const float *vr = j->vc + kv_at(c, tab, kvh, p);
                 for (int i = 0; i < nv; i++) ok[i] += w[p] * load16(vr + 16 * i);
                 if (tail) ok[nv] += w[p] * load_part(vr + 16 * nv, tail);
             }
@@ -437,12 +462,12 @@ SIMD_CLONES static void attend_task(void *ctx, int ith, int nth) {
 // ---------------------------------------------------------------------------------------
 // Forward pass
 
-/* Fills the cos/sin table for the chunk's positions pos..pos+n-1. */
-static void rope_table(ps_ctx *c, int n, int pos) {
+/* Fills the cos/sin table for the positions of the chunk's n rows. */
+static void rope_table(ps_ctx *c, int n) {
     int half = c->m->hp.rope_dim / 2;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < half; i++) {
-            double a = (double)(pos + t) * c->inv_freq[i];
+            double a = (double)c->row_pos[t] * c->inv_freq[i];
             c->rope_cs[((size_t)t * half + i) * 2] = (float)cos(a);
             c->rope_cs[((size_t)t * half + i) * 2 + 1] = (float)sin(a);
         }
@@ -471,13 +496,14 @@ static void add_bias(float *y, const float *b, int n, int d) {
         for (int i = 0; i < d; i++) y[(size_t)t * d + i] += b[i];
 }
 
-/* Attention block of local layer li for the chunk in c->x; writes K/V at pos..pos+n-1. */
-static void attention_block(ps_ctx *c, int li, int n, int pos) {
+/* Attention block of local layer li for the chunk's n rows in c->x; writes each row's key
+ * and value at its position in its sequence's blocks. */
+static void attention_block(ps_ctx *c, int li, int n) {
     const ps_hparams *hp = &c->m->hp;
     const ps_layer *L = &c->m->layers[li];
     int dim = hp->dim, hd = hp->head_dim;
-    size_t plane = (size_t)c->n_ctx * hd; /* one key/value head's positions */
-    float *kc = c->k_cache + (size_t)li * hp->n_head_kv * plane, *vc = c->v_cache + (size_t)li * hp->n_head_kv * plane;
+    size_t layer = (size_t)c->n_blocks * PS_KV_BLOCK * c->kv_dim; /* one layer's pool */
+    float *kc = c->k_cache + (size_t)li * layer, *vc = c->v_cache + (size_t)li * layer;
     float *k = c->kt, *v = c->vt;
     for (int t = 0; t < n; t++)
         rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)t * dim, L->attn_norm, dim, hp->rms_eps);
@@ -497,12 +523,12 @@ static void attention_block(ps_ctx *c, int li, int n, int pos) {
             float *kh = k + (size_t)t * c->kv_dim + (size_t)h * hd;
             if (L->k_norm) rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
             rope(kh, cs, hp->rope_dim, hp->rope_neox);
-            size_t at = (size_t)h * plane + (size_t)(pos + t) * hd;
+            size_t at = kv_at(c, c->row_tab[t], h, c->row_pos[t]);
             memcpy(kc + at, kh, (size_t)hd * sizeof(float));
             memcpy(vc + at, v + (size_t)t * c->kv_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
         }
     }
-    attn_job job = {.c = c, .n = n, .pos = pos, .kc = kc, .vc = vc};
+    attn_job job = {.c = c, .n = n, .kc = kc, .vc = vc};
     ps_pool_run(c->pool, attend_task, &job);
     mm(c, &L->wo, c->att, n, c->xb, dim);
     for (size_t i = 0; i < (size_t)n * dim; i++) c->x[i] += c->xb[i];
@@ -535,11 +561,10 @@ static void ffn_block(ps_ctx *c, int li, int n) {
     for (size_t i = 0; i < (size_t)n * dim; i++) c->x[i] += c->xb[i];
 }
 
-/* One chunk of at most max_batch tokens. In: tokens (stage 0) or x_in rows. Out: logits
- * of chunk rows [first_logit, n) when the model holds the head, else all n rows of the
- * residual stream. */
-static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, int pos, float *out,
-                               int first_logit) {
+/* One chunk of n <= max_batch rows (c->row_pos, row_tab filled). In: tokens (stage 0) or
+ * x_in rows. Out: the logits of rows c->logit_rows[0..n_logits) when the model holds the
+ * head, else all n rows of the residual stream. */
+static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, float *out, int n_logits) {
     const ps_model *m = c->m;
     int dim = m->hp.dim;
     if (!m->has_embed) memcpy(c->x, x_in, (size_t)n * dim * sizeof(float));
@@ -549,48 +574,95 @@ static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_
         ps_status s = ps_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * dim, dim);
         if (s) return s;
     }
-    rope_table(c, n, pos);
+    rope_table(c, n);
     for (int li = 0; li < m->layer_end - m->layer_begin; li++) {
-        attention_block(c, li, n, pos);
+        attention_block(c, li, n);
         ffn_block(c, li, n);
     }
     if (!m->has_head) {
         memcpy(out, c->x, (size_t)n * dim * sizeof(float));
         return PS_OK;
     }
-    int nl = n - first_logit;
-    if (nl <= 0) return PS_OK;
-    for (int t = 0; t < nl; t++)
-        rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)(first_logit + t) * dim, m->out_norm, dim, m->hp.rms_eps);
-    mm(c, &m->output, c->xb, nl, out, m->hp.vocab);
+    if (n_logits == 0) return PS_OK;
+    for (int t = 0; t < n_logits; t++)
+        rmsnorm(c->xb + (size_t)t * dim, c->x + (size_t)c->logit_rows[t] * dim, m->out_norm, dim, m->hp.rms_eps);
+    mm(c, &m->output, c->xb, n_logits, out, m->hp.vocab);
+    return PS_OK;
+}
+
+/* Checks the segments against the context: sizes, positions, block tables. */
+static ps_status check_segs(const ps_ctx *c, const ps_seg *segs, int n_segs, const int32_t *tokens, const float *x_in,
+                            char *err, size_t errlen) {
+    const ps_model *m = c->m;
+    if (n_segs < 1 || (m->has_embed ? !tokens : !x_in))
+        return ps_errf(err, errlen, PS_ERR_ARG, "bad forward arguments (%d sequences, %s)", n_segs,
+                       m->has_embed ? "tokens missing" : "activations missing");
+    for (int i = 0; i < n_segs; i++) {
+        const ps_seg *g = &segs[i];
+        if (g->n < 1 || g->pos < 0 || g->n_logits < 0 || g->n_logits > g->n || !g->blocks)
+            return ps_errf(err, errlen, PS_ERR_ARG, "bad forward arguments (n=%d, pos=%d, n_logits=%d)", g->n, g->pos,
+                           g->n_logits);
+        if ((long long)g->pos + g->n > c->n_ctx)
+            return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d exceed the context size of %d", g->n,
+                           g->pos, c->n_ctx);
+        int need = (g->pos + g->n + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+        if (g->n_blocks < need)
+            return ps_errf(err, errlen, PS_ERR_ARG, "%d positions need %d KV blocks, the table has %d", g->pos + g->n,
+                           need, g->n_blocks);
+        for (int b = 0; b < need; b++)
+            if (g->blocks[b] < 0 || g->blocks[b] >= c->n_blocks)
+                return ps_errf(err, errlen, PS_ERR_ARG, "KV block %d is outside the pool (0..%d)", g->blocks[b],
+                               c->n_blocks - 1);
+    }
+    return PS_OK;
+}
+
+ps_status ps_forward_segs(ps_ctx *c, const ps_seg *segs, int n_segs, const int32_t *tokens, const float *x_in,
+                          float *out, char *err, size_t errlen) {
+    const ps_model *m = c->m;
+    int dim = m->hp.dim;
+    ps_status s = check_segs(c, segs, n_segs, tokens, x_in, err, errlen);
+    if (s) return s;
+    long long rows = 0;
+    for (int i = 0; i < n_segs; i++) rows += segs[i].n;
+    for (long long i = 0; m->has_embed && i < rows; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->hp.vocab)
+            return ps_errf(err, errlen, PS_ERR_ARG, "token id %d is outside the vocabulary (0..%d)", tokens[i],
+                           m->hp.vocab - 1);
+    /* rows in segment order, max_batch at a time (a segment may span chunks: same results) */
+    int g = 0, in_g = 0, n = 0, n_logits = 0;
+    size_t done = 0, logits_done = 0;
+    while (g < n_segs) {
+        const ps_seg *sg = &segs[g];
+        c->row_pos[n] = sg->pos + in_g;
+        c->row_tab[n] = sg->blocks;
+        if (m->has_head && in_g >= sg->n - sg->n_logits) c->logit_rows[n_logits++] = n;
+        n++;
+        if (++in_g == sg->n) g++, in_g = 0;
+        if (n < c->max_batch && g < n_segs) continue;
+        float *o = m->has_head ? out + logits_done * m->hp.vocab : out + done * dim;
+        s = forward_chunk(c, m->has_embed ? tokens + done : NULL, m->has_embed ? NULL : x_in + done * dim, n, o,
+                          n_logits);
+        if (s) return ps_errf(err, errlen, s, "forward pass failed: %s", ps_strerror(s));
+        done += (size_t)n, logits_done += (size_t)n_logits;
+        n = 0, n_logits = 0;
+    }
     return PS_OK;
 }
 
 ps_status ps_forward_stage(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, int pos, float *out,
                            int n_logits, char *err, size_t errlen) {
-    const ps_model *m = c->m;
-    int dim = m->hp.dim;
-    if (!m->has_head) n_logits = 0;
-    if (n < 0 || n_logits < 0 || n_logits > n || pos < 0 || (m->has_embed ? !tokens : !x_in))
+    if (!c->m->has_head) n_logits = 0;
+    if (n < 1) { /* nothing to run (n = 0), or a bad count */
+        if (n == 0 && n_logits == 0) return PS_OK;
         return ps_errf(err, errlen, PS_ERR_ARG, "bad forward arguments (n=%d, pos=%d, n_logits=%d)", n, pos, n_logits);
-    if ((long long)pos + n > c->n_ctx)
-        return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d exceed the context size of %d", n, pos,
-                       c->n_ctx);
-    for (int i = 0; m->has_embed && i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= m->hp.vocab)
-            return ps_errf(err, errlen, PS_ERR_ARG, "token id %d is outside the vocabulary (0..%d)", tokens[i],
-                           m->hp.vocab - 1);
-    int first_logit = n - n_logits;
-    for (int done = 0; done < n;) {
-        int chunk = n - done < c->max_batch ? n - done : c->max_batch;
-        int fl = first_logit > done ? first_logit - done : 0;
-        float *o = m->has_head ? out + (size_t)(done + fl - first_logit) * m->hp.vocab : out + (size_t)done * dim;
-        ps_status s = forward_chunk(c, m->has_embed ? tokens + done : NULL,
-                                    m->has_embed ? NULL : x_in + (size_t)done * dim, chunk, pos + done, o, fl);
-        if (s) return ps_errf(err, errlen, s, "forward pass failed: %s", ps_strerror(s));
-        done += chunk;
     }
-    return PS_OK;
+    ps_seg seg = {.pos = pos,
+                  .n = n,
+                  .blocks = c->ident,
+                  .n_blocks = (c->n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK,
+                  .n_logits = n_logits};
+    return ps_forward_segs(c, &seg, 1, tokens, x_in, out, err, errlen);
 }
 
 ps_status ps_forward(ps_ctx *c, const int32_t *tokens, int n, int pos, float *logits, int n_logits, char *err,

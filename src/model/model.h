@@ -84,8 +84,15 @@ double ps_model_decode_weight_bytes(const ps_model *m);
  * n_prompt-token prompt: step i attends to n_prompt + i + 1 positions. */
 double ps_model_decode_kv_bytes(const ps_model *m, long long n_prompt, long long n_gen);
 
-/* Run state of one sequence. */
+/* Run state of a stage: the KV cache of its sequences, in a pool of blocks of
+ * PS_KV_BLOCK positions (DESIGN.md, "KV cache"), and the buffers of the forward pass. A
+ * sequence's keys and values live in the blocks its block table names: entry i holds
+ * positions [i * PS_KV_BLOCK, (i + 1) * PS_KV_BLOCK). Who owns which block is decided
+ * above (the coordinator); the context only reads and writes where it is told. */
 typedef struct ps_ctx ps_ctx;
+
+/* Positions per KV block (a multiple of 16: attention reads 16 positions at a time). */
+#define PS_KV_BLOCK 32
 
 /* How activations meet the weights in every matmul. Both are batch-invariant; they give
  * different (each reproducible) numbers, so every stage of a fleet must use the same one. */
@@ -97,7 +104,8 @@ typedef enum {
 } ps_act;
 
 typedef struct {
-    int n_ctx;     /* positions the KV cache holds */
+    int n_ctx;     /* positions one sequence may hold */
+    int n_blocks;  /* KV blocks in the pool; 0 = enough for one sequence of n_ctx positions */
     int max_batch; /* tokens per forward chunk (longer inputs are chunked, same results) */
     ps_act act;    /* matmul arithmetic */
 } ps_ctx_params;
@@ -111,6 +119,30 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
                         size_t errlen);
 void ps_ctx_free(ps_ctx *c); /* NULL is a no-op */
 int ps_ctx_n_ctx(const ps_ctx *c);
+int ps_ctx_n_blocks(const ps_ctx *c);
+
+/* One sequence's rows in a forward pass over several sequences: positions [pos, pos + n)
+ * of the sequence whose block table is blocks[0..n_blocks) (covering at least pos + n
+ * positions). Each row attends to its own sequence's positions up to its own. */
+typedef struct {
+    int32_t pos, n;        /* first position, rows (>= 1) */
+    const int32_t *blocks; /* the sequence's block table */
+    int32_t n_blocks;
+    int32_t n_logits; /* with the head: logits of the segment's last n_logits rows (0..n) */
+} ps_seg;
+
+/* The forward pass of one stage over several sequences at once: the rows of segs[0], then
+ * segs[1], ... (tokens or x_in hold them in that order) run through the stage's layers
+ * together: every weight is read once per chunk of max_batch rows, and each row gives the
+ * bits it gives alone (the kernels are batch-invariant: DESIGN.md invariant 1). Each row's
+ * key and value are written at its position in its sequence's blocks (writing at pos
+ * discards nothing else: what a sequence holds beyond is for the block owner to forget).
+ * Out: with the head, the logits of each segment's last n_logits rows, in segment order
+ * (rows × vocab); else the activations of every row (rows × dim). Two segments must not
+ * write the same block. PS_ERR_RANGE past n_ctx, PS_ERR_ARG for a block outside the pool,
+ * a table too short or a token id out of range. */
+ps_status ps_forward_segs(ps_ctx *c, const ps_seg *segs, int n_segs, const int32_t *tokens, const float *x_in,
+                          float *out, char *err, size_t errlen);
 
 /* Runs tokens[0..n) at positions pos..pos+n-1 through the whole model, overwriting the KV
  * cache from pos on (so rewinding is writing at an earlier pos), and writes the logits of
@@ -128,5 +160,6 @@ ps_status ps_forward(ps_ctx *c, const int32_t *tokens, int n, int pos, float *lo
  * layers are split: activations pass as exact f32. */
 ps_status ps_forward_stage(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, int pos, float *out,
                            int n_logits, char *err, size_t errlen);
+/* ps_forward and ps_forward_stage run one sequence whose block table is 0, 1, 2, ... */
 
 #endif
