@@ -60,8 +60,9 @@ static void run_mixed(const ps_model *m, ps_pool *pool, int32_t *const *toks, co
             int s = segs[g].blocks == TAB[0] ? 0 : segs[g].blocks == TAB[1] ? 1 : 2;
             const float *want = ref + (size_t)(base[s] + done[s]) * vocab;
             int same = !memcmp(out + (size_t)row * vocab, want, (size_t)segs[g].n * vocab * sizeof(float));
-            if (!same) fprintf(stderr, "step %zu: sequence %d rows %d..%d differ from alone\n", step, s, done[s],
-                               done[s] + segs[g].n);
+            if (!same)
+                fprintf(stderr, "step %zu: sequence %d rows %d..%d differ from alone\n", step, s, done[s],
+                        done[s] + segs[g].n);
             PS_CHECK(same);
         }
         for (int s = 0; s < N_SEQ; s++) done[s] += take[step][s];

@@ -78,14 +78,18 @@ HELLO, HELLO_REPLY, AUTH, WELCOME, REFUSE = 1, 2, 3, 4, 5
 SETUP, READY, FORWARD, TOKENS, STATS, ERROR, BYE, PROBE = 16, 17, 18, 19, 20, 21, 22, 23
 ROLE_COORD, ROLE_PREV, ROLE_WORKER = 1, 2, 3
 MB_SAMPLE = 1
-# stage.c: the 72 fixed bytes of a FORWARD: seq, mb, pos, n, flags, xdim, n_stats, then the sampling
-# parameters temperature, top_k, top_p, min_p, repetition_penalty, penalty_last_n, presence, frequency, seed
-MB_FIXED = struct.Struct("<QIiiIIi" "fifffiff" "Q")
-require(MB_FIXED.size == 72, 'MB_FIXED.size == 72')
+KV_BLOCK = 32  # PS_KV_BLOCK
+# stage.c: a FORWARD's 24-byte header (mb, n_segs, n, xdim, n_stats, 0), then per segment 72 fixed
+# bytes: seq, pos, n, flags, n_top, the sampling parameters temperature, top_k, top_p, min_p,
+# repetition_penalty, penalty_last_n, presence, frequency, seed, then n_blocks, 0; its block table
+MB_HDR = struct.Struct("<IiiIiI")
+MB_SEG = struct.Struct("<QiiII" "fifffiff" "Q" "iI")
+require(MB_HDR.size == 24 and MB_SEG.size == 72, 'MB_HDR.size == 24 and MB_SEG.size == 72')
 STAT = struct.Struct("<iIdQQd")  # stage, pad, compute_ms, frames, bytes, send_ms
-# (offset, struct code) of each field, for field-aware mutations
-MB_FIELDS = [(0, "Q"), (8, "I"), (12, "i"), (16, "i"), (20, "I"), (24, "I"), (28, "i"), (32, "f"), (36, "i"),
-             (40, "f"), (44, "f"), (48, "f"), (52, "i"), (56, "f"), (60, "f"), (64, "Q")]
+# (offset, struct code) of each field of a one-segment micro-batch, for field-aware mutations
+MB_FIELDS = [(0, "I"), (4, "i"), (8, "i"), (12, "I"), (16, "i"), (24, "Q"), (32, "i"), (36, "i"), (40, "I"),
+             (44, "I"), (48, "f"), (52, "i"), (56, "f"), (60, "f"), (64, "f"), (68, "i"), (72, "f"), (76, "f"),
+             (80, "Q"), (88, "i"), (96, "i")]
 SETUP_FIELDS = [(0, "Q"), (8, "i"), (12, "i"), (16, "i"), (20, "B"), (21, "I")]
 
 
@@ -244,20 +248,42 @@ def handshake(addr, role=ROLE_COORD, stage=0, session=0, hello=None, retry_s=30,
             raise
 
 
-def setup_payload(session, n_ctx=64, max_batch=8, max_mb=8, act=0, nxt=""):
-    return struct.pack("<QiiiB", session, n_ctx, max_batch, max_mb, act) + pstr(nxt)
+def setup_payload(session, n_ctx=64, max_batch=8, max_mb=8, act=0, nxt="", n_blocks=4, max_segs=2):
+    return struct.pack("<QiiiB", session, n_ctx, max_batch, max_mb, act) + pstr(nxt) + struct.pack("<ii", n_blocks,
+                                                                                                    max_segs)
 
 
-def mb_payload(seq=1, mb=0, pos=0, n=4, flags=MB_SAMPLE, xdim=DIM, n_stats=1, temp=0.0, top_k=40, top_p=0.95,
-               min_p=0.05, rep=1.0, last_n=64, presence=0.0, frequency=0.0, seed=7, tokens=None, x=None,
-               stats=None, rng=None):
+def mb_max_bytes(dim, max_mb, max_segs, n_ctx):
+    """stage.c's ps_mb_max_bytes: the frame limit of a session."""
+    tables = max_segs * (72 + 4 * ((n_ctx + KV_BLOCK - 1) // KV_BLOCK))
+    return min(4096 + max_mb * (4 + 4 * dim) + max(tables, max_segs * (24 + 8 * 20)), 0xFFFFFFFF)
+
+
+def seg_bytes(seq=1, pos=0, n=4, flags=MB_SAMPLE, n_top=0, temp=0.0, top_k=40, top_p=0.95, min_p=0.05, rep=1.0,
+              last_n=64, presence=0.0, frequency=0.0, seed=7, blocks=None, n_blocks=None):
+    """One segment: its fixed fields and its block table (by default blocks 0, 1, ... as far as
+    pos + n reaches, at most 4)."""
+    if blocks is None:
+        blocks = list(range(max(1, min(4, (pos + n + KV_BLOCK - 1) // KV_BLOCK))))
+    return (MB_SEG.pack(seq, pos, n, flags, n_top, temp, top_k, top_p, min_p, rep, last_n, presence, frequency, seed,
+                        len(blocks) if n_blocks is None else n_blocks, 0) + struct.pack(f"<{len(blocks)}i", *blocks))
+
+
+def mb_payload(mb=0, n=4, xdim=DIM, n_stats=1, tokens=None, x=None, stats=None, rng=None, segs=None, n_segs=None,
+               **seg):
+    """A FORWARD payload: one segment of n positions (seg's fields: seq, pos, flags, sampling,
+    blocks), or the segments segs (pairs of (bytes, n))."""
+    seq, pos = seg.get("seq", 1), seg.get("pos", 0)
     rng = rng or random.Random(seq * 1000003 + pos)
-    tokens = [(pos + i) * 37 % VOCAB for i in range(n)] if tokens is None else tokens
+    if segs is None:
+        segs = [(seg_bytes(n=n, **seg), n)]
+    rows = sum(k for _, k in segs)
+    tokens = [(pos + i) * 37 % VOCAB for i in range(rows)] if tokens is None else tokens
     if x is None:
-        x = [rng.gauss(0.0, 1.0) for _ in range(n * xdim)] if xdim else []
+        x = [rng.gauss(0.0, 1.0) for _ in range(rows * xdim)] if xdim else []
     stats = [STAT.pack(0, 0, 0.5, 1, 1000, 0.1)] * n_stats if stats is None else stats
-    return (MB_FIXED.pack(seq, mb, pos, n, flags, xdim, n_stats, temp, top_k, top_p, min_p, rep, last_n, presence,
-                          frequency, seed) + struct.pack(f"<{len(tokens)}i", *tokens) + b"".join(stats) +
+    return (MB_HDR.pack(mb, len(segs) if n_segs is None else n_segs, rows, xdim, n_stats, 0) +
+            b"".join(b for b, _ in segs) + struct.pack(f"<{len(tokens)}i", *tokens) + b"".join(stats) +
             struct.pack(f"<{len(x)}f", *x))
 
 
@@ -268,8 +294,11 @@ def parse_error(p):
 
 
 def parse_tokens(p):
-    seq, mb, pos, tok, n_stats = struct.unpack_from("<QIiii", p)
-    check(len(p) == 24 + n_stats * STAT.size, f"TOKENS of {len(p)} bytes for {n_stats} stats")
+    """(seq, mb, pos, token) of a TOKENS payload's first result."""
+    mb, n_res, n_stats = struct.unpack_from("<Iii", p)
+    seq, pos, tok, _, n_top = struct.unpack_from("<QiifI", p, 12)
+    check(n_res == 1 and len(p) == 12 + 24 + 8 * n_top + n_stats * STAT.size,
+          f"TOKENS of {len(p)} bytes for {n_res} results and {n_stats} stats")
     return seq, mb, pos, tok
 
 
@@ -552,7 +581,11 @@ def case_setup():
                         ({"n_ctx": 1 << 30}, "SETUP asks for 1073741824"), ({"n_ctx": -(1 << 31)}, "SETUP asks"),
                         ({"max_batch": 0}, "in batches of 0"), ({"max_batch": 1 << 20}, "in batches of 1048576"),
                         ({"max_batch": -5}, "in batches of -5"), ({"max_mb": -1}, "micro-batch size -1"),
-                        ({"max_mb": 0}, "micro-batch size 0"), ({"max_mb": 65}, "micro-batch size 65"),
+                        ({"max_mb": 0}, "micro-batch size 0"), ({"max_mb": 129}, "micro-batch size 129"),
+                        ({"n_blocks": 0}, "SETUP asks for 0 KV blocks"), ({"n_blocks": -1}, "asks for -1 KV blocks"),
+                        ({"n_blocks": (1 << 24) + 1}, "asks for 16777217 KV blocks"),
+                        ({"max_segs": 0}, "and 0 sequences per micro-batch"),
+                        ({"max_segs": 257}, "and 257 sequences per micro-batch"),
                         ({"max_mb": (1 << 31) - 1}, "micro-batch size 2147483647")]:
             args = dict(session=s, nxt=nxt)
             args.update(kw)
@@ -612,55 +645,66 @@ def case_setup():
         c1.close()
         c2.close()
         healthy(f"{w.name}: a second SETUP")
-    # the largest session SETUP allows (2^24 positions, micro-batches as large): its frame limit is
-    # then 4 GB, and a frame announcing that much is read into a buffer of that size (untouched
-    # virtual memory) until the sender hangs up after 1 MB
+    # the largest session SETUP allows (2^24 positions, 65536-position micro-batches of 256
+    # sequences): a frame announcing its whole frame limit (some 550 MB) is read into a buffer of that
+    # size (untouched virtual memory) until the sender hangs up after 1 MB
     big, s = 1 << 24, new_session()
+    limit = mb_max_bytes(DIM, 1 << 16, 256, big)
 
     def huge_frame(c):
-        c.send(SETUP, setup_payload(s, n_ctx=big, max_batch=1, max_mb=big))
+        c.send(SETUP, setup_payload(s, n_ctx=big, max_batch=1, max_mb=1 << 16, n_blocks=1, max_segs=256))
         typ, p = c.recv()
         if typ == ERROR and "out of memory" in parse_error(p)[1]:
-            print(f"    SETUP of 2^24 positions: {parse_error(p)[1]} (a 4 GB frame not tried)")
+            print(f"    SETUP of 2^24 positions: {parse_error(p)[1]} (a frame of {limit} bytes not tried)")
             return
         check(typ == READY, f"w2: SETUP of 2^24 positions: answered {typ} {p}")
-        half_close(c, HDR.pack(MAGIC, VERSION, FORWARD, 0, 0xFFFFFFFF, 0) + bytes(1 << 20))
+        half_close(c, HDR.pack(MAGIC, VERSION, FORWARD, 0, limit, 0) + bytes(1 << 20))
         huge_frame.sent = True
     huge_frame.sent = False
     mark = len(W2.text())
-    attack("w2: a 4 GB frame after a SETUP of 2^24 positions", W2, huge_frame)
+    attack(f"w2: a frame of {limit} bytes after a SETUP of 2^24 positions", W2, huge_frame)
     if huge_frame.sent:
-        logged(W2, "of 4294967295 payload bytes", "w2: a 4 GB frame", mark)
+        logged(W2, f"of {limit} payload bytes", "w2: a huge frame", mark)
     print(f"  SETUP attacks: ok in {time.time() - t0:.1f} s")
 
 
 def forward_attacks():
     """(what, payload, ERROR text, valid micro-batches sent before it) of malformed micro-batches,
     valid in every other field."""
+    def at(p, off, fmt, v):
+        """p with the field at off replaced by v."""
+        return p[:off] + struct.pack("<" + fmt, v) + p[off + struct.calcsize(fmt):]
+    two = [(seg_bytes(seq=1, n=2), 2), (seg_bytes(seq=2, n=2, blocks=[1]), 2)]
     out = [("n 0", mb_payload(n=0, x=[]), "micro-batch of 0 positions"),
-           ("n -1", mb_payload(n=0, x=[])[:16] + struct.pack("<i", -1) + mb_payload(n=0, x=[])[20:],
-            "micro-batch of -1 positions"),
-           ("n 2^31-1", MB_FIXED.pack(1, 0, 0, 0x7FFFFFFF, 1, DIM, 0, 0, 40, .95, .05, 1, 64, 0, 0, 7),
-            "micro-batch of 2147483647 positions"),
+           ("n -1", at(mb_payload(n=0, x=[]), 8, "i", -1), "micro-batch of -1 positions"),
+           ("n 2^31-1", MB_HDR.pack(0, 1, 0x7FFFFFFF, DIM, 0, 0), "micro-batch of 2147483647 positions"),
            ("n max_mb+1", mb_payload(n=9), "micro-batch of 9 positions"),
-           ("pos -1", mb_payload(pos=-1), "micro-batch of 4 positions at -1"),
+           ("n_segs 0", mb_payload(n_segs=0), "micro-batch of 0 sequences"),
+           ("n_segs max_segs+1", mb_payload(n_segs=3), "micro-batch of 3 sequences"),
+           ("n_segs 2^31-1", mb_payload(n_segs=0x7FFFFFFF), "micro-batch of 2147483647 sequences"),
+           ("segments of fewer rows", at(mb_payload(segs=two), 8, "i", 3), "micro-batch of 3 positions has segments of 4"),
+           ("segment n 0", mb_payload(segs=[(seg_bytes(n=0), 4)]), "segment 0: 0 positions at 0"),
+           ("pos -1", mb_payload(pos=-1), "segment 0: 4 positions at -1"),
            ("pos -2^31", mb_payload(pos=-(1 << 31)), "at -2147483648"),
-           ("pos 2^31-1", mb_payload(pos=(1 << 31) - 1, n=1), "skips positions 0..2147483646"),
-           ("a gap at the start", mb_payload(pos=4), "micro-batch at position 4 skips positions 0..3, never sent"),
+           ("pos 2^31-1", mb_payload(pos=(1 << 31) - 1, n=1), "1 positions at 2147483647 do not fit"),
+           ("n_blocks -1", mb_payload(n_blocks=-1), "segment 0: 4 positions at 0, -1 blocks"),
+           ("n_blocks 2^31-1", mb_payload(n_blocks=0x7FFFFFFF), "segment 0: 4 positions at 0, 2147483647 blocks"),
+           ("n_blocks 2^24 with 1 present", mb_payload(n_blocks=1 << 24), "segment 0 truncated"),
+           ("an empty table", mb_payload(blocks=[]), "a table of 0 blocks"),
+           ("a block outside the pool", mb_payload(blocks=[4]), "KV block 4 is outside the pool (0..3)"),
+           ("block -1", mb_payload(blocks=[-1]), "KV block -1 is outside the pool"),
+           ("n_top 21", mb_payload(n_top=21), "asks for 21 top log-probabilities (at most 20)"),
+           ("a gap at the start", mb_payload(pos=4), "at position 4 reads positions 0..3, never written"),
            ("width dim+1", mb_payload(xdim=DIM + 1), "micro-batch activations are 65 wide, this model's are 64"),
-           ("width 2^32-1", mb_payload(xdim=DIM)[:24] + struct.pack("<I", 0xFFFFFFFF) + mb_payload(xdim=DIM)[28:],
-            "wide"),
+           ("width 2^32-1", at(mb_payload(xdim=DIM), 12, "I", 0xFFFFFFFF), "wide"),
            ("no activations", mb_payload(xdim=0), "micro-batch without activations"),
-           ("n_stats -1", mb_payload(n_stats=0)[:28] + struct.pack("<i", -1) + mb_payload(n_stats=0)[32:],
-            "micro-batch carries -1 stage stats"),
+           ("n_stats -1", at(mb_payload(n_stats=0), 16, "i", -1), "micro-batch carries -1 stage stats"),
            ("n_stats 64", mb_payload(n_stats=64), "micro-batch carries 64 stage stats"),
-           ("n_stats 2^31-1", mb_payload(n_stats=0)[:28] + struct.pack("<i", 0x7FFFFFFF) + mb_payload(n_stats=0)[32:],
-            "stage stats"),
-           ("n_stats 3 with 1 present", mb_payload(n_stats=1)[:28] + struct.pack("<i", 3) + mb_payload(n_stats=1)[32:],
-            "expected"),
+           ("n_stats 2^31-1", at(mb_payload(n_stats=0), 16, "i", 0x7FFFFFFF), "stage stats"),
+           ("n_stats 3 with 1 present", at(mb_payload(n_stats=1), 16, "i", 3), "expected"),
            ("flags 0x80", mb_payload(flags=0x80), "unknown flags 0x80"),
            ("empty", b"", "micro-batch header truncated"),
-           ("header only", mb_payload()[:72], "expected"),
+           ("header only", mb_payload()[:24], "segment 0 truncated"),
            ("a trailing byte", mb_payload() + b"\0", "expected"),
            ("a float missing", mb_payload()[:-4], "expected")]
     good = mb_payload()
@@ -674,10 +718,13 @@ def forward_attacks():
     # after valid micro-batches (not sampled) of the session: the context's end, gaps after a
     # continuation, after a rewind (writing at pos discards what came after it)
     full = [mb_payload(pos=k * 8, n=8, flags=0) for k in range(8)]
-    out += [("pos + n beyond n_ctx", mb_payload(pos=62), "micro-batch of 4 positions at 62 does not fit", full),
-            ("pos 2^31-1 after 64", mb_payload(pos=(1 << 31) - 1, n=1), "skips positions 64..", full),
-            ("a gap after 8", mb_payload(pos=9), "skips positions 8..8", full[:1]),
-            ("a gap after a rewind", mb_payload(pos=8), "skips positions 4..7", [full[0], mb_payload(flags=0)])]
+    out += [("pos + n beyond n_ctx", mb_payload(pos=62), "4 positions at 62 do not fit", full),
+            ("pos 2^31-1 after 64", mb_payload(pos=(1 << 31) - 1, n=1), "do not fit", full),
+            ("a gap after 8", mb_payload(pos=9), "reads positions 8..8, never written", full[:1]),
+            ("a gap after a rewind", mb_payload(pos=8), "reads positions 4..7, never written",
+             [full[0], mb_payload(flags=0)]),
+            ("another block's gap", mb_payload(pos=36, blocks=[0, 2]), "reads positions 32..35, never written",
+             full[:5])]
     return out
 
 
@@ -710,9 +757,9 @@ def case_forward():
                  ("token 2^31-1 with penalties", mb_payload(rep=1.3, tokens=[1, 2, 0x7FFFFFFF, 3]),
                   "is not a token id"),
                  ("NaN activations", mb_payload(x=[float("nan")] * (4 * DIM)),
-                  "the micro-batch from stage 1 carries a non-finite activation (nan at position 0, element 0)"),
+                  "the micro-batch from stage 1 carries a non-finite activation (nan at position 0, element 0, of sequence 1)"),
                  ("inf activations", mb_payload(x=[float("inf")] * (4 * DIM)),
-                  "the micro-batch from stage 1 carries a non-finite activation (inf at position 0, element 0)"),
+                  "the micro-batch from stage 1 carries a non-finite activation (inf at position 0, element 0, of sequence 1)"),
                  ("huge activations", mb_payload(x=[3e38] * (4 * DIM)), "")]
     for what, payload, why, prefix in forward_attacks() + [t + ([],) for t in last_only]:
         s = new_session()
@@ -773,7 +820,7 @@ def case_frames():
             run(f"len 4 GB {tag}", lambda c: c.send(FORWARD, b"", length=0xFFFFFFFF),
                 "frame of 4294967295 bytes exceeds the limit", "exceeds the limit", setup=setup)
             run(f"len 64 KiB + 1 {tag}", lambda c: c.send(SETUP, b"", length=(64 << 10) + 1) if not setup else
-                c.send(FORWARD, b"", length=4096 + 8 * (4 + 4 * DIM) + 1), "exceeds the limit", setup=setup)
+                c.send(FORWARD, b"", length=mb_max_bytes(DIM, 8, 2, 64) + 1), "exceeds the limit", setup=setup)
             for typ in (0, 2, 4, 5, 15, 24, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH):
                 run(f"message type {typ} {tag}", lambda c, typ=typ: c.send(typ, b"abc"),
                     f"unexpected message type {typ}", f"unexpected message type {typ}", setup=setup)
@@ -784,7 +831,7 @@ def case_frames():
             run(f"close in the middle of a header {tag}", lambda c: half_close(c, frame(PROBE, b"")[:7]),
                 log="in the middle of a frame header (got 7 of 24 bytes)", within=3, setup=setup)
             run(f"close in the middle of a payload {tag}", lambda c: half_close(c, frame(SETUP, setup_payload(5))[:30]),
-                log="in the middle of a frame (got 6 of 25 payload bytes)", within=3, setup=setup)
+                log=f"in the middle of a frame (got 6 of {len(setup_payload(5))} payload bytes)", within=3, setup=setup)
         # PROBE before and after SETUP is fine: STATS comes back, the session goes on
         c = coord(w)
         c.send(PROBE)
@@ -800,7 +847,7 @@ def case_frames():
     # --timeout-ms (both workers at once: each one's loop waits meanwhile); the same for a payload
     for what, raw, says in (("a header cut at 10 bytes", frame(PROBE, b"")[:10], "(got 10 of 24 header bytes)"),
                             ("a payload cut at 6 bytes", frame(SETUP, setup_payload(5))[:30],
-                             "(got 6 of 25 payload bytes)")):
+                             f"(got 6 of {len(setup_payload(5))} payload bytes)")):
         cs = []
         marks = [len(w.text()) for w in (W1, W2)]
         for w in (W1, W2):

@@ -24,6 +24,10 @@ typedef struct {
 enum { FAIL_NONE, FAIL_DEAD, FAIL_SELF, FAIL_PREV, FAIL_NEXT };
 enum { PROBE_SILENT, PROBE_BEHIND, PROBE_DONE };
 
+/* Most micro-batches that sample in flight at once (a ring of up to PS_SHARD_MAX_STAGES
+ * stages has at most that many busy, and a few queued). */
+#define MAX_PENDING 64
+
 struct ps_coord {
     ps_coord_opts o;
     ps_fleet fleet; /* a copy (one stage when running a whole model) */
@@ -31,12 +35,20 @@ struct ps_coord {
     ps_stage *stage0;
     ps_hello me;
     bool connected;
-    uint32_t mb;               /* micro-batches sent in this session */
-    int32_t token;             /* the awaited token, once it came (-1 before) */
-    double wait_ms, wait_base; /* time spent in wait_token, and its value at the last reset */
-    int32_t *hist;             /* (n_ctx) the sequence's tokens, to rebuild the workers' KV
+    uint32_t mb;                   /* micro-batches sent in this session */
+    uint32_t pending[MAX_PENDING]; /* micro-batches that sample, sent and not answered, oldest first */
+    double sent_at[MAX_PENDING];   /* when stage 0 had run each (ms): the ring's part begins */
+    int n_pending;
+    bool got;       /* the oldest pending answer came: res[0..n_res) */
+    ps_result *res; /* (max_segs) */
+    int n_res;
+    double wait_ms, wait_base; /* time spent waiting for answers, and its value at the last reset */
+    int32_t *hist;             /* (n_ctx) ps_coord_next's sequence, to rebuild the workers' KV
                                   after a reconnection (DESIGN.md, invariant 3) */
-    int max_mb;
+    int32_t *ident;            /* (blocks of one sequence) ps_coord_next's block table 0, 1, 2, ... */
+    ps_mb_seg *segs;           /* (max_segs) the micro-batch being sent */
+    int32_t *toks;             /* (max_mb) its tokens */
+    int max_mb, max_segs, n_blocks;
     stage_view st[PS_SHARD_MAX_STAGES];
     ps_wbuf wb;
     char err[600];
@@ -104,7 +116,7 @@ static ps_status connect_stage(ps_coord *c, int k) {
     ps_status s = ps_net_dial(fs->address, c->o.timeout_ms, &v->conn, e, sizeof e);
     expect ex = {c, k};
     ps_hello peer;
-    uint32_t limit = ps_mb_max_bytes(ps_stage_model(c->stage0)->hp.dim, c->max_mb);
+    uint32_t limit = ps_mb_max_bytes(ps_stage_model(c->stage0)->hp.dim, c->max_mb, c->max_segs, ps_coord_n_ctx(c));
     if (!s)
         s = ps_net_handshake_client(v->conn, c->o.key, &c->me, check_worker, &ex, limit, c->o.timeout_ms, &peer, e,
                                     sizeof e);
@@ -116,6 +128,8 @@ static ps_status connect_stage(ps_coord *c, int k) {
     ps_wbuf_i32(&c->wb, c->max_mb);
     ps_wbuf_u8(&c->wb, (uint8_t)c->o.act);
     ps_wbuf_str(&c->wb, k + 1 < c->n ? c->fleet.stages[k + 1].address : "");
+    ps_wbuf_i32(&c->wb, c->n_blocks);
+    ps_wbuf_i32(&c->wb, c->max_segs);
     struct iovec iov = {c->wb.p, c->wb.len};
     uint16_t type;
     const uint8_t *p;
@@ -142,7 +156,7 @@ static ps_status connect_stage(ps_coord *c, int k) {
 static ps_status connect_fleet(ps_coord *c) {
     if (getrandom(&c->me.session, sizeof c->me.session, 0) != sizeof c->me.session || !c->me.session)
         c->me.session = (uint64_t)now_ms() | 1;
-    c->mb = 0;
+    c->mb = 0, c->n_pending = 0, c->got = false;
     memset(&c->st[0].base.hop, 0, sizeof c->st[0].base.hop);
     for (int k = c->n - 1; k >= 1; k--) {
         ps_status s = connect_stage(c, k);
@@ -164,9 +178,10 @@ static ps_status connect_fleet(ps_coord *c) {
 // ---------------------------------------------------------------------------------------
 // Waiting for the last stage
 
-/* Handles one frame from worker k, read within ms: the awaited TOKENS (sets *token), a
- * PROBE answer about micro-batch want_mb, or an ERROR; anything else is a failure of k. */
-static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token, int ms) {
+/* Handles one frame from worker k, read within ms: the answer to micro-batch want_mb
+ * (TOKENS: sets c->got and c->res), a PROBE answer about want_mb, or an ERROR; anything
+ * else is a failure of k. */
+static void on_frame(ps_coord *c, int k, uint32_t want_mb, int ms) {
     stage_view *v = &c->st[k];
     uint16_t type;
     const uint8_t *p;
@@ -178,17 +193,16 @@ static void on_frame(ps_coord *c, int k, uint32_t want_mb, int32_t *token, int m
     }
     ps_rbuf r = {.p = p, .len = len};
     if (type == PS_MSG_TOKENS && k == c->n - 1) {
-        ps_rbuf_u64(&r);
-        uint32_t mb = ps_rbuf_u32(&r);
-        ps_rbuf_i32(&r);
-        int32_t tok = ps_rbuf_i32(&r), n_stats = ps_rbuf_i32(&r);
-        for (int i = 0; !r.bad && i < n_stats && i < c->n; i++) {
-            ps_stage_stat st;
-            ps_stage_stat_decode(&r, &st);
-            if (st.stage > 0 && st.stage < c->n) c->st[st.stage].cur = st;
-        }
-        if (!r.bad && r.off == len && mb == want_mb && tok >= 0 && tok < ps_stage_model(c->stage0)->hp.vocab) {
-            *token = tok;
+        uint32_t mb;
+        int n_stats;
+        ps_stage_stat stats[PS_SHARD_MAX_STAGES];
+        char e[200];
+        if (!ps_result_decode(p, len, ps_stage_model(c->stage0)->hp.vocab, &mb, c->res, c->max_segs, &c->n_res, stats,
+                              &n_stats, e, sizeof e) &&
+            mb == want_mb) {
+            for (int i = 0; i < n_stats; i++)
+                if (stats[i].stage > 0 && stats[i].stage < c->n) c->st[stats[i].stage].cur = stats[i];
+            c->got = true;
             return;
         }
     } else if (type == PS_MSG_STATS) {
@@ -219,7 +233,7 @@ static bool never(const ps_coord *c) {
  * after a failure, when the others' reports are collected) when a worker fails. A failed
  * worker is not polled again: its first report stands (the hang-up that follows an ERROR
  * must not turn it into "died"). Returns false when a worker failed. */
-static bool pump(ps_coord *c, double ms, uint32_t want_mb, int32_t *token, bool (*done)(const ps_coord *c)) {
+static bool pump(ps_coord *c, double ms, uint32_t want_mb, bool (*done)(const ps_coord *c)) {
     double end = now_ms() + ms;
     for (double left; (left = end - now_ms()) > 0 && !done(c);) {
         struct pollfd fds[PS_SHARD_MAX_STAGES];
@@ -231,7 +245,7 @@ static bool pump(ps_coord *c, double ms, uint32_t want_mb, int32_t *token, bool 
         if (r <= 0) break;
         ps_pool_wake(ps_stage_pool(c->stage0)); /* likely the token: stage 0 runs next */
         for (int i = 0; i < m; i++)             /* within what is left: a worker dripping a frame cannot stretch it */
-            if (fds[i].revents) on_frame(c, ks[i], want_mb, token, (int)fmax(1, end - now_ms()));
+            if (fds[i].revents) on_frame(c, ks[i], want_mb, (int)fmax(1, end - now_ms()));
         for (int k = 1; done != never && k < c->n; k++)
             if (c->st[k].fail) return false;
     }
@@ -244,8 +258,7 @@ static bool pump(ps_coord *c, double ms, uint32_t want_mb, int32_t *token, bool 
  * error that names the culprit: a stage that died, else one that failed by itself, else
  * the neighbour a stage lost. */
 static ps_status blame(ps_coord *c) {
-    int32_t tok;
-    pump(c, 300, UINT32_MAX, &tok, never);
+    pump(c, 300, UINT32_MAX, never);
     char name[300];
     for (int want = FAIL_DEAD; want <= FAIL_NEXT; want++)
         for (int k = 1; k < c->n; k++) {
@@ -281,8 +294,7 @@ static ps_status stalled(ps_coord *c, uint32_t want_mb) {
         c->st[k].probe = PROBE_SILENT;
         ps_conn_send(c->st[k].conn, PS_MSG_PROBE, NULL, 0, 1000, NULL, 0);
     }
-    int32_t tok = -1;
-    if (!pump(c, 1000, want_mb, &tok, all_probed)) return blame(c);
+    if (!pump(c, 1000, want_mb, all_probed)) return blame(c);
     int k = 1;
     while (k < c->n - 1 && c->st[k].probe == PROBE_DONE) k++;
     char name[300];
@@ -292,14 +304,13 @@ static ps_status stalled(ps_coord *c, uint32_t want_mb) {
     return PS_ERR_TIMEOUT;
 }
 
-static bool have_token(const ps_coord *c) { return c->token >= 0; }
+static bool have_answer(const ps_coord *c) { return c->got; }
 
-/* Waits for the token of micro-batch want_mb, watching every worker. */
-static ps_status wait_token(ps_coord *c, uint32_t want_mb, int32_t *token) {
-    c->token = -1;
-    if (!pump(c, c->o.timeout_ms, want_mb, &c->token, have_token)) return blame(c);
-    if (c->token < 0) return stalled(c, want_mb);
-    *token = c->token;
+/* Waits for the answer to micro-batch want_mb, watching every worker. */
+static ps_status wait_answer(ps_coord *c, uint32_t want_mb) {
+    c->got = false;
+    if (!pump(c, c->o.timeout_ms, want_mb, have_answer)) return blame(c);
+    if (!c->got) return stalled(c, want_mb);
     return PS_OK;
 }
 
@@ -374,14 +385,23 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
         goto fail;
     }
     int n_ctx = o->n_ctx ? o->n_ctx : (m->hp.ctx_train < 4096 ? m->hp.ctx_train : 4096);
+    int seq_blocks = (n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
     c->max_mb = o->prefill_chunk ? o->prefill_chunk : o->max_batch;
-    if (c->max_mb > n_ctx) c->max_mb = n_ctx;
-    ps_ctx_params cp = {.n_ctx = n_ctx, .max_batch = o->max_batch, .act = o->act};
-    if ((s = ps_stage_begin(c->stage0, &cp, c->max_mb, err, errlen))) goto fail;
-    if (!(c->hist = ps_malloc((size_t)n_ctx * sizeof *c->hist))) {
+    c->max_segs = o->max_segs ? o->max_segs : 1;
+    if (c->max_mb > n_ctx * c->max_segs) c->max_mb = n_ctx * c->max_segs;
+    c->n_blocks = o->n_blocks > seq_blocks ? o->n_blocks : seq_blocks;
+    ps_ctx_params cp = {.n_ctx = n_ctx, .n_blocks = c->n_blocks, .max_batch = o->max_batch, .act = o->act};
+    if ((s = ps_stage_begin(c->stage0, &cp, c->max_mb, c->max_segs, err, errlen))) goto fail;
+    c->hist = ps_malloc((size_t)n_ctx * sizeof *c->hist);
+    c->ident = ps_malloc((size_t)seq_blocks * sizeof *c->ident);
+    c->res = ps_malloc((size_t)c->max_segs * sizeof *c->res);
+    c->segs = ps_malloc((size_t)c->max_segs * sizeof *c->segs);
+    c->toks = ps_malloc((size_t)c->max_mb * sizeof *c->toks);
+    if (!c->hist || !c->ident || !c->res || !c->segs || !c->toks) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    for (int i = 0; i < seq_blocks; i++) c->ident[i] = i;
     const ps_shard_meta *sm = &m->shard;
     c->me = (ps_hello){.role = PS_ROLE_COORD,
                        .stage = 0,
@@ -404,7 +424,7 @@ void ps_coord_free(ps_coord *c) {
     if (c->connected) disconnect(c, true);
     ps_stage_free(c->stage0);
     ps_wbuf_free(&c->wb);
-    free(c->hist);
+    free(c->hist), free(c->ident), free(c->res), free(c->segs), free(c->toks);
     free(c);
 }
 
@@ -418,60 +438,133 @@ ps_status ps_coord_connect(ps_coord *c, char *err, size_t errlen) {
 const ps_model *ps_coord_model(const ps_coord *c) { return ps_stage_model(c->stage0); }
 int ps_coord_n_ctx(const ps_coord *c) { return ps_stage_n_ctx(c->stage0); }
 int ps_coord_n_stages(const ps_coord *c) { return c->n; }
+int ps_coord_max_rows(const ps_coord *c) { return c->max_mb; }
+int ps_coord_max_segs(const ps_coord *c) { return c->max_segs; }
+int ps_coord_n_blocks(const ps_coord *c) { return c->n_blocks; }
+int ps_coord_pending(const ps_coord *c) { return c->n_pending; }
 const float *ps_coord_logits(const ps_coord *c) { return c->n == 1 ? ps_stage_logits(c->stage0) : NULL; }
+
+/* Runs the micro-batch in c->segs / c->toks through stage 0 and sends it on (on one stage,
+ * keeps its results for ps_coord_recv). */
+static ps_status run_and_send(ps_coord *c, int n_segs, int rows, bool sample) {
+    ps_mb mb = {.mb = c->mb++, .n_segs = n_segs, .segs = c->segs, .n = rows, .tokens = c->toks};
+    const float *x = NULL;
+    double t0 = now_ms();
+    int n_res;
+    ps_status s = ps_stage_run(c->stage0, &mb, &x, c->res, &n_res, c->err, sizeof c->err);
+    if (s) return s;
+    double t1 = now_ms();
+    c->st[0].cur.compute_ms += t1 - t0;
+    if (c->n == 1) {
+        c->n_res = n_res, c->got = true;
+        if (sample) c->pending[c->n_pending++] = mb.mb;
+        return PS_OK;
+    }
+    if (sample) ps_pool_park(ps_stage_pool(c->stage0)); /* before the send: see worker.c */
+    struct iovec iov[2];
+    mb.x = x;
+    ps_mb_encode(&c->wb, &mb, ps_stage_model(c->stage0)->hp.dim, iov);
+    if (c->wb.oom) return ps_errf(c->err, sizeof c->err, PS_ERR_NOMEM, "out of memory");
+    char e[400];
+    if ((s = ps_conn_send_async(c->st[1].conn, PS_MSG_FORWARD, iov, 2, c->o.timeout_ms, e, sizeof e))) {
+        c->st[1].fail = FAIL_DEAD;
+        snprintf(c->st[1].why, sizeof c->st[1].why, "%s", e);
+        return blame(c);
+    }
+    if (sample) c->sent_at[c->n_pending] = t1, c->pending[c->n_pending++] = mb.mb;
+    return PS_OK;
+}
+
+ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool *reconnected, char *err,
+                        size_t errlen) {
+    c->err[0] = 0;
+    *reconnected = false;
+    int rows = 0;
+    bool sample = false;
+    if (n_segs < 1 || n_segs > c->max_segs)
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d sequences in a micro-batch (1..%d)", n_segs, c->max_segs);
+    for (int i = 0; i < n_segs; i++) {
+        const ps_coord_seg *g = &segs[i];
+        if (g->n < 1 || g->n > c->max_mb - rows)
+            return ps_errf(err, errlen, PS_ERR_ARG, "micro-batch of more than %d positions", c->max_mb);
+        c->segs[i] = (ps_mb_seg){.seq = g->seq,
+                                 .pos = g->pos,
+                                 .n = g->n,
+                                 .flags = (g->sample ? PS_MB_SAMPLE : 0) | (g->n_top >= 0 ? PS_MB_LOGPROBS : 0),
+                                 .n_top = g->n_top > 0 ? (uint32_t)g->n_top : 0,
+                                 .sp = g->sp,
+                                 .n_blocks = g->n_blocks,
+                                 .blocks = g->blocks};
+        memcpy(c->toks + rows, g->tokens, (size_t)g->n * sizeof(int32_t));
+        rows += g->n;
+        sample |= g->sample;
+    }
+    if (c->n_pending == (c->n == 1 ? 1 : MAX_PENDING))
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d micro-batches await their tokens already", c->n_pending);
+    ps_status s = PS_OK;
+    if (c->n > 1 && !c->connected) {
+        if ((s = connect_fleet(c))) goto out;
+        *reconnected = true; /* a new session: the workers' KV is empty */
+    }
+    s = run_and_send(c, n_segs, rows, sample);
+out:
+    if (s) ps_errf(err, errlen, s, "%s", c->err[0] ? c->err : ps_strerror(s));
+    return s;
+}
+
+ps_status ps_coord_recv(ps_coord *c, ps_result *res, int *n_res, char *err, size_t errlen) {
+    *n_res = 0;
+    c->err[0] = 0;
+    if (!c->n_pending) return ps_errf(err, errlen, PS_ERR_ARG, "no micro-batch awaits its tokens");
+    ps_status s = PS_OK;
+    if (c->n > 1) {
+        s = wait_answer(c, c->pending[0]);
+        c->wait_ms += now_ms() - c->sent_at[0]; /* with several in flight, the waits overlap */
+        if (s) {
+            c->n_pending = 0;
+            return ps_errf(err, errlen, s, "%s", c->err[0] ? c->err : ps_strerror(s));
+        }
+    }
+    c->n_pending--;
+    memmove(c->pending, c->pending + 1, (size_t)c->n_pending * sizeof *c->pending);
+    memmove(c->sent_at, c->sent_at + 1, (size_t)c->n_pending * sizeof *c->sent_at);
+    memcpy(res, c->res, (size_t)c->n_res * sizeof *res);
+    *n_res = c->n_res;
+    c->got = false;
+    return PS_OK;
+}
 
 ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
                         char *err, size_t errlen) {
     *token = -1;
-    c->err[0] = 0;
-    ps_status s = PS_OK;
     if (n < 1 || pos < 0 || (long long)pos + n > ps_coord_n_ctx(c))
         return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d do not fit the context of %d", n, pos,
                        ps_coord_n_ctx(c));
     memcpy(c->hist + pos, tokens, (size_t)n * sizeof *tokens);
+    ps_coord_seg g = {.seq = 1,
+                      .blocks = c->ident,
+                      .n_blocks = (ps_coord_n_ctx(c) + PS_KV_BLOCK - 1) / PS_KV_BLOCK,
+                      .n_top = -1,
+                      .sp = *sp};
+    int end = pos + n, from = pos;
+    ps_result res;
     if (c->n > 1 && !c->connected) {
-        if ((s = connect_fleet(c))) goto out;
-        tokens = c->hist, n += pos, pos = 0; /* fresh workers: replay the sequence so far */
+        ps_status s = ps_coord_connect(c, err, errlen);
+        if (s) return s;
+        from = 0; /* fresh workers: replay the sequence from the start */
     }
-    int dim = ps_stage_model(c->stage0)->hp.dim;
-    uint32_t last_mb = 0;
-    double t_last = 0; /* when stage 0 finished the last chunk: the ring's part begins */
-    for (int done = 0; done < n;) {
-        int chunk = n - done < c->max_mb ? n - done : c->max_mb;
-        ps_mb mb = {.seq = 1, .mb = c->mb++, .pos = pos + done, .n = chunk, .sp = *sp, .tokens = tokens + done};
-        if (done + chunk == n) mb.flags = PS_MB_SAMPLE;
-        const float *x = NULL;
-        double t0 = now_ms();
-        if ((s = ps_stage_run(c->stage0, &mb, &x, token, c->err, sizeof c->err))) goto out;
-        t_last = now_ms();
-        c->st[0].cur.compute_ms += t_last - t0;
-        if (c->n > 1 && done + chunk == n) ps_pool_park(ps_stage_pool(c->stage0)); /* before the send: see worker.c */
-        if (c->n > 1) {
-            struct iovec iov[2];
-            mb.x = x;
-            ps_mb_encode(&c->wb, &mb, dim, iov);
-            if (c->wb.oom) {
-                s = ps_errf(c->err, sizeof c->err, PS_ERR_NOMEM, "out of memory");
-                goto out;
-            }
-            char e[400];
-            if ((s = ps_conn_send_async(c->st[1].conn, PS_MSG_FORWARD, iov, 2, c->o.timeout_ms, e, sizeof e))) {
-                c->st[1].fail = FAIL_DEAD;
-                snprintf(c->st[1].why, sizeof c->st[1].why, "%s", e);
-                s = blame(c);
-                goto out;
-            }
-        }
-        last_mb = mb.mb;
-        done += chunk;
-        if (n > c->max_mb) ps_progress_report(&c->o.progress, "prompt", (uint64_t)done, (uint64_t)n);
+    while (from < end) {
+        g.pos = from, g.n = end - from < c->max_mb ? end - from : c->max_mb, g.tokens = c->hist + from;
+        g.sample = from + g.n == end;
+        bool fresh;
+        ps_status s = ps_coord_send(c, &g, 1, &fresh, err, errlen);
+        if (s) return s;
+        from += g.n;
+        if (end - pos > c->max_mb) ps_progress_report(&c->o.progress, "prompt", (uint64_t)(from - pos), (uint64_t)n);
     }
-    if (c->n > 1) {
-        s = wait_token(c, last_mb, token);
-        c->wait_ms += now_ms() - t_last;
-    }
-out:
-    if (s) ps_errf(err, errlen, s, "%s", c->err[0] ? c->err : ps_strerror(s));
+    int n_res;
+    ps_status s = ps_coord_recv(c, &res, &n_res, err, errlen);
+    if (!s) *token = res.token;
     return s;
 }
 

@@ -17,6 +17,7 @@
 #include "fleet.h"
 #include "../net/net.h"
 #include "../sample/sample.h"
+#include "../stage/stage.h"
 
 typedef struct {
     const char *model;     /* a whole model run as the only stage, or NULL with fleet */
@@ -26,6 +27,9 @@ typedef struct {
     bool mmap;             /* map stage 0's file rather than read it into huge pages */
     int n_ctx;             /* positions; 0 = the model's context, at most 4096 */
     int max_batch;         /* tokens per forward pass */
+    int n_blocks;          /* KV blocks of PS_KV_BLOCK positions on every stage; 0 (or fewer) = one
+                              sequence of n_ctx positions */
+    int max_segs;          /* sequences per micro-batch; 0 = 1 */
     int prefill_chunk;     /* positions per micro-batch; 0 = max_batch */
     ps_act act;            /* matmul arithmetic of every stage */
     const uint8_t *key;    /* 32-byte shared key, or NULL */
@@ -56,8 +60,42 @@ const ps_model *ps_coord_model(const ps_coord *c); /* stage 0's model (tokenizer
 int ps_coord_n_ctx(const ps_coord *c);
 int ps_coord_n_stages(const ps_coord *c);
 
-/* Runs tokens[0..n) at positions pos..pos+n-1 around the ring (discarding every stage's
- * KV beyond pos) and returns the token the last stage samples at position pos + n. */
+int ps_coord_max_rows(const ps_coord *c); /* positions per micro-batch */
+int ps_coord_max_segs(const ps_coord *c); /* sequences per micro-batch */
+int ps_coord_n_blocks(const ps_coord *c); /* KV blocks on every stage */
+
+/* One sequence's positions in a micro-batch (stage.h's ps_mb_seg, as the caller gives it). */
+typedef struct {
+    uint64_t seq;          /* the caller's sequence id, returned with its token */
+    int32_t pos, n;        /* positions [pos, pos + n) */
+    const int32_t *tokens; /* (n) */
+    const int32_t *blocks; /* the sequence's block table (at least ceil((pos + n) / PS_KV_BLOCK)) */
+    int32_t n_blocks;
+    bool sample; /* sample the token after pos + n - 1 */
+    int n_top;   /* with it, this many top log-probabilities (0..PS_MAX_TOP_LOGPROBS) */
+    ps_sample_params sp;
+} ps_coord_seg;
+
+/* Runs a micro-batch (at most ps_coord_max_rows positions in ps_coord_max_segs segments)
+ * through stage 0 and sends it around the ring; returns once it is on its way. Its tokens,
+ * when a segment samples, come from ps_coord_recv, in the order sent; on one stage, recv
+ * must follow each such send. Connects the fleet when needed: *reconnected then says the
+ * workers start a new session, whose KV cache holds nothing (the caller replays its
+ * sequences: DESIGN.md invariant 3). The caller decides which blocks each sequence uses:
+ * two segments of a micro-batch, or of micro-batches in flight together, must not write
+ * the same block. On error the fleet is disconnected and nothing is pending. */
+ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool *reconnected, char *err, size_t errlen);
+/* Waits for the tokens of the oldest micro-batch sent that samples (watching every worker:
+ * a failure or a stall is an error naming the stage), and copies its results (one per
+ * sampling segment, in segment order) to res (room for ps_coord_max_segs). */
+ps_status ps_coord_recv(ps_coord *c, ps_result *res, int *n_res, char *err, size_t errlen);
+/* Micro-batches sent whose tokens have not been received. */
+int ps_coord_pending(const ps_coord *c);
+
+/* One sequence at a time, on blocks 0, 1, 2, ...: runs tokens[0..n) at positions
+ * pos..pos+n-1 around the ring (discarding every stage's KV beyond pos) and returns the
+ * token the last stage samples at position pos + n. After a reconnection it replays the
+ * sequence from position 0. Not to be mixed with ps_coord_send on the same blocks. */
 ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
                         char *err, size_t errlen);
 /* The logits behind the latest token when the model runs as one stage, else NULL

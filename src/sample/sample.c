@@ -537,3 +537,23 @@ ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *
     *n_kept = s->n_cand;
     return PS_OK;
 }
+
+void ps_sample_logprobs(const float *logits, int32_t n_vocab, int32_t token, float *token_lp, int n_top,
+                        int32_t *top_id, float *top_lp) {
+    float max = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (logits[i] > max) max = logits[i];
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - max);
+    double lse = max + log(sum);
+    *token_lp = (float)(logits[token] - lse);
+    /* top n by insertion into a sorted list: n <= PS_MAX_TOP_LOGPROBS, so n_vocab * n at most */
+    int k = 0;
+    for (int32_t i = 0; i < n_vocab && n_top > 0; i++) {
+        if (k == n_top && logits[i] <= logits[top_id[k - 1]]) continue;
+        int j = k < n_top ? k++ : k - 1;
+        while (j > 0 && logits[top_id[j - 1]] < logits[i]) top_id[j] = top_id[j - 1], j--;
+        top_id[j] = i;
+    }
+    for (int j = 0; j < k; j++) top_lp[j] = (float)(logits[top_id[j]] - lse);
+}

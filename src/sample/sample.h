@@ -99,6 +99,12 @@ int32_t ps_sampler_n_vocab(const ps_sampler *s);
 ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
                     int64_t n_history, uint64_t position, int32_t *out_token);
 
+/* Log-probabilities of the model's own distribution (the log-softmax of the raw logits, no
+ * penalty, temperature or truncation): *token_lp for token, and the n_top most likely ids
+ * (descending, ties by lower id) with theirs into top_id / top_lp. Pure; n_top may be 0. */
+void ps_sample_logprobs(const float *logits, int32_t n_vocab, int32_t token, float *token_lp, int n_top,
+                        int32_t *top_id, float *top_lp);
+
 /* The distribution ps_sample draws from: runs the same penalties and truncation and
  * the softmax at the temperature, and points *ids / *probs at the kept tokens in draw
  * order (logit descending, ties by id) and their probabilities (summing to 1), *n_kept

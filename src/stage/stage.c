@@ -8,12 +8,16 @@ struct ps_stage {
     ps_model *m;
     ps_pool *pool;
     ps_ctx *ctx;
-    ps_ctx_params cp; /* of ctx */
-    int max_mb;       /* positions a micro-batch may carry */
-    float *x_out;     /* (max_mb, dim) activations for the next stage */
-    float *logits;    /* (vocab) last stage */
-    int32_t *history; /* (n_ctx) last stage: the sequence's tokens, for the penalties */
-    ps_sampler *smp;  /* last stage */
+    ps_ctx_params cp;  /* of ctx */
+    int max_mb;        /* rows a micro-batch may carry */
+    int max_segs;      /* segments a micro-batch may carry */
+    float *x_out;      /* (max_mb, dim) activations for the next stage */
+    float *logits;     /* (max_segs, vocab) last stage: the logits of the sampled rows */
+    const float *last; /* the latest sampled segment's row of logits */
+    uint8_t *filled;   /* (n_blocks) positions of each block written in this session (0..PS_KV_BLOCK) */
+    int32_t *tok;      /* (n_blocks, PS_KV_BLOCK) last stage: the token at each position, for the penalties */
+    int32_t *history;  /* (n_ctx) last stage: one sequence's tokens gathered from tok */
+    ps_sampler *smp;   /* last stage */
 };
 
 // ---------------------------------------------------------------------------------------
@@ -47,16 +51,12 @@ void ps_stage_stat_decode(ps_rbuf *r, ps_stage_stat *st) {
     memcpy(&st->hop.send_ms, &bits, 8);
 }
 
-void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
-    const ps_sample_params *sp = &mb->sp;
-    b->len = 0;
-    ps_wbuf_u64(b, mb->seq);
-    ps_wbuf_u32(b, mb->mb);
-    ps_wbuf_i32(b, mb->pos);
-    ps_wbuf_i32(b, mb->n);
-    ps_wbuf_u32(b, mb->flags);
-    ps_wbuf_u32(b, mb->x ? (uint32_t)dim : 0);
-    ps_wbuf_i32(b, mb->n_stats);
+/* Bytes of the header and of a segment's fixed fields (multiples of 4, so that the tables,
+ * tokens and activations after them stay 4-byte aligned in a malloc'd receive buffer). */
+#define MB_HDR_BYTES 24
+#define MB_SEG_BYTES 72
+
+static void sp_encode(ps_wbuf *b, const ps_sample_params *sp) {
     ps_wbuf_f32(b, sp->temperature);
     ps_wbuf_i32(b, sp->top_k);
     ps_wbuf_f32(b, sp->top_p);
@@ -66,7 +66,41 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
     ps_wbuf_f32(b, sp->presence_penalty);
     ps_wbuf_f32(b, sp->frequency_penalty);
     ps_wbuf_u64(b, sp->seed);
-    for (int i = 0; i < mb->n; i++) ps_wbuf_i32(b, mb->tokens[i]);
+}
+
+static void sp_decode(ps_rbuf *r, ps_sample_params *sp) {
+    sp->temperature = ps_rbuf_f32(r);
+    sp->top_k = ps_rbuf_i32(r);
+    sp->top_p = ps_rbuf_f32(r);
+    sp->min_p = ps_rbuf_f32(r);
+    sp->repetition_penalty = ps_rbuf_f32(r);
+    sp->penalty_last_n = ps_rbuf_i32(r);
+    sp->presence_penalty = ps_rbuf_f32(r);
+    sp->frequency_penalty = ps_rbuf_f32(r);
+    sp->seed = ps_rbuf_u64(r);
+}
+
+void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
+    b->len = 0;
+    ps_wbuf_u32(b, mb->mb);
+    ps_wbuf_i32(b, mb->n_segs);
+    ps_wbuf_i32(b, mb->n);
+    ps_wbuf_u32(b, mb->x ? (uint32_t)dim : 0);
+    ps_wbuf_i32(b, mb->n_stats);
+    ps_wbuf_u32(b, 0);
+    for (int i = 0; i < mb->n_segs; i++) {
+        const ps_mb_seg *g = &mb->segs[i];
+        ps_wbuf_u64(b, g->seq);
+        ps_wbuf_i32(b, g->pos);
+        ps_wbuf_i32(b, g->n);
+        ps_wbuf_u32(b, g->flags);
+        ps_wbuf_u32(b, g->n_top);
+        sp_encode(b, &g->sp);
+        ps_wbuf_i32(b, g->n_blocks);
+        ps_wbuf_u32(b, 0);
+        ps_wbuf_bytes(b, g->blocks, (size_t)g->n_blocks * sizeof(int32_t));
+    }
+    ps_wbuf_bytes(b, mb->tokens, (size_t)mb->n * sizeof(int32_t));
     for (int i = 0; i < mb->n_stats; i++) ps_stage_stat_encode(b, &mb->stats[i]);
     size_t xbytes = mb->x ? (size_t)mb->n * dim * sizeof(float) : 0;
     if (iov) {
@@ -77,49 +111,123 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
     }
 }
 
-uint32_t ps_mb_max_bytes(int dim, int max_mb) {
-    uint64_t b = 4096 + (uint64_t)max_mb * (4 + 4 * (uint64_t)dim); /* 4096 > fixed fields + 64 stats */
-    return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int n_ctx) {
+    uint64_t tables = (uint64_t)max_segs * (MB_SEG_BYTES + 4 * (uint64_t)((n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK));
+    uint64_t results = (uint64_t)max_segs * (24 + 8 * PS_MAX_TOP_LOGPROBS); /* a TOKENS answer */
+    uint64_t b = 4096 + (uint64_t)max_mb * (4 + 4 * (uint64_t)dim) + (tables > results ? tables : results);
+    return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b; /* 4096 > header + 64 stats */
 }
 
-ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *out, char *err, size_t errlen) {
+/* Parses one segment's fixed fields and table; false with the problem in err. */
+static bool seg_decode(ps_rbuf *r, int i, ps_mb_seg *g, char *err, size_t errlen) {
+    g->seq = ps_rbuf_u64(r);
+    g->pos = ps_rbuf_i32(r);
+    g->n = ps_rbuf_i32(r);
+    g->flags = ps_rbuf_u32(r);
+    g->n_top = ps_rbuf_u32(r);
+    sp_decode(r, &g->sp);
+    g->n_blocks = ps_rbuf_i32(r);
+    ps_rbuf_u32(r);
+    if (r->bad) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d truncated", i), false;
+    if (g->n < 1 || g->pos < 0 || g->n_blocks < 0 || g->n_blocks > (1 << 24))
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d: %d positions at %d, %d blocks", i, g->n,
+                       g->pos, g->n_blocks),
+               false;
+    if (g->flags & ~(uint32_t)(PS_MB_SAMPLE | PS_MB_LOGPROBS))
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d has unknown flags 0x%x", i, g->flags),
+               false;
+    if (g->n_top > PS_MAX_TOP_LOGPROBS)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL,
+                       "micro-batch segment %d asks for %u top log-probabilities (at most %d)", i, g->n_top,
+                       PS_MAX_TOP_LOGPROBS),
+               false;
+    g->blocks = ps_rbuf_bytes(r, (size_t)g->n_blocks * sizeof(int32_t));
+    if (r->bad) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d truncated", i), false;
+    return true;
+}
+
+ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, int max_segs, ps_mb *out, char *err,
+                       size_t errlen) {
     ps_rbuf r = {.p = p, .len = len};
-    ps_sample_params *sp = &out->sp;
-    out->seq = ps_rbuf_u64(&r);
     out->mb = ps_rbuf_u32(&r);
-    out->pos = ps_rbuf_i32(&r);
+    out->n_segs = ps_rbuf_i32(&r);
     out->n = ps_rbuf_i32(&r);
-    out->flags = ps_rbuf_u32(&r);
     uint32_t xdim = ps_rbuf_u32(&r);
     out->n_stats = ps_rbuf_i32(&r);
-    sp->temperature = ps_rbuf_f32(&r);
-    sp->top_k = ps_rbuf_i32(&r);
-    sp->top_p = ps_rbuf_f32(&r);
-    sp->min_p = ps_rbuf_f32(&r);
-    sp->repetition_penalty = ps_rbuf_f32(&r);
-    sp->penalty_last_n = ps_rbuf_i32(&r);
-    sp->presence_penalty = ps_rbuf_f32(&r);
-    sp->frequency_penalty = ps_rbuf_f32(&r);
-    sp->seed = ps_rbuf_u64(&r);
-    if (r.bad || r.off != MB_FIXED_BYTES) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch header truncated");
-    if (out->n < 1 || out->n > max_n || out->pos < 0)
-        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d positions at %d (this stage takes 1..%d)",
-                       out->n, out->pos, max_n);
+    ps_rbuf_u32(&r);
+    if (r.bad) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch header truncated");
+    if (out->n < 1 || out->n > max_n)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d positions (this stage takes 1..%d)", out->n,
+                       max_n);
+    if (out->n_segs < 1 || out->n_segs > max_segs)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d sequences (this stage takes 1..%d)",
+                       out->n_segs, max_segs);
     if (out->n_stats < 0 || out->n_stats >= (int32_t)PS_ARRAY_LEN(out->stats))
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch carries %d stage stats", out->n_stats);
-    if (out->flags & ~(uint32_t)PS_MB_SAMPLE)
-        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch has unknown flags 0x%x", out->flags);
     if (xdim && xdim != (uint32_t)dim)
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch activations are %u wide, this model's are %d", xdim,
                        dim);
+    long long rows = 0;
+    for (int i = 0; i < out->n_segs; i++) {
+        if (!seg_decode(&r, i, &out->segs[i], err, errlen)) return PS_ERR_PROTOCOL;
+        rows += out->segs[i].n;
+    }
+    if (rows != out->n)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d positions has segments of %lld", out->n, rows);
     out->tokens = ps_rbuf_bytes(&r, (size_t)out->n * sizeof(int32_t));
     for (int i = 0; i < out->n_stats; i++) ps_stage_stat_decode(&r, &out->stats[i]);
+    size_t want = r.off + (xdim ? (size_t)out->n * dim * 4 : 0);
     out->x = xdim ? ps_rbuf_bytes(&r, (size_t)out->n * dim * sizeof(float)) : NULL;
     if (r.bad || r.off != len)
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d positions has %zu bytes, expected %zu", out->n,
-                       len,
-                       (size_t)MB_FIXED_BYTES + (size_t)out->n * 4 + (size_t)out->n_stats * PS_STAGE_STAT_BYTES +
-                           (xdim ? (size_t)out->n * dim * 4 : 0));
+                       len, r.bad ? want : r.off);
+    return PS_OK;
+}
+
+void ps_result_encode(ps_wbuf *b, uint32_t mb, const ps_result *res, int n_res, const ps_stage_stat *stats,
+                      int n_stats) {
+    b->len = 0;
+    ps_wbuf_u32(b, mb);
+    ps_wbuf_i32(b, n_res);
+    ps_wbuf_i32(b, n_stats);
+    for (int i = 0; i < n_res; i++) {
+        const ps_result *x = &res[i];
+        ps_wbuf_u64(b, x->seq);
+        ps_wbuf_i32(b, x->pos);
+        ps_wbuf_i32(b, x->token);
+        ps_wbuf_f32(b, x->logprob);
+        ps_wbuf_u32(b, x->n_top);
+        for (uint32_t k = 0; k < x->n_top; k++) ps_wbuf_i32(b, x->top_id[k]), ps_wbuf_f32(b, x->top_logprob[k]);
+    }
+    for (int i = 0; i < n_stats; i++) ps_stage_stat_encode(b, &stats[i]);
+}
+
+ps_status ps_result_decode(const uint8_t *p, size_t len, int vocab, uint32_t *mb, ps_result *res, int max_res,
+                           int *n_res, ps_stage_stat *stats, int *n_stats, char *err, size_t errlen) {
+    ps_rbuf r = {.p = p, .len = len};
+    *mb = ps_rbuf_u32(&r);
+    int32_t nr = ps_rbuf_i32(&r), ns = ps_rbuf_i32(&r);
+    if (r.bad || nr < 0 || nr > max_res || ns < 0 || ns > PS_SHARD_MAX_STAGES)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "malformed TOKENS message (%d results, %d stats)", nr, ns);
+    for (int i = 0; i < nr; i++) {
+        ps_result *x = &res[i];
+        x->seq = ps_rbuf_u64(&r);
+        x->pos = ps_rbuf_i32(&r);
+        x->token = ps_rbuf_i32(&r);
+        x->logprob = ps_rbuf_f32(&r);
+        x->n_top = ps_rbuf_u32(&r);
+        if (r.bad || x->n_top > PS_MAX_TOP_LOGPROBS || x->token < 0 || x->token >= vocab)
+            return ps_errf(err, errlen, PS_ERR_PROTOCOL, "malformed TOKENS message (result %d)", i);
+        for (uint32_t k = 0; k < x->n_top; k++) {
+            x->top_id[k] = ps_rbuf_i32(&r);
+            x->top_logprob[k] = ps_rbuf_f32(&r);
+            if (x->top_id[k] < 0 || x->top_id[k] >= vocab) r.bad = true;
+        }
+    }
+    for (int i = 0; i < ns; i++) ps_stage_stat_decode(&r, &stats[i]);
+    if (r.bad || r.off != len)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "malformed TOKENS message (%zu bytes)", len);
+    *n_res = nr, *n_stats = ns;
     return PS_OK;
 }
 
@@ -146,8 +254,9 @@ fail:
 /* Frees the run state of the current session. */
 static void end_session(ps_stage *s) {
     ps_ctx_free(s->ctx);
-    free(s->x_out), free(s->logits), free(s->history);
-    s->ctx = NULL, s->x_out = NULL, s->logits = NULL, s->history = NULL;
+    free(s->x_out), free(s->logits), free(s->filled), free(s->tok), free(s->history);
+    s->ctx = NULL, s->x_out = NULL, s->logits = NULL, s->filled = NULL, s->tok = NULL, s->history = NULL;
+    s->last = NULL;
 }
 
 void ps_stage_free(ps_stage *s) {
@@ -163,53 +272,126 @@ const ps_model *ps_stage_model(const ps_stage *s) { return s->m; }
 ps_pool *ps_stage_pool(ps_stage *s) { return s->pool; }
 int ps_stage_n_ctx(const ps_stage *s) { return s->ctx ? s->cp.n_ctx : 0; }
 int ps_stage_max_mb(const ps_stage *s) { return s->max_mb; }
-const float *ps_stage_logits(const ps_stage *s) { return s->logits; }
+int ps_stage_max_segs(const ps_stage *s) { return s->max_segs; }
+const float *ps_stage_logits(const ps_stage *s) { return s->last; }
 
-ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, char *err, size_t errlen) {
-    if (max_mb < 1 || max_mb > p->n_ctx)
-        return ps_errf(err, errlen, PS_ERR_ARG, "micro-batch size %d must be within 1..%d (the context size)", max_mb,
-                       p->n_ctx);
-    if (s->ctx && !memcmp(&s->cp, p, sizeof *p) && s->max_mb == max_mb) return PS_OK; /* reuse: pos rewrites KV */
-    end_session(s);
-    const ps_hparams *hp = &s->m->hp;
-    ps_status st = ps_ctx_create(s->m, p, s->pool, &s->ctx, err, errlen);
-    if (st) return st;
-    s->cp = *p;
-    s->max_mb = max_mb;
-    if (s->m->has_head) {
-        s->logits = ps_malloc((size_t)hp->vocab * sizeof(float));
-        s->history = ps_malloc((size_t)p->n_ctx * sizeof(int32_t));
-    } else {
-        s->x_out = ps_malloc((size_t)max_mb * hp->dim * sizeof(float));
-    }
-    if (s->m->has_head ? !s->logits || !s->history : !s->x_out) {
+ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int max_segs, char *err, size_t errlen) {
+    if (max_segs < 1 || max_segs > PS_MB_MAX_SEGS)
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d sequences per micro-batch: must be within 1..%d", max_segs,
+                       PS_MB_MAX_SEGS);
+    long long most = (long long)p->n_ctx * max_segs < PS_MB_MAX_ROWS ? (long long)p->n_ctx * max_segs : PS_MB_MAX_ROWS;
+    if (max_mb < 1 || max_mb > most)
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "micro-batch size %d must be within 1..%lld (%d sequences of %d positions, at most %d)", max_mb,
+                       most, max_segs, p->n_ctx, PS_MB_MAX_ROWS);
+    bool reuse = s->ctx && !memcmp(&s->cp, p, sizeof *p) && s->max_mb == max_mb && s->max_segs == max_segs;
+    if (!reuse) {
         end_session(s);
-        return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for micro-batches of %d positions", max_mb);
+        ps_status st = ps_ctx_create(s->m, p, s->pool, &s->ctx, err, errlen);
+        if (st) return st;
+        s->cp = *p;
+        s->max_mb = max_mb, s->max_segs = max_segs;
+        const ps_hparams *hp = &s->m->hp;
+        int n_blocks = ps_ctx_n_blocks(s->ctx);
+        s->filled = ps_malloc((size_t)n_blocks);
+        if (s->m->has_head) {
+            s->logits = ps_malloc((size_t)max_segs * hp->vocab * sizeof(float));
+            s->tok = ps_malloc((size_t)n_blocks * PS_KV_BLOCK * sizeof(int32_t));
+            s->history = ps_malloc((size_t)p->n_ctx * sizeof(int32_t));
+        } else {
+            s->x_out = ps_malloc((size_t)max_mb * hp->dim * sizeof(float));
+        }
+        if (!s->filled || (s->m->has_head ? !s->logits || !s->tok || !s->history : !s->x_out)) {
+            end_session(s);
+            return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for micro-batches of %d positions", max_mb);
+        }
+    }
+    memset(s->filled, 0, (size_t)ps_ctx_n_blocks(s->ctx)); /* nothing of an earlier session is readable */
+    return PS_OK;
+}
+
+/* Checks that segment g reads only what this session wrote (positions [0, pos) of its
+ * blocks) and that its blocks lie in the pool. */
+static ps_status check_filled(const ps_stage *s, int i, const ps_mb_seg *g, char *err, size_t errlen) {
+    int n_blocks = ps_ctx_n_blocks(s->ctx), need = (g->pos + g->n + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    if ((long long)g->pos + g->n > s->cp.n_ctx || g->n_blocks < need)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL,
+                       "segment %d: %d positions at %d do not fit (%d positions per sequence, a table of %d blocks)", i,
+                       g->n, g->pos, s->cp.n_ctx, g->n_blocks);
+    for (int b = 0; b < need; b++) {
+        int32_t blk = g->blocks[b];
+        if (blk < 0 || blk >= n_blocks)
+            return ps_errf(err, errlen, PS_ERR_PROTOCOL, "segment %d: KV block %d is outside the pool (0..%d)", i, blk,
+                           n_blocks - 1);
+        int read = g->pos - b * PS_KV_BLOCK; /* positions of this block the segment reads before writing */
+        read = read < 0 ? 0 : read > PS_KV_BLOCK ? PS_KV_BLOCK : read;
+        if (s->filled[blk] < read)
+            return ps_errf(err, errlen, PS_ERR_PROTOCOL,
+                           "segment %d at position %d reads positions %d..%d, never written in this session", i, g->pos,
+                           b * PS_KV_BLOCK + s->filled[blk], b * PS_KV_BLOCK + read - 1);
     }
     return PS_OK;
 }
 
-ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, int32_t *token, char *err, size_t errlen) {
-    *token = -1;
+/* Marks what segment g wrote (writing at pos discards what its blocks held beyond), and on
+ * the last stage keeps its tokens. */
+static void mark_written(ps_stage *s, const ps_mb_seg *g, const int32_t *tokens) {
+    for (int t = 0; t < g->n; t++) {
+        int p = g->pos + t, blk = g->blocks[p / PS_KV_BLOCK];
+        s->filled[blk] = (uint8_t)(p % PS_KV_BLOCK + 1);
+        if (s->tok) s->tok[(size_t)blk * PS_KV_BLOCK + p % PS_KV_BLOCK] = tokens[t];
+    }
+}
+
+/* Samples the token after segment g from its row of logits, with the top log-probabilities
+ * it asks for. The penalties' history: the sequence's tokens, gathered from its blocks. */
+static ps_status sample_seg(ps_stage *s, const ps_mb_seg *g, const float *logits, ps_result *r, char *err,
+                            size_t errlen) {
+    int n_hist = g->pos + g->n;
+    for (int p = 0; p < n_hist; p++)
+        s->history[p] = s->tok[(size_t)g->blocks[p / PS_KV_BLOCK] * PS_KV_BLOCK + p % PS_KV_BLOCK];
+    bool lp = g->flags & PS_MB_LOGPROBS;
+    *r = (ps_result){.seq = g->seq, .pos = n_hist, .n_top = lp ? g->n_top : 0};
+    ps_status st = ps_sample(s->smp, &g->sp, logits, s->history, n_hist, (uint64_t)n_hist, &r->token);
+    if (st) return ps_errf(err, errlen, st, "sampling failed: %s", ps_sampler_error(s->smp));
+    if (lp) ps_sample_logprobs(logits, s->m->hp.vocab, r->token, &r->logprob, (int)r->n_top, r->top_id, r->top_logprob);
+    return PS_OK;
+}
+
+ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_result *res, int *n_res, char *err,
+                       size_t errlen) {
+    *n_res = 0;
     if (!s->ctx) return ps_errf(err, errlen, PS_ERR_INTERNAL, "stage run before its session began");
-    if (mb->n < 1 || mb->n > s->max_mb || mb->pos < 0 || (long long)mb->pos + mb->n > s->cp.n_ctx)
+    if (mb->n < 1 || mb->n > s->max_mb || mb->n_segs < 1 || mb->n_segs > s->max_segs)
         return ps_errf(err, errlen, PS_ERR_RANGE,
-                       "micro-batch of %d positions at %d does not fit (%d positions, %d per "
-                       "micro-batch)",
-                       mb->n, mb->pos, s->cp.n_ctx, s->max_mb);
+                       "micro-batch of %d positions in %d sequences does not fit (at most %d in %d)", mb->n, mb->n_segs,
+                       s->max_mb, s->max_segs);
+    ps_seg segs[PS_MB_MAX_SEGS];
     const ps_model *m = s->m;
-    bool sample = m->has_head && (mb->flags & PS_MB_SAMPLE);
+    int n_logits = 0;
+    for (int i = 0; i < mb->n_segs; i++) {
+        const ps_mb_seg *g = &mb->segs[i];
+        ps_status st = check_filled(s, i, g, err, errlen);
+        if (st) return st;
+        bool sample = m->has_head && (g->flags & PS_MB_SAMPLE);
+        segs[i] = (ps_seg){.pos = g->pos, .n = g->n, .blocks = g->blocks, .n_blocks = g->n_blocks, .n_logits = sample};
+        n_logits += sample;
+    }
     float *out = m->has_head ? s->logits : s->x_out;
-    ps_status st = ps_forward_stage(s->ctx, mb->tokens, mb->x, mb->n, mb->pos, out, sample ? 1 : 0, err, errlen);
+    ps_status st = ps_forward_segs(s->ctx, segs, mb->n_segs, mb->tokens, mb->x, out, err, errlen);
     if (st) return st;
+    const int32_t *tokens = mb->tokens;
+    for (int i = 0; i < mb->n_segs; tokens += mb->segs[i].n, i++) mark_written(s, &mb->segs[i], tokens);
     if (!m->has_head) {
         *x_out = s->x_out;
         return PS_OK;
     }
-    for (int i = 0; i < mb->n; i++) s->history[mb->pos + i] = mb->tokens[i];
-    if (!sample) return PS_OK;
-    int n_hist = mb->pos + mb->n;
-    if ((st = ps_sample(s->smp, &mb->sp, s->logits, s->history, n_hist, (uint64_t)n_hist, token)))
-        return ps_errf(err, errlen, st, "sampling failed: %s", ps_sampler_error(s->smp));
+    for (int i = 0, k = 0; i < mb->n_segs; i++) {
+        if (!segs[i].n_logits) continue;
+        s->last = s->logits + (size_t)k * m->hp.vocab;
+        if ((st = sample_seg(s, &mb->segs[i], s->last, &res[k], err, errlen))) return st;
+        k++;
+    }
+    *n_res = n_logits;
     return PS_OK;
 }

@@ -8,16 +8,21 @@
  *
  * The stage protocol (payloads of the frames of src/net/net.h, little-endian):
  *   SETUP   coordinator → worker: u64 session, i32 n_ctx, i32 max_batch, i32 max_mb,
- *           u8 activations (ps_act), str next ("" = the last stage: answer the coordinator)
+ *           u8 activations (ps_act), str next ("" = the last stage: answer the coordinator),
+ *           i32 n_blocks (the KV pool), i32 max_segs (sequences per micro-batch)
  *   READY   worker → coordinator: empty (or ERROR with the reason)
  *   FORWARD stage k → stage k+1: a micro-batch (ps_mb_encode)
- *   TOKENS  last stage → coordinator: u64 seq, u32 mb, i32 position, i32 token, u32 n_stats,
- *           then n_stats stage stats (ps_stage_stat_encode)
+ *   TOKENS  last stage → coordinator: the sampled tokens of a micro-batch (ps_result_encode)
  *   PROBE   coordinator → worker, when the ring is silent for too long: empty
  *   STATS   worker → coordinator, answering PROBE: i32 stage, u32 done (0/1), u32 mb (the
  *           latest micro-batch it finished)
  *   ERROR   worker → coordinator: u8 kind (ps_err_kind), str reason
- *   BYE     coordinator → worker: end of the session */
+ *   BYE     coordinator → worker: end of the session
+ *
+ * A session's KV cache is a pool of n_blocks blocks of PS_KV_BLOCK positions on every
+ * stage; the coordinator alone decides which blocks each sequence uses and sends the block
+ * table with every segment. A stage reads only blocks written in the session (a new
+ * session cannot read what an earlier one left). */
 #ifndef PS_STAGE_H
 #define PS_STAGE_H
 
@@ -39,7 +44,10 @@ enum { PS_ERR_KIND_SELF = 0, PS_ERR_KIND_PREV = 1, PS_ERR_KIND_NEXT = 2 };
 // ---------------------------------------------------------------------------------------
 // Micro-batches
 
-enum { PS_MB_SAMPLE = 1 }; /* the last stage samples the token after the last position */
+enum {
+    PS_MB_SAMPLE = 1,   /* the last stage samples the token after the segment's last position */
+    PS_MB_LOGPROBS = 2, /* ... and returns its log-probability and n_top others' */
+};
 
 /* What a stage did in the session so far. Each stage appends its own to the micro-batch
  * it passes on, so the counters reach the coordinator with the token, at no extra hop. */
@@ -52,32 +60,74 @@ typedef struct {
 void ps_stage_stat_encode(ps_wbuf *b, const ps_stage_stat *st);
 void ps_stage_stat_decode(ps_rbuf *r, ps_stage_stat *st);
 
-/* One sequence's positions [pos, pos + n) on their way around the ring. Writing at pos
- * discards the sequence's KV beyond it on every stage. */
+/* Most sequences in one micro-batch, and most top log-probabilities returned per token. */
+#define PS_MB_MAX_SEGS      256
+#define PS_MB_MAX_ROWS      65536 /* rows (positions) in one micro-batch */
+#define PS_MAX_TOP_LOGPROBS 20
+
+/* One sequence's positions [pos, pos + n) in a micro-batch. Writing at pos discards the
+ * sequence's KV beyond it (the next micro-batch may start anywhere up to pos + n). */
 typedef struct {
-    uint64_t seq;          /* sequence id */
-    uint32_t mb;           /* micro-batch number in the session (stats, failure reports) */
+    uint64_t seq;          /* sequence id (the coordinator's) */
     int32_t pos;           /* first position */
     int32_t n;             /* positions (>= 1) */
     uint32_t flags;        /* PS_MB_* */
+    uint32_t n_top;        /* with PS_MB_LOGPROBS: top log-probabilities to return (0..PS_MAX_TOP_LOGPROBS) */
     ps_sample_params sp;   /* used by the last stage when PS_MB_SAMPLE */
-    const int32_t *tokens; /* (n) token ids: every stage sees them, the last keeps them
-                              as the history the penalties look at */
+    int32_t n_blocks;      /* the sequence's block table: at least ceil((pos + n) / PS_KV_BLOCK) */
+    const int32_t *blocks; /* entries */
+} ps_mb_seg;
+
+/* A micro-batch: the segments of one or more sequences, their rows in segment order. */
+typedef struct {
+    uint32_t mb;           /* micro-batch number in the session (stats, failure reports) */
+    int32_t n_segs;        /* 1..PS_MB_MAX_SEGS */
+    ps_mb_seg *segs;       /* (n_segs) */
+    int32_t n;             /* rows: the sum of the segments' n */
+    const int32_t *tokens; /* (n) token ids: every stage sees them, the last keeps them as
+                              the history the penalties look at */
     const float *x;        /* (n, dim) activations entering the stage; NULL into stage 0 */
     int32_t n_stats;       /* stats of the stages it went through */
     ps_stage_stat stats[PS_SHARD_MAX_STAGES];
 } ps_mb;
 
-/* Builds a FORWARD payload in b (restarted): the fields, the tokens, the stage stats,
- * then x (n × dim f32) when x is non-NULL. The x bytes are not copied when iov is given: iov[0] gets
- * b's bytes, iov[1] the activations, for ps_conn_send_async. */
+/* Builds a FORWARD payload in b (restarted): a header (u32 mb, i32 n_segs, i32 n, u32 dim
+ * of x or 0, i32 n_stats, u32 0), per segment u64 seq, i32 pos, i32 n, u32 flags, u32 n_top,
+ * the sample parameters (f32 temperature, i32 top_k, f32 top_p, f32 min_p, f32
+ * repetition_penalty, i32 penalty_last_n, f32 presence, f32 frequency, u64 seed), i32
+ * n_blocks, u32 0 and the block table, then the tokens, the stage stats, then x (n × dim
+ * f32) when x is non-NULL. The x bytes are not copied when iov is given: iov[0] gets b's
+ * bytes, iov[1] the activations, for ps_conn_send_async. */
 void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]);
-/* The largest payload of a session's frames: a FORWARD of max_mb positions of dim-wide
- * activations with every stage's stats (and room to spare for the small messages). */
-uint32_t ps_mb_max_bytes(int dim, int max_mb);
-/* Parses a FORWARD payload; tokens and x point into it (x is NULL when it carries no
- * activations). Every count is checked against len, dim and max_n. */
-ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, ps_mb *out, char *err, size_t errlen);
+/* The largest payload of a session's frames: a FORWARD of max_mb rows of dim-wide
+ * activations in max_segs segments whose tables cover n_ctx positions, with every stage's
+ * stats (and room to spare for the small messages). */
+uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int n_ctx);
+/* Parses a FORWARD payload into *out, whose segs must have room for max_segs entries;
+ * tokens, x and the block tables point into the payload. Every count is checked against
+ * len, dim, max_n rows and max_segs. */
+ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, int max_segs, ps_mb *out, char *err,
+                       size_t errlen);
+
+/* What the last stage sampled for one segment: the token after its last position. */
+typedef struct {
+    uint64_t seq;
+    int32_t pos;    /* position of the sampled token (the segment's pos + n) */
+    int32_t token;  /* sampled id */
+    float logprob;  /* log-softmax of the raw logits at token */
+    uint32_t n_top; /* top entries below (as the segment asked) */
+    int32_t top_id[PS_MAX_TOP_LOGPROBS];
+    float top_logprob[PS_MAX_TOP_LOGPROBS];
+} ps_result;
+
+/* A TOKENS payload: u32 mb, i32 n_results, i32 n_stats, per result u64 seq, i32 pos, i32
+ * token, f32 logprob, u32 n_top and n_top × (i32 id, f32 logprob), then the stage stats. */
+void ps_result_encode(ps_wbuf *b, uint32_t mb, const ps_result *res, int n_res, const ps_stage_stat *stats,
+                      int n_stats);
+/* Parses a TOKENS payload; res has room for max_res, stats for PS_SHARD_MAX_STAGES. Token
+ * ids are checked against vocab. */
+ps_status ps_result_decode(const uint8_t *p, size_t len, int vocab, uint32_t *mb, ps_result *res, int max_res,
+                           int *n_res, ps_stage_stat *stats, int *n_stats, char *err, size_t errlen);
 
 // ---------------------------------------------------------------------------------------
 // The executor
@@ -96,17 +146,22 @@ void ps_stage_free(ps_stage *s); /* NULL is a no-op */
 const ps_model *ps_stage_model(const ps_stage *s);
 ps_pool *ps_stage_pool(ps_stage *s);
 
-/* (Re)makes the run state of a session: a context of p->n_ctx positions, and room for
- * micro-batches of up to max_mb positions. */
-ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, char *err, size_t errlen);
+/* The run state of a session on stage s: a context of p->n_ctx positions per sequence over
+ * a pool of p->n_blocks KV blocks (none of them written yet), and room for micro-batches
+ * of up to max_mb rows in max_segs segments. */
+ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int max_segs, char *err, size_t errlen);
 int ps_stage_n_ctx(const ps_stage *s);
 int ps_stage_max_mb(const ps_stage *s);
+int ps_stage_max_segs(const ps_stage *s);
 
 /* Runs a micro-batch. A stage without the head writes the activations for the next
- * stage to *x_out (n × dim, owned by s, valid until the next call). The last stage,
- * given PS_MB_SAMPLE, samples the token at position pos + n into *token (else -1). */
-ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, int32_t *token, char *err, size_t errlen);
-/* The logits the last stage's latest PS_MB_SAMPLE run sampled from (vocab floats). */
+ * stage to *x_out (n × dim, owned by s, valid until the next call). The last stage samples
+ * every segment flagged PS_MB_SAMPLE into res[0..*n_res) (room for mb->n_segs). A segment
+ * that would attend to a position its blocks have not been written at in this session is
+ * refused (PS_ERR_PROTOCOL), as is a block outside the pool. */
+ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_result *res, int *n_res, char *err,
+                       size_t errlen);
+/* The logits of the latest sampled segment (vocab floats) on the last stage. */
 const float *ps_stage_logits(const ps_stage *s);
 
 #endif

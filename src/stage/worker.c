@@ -55,18 +55,19 @@ struct worker {
     const ps_worker_opts *o;
     ps_stage *stage;
     const ps_model *m;
-    ps_hello me;       /* our hello (session filled per session) */
-    int lfd;           /* listening socket */
-    ps_conn *ctrl;     /* the coordinator's connection (NULL: no session) */
-    double ctrl_since; /* when it connected (ps_now): SETUP must follow within --timeout-ms */
-    ps_conn *in;       /* the previous stage's connection (stage 1: ctrl) */
-    ps_conn *out;      /* the next stage's connection (last stage: ctrl) */
-    bool out_failed;   /* the last error came from the next stage's connection */
-    double compute_ms; /* in forward passes, this session */
-    bool done;         /* done_mb is valid */
-    int32_t filled;    /* positions [0, filled) were computed in this session */
-    uint32_t done_mb;  /* the latest micro-batch finished */
-    ps_mb mb;          /* the one being run */
+    ps_hello me;                    /* our hello (session filled per session) */
+    int lfd;                        /* listening socket */
+    ps_conn *ctrl;                  /* the coordinator's connection (NULL: no session) */
+    double ctrl_since;              /* when it connected (ps_now): SETUP must follow within --timeout-ms */
+    ps_conn *in;                    /* the previous stage's connection (stage 1: ctrl) */
+    ps_conn *out;                   /* the next stage's connection (last stage: ctrl) */
+    bool out_failed;                /* the last error came from the next stage's connection */
+    double compute_ms;              /* in forward passes, this session */
+    bool done;                      /* done_mb is valid */
+    uint32_t done_mb;               /* the latest micro-batch finished */
+    ps_mb mb;                       /* the one being run */
+    ps_mb_seg segs[PS_MB_MAX_SEGS]; /* its segments */
+    ps_result res[PS_MB_MAX_SEGS];  /* last stage: what it sampled */
     uint64_t session;
     ps_wbuf wb; /* reusable payload buffer */
     char err[512];
@@ -201,6 +202,8 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     uint8_t act = ps_rbuf_u8(&r);
     char next[256];
     ps_rbuf_str(&r, next, sizeof next);
+    cp.n_blocks = ps_rbuf_i32(&r);
+    int max_segs = ps_rbuf_i32(&r);
     if (r.bad || r.off != len || act > PS_ACT_F32 || session == 0)
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "malformed SETUP message");
     if (!printable(next))
@@ -211,13 +214,18 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
                        "SETUP asks for %d positions in batches of %d (at most "
                        "%d and %d)",
                        cp.n_ctx, cp.max_batch, 1 << 24, 1 << 16);
+    if (cp.n_blocks < 1 || cp.n_blocks > (1 << 24) || max_segs < 1 || max_segs > PS_MB_MAX_SEGS)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                       "SETUP asks for %d KV blocks and %d sequences per micro-batch (at most %d and %d)", cp.n_blocks,
+                       max_segs, 1 << 24, PS_MB_MAX_SEGS);
     int max_ctx = w->o->max_ctx ? w->o->max_ctx : w->m->hp.ctx_train;
     if (cp.n_ctx > max_ctx)
         return ps_errf(w->err, sizeof w->err, PS_ERR_ARG,
                        "SETUP asks for %d positions; this worker serves at most %d "
                        "(--max-ctx)",
                        cp.n_ctx, max_ctx);
-    if (cp.max_batch > cp.n_ctx) cp.max_batch = cp.n_ctx; /* no forward pass is longer (same bits: invariant 1) */
+    if (cp.max_batch > (long long)cp.n_ctx * max_segs) /* no pass is longer (same bits: invariant 1) */
+        cp.max_batch = (int)((long long)cp.n_ctx * max_segs);
     cp.act = (ps_act)act;
     bool last = w->m->has_head;
     if (last != !next[0])
@@ -226,10 +234,10 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     pthread_mutex_lock(&w->mu);
     w->session = w->me.session = session;
     pthread_mutex_unlock(&w->mu);
-    w->compute_ms = 0, w->done = false, w->filled = 0;
-    ps_status s = ps_stage_begin(w->stage, &cp, max_mb, w->err, sizeof w->err);
+    w->compute_ms = 0, w->done = false;
+    ps_status s = ps_stage_begin(w->stage, &cp, max_mb, max_segs, w->err, sizeof w->err);
     if (s) return s;
-    uint32_t limit = ps_mb_max_bytes(w->m->hp.dim, max_mb);
+    uint32_t limit = ps_mb_max_bytes(w->m->hp.dim, max_mb, max_segs, cp.n_ctx);
     ps_conn_set_max_payload(w->ctrl, limit);
     ps_conn *out = w->ctrl;
     if (!last) {
@@ -250,8 +258,11 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     if (w->me.stage == 1) w->in = w->ctrl;
     pthread_mutex_unlock(&w->mu);
     ps_conn_reset_stats(w->out);
-    say(w, "session %016llx: %d positions, activations %s, micro-batches of up to %d, next %s, frames %s",
-        (unsigned long long)session, cp.n_ctx, ps_act_name(cp.act), max_mb, last ? "the coordinator" : next,
+    say(w,
+        "session %016llx: %d positions per sequence, %d KV blocks, activations %s, micro-batches of up to %d "
+        "positions in %d sequences, next %s, frames %s",
+        (unsigned long long)session, cp.n_ctx, cp.n_blocks, ps_act_name(cp.act), max_mb, max_segs,
+        last ? "the coordinator" : next,
         ps_conn_sealed(w->ctrl) ? "sealed"
         : w->o->key             ? "in the clear (both ends asked)"
                                 : "in the clear (no key)");
@@ -259,35 +270,31 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
 }
 
 /* FORWARD: runs a micro-batch and passes it on with our stats appended; the last stage
- * answers the coordinator with the token and everyone's stats. */
+ * answers the coordinator with the sampled tokens and everyone's stats. */
 static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
     if (!w->out) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch before SETUP");
     ps_mb *mb = &w->mb;
+    mb->segs = w->segs;
     int dim = w->m->hp.dim;
-    ps_status s = ps_mb_decode(p, len, dim, ps_stage_max_mb(w->stage), mb, w->err, sizeof w->err);
+    ps_status s =
+        ps_mb_decode(p, len, dim, ps_stage_max_mb(w->stage), ps_stage_max_segs(w->stage), mb, w->err, sizeof w->err);
     if (s) return s;
     if (!mb->x) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch without activations");
     for (size_t i = 0; i < (size_t)mb->n * dim; i++) /* name the stage that made them, not the sampler */
-        if (!isfinite(mb->x[i]))
+        if (!isfinite(mb->x[i])) {
+            int row = (int)(i / (size_t)dim), g = 0;
+            while (row >= mb->segs[g].n) row -= mb->segs[g++].n;
             return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
-                           "the micro-batch from stage %d carries a non-finite "
-                           "activation (%g at position %lld, element %lld)",
-                           w->me.stage - 1, (double)mb->x[i], (long long)(mb->pos + (int64_t)(i / (size_t)dim)),
-                           (long long)(i % (size_t)dim));
-    /* a micro-batch attends to every position before it: those must be this session's (the
-       context is reused across sessions, so a gap would read another session's keys, values
-       and tokens) */
-    if (mb->pos > w->filled)
-        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
-                       "micro-batch at position %d skips positions %d..%d, "
-                       "never sent in this session",
-                       mb->pos, w->filled, mb->pos - 1);
+                           "the micro-batch from stage %d carries a non-finite activation (%g at position %d, "
+                           "element %d, of sequence %llu)",
+                           w->me.stage - 1, (double)mb->x[i], mb->segs[g].pos + row, (int)(i % (size_t)dim),
+                           (unsigned long long)mb->segs[g].seq);
+        }
     double t0 = now_ms();
     const float *x = NULL;
-    int32_t tok;
-    if ((s = ps_stage_run(w->stage, mb, &x, &tok, w->err, sizeof w->err))) return s;
+    int n_res;
+    if ((s = ps_stage_run(w->stage, mb, &x, w->res, &n_res, w->err, sizeof w->err))) return s;
     w->compute_ms += now_ms() - t0;
-    w->filled = mb->pos + mb->n; /* writing at pos discards what came after it */
     /* idle threads sleep before the send: on a shared host, the receiver may run on this core */
     ps_pool_park(ps_stage_pool(w->stage));
     w->done_mb = mb->mb, w->done = true;
@@ -303,14 +310,8 @@ static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
         w->out_failed = s != PS_OK;
         return s;
     }
-    if (!(mb->flags & PS_MB_SAMPLE)) return PS_OK;
-    w->wb.len = 0;
-    ps_wbuf_u64(&w->wb, mb->seq);
-    ps_wbuf_u32(&w->wb, mb->mb);
-    ps_wbuf_i32(&w->wb, mb->pos + mb->n);
-    ps_wbuf_i32(&w->wb, tok);
-    ps_wbuf_i32(&w->wb, mb->n_stats);
-    for (int i = 0; i < mb->n_stats; i++) ps_stage_stat_encode(&w->wb, &mb->stats[i]);
+    if (!n_res) return PS_OK;
+    ps_result_encode(&w->wb, mb->mb, w->res, n_res, mb->stats, mb->n_stats);
     if (w->wb.oom) return ps_errf(w->err, sizeof w->err, PS_ERR_NOMEM, "out of memory");
     return ctrl_send(w, PS_MSG_TOKENS, w->wb.p, w->wb.len);
 }
@@ -405,7 +406,8 @@ static void adopt_peer(worker *w, handshake *h) {
         w->ctrl_since = ps_now();
         say(w, "coordinator %s connected", ps_conn_peer(c));
     } else {
-        ps_conn_set_max_payload(c, ps_mb_max_bytes(w->m->hp.dim, ps_stage_max_mb(w->stage)));
+        ps_conn_set_max_payload(c, ps_mb_max_bytes(w->m->hp.dim, ps_stage_max_mb(w->stage), ps_stage_max_segs(w->stage),
+                                                   ps_stage_n_ctx(w->stage)));
         pthread_mutex_lock(&w->mu);
         w->in = c;
         pthread_mutex_unlock(&w->mu);
