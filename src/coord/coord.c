@@ -389,7 +389,8 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
     c->max_mb = o->prefill_chunk ? o->prefill_chunk : o->max_batch;
     c->max_segs = o->max_segs ? o->max_segs : 1;
     if (c->max_mb > n_ctx * c->max_segs) c->max_mb = n_ctx * c->max_segs;
-    c->n_blocks = o->n_blocks > seq_blocks ? o->n_blocks : seq_blocks;
+    c->n_blocks = o->n_blocks ? o->n_blocks : seq_blocks * (o->parallel > 1 ? o->parallel : 1);
+    if (c->n_blocks < seq_blocks) c->n_blocks = seq_blocks;
     ps_ctx_params cp = {.n_ctx = n_ctx, .n_blocks = c->n_blocks, .max_batch = o->max_batch, .act = o->act};
     if ((s = ps_stage_begin(c->stage0, &cp, c->max_mb, c->max_segs, err, errlen))) goto fail;
     c->hist = ps_malloc((size_t)n_ctx * sizeof *c->hist);

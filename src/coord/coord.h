@@ -27,9 +27,10 @@ typedef struct {
     bool mmap;             /* map stage 0's file rather than read it into huge pages */
     int n_ctx;             /* positions; 0 = the model's context, at most 4096 */
     int max_batch;         /* tokens per forward pass */
-    int n_blocks;          /* KV blocks of PS_KV_BLOCK positions on every stage; 0 (or fewer) = one
-                              sequence of n_ctx positions */
     int max_segs;          /* sequences per micro-batch; 0 = 1 */
+    int parallel;          /* sequences held at once; 0 = 1 */
+    int n_blocks;          /* KV blocks of PS_KV_BLOCK positions on every stage; 0 = enough for
+                              `parallel` sequences of n_ctx positions (never fewer than one's) */
     int prefill_chunk;     /* positions per micro-batch; 0 = max_batch */
     ps_act act;            /* matmul arithmetic of every stage */
     const uint8_t *key;    /* 32-byte shared key, or NULL */

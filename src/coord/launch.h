@@ -26,6 +26,8 @@ typedef struct {
     int n_ctx;            /* positions; 0 = the model's, at most 4096 */
     int max_batch;        /* prompt tokens per forward pass */
     int prefill_chunk;    /* positions per micro-batch on the ring; 0 = max_batch */
+    int parallel;         /* sequences served at once (the scheduler's); 0 = 1 */
+    int kv_blocks;        /* KV blocks on every stage; 0 = enough for `parallel` full contexts */
     ps_act act;           /* matmul arithmetic of every stage */
     bool tokenizer;       /* load the model's tokenizer (false: token ids in and out) */
     ps_progress progress; /* what start-up and a long prompt are doing (fleet.h); fn NULL: none */
