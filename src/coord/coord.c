@@ -98,6 +98,7 @@ static void disconnect(ps_coord *c, bool bye) {
         v->conn = NULL;
     }
     c->connected = false;
+    c->n_pending = 0, c->got = false; /* what was in flight is lost */
 }
 
 /* Names stage k in messages: "stage 2 (10.0.0.3:7702)". */
@@ -443,6 +444,7 @@ int ps_coord_max_rows(const ps_coord *c) { return c->max_mb; }
 int ps_coord_max_segs(const ps_coord *c) { return c->max_segs; }
 int ps_coord_n_blocks(const ps_coord *c) { return c->n_blocks; }
 int ps_coord_pending(const ps_coord *c) { return c->n_pending; }
+bool ps_coord_connected(const ps_coord *c) { return c->n == 1 || c->connected; }
 const float *ps_coord_logits(const ps_coord *c) { return c->n == 1 ? ps_stage_logits(c->stage0) : NULL; }
 
 /* Runs the micro-batch in c->segs / c->toks through stage 0 and sends it on (on one stage,

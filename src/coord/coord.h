@@ -92,6 +92,9 @@ ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool 
 ps_status ps_coord_recv(ps_coord *c, ps_result *res, int *n_res, char *err, size_t errlen);
 /* Micro-batches sent whose tokens have not been received. */
 int ps_coord_pending(const ps_coord *c);
+/* Whether the workers hold a session (always, on one stage). After a failure they do not:
+ * the next send or ps_coord_connect starts a new one, whose KV cache is empty. */
+bool ps_coord_connected(const ps_coord *c);
 
 /* One sequence at a time, on blocks 0, 1, 2, ...: runs tokens[0..n) at positions
  * pos..pos+n-1 around the ring (discarding every stage's KV beyond pos) and returns the
