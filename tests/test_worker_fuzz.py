@@ -199,10 +199,10 @@ class Fleet:
     def hello(self, role=ROLE_COORD, stage=0, session=0, **over):
         k = stage if 0 <= stage < self.n else 0
         f = dict(role=role, stage=stage, stage_count=self.n, lb=self.layers[k][0], le=self.layers[k][1],
-                 n_layer=self.n_layer, model_fp=self.model_fp, shard_fp=self.fps[k], session=session)
+                 n_layer=self.n_layer, model_fp=self.model_fp, shard_fp=self.fps[k], session=session, flags=0)
         f.update(over)
         return (struct.pack("<Biiiii", f["role"], f["stage"], f["stage_count"], f["lb"], f["le"], f["n_layer"]) +
-                pstr(f["model_fp"]) + pstr(f["shard_fp"]) + struct.pack("<Q", f["session"]))
+                pstr(f["model_fp"]) + pstr(f["shard_fp"]) + struct.pack("<QI", f["session"], f["flags"]))
 
 
 FLEET = None
@@ -453,6 +453,8 @@ def case_handshake():
             ({"stage_count": 2, "stage": 0, "le": 1}, "does not match this shard"),
             ({"role": ROLE_WORKER}, "a peer of role 3 cannot connect"),
             ({"role": ROLE_PREV, "stage": 1, "session": 42}, "no session 000000000000002a here"),
+            ({"flags": 2}, "unknown flags 0x2"), ({"flags": 0x80000000}, "unknown flags 0x80000000"),
+            ({"flags": 1}, "only a worker takes shards"),
         ]
         for over, why in bad_hellos:
             attack(f"{w.name}: HELLO {over}", w, lambda c, over=over: exchange(c, FLEET.hello(**over)),
