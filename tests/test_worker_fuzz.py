@@ -76,6 +76,7 @@ GEN = ["-n", "12", "--ignore-eos", "--print-ids", "-t", "1", "--temp", "0"]
 
 HELLO, HELLO_REPLY, AUTH, WELCOME, REFUSE = 1, 2, 3, 4, 5
 SETUP, READY, FORWARD, TOKENS, STATS, ERROR, BYE, PROBE = 16, 17, 18, 19, 20, 21, 22, 23
+PLACE, PLACED, SEND_SHARD, SHARD_DATA = 24, 25, 26, 27
 ROLE_COORD, ROLE_PREV, ROLE_WORKER = 1, 2, 3
 MB_SAMPLE = 1
 # stage.c: the 72 fixed bytes of a FORWARD: seq, mb, pos, n, flags, xdim, n_stats, then the sampling
@@ -776,9 +777,14 @@ def case_frames():
                 "frame of 4294967295 bytes exceeds the limit", "exceeds the limit", setup=setup)
             run(f"len 64 KiB + 1 {tag}", lambda c: c.send(SETUP, b"", length=(64 << 10) + 1) if not setup else
                 c.send(FORWARD, b"", length=4096 + 8 * (4 + 4 * DIM) + 1), "exceeds the limit", setup=setup)
-            for typ in (0, 2, 4, 5, 15, 24, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH):
+            for typ in (0, 2, 4, 5, 15, 28, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH, PLACED, SEND_SHARD):
                 run(f"message type {typ} {tag}", lambda c, typ=typ: c.send(typ, b"abc"),
                     f"unexpected message type {typ}", f"unexpected message type {typ}", setup=setup)
+            # a worker given its --shard takes no other (test_travel.py drives --cache workers)
+            run(f"PLACE {tag}", lambda c: c.send(PLACE, b"abc"), "PLACE to a worker that serves its --shard",
+                "PLACE to a worker that serves its --shard", setup=setup)
+            run(f"SHARD_DATA {tag}", lambda c: c.send(SHARD_DATA, b"abc"), "SHARD_DATA while no shard is arriving",
+                "SHARD_DATA while no shard is arriving", setup=setup)
             run(f"version {VERSION + 1} {tag}", lambda c: c.send(PROBE, b"", version=VERSION + 1),
                 f"speaks protocol version {VERSION + 1}", setup=setup)
             run(f"bad magic {tag}", lambda c: c.send(PROBE, b"", magic=0x12345678), "bad magic 0x12345678",
