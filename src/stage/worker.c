@@ -470,12 +470,15 @@ static ps_status rx_start(worker *w, const ps_place *o, bool from_start) {
     ps_status s = ps_shard_cache_path(w->cache, o->shard_fp, true, path, sizeof path, w->err, sizeof w->err);
     if (s) return s;
     ps_shard_cache_drop_parts(w->cache, o->shard_fp); /* one transfer at a time: the others cannot resume */
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) || !S_ISREG(sb.st_mode) ||
-        ((from_start || (uint64_t)sb.st_size > o->bytes) && ftruncate(fd, 0))) {
+    /* O_NONBLOCK: a fifo planted there fails at once instead of holding the loop */
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    struct stat sb = {0};
+    int e_no = fd < 0 || fstat(fd, &sb) ? errno : 0;
+    bool odd = !e_no && !S_ISREG(sb.st_mode); /* O_NOFOLLOW refused a link; a fifo or the like is left */
+    if (!e_no && !odd && (from_start || (uint64_t)sb.st_size > o->bytes) && ftruncate(fd, 0)) e_no = errno;
+    if (e_no || odd) {
         s = ps_errf(w->err, sizeof w->err, PS_ERR_IO, "cannot write %s: %s", path,
-                    fd >= 0 && !S_ISREG(sb.st_mode) ? "not a regular file" : strerror(errno));
+                    odd ? "not a regular file" : strerror(e_no));
         if (fd >= 0) close(fd);
         return s;
     }
