@@ -131,6 +131,60 @@ ps_status ps_path_join(char *out, size_t n, const char *dir, const char *name, c
 }
 
 // ---------------------------------------------------------------------------------------
+// Sizes
+
+/* The multiplier of a size's unit (K, M, G, T, with an optional B or iB), or 0 when unit
+ * is none of those; "" and "B" are bytes. */
+static uint64_t size_unit(const char *unit) {
+    static const char letters[] = "KMGT";
+    if (!*unit || !strcmp(unit, "B") || !strcmp(unit, "b")) return 1;
+    char c = (char)(unit[0] & ~0x20); /* upper case; a space or a NUL stays no letter */
+    const char *l = c ? strchr(letters, c) : NULL;
+    if (!l) return 0;
+    const char *rest = unit + 1;
+    if (*rest && strcmp(rest, "B") && strcmp(rest, "b") && strcmp(rest, "iB") && strcmp(rest, "ib")) return 0;
+    return (uint64_t)1 << (10 * (l - letters + 1));
+}
+
+ps_status ps_size_parse(const char *s, uint64_t *out, char *err, size_t errlen) {
+    const char *p = s;
+    uint64_t whole = 0, frac = 0, frac_div = 1;
+    bool digits = false, over = false;
+    for (; *p >= '0' && *p <= '9'; p++, digits = true) {
+        uint64_t d = (uint64_t)(*p - '0');
+        over |= whole > (UINT64_MAX - d) / 10;
+        whole = whole * 10 + d;
+    }
+    if (*p == '.')
+        for (p++; *p >= '0' && *p <= '9'; p++, digits = true)
+            if (frac_div <= 100000000000000000ull) frac = frac * 10 + (uint64_t)(*p - '0'), frac_div *= 10;
+    uint64_t mult = digits ? size_unit(p) : 0;
+    if (!mult)
+        return ps_errf(err, errlen, PS_ERR_ARG, "expected a size such as 500M, 20G or a number of bytes, got '%s'", s);
+    /* whole * mult + frac * mult / frac_div, each part checked; mult is a power of two <= 2^40 */
+    over |= whole > UINT64_MAX / mult;
+    unsigned __int128 f = (unsigned __int128)frac * mult / frac_div;
+    if (!over) over = (unsigned __int128)whole * mult + f > UINT64_MAX;
+    if (over) return ps_errf(err, errlen, PS_ERR_ARG, "size '%s' is too large (at most 2^64 - 1 bytes)", s);
+    uint64_t v = whole * mult + (uint64_t)f;
+    if (!v) return ps_errf(err, errlen, PS_ERR_ARG, "size '%s' is less than one byte", s);
+    *out = v;
+    return PS_OK;
+}
+
+void ps_size_format(uint64_t bytes, char *out, size_t cap) {
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(out, cap, "%llu B", (unsigned long long)bytes);
+        return;
+    }
+    double v = (double)bytes / 1024;
+    int u = 0;
+    while (v >= 1024 && u + 1 < (int)PS_ARRAY_LEN(units)) v /= 1024, u++;
+    snprintf(out, cap, "%.1f %s", v, units[u]);
+}
+
+// ---------------------------------------------------------------------------------------
 // Allocation with failure injection
 
 static atomic_long alloc_count; /* allocations since the last ps_alloc_fail_at */

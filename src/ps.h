@@ -64,6 +64,14 @@ ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen)
  * when it does not fit. */
 ps_status ps_path_join(char *out, size_t n, const char *dir, const char *name, char *err, size_t errlen);
 
+/* Parses a size: a number of bytes, or a number (a decimal fraction allowed) followed by K, M,
+ * G or T (binary multiples: 500M = 500 × 2^20 bytes; lower case, and a trailing "B" or "iB",
+ * accepted too: 20g, 20GB, 20GiB). At least 1 byte, at most 2^64 - 1; fractions of a byte are
+ * rounded down. Anything else is PS_ERR_ARG with err saying what is expected. */
+ps_status ps_size_parse(const char *s, uint64_t *out, char *err, size_t errlen);
+/* Writes bytes as a short text with a binary unit ("512 B", "12.3 MiB", "20.0 GiB") into out. */
+void ps_size_format(uint64_t bytes, char *out, size_t cap);
+
 /* Library code allocates through these (and frees with free), so that a test can make the
  * Nth allocation fail, as SQLite's tests do: raise N until an operation completes, and
  * check that every failure before it was clean (an error, no leak, no crash). */

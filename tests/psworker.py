@@ -3,6 +3,7 @@ free port learnt through --ready-fd, its stderr in a log, killed with the test),
 report checks, and the frame header of src/net/net.h.
 
     w = Worker(bin, shard, log_path, timeout_ms=5000)   # w.addr, w.text(), w.wait_log(...), w.stop()
+    w = Worker(bin, None, log_path, name, key=KEY, cache=DIR)   # no --shard: the coordinator places it
     frame(type, payload)                                # a well-formed frame, or a bent one
 """
 import ctypes
@@ -20,7 +21,7 @@ SAN_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
 
 # net.h: 24-byte little-endian header: magic u32, version u16, type u16, flags u32, len u32, XXH3-64 u64
 MAGIC = 0x3144534E
-VERSION = 2  # PS_NET_VERSION
+VERSION = 3  # PS_NET_VERSION
 HDR = struct.Struct("<IHHIIQ")
 
 _prctl = ctypes.CDLL(None).prctl
@@ -52,17 +53,18 @@ def pstr(s):
 
 
 class Worker:
-    """`pipeshard worker` on a shard, listening on host:port (0: a free one, learnt through
-    --ready-fd) or on the Unix socket at unix_path, its stderr appended to log; `ip netns exec NS`
-    in front when netns is given, and prefix (say taskset) in front of all."""
+    """`pipeshard worker` on a shard (or, shard None, with --cache cache: the coordinator places
+    it), listening on host:port (0: a free one, learnt through --ready-fd) or on the Unix socket at
+    unix_path, its stderr appended to log; `ip netns exec NS` in front when netns is given, and
+    prefix (say taskset) in front of all."""
 
     def __init__(self, bin_path, shard, log, name, host="127.0.0.1", port=0, threads=1, timeout_ms=5000, key=None,
-                 netns=None, env=None, extra=(), prefix=(), unix_path=None):
+                 netns=None, env=None, extra=(), prefix=(), unix_path=None, cache=None):
         self.name, self.log = name, log
         r, w = os.pipe()
         listen = f"unix:{unix_path}" if unix_path else f"{host}:{port}"
-        cmd = [bin_path, "worker", "--shard", shard, "--listen", listen, "-t", str(threads),
-               "--ready-fd", str(w), "--timeout-ms", str(timeout_ms)]
+        cmd = [bin_path, "worker"] + (["--shard", shard] if shard else []) + (["--cache", cache] if cache else [])
+        cmd += ["--listen", listen, "-t", str(threads), "--ready-fd", str(w), "--timeout-ms", str(timeout_ms)]
         if key:
             cmd += ["--key-file", key]
         cmd += list(extra)

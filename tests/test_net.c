@@ -648,7 +648,8 @@ static ps_conn *run_handshake(hs_side *cl, hs_side *sv) {
 static bool hello_eq(const ps_hello *x, const ps_hello *y) {
     return x->role == y->role && x->stage == y->stage && x->stage_count == y->stage_count &&
            x->layer_begin == y->layer_begin && x->layer_end == y->layer_end && x->n_layer == y->n_layer &&
-           strcmp(x->model_fp, y->model_fp) == 0 && strcmp(x->shard_fp, y->shard_fp) == 0 && x->session == y->session;
+           strcmp(x->model_fp, y->model_fp) == 0 && strcmp(x->shard_fp, y->shard_fp) == 0 && x->session == y->session &&
+           x->flags == y->flags;
 }
 
 static void test_handshake_ok(const uint8_t *key) {
@@ -886,9 +887,37 @@ static void test_handshake_refusals(void) {
     PS_CHECK_EQ_INT(ps_net_handshake_client(a, NULL, &cl.mine, NULL, NULL, 0, 100, NULL, cl.err, sizeof cl.err),
                     PS_ERR_ARG);
     CHECK_STR(cl.err, "our own hello is invalid: layer range [0, 31) does not fit a model of 30 layers");
+    /* flags: none but PS_HELLO_TAKES_SHARDS, and that one only from a worker */
+    cl.mine.layer_end = 10;
+    cl.mine.flags = 2;
+    PS_CHECK_EQ_INT(ps_net_handshake_client(a, NULL, &cl.mine, NULL, NULL, 0, 100, NULL, cl.err, sizeof cl.err),
+                    PS_ERR_ARG);
+    CHECK_STR(cl.err, "our own hello is invalid: unknown flags 0x2");
+    cl.mine.flags = PS_HELLO_TAKES_SHARDS;
+    PS_CHECK_EQ_INT(ps_net_handshake_client(a, NULL, &cl.mine, NULL, NULL, 0, 100, NULL, cl.err, sizeof cl.err),
+                    PS_ERR_ARG);
+    CHECK_STR(cl.err, "our own hello is invalid: only a worker takes shards");
     ps_conn_free(a);
     ps_conn_free(b);
 #undef RESET
+}
+
+/* A worker started with --cache and no shard yet: stage 0 of 1 over no layers, empty
+ * fingerprints, PS_HELLO_TAKES_SHARDS; the coordinator sees all of it. */
+static void test_handshake_takes_shards(void) {
+    uint8_t key[32];
+    memset(key, 7, sizeof key);
+    hs_side cl = {.key = key, .mine = hello_of(PS_ROLE_COORD, 0, 0, 10)};
+    hs_side sv = {.key = key, .mine = {.role = PS_ROLE_WORKER, .stage_count = 1, .flags = PS_HELLO_TAKES_SHARDS}};
+    ps_conn *a = run_handshake(&cl, &sv);
+    PS_CHECK_OK(cl.st);
+    PS_CHECK_OK(sv.st);
+    PS_CHECK(hello_eq(&cl.peer, &sv.mine));
+    PS_CHECK_EQ_INT(cl.peer.flags, PS_HELLO_TAKES_SHARDS);
+    PS_CHECK(cl.peer.n_layer == 0 && cl.peer.layer_end == 0 && !cl.peer.model_fp[0] && !cl.peer.shard_fp[0]);
+    PS_CHECK_EQ_INT(sv.peer.flags, 0);
+    ps_conn_free(a);
+    ps_conn_free(sv.c);
 }
 
 /* The exact lines of a refusal on both sides, for one case. */
@@ -947,14 +976,18 @@ static void test_handshake_stale_and_malformed(void) {
         uint8_t role;
         int32_t stage, count, begin, end, n_layer;
         const char *fp;
+        uint32_t flags;
         const char *why;
     } bad[] = {
-        {9, 0, 1, 0, 1, 1, "", "malformed HELLO: unknown role 9"},
-        {1, 3, 3, 0, 1, 1, "", "malformed HELLO: stage 3 of 3 is out of range"},
-        {1, 0, 1, 5, 4, 10, "", "malformed HELLO: layer range [5, 4) does not fit a model of 10 layers"},
-        {1, 0, 1, 0, 1, 1, "0123", "malformed HELLO: model fingerprint is not 32 hex digits"},
-        {1, 0, 1, 0, 1, 1, "0123456789abcdef0123456789abcdeg",
+        {9, 0, 1, 0, 1, 1, "", 0, "malformed HELLO: unknown role 9"},
+        {1, 3, 3, 0, 1, 1, "", 0, "malformed HELLO: stage 3 of 3 is out of range"},
+        {1, 0, 1, 5, 4, 10, "", 0, "malformed HELLO: layer range [5, 4) does not fit a model of 10 layers"},
+        {1, 0, 1, 0, 1, 1, "0123", 0, "malformed HELLO: model fingerprint is not 32 hex digits"},
+        {1, 0, 1, 0, 1, 1, "0123456789abcdef0123456789abcdeg", 0,
          "malformed HELLO: model fingerprint is not 32 hex digits"},
+        {3, 0, 1, 0, 0, 0, "", 0x80000001u, "malformed HELLO: unknown flags 0x80000000"},
+        {1, 0, 1, 0, 1, 1, "", PS_HELLO_TAKES_SHARDS, "malformed HELLO: only a worker takes shards"},
+        {2, 0, 1, 0, 1, 1, "", PS_HELLO_TAKES_SHARDS, "malformed HELLO: only a worker takes shards"},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(bad); i++) {
         if (!make_pair(&a, &b)) return;
@@ -968,6 +1001,7 @@ static void test_handshake_stale_and_malformed(void) {
         ps_wbuf_str(&w, bad[i].fp);
         ps_wbuf_str(&w, "");
         ps_wbuf_u64(&w, 0);
+        ps_wbuf_u32(&w, bad[i].flags);
         uint8_t nonce[32] = {0};
         ps_wbuf_bytes(&w, nonce, 32);
         ps_wbuf_u8(&w, 0);
@@ -1269,6 +1303,7 @@ int main(void) {
     test_handshake_transcript();
     test_plain_frames();
     test_handshake_refusals();
+    test_handshake_takes_shards();
     test_handshake_messages();
     test_handshake_stale_and_malformed();
     test_link_timing();

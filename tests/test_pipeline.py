@@ -406,7 +406,7 @@ def hello_payload(fleet):
     j = load_json(fleet)
     st0 = j["stages"][0]
     return (struct.pack("<Biiiii", 1, 0, len(j["stages"]), st0["layers"][0], st0["layers"][1], j["n_layer"]) +
-            pstr(j["model_fingerprint"]) + pstr(st0["fingerprint"]) + struct.pack("<Q", 12345) + os.urandom(32) + b"\0")
+            pstr(j["model_fingerprint"]) + pstr(st0["fingerprint"]) + struct.pack("<QI", 12345, 0) + os.urandom(32) + b"\0")
 
 
 def refused(p, coord_says, worker, worker_says, what):
@@ -616,7 +616,7 @@ class FakeWorker:
         j = load_json(fleet)
         st = j["stages"][k]
         self.hello = (struct.pack("<Biiiii", 3, k, len(j["stages"]), st["layers"][0], st["layers"][1], j["n_layer"]) +
-                      pstr(j["model_fingerprint"]) + pstr(st["fingerprint"]) + struct.pack("<Q", 0))
+                      pstr(j["model_fingerprint"]) + pstr(st["fingerprint"]) + struct.pack("<QI", 0, 0))
         self.t = threading.Thread(target=self.serve, args=(script, handshake), daemon=True)
         self.t.start()
 

@@ -76,6 +76,7 @@ GEN = ["-n", "12", "--ignore-eos", "--print-ids", "-t", "1", "--temp", "0"]
 
 HELLO, HELLO_REPLY, AUTH, WELCOME, REFUSE = 1, 2, 3, 4, 5
 SETUP, READY, FORWARD, TOKENS, STATS, ERROR, BYE, PROBE = 16, 17, 18, 19, 20, 21, 22, 23
+PLACE, PLACED, SEND_SHARD, SHARD_DATA = 24, 25, 26, 27
 ROLE_COORD, ROLE_PREV, ROLE_WORKER = 1, 2, 3
 MB_SAMPLE = 1
 KV_BLOCK = 32  # PS_KV_BLOCK
@@ -203,10 +204,10 @@ class Fleet:
     def hello(self, role=ROLE_COORD, stage=0, session=0, **over):
         k = stage if 0 <= stage < self.n else 0
         f = dict(role=role, stage=stage, stage_count=self.n, lb=self.layers[k][0], le=self.layers[k][1],
-                 n_layer=self.n_layer, model_fp=self.model_fp, shard_fp=self.fps[k], session=session)
+                 n_layer=self.n_layer, model_fp=self.model_fp, shard_fp=self.fps[k], session=session, flags=0)
         f.update(over)
         return (struct.pack("<Biiiii", f["role"], f["stage"], f["stage_count"], f["lb"], f["le"], f["n_layer"]) +
-                pstr(f["model_fp"]) + pstr(f["shard_fp"]) + struct.pack("<Q", f["session"]))
+                pstr(f["model_fp"]) + pstr(f["shard_fp"]) + struct.pack("<QI", f["session"], f["flags"]))
 
 
 FLEET = None
@@ -482,6 +483,8 @@ def case_handshake():
             ({"stage_count": 2, "stage": 0, "le": 1}, "does not match this shard"),
             ({"role": ROLE_WORKER}, "a peer of role 3 cannot connect"),
             ({"role": ROLE_PREV, "stage": 1, "session": 42}, "no session 000000000000002a here"),
+            ({"flags": 2}, "unknown flags 0x2"), ({"flags": 0x80000000}, "unknown flags 0x80000000"),
+            ({"flags": 1}, "only a worker takes shards"),
         ]
         for over, why in bad_hellos:
             attack(f"{w.name}: HELLO {over}", w, lambda c, over=over: exchange(c, FLEET.hello(**over)),
@@ -821,9 +824,14 @@ def case_frames():
                 "frame of 4294967295 bytes exceeds the limit", "exceeds the limit", setup=setup)
             run(f"len 64 KiB + 1 {tag}", lambda c: c.send(SETUP, b"", length=(64 << 10) + 1) if not setup else
                 c.send(FORWARD, b"", length=mb_max_bytes(DIM, 8, 2, 64) + 1), "exceeds the limit", setup=setup)
-            for typ in (0, 2, 4, 5, 15, 24, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH):
+            for typ in (0, 2, 4, 5, 15, 28, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH, PLACED, SEND_SHARD):
                 run(f"message type {typ} {tag}", lambda c, typ=typ: c.send(typ, b"abc"),
                     f"unexpected message type {typ}", f"unexpected message type {typ}", setup=setup)
+            # a worker given its --shard takes no other (test_travel.py drives --cache workers)
+            run(f"PLACE {tag}", lambda c: c.send(PLACE, b"abc"), "PLACE to a worker that serves its --shard",
+                "PLACE to a worker that serves its --shard", setup=setup)
+            run(f"SHARD_DATA {tag}", lambda c: c.send(SHARD_DATA, b"abc"), "SHARD_DATA while no shard is arriving",
+                "SHARD_DATA while no shard is arriving", setup=setup)
             run(f"version {VERSION + 1} {tag}", lambda c: c.send(PROBE, b"", version=VERSION + 1),
                 f"speaks protocol version {VERSION + 1}", setup=setup)
             run(f"bad magic {tag}", lambda c: c.send(PROBE, b"", magic=0x12345678), "bad magic 0x12345678",

@@ -344,20 +344,21 @@ static void install_signals(void) {
 
 /* The progress line on stderr, drawn only on a terminal. */
 typedef struct {
-    bool show;        /* stderr is a terminal */
-    bool open;        /* a line is on the screen, to be cleared before anything else */
-    int pct;          /* the percentage drawn last (-1: none) */
-    const char *what; /* what was drawn last */
+    bool show;      /* stderr is a terminal */
+    bool open;      /* a line is on the screen, to be cleared before anything else */
+    int pct;        /* the percentage drawn last (-1: none) */
+    char what[256]; /* what was drawn last (a copy: a caller may reuse its buffer for another text) */
 } progress_line;
 
 /* ps_progress callback: rewrites one stderr line in place ("splitting model into 2 stages:
- * 43%", "starting 1 worker", "loading model", "prompt: 512/1024 tokens"). */
+ * 43%", "starting 1 worker", "loading model", "sending stage 1's shard to HOST:PORT: 43%",
+ * "prompt: 512/1024 tokens"). */
 static void on_progress(void *ctx, const char *what, uint64_t done, uint64_t total) {
     progress_line *p = ctx;
     if (!p->show) return;
     bool prompt = !strcmp(what, "prompt");
     int pct = total && !prompt ? (int)(100 * done / total) : -1;
-    if (!prompt && p->open && p->what == what && pct == p->pct) return; /* nothing new to draw */
+    if (!prompt && p->open && !strcmp(p->what, what) && pct == p->pct) return; /* nothing new to draw */
     if (prompt)
         fprintf(stderr, "\r\033[K%s: %llu/%llu tokens", what, (unsigned long long)done, (unsigned long long)total);
     else if (pct >= 0)
@@ -365,7 +366,8 @@ static void on_progress(void *ctx, const char *what, uint64_t done, uint64_t tot
     else
         fprintf(stderr, "\r\033[K%s", what);
     fflush(stderr);
-    p->open = true, p->pct = pct, p->what = what;
+    p->open = true, p->pct = pct;
+    snprintf(p->what, sizeof p->what, "%s", what);
     atomic_store(&run_line_open, true);
 }
 

@@ -1,4 +1,5 @@
-/* worker.c - `pipeshard worker`: serve one shard on a TCP port. */
+/* worker.c - `pipeshard worker`: serve one shard on a TCP port (or a Unix socket), given as a
+ * file or placed by the coordinator into a cache. */
 #include "../stage/worker.h"
 
 #include <signal.h>
@@ -19,7 +20,13 @@ static void worker_usage(FILE *f) {
     fprintf(
         f,
         "usage: pipeshard worker --shard FILE --listen HOST:PORT [options]\n"
+        "       pipeshard worker --cache DIR --key-file F --listen HOST:PORT [--max-disk SIZE] [options]\n"
         "  --shard FILE              shard of stage 1 or later, written by `pipeshard split`\n"
+        "  --cache DIR               instead of --shard: take the shard the coordinator names (sent over the\n"
+        "                            connection, checked against its fingerprint) and keep it in DIR for the\n"
+        "                            next session and the next start (DIR is created; needs --key-file)\n"
+        "  --max-disk SIZE           with --cache: the most DIR's shards may take, e.g. 500M, 20G or bytes;\n"
+        "                            least recently used shards go first (default: the free space)\n"
         "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr);\n"
         "                            unix:PATH = a Unix socket, for a coordinator on this host\n"
         "  -t, --threads N           compute threads (default: all cores)\n"
@@ -35,7 +42,8 @@ static void worker_usage(FILE *f) {
         "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
         "  --timeout-ms MS           handshakes and frame transfers time out after MS (default 30000)\n"
         "  --max-ctx N               most positions a session may ask for (default: the model's trained context)\n"
-        "  --no-verify               skip recomputing the shard's fingerprint at start-up\n"
+        "  --no-verify               skip recomputing the shard's fingerprint at start-up (with --cache: of a\n"
+        "                            cached shard when it is placed; a shard received is always checked)\n"
         "  --ready-fd N              (for --local-stages) write the port (or the unix: address) to file\n"
         "                            descriptor N once listening\n");
 }
@@ -53,6 +61,33 @@ static bool listen_ok(const char *addr) {
     else
         fprintf(stderr, "pipeshard worker: --listen expects HOST:PORT or unix:PATH: %s\n", err);
     return false;
+}
+
+/* Whether --max-disk's value is a size; false after saying what is expected. */
+static bool max_disk_ok(const char *v, uint64_t *out) {
+    char err[256];
+    if (!ps_size_parse(v, out, err, sizeof err)) return true;
+    fprintf(stderr, "pipeshard worker: --max-disk: %s\n", err);
+    return false;
+}
+
+/* Whether the flags say where the shard comes from: --shard FILE, or --cache DIR with
+ * --key-file (only a coordinator that proves the key may place a shard on this machine);
+ * false after saying what is wrong. */
+static bool shard_flags_ok(const ps_worker_opts *o, const char *key_file) {
+    const char *why = NULL;
+    if (o->shard && o->cache)
+        why = "--shard and --cache are one or the other: --shard FILE serves that file, --cache DIR takes the "
+              "shard the coordinator sends";
+    else if (!o->shard && !o->cache)
+        why = "no shard given (--shard FILE, or --cache DIR to take it from the coordinator)";
+    else if (o->cache && !key_file)
+        why = "--cache needs --key-file: only a coordinator that holds the key may place a shard on this machine "
+              "(`pipeshard keygen -o KEY` writes one)";
+    else if (o->max_disk && !o->cache)
+        why = "--max-disk bounds the --cache directory: it needs --cache DIR";
+    if (why) fprintf(stderr, "pipeshard worker: %s\n", why);
+    return !why;
 }
 
 int ps_cli_worker(int argc, char **argv) {
@@ -76,9 +111,9 @@ int ps_cli_worker(int argc, char **argv) {
             *switches[k].field = switches[k].value;
             continue;
         }
-        static const char *const valued[] = {"--shard",   "--listen",         "--key-file",           "-t",
-                                             "--threads", "--sim-latency-ms", "--sim-bandwidth-mbps", "--timeout-ms",
-                                             "--max-ctx", "--ready-fd"};
+        static const char *const valued[] = {
+            "--shard",   "--cache",          "--max-disk",           "--listen",     "--key-file", "-t",
+            "--threads", "--sim-latency-ms", "--sim-bandwidth-mbps", "--timeout-ms", "--max-ctx",  "--ready-fd"};
         size_t j = 0;
         while (j < PS_ARRAY_LEN(valued) && strcmp(a, valued[j])) j++;
         if (j == PS_ARRAY_LEN(valued)) {
@@ -93,6 +128,10 @@ int ps_cli_worker(int argc, char **argv) {
         if (!ok) return 2;
         if (!strcmp(a, "--shard"))
             o.shard = v;
+        else if (!strcmp(a, "--cache"))
+            o.cache = v;
+        else if (!strcmp(a, "--max-disk"))
+            ok = max_disk_ok(v, &o.max_disk);
         else if (!strcmp(a, "--listen"))
             o.listen = v;
         else if (!strcmp(a, "--key-file"))
@@ -111,9 +150,9 @@ int ps_cli_worker(int argc, char **argv) {
             ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
         if (!ok) return 2;
     }
-    if (!o.shard || !o.listen) {
-        fprintf(stderr, "pipeshard worker: %s\n",
-                !o.shard ? "no shard given (--shard FILE)" : "no address given (--listen HOST:PORT)");
+    if (!shard_flags_ok(&o, key_file)) return 2;
+    if (!o.listen) {
+        fprintf(stderr, "pipeshard worker: no address given (--listen HOST:PORT)\n");
         return 2;
     }
     char err[1024] = "";

@@ -2,12 +2,16 @@
 #include "coord.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../stage/stage.h"
 
@@ -52,7 +56,12 @@ struct ps_coord {
     stage_view st[PS_SHARD_MAX_STAGES];
     ps_wbuf wb;
     char err[600];
+    char what[320]; /* the progress line of a shard being sent */
 };
+
+/* A worker takes this long at most to check and load a shard of B bytes after its last
+ * byte (or from its cache): timeout_ms plus B at 50 MB/s. */
+#define PLACE_BYTES_PER_MS 50000.0
 
 static double now_ms(void) { return ps_now() * 1e3; }
 
@@ -63,12 +72,12 @@ static double now_ms(void) { return ps_now() * 1e3; }
 typedef struct {
     const ps_coord *c;
     int k;
+    bool place; /* the worker takes shards and holds another: place stage k's on it */
 } expect;
 
-static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t errlen) {
-    const expect *e = ctx;
+/* Whether worker p serves stage k's shard as fleet.json describes it. */
+static ps_status shard_differs(const expect *e, const ps_hello *p, char *err, size_t errlen) {
     const ps_fleet_stage *fs = &e->c->fleet.stages[e->k];
-    if (p->role != PS_ROLE_WORKER) return ps_errf(err, errlen, PS_ERR_ARG, "the peer is not a worker");
     if (strcmp(p->model_fp, e->c->fleet.model_fp))
         return ps_errf(err, errlen, PS_ERR_ARG,
                        "the worker serves a shard of another model (fingerprint %s; "
@@ -85,6 +94,16 @@ static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t er
                        "%s (split again?)",
                        e->k, p->shard_fp, fs->fingerprint);
     return PS_OK;
+}
+
+/* A worker that serves stage k's shard, or takes shards (PS_HELLO_TAKES_SHARDS): then it
+ * gets stage k's before SETUP (e->place) unless it holds it already. */
+static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t errlen) {
+    expect *e = ctx;
+    if (p->role != PS_ROLE_WORKER) return ps_errf(err, errlen, PS_ERR_ARG, "the peer is not a worker");
+    ps_status s = shard_differs(e, p, err, errlen);
+    e->place = s && (p->flags & PS_HELLO_TAKES_SHARDS);
+    return e->place ? PS_OK : s;
 }
 
 /* Closes every worker connection (after telling them the session is over, when asked).
@@ -107,6 +126,117 @@ static const char *stage_name(const ps_coord *c, int k, char *buf, size_t cap) {
     return buf;
 }
 
+/* Reads n bytes at off of fd into buf; false when the file ends first or fails (errno). */
+static bool pread_all(int fd, uint8_t *buf, size_t n, uint64_t off) {
+    for (size_t got = 0; got < n;) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r == 0) errno = 0;
+            return false;
+        }
+        got += (size_t)r;
+    }
+    return true;
+}
+
+/* Sends bytes [from, size) of stage k's shard file (fd) in SHARD_DATA frames, reporting the
+ * progress. Stops early, with PS_OK, when the worker says something meanwhile (an ERROR:
+ * the caller reads it). */
+static ps_status send_shard(ps_coord *c, int k, int fd, uint64_t from, uint64_t size, const char *name) {
+    stage_view *v = &c->st[k];
+    const char *path = c->fleet.stages[k].shard;
+    char e[500];
+    uint8_t *buf = ps_malloc(PS_SHARD_CHUNK);
+    if (!buf) return ps_errf(c->err, sizeof c->err, PS_ERR_NOMEM, "out of memory");
+    snprintf(c->what, sizeof c->what, "sending stage %d's shard to %s", k, c->fleet.stages[k].address);
+    ps_status s = PS_OK;
+    for (uint64_t off = from; off < size && !s;) {
+        size_t n = size - off < PS_SHARD_CHUNK ? (size_t)(size - off) : PS_SHARD_CHUNK;
+        struct pollfd pfd = {ps_conn_fd(v->conn), POLLIN, 0};
+        if (poll(&pfd, 1, 0) > 0) break; /* the worker answers early: an ERROR */
+        if (!pread_all(fd, buf, n, off)) {
+            s = ps_errf(c->err, sizeof c->err, PS_ERR_IO, "cannot read %s to send it to %s: %s", path, name,
+                        errno ? strerror(errno) : "the file is shorter than when the transfer began");
+            break;
+        }
+        struct iovec iov = {buf, n};
+        if ((s = ps_conn_send(v->conn, PS_MSG_SHARD_DATA, &iov, 1, c->o.timeout_ms, e, sizeof e))) {
+            ps_errf(c->err, sizeof c->err, s, "%s: %s", name, e);
+            break;
+        }
+        off += n;
+        ps_progress_report(&c->o.progress, c->what, off, size);
+    }
+    free(buf);
+    return s;
+}
+
+/* Places stage k's shard on its worker, which takes shards and holds another: PLACE, then
+ * the bytes it asks for (SEND_SHARD, at most twice: a resumed file that fails its check is
+ * asked for again from the start), until it answers PLACED. */
+static ps_status place_stage(ps_coord *c, int k, const char *name) {
+    stage_view *v = &c->st[k];
+    const ps_fleet_stage *fs = &c->fleet.stages[k];
+    char e[500];
+    struct stat sb = {0};
+    int fd = open(fs->shard, O_RDONLY | O_CLOEXEC);
+    int open_err = fd < 0 || fstat(fd, &sb) ? errno : 0;
+    if (open_err || sb.st_size <= 0) {
+        ps_errf(c->err, sizeof c->err, PS_ERR_IO, "cannot send stage %d's shard %s to %s: %s", k, fs->shard, name,
+                open_err ? strerror(open_err) : "the file is empty");
+        if (fd >= 0) close(fd);
+        return PS_ERR_IO;
+    }
+    ps_place pl = {.stage = k,
+                   .stage_count = c->n,
+                   .layer_begin = fs->layer_begin,
+                   .layer_end = fs->layer_end,
+                   .n_layer = c->fleet.n_layer,
+                   .bytes = (uint64_t)sb.st_size};
+    snprintf(pl.model_fp, sizeof pl.model_fp, "%s", c->fleet.model_fp);
+    snprintf(pl.shard_fp, sizeof pl.shard_fp, "%s", fs->fingerprint);
+    ps_place_encode(&c->wb, &pl);
+    struct iovec iov = {c->wb.p, c->wb.len};
+    double wait = c->o.timeout_ms + (double)pl.bytes / PLACE_BYTES_PER_MS;
+    int wait_ms = wait > INT_MAX ? INT_MAX : (int)wait;
+    ps_status s = c->wb.oom ? ps_errf(e, sizeof e, PS_ERR_NOMEM, "out of memory")
+                            : ps_conn_send(v->conn, PS_MSG_PLACE, &iov, 1, c->o.timeout_ms, e, sizeof e);
+    bool sent = false;
+    for (int asks = 0; !s;) {
+        uint16_t type;
+        const uint8_t *p;
+        uint32_t len;
+        if ((s = ps_conn_recv(v->conn, wait_ms, &type, &p, &len, e, sizeof e))) break;
+        ps_rbuf r = {.p = p, .len = len};
+        if (type == PS_MSG_PLACED && len == 0) break;
+        if (type == PS_MSG_ERROR) {
+            ps_rbuf_u8(&r);
+            ps_rbuf_str(&r, e, sizeof e);
+            ps_printable(e);
+            s = ps_errf(c->err, sizeof c->err, PS_ERR_NET,
+                        sent ? "%s: the shard sent was refused: %s" : "%s cannot take its shard: %s", name,
+                        r.bad ? "(malformed error message)" : e);
+            close(fd);
+            return s;
+        }
+        uint64_t from = ps_rbuf_u64(&r);
+        if (type != PS_MSG_SEND_SHARD || r.bad || r.off != len || from > pl.bytes || ++asks > 2) {
+            s = ps_errf(e, sizeof e, PS_ERR_PROTOCOL, "answered PLACE with message type %u (%u bytes)%s", type, len,
+                        asks > 2 ? ", asking for the shard a third time" : "");
+            break;
+        }
+        sent = true;
+        if ((s = send_shard(c, k, fd, from, pl.bytes, name))) {
+            close(fd);
+            return s;
+        }
+    }
+    close(fd);
+    if (s) return ps_errf(c->err, sizeof c->err, s, "%s: %s", name, e);
+    return PS_OK;
+}
+
 /* Connects, authenticates and sets up worker k; its next stage is already set up. */
 static ps_status connect_stage(ps_coord *c, int k) {
     stage_view *v = &c->st[k];
@@ -115,13 +245,14 @@ static ps_status connect_stage(ps_coord *c, int k) {
     stage_name(c, k, name, sizeof name);
     char e[500];
     ps_status s = ps_net_dial(fs->address, c->o.timeout_ms, &v->conn, e, sizeof e);
-    expect ex = {c, k};
+    expect ex = {c, k, false};
     ps_hello peer;
     uint32_t limit = ps_mb_max_bytes(ps_stage_model(c->stage0)->hp.dim, c->max_mb, c->max_segs, ps_coord_n_ctx(c));
     if (!s)
         s = ps_net_handshake_client(v->conn, c->o.key, &c->me, check_worker, &ex, limit, c->o.timeout_ms, &peer, e,
                                     sizeof e);
     if (s) return ps_errf(c->err, sizeof c->err, s, "%s: %s", name, e);
+    if (ex.place && (s = place_stage(c, k, name))) return s;
     c->wb.len = 0;
     ps_wbuf_u64(&c->wb, c->me.session);
     ps_wbuf_i32(&c->wb, ps_stage_n_ctx(c->stage0));

@@ -10,13 +10,13 @@
 #define ROOT_HASH 0x9e3779b97f4a7c15ull /* the parent hash of a sequence's first block */
 
 typedef struct {
-    int32_t ref;           /* sequences using the block */
-    bool hashed;           /* hash and parent are set (the block was full when published) */
-    bool published;        /* in the hash table */
-    uint64_t hash;         /* of (parent's hash, the block's tokens) */
-    int32_t parent;        /* the published block before it in its prefix (NONE for the first) */
-    int32_t canon;         /* hashed: itself when published, else its published twin */
-    int32_t hnext;         /* next in its hash bucket */
+    int32_t ref;                /* sequences using the block */
+    bool hashed;                /* hash and parent are set (the block was full when published) */
+    bool published;             /* in the hash table */
+    uint64_t hash;              /* of (parent's hash, the block's tokens) */
+    int32_t parent;             /* the published block before it in its prefix (NONE for the first) */
+    int32_t canon;              /* hashed: itself when published, else its published twin */
+    int32_t hnext;              /* next in its hash bucket */
     int32_t lru_prev, lru_next; /* in the LRU list (published, ref 0), oldest first */
     int32_t next_free;
 } blk;
@@ -24,10 +24,10 @@ typedef struct {
 struct ps_kv {
     int n;
     bool prefix;
-    blk *b;                /* (n) */
-    int32_t *tok;          /* (n, PS_KV_BLOCK) the tokens of hashed blocks */
-    int32_t *bucket;       /* (n_buckets) first block of each hash bucket */
-    uint32_t mask;         /* n_buckets - 1 */
+    blk *b;          /* (n) */
+    int32_t *tok;    /* (n, PS_KV_BLOCK) the tokens of hashed blocks */
+    int32_t *bucket; /* (n_buckets) first block of each hash bucket */
+    uint32_t mask;   /* n_buckets - 1 */
     int32_t free_head;
     int n_free;
     int32_t lru_head, lru_tail;
@@ -77,10 +77,14 @@ void ps_kv_reset(ps_kv *kv) {
 
 static void lru_unlink(ps_kv *kv, int32_t i) {
     blk *b = &kv->b[i];
-    if (b->lru_prev != NONE) kv->b[b->lru_prev].lru_next = b->lru_next;
-    else kv->lru_head = b->lru_next;
-    if (b->lru_next != NONE) kv->b[b->lru_next].lru_prev = b->lru_prev;
-    else kv->lru_tail = b->lru_prev;
+    if (b->lru_prev != NONE)
+        kv->b[b->lru_prev].lru_next = b->lru_next;
+    else
+        kv->lru_head = b->lru_next;
+    if (b->lru_next != NONE)
+        kv->b[b->lru_next].lru_prev = b->lru_prev;
+    else
+        kv->lru_tail = b->lru_prev;
     b->lru_prev = b->lru_next = NONE;
     kv->n_cached--;
 }
@@ -88,8 +92,10 @@ static void lru_unlink(ps_kv *kv, int32_t i) {
 static void lru_push(ps_kv *kv, int32_t i) {
     blk *b = &kv->b[i];
     b->lru_prev = kv->lru_tail, b->lru_next = NONE;
-    if (kv->lru_tail != NONE) kv->b[kv->lru_tail].lru_next = i;
-    else kv->lru_head = i;
+    if (kv->lru_tail != NONE)
+        kv->b[kv->lru_tail].lru_next = i;
+    else
+        kv->lru_head = i;
     kv->lru_tail = i;
     kv->n_cached++;
 }

@@ -2,7 +2,7 @@
  *
  * Payloads (little-endian, ps_wbuf/ps_rbuf encoding; str = u32 length + bytes, no NUL):
  *   hello        u8 role, i32 stage, i32 stage_count, i32 layer_begin, i32 layer_end,
- *                i32 n_layer, str model_fp, str shard_fp, u64 session
+ *                i32 n_layer, str model_fp, str shard_fp, u64 session, u32 flags
  *   HELLO        hello, nonce_c[32], u8 has_key
  *   HELLO_REPLY  hello, nonce_s[32], u8 has_key, proof_s[32]
  * has_key: 0 no key, 1 a key, 2 a key and frames in the clear asked for (ps_hello.plain).
@@ -12,8 +12,10 @@
  *                when the refusal is about keys or proofs
  * Every payload must be consumed exactly (trailing bytes are an error). A received hello
  * must have a known role, 0 <= stage < stage_count, 0 <= layer_begin <= layer_end <=
- * n_layer, and fingerprints that are empty or exactly 32 hex digits; has_key is 0, 1 or 2,
- * and a proof without a key is all zero.
+ * n_layer, fingerprints that are empty or exactly 32 hex digits, and no flag but
+ * PS_HELLO_TAKES_SHARDS, and that one only from a worker; has_key is 0, 1 or 2, and a proof
+ * without a key is all zero. A worker started with --cache and no shard loaded yet says
+ * stage 0 of 1, layers 0..0 of 0, empty fingerprints and PS_HELLO_TAKES_SHARDS.
  *
  * Keys never appear in messages; proofs are compared with crypto_auth_verify (constant
  * time). The nonces make every proof fresh, the distinct labels keep a server's proof from
@@ -196,6 +198,7 @@ static void hello_put(ps_wbuf *b, const ps_hello *h) {
     ps_wbuf_str(b, h->model_fp);
     ps_wbuf_str(b, h->shard_fp);
     ps_wbuf_u64(b, h->session);
+    ps_wbuf_u32(b, h->flags);
 }
 
 /* Reads a hello (bad set when it is cut short or a fingerprint is too long). */
@@ -210,6 +213,7 @@ static void hello_get(ps_rbuf *r, ps_hello *h) {
     ps_rbuf_str(r, h->model_fp, sizeof h->model_fp);
     ps_rbuf_str(r, h->shard_fp, sizeof h->shard_fp);
     h->session = ps_rbuf_u64(r);
+    h->flags = ps_rbuf_u32(r);
 }
 
 /* A fingerprint: empty or exactly 32 hex digits (NUL-terminated within 33 bytes). */
@@ -236,6 +240,10 @@ static bool hello_valid(const ps_hello *h, char *why, size_t cap) {
         snprintf(why, cap, "model fingerprint is not 32 hex digits");
     else if (!fp_ok(h->shard_fp))
         snprintf(why, cap, "shard fingerprint is not 32 hex digits");
+    else if (h->flags & ~(uint32_t)PS_HELLO_TAKES_SHARDS)
+        snprintf(why, cap, "unknown flags 0x%" PRIx32, h->flags & ~(uint32_t)PS_HELLO_TAKES_SHARDS);
+    else if ((h->flags & PS_HELLO_TAKES_SHARDS) && h->role != PS_ROLE_WORKER)
+        snprintf(why, cap, "only a worker takes shards");
     else
         return true;
     return false;

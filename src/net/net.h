@@ -20,8 +20,9 @@
 // ---------------------------------------------------------------------------------------
 // Frames
 
-#define PS_NET_MAGIC     0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
-#define PS_NET_VERSION   2           /* bump on any incompatible change of a message (2: sealed frames) */
+#define PS_NET_MAGIC 0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
+#define PS_NET_VERSION                                                                                                 \
+    3 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel) */
 #define PS_NET_HDR_BYTES 24
 
 /* The header as it travels (little-endian, no padding; encoded/decoded field by field). */
@@ -51,6 +52,10 @@ typedef enum {
     PS_MSG_ERROR = 21,      /* worker → coordinator: a failure, payload = UTF-8 reason */
     PS_MSG_BYE = 22,        /* coordinator → worker: end of session */
     PS_MSG_PROBE = 23,      /* coordinator → worker: which micro-batch did you finish last? */
+    PS_MSG_PLACE = 24,      /* coordinator → worker (--cache): load this shard (from your cache or from me) */
+    PS_MSG_PLACED = 25,     /* worker → coordinator: the shard PLACE named is loaded (or ERROR) */
+    PS_MSG_SEND_SHARD = 26, /* worker → coordinator: send the shard's bytes from this offset */
+    PS_MSG_SHARD_DATA = 27, /* coordinator → worker: the next bytes of the shard */
 } ps_msg_type;
 
 /* Encodes h into 24 bytes / decodes 24 bytes (no validation on decode). */
@@ -193,6 +198,11 @@ ps_status ps_net_key_write(const char *path, bool force, char *err, size_t errle
 
 /* Who is on each end of a connection. */
 typedef enum { PS_ROLE_COORD = 1, PS_ROLE_PREV_STAGE = 2, PS_ROLE_WORKER = 3 } ps_role;
+/* Bits of ps_hello.flags; the others are reserved (a hello with one set is refused). */
+enum {
+    PS_HELLO_TAKES_SHARDS = 1, /* a worker started with --cache: it loads whatever shard the coordinator
+                                  names (PLACE); only a worker's hello may carry it */
+};
 typedef struct {
     uint8_t role;        /* ps_role */
     int32_t stage;       /* the sender's stage index (coordinator: 0) */
@@ -203,6 +213,7 @@ typedef struct {
     char model_fp[33]; /* hex fingerprint of the whole model, NUL-terminated */
     char shard_fp[33]; /* hex fingerprint of the sender's shard */
     uint64_t session;  /* coordinator-chosen session id (0 from a worker) */
+    uint32_t flags;    /* PS_HELLO_* */
     bool plain;        /* with a key: asks for frames in the clear after the handshake (they
                           are sealed unless both sides ask; for peers on one host) */
 } ps_hello;

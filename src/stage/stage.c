@@ -232,6 +232,52 @@ ps_status ps_result_decode(const uint8_t *p, size_t len, int vocab, uint32_t *mb
 }
 
 // ---------------------------------------------------------------------------------------
+// Placing a shard
+
+void ps_place_encode(ps_wbuf *b, const ps_place *pl) {
+    b->len = 0;
+    ps_wbuf_str(b, pl->model_fp);
+    ps_wbuf_str(b, pl->shard_fp);
+    ps_wbuf_i32(b, pl->stage);
+    ps_wbuf_i32(b, pl->stage_count);
+    ps_wbuf_i32(b, pl->layer_begin);
+    ps_wbuf_i32(b, pl->layer_end);
+    ps_wbuf_i32(b, pl->n_layer);
+    ps_wbuf_u64(b, pl->bytes);
+}
+
+ps_status ps_place_decode(const uint8_t *p, size_t len, ps_place *out, char *err, size_t errlen) {
+    ps_rbuf r = {.p = p, .len = len};
+    *out = (ps_place){0};
+    ps_rbuf_str(&r, out->model_fp, sizeof out->model_fp);
+    ps_rbuf_str(&r, out->shard_fp, sizeof out->shard_fp);
+    out->stage = ps_rbuf_i32(&r);
+    out->stage_count = ps_rbuf_i32(&r);
+    out->layer_begin = ps_rbuf_i32(&r);
+    out->layer_end = ps_rbuf_i32(&r);
+    out->n_layer = ps_rbuf_i32(&r);
+    out->bytes = ps_rbuf_u64(&r);
+    const ps_place *o = out;
+    if (r.bad || r.off != len) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "malformed PLACE message (%zu bytes)", len);
+    if (!ps_fingerprint_ok(o->model_fp, strlen(o->model_fp)) || !ps_fingerprint_ok(o->shard_fp, strlen(o->shard_fp)))
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "PLACE: a fingerprint is not 32 lowercase hex digits");
+    if (o->stage_count < 2 || o->stage_count > PS_SHARD_MAX_STAGES || o->stage < 1 || o->stage >= o->stage_count)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL,
+                       "PLACE of stage %d of %d: a worker serves stage 1 or later of a fleet of 2 to %d stages (stage "
+                       "0 runs in the coordinator)",
+                       o->stage, o->stage_count, PS_SHARD_MAX_STAGES);
+    if (o->n_layer < o->stage_count || o->n_layer > PS_SHARD_MAX_LAYERS || o->layer_begin < 1 ||
+        o->layer_begin >= o->layer_end || o->layer_end > o->n_layer ||
+        (o->layer_end == o->n_layer) != (o->stage == o->stage_count - 1))
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "PLACE of stage %d of %d: layers %d..%d of %d are not its range",
+                       o->stage, o->stage_count, o->layer_begin, o->layer_end, o->n_layer);
+    if (o->bytes < 1 || o->bytes > PS_SHARD_MAX_BYTES)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "PLACE of a shard of %llu bytes (1 to 2^48)",
+                       (unsigned long long)o->bytes);
+    return PS_OK;
+}
+
+// ---------------------------------------------------------------------------------------
 // Executor
 
 ps_status ps_stage_open(const char *path, const ps_stage_opts *o, ps_stage **out, char *err, size_t errlen) {

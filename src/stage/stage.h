@@ -22,7 +22,22 @@
  * A session's KV cache is a pool of n_blocks blocks of PS_KV_BLOCK positions on every
  * stage; the coordinator alone decides which blocks each sequence uses and sends the block
  * table with every segment. A stage reads only blocks written in the session (a new
- * session cannot read what an earlier one left). */
+ * session cannot read what an earlier one left).
+ *
+ * Shards that travel: a worker started with --cache (no --shard) says so in its hello
+ * (PS_HELLO_TAKES_SHARDS). When its shard is not the one fleet.json names, the coordinator
+ * places it, after the handshake and before SETUP:
+ *   PLACE      coordinator → worker: str model_fp, str shard_fp, i32 stage, i32 stage_count,
+ *              i32 layer_begin, i32 layer_end, i32 n_layer, u64 bytes (ps_place)
+ *   PLACED     worker → coordinator: empty; the shard is loaded, SETUP may follow
+ *   SEND_SHARD worker → coordinator: u64 offset; send bytes [offset, bytes) of the shard
+ *              (offset > 0: the rest of a partial file kept from a transfer cut short)
+ *   SHARD_DATA coordinator → worker: the next 1..PS_SHARD_CHUNK bytes of the shard file
+ *   ERROR      worker → coordinator, instead of PLACED or SEND_SHARD: as above
+ * The worker answers PLACE with PLACED when its cache holds the shard (checked as below), else
+ * with SEND_SHARD; after the last byte it checks what it received (a GGUF shard whose metadata
+ * is the offer's and whose recomputed fingerprint is the offered one) and answers PLACED,
+ * SEND_SHARD {0} once more when a resumed file fails that check, or ERROR. */
 #ifndef PS_STAGE_H
 #define PS_STAGE_H
 
@@ -128,6 +143,28 @@ void ps_result_encode(ps_wbuf *b, uint32_t mb, const ps_result *res, int n_res, 
  * ids are checked against vocab. */
 ps_status ps_result_decode(const uint8_t *p, size_t len, int vocab, uint32_t *mb, ps_result *res, int max_res,
                            int *n_res, ps_stage_stat *stats, int *n_stats, char *err, size_t errlen);
+
+// ---------------------------------------------------------------------------------------
+// Placing a shard
+
+#define PS_SHARD_CHUNK     (1u << 20)   /* most bytes of one SHARD_DATA frame */
+#define PS_SHARD_MAX_BYTES (1ull << 48) /* a larger offered shard is refused */
+
+/* The shard PLACE offers (validated by ps_place_decode). */
+typedef struct {
+    char model_fp[33], shard_fp[33]; /* 32 lowercase hex digits each */
+    int32_t stage, stage_count;      /* 1 <= stage < stage_count <= PS_SHARD_MAX_STAGES */
+    int32_t layer_begin, layer_end;  /* 0 < layer_begin < layer_end <= n_layer */
+    int32_t n_layer;                 /* layers of the whole model */
+    uint64_t bytes;                  /* the shard file's size, 1..PS_SHARD_MAX_BYTES */
+} ps_place;
+
+/* Builds a PLACE payload in b (restarted). */
+void ps_place_encode(ps_wbuf *b, const ps_place *pl);
+/* Parses and checks a PLACE payload: every field in range (stage 0, which runs in the
+ * coordinator, and stage >= stage_count refused), ranges consistent with the stage
+ * (only the last stage ends at n_layer), fingerprints 32 lowercase hex digits. */
+ps_status ps_place_decode(const uint8_t *p, size_t len, ps_place *out, char *err, size_t errlen);
 
 // ---------------------------------------------------------------------------------------
 // The executor

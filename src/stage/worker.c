@@ -9,7 +9,13 @@
  * they open MAX_HANDSHAKES connections within the time its handshake takes (a round trip or
  * two). A thread's result comes back to the loop through a pipe; the loop adopts the
  * connection. The handshake's check of the peer reads the session fields (ctrl, in, out,
- * session) under mu; the loop, their only writer, changes them under mu. */
+ * session) under mu; the loop, their only writer, changes them under mu. It checks the peer
+ * against its own copy of our hello (handshake.mine), never w->me, which a placed shard changes.
+ *
+ * With --cache, the worker starts without a shard and the coordinator places one (PLACE,
+ * see stage.h) before SETUP: from the cache, or streamed in SHARD_DATA frames into
+ * DIR/<fingerprint>.part, which the loop appends to one frame at a time (a transfer never
+ * holds it), checks after the last byte, renames to DIR/<fingerprint>.gguf and loads. */
 #include "worker.h"
 
 #include <errno.h>
@@ -23,8 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "shard_cache.h"
 #include "stage.h"
 
 /* Longest wait for each step of an incoming handshake, and how many run at once. */
@@ -51,10 +59,23 @@ typedef struct {
     bool busy;        /* a thread runs or ran here and the loop has not collected it (the loop's own flag) */
 } handshake;
 
+/* A shard arriving in SHARD_DATA frames (--cache). */
+typedef struct {
+    bool on;        /* bytes are arriving */
+    ps_place offer; /* what PLACE offered */
+    int fd;         /* DIR/<fp>.part, open for appending (-1: none) */
+    uint64_t got;   /* bytes in it */
+    uint64_t from;  /* where this transfer began (> 0: the rest of a file cut short) */
+    double t0;      /* when it began (ps_now) */
+} transfer;
+
 struct worker {
     const ps_worker_opts *o;
-    ps_stage *stage;
-    const ps_model *m;
+    ps_stage *stage;       /* NULL: a --cache worker before its first shard */
+    const ps_model *m;     /* stage's model */
+    ps_shard_cache *cache; /* --cache: where placed shards are kept (NULL: --shard) */
+    transfer rx;
+    ps_hello coord;                 /* the coordinator's hello, checked against a placed shard at SETUP */
     ps_hello me;                    /* our hello (session filled per session) */
     int lfd;                        /* listening socket */
     ps_conn *ctrl;                  /* the coordinator's connection (NULL: no session) */
@@ -80,7 +101,8 @@ struct worker {
 
 static double now_ms(void) { return ps_now() * 1e3; }
 
-/* One line on stderr: "pipeshard worker: stage K: ...". */
+/* One line on stderr: "pipeshard worker: stage K: ..." ("pipeshard worker: ..." before a
+ * --cache worker has a shard). */
 static void say(const worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(const worker *w, const char *fmt, ...) {
     char line[1024];
@@ -88,7 +110,10 @@ static void say(const worker *w, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "pipeshard worker: stage %d: %s\n", w->me.stage, line);
+    if (w->stage)
+        fprintf(stderr, "pipeshard worker: stage %d: %s\n", w->me.stage, line);
+    else
+        fprintf(stderr, "pipeshard worker: %s\n", line);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -101,10 +126,30 @@ static ps_status ctrl_send(worker *w, uint16_t type, const void *p, size_t len) 
     return ps_conn_send_async(w->ctrl, type, &iov, 1, w->o->timeout_ms, w->err, sizeof w->err);
 }
 
+/* Closes the .part of a transfer under way (kept, to be resumed), or of one that failed
+ * (removed when drop). */
+static void rx_stop(worker *w, bool drop) {
+    if (w->rx.fd >= 0) close(w->rx.fd);
+    if (drop && w->rx.on) {
+        char path[4200];
+        if (!ps_shard_cache_path(w->cache, w->rx.offer.shard_fp, true, path, sizeof path, NULL, 0)) unlink(path);
+    }
+    w->rx.fd = -1, w->rx.on = false;
+}
+
 /* Tells the coordinator why the session failed (best effort: an ERROR of the given
- * ps_err_kind) and ends the session; why NULL = a normal end. */
-static void end_session(worker *w, int kind, const char *why) {
-    if (why) say(w, "session %016llx ended: %s", (unsigned long long)w->session, why);
+ * ps_err_kind, reason why) and ends the session; why NULL = a normal end. line: what the
+ * log says (NULL: the reason, with the session, or before SETUP the coordinator). */
+static void end_session_line(worker *w, int kind, const char *why, const char *line) {
+    if (line)
+        say(w, "%s", line);
+    else if (why && w->session)
+        say(w, "session %016llx ended: %s", (unsigned long long)w->session, why);
+    else if (why && w->ctrl && !strstr(why, ps_conn_peer(w->ctrl)))
+        say(w, "coordinator %s: %s", ps_conn_peer(w->ctrl), why);
+    else if (why)
+        say(w, "%s", why);
+    rx_stop(w, false);
     if (w->ctrl && why) {
         w->wb.len = 0;
         ps_wbuf_u8(&w->wb, (uint8_t)kind);
@@ -120,6 +165,8 @@ static void end_session(worker *w, int kind, const char *why) {
     if (out != ctrl) ps_conn_free(out);
     ps_conn_free(ctrl);
 }
+
+static void end_session(worker *w, int kind, const char *why) { end_session_line(w, kind, why, NULL); }
 
 /* Whether the coordinator's connection is closed (peeked without blocking). */
 static bool ctrl_closed(const worker *w) {
@@ -143,11 +190,9 @@ static ps_status session_refuses(const worker *w, const ps_hello *p, char *err, 
     return PS_OK;
 }
 
-/* The handshake's check of whoever connects: a coordinator of the same model with no
- * session running, or the previous stage of the current session. */
-static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errlen) {
-    worker *w = ctx;
-    const ps_hello *me = &w->me;
+/* Whether peer p belongs to the fleet of our shard (me): the same model, stage count and
+ * layer count. */
+static ps_status fleet_refuses(const ps_hello *me, const ps_hello *p, char *err, size_t errlen) {
     if (strcmp(p->model_fp, me->model_fp))
         return ps_errf(err, errlen, PS_ERR_ARG, "model fingerprint %s does not match this shard's model %s",
                        p->model_fp, me->model_fp);
@@ -156,16 +201,40 @@ static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errl
                        "a fleet of %d stages over %d layers does not match this shard (stage %d "
                        "of %d, %d layers)",
                        p->stage_count, p->n_layer, me->stage, me->stage_count, me->n_layer);
+    return PS_OK;
+}
+
+/* Whether peer p may connect to a worker whose hello is me, sessions aside: a coordinator of
+ * our fleet (of any, when we take shards: it places one before SETUP), or a previous stage. */
+static ps_status peer_refuses(const ps_hello *me, const ps_hello *p, char *err, size_t errlen) {
+    ps_status s;
+    if (!(p->role == PS_ROLE_COORD && (me->flags & PS_HELLO_TAKES_SHARDS)) && (s = fleet_refuses(me, p, err, errlen)))
+        return s;
     if (p->role != PS_ROLE_COORD && p->role != PS_ROLE_PREV_STAGE)
         return ps_errf(err, errlen, PS_ERR_ARG, "a peer of role %d cannot connect to a worker", p->role);
-    pthread_mutex_lock(&w->mu);
-    ps_status s = session_refuses(w, p, err, errlen);
-    pthread_mutex_unlock(&w->mu);
-    if (s) return s;
+    return PS_OK;
+}
+
+/* Whether previous stage p ends where our shard (me) begins. */
+static ps_status feed_refuses(const ps_hello *me, const ps_hello *p, char *err, size_t errlen) {
     if (p->role == PS_ROLE_PREV_STAGE && (p->stage != me->stage - 1 || p->layer_end != me->layer_begin))
         return ps_errf(err, errlen, PS_ERR_ARG, "stage %d (layers %d..%d) cannot feed stage %d (layers %d..%d)",
                        p->stage, p->layer_begin, p->layer_end, me->stage, me->layer_begin, me->layer_end);
     return PS_OK;
+}
+
+/* The handshake's check of whoever connects (ctx: its handshake slot, whose copy of our
+ * hello it reads): a coordinator with no session running, or the previous stage of the
+ * current session. */
+static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errlen) {
+    handshake *h = ctx;
+    worker *w = h->w;
+    ps_status s = peer_refuses(&h->mine, p, err, errlen);
+    if (s) return s;
+    pthread_mutex_lock(&w->mu);
+    s = session_refuses(w, p, err, errlen);
+    pthread_mutex_unlock(&w->mu);
+    return s ? s : feed_refuses(&h->mine, p, err, errlen);
 }
 
 /* The check of the next stage, which we dial. */
@@ -195,6 +264,14 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     if (w->out)
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "a second SETUP in session %016llx",
                        (unsigned long long)w->session);
+    if (w->rx.on)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SETUP while stage %d's shard is arriving",
+                       w->rx.offer.stage);
+    if (!w->stage)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                       "SETUP before any shard was placed here (this worker started with --cache: PLACE comes first)");
+    ps_status s;
+    if (w->cache && (s = fleet_refuses(&w->me, &w->coord, w->err, sizeof w->err))) return s; /* placed, or not */
     ps_rbuf r = {.p = p, .len = len};
     uint64_t session = ps_rbuf_u64(&r);
     ps_ctx_params cp = {.n_ctx = ps_rbuf_i32(&r), .max_batch = ps_rbuf_i32(&r)};
@@ -235,7 +312,7 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     w->session = w->me.session = session;
     pthread_mutex_unlock(&w->mu);
     w->compute_ms = 0, w->done = false;
-    ps_status s = ps_stage_begin(w->stage, &cp, max_mb, max_segs, w->err, sizeof w->err);
+    s = ps_stage_begin(w->stage, &cp, max_mb, max_segs, w->err, sizeof w->err);
     if (s) return s;
     uint32_t limit = ps_mb_max_bytes(w->m->hp.dim, max_mb, max_segs, cp.n_ctx);
     ps_conn_set_max_payload(w->ctrl, limit);
@@ -243,6 +320,7 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     if (!last) {
         ps_hello me = w->me, peer;
         me.role = PS_ROLE_PREV_STAGE;
+        me.flags = 0; /* a worker's flags: PS_HELLO_TAKES_SHARDS is no previous stage's to claim */
         s = ps_net_dial(next, w->o->timeout_ms, &out, w->err, sizeof w->err);
         if (!s)
             s = ps_net_handshake_client(out, w->o->key, &me, check_next, w, limit, w->o->timeout_ms, &peer, w->err,
@@ -325,6 +403,216 @@ static ps_status probe(worker *w) {
     return ctrl_send(w, PS_MSG_STATS, w->wb.p, w->wb.len);
 }
 
+// ---------------------------------------------------------------------------------------
+// Placing a shard (--cache)
+
+/* Makes our hello say which shard is loaded: its stage, layers and fingerprints, or, before
+ * the first one, stage 0 of 1 over no layers with empty fingerprints. */
+static void hello_of_shard(worker *w) {
+    ps_hello me = {.role = PS_ROLE_WORKER,
+                   .stage_count = 1,
+                   .plain = w->o->plain,
+                   .flags = w->cache ? PS_HELLO_TAKES_SHARDS : 0,
+                   .session = w->me.session};
+    if (w->m) {
+        const ps_shard_meta *sm = &w->m->shard;
+        me.stage = sm->present ? sm->stage_index : 0;
+        me.stage_count = sm->present ? sm->stage_count : 1;
+        me.layer_begin = w->m->layer_begin, me.layer_end = w->m->layer_end, me.n_layer = w->m->hp.n_layer;
+        snprintf(me.model_fp, sizeof me.model_fp, "%s", sm->model_fp);
+        snprintf(me.shard_fp, sizeof me.shard_fp, "%s", sm->shard_fp);
+    }
+    pthread_mutex_lock(&w->mu);
+    w->me = me;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Loads the shard at path (checked already) in place of the one loaded, which goes first:
+ * the machine may have room for one only. */
+static ps_status load_shard(worker *w, const char *path) {
+    ps_stage_free(w->stage);
+    w->stage = NULL, w->m = NULL;
+    ps_stage_opts so = {.threads = w->o->threads, .pin = w->o->pin, .mmap = w->o->mmap};
+    ps_status s = ps_stage_open(path, &so, &w->stage, w->err, sizeof w->err);
+    if (!s) w->m = ps_stage_model(w->stage);
+    hello_of_shard(w);
+    return s;
+}
+
+/* Answers PLACED: the offered shard is loaded; SETUP is due within --timeout-ms from now. */
+static ps_status placed(worker *w) {
+    w->ctrl_since = ps_now();
+    return ctrl_send(w, PS_MSG_PLACED, NULL, 0);
+}
+
+/* Refuses the offered shard: logs "refused stage K's shard from PEER: why", tells the
+ * coordinator why (ERROR) and ends the session. Returns PS_OK: there is nothing more to end. */
+static ps_status refuse_shard(worker *w, const ps_place *o, const char *why) {
+    char line[1400];
+    snprintf(line, sizeof line, "refused stage %d's shard from %s: %s", o->stage, ps_conn_peer(w->ctrl), why);
+    end_session_line(w, PS_ERR_KIND_SELF, why, line);
+    return PS_OK;
+}
+
+/* Asks the coordinator for the offered shard's bytes from rx.got on. */
+static ps_status ask_bytes(worker *w) {
+    w->wb.len = 0;
+    ps_wbuf_u64(&w->wb, w->rx.got);
+    if (w->wb.oom) return ps_errf(w->err, sizeof w->err, PS_ERR_NOMEM, "out of memory");
+    return ctrl_send(w, PS_MSG_SEND_SHARD, w->wb.p, w->wb.len);
+}
+
+static ps_status rx_finish(worker *w);
+
+/* Starts receiving the offered shard into DIR/<fp>.part, after the bytes a transfer cut
+ * short left there unless from_start; first makes room for it in the cache (or refuses it). */
+static ps_status rx_start(worker *w, const ps_place *o, bool from_start) {
+    char path[4200], e[700], size[32], note[96] = "";
+    ps_status s = ps_shard_cache_path(w->cache, o->shard_fp, true, path, sizeof path, w->err, sizeof w->err);
+    if (s) return s;
+    ps_shard_cache_drop_parts(w->cache, o->shard_fp); /* one transfer at a time: the others cannot resume */
+    /* O_NONBLOCK: a fifo planted there fails at once instead of holding the loop */
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    struct stat sb = {0};
+    int e_no = fd < 0 || fstat(fd, &sb) ? errno : 0;
+    bool odd = !e_no && !S_ISREG(sb.st_mode); /* O_NOFOLLOW refused a link; a fifo or the like is left */
+    if (!e_no && !odd && (from_start || (uint64_t)sb.st_size > o->bytes) && ftruncate(fd, 0)) e_no = errno;
+    if (e_no || odd) {
+        s = ps_errf(w->err, sizeof w->err, PS_ERR_IO, "cannot write %s: %s", path,
+                    odd ? "not a regular file" : strerror(e_no));
+        if (fd >= 0) close(fd);
+        return s;
+    }
+    uint64_t have = from_start || (uint64_t)sb.st_size > o->bytes ? 0 : (uint64_t)sb.st_size;
+    int evicted = 0;
+    if ((s = ps_shard_cache_make_room(w->cache, o->shard_fp, o->bytes, have, &evicted, e, sizeof e))) {
+        close(fd);
+        unlink(path);
+        return s == PS_ERR_RANGE ? refuse_shard(w, o, e) : ps_errf(w->err, sizeof w->err, s, "%s", e);
+    }
+    w->rx = (transfer){.on = true, .offer = *o, .fd = fd, .got = have, .from = have, .t0 = ps_now()};
+    ps_conn_set_max_payload(w->ctrl, PS_SHARD_CHUNK);
+    ps_size_format(o->bytes, size, sizeof size);
+    if (have)
+        snprintf(note, sizeof note, ", resuming after the %llu bytes of a transfer cut short",
+                 (unsigned long long)have);
+    if (evicted)
+        snprintf(note + strlen(note), sizeof note - strlen(note), " (%d older cached file%s removed for room)", evicted,
+                 evicted == 1 ? "" : "s");
+    say(w, "receiving stage %d's shard (%s) from %s%s", o->stage, size, ps_conn_peer(w->ctrl), note);
+    return have == o->bytes ? rx_finish(w) : ask_bytes(w);
+}
+
+/* Makes a renamed file's directory entry durable (best effort). */
+static void sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) fsync(fd), close(fd);
+}
+
+/* The offered shard's last byte is in: checks the file, keeps it as DIR/<fp>.gguf, loads it
+ * and answers PLACED. A file that fails the check is removed, then asked for again from the
+ * start when it was resumed (its first part came from an earlier transfer), else refused. */
+static ps_status rx_finish(worker *w) {
+    ps_place o = w->rx.offer;
+    char part[4200], path[4200], e[700], why[800], size[32];
+    bool resumed = w->rx.from > 0;
+    double secs = ps_now() - w->rx.t0;
+    int sync_err = fsync(w->rx.fd) ? errno : 0;
+    close(w->rx.fd);
+    w->rx.fd = -1, w->rx.on = false;
+    ps_status s = ps_shard_cache_path(w->cache, o.shard_fp, true, part, sizeof part, w->err, sizeof w->err);
+    if (!s) s = ps_shard_cache_path(w->cache, o.shard_fp, false, path, sizeof path, w->err, sizeof w->err);
+    if (s) return s;
+    if (sync_err) {
+        unlink(part);
+        return ps_errf(w->err, sizeof w->err, PS_ERR_IO, "cannot write %s: %s", part, strerror(sync_err));
+    }
+    if ((s = ps_shard_check(part, &o, true, e, sizeof e))) {
+        unlink(part);
+        if (s != PS_ERR_FORMAT) return ps_errf(w->err, sizeof w->err, s, "%s", e);
+        if (resumed) {
+            say(w, "stage %d's shard, resumed from a transfer cut short, fails its check (%s): receiving it again",
+                o.stage, e);
+            return rx_start(w, &o, true);
+        }
+        snprintf(why, sizeof why, "%s (deleted)", e);
+        return refuse_shard(w, &o, why);
+    }
+    if (rename(part, path)) {
+        s = ps_errf(w->err, sizeof w->err, PS_ERR_IO, "cannot rename %s: %s", part, strerror(errno));
+        unlink(part);
+        return s;
+    }
+    sync_dir(ps_shard_cache_dir(w->cache));
+    if ((s = load_shard(w, path))) return s;
+    ps_size_format(o.bytes, size, sizeof size);
+    say(w, "shard received: %s in %.1f s, kept as %s", size, secs, path);
+    return placed(w);
+}
+
+/* SHARD_DATA: the next bytes of the shard being received, appended to its .part. */
+static ps_status shard_data(worker *w, const uint8_t *p, uint32_t len) {
+    transfer *rx = &w->rx;
+    if (!rx->on) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "SHARD_DATA while no shard is arriving");
+    if (len == 0 || len > rx->offer.bytes - rx->got) {
+        uint64_t at = rx->got, total = rx->offer.bytes;
+        rx_stop(w, true);
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                       "SHARD_DATA of %u bytes at offset %llu: the shard offered has %llu bytes (the part received "
+                       "is deleted)",
+                       len, (unsigned long long)at, (unsigned long long)total);
+    }
+    for (uint32_t off = 0; off < len;) {
+        ssize_t n = write(rx->fd, p + off, len - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            char path[4200] = "";
+            ps_shard_cache_path(w->cache, rx->offer.shard_fp, true, path, sizeof path, NULL, 0);
+            rx_stop(w, true);
+            return ps_errf(w->err, sizeof w->err, PS_ERR_IO, "cannot write %s: %s", path, strerror(e));
+        }
+        off += (uint32_t)n;
+    }
+    rx->got += len;
+    w->ctrl_since = ps_now(); /* the clock of "no SETUP within --timeout-ms" starts again */
+    return rx->got == rx->offer.bytes ? rx_finish(w) : PS_OK;
+}
+
+/* PLACE: loads the offered shard, from memory (loaded already), from the cache (checked
+ * again), or from the coordinator (SEND_SHARD; SHARD_DATA follows). */
+static ps_status place(worker *w, const uint8_t *p, uint32_t len) {
+    if (!w->cache)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                       "PLACE to a worker that serves its --shard (only a --cache worker takes shards)");
+    if (w->out || w->rx.on)
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "PLACE %s",
+                       w->out ? "after SETUP" : "while a shard is arriving");
+    ps_place o;
+    ps_status s = ps_place_decode(p, len, &o, w->err, sizeof w->err);
+    if (s) return s;
+    w->ctrl_since = ps_now();
+    const ps_hello *me = &w->me;
+    if (w->stage && !strcmp(me->shard_fp, o.shard_fp) && !strcmp(me->model_fp, o.model_fp) && me->stage == o.stage &&
+        me->stage_count == o.stage_count && me->layer_begin == o.layer_begin && me->layer_end == o.layer_end &&
+        me->n_layer == o.n_layer)
+        return placed(w); /* loaded already */
+    char path[4200], e[700];
+    if ((s = ps_shard_cache_path(w->cache, o.shard_fp, false, path, sizeof path, w->err, sizeof w->err))) return s;
+    if (!access(path, F_OK)) {
+        if (!(s = ps_shard_check(path, &o, w->o->verify, e, sizeof e))) {
+            if ((s = load_shard(w, path))) return s;
+            ps_shard_cache_touch(w->cache, o.shard_fp);
+            say(w, "stage %d's shard from the cache: %s", o.stage, path);
+            return placed(w);
+        }
+        if (s == PS_ERR_NOMEM) return ps_errf(w->err, sizeof w->err, s, "%s", e);
+        say(w, "the cached %s fails its check (%s): deleted, asking %s for the shard", path, e, ps_conn_peer(w->ctrl));
+        unlink(path);
+    }
+    return rx_start(w, &o, false);
+}
+
 /* Adds the room the time since the last count gives, and says how many lines were left
  * out once there is room for that line. */
 static void peer_refill(worker *w) {
@@ -351,7 +639,7 @@ static void *handshake_main(void *arg) {
     ps_thread_unpin(); /* not on the one CPU of the pinned loop */
     worker *w = h->w;
     int ms = w->o->timeout_ms < HANDSHAKE_MS ? w->o->timeout_ms : HANDSHAKE_MS;
-    h->s = ps_net_handshake_server(h->c, w->o->key, &h->mine, check_peer, w, 64 << 10, ms, &h->peer, h->err,
+    h->s = ps_net_handshake_server(h->c, w->o->key, &h->mine, check_peer, h, 64 << 10, ms, &h->peer, h->err,
                                    sizeof h->err);
     uint8_t slot = (uint8_t)(h - w->hs);
     atomic_store(&h->done, true);
@@ -388,7 +676,11 @@ static void adopt_peer(worker *w, handshake *h) {
             say(w, "%s", h->err);
         else
             say(w, "handshake with %s failed: %s", ps_conn_peer(c), h->err);
-    } else if (!s && (s = session_refuses(w, &h->peer, w->err, sizeof w->err))) {
+    } else if (!s && ((s = session_refuses(w, &h->peer, w->err, sizeof w->err)) ||
+                      (h->peer.role == PS_ROLE_PREV_STAGE &&
+                       ((s = peer_refuses(&w->me, &h->peer, w->err, sizeof w->err)) ||
+                        (s = feed_refuses(&w->me, &h->peer, w->err, sizeof w->err)))))) {
+        /* checked again against our shard now: a shard placed while it ran changed it */
         if (peer_line(w)) say(w, "dropped %s after its handshake: %s", ps_conn_peer(c), w->err);
         drop_late(w, c, w->err);
         c = NULL;
@@ -403,6 +695,7 @@ static void adopt_peer(worker *w, handshake *h) {
         pthread_mutex_lock(&w->mu);
         w->ctrl = c;
         pthread_mutex_unlock(&w->mu);
+        w->coord = h->peer;
         w->ctrl_since = ps_now();
         say(w, "coordinator %s connected", ps_conn_peer(c));
     } else {
@@ -494,6 +787,10 @@ static void on_frame(worker *w, ps_conn *c) {
         return end_session(w, 0, NULL);
     else if (!s && c == w->ctrl && type == PS_MSG_PROBE)
         s = probe(w);
+    else if (!s && c == w->ctrl && type == PS_MSG_PLACE)
+        s = place(w, p, len);
+    else if (!s && c == w->ctrl && type == PS_MSG_SHARD_DATA)
+        s = shard_data(w, p, len);
     else if (!s && c == w->in && type == PS_MSG_FORWARD)
         s = forward(w, p, len);
     else if (!s)
@@ -509,51 +806,65 @@ static void on_frame(worker *w, ps_conn *c) {
     end_session(w, kind, w->err);
 }
 
+/* Loads --shard and checks it (stage 1 or later; its fingerprint unless --no-verify), or
+ * opens the --cache, with no shard loaded yet; fills our hello either way. */
+static ps_status start_shard(worker *w, char *err, size_t errlen) {
+    const ps_worker_opts *o = w->o;
+    if (o->cache) {
+        ps_status s = ps_shard_cache_open(o->cache, o->max_disk, &w->cache, err, errlen);
+        if (!s) hello_of_shard(w);
+        return s;
+    }
+    ps_stage_opts so = {.threads = o->threads, .pin = o->pin, .mmap = o->mmap};
+    ps_status s = ps_stage_open(o->shard, &so, &w->stage, err, errlen);
+    if (s) return s;
+    w->m = ps_stage_model(w->stage);
+    hello_of_shard(w);
+    const ps_shard_meta *sm = &w->m->shard;
+    if (!sm->present || sm->stage_index == 0)
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "%s is %s; a worker serves a shard of stage 1 or later (stage 0 runs in "
+                       "the coordinator)",
+                       o->shard, sm->present ? "the stage-0 shard" : "a whole model, not a shard");
+    char fp[33];
+    if (o->verify && (s = ps_shard_fingerprint(w->m->gguf, sm, fp, err, errlen))) return s;
+    if (o->verify && strcmp(fp, sm->shard_fp))
+        return ps_errf(err, errlen, PS_ERR_FORMAT, "%s: shard fingerprint %s does not match its contents (%s)",
+                       o->shard, sm->shard_fp, fp);
+    return PS_OK;
+}
+
 ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
     worker w = {.o = o,
                 .lfd = -1,
                 .hs_pipe = {-1, -1},
                 .mu = PTHREAD_MUTEX_INITIALIZER,
                 .peer_room = PEER_LINES_BURST,
-                .peer_t = ps_now()};
-    ps_stage_opts so = {.threads = o->threads, .pin = o->pin, .mmap = o->mmap};
-    ps_status s = ps_stage_open(o->shard, &so, &w.stage, err, errlen);
-    if (s) return s;
-    w.m = ps_stage_model(w.stage);
-    const ps_shard_meta *sm = &w.m->shard;
-    w.me = (ps_hello){.role = PS_ROLE_WORKER,
-                      .stage = sm->present ? sm->stage_index : 0,
-                      .stage_count = sm->present ? sm->stage_count : 1,
-                      .layer_begin = w.m->layer_begin,
-                      .layer_end = w.m->layer_end,
-                      .n_layer = w.m->hp.n_layer,
-                      .plain = o->plain};
-    snprintf(w.me.model_fp, sizeof w.me.model_fp, "%s", sm->model_fp);
-    snprintf(w.me.shard_fp, sizeof w.me.shard_fp, "%s", sm->shard_fp);
-    if (!sm->present || w.me.stage == 0) {
-        s = ps_errf(err, errlen, PS_ERR_ARG,
-                    "%s is %s; a worker serves a shard of stage 1 or later (stage 0 runs in "
-                    "the coordinator)",
-                    o->shard, sm->present ? "the stage-0 shard" : "a whole model, not a shard");
-        goto out;
-    }
-    if (o->verify) {
-        char fp[33];
-        if ((s = ps_shard_fingerprint(w.m->gguf, sm, fp, err, errlen))) goto out;
-        if (strcmp(fp, sm->shard_fp)) {
-            s = ps_errf(err, errlen, PS_ERR_FORMAT, "%s: shard fingerprint %s does not match its contents (%s)",
-                        o->shard, sm->shard_fp, fp);
-            goto out;
-        }
-    }
+                .peer_t = ps_now(),
+                .rx.fd = -1};
+    ps_status s = start_shard(&w, err, errlen);
+    if (s) goto out;
     if (pipe2(w.hs_pipe, O_CLOEXEC | O_NONBLOCK)) {
+
         s = ps_errf(err, errlen, PS_ERR_IO, "cannot make a pipe: %s", strerror(errno));
         goto out;
     }
     char bound[300];
     if ((s = ps_net_listen(o->listen, &w.lfd, bound, sizeof bound, err, errlen))) goto out;
-    say(&w, "layers %d..%d of %d, listening on %s%s", w.me.layer_begin, w.me.layer_end, w.me.n_layer, bound,
-        o->key ? " (shared key required)" : "");
+    if (w.cache) {
+        int n_shards;
+        uint64_t bytes;
+        char used[32], max[32] = "";
+        ps_shard_cache_usage(w.cache, &n_shards, &bytes);
+        ps_size_format(bytes, used, sizeof used);
+        if (o->max_disk) ps_size_format(o->max_disk, max, sizeof max);
+        say(&w, "no shard yet: the coordinator places one; cache %s (%d shard%s, %s%s%s), listening on %s%s",
+            ps_shard_cache_dir(w.cache), n_shards, n_shards == 1 ? "" : "s", used, o->max_disk ? " of --max-disk " : "",
+            max, bound, o->key ? " (shared key required)" : "");
+    } else {
+        say(&w, "layers %d..%d of %d, listening on %s%s", w.me.layer_begin, w.me.layer_end, w.me.n_layer, bound,
+            o->key ? " (shared key required)" : "");
+    }
     if (!o->key && !ps_net_fd_is_local(w.lfd))
         say(&w,
             "warning: no --key-file, so anyone who can reach %s may use this worker (`pipeshard keygen -o KEY` "
@@ -575,9 +886,10 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         int n = 2, ctrl = -1, in = -1;
         if (w.ctrl) fds[ctrl = n++] = (struct pollfd){.fd = ps_conn_fd(w.ctrl), .events = POLLIN};
         if (w.in && w.in != w.ctrl) fds[in = n++] = (struct pollfd){.fd = ps_conn_fd(w.in), .events = POLLIN};
-        ps_pool_park(ps_stage_pool(w.stage));
+        if (w.stage) ps_pool_park(ps_stage_pool(w.stage));
         if (poll(fds, (nfds_t)n, 1000) <= 0) continue;
-        if (ctrl >= 0) ps_pool_wake(ps_stage_pool(w.stage)); /* likely a micro-batch: wake the threads meanwhile */
+        if (ctrl >= 0 && w.stage && w.out)
+            ps_pool_wake(ps_stage_pool(w.stage)); /* likely a micro-batch: wake the threads meanwhile */
         /* the coordinator's frames first: at the end of a session its BYE is already here when
            the previous stage hangs up (it says BYE from the last stage back), so the hang-up
            is no error */
@@ -599,5 +911,6 @@ out:
         if (w.hs_pipe[i] >= 0) close(w.hs_pipe[i]);
     ps_wbuf_free(&w.wb);
     ps_stage_free(w.stage);
+    ps_shard_cache_free(w.cache);
     return s;
 }

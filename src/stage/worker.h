@@ -5,7 +5,11 @@
  * (or, on the last stage, answers on the coordinator's connection), receives micro-batches
  * from the previous stage (stage 1: from the coordinator), runs them and passes them on.
  * When any connection of the session fails, the session ends and the worker waits for
- * the next one: a worker never exits because of a peer. */
+ * the next one: a worker never exits because of a peer.
+ *
+ * Started with a cache directory instead of a shard, it takes whatever shard the coordinator
+ * places (see stage.h): from its cache, or received, checked and kept there for the next
+ * session and the next start. */
 #ifndef PS_WORKER_H
 #define PS_WORKER_H
 
@@ -17,7 +21,9 @@
 #include "../ps.h"
 
 typedef struct {
-    const char *shard;           /* shard file (or a whole model: then the only stage) */
+    const char *shard;           /* shard file (stage 1 or later), or NULL with cache */
+    const char *cache;           /* with no shard: the directory of shards placed by coordinators */
+    uint64_t max_disk;           /* with cache: the most bytes its files may hold (0: no limit but free space) */
     const char *listen;          /* "HOST:PORT" (PORT 0 = any free port) or "unix:PATH" */
     int threads;                 /* compute threads */
     bool pin;                    /* pin them to CPUs (ps_pool_pin) */
@@ -28,12 +34,14 @@ typedef struct {
     int timeout_ms;              /* handshakes, and a frame once it has begun to arrive */
     int ready_fd;                /* >= 0: write "PORT\n" there once listening, then close it */
     int max_ctx;                 /* most positions a session may ask for (0: the model's trained context) */
-    bool verify;                 /* recompute the shard fingerprint at start-up */
+    bool verify;                 /* recompute the shard fingerprint at start-up (with cache: of a cached shard
+                                    when placed; a received one is always checked) */
     volatile sig_atomic_t *stop; /* set by a signal handler: return after the current step */
 } ps_worker_opts;
 
-/* Loads the shard and serves sessions until *o->stop is set. Returns an error only when
- * it cannot start (bad shard, address in use); logs one line per event on stderr. */
+/* Loads the shard (or opens the cache) and serves sessions until *o->stop is set. Returns an
+ * error only when it cannot start (bad shard or cache, address in use); logs one line per
+ * event on stderr. */
 ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen);
 
 #endif
