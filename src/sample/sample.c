@@ -537,3 +537,30 @@ ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *
     *n_kept = s->n_cand;
     return PS_OK;
 }
+
+// ---- log-probabilities ----------------------------------------------------------------
+
+/* Whether (la, a) ranks before (lb, b): the larger logit first, ties by the lower id. */
+static bool ranks_before(float la, int32_t a, float lb, int32_t b) { return la > lb || (la == lb && a < b); }
+
+/* See sample.h. One pass for the normalizer (in double: max + log sum exp(l - max)), one for
+ * the top n by insertion into a sorted list, which a token enters only when it beats the
+ * list's last: O(vocab) for the usual n of a few. */
+double ps_sample_top_logprobs(const float *logits, int vocab, int n, int32_t *ids, float *logprobs) {
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = (double)mx + log(sum);
+    if (n > vocab) n = vocab;
+    int have = 0;
+    for (int32_t i = 0; i < vocab && n > 0; i++) {
+        if (have == n && !ranks_before(logits[i], i, logits[ids[n - 1]], ids[n - 1])) continue;
+        int at = have < n ? have++ : n - 1; /* a full list drops its last */
+        while (at > 0 && ranks_before(logits[i], i, logits[ids[at - 1]], ids[at - 1])) ids[at] = ids[at - 1], at--;
+        ids[at] = i;
+    }
+    for (int k = 0; k < have; k++) logprobs[k] = (float)((double)logits[ids[k]] - lse);
+    return lse;
+}

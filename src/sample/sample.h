@@ -108,6 +108,14 @@ ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logit
 ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
                          int64_t n_history, const int32_t **ids, const float **probs, int32_t *n_kept);
 
+/* Log-probabilities of the model's own distribution (the log-softmax of the raw logits: no
+ * penalties, truncation or temperature; what OpenAI's logprobs report): the n (>= 0) most
+ * likely tokens of logits[0..vocab) into ids[0..n) and their log-probabilities into
+ * logprobs[0..n), descending, ties by the lower id first (min(n, vocab) entries written).
+ * Returns log(sum(exp(logits))), so that any token t's log-probability is logits[t] minus
+ * it. Allocates nothing; pure. Logits are expected finite (-inf allowed: probability 0). */
+double ps_sample_top_logprobs(const float *logits, int vocab, int n, int32_t *ids, float *logprobs);
+
 /* The message of the last failed call on s ("" after a success); owned by s, valid
  * until the next call on s. */
 const char *ps_sampler_error(const ps_sampler *s);
