@@ -23,6 +23,7 @@ typedef enum {
     PS_ERR_TIMEOUT = 10,    /* a peer did not answer in time */
     PS_ERR_PROTOCOL = 11,   /* peer speaks another protocol version or breaks it */
     PS_ERR_INTERNAL = 12,   /* a bug: an invariant of our own was broken */
+    PS_ERR_BUSY = 13,       /* no room now (a full queue): try again later */
     PS_STATUS_COUNT
 } ps_status;
 
