@@ -228,5 +228,6 @@ void ps_session_get_stats(const ps_session *s, ps_session_stats *out) {
                               .n_reused = s->n_reused,
                               .ttft_s = s->ttft_s,
                               .decode_s = s->decode_s,
-                              .n_decode = s->n_decode};
+                              .n_decode = s->n_decode,
+                              .n_held = s->n_fed};
 }

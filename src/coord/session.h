@@ -122,6 +122,8 @@ typedef struct {
     double ttft_s;   /* prompt around the ring to the first token */
     double decode_s; /* the steps after the first, summed */
     int n_decode;    /* how many steps decode_s covers */
+    int n_held;      /* positions whose keys and values every stage holds now (what the next
+                        prompt may keep) */
 } ps_session_stats;
 void ps_session_get_stats(const ps_session *s, ps_session_stats *out);
 
