@@ -676,7 +676,7 @@ static ps_status render(const ps_chat *c, const ps_chat_msg *m, size_t n, bool g
 
 ps_status ps_chat_apply(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt, char *buf,
                         size_t buflen, size_t *len, char *err, size_t errlen) {
-    sink k = {buf && buflen ? buf : NULL, buflen ? buflen - 1 : 0, 0};
+    sink k = {.buf = buf && buflen ? buf : NULL, .cap = buflen ? buflen - 1 : 0};
     if (len) *len = 0;
     if (buf && buflen) buf[0] = '\0';
     ps_status st = render(c, msgs, n, add_generation_prompt, &k, err, errlen);
