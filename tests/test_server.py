@@ -396,6 +396,30 @@ def case_queue(tmp):
         print(f"  ok: SIGTERM ended a stream with an error event and the server in {took:.2f} s")
 
 
+def case_cli(tmp):
+    """serve's usage errors (status 2) and a port in use (status 1), each with a one-line reason."""
+    for args, words in ((["-p", "hi"], "option of `pipeshard run`"), (["--temp", "0"], "option of `pipeshard run`"),
+                        (["--prefix-cache", "maybe"], "must be on or off"), (["--port", "70000"], "--port"),
+                        (["--prot", "1"], "did you mean '--port'?"), (["--queue-size", "-1"], "--queue-size"),
+                        ([], None)):
+        argv = [BIN, "serve", *args] + (["-m", MODEL] if args else [])
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        check(p.returncode == 2 and (words or "no model given") in p.stderr,
+              f"serve {args}: exit {p.returncode}, {p.stderr.strip()!r}")
+    k = socket.socket()
+    k.bind(("127.0.0.1", 0))
+    k.listen(1)
+    p = subprocess.run([BIN, "serve", *COMMON, "--port", str(k.getsockname()[1])], capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL)
+    k.close()
+    check(p.returncode == 1 and "cannot listen on 127.0.0.1:" in p.stderr and "in use" in p.stderr,
+          f"a port in use: exit {p.returncode}, {p.stderr.strip()!r}")
+    help_text = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True).stdout
+    for flag in ("--host", "--port", "--parallel", "-c, --ctx-size", "--api-key-file", "--prefix-cache",
+                 "--queue-size", "--fleet", "--local-stages", "--key-file", "--mmap", "--pin", "-t, --threads"):
+        check(flag in help_text, f"serve --help lacks {flag}")
+
+
 def main():
     t0 = time.time()
     tmp = tmpdir("server-")
@@ -409,6 +433,10 @@ def main():
     key = os.path.join(tmp, "api-key")
     with open(key, "w") as f:
         f.write(f"  {KEY}\n")
+    try:
+        case_cli(tmp)
+    except AssertionError:
+        pass
     alone = None
     with Server([*COMMON, "--api-key-file", key], "one-stage", tmp) as s:
         for case in (lambda: case_client(s), lambda: case_logprobs(s, tmp), lambda: case_contents_are_text(s),
