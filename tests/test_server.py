@@ -455,6 +455,10 @@ def main():
             case_concurrent(s, "2 stages", alone)
             expect(s, "POST", "/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, param="logprobs",
                    words=["2 stages", "never cross the network"])
+            m = s.metrics(AUTH)
+            for name in ('pipeshard_hop_bytes_total{from="0",to="1"}', 'pipeshard_hop_seconds_total{from="1",'
+                         'to="coordinator"}', 'pipeshard_stage_compute_seconds_total{stage="1"}'):
+                check(m.get(name, 0) > 0, f"2 stages: /metrics {name} = {m.get(name)}")
         except AssertionError:
             pass
     try:
