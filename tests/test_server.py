@@ -19,6 +19,9 @@ Server B (`--local-stages 2`) and server A: 16 concurrent clients (threads) each
 text the same request gets alone (greedy and seeded); B refuses logprobs with a 400 that says why.
 Server C (queue 2): a full queue answers 503 with Retry-After while the earlier requests complete
 normally; SIGTERM during a stream ends it with an error event and the server exits 143, cleanly.
+A sanitizer build (scripts/test.sh runs this test in it too) decodes about 100 times slower: there
+only the cases that generate little run (3, 4, 5 and the command line), each server stopped with
+SIGTERM and its stderr checked for a sanitizer report.
 """
 import concurrent.futures
 import json
@@ -38,6 +41,15 @@ KEY = "test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 COMMON = ["-m", MODEL, "--mmap", "-t", "2", "-c", "1024"]
 STORY = "Once upon a time"
+
+
+def sanitized():
+    """Whether PIPESHARD_BIN is a sanitizer build (about 100 times slower at decoding)."""
+    p = subprocess.run(["ldd", BIN], capture_output=True, text=True)
+    return "libasan" in p.stdout
+
+
+SANITIZED = sanitized()
 Q = "What is the capital of France?"
 
 
@@ -252,9 +264,12 @@ def raw(s, data, read=True, half_close=True):
     """Sends raw bytes on a fresh connection (then, with half_close, shuts our side's writing: the
     server takes that as a client gone); returns what came back."""
     k = socket.create_connection(("127.0.0.1", s.port), timeout=30)
-    k.sendall(data)
-    if half_close:
-        k.shutdown(socket.SHUT_WR)
+    try:
+        k.sendall(data)
+        if half_close:
+            k.shutdown(socket.SHUT_WR)
+    except OSError:  # the server answered and closed before all was sent
+        pass
     out = b""
     while read:
         try:
@@ -306,7 +321,8 @@ def case_disconnect(s):
         time.sleep(0.2)
         k.close()
         v, waited = s.wait_metric("pipeshard_running_sequences", lambda v: v == 0, AUTH, limit=10)
-        check(v == 0 and waited < 2, f"stream={stream}: still running {waited:.2f} s after the client left")
+        check(v == 0 and waited < (15 if SANITIZED else 2),
+              f"stream={stream}: still running {waited:.2f} s after the client left")
         print(f"  ok: stream={stream}: the sequence ended {waited * 1e3:.0f} ms after its client left")
     after = s.metrics(AUTH)
     key = 'pipeshard_requests_total{outcome="cancelled"}'
@@ -314,8 +330,9 @@ def case_disconnect(s):
     check(after["pipeshard_kv_blocks_used"] == 0, f"KV blocks used after: {after['pipeshard_kv_blocks_used']}")
     r = client(s).completions.create(model="m", prompt=STORY, max_tokens=4, temperature=0)
     check(r.usage.completion_tokens == 4, "no answer after the disconnects")
-    for name in ("pipeshard_time_to_first_token_seconds_count", "pipeshard_inter_token_seconds_count",
-                 "pipeshard_generated_tokens_total", 'pipeshard_stage_compute_seconds_total{stage="0"}'):
+    for name in ("pipeshard_time_to_first_token_seconds_count", "pipeshard_generated_tokens_total",
+                 'pipeshard_stage_compute_seconds_total{stage="0"}') + (() if SANITIZED else
+                                                                      ("pipeshard_inter_token_seconds_count",)):
         check(after.get(name, 0) > 0, f"/metrics {name} = {after.get(name)}")
 
 
@@ -439,17 +456,23 @@ def main():
         pass
     alone = None
     with Server([*COMMON, "--api-key-file", key], "one-stage", tmp) as s:
-        for case in (lambda: case_client(s), lambda: case_logprobs(s, tmp), lambda: case_contents_are_text(s),
-                     lambda: case_errors(s), lambda: case_malformed_http(s), lambda: case_disconnect(s)):
+        cases = [lambda: case_contents_are_text(s), lambda: case_errors(s), lambda: case_malformed_http(s),
+                 lambda: case_disconnect(s)]
+        if not SANITIZED:
+            cases = [lambda: case_client(s), lambda: case_logprobs(s, tmp)] + cases
+        for case in cases:
             try:
                 case()
             except AssertionError:
                 pass
         try:
-            alone = case_concurrent(s, "1 stage")
+            alone = None if SANITIZED else case_concurrent(s, "1 stage")
         except AssertionError:
             pass
         check(s.alive(), "server A died")
+    if SANITIZED:  # bad input, the key, clients that go away, the shutdown: the rest decodes too slowly here
+        print("  (a sanitizer build: the generating cases run in the release build's test_server)")
+        return conclude(tmp, t0)
     with Server([*COMMON, "--local-stages", "2", "-t", "1", "--api-key-file", key], "two-stages", tmp) as s:
         try:
             case_concurrent(s, "2 stages", alone)
