@@ -177,19 +177,20 @@ static bool tail_add(ps_sched *s, size_t *len, const char *b, size_t n) {
 
 /* Ends request q: the text still held back (the detokenizer's, then the stop matcher's) goes
  * with the DONE event, the counters are updated, and q is freed. A stop string completed by
- * that text makes the reason PS_STOP_STOP. status / msg: a failure (stop is then NONE). */
+ * that text makes the reason PS_STOP_STOP. status / msg: a failure (stop is then NONE); no
+ * memory for the held-back text is one too. */
 static void finish(ps_sched *s, seq *q, ps_stop_reason stop, ps_status status, const char *msg) {
     size_t len = 0;
     const char *t;
     size_t n;
-    bool stopped = stop == PS_STOP_STOP;
+    bool stopped = stop == PS_STOP_STOP, ok = true;
     if (q->started && !stopped && !status) {
         ps_session_flush(s->session, &t, &n);
-        if (ps_stop_push(q->stop, t, n, &t, &n, &stopped) || !tail_add(s, &len, t, n)) len = 0;
+        ok = !ps_stop_push(q->stop, t, n, &t, &n, &stopped) && tail_add(s, &len, t, n);
         if (stopped) stop = PS_STOP_STOP;
     }
     ps_stop_flush(q->stop, &t, &n);
-    if (!tail_add(s, &len, t, n)) len = 0;
+    if (!(ok = ok && tail_add(s, &len, t, n)) && !status) status = PS_ERR_NOMEM, msg = "out of memory", len = 0;
     double now = ps_now();
     if (!q->t_start) q->t_start = now;
     ps_sched_event ev = {.kind = PS_SCHED_DONE,
@@ -218,8 +219,9 @@ static void finish(ps_sched *s, seq *q, ps_stop_reason stop, ps_status status, c
 }
 
 /* Reports one generated token of q: its log-probabilities when asked, and the text that the
- * stop matcher releases; a stop string it completes ends q (true). */
-static bool emit_token(ps_sched *s, seq *q, const ps_session_step *st, double now) {
+ * stop matcher releases. Returns PS_STOP_STOP when a stop string completed (q is to end),
+ * PS_STOP_NONE otherwise; *nomem when the matcher had no memory (q is to fail). */
+static ps_stop_reason emit_token(ps_sched *s, seq *q, const ps_session_step *st, double now, bool *nomem) {
     ps_sched_event ev = {.kind = PS_SCHED_TOKEN, .id = q->id, .token = st->token};
     if (q->top_n >= 0) {
         const float *logits = ps_coord_logits(s->coord);
@@ -231,13 +233,13 @@ static bool emit_token(ps_sched *s, seq *q, const ps_session_step *st, double no
         }
     }
     bool stopped = false;
-    if (ps_stop_push(q->stop, st->text, st->len, &ev.text, &ev.len, &stopped)) ev.text = "", ev.len = 0;
+    if ((*nomem = ps_stop_push(q->stop, st->text, st->len, &ev.text, &ev.len, &stopped) != PS_OK)) return PS_STOP_NONE;
     pthread_mutex_lock(&s->mu);
     if (q->n_generated) hist_add(&s->m.itl, now - q->t_last);
     pthread_mutex_unlock(&s->mu);
     q->n_generated++, q->t_last = now;
     q->cb(q->ctx, &ev);
-    return stopped;
+    return stopped ? PS_STOP_STOP : PS_STOP_NONE;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -285,8 +287,10 @@ static void step(ps_sched *s, seq *q) {
         hist_add(&s->m.ttft, now - q->t_submit);
         pthread_mutex_unlock(&s->mu);
     }
-    if (st.token >= 0 && st.stop != PS_STOP_EOS && emit_token(s, q, &st, now))
+    bool nomem = false;
+    if (st.token >= 0 && st.stop != PS_STOP_EOS && emit_token(s, q, &st, now, &nomem) == PS_STOP_STOP)
         return finish(s, q, PS_STOP_STOP, PS_OK, NULL);
+    if (nomem) return finish(s, q, PS_STOP_NONE, PS_ERR_NOMEM, "out of memory");
     if (st.stop) finish(s, q, st.stop, PS_OK, NULL);
 }
 

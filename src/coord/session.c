@@ -116,11 +116,13 @@ ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, co
     return prompt_tokens(s, text, len, true, false, gp, err, errlen);
 }
 
-/* A NUL-terminated copy of token id's text, or NULL (caller frees). */
-static char *token_text(const ps_tok *tok, int32_t id) {
+/* A NUL-terminated copy of token id's text into *out (caller frees), or NULL for no token;
+ * false when memory is out. */
+static bool token_text(const ps_tok *tok, int32_t id, char **out) {
     size_t len;
     const char *t = id >= 0 ? ps_tok_token_text(tok, id, &len) : NULL;
-    return t ? ps_strndup(t, len) : NULL;
+    *out = t ? ps_strndup(t, len) : NULL;
+    return !t || *out;
 }
 
 /* See session.h. The template is the model's unless template_name names a family; BOS is
@@ -129,12 +131,16 @@ ps_status ps_session_chat_tokens(const ps_tok *tok, const ps_model *m, const ps_
                                  const char *template_name, int32_t **ids, size_t *n_ids, char *err, size_t errlen) {
     *ids = NULL, *n_ids = 0;
     ps_gguf_str t;
-    char *tmpl = NULL, *text = NULL, *bos = token_text(tok, ps_tok_bos(tok)), *eos = token_text(tok, ps_tok_eos(tok));
-    if (ps_gguf_get_str(m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK) tmpl = ps_strndup(t.data, t.len);
+    char *tmpl = NULL, *text = NULL, *bos = NULL, *eos = NULL;
     ps_chat *chat = NULL;
     ps_tok_span *spans = NULL;
     size_t len = 0, n_spans = 0, cap = 0;
-    ps_status st = ps_chat_create(tmpl, template_name, bos, eos, &chat, err, errlen);
+    bool have = ps_gguf_get_str(m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK;
+    ps_status st = PS_OK;
+    if (!token_text(tok, ps_tok_bos(tok), &bos) || !token_text(tok, ps_tok_eos(tok), &eos) ||
+        (have && !(tmpl = ps_strndup(t.data, t.len))))
+        st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    if (!st) st = ps_chat_create(tmpl, template_name, bos, eos, &chat, err, errlen);
     if (!st) st = ps_chat_apply_spans(chat, msgs, n, true, &text, &len, &spans, &n_spans, err, errlen);
     bool add_bos = chat && !ps_chat_writes_bos(chat);
     for (cap = len + 16; !st;) { /* a guess, then what the first try counted */
