@@ -18,6 +18,7 @@ typedef struct {
     bool prefix_cache;
 } serve_opts;
 
+/* serve --help: its own flags, then run's model, fleet and compute flags it shares. */
 static void serve_usage(FILE *f) {
     fprintf(f, "usage: pipeshard serve (-m MODEL | --fleet FLEET.json | -m MODEL --local-stages N) [options]\n"
                "  An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streamed\n"

@@ -51,6 +51,7 @@ typedef struct {
     size_t out_pos;
 } gen;
 
+/* Frees what an event copy holds (not the event itself). */
 static void event_free(sv_event *e) {
     free(e->text);
     free(e->error);
