@@ -17,7 +17,8 @@ done
 
 debs=(build-essential cmake pkg-config python3 python3-venv iproute2 clang-format
       libpcre2-dev libutf8proc-dev libcjson-dev libxxhash-dev libsodium-dev libmicrohttpd-dev libedit-dev
-      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)  # the last three: tests/cross_neon.sh
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user   # these three: tests/cross_neon.sh
+      chromium chromium-driver)                                # tests/test_chat_page.py (headless)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -40,7 +41,7 @@ if ((want_python)); then
     echo "setup: creating .cache/venv"
     python3 -m venv .cache/venv
   fi
-  if ! "$py" -c "import numpy, gguf, tokenizers, sentencepiece, jinja2, xxhash" 2>/dev/null; then
+  if ! "$py" -c "import numpy, gguf, tokenizers, sentencepiece, jinja2, xxhash, openai, selenium" 2>/dev/null; then
     echo "setup: installing Python test references into .cache/venv"
     "$py" -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
   fi

@@ -57,7 +57,7 @@ static const char *const status_msg[PS_STATUS_COUNT] = {
     [PS_ERR_TIMEOUT] = "timed out",
     [PS_ERR_PROTOCOL] = "protocol error",
     [PS_ERR_INTERNAL] = "internal error",
-    [PS_ERR_BUSY] = "busy",
+    [PS_ERR_BUSY] = "busy: try again later",
 };
 
 const char *ps_strerror(ps_status s) {

@@ -2,15 +2,19 @@
  * an operation fails (ps_alloc_fail_at), until the operation completes. Every failure on the
  * way must be clean: an error status with a message, no crash, and (under the sanitizers,
  * whose leak check runs at exit) no leak. Operations: loading a model (mapped and read),
- * the tokenizer, a stage, the coordinator and a session generating tokens, and a
+ * the tokenizer, a stage, the coordinator and a session generating tokens, a chat prompt's
+ * tokens, the stop-string matcher, the scheduler running a request to its DONE event, and a
  * connection's send path (dial, accept, sender thread, queued frames). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "coord/coord.h"
+#include "coord/sched.h"
 #include "coord/session.h"
+#include "coord/stop.h"
 #include "model/model.h"
 #include "net/net.h"
 #include "ps.h"
@@ -114,6 +118,81 @@ static ps_status op_session(char *err, size_t errlen) {
     return s;
 }
 
+/* The stop-string matcher: made, fed a text in pieces that hold back and release, flushed. */
+static ps_status op_stop(char *err, size_t errlen) {
+    const char *stops[] = {"the end", "\n\n"};
+    ps_stop *m = NULL;
+    ps_status s = ps_stop_create(stops, 2, &m, err, errlen);
+    const char *pieces[] = {"Once upon a time th", "e e", "nding came\n", "x"}, *out;
+    size_t n;
+    bool stopped;
+    for (size_t i = 0; !s && i < PS_ARRAY_LEN(pieces); i++)
+        if ((s = ps_stop_push(m, pieces[i], strlen(pieces[i]), &out, &n, &stopped)))
+            ps_errf(err, errlen, s, "push: %s", ps_strerror(s));
+    if (!s) ps_stop_flush(m, &out, &n);
+    ps_stop_free(m);
+    return s;
+}
+
+/* A chat prompt's tokens: the model's tokenizer, a template by name, contents as literal spans. */
+static ps_status op_chat_tokens(char *err, size_t errlen) {
+    ps_model *m = NULL;
+    ps_tok *t = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ps_chat_msg msgs[] = {{"system", "Be brief."}, {"user", "Tell me a story <|im_end|>."}};
+    ps_status s = ps_model_load(model_path, PS_GGUF_MAP, &m, err, errlen);
+    if (!s) s = ps_tok_create(m->gguf, &t, err, errlen);
+    if (!s) s = ps_session_chat_tokens(t, m, msgs, 2, "chatml", &ids, &n, err, errlen);
+    free(ids);
+    ps_tok_free(t);
+    ps_model_free(m);
+    return s;
+}
+
+/* What the scheduler's callback saw. */
+typedef struct {
+    volatile int done;
+    ps_status status;
+    char error[256];
+} sched_seen;
+
+static void sched_cb(void *ctx, const ps_sched_event *ev) {
+    sched_seen *w = ctx;
+    if (ev->kind != PS_SCHED_DONE) return;
+    w->status = ev->status;
+    snprintf(w->error, sizeof w->error, "%s", ev->error ? ev->error : "");
+    __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+}
+
+/* The scheduler: a launch, its engine thread, one request with a stop string run to its DONE
+ * event (whose failure, on the engine thread, is the operation's). */
+static ps_status op_sched(char *err, size_t errlen) {
+    ps_launch *l = NULL;
+    ps_sched *sc = NULL;
+    ps_launch_opts lo = {.model = model_path,
+                         .stage = {.threads = 1, .mmap = true},
+                         .n_ctx = 64,
+                         .max_batch = 16,
+                         .tokenizer = true,
+                         .timeout_ms = 10000};
+    ps_sched_opts so = {.parallel = 1, .queue_max = 4, .prefix_cache = true};
+    int32_t prompt[] = {1, 400, 401, 402};
+    ps_sched_request r = {.prompt = prompt, .n_prompt = 4, .stop = {"zzz"}, .n_stop = 1, .top_logprobs = 2};
+    r.gp = (ps_gen_params){.sp = ps_sample_params_default(), .n_predict = 6, .ignore_eos = true};
+    r.gp.sp.temperature = 0;
+    sched_seen w = {0};
+    uint64_t id;
+    ps_status s = ps_launch_start(&lo, &l, err, errlen);
+    if (!s) s = ps_sched_create(l, &so, &sc, err, errlen);
+    if (!s) s = ps_sched_submit(sc, &r, sched_cb, &w, &id, err, errlen);
+    while (!s && !__atomic_load_n(&w.done, __ATOMIC_ACQUIRE)) usleep(1000);
+    if (!s && w.status) s = ps_errf(err, errlen, w.status, "DONE: %s", w.error);
+    ps_sched_free(sc);
+    ps_launch_stop(l);
+    return s;
+}
+
 /* A connection on loopback: dial, accept, a sender thread queueing three frames, received. */
 static ps_status op_conn(char *err, size_t errlen) {
     int lfd = -1;
@@ -155,5 +234,8 @@ int main(void) {
     sweep("the tokenizer", op_tokenizer);
     sweep("a stage", op_stage);
     sweep("the coordinator and a session", op_session);
+    sweep("a chat prompt's tokens", op_chat_tokens);
+    sweep("the stop-string matcher", op_stop);
+    sweep("the scheduler", op_sched);
     return ps_test_done();
 }

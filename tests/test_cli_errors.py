@@ -340,7 +340,7 @@ def usage_error(args, keywords, absent=()):
     return first
 
 
-COMMANDS = ["run", "bench", "split", "worker", "inspect", "synth", "keygen"]
+COMMANDS = ["run", "serve", "bench", "split", "worker", "inspect", "synth", "keygen"]
 
 
 def case_typos():

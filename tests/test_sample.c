@@ -526,6 +526,54 @@ static void report_speed(void) {
     free(l);
 }
 
+/* The reference order of ps_sample_top_logprobs: logit descending, ties by lower id. */
+static const float *ref_logits;
+static int cmp_rank(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    float lx = ref_logits[x], ly = ref_logits[y];
+    return lx > ly ? -1 : lx < ly ? 1 : (x > y) - (x < y);
+}
+
+/* ps_sample_top_logprobs against the straightforward reference: every log-probability as
+ * logit - log(sum(exp(logits))) in long double, all ids sorted, the first n taken. Logits
+ * drawn from few values (many ties), and from a wide range; n from 0 to past the vocabulary. */
+static void test_top_logprobs(void) {
+    enum { V = 1000 };
+    static float l[V];
+    static int32_t order[V], ids[V + 5];
+    static float lp[V + 5];
+    for (int round = 0; round < 6; round++) {
+        for (int i = 0; i < V; i++) l[i] = round % 2 ? (float)(ps_test_rng_u32() % 7) - 3 : 20 * ps_test_rng_f();
+        if (round == 4) l[17] = -INFINITY;
+        long double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < V; i++) sum += expl((long double)l[i] - mx);
+        long double lse = mx + logl(sum);
+        for (int i = 0; i < V; i++) order[i] = i;
+        ref_logits = l;
+        qsort(order, V, sizeof *order, cmp_rank);
+        static const int ns[] = {0, 1, 2, 5, 20, V, V + 5};
+        for (size_t k = 0; k < PS_ARRAY_LEN(ns); k++) {
+            int n = ns[k];
+            double got = ps_sample_top_logprobs(l, V, n, ids, lp);
+            PS_CHECK(fabsl(got - lse) < 1e-9);
+            int m = n < V ? n : V;
+            double total = 0;
+            for (int j = 0; j < m; j++) {
+                PS_CHECK_EQ_INT(ids[j], order[j]);
+                if (isinf(l[order[j]]))
+                    PS_CHECK(isinf(lp[j]) && lp[j] < 0); /* the banned token: probability 0 */
+                else
+                    PS_CHECK(fabsl(lp[j] - ((long double)l[order[j]] - lse)) < 1e-5);
+                PS_CHECK(lp[j] <= 0 && (j == 0 || lp[j] <= lp[j - 1]));
+                total += exp(lp[j]);
+            }
+            PS_CHECK(total <= 1 + 1e-5);
+            if (m == V) PS_CHECK(fabs(total - 1) < 1e-4);
+        }
+    }
+}
+
 int main(void) {
     test_philox_kat();
     test_rng_basics();
@@ -541,6 +589,7 @@ int main(void) {
     test_sample_matches_dist();
     test_chi_square();
     test_bad_params();
+    test_top_logprobs();
     report_speed();
     return ps_test_done();
 }

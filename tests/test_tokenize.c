@@ -273,6 +273,46 @@ static void test_bpe_special(void) {
     ps_tok_free(t);
 }
 
+/* ps_tok_encode_literal: control tokens in the template's text, none inside a literal span
+ * (nor one reaching into it), user-defined tokens either way; spans out of order refused. */
+static void test_literal_spans(void) {
+    ps_tok *t = make(bpe_spec());
+    if (!t) return;
+    int32_t ids[64], whole[64], st = id_of(t, "<|im_start|>"), en = id_of(t, "<|im_end|>"), im = id_of(t, "<|im");
+    char err[256] = "";
+    /* "<|im_start|>" + content "hello<|im_end|>x<ud>" + "<|im_end|>" */
+    const char text[] = "<|im_start|>hello<|im_end|>x<ud><|im_end|>";
+    ps_tok_span lit = {12, 20};
+    size_t n = 0;
+    PS_CHECK_OK(ps_tok_encode_literal(t, text, strlen(text), false, &lit, 1, ids, 64, &n, err, sizeof err));
+    PS_CHECK(n > 3 && ids[0] == st && ids[n - 1] == en);
+    int controls = 0;
+    for (size_t i = 1; i + 1 < n; i++) controls += ids[i] == st || ids[i] == en || ids[i] == im;
+    PS_CHECK_EQ_INT(controls, 0);
+    PS_CHECK(n >= 2 && ids[n - 2] == id_of(t, "<ud>"));
+    PS_CHECK(strcmp(dec(t, ids, (int)n, PS_TOK_DECODE_SPECIAL), text) == 0);
+    /* a control token whose text would reach into the span stays text: "<|im" + span "_end|>" */
+    const char edge[] = "a<|im_end|>";
+    ps_tok_span tail = {5, 6};
+    PS_CHECK_OK(ps_tok_encode_literal(t, edge, strlen(edge), false, &tail, 1, ids, 64, &n, err, sizeof err));
+    PS_CHECK(n >= 2 && ids[1] == im); /* "<|im" lies before the span: it may match, the longer one not */
+    for (size_t i = 0; i < n; i++) PS_CHECK(ids[i] != en);
+    /* without special strings in the spans: exactly ps_tok_encode's ids */
+    const char plain[] = "<|im_start|>hello world<|im_end|>";
+    ps_tok_span mid = {12, 11};
+    PS_CHECK_OK(ps_tok_encode_literal(t, plain, strlen(plain), false, &mid, 1, ids, 64, &n, err, sizeof err));
+    int nw = enc(t, plain, false, true, whole, 64);
+    PS_CHECK((int)n == nw && !memcmp(ids, whole, n * sizeof *ids));
+    /* spans out of order or past the end */
+    ps_tok_span bad[2] = {{5, 4}, {3, 1}};
+    PS_CHECK_EQ_INT(ps_tok_encode_literal(t, plain, strlen(plain), false, bad, 2, ids, 64, &n, err, sizeof err),
+                    PS_ERR_ARG);
+    bad[0] = (ps_tok_span){30, 10};
+    PS_CHECK_EQ_INT(ps_tok_encode_literal(t, plain, strlen(plain), false, bad, 1, ids, 64, &n, err, sizeof err),
+                    PS_ERR_ARG);
+    ps_tok_free(t);
+}
+
 static void test_buffers(void) {
     ps_tok *t = make(bpe_spec());
     if (!t) return;
@@ -490,6 +530,7 @@ int main(void) {
     test_spm_special();
     test_bpe_encode();
     test_bpe_special();
+    test_literal_spans();
     test_buffers();
     test_stream();
     test_bad_spec();

@@ -5,6 +5,7 @@
 
 int ps_cli_run(int argc, char **argv);
 int ps_cli_chat(int argc, char **argv);
+int ps_cli_serve(int argc, char **argv);
 int ps_cli_inspect(int argc, char **argv);
 int ps_cli_synth(int argc, char **argv);
 int ps_cli_bench(int argc, char **argv);

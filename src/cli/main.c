@@ -29,6 +29,7 @@ static const struct {
 } commands[] = {
     {"run", ps_cli_run, "generate text from a prompt"},
     {"chat", ps_cli_chat, "talk with a model in the terminal, turn after turn"},
+    {"serve", ps_cli_serve, "an OpenAI-compatible HTTP server with a chat page"},
     {"inspect", ps_cli_inspect, "describe a GGUF model"},
     {"synth", ps_cli_synth, "write a GGUF model with random weights"},
     {"bench", ps_cli_bench, "measure prefill and decode speed"},

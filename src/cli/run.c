@@ -16,44 +16,62 @@
 #include "args.h"
 #include "cli.h"
 #include "repl.h"
+#include "run.h"
 
-/* The command's name in messages: "run", or "chat" (ps_cli_chat). */
+/* The command's name in messages: "run", "chat" or "serve" (ps_run_parse). */
 static const char *cmd = "run";
 
-typedef struct {
-    const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
-    long long threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
-    ps_link_sim sim;
-    bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, threads_given, n_set;
-    ps_act act;
-    ps_gen_params gp; /* sampling, -n, --ignore-eos */
-} run_opts;
+typedef ps_run_opts run_opts;
+
+void ps_run_usage_launch(FILE *f) {
+    fputs("  -m, --model FILE        GGUF model\n"
+          "  --fleet FILE            run a split model: fleet.json written by `pipeshard split`; stage 0\n"
+          "                          runs here, the other stages on the workers it lists\n"
+          "  --local-stages N        split -m MODEL into N stages and run stages 1..N-1 as local worker\n"
+          "                          processes on loopback (default 1: no split); the split is cached in\n"
+          "                          $PIPESHARD_CACHE or ~/.cache/pipeshard (PIPESHARD_CACHE=off: no cache)\n"
+          "  --local-transport T     how --local-stages connects its processes: tcp (loopback, default) or\n"
+          "                          unix (Unix sockets in a private directory: a shorter kernel path)\n"
+          "  --prefill-chunk N       prompt positions per micro-batch travelling the ring (default: -b)\n"
+          "  --key-file F            shared key the workers require (--local-stages: default a fresh one);\n"
+          "                          with a key, frames after the handshake are sealed (encrypted and\n"
+          "                          authenticated) unless both ends ask for --plain-frames\n"
+          "  --plain-frames          with a key: ask the workers for frames in the clear (the key still\n"
+          "                          authenticates each connection); for workers on this host, where\n"
+          "                          sealing only costs time (--local-stages asks by itself)\n"
+          "  --sim-latency-ms MS     emulated one-way delay on every outgoing hop (with --local-stages,\n"
+          "                          on the workers' hops too)\n"
+          "  --sim-bandwidth-mbps R  emulated rate limit of every outgoing hop, megabits/s (0 = none)\n"
+          "  --stage-timeout-ms MS   report a stage that does not answer within MS (default 60000)\n",
+          f);
+}
+
+void ps_run_usage_compute(FILE *f) {
+    fputs("  -t, --threads N         threads (default: all cores; more is allowed, with a warning)\n"
+          "  --pin                   pin thread i to the i-th CPU this process may use (with\n"
+          "                          --local-stages, the workers' threads too): steadier, faster decode\n"
+          "                          when the cores are this run's alone or its stages share them; not\n"
+          "                          for processes that share cores with others (taskset them apart)\n"
+          "  --mmap                  map the model file (pages read on first use, shared with the page\n"
+          "                          cache) instead of reading it into huge pages at start (default\n"
+          "                          where transparent huge pages are on: decode is faster, start-up\n"
+          "                          slower); with --local-stages, the workers too\n"
+          "  -c, --ctx-size N        context size in tokens (default: the model's, at most 4096; more\n"
+          "                          than the model's is allowed, with a warning)\n"
+          "  -b, --batch-size N      prompt tokens per forward pass (default 128)\n"
+          "  --activations q8|f32    matmul arithmetic: q8 = 8-bit activations, integer dot products\n"
+          "                          (llama.cpp's numerics, fastest; default), f32 = float activations\n"
+          "                          (closest to a float reference, slower prompt processing)\n",
+          f);
+}
 
 static void run_usage(FILE *f) {
     ps_gen_params d = ps_gen_params_default();
+    fprintf(f, "usage: pipeshard run (-m MODEL | --fleet FLEET.json) [-p PROMPT | -f FILE] [options]\n"
+               "       ... | pipeshard run -m MODEL [options]    (no -p, -f or --prompt-ids: the prompt is\n"
+               "                                                   read from standard input)\n");
+    ps_run_usage_launch(f);
     fprintf(f,
-            "usage: pipeshard run (-m MODEL | --fleet FLEET.json) [-p PROMPT | -f FILE] [options]\n"
-            "       ... | pipeshard run -m MODEL [options]    (no -p, -f or --prompt-ids: the prompt is\n"
-            "                                                   read from standard input)\n"
-            "  -m, --model FILE        GGUF model\n"
-            "  --fleet FILE            run a split model: fleet.json written by `pipeshard split`; stage 0\n"
-            "                          runs here, the other stages on the workers it lists\n"
-            "  --local-stages N        split -m MODEL into N stages and run stages 1..N-1 as local worker\n"
-            "                          processes on loopback (default 1: no split); the split is cached in\n"
-            "                          $PIPESHARD_CACHE or ~/.cache/pipeshard (PIPESHARD_CACHE=off: no cache)\n"
-            "  --local-transport T     how --local-stages connects its processes: tcp (loopback, default) or\n"
-            "                          unix (Unix sockets in a private directory: a shorter kernel path)\n"
-            "  --prefill-chunk N       prompt positions per micro-batch travelling the ring (default: -b)\n"
-            "  --key-file F            shared key the workers require (--local-stages: default a fresh one);\n"
-            "                          with a key, frames after the handshake are sealed (encrypted and\n"
-            "                          authenticated) unless both ends ask for --plain-frames\n"
-            "  --plain-frames          with a key: ask the workers for frames in the clear (the key still\n"
-            "                          authenticates each connection); for workers on this host, where\n"
-            "                          sealing only costs time (--local-stages asks by itself)\n"
-            "  --sim-latency-ms MS     emulated one-way delay on every outgoing hop (with --local-stages,\n"
-            "                          on the workers' hops too)\n"
-            "  --sim-bandwidth-mbps R  emulated rate limit of every outgoing hop, megabits/s (0 = none)\n"
-            "  --stage-timeout-ms MS   report a stage that does not answer within MS (default 60000)\n"
             "  -p, --prompt TEXT       prompt text\n"
             "  -f, --file FILE         read the prompt from FILE (- = standard input)\n"
             "  -n, --n-predict N       tokens to generate (default %lld; -1 = until end of text or context)\n"
@@ -65,33 +83,20 @@ static void run_usage(FILE *f) {
             "  --repeat-last-n N       tokens the penalties look at (default %d; -1 = all)\n"
             "  --presence-penalty P    OpenAI presence penalty (default %g)\n"
             "  --frequency-penalty F   OpenAI frequency penalty (default %g)\n"
-            "  --seed S                sampling seed (default: random, printed by --stats)\n"
-            "  -t, --threads N         threads (default: all cores; more is allowed, with a warning)\n"
-            "  --pin                   pin thread i to the i-th CPU this process may use (with\n"
-            "                          --local-stages, the workers' threads too): steadier, faster decode\n"
-            "                          when the cores are this run's alone or its stages share them; not\n"
-            "                          for processes that share cores with others (taskset them apart)\n"
-            "  --mmap                  map the model file (pages read on first use, shared with the page\n"
-            "                          cache) instead of reading it into huge pages at start (default\n"
-            "                          where transparent huge pages are on: decode is faster, start-up\n"
-            "                          slower); with --local-stages, the workers too\n"
-            "  -c, --ctx-size N        context size in tokens (default: the model's, at most 4096; more\n"
-            "                          than the model's is allowed, with a warning)\n"
-            "  -b, --batch-size N      prompt tokens per forward pass (default 128)\n"
-            "  --activations q8|f32    matmul arithmetic: q8 = 8-bit activations, integer dot products\n"
-            "                          (llama.cpp's numerics, fastest; default), f32 = float activations\n"
-            "                          (closest to a float reference, slower prompt processing)\n"
-            "  --ignore-eos            keep generating past the end-of-text token\n"
-            "  --chat                  wrap the prompt in the model's chat template as a user message\n"
-            "  --chat-template NAME    chat template family (chatml, llama2, llama3, mistral, gemma, phi3, zephyr)\n"
-            "  --system TEXT           system message for --chat\n"
-            "  --stats                 print a JSON line of timings on stderr at the end (with a fleet:\n"
-            "                          per-stage compute and per-hop bytes and milliseconds)\n"
-            "  --prompt-ids IDS        comma-separated token ids instead of a text prompt (no BOS added)\n"
-            "  --print-ids             print generated token ids (space-separated) instead of text\n"
-            "  --dump-logits FILE      write each generated step's logits (float32, vocab per step) to FILE\n",
+            "  --seed S                sampling seed (default: random, printed by --stats)\n",
             (long long)d.n_predict, d.sp.temperature, d.sp.top_k, d.sp.top_p, d.sp.min_p, d.sp.repetition_penalty,
             d.sp.penalty_last_n, d.sp.presence_penalty, d.sp.frequency_penalty);
+    ps_run_usage_compute(f);
+    fputs("  --ignore-eos            keep generating past the end-of-text token\n"
+          "  --chat                  wrap the prompt in the model's chat template as a user message\n"
+          "  --chat-template NAME    chat template family (chatml, llama2, llama3, mistral, gemma, phi3, zephyr)\n"
+          "  --system TEXT           system message for --chat\n"
+          "  --stats                 print a JSON line of timings on stderr at the end (with a fleet:\n"
+          "                          per-stage compute and per-hop bytes and milliseconds)\n"
+          "  --prompt-ids IDS        comma-separated token ids instead of a text prompt (no BOS added)\n"
+          "  --print-ids             print generated token ids (space-separated) instead of text\n"
+          "  --dump-logits FILE      write each generated step's logits (float32, vocab per step) to FILE\n",
+          f);
 }
 
 /* The option table: flags taking a value. */
@@ -204,63 +209,88 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     return false;
 }
 
-/* Parses argv; returns -1 to go on, else the exit status (0 after --help). */
-static int run_parse(int argc, char **argv, run_opts *o, bool interactive) {
+/* Whether valued flag id is one of run's prompt, output or sampling flags (serve refuses them). */
+static bool run_only(int id) {
+    return id == O_PROMPT || id == O_FILE || id == O_N || (id >= O_TEMP && id <= O_SEED) || id == O_SYSTEM ||
+           id == O_IDS || id == O_DUMP;
+}
+
+/* The index of a's valued flag in value_flags, or -1. */
+static int find_flag(const char *a) {
+    for (size_t k = 0; k < PS_ARRAY_LEN(value_flags); k++)
+        if ((value_flags[k].s && !strcmp(a, value_flags[k].s)) || !strcmp(a, value_flags[k].l)) return (int)k;
+    return -1;
+}
+
+/* Applies switch a; false when a is none. */
+static bool run_switch(run_opts *o, const char *a) {
+    bool *b = !strcmp(a, "--ignore-eos")     ? &o->gp.ignore_eos
+              : !strcmp(a, "--chat")         ? &o->chat
+              : !strcmp(a, "--stats")        ? &o->stats
+              : !strcmp(a, "--print-ids")    ? &o->print_ids
+              : !strcmp(a, "--pin")          ? &o->pin
+              : !strcmp(a, "--mmap")         ? &o->mmap
+              : !strcmp(a, "--plain-frames") ? &o->plain
+                                             : NULL;
+    if (!b) return false;
+    if (b != &o->pin && b != &o->mmap && b != &o->plain && !o->given) o->given = a;
+    return *b = true;
+}
+
+/* Reports an argument no parser takes (a typo is matched against every flag) and returns 2. */
+static int unknown_arg(const char *a, ps_run_mode mode, const ps_run_extra *extra) {
+    static const char *const switches[] = {"--help",      "--ignore-eos", "--chat", "--stats",
+                                           "--print-ids", "--pin",        "--mmap", "--plain-frames"};
+    const char *known[PS_ARRAY_LEN(switches) + 2 * PS_ARRAY_LEN(value_flags) + 32];
+    size_t n = 0;
+    for (size_t j = 0; j < PS_ARRAY_LEN(switches); j++) known[n++] = switches[j];
+    for (size_t j = 0; j < PS_ARRAY_LEN(value_flags); j++) {
+        if (value_flags[j].s) known[n++] = value_flags[j].s;
+        known[n++] = value_flags[j].l;
+    }
+    for (size_t j = 0; extra && extra->flags[j] && n + 1 < PS_ARRAY_LEN(known); j++) known[n++] = extra->flags[j];
+    known[n] = NULL;
+    return ps_arg_unknown(cmd, a, known,
+                          mode == PS_RUN_CHAT    ? "(see pipeshard chat --help)"
+                          : mode == PS_RUN_SERVE ? "(see pipeshard serve --help)"
+                                                 : "give the prompt with -p TEXT (see pipeshard run --help)");
+}
+
+/* A flag of extra's: its value applied (1), a usage error (2), or not one of them (0). */
+static int extra_flag(const ps_run_extra *extra, int argc, char **argv, int *i) {
+    for (size_t j = 0; extra && extra->flags[j]; j++) {
+        if (strcmp(argv[*i], extra->flags[j])) continue;
+        const char *flag = argv[*i], *v = ps_arg_value(cmd, argc, argv, i);
+        return v && extra->set(extra->ctx, flag, v) ? 1 : 2;
+    }
+    return 0;
+}
+
+int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_run_extra *extra) {
+    bool interactive = mode != PS_RUN_RUN;
+    cmd = mode == PS_RUN_CHAT ? "chat" : mode == PS_RUN_SERVE ? "serve" : "run";
     *o = (run_opts){
         .threads = ps_cpu_count(), .batch = 128, .local_stages = 1, .timeout_ms = 60000, .gp = ps_gen_params_default()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return run_usage(stdout), 0;
-        if (!strcmp(a, "--ignore-eos")) {
-            o->gp.ignore_eos = true;
+        if (run_switch(o, a)) continue;
+        int k = find_flag(a), x = k < 0 ? extra_flag(extra, argc, argv, &i) : 0;
+        if (x) {
+            if (x == 2) return 2;
             continue;
         }
-        if (!strcmp(a, "--chat")) {
-            o->chat = true;
-            continue;
-        }
-        if (!strcmp(a, "--stats")) {
-            o->stats = true;
-            continue;
-        }
-        if (!strcmp(a, "--print-ids")) {
-            o->print_ids = true;
-            continue;
-        }
-        if (!strcmp(a, "--pin")) {
-            o->pin = true;
-            continue;
-        }
-        if (!strcmp(a, "--mmap")) {
-            o->mmap = true;
-            continue;
-        }
-        if (!strcmp(a, "--plain-frames")) {
-            o->plain = true;
-            continue;
-        }
-        size_t k = 0;
-        while (k < PS_ARRAY_LEN(value_flags) &&
-               !((value_flags[k].s && !strcmp(a, value_flags[k].s)) || !strcmp(a, value_flags[k].l)))
-            k++;
-        if (k == PS_ARRAY_LEN(value_flags)) {
-            /* the switches above, then the valued flags: what a typo is matched against */
-            static const char *const switches[] = {"--help",      "--ignore-eos", "--chat", "--stats",
-                                                   "--print-ids", "--pin",        "--mmap", "--plain-frames"};
-            const char *known[PS_ARRAY_LEN(switches) + 2 * PS_ARRAY_LEN(value_flags) + 1];
-            size_t n = 0;
-            for (size_t j = 0; j < PS_ARRAY_LEN(switches); j++) known[n++] = switches[j];
-            for (size_t j = 0; j < PS_ARRAY_LEN(value_flags); j++) {
-                if (value_flags[j].s) known[n++] = value_flags[j].s;
-                known[n++] = value_flags[j].l;
-            }
-            known[n] = NULL;
-            return ps_arg_unknown(cmd, a, known,
-                                  interactive ? "(see pipeshard chat --help)"
-                                              : "give the prompt with -p TEXT (see pipeshard run --help)");
-        }
+        if (k < 0) return unknown_arg(a, mode, extra);
+        if (run_only(value_flags[k].id) && !o->given) o->given = a;
         const char *v = ps_arg_value(cmd, argc, argv, &i);
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
+    }
+    if (mode == PS_RUN_SERVE && o->given) {
+        fprintf(stderr,
+                "pipeshard serve: %s is an option of `pipeshard run`: each request gives its prompt, length and "
+                "sampling (see pipeshard serve --help)\n",
+                o->given);
+        return 2;
     }
     const char *why = NULL;
     if (!o->model == !o->fleet)
@@ -330,7 +360,7 @@ static void on_signal(int sig) {
 
 /* Installs on_signal; SIGPIPE is ignored, so that a closed stdout (`| head`) is a write
  * error that generate() sees. */
-static void install_signals(void) {
+void ps_run_install_signals(void) {
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
@@ -338,6 +368,9 @@ static void install_signals(void) {
     sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
+
+void ps_run_catch_signals(bool on) { atomic_store(&run_generating, on); }
+int ps_run_signal(void) { return atomic_load(&run_signal); }
 
 // ---------------------------------------------------------------------------------------
 // Progress
@@ -380,6 +413,42 @@ static void progress_clear(progress_line *p) {
     atomic_store(&run_line_open, false);
 }
 
+/* The one progress line of this process (one launch at a time). */
+static progress_line run_progress = {.pct = -1};
+
+void ps_run_progress_clear(void) { progress_clear(&run_progress); }
+
+ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char *err, size_t errlen) {
+    run_progress.show = isatty(STDERR_FILENO);
+    ps_launch_opts lo = {.model = o->model,
+                         .fleet = o->fleet,
+                         .local_stages = (int)o->local_stages,
+                         .local_unix = o->local_unix,
+                         .key_file = o->key_file,
+                         .plain = o->plain,
+                         .sim = o->sim,
+                         .timeout_ms = (int)o->timeout_ms,
+                         .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
+                         .n_ctx = (int)o->ctx,
+                         .max_batch = (int)o->batch,
+                         .prefill_chunk = (int)o->prefill_chunk,
+                         .parallel = o->parallel,
+                         .act = o->act,
+                         .tokenizer = tokenizer,
+                         .progress = {on_progress, &run_progress}};
+    ps_status s = ps_launch_start(&lo, out, err, errlen);
+    if (s) return s;
+    int trained = ps_coord_model(ps_launch_coord(*out))->hp.ctx_train;
+    if (o->ctx > trained) {
+        progress_clear(&run_progress);
+        fprintf(stderr,
+                "pipeshard %s: warning: -c %lld is more than the %d positions the model was trained on; using %lld "
+                "(text past %d may degrade)\n",
+                cmd, o->ctx, trained, o->ctx, trained);
+    }
+    return PS_OK;
+}
+
 // ---------------------------------------------------------------------------------------
 // Generation
 
@@ -393,7 +462,6 @@ typedef struct {
     bool usage;          /* the error is in what the command line gives (exit 2) */
     bool interactive;    /* `pipeshard chat`: the prompts come from the terminal (repl.c) */
     bool stdout_gone;    /* a write to stdout failed: the reader went away (`| head`) */
-    progress_line progress;
     char err[1024];
 } run_state;
 
@@ -487,28 +555,7 @@ static ps_status run_setup(run_state *st) {
     size_t el = sizeof st->err;
     ps_status s = ps_sample_params_check(&o->gp.sp, err, el);
     if (s) return st->usage = true, s; /* sampling flags that do not go together */
-    ps_launch_opts lo = {.model = o->model,
-                         .fleet = o->fleet,
-                         .local_stages = (int)o->local_stages,
-                         .local_unix = o->local_unix,
-                         .key_file = o->key_file,
-                         .plain = o->plain,
-                         .sim = o->sim,
-                         .timeout_ms = (int)o->timeout_ms,
-                         .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
-                         .n_ctx = (int)o->ctx,
-                         .max_batch = (int)o->batch,
-                         .prefill_chunk = (int)o->prefill_chunk,
-                         .act = o->act,
-                         .tokenizer = !(o->prompt_ids && o->print_ids),
-                         .progress = {on_progress, &st->progress}};
-    if ((s = ps_launch_start(&lo, &st->launch, err, el))) return s;
-    int trained = ps_coord_model(ps_launch_coord(st->launch))->hp.ctx_train;
-    if (o->ctx > trained)
-        fprintf(stderr,
-                "pipeshard %s: warning: -c %lld is more than the %d positions the model was trained on; using %lld "
-                "(text past %d may degrade)\n",
-                cmd, o->ctx, trained, o->ctx, trained);
+    if ((s = ps_run_launch(o, !(o->prompt_ids && o->print_ids), &st->launch, err, el))) return s;
     if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)))
         return s;
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
@@ -555,7 +602,7 @@ static ps_status generate(run_state *st) {
     for (;;) {
         if (atomic_load(&run_signal)) ps_session_cancel(st->session);
         s = ps_session_next(st->session, &step, st->err, sizeof st->err);
-        progress_clear(&st->progress); /* the prompt's progress ends with its first step */
+        progress_clear(&run_progress); /* the prompt's progress ends with its first step */
         if (s) break;
         if (step.token >= 0 && (s = dump_logits(st))) break;
         if (step.token >= 0 && step.stop != PS_STOP_EOS) {
@@ -638,13 +685,13 @@ static void print_stats(const run_state *st) {
 
 int ps_cli_run(int argc, char **argv) {
     run_opts o;
-    int rc = run_parse(argc, argv, &o, false);
+    int rc = ps_run_parse(argc, argv, &o, PS_RUN_RUN, NULL);
     if (rc >= 0) return rc;
-    install_signals();
-    run_state st = {.o = &o, .progress = {.show = isatty(STDERR_FILENO), .pct = -1}};
+    ps_run_install_signals();
+    run_state st = {.o = &o};
     ps_status s = run_setup(&st);
     if (!s) s = generate(&st);
-    progress_clear(&st.progress);
+    progress_clear(&run_progress);
     if (s)
         fprintf(stderr, "pipeshard run: %s\n", st.err[0] ? st.err : ps_strerror(s));
     else if (o.stats)
@@ -673,11 +720,10 @@ static void chat_usage(FILE *f) {
 }
 
 int ps_cli_chat(int argc, char **argv) {
-    cmd = "chat";
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return chat_usage(stdout), 0;
     run_opts o;
-    int rc = run_parse(argc, argv, &o, true);
+    int rc = ps_run_parse(argc, argv, &o, PS_RUN_CHAT, NULL);
     if (rc >= 0) return rc;
     if (o.prompt || o.prompt_file || o.prompt_ids || o.print_ids || o.dump_logits) {
         fprintf(stderr, "pipeshard chat: the turns come from the terminal; -p, -f, --prompt-ids, --print-ids and "
@@ -685,7 +731,7 @@ int ps_cli_chat(int argc, char **argv) {
         return 2;
     }
     if (!o.n_set) o.gp.n_predict = -1;
-    install_signals(); /* SIGTERM and SIGHUP clean up a local fleet; the conversation takes SIGINT */
+    ps_run_install_signals(); /* SIGTERM and SIGHUP clean up a local fleet; the conversation takes SIGINT */
     run_state st = {.o = &o, .interactive = true};
     ps_status s = run_setup(&st);
     if (s) fprintf(stderr, "pipeshard chat: %s\n", st.err[0] ? st.err : ps_strerror(s));

@@ -26,7 +26,7 @@ struct ps_session {
 };
 
 const char *ps_stop_reason_name(ps_stop_reason r) {
-    static const char *const names[] = {"none", "eos", "length", "context", "cancelled"};
+    static const char *const names[] = {"none", "eos", "length", "context", "cancelled", "stop"};
     return (unsigned)r < PS_ARRAY_LEN(names) ? names[r] : "unknown";
 }
 
@@ -116,29 +116,58 @@ ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, co
     return prompt_tokens(s, text, len, true, false, gp, err, errlen);
 }
 
-/* A NUL-terminated copy of token id's text, or NULL (caller frees). */
-static char *token_text(const ps_tok *tok, int32_t id) {
+/* A NUL-terminated copy of token id's text into *out (caller frees), or NULL for no token;
+ * false when memory is out. */
+static bool token_text(const ps_tok *tok, int32_t id, char **out) {
     size_t len;
     const char *t = id >= 0 ? ps_tok_token_text(tok, id, &len) : NULL;
-    return t ? ps_strndup(t, len) : NULL;
+    *out = t ? ps_strndup(t, len) : NULL;
+    return !t || *out;
 }
 
 /* See session.h. The template is the model's unless template_name names a family; BOS is
  * added by the tokenizer only when the template does not write it itself. */
+ps_status ps_session_chat_tokens(const ps_tok *tok, const ps_model *m, const ps_chat_msg *msgs, size_t n,
+                                 const char *template_name, int32_t **ids, size_t *n_ids, char *err, size_t errlen) {
+    *ids = NULL, *n_ids = 0;
+    ps_gguf_str t;
+    char *tmpl = NULL, *text = NULL, *bos = NULL, *eos = NULL;
+    ps_chat *chat = NULL;
+    ps_tok_span *spans = NULL;
+    size_t len = 0, n_spans = 0, cap = 0;
+    bool have = ps_gguf_get_str(m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK;
+    ps_status st = PS_OK;
+    if (!token_text(tok, ps_tok_bos(tok), &bos) || !token_text(tok, ps_tok_eos(tok), &eos) ||
+        (have && !(tmpl = ps_strndup(t.data, t.len))))
+        st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    if (!st) st = ps_chat_create(tmpl, template_name, bos, eos, &chat, err, errlen);
+    if (!st) st = ps_chat_apply_spans(chat, msgs, n, true, &text, &len, &spans, &n_spans, err, errlen);
+    bool add_bos = chat && !ps_chat_writes_bos(chat);
+    for (cap = len + 16; !st;) { /* a guess, then what the first try counted */
+        free(*ids);
+        if (!(*ids = ps_malloc(cap * sizeof **ids))) {
+            st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+            break;
+        }
+        st = ps_tok_encode_literal(tok, text, len, add_bos, spans, n_spans, *ids, cap, n_ids, err, errlen);
+        if (st != PS_ERR_RANGE || cap >= *n_ids) break;
+        st = PS_OK, cap = *n_ids;
+    }
+    if (st) free(*ids), *ids = NULL, *n_ids = 0;
+    ps_chat_free(chat);
+    free(tmpl), free(bos), free(eos), free(text), free(spans);
+    return st;
+}
+
 ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t n, const char *template_name,
                                  const ps_gen_params *gp, char *err, size_t errlen) {
     if (!s->tok) return ps_errf(err, errlen, PS_ERR_ARG, "a chat prompt needs the model's tokenizer");
-    ps_gguf_str t;
-    char *tmpl = NULL, *text = NULL, *bos = token_text(s->tok, ps_tok_bos(s->tok));
-    char *eos = token_text(s->tok, ps_tok_eos(s->tok));
-    if (ps_gguf_get_str(s->m->gguf, "tokenizer.chat_template", &t, NULL, 0) == PS_OK) tmpl = ps_strndup(t.data, t.len);
-    ps_chat *chat = NULL;
-    size_t len = 0;
-    ps_status st = ps_chat_create(tmpl, template_name, bos, eos, &chat, err, errlen);
-    if (!st) st = ps_chat_apply_alloc(chat, msgs, n, true, &text, &len, err, errlen);
-    if (!st) st = prompt_tokens(s, text, len, !ps_chat_writes_bos(chat), true, gp, err, errlen);
-    ps_chat_free(chat);
-    free(tmpl), free(bos), free(eos), free(text);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    ps_status st = ps_session_chat_tokens(s->tok, s->m, msgs, n, template_name, &ids, &n_ids, err, errlen);
+    if (!st && n_ids > (size_t)s->n_ctx) st = too_long(s, (long long)n_ids, err, errlen);
+    if (!st) st = ps_session_prompt_ids(s, ids, (int)n_ids, gp, err, errlen);
+    free(ids);
     return st;
 }
 
@@ -205,5 +234,6 @@ void ps_session_get_stats(const ps_session *s, ps_session_stats *out) {
                               .n_reused = s->n_reused,
                               .ttft_s = s->ttft_s,
                               .decode_s = s->decode_s,
-                              .n_decode = s->n_decode};
+                              .n_decode = s->n_decode,
+                              .n_held = s->n_fed};
 }

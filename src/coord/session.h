@@ -32,9 +32,11 @@ typedef enum {
     PS_STOP_LENGTH = 2,    /* n_predict tokens were generated */
     PS_STOP_CONTEXT = 3,   /* the context is full */
     PS_STOP_CANCELLED = 4, /* ps_session_cancel */
+    PS_STOP_STOP = 5,      /* a stop string of the request appeared (coord/stop.h; the scheduler) */
+    PS_STOP_REASON_COUNT
 } ps_stop_reason;
 
-/* "none", "eos", "length", "context", "cancelled". */
+/* "none", "eos", "length", "context", "cancelled", "stop". */
 const char *ps_stop_reason_name(ps_stop_reason r);
 
 /* How to generate: sampling, and when to stop. */
@@ -67,12 +69,22 @@ ps_status ps_session_prompt_text(ps_session *s, const char *text, size_t len, co
                                  size_t errlen);
 /* Chat messages rendered through the model's chat template (tokenizer.chat_template), or
  * the family named by template_name when not NULL (chat.h), with the assistant's turn
- * opened; special-token strings of the template are parsed. */
+ * opened (ps_session_chat_tokens): special-token strings of the template are parsed, those
+ * in the messages' contents are text. */
 ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t n, const char *template_name,
                                  const ps_gen_params *gp, char *err, size_t errlen);
 /* Token ids as they are (no BOS added); one outside the model's vocabulary is PS_ERR_ARG. */
 ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const ps_gen_params *gp, char *err,
                                 size_t errlen);
+
+/* The token ids of a chat prompt, as ps_session_prompt_chat runs it: msgs rendered through
+ * model m's chat template (or template_name's family), the assistant's turn opened, and
+ * tokenized by tok with the template's special tokens parsed and the contents taken as text
+ * (ps_tok_encode_literal), BOS added unless the template writes it. *ids is malloc'd (the
+ * caller frees; NULL on failure), *n_ids long. Errors: the template's (no template, an
+ * unknown family, messages it refuses: PS_ERR_ARG / PS_ERR_NOT_FOUND / PS_ERR_UNSUPPORTED). */
+ps_status ps_session_chat_tokens(const ps_tok *tok, const ps_model *m, const ps_chat_msg *msgs, size_t n,
+                                 const char *template_name, int32_t **ids, size_t *n_ids, char *err, size_t errlen);
 
 /* Forgets what the stages hold: the next prompt runs whole (for measuring prefill). */
 void ps_session_reset(ps_session *s);
@@ -110,6 +122,8 @@ typedef struct {
     double ttft_s;   /* prompt around the ring to the first token */
     double decode_s; /* the steps after the first, summed */
     int n_decode;    /* how many steps decode_s covers */
+    int n_held;      /* positions whose keys and values every stage holds now (what the next
+                        prompt may keep) */
 } ps_session_stats;
 void ps_session_get_stats(const ps_session *s, ps_session_stats *out);
 

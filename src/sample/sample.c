@@ -538,22 +538,29 @@ ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *
     return PS_OK;
 }
 
-void ps_sample_logprobs(const float *logits, int32_t n_vocab, int32_t token, float *token_lp, int n_top,
-                        int32_t *top_id, float *top_lp) {
-    float max = -INFINITY;
-    for (int32_t i = 0; i < n_vocab; i++)
-        if (logits[i] > max) max = logits[i];
+// ---- log-probabilities ----------------------------------------------------------------
+
+/* Whether (la, a) ranks before (lb, b): the larger logit first, ties by the lower id. */
+static bool ranks_before(float la, int32_t a, float lb, int32_t b) { return la > lb || (la == lb && a < b); }
+
+/* See sample.h. One pass for the normalizer (in double: max + log sum exp(l - max)), one for
+ * the top n by insertion into a sorted list, which a token enters only when it beats the
+ * list's last: O(vocab) for the usual n of a few. */
+double ps_sample_top_logprobs(const float *logits, int vocab, int n, int32_t *ids, float *logprobs) {
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
     double sum = 0;
-    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - max);
-    double lse = max + log(sum);
-    *token_lp = (float)(logits[token] - lse);
-    /* top n by insertion into a sorted list: n <= PS_MAX_TOP_LOGPROBS, so n_vocab * n at most */
-    int k = 0;
-    for (int32_t i = 0; i < n_vocab && n_top > 0; i++) {
-        if (k == n_top && logits[i] <= logits[top_id[k - 1]]) continue;
-        int j = k < n_top ? k++ : k - 1;
-        while (j > 0 && logits[top_id[j - 1]] < logits[i]) top_id[j] = top_id[j - 1], j--;
-        top_id[j] = i;
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = (double)mx + log(sum);
+    if (n > vocab) n = vocab;
+    int have = 0;
+    for (int32_t i = 0; i < vocab && n > 0; i++) {
+        if (have == n && !ranks_before(logits[i], i, logits[ids[n - 1]], ids[n - 1])) continue;
+        int at = have < n ? have++ : n - 1; /* a full list drops its last */
+        while (at > 0 && ranks_before(logits[i], i, logits[ids[at - 1]], ids[at - 1])) ids[at] = ids[at - 1], at--;
+        ids[at] = i;
     }
-    for (int j = 0; j < k; j++) top_lp[j] = (float)(logits[top_id[j]] - lse);
+    for (int k = 0; k < have; k++) logprobs[k] = (float)((double)logits[ids[k]] - lse);
+    return lse;
 }

@@ -99,12 +99,6 @@ int32_t ps_sampler_n_vocab(const ps_sampler *s);
 ps_status ps_sample(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
                     int64_t n_history, uint64_t position, int32_t *out_token);
 
-/* Log-probabilities of the model's own distribution (the log-softmax of the raw logits, no
- * penalty, temperature or truncation): *token_lp for token, and the n_top most likely ids
- * (descending, ties by lower id) with theirs into top_id / top_lp. Pure; n_top may be 0. */
-void ps_sample_logprobs(const float *logits, int32_t n_vocab, int32_t token, float *token_lp, int n_top,
-                        int32_t *top_id, float *top_lp);
-
 /* The distribution ps_sample draws from: runs the same penalties and truncation and
  * the softmax at the temperature, and points *ids / *probs at the kept tokens in draw
  * order (logit descending, ties by id) and their probabilities (summing to 1), *n_kept
@@ -113,6 +107,14 @@ void ps_sample_logprobs(const float *logits, int32_t n_vocab, int32_t token, flo
  * (meant for speculative verification, log-probabilities and tests). Errors as ps_sample. */
 ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
                          int64_t n_history, const int32_t **ids, const float **probs, int32_t *n_kept);
+
+/* Log-probabilities of the model's own distribution (the log-softmax of the raw logits: no
+ * penalties, truncation or temperature; what OpenAI's logprobs report): the n (>= 0) most
+ * likely tokens of logits[0..vocab) into ids[0..n) and their log-probabilities into
+ * logprobs[0..n), descending, ties by the lower id first (min(n, vocab) entries written).
+ * Returns log(sum(exp(logits))), so that any token t's log-probability is logits[t] minus
+ * it. Allocates nothing; pure. Logits are expected finite (-inf allowed: probability 0). */
+double ps_sample_top_logprobs(const float *logits, int vocab, int n, int32_t *ids, float *logprobs);
 
 /* The message of the last failed call on s ("" after a success); owned by s, valid
  * until the next call on s. */

@@ -400,7 +400,10 @@ static ps_status sample_seg(ps_stage *s, const ps_mb_seg *g, const float *logits
     *r = (ps_result){.seq = g->seq, .pos = n_hist, .n_top = lp ? g->n_top : 0};
     ps_status st = ps_sample(s->smp, &g->sp, logits, s->history, n_hist, (uint64_t)n_hist, &r->token);
     if (st) return ps_errf(err, errlen, st, "sampling failed: %s", ps_sampler_error(s->smp));
-    if (lp) ps_sample_logprobs(logits, s->m->hp.vocab, r->token, &r->logprob, (int)r->n_top, r->top_id, r->top_logprob);
+    if (lp) {
+        double lse = ps_sample_top_logprobs(logits, s->m->hp.vocab, (int)r->n_top, r->top_id, r->top_logprob);
+        r->logprob = (float)((double)logits[r->token] - lse);
+    }
     return PS_OK;
 }
 

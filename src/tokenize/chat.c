@@ -360,9 +360,11 @@ const char *ps_chat_default_system(const ps_chat *c) { return c->default_system;
 
 /* Bounded output that counts everything it was given. */
 typedef struct {
-    char *buf;  // NULL when only measuring
-    size_t cap; // bytes of buf usable for text (buflen - 1)
-    size_t len; // bytes written or that would have been
+    char *buf;          // NULL when only measuring
+    size_t cap;         // bytes of buf usable for text (buflen - 1)
+    size_t len;         // bytes written or that would have been
+    ps_tok_span *spans; // (n_spans) where the contents went, or NULL: only counted
+    size_t n_spans;
 } sink;
 
 /* Appends s[0..n): copies what fits in k->buf (if any), counts all n bytes. */
@@ -373,6 +375,18 @@ static void put_n(sink *k, const char *s, size_t n) {
 
 /* put_n of a NUL-terminated string. */
 static void put(sink *k, const char *s) { put_n(k, s, strlen(s)); }
+
+/* Appends a message's content s[0..n) and records where it went (a literal span: text from
+ * a user, never read as special tokens). */
+static void put_lit(sink *k, const char *s, size_t n) {
+    if (!n) return;
+    if (k->spans) k->spans[k->n_spans] = (ps_tok_span){k->len, n};
+    k->n_spans++;
+    put_n(k, s, n);
+}
+
+/* put_lit of a NUL-terminated content. */
+static void put_content(sink *k, const char *s) { put_lit(k, s, strlen(s)); }
 
 /* Whether the 3-byte UTF-8 sequence at s is one of Python's whitespace characters
  * (U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000). */
@@ -409,12 +423,12 @@ static void strip(const char *s, bool lead, bool trail, const char **b, size_t *
     *n = len;
 }
 
-/* Appends s with Python's str.strip() applied (the templates' content|trim). */
+/* Appends content s with Python's str.strip() applied (the templates' content|trim). */
 static void put_strip(sink *k, const char *s) {
     const char *b;
     size_t n;
     strip(s, true, true, &b, &n);
-    put_n(k, b, n);
+    put_lit(k, b, n);
 }
 
 // ---- messages -----------------------------------------------------------------------
@@ -468,7 +482,7 @@ static void render_chatml(const ps_chat *c, const ps_chat_msg *m, size_t n, bool
         put(k, "<|im_start|>");
         put(k, m[i].role);
         put(k, "\n");
-        put(k, m[i].content);
+        put_content(k, m[i].content);
         put(k, "<|im_end|>\n");
     }
     if (gen) put(k, "<|im_start|>assistant\n");
@@ -479,11 +493,11 @@ static void put_llama2_first(sink *k, const char *sys, const char *content) {
     const char *b;
     size_t len;
     put(k, "<<SYS>>\n");
-    put(k, sys);
+    put_content(k, sys);
     put(k, "\n<</SYS>>");
     strip(content, false, true, &b, &len);
     if (len) put(k, "\n\n");
-    put_n(k, b, len);
+    put_lit(k, b, len);
 }
 
 /* Llama 2: "[INST] user [/INST] assistant </s>", the system text inside the first user turn. */
@@ -513,10 +527,10 @@ static void put_mistral_user(const ps_chat *c, const char *sys, const char *cont
     put(k, c->m_lead_space ? " [INST]" : "[INST]");
     if (c->m_inst_space) put(k, " ");
     if (sys) {
-        put(k, sys);
+        put_content(k, sys);
         put(k, "\n\n");
     }
-    put(k, content);
+    put_content(k, content);
     put(k, c->m_close_space ? " [/INST]" : "[/INST]");
 }
 
@@ -526,7 +540,7 @@ static void put_mistral_assistant(const ps_chat *c, const char *content, sink *k
     if (c->m_asst_trim)
         put_strip(k, content);
     else
-        put(k, content);
+        put_content(k, content);
     put(k, c->eos_text);
     if (c->m_eos_space) put(k, " ");
 }
@@ -588,7 +602,7 @@ static void render_gemma(const ps_chat *c, const ps_chat_msg *m, size_t n, bool 
     for (size_t i = start; i < n; i++) {
         put(k, role_of(&m[i]) == R_USER ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
         if (i == start && start) {
-            put(k, m[0].content);
+            put_content(k, m[0].content);
             put(k, "\n\n");
         }
         put_strip(k, m[i].content);
@@ -604,7 +618,7 @@ static void render_phi3_legacy(const ps_chat_msg *m, size_t n, sink *k) {
         enum role r = role_of(&m[i]);
         if (r == R_SYSTEM) continue;
         if (r == R_USER) put(k, "<|user|>\n");
-        put(k, m[i].content);
+        put_content(k, m[i].content);
         put(k, r == R_USER ? "<|end|>\n<|assistant|>\n" : "<|end|>\n");
     }
 }
@@ -621,7 +635,7 @@ static void render_phi3(const ps_chat *c, const ps_chat_msg *m, size_t n, bool g
         put(k, "<|");
         put(k, m[i].role);
         put(k, "|>\n");
-        put(k, m[i].content);
+        put_content(k, m[i].content);
         put(k, "<|end|>\n");
     }
     if (gen)
@@ -637,7 +651,7 @@ static void render_zephyr(const ps_chat *c, const ps_chat_msg *m, size_t n, bool
         put(k, "<|");
         put(k, m[i].role);
         put(k, "|>\n");
-        put(k, m[i].content);
+        put_content(k, m[i].content);
         put(k, c->eos_text);
         put(k, "\n");
     }
@@ -662,7 +676,7 @@ static ps_status render(const ps_chat *c, const ps_chat_msg *m, size_t n, bool g
 
 ps_status ps_chat_apply(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt, char *buf,
                         size_t buflen, size_t *len, char *err, size_t errlen) {
-    sink k = {buf && buflen ? buf : NULL, buflen ? buflen - 1 : 0, 0};
+    sink k = {.buf = buf && buflen ? buf : NULL, .cap = buflen ? buflen - 1 : 0};
     if (len) *len = 0;
     if (buf && buflen) buf[0] = '\0';
     ps_status st = render(c, msgs, n, add_generation_prompt, &k, err, errlen);
@@ -672,6 +686,27 @@ ps_status ps_chat_apply(const ps_chat *c, const ps_chat_msg *msgs, size_t n, boo
     if (buf && k.len > k.cap)
         return ps_errf(err, errlen, PS_ERR_RANGE, "the chat prompt needs %zu bytes and a NUL; the buffer has %zu",
                        k.len, buflen);
+    return PS_OK;
+}
+
+ps_status ps_chat_apply_spans(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt,
+                              char **out, size_t *len, ps_tok_span **spans, size_t *n_spans, char *err, size_t errlen) {
+    if (!out || !spans || !n_spans) return ps_errf(err, errlen, PS_ERR_ARG, "ps_chat_apply_spans: NULL output");
+    *out = NULL, *spans = NULL, *n_spans = 0;
+    sink k = {0};
+    ps_status st = render(c, msgs, n, add_generation_prompt, &k, err, errlen); /* measures */
+    if (st) return st;
+    char *text = ps_malloc(k.len + 1);
+    ps_tok_span *sp = ps_malloc((k.n_spans ? k.n_spans : 1) * sizeof *sp);
+    if (!text || !sp) {
+        free(text), free(sp);
+        return ps_errf(err, errlen, PS_ERR_NOMEM, "no memory for a chat prompt of %zu bytes", k.len);
+    }
+    k = (sink){.buf = text, .cap = k.len, .spans = sp};
+    render(c, msgs, n, add_generation_prompt, &k, err, errlen); /* the same messages: succeeds again */
+    text[k.len] = '\0';
+    if (len) *len = k.len;
+    *out = text, *spans = sp, *n_spans = k.n_spans;
     return PS_OK;
 }
 

@@ -34,6 +34,7 @@
 #include <stddef.h>
 
 #include "../ps.h"
+#include "tokenize.h" /* ps_tok_span */
 
 /* Never renumbered. */
 typedef enum {
@@ -116,5 +117,12 @@ ps_status ps_chat_apply(const ps_chat *c, const ps_chat_msg *msgs, size_t n, boo
  * free(); *out is NULL on failure. */
 ps_status ps_chat_apply_alloc(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt,
                               char **out, size_t *len, char *err, size_t errlen);
+
+/* As ps_chat_apply_alloc; *spans (malloc'd, the caller frees) receives where the messages'
+ * contents went in the output, *n_spans ranges in order (empty contents have none): what
+ * ps_tok_encode_literal keeps from being read as special tokens, so that a message that
+ * spells "<|im_end|>" cannot end its turn. */
+ps_status ps_chat_apply_spans(const ps_chat *c, const ps_chat_msg *msgs, size_t n, bool add_generation_prompt,
+                              char **out, size_t *len, ps_tok_span **spans, size_t *n_spans, char *err, size_t errlen);
 
 #endif

@@ -79,6 +79,22 @@ void ps_tok_free(ps_tok *t); /* NULL is a no-op */
 ps_status ps_tok_encode(const ps_tok *t, const char *text, size_t len, bool add_special, bool parse_special,
                         int32_t *ids, size_t cap, size_t *n_ids, char *err, size_t errlen);
 
+/* A byte range [off, off + len) of a text. */
+typedef struct {
+    size_t off, len;
+} ps_tok_span;
+
+/* As ps_tok_encode with parse_special, except that no control or unknown token is matched
+ * where its text would overlap one of the n_literal spans (sorted by offset, disjoint): text
+ * that came from a user, such as a chat message's content, stays text even where it spells
+ * "<|im_start|>", while the template around it gets its special tokens. Plain text is cut
+ * only at special tokens, never at a span's edge, so a text without special-token strings in
+ * its spans encodes exactly as with ps_tok_encode. Spans out of order or past the text:
+ * PS_ERR_ARG. */
+ps_status ps_tok_encode_literal(const ps_tok *t, const char *text, size_t len, bool add_special,
+                                const ps_tok_span *literal, size_t n_literal, int32_t *ids, size_t cap, size_t *n_ids,
+                                char *err, size_t errlen);
+
 /* Decode flags. */
 #define PS_TOK_DECODE_SPECIAL     1u /* render control and unknown tokens as their text (else empty) */
 #define PS_TOK_DECODE_STRIP_SPACE 2u /* drop the space the SPM space prefix put before the first word */

@@ -1,0 +1,118 @@
+/* serve.c - `pipeshard serve`: parse the options (run's model, fleet and compute flags, and
+ * the server's own), start the model (run.h), the scheduler (coord/sched.h) and the HTTP
+ * server (server/server.h), say where it listens, and stop all three cleanly on a signal. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../server/server.h"
+#include "args.h"
+#include "cli.h"
+#include "run.h"
+
+/* The server's own options. */
+typedef struct {
+    const char *host, *api_key_file;
+    long long port, parallel, queue;
+    bool prefix_cache;
+} serve_opts;
+
+/* serve --help: its own flags, then run's model, fleet and compute flags it shares. */
+static void serve_usage(FILE *f) {
+    fprintf(f, "usage: pipeshard serve (-m MODEL | --fleet FLEET.json | -m MODEL --local-stages N) [options]\n"
+               "  An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streamed\n"
+               "  as server-sent events with \"stream\": true), GET /v1/models, /health, /metrics (Prometheus),\n"
+               "  and a chat page at /. Requests give their prompt, length and sampling; they run one at a\n"
+               "  time, the others wait in a queue. Ctrl-C or SIGTERM stops it (local workers too).\n"
+               "  --host H                address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every\n"
+               "                          interface)\n"
+               "  --port P                TCP port (default 8080; 0: any free port, printed at start)\n"
+               "  --api-key-file F        require 'Authorization: Bearer KEY' on /v1/* and /metrics, KEY the\n"
+               "                          first line of F (default: no key)\n"
+               "  --parallel N            sequences to generate at once (default 1; this version's engine runs\n"
+               "                          one at a time, so more wait in the queue)\n"
+               "  --queue-size N          requests that may wait to start (default 64); one more is answered\n"
+               "                          503 with Retry-After\n"
+               "  --prefix-cache on|off   keep the keys and values of the prompt prefix a request shares with\n"
+               "                          the one before (a conversation's earlier turns, a system prompt), so\n"
+               "                          that it is not computed again (default on)\n"
+               "  --chat-template NAME    chat template family for every chat request (chatml, llama2, llama3,\n"
+               "                          mistral, gemma, phi3, zephyr; default: the model's own)\n");
+    ps_run_usage_launch(f);
+    ps_run_usage_compute(f);
+}
+
+static const char *const serve_flags[] = {"--host",         "--port", "--api-key-file", "--parallel", "--queue-size",
+                                          "--prefix-cache", NULL};
+
+/* Applies one of the server's flags (ps_run_extra.set). */
+static bool serve_set(void *ctx, const char *flag, const char *v) {
+    serve_opts *o = ctx;
+    if (!strcmp(flag, "--host")) return (o->host = v), true;
+    if (!strcmp(flag, "--api-key-file")) return (o->api_key_file = v), true;
+    if (!strcmp(flag, "--port")) return ps_arg_int("serve", flag, v, 0, 65535, &o->port);
+    if (!strcmp(flag, "--parallel")) return ps_arg_int("serve", flag, v, 1, 4096, &o->parallel);
+    if (!strcmp(flag, "--queue-size")) return ps_arg_int("serve", flag, v, 0, 1 << 20, &o->queue);
+    if (strcmp(v, "on") && strcmp(v, "off")) {
+        fprintf(stderr, "pipeshard serve: %s must be on or off, got '%s'\n", flag, v);
+        return false;
+    }
+    o->prefix_cache = !strcmp(v, "on");
+    return true;
+}
+
+/* The model's id in the API: -m's file name without ".gguf" (NULL for a fleet: the server
+ * takes general.name). Points into path or a static buffer. */
+static const char *model_id(const char *path) {
+    static char name[256];
+    if (!path) return NULL;
+    const char *b = strrchr(path, '/');
+    snprintf(name, sizeof name, "%s", b ? b + 1 : path);
+    size_t n = strlen(name);
+    if (n > 5 && !strcmp(name + n - 5, ".gguf")) name[n - 5] = 0;
+    return name;
+}
+
+int ps_cli_serve(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return serve_usage(stdout), 0;
+    serve_opts so = {.host = "127.0.0.1", .port = 8080, .parallel = 4, .queue = 64, .prefix_cache = true};
+    ps_run_extra ex = {serve_flags, serve_set, &so};
+    ps_run_opts o;
+    int rc = ps_run_parse(argc, argv, &o, PS_RUN_SERVE, &ex);
+    if (rc >= 0) return rc;
+    ps_run_install_signals(); /* a signal while starting kills local workers and exits at once */
+    char err[1024] = "";
+    ps_launch *l = NULL;
+    ps_sched *sched = NULL;
+    ps_server *sv = NULL;
+    ps_sched_opts sco = {.parallel = (int)so.parallel, .queue_max = (int)so.queue, .prefix_cache = so.prefix_cache};
+    ps_server_opts svo = {.host = so.host,
+                          .port = (int)so.port,
+                          .api_key_file = so.api_key_file,
+                          .model_name = model_id(o.fleet ? NULL : o.model),
+                          .chat_template = o.chat_template};
+    o.parallel = (int)so.parallel;
+    ps_status s = ps_run_launch(&o, true, &l, err, sizeof err);
+    ps_run_progress_clear();
+    if (!s) s = ps_sched_create(l, &sco, &sched, err, sizeof err);
+    if (!s) s = ps_server_start(l, sched, &svo, &sv, err, sizeof err);
+    if (s) {
+        fprintf(stderr, "pipeshard serve: %s\n", err[0] ? err : ps_strerror(s));
+    } else {
+        ps_coord *c = ps_launch_coord(l);
+        bool v6 = strchr(so.host, ':') != NULL;
+        printf("pipeshard serve: listening on http://%s%s%s:%d/ (%d stage%s, context %d, queue %lld%s)\n",
+               v6 ? "[" : "", so.host, v6 ? "]" : "", ps_server_port(sv), ps_coord_n_stages(c),
+               ps_coord_n_stages(c) == 1 ? "" : "s", ps_coord_n_ctx(c), so.queue, so.api_key_file ? ", API key" : "");
+        fflush(stdout);
+        ps_run_catch_signals(true);
+        while (!ps_run_signal()) usleep(50000);
+        fprintf(stderr, "pipeshard serve: stopping (signal %d)\n", ps_run_signal());
+    }
+    ps_server_stop(sv); /* in-flight requests end (cancelled) and their clients get what they had */
+    ps_sched_free(sched);
+    ps_launch_stop(l); /* local workers stopped, their directory removed */
+    return s ? 1 : 128 + ps_run_signal();
+}

@@ -1,0 +1,582 @@
+/* sched.c - the scheduler (sched.h): a FIFO of requests and one engine thread that runs many
+ * sequences at once (continuous batching, DESIGN.md "Data flow").
+ *
+ * Front: submit, cancel, close and the metrics, under one mutex. Engine: a loop of rounds.
+ * A round admits queued requests while a sequence slot and the KV blocks of their longest
+ * possible run are free (ps_kv: the coordinator decides which blocks each sequence uses, and
+ * a prompt that starts like an earlier one shares its cached blocks); then it sends a
+ * micro-batch for every group of sequences with none in flight, and receives one answer.
+ *
+ * The running sequences are split into as many groups as the fleet has stages, so that up to
+ * that many micro-batches travel the ring at once and no stage waits while work is queued.
+ * A group's micro-batch takes each of its sequences that waits for nothing: one row for a
+ * sequence that decodes (first), then chunks of prompts within the micro-batch's rows
+ * (chunked prefill rides with the decode tokens: it never stalls them). Each row gives the
+ * bits it gives alone (DESIGN.md invariant 1), and seeded sampling is keyed by position
+ * (invariant 2), so a sequence's tokens do not depend on what runs beside it.
+ *
+ * A fleet that fails loses every stage's KV cache: the book of blocks is reset and every
+ * running sequence is fed again from its tokens (invariant 3); its tokens already reported
+ * are not reported again. A fleet that cannot be reached fails the requests with its error.
+ * Callbacks run outside the mutex, so that they may call ps_sched_cancel or ps_sched_submit. */
+#include "sched.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+const double ps_sched_hist_bounds[PS_SCHED_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                            0.25,  0.5,    1,     2.5,  5,     10,   INFINITY};
+
+/* Micro-batches in flight at most: one per group, a group per stage. */
+#define MAX_GROUPS PS_SHARD_MAX_STAGES
+
+/* One request, from submit to DONE. */
+typedef struct seq {
+    struct seq *next; /* in the queue */
+    uint64_t id;
+    int32_t *toks; /* (n_ctx + 1) the prompt, then what was generated */
+    int n_prompt, n_toks;
+    int n_max;      /* positions it may ever feed: its blocks cover them */
+    int n_done;     /* positions sent around the ring (their keys and values are, or will be, on every stage) */
+    int32_t *table; /* (blocks for n_ctx) its KV blocks, while admitted */
+    int n_table;
+    int group;      /* the micro-batches it rides in */
+    bool in_flight; /* its next token is on the way */
+    ps_tok_stream *stream;
+    ps_gen_params gp;
+    ps_stop *stop; /* the stop strings' matcher */
+    int top_n;     /* -1: no log-probabilities */
+    ps_sched_cb cb;
+    void *ctx;
+    atomic_bool cancelled;
+    int n_generated, n_cached;
+    double t_submit, t_start, t_first, t_last; /* ps_now(); t_first 0 until the first token */
+} seq;
+
+struct ps_sched {
+    ps_launch *launch;
+    ps_coord *coord;
+    const ps_tok *tok;
+    ps_sched_opts o;
+    int n_ctx, vocab, n_groups;
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu; /* guards everything below, up to the engine's own */
+    pthread_cond_t cv;  /* the engine waits on it for work */
+    seq *head, *tail;   /* the queue, FIFO */
+    int queued;
+    seq **run; /* (parallel) the running sequences, for ps_sched_cancel and the metrics */
+    int n_run;
+    bool closed;
+    uint64_t next_id;
+    ps_kv_stats kv_st;  /* the book's figures, as of the latest change */
+    ps_sched_metrics m; /* counters; queued, running and the KV blocks filled in on reading */
+    /* the engine thread's own */
+    ps_kv *kv;
+    int fails;                   /* fleet failures in a row */
+    int group_load[MAX_GROUPS];  /* sequences in each group */
+    bool group_busy[MAX_GROUPS]; /* a micro-batch of the group awaits its tokens */
+    int pend_group[MAX_GROUPS];  /* the groups of the micro-batches awaiting tokens, oldest first */
+    int n_pend;
+    ps_coord_seg *segs; /* (parallel) the micro-batch being built */
+    ps_result *res;     /* (parallel) the tokens of one */
+    char *tail_text;    /* (tail_cap) the text a DONE carries */
+    size_t tail_cap;
+};
+
+// ---------------------------------------------------------------------------------------
+// Requests
+
+/* Frees a request; NULL is a no-op. */
+static void seq_free(seq *q) {
+    if (!q) return;
+    ps_stop_free(q->stop);
+    ps_tok_stream_free(q->stream);
+    free(q->toks), free(q->table);
+    free(q);
+}
+
+/* Checks request r against what the scheduler runs; the message names what is wrong. */
+static ps_status check_request(const ps_sched *s, const ps_sched_request *r, char *err, size_t errlen) {
+    if (!r->prompt || r->n_prompt <= 0) return ps_errf(err, errlen, PS_ERR_ARG, "the prompt is empty");
+    if (r->n_prompt > s->n_ctx)
+        return ps_errf(err, errlen, PS_ERR_RANGE, "the prompt has %d tokens, more than the context size of %d",
+                       r->n_prompt, s->n_ctx);
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
+            return ps_errf(err, errlen, PS_ERR_ARG,
+                           "token id %d of the prompt is not in the model's vocabulary (0..%d)", r->prompt[i],
+                           s->vocab - 1);
+    if (r->top_logprobs < -1 || r->top_logprobs > PS_SCHED_MAX_TOP_LOGPROBS)
+        return ps_errf(err, errlen, PS_ERR_ARG, "top_logprobs is %d; it must be 0 to %d", r->top_logprobs,
+                       PS_SCHED_MAX_TOP_LOGPROBS);
+    if (r->gp.n_predict < -1) return ps_errf(err, errlen, PS_ERR_ARG, "n_predict is %lld", (long long)r->gp.n_predict);
+    return ps_sample_params_check(&r->gp.sp, err, errlen);
+}
+
+/* The positions a request may ever feed: its prompt, and each token generated but the last
+ * (which is never fed back), up to the context. */
+static int positions_max(const ps_sched *s, const ps_sched_request *r) {
+    long long n = r->gp.n_predict < 0 ? s->n_ctx : (long long)r->n_prompt + r->gp.n_predict - 1;
+    if (n < r->n_prompt) n = r->n_prompt;
+    return n > s->n_ctx ? s->n_ctx : (int)n;
+}
+
+/* A request made from r (copied), or NULL with the message in err. */
+static seq *seq_make(const ps_sched *s, const ps_sched_request *r, ps_sched_cb cb, void *ctx, char *err, size_t errlen,
+                     ps_status *st) {
+    seq *q = ps_calloc(1, sizeof *q);
+    if (!q || !(q->toks = ps_malloc(((size_t)s->n_ctx + 1) * sizeof *q->toks)) ||
+        !(q->table = ps_malloc((size_t)ps_kv_blocks_for(s->n_ctx) * sizeof *q->table)) ||
+        (s->tok && ps_tok_stream_create(s->tok, 0, &q->stream))) {
+        seq_free(q);
+        *st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    if ((*st = ps_stop_create(r->stop, r->n_stop, &q->stop, err, errlen))) {
+        seq_free(q);
+        return NULL;
+    }
+    memcpy(q->toks, r->prompt, (size_t)r->n_prompt * sizeof *q->toks);
+    q->n_prompt = q->n_toks = r->n_prompt, q->n_max = positions_max(s, r);
+    q->gp = r->gp, q->top_n = r->top_logprobs, q->cb = cb, q->ctx = ctx;
+    atomic_init(&q->cancelled, false);
+    q->t_submit = ps_now();
+    return q;
+}
+
+ps_status ps_sched_submit(ps_sched *s, const ps_sched_request *r, ps_sched_cb cb, void *ctx, uint64_t *id, char *err,
+                          size_t errlen) {
+    *id = 0;
+    ps_status st = check_request(s, r, err, errlen);
+    seq *q = st ? NULL : seq_make(s, r, cb, ctx, err, errlen, &st);
+    if (!q) return st;
+    pthread_mutex_lock(&s->mu);
+    if (s->closed || s->queued >= s->o.queue_max) {
+        bool closed = s->closed;
+        s->m.rejected++;
+        pthread_mutex_unlock(&s->mu);
+        seq_free(q);
+        return closed ? ps_errf(err, errlen, PS_ERR_BUSY, "the server is shutting down")
+                      : ps_errf(err, errlen, PS_ERR_BUSY, "the queue is full (%d requests waiting)", s->o.queue_max);
+    }
+    q->id = *id = ++s->next_id;
+    if (s->tail)
+        s->tail->next = q;
+    else
+        s->head = q;
+    s->tail = q;
+    s->queued++;
+    s->m.submitted++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return PS_OK;
+}
+
+ps_status ps_sched_cancel(ps_sched *s, uint64_t id) {
+    ps_status st = PS_ERR_NOT_FOUND;
+    pthread_mutex_lock(&s->mu);
+    for (seq *q = s->head; q && st; q = q->next)
+        if (q->id == id) atomic_store(&q->cancelled, true), st = PS_OK;
+    for (int i = 0; i < s->n_run && st; i++)
+        if (s->run[i]->id == id) atomic_store(&s->run[i]->cancelled, true), st = PS_OK;
+    if (!st) pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+// ---------------------------------------------------------------------------------------
+// Events
+
+/* Adds v to histogram h. */
+static void hist_add(ps_sched_hist *h, double v) {
+    int b = 0;
+    while (b < PS_SCHED_HIST_BUCKETS - 1 && v > ps_sched_hist_bounds[b]) b++;
+    h->count[b]++, h->n++, h->sum += v;
+}
+
+/* Appends b[0..n) to the DONE text; false when memory is out. */
+static bool tail_add(ps_sched *s, size_t *len, const char *b, size_t n) {
+    if (*len + n > s->tail_cap) {
+        size_t cap = 2 * (*len + n) + 64;
+        char *t = ps_realloc(s->tail_text, cap);
+        if (!t) return false;
+        s->tail_text = t, s->tail_cap = cap;
+    }
+    if (n) memcpy(s->tail_text + *len, b, n);
+    *len += n;
+    return true;
+}
+
+/* Takes q out of the running set (its blocks back to the book); q may be queued, never admitted. */
+static void retire(ps_sched *s, seq *q) {
+    if (q->n_table) {
+        ps_kv_seq_release(s->kv, q->table, q->n_table);
+        s->group_load[q->group]--;
+        q->n_table = 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i] == q) s->run[i] = s->run[--s->n_run];
+    ps_kv_get_stats(s->kv, &s->kv_st);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Ends request q: the text still held back (the detokenizer's, then the stop matcher's) goes
+ * with the DONE event, the counters are updated, and q is freed. A stop string completed by
+ * that text makes the reason PS_STOP_STOP. status / msg: a failure (stop is then NONE); no
+ * memory for the held-back text is one too. */
+static void finish(ps_sched *s, seq *q, ps_stop_reason stop, ps_status status, const char *msg) {
+    retire(s, q);
+    size_t len = 0;
+    const char *t;
+    size_t n;
+    bool stopped = stop == PS_STOP_STOP, ok = true;
+    if (q->stream && !stopped && !status) {
+        ps_tok_stream_flush(q->stream, &t, &n);
+        ok = !ps_stop_push(q->stop, t, n, &t, &n, &stopped) && tail_add(s, &len, t, n);
+        if (stopped) stop = PS_STOP_STOP;
+    }
+    ps_stop_flush(q->stop, &t, &n);
+    if (!(ok = ok && tail_add(s, &len, t, n)) && !status) status = PS_ERR_NOMEM, msg = "out of memory", len = 0;
+    double now = ps_now();
+    if (!q->t_start) q->t_start = now;
+    ps_sched_event ev = {.kind = PS_SCHED_DONE,
+                         .id = q->id,
+                         .text = s->tail_text ? s->tail_text : "",
+                         .len = len,
+                         .stop = status ? PS_STOP_NONE : stop,
+                         .status = status,
+                         .error = status ? (msg && msg[0] ? msg : ps_strerror(status)) : NULL,
+                         .stats = {.n_prompt = q->n_prompt,
+                                   .n_generated = q->n_generated,
+                                   .n_cached = q->n_cached,
+                                   .queue_s = q->t_start - q->t_submit,
+                                   .ttft_s = q->t_first ? q->t_first - q->t_submit : 0,
+                                   .total_s = now - q->t_submit}};
+    pthread_mutex_lock(&s->mu);
+    s->m.ended[ev.stop]++;
+    s->m.prompt_tokens += (uint64_t)q->n_prompt;
+    s->m.generated_tokens += (uint64_t)q->n_generated;
+    s->m.cached_tokens += (uint64_t)q->n_cached;
+    s->m.prefix_hits += q->n_cached > 0;
+    pthread_mutex_unlock(&s->mu);
+    q->cb(q->ctx, &ev);
+    seq_free(q);
+}
+
+/* Reports token r->token of q, whose text is text[0..len): its log-probabilities when asked,
+ * and the text the stop matcher releases. Returns PS_STOP_STOP when a stop string completed (q
+ * is to end), PS_STOP_NONE otherwise; *nomem when the matcher had no memory (q is to fail). */
+static ps_stop_reason emit_token(ps_sched *s, seq *q, const ps_result *r, const char *text, size_t len, double now,
+                                 bool *nomem) {
+    ps_sched_event ev = {.kind = PS_SCHED_TOKEN, .id = q->id, .token = r->token};
+    if (q->top_n >= 0) {
+        ev.logprob = r->logprob;
+        ev.n_top = (int)r->n_top, ev.top_ids = r->top_id, ev.top_logprobs = r->top_logprob;
+    }
+    bool stopped = false;
+    if ((*nomem = ps_stop_push(q->stop, text, len, &ev.text, &ev.len, &stopped) != PS_OK)) return PS_STOP_NONE;
+    pthread_mutex_lock(&s->mu);
+    if (q->n_generated)
+        hist_add(&s->m.itl, now - q->t_last);
+    else
+        hist_add(&s->m.ttft, now - q->t_submit);
+    pthread_mutex_unlock(&s->mu);
+    if (!q->t_first) q->t_first = now;
+    q->n_generated++, q->t_last = now;
+    q->cb(q->ctx, &ev);
+    return stopped ? PS_STOP_STOP : PS_STOP_NONE;
+}
+
+/* The token the last stage sampled for q: ends q at the end of text, its length or the
+ * context, or a stop string; else q goes on. */
+static void on_token(ps_sched *s, seq *q, const ps_result *r) {
+    q->in_flight = false;
+    if (atomic_load(&q->cancelled)) return finish(s, q, PS_STOP_CANCELLED, PS_OK, NULL);
+    int64_t n_gen = q->n_toks - q->n_prompt;
+    if (n_gen == q->gp.n_predict) return finish(s, q, PS_STOP_LENGTH, PS_OK, NULL); /* n_predict 0 */
+    if (!q->gp.ignore_eos && s->tok && ps_tok_is_eog(s->tok, r->token)) return finish(s, q, PS_STOP_EOS, PS_OK, NULL);
+    q->toks[q->n_toks++] = r->token;
+    const char *text = "";
+    size_t len = 0;
+    char err[128];
+    if (q->stream && ps_tok_stream_push(q->stream, r->token, &text, &len)) {
+        snprintf(err, sizeof err, "cannot decode token %d", r->token);
+        return finish(s, q, PS_STOP_NONE, PS_ERR_INTERNAL, err);
+    }
+    bool nomem = false;
+    if (emit_token(s, q, r, text, len, ps_now(), &nomem) == PS_STOP_STOP)
+        return finish(s, q, PS_STOP_STOP, PS_OK, NULL);
+    if (nomem) return finish(s, q, PS_STOP_NONE, PS_ERR_NOMEM, "out of memory");
+    if (n_gen + 1 == q->gp.n_predict) return finish(s, q, PS_STOP_LENGTH, PS_OK, NULL);
+    if (q->n_toks > q->n_max) finish(s, q, PS_STOP_CONTEXT, PS_OK, NULL); /* nowhere to feed it */
+}
+
+// ---------------------------------------------------------------------------------------
+// Engine
+
+/* Takes the cancelled requests out of the queue (under s->mu) into a list. */
+static seq *take_cancelled(ps_sched *s) {
+    seq *out = NULL, **link = &s->head, *prev = NULL;
+    while (*link) {
+        seq *q = *link;
+        if (!atomic_load(&q->cancelled)) {
+            prev = q, link = &q->next;
+            continue;
+        }
+        *link = q->next;
+        if (s->tail == q) s->tail = prev;
+        s->queued--;
+        q->next = out, out = q;
+    }
+    return out;
+}
+
+/* Gives q its blocks (sharing a cached prefix) and a group; false when the blocks are not
+ * there now (q waits). */
+static bool admit(ps_sched *s, seq *q) {
+    int n_cached;
+    if (ps_kv_seq_alloc(s->kv, q->toks, q->n_toks, q->n_max, q->table, &n_cached)) return false;
+    q->n_table = ps_kv_blocks_for(q->n_max);
+    q->n_done = n_cached;
+    if (!q->t_start) q->n_cached = n_cached, q->t_start = ps_now();
+    int g = 0;
+    for (int i = 1; i < s->n_groups; i++)
+        if (s->group_load[i] < s->group_load[g]) g = i;
+    q->group = g, s->group_load[g]++;
+    return true;
+}
+
+/* Under s->mu: moves queued requests into the running set while a slot and their blocks are free. */
+static void admit_queued(ps_sched *s) {
+    while (s->head && s->n_run < s->o.parallel && !atomic_load(&s->head->cancelled) && admit(s, s->head)) {
+        seq *q = s->head;
+        if (!(s->head = q->next)) s->tail = NULL;
+        q->next = NULL;
+        s->queued--;
+        s->run[s->n_run++] = q;
+    }
+    ps_kv_get_stats(s->kv, &s->kv_st);
+}
+
+/* Every stage's KV cache is gone (the fleet failed, or reconnected as a new session): the
+ * book starts empty and every running sequence is fed again from its tokens. */
+static void lose_kv(ps_sched *s) {
+    s->n_pend = 0;
+    memset(s->group_busy, 0, sizeof s->group_busy);
+    memset(s->group_load, 0, sizeof s->group_load);
+    ps_kv_reset(s->kv);
+    for (int i = 0; i < s->n_run; i++) s->run[i]->n_table = 0, s->run[i]->in_flight = false;
+    for (int i = 0; i < s->n_run; i++) admit(s, s->run[i]); /* the book is empty: they all fit again */
+}
+
+/* The fleet failed (st, err say how). The running sequences start over on the next round
+ * (which reconnects); after a second failure in a row, every request fails with err. */
+static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
+    lose_kv(s);
+    if (++s->fails < 2) return;
+    while (s->n_run) finish(s, s->run[0], PS_STOP_NONE, st, err);
+    pthread_mutex_lock(&s->mu);
+    for (seq *q = s->head; q; q = q->next) atomic_store(&q->cancelled, true);
+    seq *gone = take_cancelled(s);
+    pthread_mutex_unlock(&s->mu);
+    while (gone) {
+        seq *q = gone;
+        gone = q->next;
+        finish(s, q, PS_STOP_NONE, st, err);
+    }
+    s->fails = 0;
+}
+
+/* Sends the next micro-batch of group g: one row for each of its sequences that decodes, then
+ * chunks of prompts, within the coordinator's rows. False when it has nothing to send. */
+static bool send_group(ps_sched *s, int g) {
+    int n_segs = 0, rows = 0, max_rows = ps_coord_max_rows(s->coord);
+    bool sample = false;
+    for (int pass = 0; pass < 2; pass++) /* decoding sequences first, then prompts */
+        for (int i = 0; i < s->n_run && rows < max_rows; i++) {
+            seq *q = s->run[i];
+            int left = q->n_toks - q->n_done;
+            if (q->group != g || q->in_flight || !q->n_table || left < 1 || (pass == 0) != (left == 1)) continue;
+            int n = left < max_rows - rows ? left : max_rows - rows;
+            s->segs[n_segs++] = (ps_coord_seg){.seq = q->id,
+                                               .pos = q->n_done,
+                                               .n = n,
+                                               .tokens = q->toks + q->n_done,
+                                               .blocks = q->table,
+                                               .n_blocks = q->n_table,
+                                               .sample = n == left,
+                                               .n_top = n == left ? q->top_n : -1,
+                                               .sp = q->gp.sp};
+            rows += n;
+            sample |= n == left;
+        }
+    if (!n_segs) return false;
+    char err[600];
+    bool fresh;
+    ps_status st = ps_coord_send(s->coord, s->segs, n_segs, &fresh, err, sizeof err);
+    if (st) {
+        fleet_failed(s, st, err);
+        return true;
+    }
+    for (int k = 0; k < n_segs; k++) {
+        seq *q = NULL;
+        for (int i = 0; !q && i < s->n_run; i++)
+            if (s->run[i]->id == s->segs[k].seq) q = s->run[i];
+        q->n_done += s->segs[k].n;
+        q->in_flight = s->segs[k].sample;
+        ps_kv_seq_publish(s->kv, q->table, q->toks, q->n_done);
+    }
+    if (sample) s->group_busy[g] = true, s->pend_group[s->n_pend++] = g;
+    return true;
+}
+
+/* Receives the tokens of the oldest micro-batch in flight and hands them to their sequences. */
+static void receive(ps_sched *s) {
+    int n_res;
+    char err[600];
+    ps_status st = ps_coord_recv(s->coord, s->res, &n_res, err, sizeof err);
+    if (st) return fleet_failed(s, st, err);
+    s->fails = 0;
+    s->group_busy[s->pend_group[0]] = false;
+    memmove(s->pend_group, s->pend_group + 1, (size_t)--s->n_pend * sizeof *s->pend_group);
+    for (int k = 0; k < n_res; k++)
+        for (int i = 0; i < s->n_run; i++)
+            if (s->run[i]->id == s->res[k].seq) {
+                on_token(s, s->run[i], &s->res[k]);
+                break;
+            }
+}
+
+/* Records the coordinator's figures and the book's, after a round. */
+static void snapshot(ps_sched *s) {
+    ps_coord_stats cs;
+    ps_coord_get_stats(s->coord, &cs);
+    pthread_mutex_lock(&s->mu);
+    s->m.coord = cs;
+    ps_kv_get_stats(s->kv, &s->kv_st);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* One round of the engine: the cancelled, then micro-batches for the groups that wait for
+ * nothing, then one answer. False when there was nothing to do. */
+static bool round_once(ps_sched *s, seq *gone) {
+    bool did = gone != NULL;
+    while (gone) {
+        seq *q = gone;
+        gone = q->next;
+        finish(s, q, PS_STOP_CANCELLED, PS_OK, NULL);
+    }
+    for (int i = s->n_run - 1; i >= 0; i--)
+        if (atomic_load(&s->run[i]->cancelled) && !s->run[i]->in_flight)
+            finish(s, s->run[i], PS_STOP_CANCELLED, PS_OK, NULL), did = true;
+    if (s->n_run && !ps_coord_connected(s->coord)) { /* after a failure: a new session, its KV empty */
+        char err[600];
+        ps_status st = ps_coord_connect(s->coord, err, sizeof err);
+        if (st) return fleet_failed(s, st, err), true;
+    }
+    for (int g = 0; g < s->n_groups; g++)
+        while (!s->group_busy[g] && send_group(s, g)) did = true;
+    if (s->n_pend) receive(s), did = true;
+    snapshot(s);
+    return did;
+}
+
+/* The engine thread: rounds until the scheduler is closed and nothing is left. */
+static void *engine(void *arg) {
+    ps_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        seq *gone = take_cancelled(s);
+        admit_queued(s);
+        bool idle = !gone && !s->n_run;
+        if (idle && s->closed && !s->head) break;
+        if (idle) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        bool did = round_once(s, gone);
+        pthread_mutex_lock(&s->mu);
+        if (!did && !s->closed) pthread_cond_wait(&s->cv, &s->mu); /* only cancels can move it on */
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+// ---------------------------------------------------------------------------------------
+// Create, close, free, metrics
+
+ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (o->parallel < 1 || o->queue_max < 0)
+        return ps_errf(err, errlen, PS_ERR_ARG, "parallel must be >= 1 and queue_max >= 0 (got %d, %d)", o->parallel,
+                       o->queue_max);
+    ps_coord *c = ps_launch_coord(l);
+    if (o->parallel > ps_coord_max_segs(c))
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d sequences at once, but the fleet was set up for %d", o->parallel,
+                       ps_coord_max_segs(c));
+    ps_sched *s = ps_calloc(1, sizeof *s);
+    if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    s->launch = l, s->coord = c, s->tok = ps_launch_tok(l), s->o = *o;
+    s->n_ctx = ps_coord_n_ctx(c), s->vocab = ps_coord_model(c)->hp.vocab;
+    s->n_groups = ps_coord_n_stages(c) < o->parallel ? ps_coord_n_stages(c) : o->parallel;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->run = ps_calloc((size_t)o->parallel, sizeof *s->run);
+    s->segs = ps_calloc((size_t)o->parallel, sizeof *s->segs);
+    s->res = ps_calloc((size_t)ps_coord_max_segs(c), sizeof *s->res);
+    ps_status st = !s->run || !s->segs || !s->res ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory") : PS_OK;
+    if (!st) st = ps_kv_create(ps_coord_n_blocks(c), o->prefix_cache, &s->kv, err, errlen);
+    if (st) {
+        ps_sched_free(s);
+        return st;
+    }
+    ps_coord_get_stats(s->coord, &s->m.coord);
+    ps_kv_get_stats(s->kv, &s->kv_st);
+    int rc = pthread_create(&s->thread, NULL, engine, s);
+    if (rc) {
+        ps_sched_free(s);
+        return ps_errf(err, errlen, PS_ERR_NOMEM, "cannot start the engine thread: %s", strerror(rc));
+    }
+    s->thread_started = true;
+    ps_thread_unpin(); /* the engine thread keeps the caller's CPU (thread 0 of a pinned pool) */
+    *out = s;
+    return PS_OK;
+}
+
+void ps_sched_close(ps_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->closed = true;
+    for (seq *q = s->head; q; q = q->next) atomic_store(&q->cancelled, true);
+    for (int i = 0; i < s->n_run; i++) atomic_store(&s->run[i]->cancelled, true);
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ps_sched_free(ps_sched *s) {
+    if (!s) return;
+    ps_sched_close(s);
+    if (s->thread_started) pthread_join(s->thread, NULL);
+    ps_kv_free(s->kv);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s->run), free(s->segs), free(s->res), free(s->tail_text);
+    free(s);
+}
+
+void ps_sched_metrics_get(ps_sched *s, ps_sched_metrics *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->m;
+    out->queued = s->queued;
+    out->running = s->n_run;
+    out->parallel = s->o.parallel, out->queue_max = s->o.queue_max;
+    out->kv_blocks_total = s->kv_st.n_blocks;
+    out->kv_blocks_used = s->kv_st.used;
+    out->kv_blocks_cached = s->kv_st.cached;
+    pthread_mutex_unlock(&s->mu);
+}
