@@ -359,8 +359,10 @@ ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int ma
 /* Checks that segment g reads only what this session wrote (positions [0, pos) of its
  * blocks) and that its blocks lie in the pool. */
 static ps_status check_filled(const ps_stage *s, int i, const ps_mb_seg *g, char *err, size_t errlen) {
-    int n_blocks = ps_ctx_n_blocks(s->ctx), need = (g->pos + g->n + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
-    if ((long long)g->pos + g->n > s->cp.n_ctx || g->n_blocks < need)
+    int n_blocks = ps_ctx_n_blocks(s->ctx);
+    long long end = (long long)g->pos + g->n;
+    int need = end > s->cp.n_ctx ? 0 : (int)((end + PS_KV_BLOCK - 1) / PS_KV_BLOCK);
+    if (end > s->cp.n_ctx || g->n_blocks < need)
         return ps_errf(err, errlen, PS_ERR_PROTOCOL,
                        "segment %d: %d positions at %d do not fit (%d positions per sequence, a table of %d blocks)", i,
                        g->n, g->pos, s->cp.n_ctx, g->n_blocks);
