@@ -8,11 +8,14 @@ inter-token latency for 1, 2, 4, ... concurrent streams, measured side by side i
 
 Each configuration is a server on loopback: `pipeshard serve -m MODEL --parallel S --pin`, with
 --threads threads unsplit, and with --local-stages N one pinned core per stage (each stage as if
-on a machine of its own: the machine needs N cores). The load: S clients (threads), each sending
+on a machine of its own: the machine needs N cores); with a fleet, also the unsplit model on one
+core (`1 core`), the yardstick of a fleet whose stages have one core each. The load: S clients (threads), each sending
 one streamed /v1/completions request of --tokens tokens at temperature 0 after a distinct
 prompt of about --prompt-tokens tokens, all at once; the figures come from the chunks' arrival
 times (a client reads every SSE chunk as it comes):
   agg tok/s   completion tokens of all streams / wall time from the first request to the last end
+  decode      steady aggregate decode tok/s: tokens that arrived while every stream was decoding
+              (after the last stream's first token, before the first stream's end) / that window
   ttft p50/p99  request sent to its first token, over the streams
   itl p50/p99   between consecutive chunks of a stream, over all streams
 With --llama-server PATH (a llama.cpp `llama-server` binary the user built), the same load runs
@@ -126,7 +129,12 @@ def load(port, n, tokens, prompt_tokens, salt):
     wall = max(r[1][-1] for r in res if r[1]) - t0
     ttft = [(r[1][0] - r[0]) * 1e3 for r in res if r[1]]
     itl = [(b - a) * 1e3 for r in res for a, b in zip(r[1], r[1][1:])]
-    return sum(r[2] for r in res) / wall, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99)
+    # steady decode: the chunks that arrived while every stream was decoding (after the last first
+    # chunk, before the first stream's last), over that window
+    lo, hi = max(r[1][0] for r in res if r[1]), min(r[1][-1] for r in res if r[1])
+    n_in = sum(1 for r in res for t in r[1] if lo < t <= hi)
+    steady = n_in / (hi - lo) if hi > lo and n_in else float("nan")
+    return sum(r[2] for r in res) / wall, steady, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99)
 
 
 def prefix_ttft(port, n_words, repeats=3):
@@ -157,12 +165,16 @@ def main():
     os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
     streams = [int(x) for x in a.streams.split(",")]
     rows = []
-    print(f"{'model':24} {'server':18} {'streams':>7} {'agg tok/s':>10} {'ttft p50':>9} {'p99':>8} "
+    print(f"{'model':24} {'server':18} {'streams':>7} {'agg tok/s':>10} {'decode':>10} {'ttft p50':>9} {'p99':>8} "
           f"{'itl p50':>8} {'p99':>8}   (ms)")
     for spec in a.models.split():
         path = model_path(spec)
         configs = []
-        for n in (int(x) for x in a.stages.split(",")):
+        stages = [int(x) for x in a.stages.split(",")]
+        if max(stages) > 1 and a.threads > 1:  # the fleet's own yardstick: the unsplit model on one core
+            configs.append(("pipeshard 1 core", [BIN, "serve", "-m", path, "--parallel", str(max(streams)), "-c",
+                                                 str(a.ctx), "--pin", "--mmap", "--queue-size", "256", "-t", "1"]))
+        for n in stages:
             cmd = [BIN, "serve", "-m", path, "--parallel", str(max(streams)), "-c", str(a.ctx), "--pin", "--mmap",
                    "--queue-size", "256"]
             cmd += ["-t", str(a.threads)] if n == 1 else ["--local-stages", str(n), "-t", "1"]
@@ -177,11 +189,11 @@ def main():
             for n in streams:  # the servers in turns at each load, so that a drifting machine slows all alike
                 for name, s in servers:
                     load(s.port, 1, 4, 4, 99)  # warm
-                    agg, t50, t99, i50, i99 = load(s.port, n, a.tokens, a.prompt_tokens, n)
-                    rows.append(dict(model=spec, server=name, streams=n, agg_tok_s=agg, ttft_p50_ms=t50,
-                                     ttft_p99_ms=t99, itl_p50_ms=i50, itl_p99_ms=i99))
-                    print(f"{spec:24} {name:18} {n:7} {agg:10.1f} {t50:9.1f} {t99:8.1f} {i50:8.2f} {i99:8.2f}",
-                          flush=True)
+                    agg, steady, t50, t99, i50, i99 = load(s.port, n, a.tokens, a.prompt_tokens, n)
+                    rows.append(dict(model=spec, server=name, streams=n, agg_tok_s=agg, decode_tok_s=steady,
+                                     ttft_p50_ms=t50, ttft_p99_ms=t99, itl_p50_ms=i50, itl_p99_ms=i99))
+                    print(f"{spec:24} {name:18} {n:7} {agg:10.1f} {steady:10.1f} {t50:9.1f} {t99:8.1f} {i50:8.2f} "
+                          f"{i99:8.2f}", flush=True)
         finally:
             for _, s in servers:
                 s.stop()

@@ -16,7 +16,9 @@ Server A (one stage, an API key, queue 64):
   5. a client that disconnects, streaming or not: running back to 0 within a step, counted as
      cancelled, and the server goes on serving.
 Server B (`--local-stages 2`) and server A: 16 concurrent clients (threads) each get exactly the
-text the same request gets alone (greedy and seeded); B refuses logprobs with a 400 that says why.
+text the same request gets alone (greedy and seeded); B gives logprobs from its last stage; on B a
+request whose first 600 tokens are cached costs stage 1 under half its cold compute and gives the
+text it gets cold. On stories260K: 16 concurrent clients on 3 stages get the unsplit model's texts.
 Server C (queue 2): a full queue answers 503 with Retry-After while the earlier requests complete
 normally; SIGTERM during a stream ends it with an error event and the server exits 143, cleanly.
 A sanitizer build (scripts/test.sh runs this test in it too) decodes about 100 times slower: there
@@ -368,6 +370,65 @@ def case_concurrent(s, label, want=None):
     return alone
 
 
+# ---- the prefix cache ----------------------------------------------------------------------------
+
+SYSTEM = " ".join(["The harbor town kept its lanterns lit through every winter storm, and the keepers wrote each "
+                   "night's weather in a copper-bound book."] * 24)
+
+
+def prefix_request(q):
+    return {"prompt": f"{SYSTEM}\nQuestion: {q}\nAnswer:", "max_tokens": 8, "temperature": 0}
+
+
+def case_prefix(s, ref):
+    """Two requests sharing a long first part (some 600 tokens) on a fleet: the second finds its
+    whole blocks cached, the workers' compute for it drops to a fraction, and its text is the
+    one it gets cold (ref, from another server)."""
+    def ask(q):
+        before = s.metrics(AUTH)['pipeshard_stage_compute_seconds_total{stage="1"}']
+        st, _, data = s.request("POST", "/v1/completions", prefix_request(q), AUTH)
+        require(st == 200, f"prefix: {st} {data[:300]!r}")
+        after = s.metrics(AUTH)['pipeshard_stage_compute_seconds_total{stage="1"}']
+        d = json.loads(data)
+        return d["choices"][0]["text"], d["usage"], after - before
+    _, cold, t_cold = ask("Who kept the lanterns lit?")
+    text, usage, t_hit = ask("What did the keepers write?")
+    n, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+    check(cold["prompt_tokens_details"]["cached_tokens"] == 0 and n > 512 and cached >= 512,
+          f"prefix: cold {cold}, then {cached} of {n} prompt tokens cached")
+    check(t_hit < 0.5 * t_cold, f"prefix: stage 1 computed {t_hit * 1e3:.0f} ms with the hit, {t_cold * 1e3:.0f} ms cold")
+    check(text == ref, f"prefix: {text!r} with the hit, {ref!r} cold")
+    print(f"  ok: a {cached}-token prefix hit: stage 1 computed {t_hit * 1e3:.0f} ms, cold {t_cold * 1e3:.0f} ms; "
+          f"same text")
+
+
+# ---- three stages --------------------------------------------------------------------------------
+
+def case_three_stages(tmp):
+    """16 concurrent clients on 3 stages (stories260K: a tiny model, so that 3 stages on 2 cores stay
+    quick) each get the text the same request gets alone, and that text is the unsplit model's."""
+    stories = os.path.join(os.environ.get("PS_SHARED_MODELS", "../shared/models"), "stories260K.gguf")
+    if not os.path.exists(stories):
+        skip("16 concurrent clients on 3 stages: stories260K.gguf is absent (../shared/models)")
+        return
+    args = ["-m", stories, "--mmap", "-c", "256", "--parallel", "16"]
+
+    def ask(s, i):
+        kw = dict(temperature=0) if i % 2 == 0 else dict(temperature=0.9, seed=7 + i)
+        r = client(s).completions.create(model="m", prompt=f"{STORY} {PROMPTS[i]}", max_tokens=24, **kw)
+        return r.choices[0].text
+    with Server(args + ["-t", "2"], "stories-1", tmp) as s:
+        unsplit = [ask(s, i) for i in range(16)]
+    with Server(args + ["--local-stages", "3", "-t", "1"], "stories-3", tmp) as s:
+        alone = [ask(s, i) for i in range(16)]
+        with concurrent.futures.ThreadPoolExecutor(16) as ex:
+            together = list(ex.map(lambda i: ask(s, i), range(16)))
+    check(alone == unsplit, f"3 stages alone differ from the unsplit model: {alone} vs {unsplit}")
+    for i in range(16):
+        check(together[i] == alone[i], f"3 stages: client {i}: {together[i]!r} != alone {alone[i]!r}")
+    print("  ok: 3 stages: 16 concurrent clients got the texts they get alone, the unsplit model's")
+
+
 # ---- server C: the queue and the shutdown --------------------------------------------------------
 
 def case_queue(tmp):
@@ -455,7 +516,7 @@ def main():
         case_cli(tmp)
     except AssertionError:
         pass
-    alone = None
+    alone = prefix_ref = None
     with Server([*COMMON, "--parallel", "16", "--api-key-file", key], "one-stage", tmp) as s:
         cases = [lambda: case_contents_are_text(s), lambda: case_errors(s), lambda: case_malformed_http(s),
                  lambda: case_disconnect(s)]
@@ -468,6 +529,9 @@ def main():
                 pass
         try:
             alone = None if SANITIZED else case_concurrent(s, "1 stage")
+            if not SANITIZED:  # the prefix request's text cold, for server B's hit
+                st, _, data = s.request("POST", "/v1/completions", prefix_request("What did the keepers write?"), AUTH)
+                prefix_ref = json.loads(data)["choices"][0]["text"] if st == 200 else None
         except AssertionError:
             pass
         check(s.alive(), "server A died")
@@ -485,16 +549,18 @@ def main():
             check(lp is not None and len(lp["top_logprobs"]) == 4 and
                   all(len(t) == 2 and max(t.values()) == l for t, l in zip(lp["top_logprobs"], lp["token_logprobs"])),
                   f"2 stages: logprobs {st} {data[:300]!r}")
+            case_prefix(s, prefix_ref)
             m = s.metrics(AUTH)
             for name in ('pipeshard_hop_bytes_total{from="0",to="1"}', 'pipeshard_hop_seconds_total{from="1",'
                          'to="coordinator"}', 'pipeshard_stage_compute_seconds_total{stage="1"}'):
                 check(m.get(name, 0) > 0, f"2 stages: /metrics {name} = {m.get(name)}")
         except AssertionError:
             pass
-    try:
-        case_queue(tmp)
-    except AssertionError:
-        pass
+    for case in (case_queue, case_three_stages):
+        try:
+            case(tmp)
+        except AssertionError:
+            pass
     return conclude(tmp, t0)
 
 

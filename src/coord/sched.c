@@ -32,6 +32,8 @@ const double ps_sched_hist_bounds[PS_SCHED_HIST_BUCKETS] = {0.001, 0.0025, 0.005
 
 /* Micro-batches in flight at most: one per group, a group per stage. */
 #define MAX_GROUPS PS_SHARD_MAX_STAGES
+/* Prompt rows a micro-batch may carry beside fewer decoding rows (send_group). */
+#define PROMPT_ROWS_BESIDE_DECODE 32
 
 /* One request, from submit to DONE. */
 typedef struct seq {
@@ -393,11 +395,18 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
 }
 
 /* Sends the next micro-batch of group g: one row for each of its sequences that decodes, then
- * chunks of prompts, within the coordinator's rows. False when it has nothing to send. */
+ * chunks of prompts, within the coordinator's rows; beside d decoding rows, at most
+ * max(d, PROMPT_ROWS_BESIDE_DECODE) prompt rows, so that a step costs the decoding sequences
+ * at most about twice a plain one (their inter-token latency stays even while prompts arrive).
+ * False when it has nothing to send. */
 static bool send_group(ps_sched *s, int g) {
     int n_segs = 0, rows = 0, max_rows = ps_coord_max_rows(s->coord);
     bool sample = false;
-    for (int pass = 0; pass < 2; pass++) /* decoding sequences first, then prompts */
+    for (int pass = 0; pass < 2; pass++) { /* decoding sequences first, then prompts */
+        if (pass == 1 && rows) {
+            int beside = rows + (rows > PROMPT_ROWS_BESIDE_DECODE ? rows : PROMPT_ROWS_BESIDE_DECODE);
+            max_rows = beside < max_rows ? beside : max_rows;
+        }
         for (int i = 0; i < s->n_run && rows < max_rows; i++) {
             seq *q = s->run[i];
             int left = q->n_toks - q->n_done;
@@ -415,6 +424,7 @@ static bool send_group(ps_sched *s, int g) {
             rows += n;
             sample |= n == left;
         }
+    }
     if (!n_segs) return false;
     char err[600];
     bool fresh;
