@@ -1,5 +1,5 @@
 /* split_cache.h - where a local fleet's shards come from: a model split once into N stages
- * (bytes balanced) is kept in $PIPESHARD_CACHE (else $XDG_CACHE_HOME/pipeshard, else
+ * (balanced by the weight bytes a token reads on each stage) is kept in $PIPESHARD_CACHE (else $XDG_CACHE_HOME/pipeshard, else
  * ~/.cache/pipeshard) under splits/<model fingerprint>-N and reused while the model file is
  * unchanged; PIPESHARD_CACHE=off splits into the run's own directory each time. */
 #ifndef PS_COORD_SPLIT_CACHE_H

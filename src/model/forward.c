@@ -243,6 +243,13 @@ void ps_ctx_free(ps_ctx *c) {
 int ps_ctx_n_ctx(const ps_ctx *c) { return c->n_ctx; }
 int ps_ctx_n_blocks(const ps_ctx *c) { return c->n_blocks; }
 
+size_t ps_ctx_kv_block_floats(const ps_ctx *c) { return (size_t)PS_KV_BLOCK * c->kv_dim; }
+
+void ps_ctx_kv_block(ps_ctx *c, int li, int32_t b, float **k, float **v) {
+    size_t at = ((size_t)li * c->n_blocks + (size_t)b) * PS_KV_BLOCK * c->kv_dim;
+    *k = c->k_cache + at, *v = c->v_cache + at;
+}
+
 // ---------------------------------------------------------------------------------------
 // Attention
 

@@ -120,6 +120,11 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
 void ps_ctx_free(ps_ctx *c); /* NULL is a no-op */
 int ps_ctx_n_ctx(const ps_ctx *c);
 int ps_ctx_n_blocks(const ps_ctx *c);
+/* Where block b of local layer li keeps its keys (*k) and values (*v): ps_ctx_kv_block_floats
+ * floats each (n_head_kv × PS_KV_BLOCK × head_dim), owned by c. For saving and restoring
+ * prefixes (stage/kv_file.c); b must lie in the pool. */
+size_t ps_ctx_kv_block_floats(const ps_ctx *c);
+void ps_ctx_kv_block(ps_ctx *c, int li, int32_t b, float **k, float **v);
 
 /* One sequence's rows in a forward pass over several sequences: positions [pos, pos + n)
  * of the sequence whose block table is blocks[0..n_blocks) (covering at least pos + n

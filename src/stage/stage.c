@@ -1,24 +1,9 @@
 /* stage.c - the stage executor and the micro-batch message. */
-#include "stage.h"
+#include "stage_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct ps_stage {
-    ps_model *m;
-    ps_pool *pool;
-    ps_ctx *ctx;
-    ps_ctx_params cp;  /* of ctx */
-    int max_mb;        /* rows a micro-batch may carry */
-    int max_segs;      /* segments a micro-batch may carry */
-    float *x_out;      /* (max_mb, dim) activations for the next stage */
-    float *logits;     /* (max_segs, vocab) last stage: the logits of the sampled rows */
-    const float *last; /* the latest sampled segment's row of logits */
-    uint8_t *filled;   /* (n_blocks) positions of each block written in this session (0..PS_KV_BLOCK) */
-    int32_t *tok;      /* (n_blocks, PS_KV_BLOCK) last stage: the token at each position, for the penalties */
-    int32_t *history;  /* (n_ctx) last stage: one sequence's tokens gathered from tok */
-    ps_sampler *smp;   /* last stage */
-};
 
 // ---------------------------------------------------------------------------------------
 // Micro-batch encoding
@@ -284,6 +269,7 @@ ps_status ps_stage_open(const char *path, const ps_stage_opts *o, ps_stage **out
     *out = NULL;
     ps_stage *s = ps_calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    snprintf(s->path, sizeof s->path, "%s", path);
     ps_status st = ps_model_load(path, o->mmap ? PS_GGUF_MAP : PS_GGUF_HUGE, &s->m, err, errlen);
     if (!st && (st = ps_pool_create(o->threads, &s->pool)))
         ps_errf(err, errlen, st, "cannot start %d threads", o->threads);

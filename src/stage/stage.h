@@ -201,4 +201,17 @@ ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_res
 /* The logits of the latest sampled segment (vocab floats) on the last stage. */
 const float *ps_stage_logits(const ps_stage *s);
 
+/* Saves the keys and values of a prefix: blocks[0..n) of this session's pool (each full:
+ * written at all PS_KV_BLOCK positions), which hold tokens[0..n × PS_KV_BLOCK), to path (a
+ * temporary name, then renamed), under the prefix's id and the identity of what computed
+ * them (model and shard fingerprints, layers, shape, activations: kv_file.c). */
+ps_status ps_stage_kv_save(ps_stage *s, const char *path, uint64_t id, const int32_t *blocks, int n,
+                           const int32_t *tokens, char *err, size_t errlen);
+/* Restores a prefix saved by ps_stage_kv_save into blocks[0..n) of this session's pool (which
+ * then count as written): refused, with a message naming both sides, when the file was made by
+ * another model, shard, layer range or arithmetic, holds another id, block count or tokens, or
+ * is damaged (checksum). Nothing is written to the pool unless the whole file checks out. */
+ps_status ps_stage_kv_load(ps_stage *s, const char *path, uint64_t id, const int32_t *blocks, int n,
+                           const int32_t *tokens, char *err, size_t errlen);
+
 #endif

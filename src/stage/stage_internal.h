@@ -1,0 +1,25 @@
+/* stage_internal.h - the stage executor's state, shared by stage.c and kv_file.c. */
+#ifndef PS_STAGE_INTERNAL_H
+#define PS_STAGE_INTERNAL_H
+
+#include "stage.h"
+
+struct ps_stage {
+    ps_model *m;
+    ps_pool *pool;
+    ps_ctx *ctx;
+    ps_ctx_params cp;  /* of ctx */
+    int max_mb;        /* rows a micro-batch may carry */
+    int max_segs;      /* segments a micro-batch may carry */
+    float *x_out;      /* (max_mb, dim) activations for the next stage */
+    float *logits;     /* (max_segs, vocab) last stage: the logits of the sampled rows */
+    const float *last; /* the latest sampled segment's row of logits */
+    uint8_t *filled;   /* (n_blocks) positions of each block written in this session (0..PS_KV_BLOCK) */
+    int32_t *tok;      /* (n_blocks, PS_KV_BLOCK) last stage: the token at each position, for the penalties */
+    int32_t *history;  /* (n_ctx) last stage: one sequence's tokens gathered from tok */
+    ps_sampler *smp;   /* last stage */
+    char path[4096];   /* the model or shard file */
+    char model_fp[33]; /* ps_fingerprint_file of a whole model, once computed (kv_file.c) */
+};
+
+#endif
