@@ -17,8 +17,13 @@ static int32_t prompt[N_PROMPT];
 /* Runs one segment of prompt[pos..pos+n) on table through s; the token it samples (or -1 on error). */
 static ps_status run(ps_stage *s, int pos, int n, const int32_t *table, int n_table, int32_t *tok, char *err,
                      size_t errlen) {
-    ps_mb_seg g = {.seq = 1, .pos = pos, .n = n, .flags = PS_MB_SAMPLE, .sp = ps_sample_params_default(),
-                   .n_blocks = n_table, .blocks = table};
+    ps_mb_seg g = {.seq = 1,
+                   .pos = pos,
+                   .n = n,
+                   .flags = PS_MB_SAMPLE,
+                   .sp = ps_sample_params_default(),
+                   .n_blocks = n_table,
+                   .blocks = table};
     g.sp.temperature = 0;
     ps_mb mb = {.n_segs = 1, .segs = &g, .n = n, .tokens = prompt + pos};
     ps_result res;
@@ -120,7 +125,8 @@ int main(void) {
         PS_CHECK_OK(ps_stage_open(smol, &so, &o, err, sizeof err));
         PS_CHECK_OK(ps_stage_begin(o, &cp, 128, 2, err, sizeof err));
         PS_CHECK_EQ_INT(ps_stage_kv_load(o, path, 42, second, 2, prompt, err, sizeof err), PS_ERR_ARG);
-        PS_CHECK(strstr(err, "holds layers 0..5 of model") != NULL && strstr(err, "this stage runs layers 0..30") != NULL);
+        PS_CHECK(strstr(err, "holds layers 0..5 of model") != NULL &&
+                 strstr(err, "this stage runs layers 0..30") != NULL);
         ps_stage_free(o);
     } else {
         ps_test_skip_part("SmolLM2-135M-Instruct.Q4_1.gguf is absent (scripts/fetch_models.sh fetches it)");

@@ -432,7 +432,10 @@ def case_three_stages(tmp):
 # ---- server C: the queue and the shutdown --------------------------------------------------------
 
 def case_queue(tmp):
-    with Server([*COMMON, "--parallel", "1", "--queue-size", "2"], "queue", tmp) as s:
+    with Server([*COMMON, "--parallel", "1", "--kv-blocks", "40", "--queue-size", "2"], "queue", tmp) as s:
+        m = s.metrics()
+        check(m["pipeshard_kv_blocks_used"] + m["pipeshard_kv_blocks_cached"] + m["pipeshard_kv_blocks_free"] == 40,
+              f"--kv-blocks 40: {m}")
         long = json.dumps({"prompt": STORY, "max_tokens": 900, "stream": True, "temperature": 1, "seed": 3})
         k = socket.create_connection(("127.0.0.1", s.port), timeout=30)
         k.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(long)}\r\n\r\n{long}".encode())

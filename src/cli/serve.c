@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "../server/server.h"
+#include "../stage/stage.h"
 #include "args.h"
 #include "cli.h"
 #include "run.h"
@@ -14,7 +15,7 @@
 /* The server's own options. */
 typedef struct {
     const char *host, *api_key_file;
-    long long port, parallel, queue;
+    long long port, parallel, queue, kv_blocks;
     bool prefix_cache;
 } serve_opts;
 
@@ -31,8 +32,10 @@ static void serve_usage(FILE *f) {
                "  --port P                TCP port (default 8080; 0: any free port, printed at start)\n"
                "  --api-key-file F        require 'Authorization: Bearer KEY' on /v1/* and /metrics, KEY the\n"
                "                          first line of F (default: no key)\n"
-               "  --parallel N            sequences to generate at once (default 4); every stage keeps KV\n"
-               "                          blocks for N contexts of -c positions\n"
+               "  --parallel N            sequences to generate at once (default 4, at most 256)\n"
+               "  --kv-blocks N           KV blocks of 32 positions on every stage (default: --parallel\n"
+               "                          contexts of -c positions); more leave the prefix cache room\n"
+               "                          beside the running requests, fewer admit fewer long ones\n"
                "  --queue-size N          requests that may wait to start (default 64); one more is answered\n"
                "                          503 with Retry-After\n"
                "  --prefix-cache on|off   keep whole KV blocks of ended requests and share them with later\n"
@@ -44,8 +47,8 @@ static void serve_usage(FILE *f) {
     ps_run_usage_compute(f);
 }
 
-static const char *const serve_flags[] = {"--host",         "--port", "--api-key-file", "--parallel", "--queue-size",
-                                          "--prefix-cache", NULL};
+static const char *const serve_flags[] = {"--host",       "--port",      "--api-key-file", "--parallel",
+                                          "--queue-size", "--kv-blocks", "--prefix-cache", NULL};
 
 /* Applies one of the server's flags (ps_run_extra.set). */
 static bool serve_set(void *ctx, const char *flag, const char *v) {
@@ -53,7 +56,8 @@ static bool serve_set(void *ctx, const char *flag, const char *v) {
     if (!strcmp(flag, "--host")) return (o->host = v), true;
     if (!strcmp(flag, "--api-key-file")) return (o->api_key_file = v), true;
     if (!strcmp(flag, "--port")) return ps_arg_int("serve", flag, v, 0, 65535, &o->port);
-    if (!strcmp(flag, "--parallel")) return ps_arg_int("serve", flag, v, 1, 4096, &o->parallel);
+    if (!strcmp(flag, "--parallel")) return ps_arg_int("serve", flag, v, 1, PS_MB_MAX_SEGS, &o->parallel);
+    if (!strcmp(flag, "--kv-blocks")) return ps_arg_int("serve", flag, v, 1, 1 << 24, &o->kv_blocks);
     if (!strcmp(flag, "--queue-size")) return ps_arg_int("serve", flag, v, 0, 1 << 20, &o->queue);
     if (strcmp(v, "on") && strcmp(v, "off")) {
         fprintf(stderr, "pipeshard serve: %s must be on or off, got '%s'\n", flag, v);
@@ -94,7 +98,7 @@ int ps_cli_serve(int argc, char **argv) {
                           .api_key_file = so.api_key_file,
                           .model_name = model_id(o.fleet ? NULL : o.model),
                           .chat_template = o.chat_template};
-    o.parallel = (int)so.parallel;
+    o.parallel = (int)so.parallel, o.kv_blocks = (int)so.kv_blocks;
     ps_status s = ps_run_launch(&o, true, &l, err, sizeof err);
     ps_run_progress_clear();
     if (!s) s = ps_sched_create(l, &sco, &sched, err, sizeof err);

@@ -81,7 +81,7 @@ void sv_metrics_text(ps_server *sv, sv_buf *b) {
     single(b, "pipeshard_queue_length", "gauge", "Requests waiting to start", m.queued);
     single(b, "pipeshard_queue_capacity", "gauge", "Requests that may wait (--queue-size)", m.queue_max);
     single(b, "pipeshard_running_sequences", "gauge", "Sequences being generated", m.running);
-    single(b, "pipeshard_kv_blocks_used", "gauge", "KV cache blocks of 16 positions held by running sequences",
+    single(b, "pipeshard_kv_blocks_used", "gauge", "KV cache blocks of 32 positions held by running sequences",
            m.kv_blocks_used);
     single(b, "pipeshard_kv_blocks_cached", "gauge", "KV cache blocks kept for the prefix cache", m.kv_blocks_cached);
     single(b, "pipeshard_kv_blocks_free", "gauge", "KV cache blocks free",

@@ -19,14 +19,14 @@
 #define KV_MAGIC "PSKVBLK1"
 
 typedef struct {
-    char magic[8];         /* KV_MAGIC */
-    uint32_t block;        /* PS_KV_BLOCK */
-    uint32_t n_blocks;     /* blocks saved */
-    char model_fp[32];     /* the whole model's fingerprint (hex, no NUL) */
-    char shard_fp[32];     /* the shard's (zeros for a whole model) */
-    int32_t layer_begin;   /* the stage's layers */
+    char magic[8];       /* KV_MAGIC */
+    uint32_t block;      /* PS_KV_BLOCK */
+    uint32_t n_blocks;   /* blocks saved */
+    char model_fp[32];   /* the whole model's fingerprint (hex, no NUL) */
+    char shard_fp[32];   /* the shard's (zeros for a whole model) */
+    int32_t layer_begin; /* the stage's layers */
     int32_t layer_end;
-    int32_t n_head_kv;     /* the shape of a block's keys and values */
+    int32_t n_head_kv; /* the shape of a block's keys and values */
     int32_t head_dim;
     uint32_t act;          /* ps_act of the session that computed them */
     uint32_t reserved;     /* 0 */
@@ -63,7 +63,8 @@ static ps_status check_blocks(const ps_stage *s, const int32_t *blocks, int n, c
     if (n < 1 || n > pool) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "%d KV blocks (the pool has %d)", n, pool);
     for (int i = 0; i < n; i++) {
         if (blocks[i] < 0 || blocks[i] >= pool)
-            return ps_errf(err, errlen, PS_ERR_PROTOCOL, "KV block %d is outside the pool (0..%d)", blocks[i], pool - 1);
+            return ps_errf(err, errlen, PS_ERR_PROTOCOL, "KV block %d is outside the pool (0..%d)", blocks[i],
+                           pool - 1);
         for (int j = 0; j < i; j++)
             if (blocks[j] == blocks[i])
                 return ps_errf(err, errlen, PS_ERR_PROTOCOL, "KV block %d is named twice", blocks[i]);
@@ -82,8 +83,8 @@ ps_status ps_stage_kv_save(ps_stage *s, const char *path, uint64_t id, const int
     ps_status st = check_blocks(s, blocks, n, err, errlen);
     for (int i = 0; !st && i < n; i++)
         if (s->filled[blocks[i]] != PS_KV_BLOCK)
-            st = ps_errf(err, errlen, PS_ERR_PROTOCOL, "KV block %d is not full: %d of %d positions written",
-                         blocks[i], s->filled[blocks[i]], PS_KV_BLOCK);
+            st = ps_errf(err, errlen, PS_ERR_PROTOCOL, "KV block %d is not full: %d of %d positions written", blocks[i],
+                         s->filled[blocks[i]], PS_KV_BLOCK);
     kv_hdr h;
     if (st || (st = stage_hdr(s, id, n, &h, err, errlen))) return st;
     char tmp[4200];
@@ -146,8 +147,9 @@ ps_status ps_stage_kv_load(ps_stage *s, const char *path, uint64_t id, const int
     ps_status st = check_blocks(s, blocks, n, err, errlen);
     if (st || (st = stage_hdr(s, id, n, &want, err, errlen))) return st;
     FILE *f = fopen(path, "rb");
-    if (!f) return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot read %s: %s", path,
-                           strerror(errno));
+    if (!f)
+        return ps_errf(err, errlen, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "cannot read %s: %s", path,
+                       strerror(errno));
     size_t floats = ps_ctx_kv_block_floats(s->ctx), n_tok = (size_t)n * PS_KV_BLOCK;
     int layers = s->m->layer_end - s->m->layer_begin;
     int32_t *file_tok = ps_malloc(n_tok * sizeof *file_tok);
