@@ -5,15 +5,16 @@
  * invariant 3), runs the prompt around the ring on the first step and feeds each sampled
  * token back on the next, stops at the end of text, after n_predict tokens or when the
  * context is full, and turns tokens into text through a streaming detokenizer that never
- * splits a UTF-8 character. `run` and `bench --stages` drive generation through it; the
- * HTTP server and speculative decoding are to build on it.
+ * splits a UTF-8 character. `run`, `chat` and `bench --stages` drive generation through it;
+ * the HTTP server runs many sequences through the scheduler instead (sched.h).
  *
  *     ps_session_prompt_text(s, text, len, &gp, err, errlen);
  *     ps_session_step st = {0};
  *     while (!st.stop && !ps_session_next(s, &st, err, errlen)) print(st.text, st.len);
  *     ps_session_flush(s, &text, &len);        // the bytes the stream still held back
  *
- * The coordinator runs one sequence at a time: one session per coordinator. */
+ * A session runs one sequence on its coordinator (ps_coord_next, on blocks 0, 1, 2, ...): one
+ * session per coordinator, not beside a scheduler. */
 #ifndef PS_COORD_SESSION_H
 #define PS_COORD_SESSION_H
 
