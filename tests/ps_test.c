@@ -53,9 +53,20 @@ const char *ps_test_tmp(const char *name) {
     return buf;
 }
 
+/* dir/name into buf (dir from the environment variable env, else fallback), or NULL when the
+ * file cannot be read. */
+static const char *model_in(char *buf, size_t cap, const char *env, const char *fallback, const char *name) {
+    const char *dir = getenv(env);
+    snprintf(buf, cap, "%s/%s", dir && *dir ? dir : fallback, name);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
 const char *ps_test_shared_model(const char *name) {
     static char buf[4096];
-    const char *dir = getenv("PS_SHARED_MODELS");
-    snprintf(buf, sizeof buf, "%s/%s", dir && *dir ? dir : "../shared/models", name);
-    return access(buf, R_OK) == 0 ? buf : NULL;
+    return model_in(buf, sizeof buf, "PS_SHARED_MODELS", "../shared/models", name);
+}
+
+const char *ps_test_cached_model(const char *name) {
+    static char buf[4096];
+    return model_in(buf, sizeof buf, "PS_MODEL_CACHE", ".cache/models", name);
 }

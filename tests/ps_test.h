@@ -58,5 +58,8 @@ float ps_test_rng_f(void); /* uniform in [-1, 1) */
 const char *ps_test_tmp(const char *name);
 /* Path of ../shared/models/<name> (via $PS_SHARED_MODELS) or NULL when the file is absent. */
 const char *ps_test_shared_model(const char *name);
+/* Path of .cache/models/<name> (via $PS_MODEL_CACHE: scripts/setup.sh fetches them there) or NULL
+ * when absent, in a static buffer overwritten by the next call. */
+const char *ps_test_cached_model(const char *name);
 
 #endif

@@ -9,9 +9,11 @@
     return verdict()                 # prints "ok: N checks" or "FAILED: ..."; 0, 1 or 77 (SKIP)
     tmp = tmpdir("name-")            # a fresh folder under $PS_TEST_TMP (or the system's)
     synth_small(path)                # the small synthetic model local-fleet tests split
+    rc, out, term = on_terminal(args)  # a run with stderr a pseudo-terminal (progress lines)
     return conclude(tmp, t0)         # removes it unless a check failed, then verdict()
 """
 import os
+import pty
 import select
 import shutil
 import subprocess
@@ -146,3 +148,29 @@ def read_ready_port(r, timeout=60):
     os.close(r)
     line = got.decode(errors="replace").strip()
     return int(line) if line.isdigit() else line if line.startswith("unix:") else None
+
+
+def on_terminal(args, env=None, limit=300):
+    """Runs args with stderr a pseudo-terminal; returns (exit status, stdout bytes, what the terminal got)."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    got, deadline = b"", time.time() + limit
+    while time.time() < deadline:
+        ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.time()))
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: every holder of the terminal has closed it
+            break
+        if not chunk:
+            break
+        got += chunk
+    os.close(master)
+    try:
+        out, _ = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+    return p.returncode, out, got.decode(errors="replace")

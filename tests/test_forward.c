@@ -120,12 +120,8 @@ int main(void) {
         test_model(stories);
     else
         ps_test_skip_part("stories260K.gguf is absent (../shared/models)");
-    const char *cache = getenv("PS_MODEL_CACHE");
-    char smol[4096];
-    snprintf(smol, sizeof smol, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache ? cache : ".cache/models");
-    FILE *f = fopen(smol, "rb");
-    if (f) {
-        fclose(f);
+    const char *smol = ps_test_cached_model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (smol) {
         test_model(smol);
     } else {
         ps_test_skip_part("SmolLM2-135M-Instruct.Q4_1.gguf is absent (scripts/fetch_models.sh fetches it)");

@@ -115,12 +115,8 @@ int main(void) {
     PS_CHECK(strstr(err, "computed with q8 activations, this session uses f32") != NULL);
 
     /* another model's stage refuses the file, naming both */
-    const char *cache = getenv("PS_MODEL_CACHE");
-    char smol[4096];
-    snprintf(smol, sizeof smol, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache ? cache : ".cache/models");
-    FILE *f = fopen(smol, "rb");
-    if (f) {
-        fclose(f);
+    const char *smol = ps_test_cached_model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (smol) {
         ps_stage *o = NULL;
         PS_CHECK_OK(ps_stage_open(smol, &so, &o, err, sizeof err));
         PS_CHECK_OK(ps_stage_begin(o, &cp, 128, 2, err, sizeof err));

@@ -12,15 +12,13 @@ the split cache off (so it splits every time) and a 40-token prompt in chunks of
 Exit 0 pass, 1 fail.
 """
 import os
-import pty
-import select
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pstest import check, conclude, synth_small, tmpdir  # noqa: E402
+from pstest import check, conclude, on_terminal, synth_small, tmpdir  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 LIMIT = 300  # seconds for a run (about one on an idle machine)
@@ -30,32 +28,6 @@ def run_args(model):
     ids = ",".join(str(1 + i % 700) for i in range(40))
     return [BIN, "run", "-m", model, "--local-stages", "2", "-t", "1", "-b", "8", "--prompt-ids", ids, "-n", "4",
             "--temp", "0", "--print-ids"]
-
-
-def on_terminal(args, env):
-    """Runs args with stderr a pseudo-terminal; returns (exit status, stdout, what the terminal got)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, env=env)
-    os.close(slave)
-    got, deadline = b"", time.time() + LIMIT
-    while time.time() < deadline:
-        ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.time()))
-        if not ready:
-            break
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: every holder of the terminal has closed it
-            break
-        if not chunk:
-            break
-        got += chunk
-    os.close(master)
-    try:
-        out, _ = p.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate()
-    return p.returncode, out, got.decode(errors="replace")
 
 
 def main():
@@ -69,7 +41,7 @@ def main():
     check(plain.returncode == 0, f"no terminal: exit {plain.returncode}: {plain.stderr!r}")
     check(plain.stderr == b"", f"no terminal: stderr is not empty: {plain.stderr[-300:]!r}")
 
-    rc, out, term = on_terminal(run_args(model), env)
+    rc, out, term = on_terminal(run_args(model), env, LIMIT)
     check(rc == 0, f"terminal: exit {rc}: {term[-300:]!r}")
     check(out == plain.stdout, f"terminal: stdout {out!r} differs from {plain.stdout!r}")
     for want in ("splitting model into 2 stages: ", "%", "starting 1 worker", "loading model", "prompt: 8/40 tokens",

@@ -271,12 +271,8 @@ int main(void) {
     ps_session_free(s);
     ps_tok_free(tok);
     ps_coord_free(coord);
-    char smol[4096];
-    const char *cache = getenv("PS_MODEL_CACHE");
-    snprintf(smol, sizeof smol, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache ? cache : ".cache/models");
-    FILE *f = fopen(smol, "rb");
-    if (f) {
-        fclose(f);
+    const char *smol = ps_test_cached_model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (smol) {
         test_eos(smol);
     } else {
         ps_test_skip_part("SmolLM2-135M-Instruct.Q4_1.gguf is absent (scripts/setup.sh fetches it): the end-of-text "

@@ -36,9 +36,7 @@ import ctypes
 import filecmp
 import json
 import os
-import pty
 import re
-import select
 import shutil
 import struct
 import subprocess
@@ -47,7 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pstest import check, conclude, reexec_with_asan, require, synth_small, tmpdir  # noqa: E402
+from pstest import check, conclude, on_terminal, reexec_with_asan, require, synth_small, tmpdir  # noqa: E402
 import psworker  # noqa: E402
 from psworker import pstr, san_check  # noqa: E402
 
@@ -120,32 +118,6 @@ def fleet_run(fleet, what, timeout=120):
     if check(p.returncode == 0, f"{what}: run exited {p.returncode}: {p.stderr[-1500:]}"):
         check(p.stdout.split() == REF, f"{what}: ids {p.stdout.split()} differ from the unsplit run's {REF}")
     return p
-
-
-def on_terminal(args, limit=120):
-    """Runs args with stderr a pseudo-terminal; returns (exit status, stdout, what the terminal got)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
-    os.close(slave)
-    got, deadline = b"", time.time() + limit
-    while time.time() < deadline:
-        ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.time()))
-        if not ready:
-            break
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: every holder of the terminal has closed it
-            break
-        if not chunk:
-            break
-        got += chunk
-    os.close(master)
-    try:
-        out, _ = p.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate()
-    return p.returncode, out.decode(errors="replace"), got.decode(errors="replace")
 
 
 def cached(w, fleet, k):
@@ -249,7 +221,8 @@ def error_of(frame):
 
 # ------------------------------------------------------------------------------ cases
 def case_received(fleet, w1, w2):
-    rc, out, term = on_terminal([BIN, "run", "--fleet", fleet, "--key-file", KEY] + PROMPT + GEN)
+    rc, out, term = on_terminal([BIN, "run", "--fleet", fleet, "--key-file", KEY] + PROMPT + GEN, limit=120)
+    out = out.decode(errors="replace")
     san_check(term, "run on a terminal")
     if check(rc == 0, f"first run: exit {rc}: {term[-1500:]}"):
         check(out.split() == REF, f"first run: ids {out.split()} differ from the unsplit run's {REF}")
