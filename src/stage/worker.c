@@ -92,7 +92,9 @@ struct worker {
     uint64_t session;
     ps_wbuf wb; /* reusable payload buffer */
     char err[512];
-    pthread_mutex_t mu; /* ctrl, in, out and session against the handshake threads' reads */
+    pthread_mutex_t mu;  /* ctrl, in, out and session against the handshake threads' reads */
+    handshake *in_claim; /* a previous stage's handshake that passed its check, not yet adopted:
+                            the slot is its (under mu; written by handshake threads too) */
     handshake hs[MAX_HANDSHAKES];
     int hs_pipe[2];           /* a finished handshake writes its slot number */
     double peer_room, peer_t; /* lines that may be shown now, and when that was counted (ps_now) */
@@ -160,6 +162,7 @@ static void end_session_line(worker *w, int kind, const char *why, const char *l
     pthread_mutex_lock(&w->mu);
     w->ctrl = w->in = w->out = NULL;
     w->session = 0;
+    w->in_claim = NULL;
     pthread_mutex_unlock(&w->mu);
     if (in != ctrl) ps_conn_free(in);
     if (out != ctrl) ps_conn_free(out);
@@ -175,16 +178,17 @@ static bool ctrl_closed(const worker *w) {
     return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-/* Whether the current session leaves no room for peer p (called under mu, or by the loop):
+/* Whether the current session leaves no room for peer p, whose handshake is h (under mu):
  * a coordinator while another one's session runs; a previous stage of another session,
- * before SETUP has started one (its id is 0 until then), or once the session has its
- * previous stage (on stage 1, the coordinator itself). */
-static ps_status session_refuses(const worker *w, const ps_hello *p, char *err, size_t errlen) {
+ * before SETUP has started one (its id is 0 until then), once the session has its previous
+ * stage (on stage 1, the coordinator itself), or while another previous stage's handshake,
+ * past its check, holds the slot (in_claim). */
+static ps_status session_refuses(const worker *w, const ps_hello *p, const handshake *h, char *err, size_t errlen) {
     if (p->role == PS_ROLE_COORD && w->ctrl && !ctrl_closed(w))
         return ps_errf(err, errlen, PS_ERR_ARG, "busy: serving a session of coordinator %s", ps_conn_peer(w->ctrl));
     if (p->role == PS_ROLE_PREV_STAGE && (!w->ctrl || !w->out || p->session != w->session))
         return ps_errf(err, errlen, PS_ERR_ARG, "no session %016llx here", (unsigned long long)p->session);
-    if (p->role == PS_ROLE_PREV_STAGE && w->in)
+    if (p->role == PS_ROLE_PREV_STAGE && (w->in || (w->in_claim && w->in_claim != h)))
         return ps_errf(err, errlen, PS_ERR_ARG, "session %016llx has its previous stage already",
                        (unsigned long long)p->session);
     return PS_OK;
@@ -232,9 +236,11 @@ static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errl
     ps_status s = peer_refuses(&h->mine, p, err, errlen);
     if (s) return s;
     pthread_mutex_lock(&w->mu);
-    s = session_refuses(w, p, err, errlen);
+    s = session_refuses(w, p, h, err, errlen);
+    if (!s) s = feed_refuses(&h->mine, p, err, errlen);
+    if (!s && p->role == PS_ROLE_PREV_STAGE) w->in_claim = h; /* a second one is refused until adoption */
     pthread_mutex_unlock(&w->mu);
-    return s ? s : feed_refuses(&h->mine, p, err, errlen);
+    return s;
 }
 
 /* The check of the next stage, which we dial. */
@@ -664,6 +670,21 @@ static void drop_late(worker *w, ps_conn *c, const char *why) {
     ps_conn_free(c);
 }
 
+/* Gives up h's claim on the previous-stage slot, if it holds it. */
+static void drop_claim(worker *w, const handshake *h) {
+    pthread_mutex_lock(&w->mu);
+    if (w->in_claim == h) w->in_claim = NULL;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* session_refuses of h's peer, by the loop (handshake threads write in_claim under mu). */
+static ps_status locked_session_refuses(worker *w, const handshake *h) {
+    pthread_mutex_lock(&w->mu);
+    ps_status s = session_refuses(w, &h->peer, h, w->err, sizeof w->err);
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
 /* Takes a finished handshake's connection: a coordinator starting a session, or the
  * previous stage joining. The session may have changed while it ran: checked again. */
 static void adopt_peer(worker *w, handshake *h) {
@@ -676,7 +697,7 @@ static void adopt_peer(worker *w, handshake *h) {
             say(w, "%s", h->err);
         else
             say(w, "handshake with %s failed: %s", ps_conn_peer(c), h->err);
-    } else if (!s && ((s = session_refuses(w, &h->peer, w->err, sizeof w->err)) ||
+    } else if (!s && ((s = locked_session_refuses(w, h)) ||
                       (h->peer.role == PS_ROLE_PREV_STAGE &&
                        ((s = peer_refuses(&w->me, &h->peer, w->err, sizeof w->err)) ||
                         (s = feed_refuses(&w->me, &h->peer, w->err, sizeof w->err)))))) {
@@ -705,6 +726,7 @@ static void adopt_peer(worker *w, handshake *h) {
         w->in = c;
         pthread_mutex_unlock(&w->mu);
     }
+    drop_claim(w, h);
     h->busy = false;
 }
 
@@ -741,6 +763,7 @@ static handshake *evict_oldest(worker *w, const char *newcomer) {
         say(w, "cut the handshake with %s short after %.0f ms: %d were under way and %s connected", ps_conn_peer(h->c),
             (ps_now() - h->since) * 1e3, MAX_HANDSHAKES, newcomer);
     ps_conn_free(h->c);
+    drop_claim(w, h);
     h->busy = false; /* its byte in the pipe finds the slot's next handshake not done, or the slot free */
     return h;
 }
