@@ -497,7 +497,7 @@ def case_cli(tmp):
     check(p.returncode == 1 and "cannot listen on 127.0.0.1:" in p.stderr and "in use" in p.stderr,
           f"a port in use: exit {p.returncode}, {p.stderr.strip()!r}")
     help_text = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True).stdout
-    for flag in ("--host", "--port", "--parallel", "-c, --ctx-size", "--api-key-file", "--prefix-cache",
+    for flag in ("--host", "--port", "--parallel", "--kv-blocks", "-c, --ctx-size", "--api-key-file", "--prefix-cache",
                  "--queue-size", "--fleet", "--local-stages", "--key-file", "--mmap", "--pin", "-t, --threads"):
         check(flag in help_text, f"serve --help lacks {flag}")
 

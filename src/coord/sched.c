@@ -84,6 +84,7 @@ struct ps_sched {
     int pend_group[MAX_GROUPS];  /* the groups of the micro-batches awaiting tokens, oldest first */
     int n_pend;
     ps_coord_seg *segs; /* (parallel) the micro-batch being built */
+    seq **sent;         /* (parallel) the sequence of each of its segments */
     ps_result *res;     /* (parallel) the tokens of one */
     char *tail_text;    /* (tail_cap) the text a DONE carries */
     size_t tail_cap;
@@ -412,6 +413,7 @@ static bool send_group(ps_sched *s, int g) {
             int left = q->n_toks - q->n_done;
             if (q->group != g || q->in_flight || !q->n_table || left < 1 || (pass == 0) != (left == 1)) continue;
             int n = left < max_rows - rows ? left : max_rows - rows;
+            s->sent[n_segs] = q;
             s->segs[n_segs++] = (ps_coord_seg){.seq = q->id,
                                                .pos = q->n_done,
                                                .n = n,
@@ -434,9 +436,7 @@ static bool send_group(ps_sched *s, int g) {
         return true;
     }
     for (int k = 0; k < n_segs; k++) {
-        seq *q = NULL;
-        for (int i = 0; !q && i < s->n_run; i++)
-            if (s->run[i]->id == s->segs[k].seq) q = s->run[i];
+        seq *q = s->sent[k];
         q->n_done += s->segs[k].n;
         q->in_flight = s->segs[k].sample;
         ps_kv_seq_publish(s->kv, q->table, q->toks, q->n_done);
@@ -539,8 +539,10 @@ ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, 
     pthread_cond_init(&s->cv, NULL);
     s->run = ps_calloc((size_t)o->parallel, sizeof *s->run);
     s->segs = ps_calloc((size_t)o->parallel, sizeof *s->segs);
+    s->sent = ps_calloc((size_t)o->parallel, sizeof *s->sent);
     s->res = ps_calloc((size_t)ps_coord_max_segs(c), sizeof *s->res);
-    ps_status st = !s->run || !s->segs || !s->res ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory") : PS_OK;
+    ps_status st =
+        !s->run || !s->segs || !s->sent || !s->res ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory") : PS_OK;
     if (!st) st = ps_kv_create(ps_coord_n_blocks(c), o->prefix_cache, &s->kv, err, errlen);
     if (st) {
         ps_sched_free(s);
@@ -575,7 +577,7 @@ void ps_sched_free(ps_sched *s) {
     ps_kv_free(s->kv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
-    free(s->run), free(s->segs), free(s->res), free(s->tail_text);
+    free(s->run), free(s->segs), free(s->sent), free(s->res), free(s->tail_text);
     free(s);
 }
 

@@ -378,15 +378,17 @@ static void mark_written(ps_stage *s, const ps_mb_seg *g, const int32_t *tokens)
 }
 
 /* Samples the token after segment g from its row of logits, with the top log-probabilities
- * it asks for. The penalties' history: the sequence's tokens, gathered from its blocks. */
+ * it asks for. The penalties' history: the sequence's last penalty_last_n tokens (all of them
+ * for -1: the window the sampler reads), gathered from its blocks. */
 static ps_status sample_seg(ps_stage *s, const ps_mb_seg *g, const float *logits, ps_result *r, char *err,
                             size_t errlen) {
-    int n_hist = g->pos + g->n;
-    for (int p = 0; p < n_hist; p++)
-        s->history[p] = s->tok[(size_t)g->blocks[p / PS_KV_BLOCK] * PS_KV_BLOCK + p % PS_KV_BLOCK];
+    int n_hist = g->pos + g->n, last_n = g->sp.penalty_last_n;
+    int from = last_n >= 0 && last_n < n_hist ? n_hist - last_n : 0;
+    for (int p = from; p < n_hist; p++)
+        s->history[p - from] = s->tok[(size_t)g->blocks[p / PS_KV_BLOCK] * PS_KV_BLOCK + p % PS_KV_BLOCK];
     bool lp = g->flags & PS_MB_LOGPROBS;
     *r = (ps_result){.seq = g->seq, .pos = n_hist, .n_top = lp ? g->n_top : 0};
-    ps_status st = ps_sample(s->smp, &g->sp, logits, s->history, n_hist, (uint64_t)n_hist, &r->token);
+    ps_status st = ps_sample(s->smp, &g->sp, logits, s->history, n_hist - from, (uint64_t)n_hist, &r->token);
     if (st) return ps_errf(err, errlen, st, "sampling failed: %s", ps_sampler_error(s->smp));
     if (lp) {
         double lse = ps_sample_top_logprobs(logits, s->m->hp.vocab, (int)r->n_top, r->top_id, r->top_logprob);
