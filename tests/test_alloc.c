@@ -143,7 +143,7 @@ static ps_status op_chat_tokens(char *err, size_t errlen) {
     ps_chat_msg msgs[] = {{"system", "Be brief."}, {"user", "Tell me a story <|im_end|>."}};
     ps_status s = ps_model_load(model_path, PS_GGUF_MAP, &m, err, errlen);
     if (!s) s = ps_tok_create(m->gguf, &t, err, errlen);
-    if (!s) s = ps_session_chat_tokens(t, m, msgs, 2, "chatml", &ids, &n, err, errlen);
+    if (!s) s = ps_session_chat_tokens(t, m, msgs, 2, "chatml", true, &ids, &n, err, errlen);
     free(ids);
     ps_tok_free(t);
     ps_model_free(m);

@@ -76,7 +76,7 @@ GEN = ["-n", "12", "--ignore-eos", "--print-ids", "-t", "1", "--temp", "0"]
 
 HELLO, HELLO_REPLY, AUTH, WELCOME, REFUSE = 1, 2, 3, 4, 5
 SETUP, READY, FORWARD, TOKENS, STATS, ERROR, BYE, PROBE = 16, 17, 18, 19, 20, 21, 22, 23
-PLACE, PLACED, SEND_SHARD, SHARD_DATA = 24, 25, 26, 27
+PLACE, PLACED, SEND_SHARD, SHARD_DATA, KV_SAVE, KV_LOAD, KV_DONE = 24, 25, 26, 27, 28, 29, 30
 ROLE_COORD, ROLE_PREV, ROLE_WORKER = 1, 2, 3
 MB_SAMPLE = 1
 KV_BLOCK = 32  # PS_KV_BLOCK
@@ -824,7 +824,8 @@ def case_frames():
                 "frame of 4294967295 bytes exceeds the limit", "exceeds the limit", setup=setup)
             run(f"len 64 KiB + 1 {tag}", lambda c: c.send(SETUP, b"", length=(64 << 10) + 1) if not setup else
                 c.send(FORWARD, b"", length=mb_max_bytes(DIM, 8, 2, 64) + 1), "exceeds the limit", setup=setup)
-            for typ in (0, 2, 4, 5, 15, 28, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH, PLACED, SEND_SHARD):
+            for typ in (0, 2, 4, 5, 15, 31, 99, 0xFFFF, READY, TOKENS, STATS, ERROR, HELLO, AUTH, PLACED, SEND_SHARD,
+                        KV_DONE):
                 run(f"message type {typ} {tag}", lambda c, typ=typ: c.send(typ, b"abc"),
                     f"unexpected message type {typ}", f"unexpected message type {typ}", setup=setup)
             # a worker given its --shard takes no other (test_travel.py drives --cache workers)
@@ -832,6 +833,12 @@ def case_frames():
                 "PLACE to a worker that serves its --shard", setup=setup)
             run(f"SHARD_DATA {tag}", lambda c: c.send(SHARD_DATA, b"abc"), "SHARD_DATA while no shard is arriving",
                 "SHARD_DATA while no shard is arriving", setup=setup)
+            for typ in (KV_SAVE, KV_LOAD):  # prefixes: malformed (a well-formed one: below)
+                why = "malformed prefix message" if setup else "prefix message before SETUP"
+                run(f"message type {typ} {tag}", lambda c, typ=typ: c.send(typ, b"abc"), why, why, setup=setup)
+                blocks_0 = struct.pack("<Qi", 7, 0)  # no blocks
+                run(f"message type {typ} of 0 blocks {tag}", lambda c, typ=typ: c.send(typ, blocks_0),
+                    "0 blocks" if setup else why, setup=setup)
             run(f"version {VERSION + 1} {tag}", lambda c: c.send(PROBE, b"", version=VERSION + 1),
                 f"speaks protocol version {VERSION + 1}", setup=setup)
             run(f"bad magic {tag}", lambda c: c.send(PROBE, b"", magic=0x12345678), "bad magic 0x12345678",
@@ -846,6 +853,18 @@ def case_frames():
         p = expect_frame(c, STATS, f"{w.name}: PROBE before SETUP")
         check(p is not None and struct.unpack("<iII", p) == (1 if w is W1 else 2, 0, 0),
               f"{w.name}: STATS before SETUP: {p}")
+        # a well-formed KV_SAVE to a worker without --prefix-dir: refused in KV_DONE, the session
+        # goes on (PROBE); KV_LOAD of a block never written: refused too
+        live(c)
+        for typ, says in ((KV_SAVE, b"keeps no prefixes (start it with --prefix-dir DIR)"),
+                          (KV_LOAD, b"keeps no prefixes")):
+            c.send(typ, struct.pack("<Qi", 7, 1) + struct.pack("<i", 0) + struct.pack(f"<{KV_BLOCK}i", *range(KV_BLOCK)))
+            p = expect_frame(c, KV_DONE, f"{w.name}: KV message {typ} without --prefix-dir")
+            check(p is not None and p[0] == 1 and says in p, f"{w.name}: KV_DONE {p!r}")
+        c.send(PROBE)
+        expect_frame(c, STATS, f"{w.name}: PROBE after a refused KV_SAVE")
+        if w is W1:
+            live.c2.close()
         c.send(BYE)
         frames, closed, _ = c.drain(3)
         check(closed and not frames, f"{w.name}: BYE: closed {closed}, frames {frames}")

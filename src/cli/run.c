@@ -434,6 +434,7 @@ ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char
                          .prefill_chunk = (int)o->prefill_chunk,
                          .parallel = o->parallel,
                          .kv_blocks = o->kv_blocks,
+                         .prefix_dir = o->prefix_dir,
                          .act = o->act,
                          .tokenizer = tokenizer,
                          .progress = {on_progress, &run_progress}};

@@ -17,8 +17,9 @@ typedef enum { PS_RUN_RUN, PS_RUN_CHAT, PS_RUN_SERVE } ps_run_mode;
 typedef struct {
     const char *model, *fleet, *prompt, *prompt_file, *prompt_ids, *dump_logits, *chat_template, *system, *key_file;
     long long threads, ctx, batch, local_stages, prefill_chunk, timeout_ms;
-    int parallel;  /* sequences the fleet serves at once (serve's --parallel; else 1) */
-    int kv_blocks; /* KV blocks on every stage (serve's --kv-blocks; 0: parallel contexts) */
+    int parallel;           /* sequences the fleet serves at once (serve's --parallel; else 1) */
+    int kv_blocks;          /* KV blocks on every stage (serve's --kv-blocks; 0: parallel contexts) */
+    const char *prefix_dir; /* local workers' --prefix-dir (serve's), or NULL */
     ps_link_sim sim;
     bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, threads_given, n_set;
     ps_act act;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../coord/split_cache.h"
 #include "../server/server.h"
 #include "../stage/stage.h"
 #include "args.h"
@@ -14,7 +15,7 @@
 
 /* The server's own options. */
 typedef struct {
-    const char *host, *api_key_file;
+    const char *host, *api_key_file, *prefix_dir;
     long long port, parallel, queue, kv_blocks;
     bool prefix_cache;
 } serve_opts;
@@ -41,20 +42,28 @@ static void serve_usage(FILE *f) {
                "  --prefix-cache on|off   keep whole KV blocks of ended requests and share them with later\n"
                "                          prompts that start the same (a conversation's earlier turns, a\n"
                "                          system prompt), so that they are not computed again (default on)\n"
+               "  --prefix-dir DIR        where POST /v1/prefixes saves a prompt's keys and values (stage 0's\n"
+               "                          and the prefix's record; local workers' too, remote workers' in\n"
+               "                          their own --prefix-dir) and where a restarted server restores them\n"
+               "                          from (default $PIPESHARD_CACHE/prefixes, else\n"
+               "                          $XDG_CACHE_HOME/pipeshard/prefixes, else ~/.cache/pipeshard/prefixes;\n"
+               "                          none with PIPESHARD_CACHE=off)\n"
                "  --chat-template NAME    chat template family for every chat request (chatml, llama2, llama3,\n"
                "                          mistral, gemma, phi3, zephyr; default: the model's own)\n");
     ps_run_usage_launch(f);
     ps_run_usage_compute(f);
 }
 
-static const char *const serve_flags[] = {"--host",       "--port",      "--api-key-file", "--parallel",
-                                          "--queue-size", "--kv-blocks", "--prefix-cache", NULL};
+static const char *const serve_flags[] = {"--host",         "--port",       "--api-key-file",
+                                          "--parallel",     "--queue-size", "--kv-blocks",
+                                          "--prefix-cache", "--prefix-dir", NULL};
 
 /* Applies one of the server's flags (ps_run_extra.set). */
 static bool serve_set(void *ctx, const char *flag, const char *v) {
     serve_opts *o = ctx;
     if (!strcmp(flag, "--host")) return (o->host = v), true;
     if (!strcmp(flag, "--api-key-file")) return (o->api_key_file = v), true;
+    if (!strcmp(flag, "--prefix-dir")) return (o->prefix_dir = v), true;
     if (!strcmp(flag, "--port")) return ps_arg_int("serve", flag, v, 0, 65535, &o->port);
     if (!strcmp(flag, "--parallel")) return ps_arg_int("serve", flag, v, 1, PS_MB_MAX_SEGS, &o->parallel);
     if (!strcmp(flag, "--kv-blocks")) return ps_arg_int("serve", flag, v, 1, 1 << 24, &o->kv_blocks);
@@ -92,13 +101,21 @@ int ps_cli_serve(int argc, char **argv) {
     ps_launch *l = NULL;
     ps_sched *sched = NULL;
     ps_server *sv = NULL;
-    ps_sched_opts sco = {.parallel = (int)so.parallel, .queue_max = (int)so.queue, .prefix_cache = so.prefix_cache};
+    char prefix_dir[4200];
+    if (!so.prefix_dir && ps_split_cache_root(prefix_dir, sizeof prefix_dir - 16)) {
+        strcat(prefix_dir, "/prefixes");
+        so.prefix_dir = prefix_dir;
+    }
+    ps_sched_opts sco = {.parallel = (int)so.parallel,
+                         .queue_max = (int)so.queue,
+                         .prefix_cache = so.prefix_cache,
+                         .prefix_dir = so.prefix_cache ? so.prefix_dir : NULL};
     ps_server_opts svo = {.host = so.host,
                           .port = (int)so.port,
                           .api_key_file = so.api_key_file,
                           .model_name = model_id(o.fleet ? NULL : o.model),
                           .chat_template = o.chat_template};
-    o.parallel = (int)so.parallel, o.kv_blocks = (int)so.kv_blocks;
+    o.parallel = (int)so.parallel, o.kv_blocks = (int)so.kv_blocks, o.prefix_dir = sco.prefix_dir;
     ps_status s = ps_run_launch(&o, true, &l, err, sizeof err);
     ps_run_progress_clear();
     if (!s) s = ps_sched_create(l, &sco, &sched, err, sizeof err);

@@ -27,6 +27,9 @@ static void worker_usage(FILE *f) {
         "                            next session and the next start (DIR is created; needs --key-file)\n"
         "  --max-disk SIZE           with --cache: the most DIR's shards may take, e.g. 500M, 20G or bytes;\n"
         "                            least recently used shards go first (default: the free space)\n"
+        "  --prefix-dir DIR          keep this stage's part of the prefixes a coordinator captures (`serve`'s\n"
+        "                            POST /v1/prefixes) in DIR, one file per prefix, and restore them from\n"
+        "                            there when a coordinator asks (DIR is created; needs --key-file)\n"
         "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr);\n"
         "                            unix:PATH = a Unix socket, for a coordinator on this host\n"
         "  -t, --threads N           compute threads (default: all cores)\n"
@@ -84,6 +87,8 @@ static bool shard_flags_ok(const ps_worker_opts *o, const char *key_file) {
     else if (o->cache && !key_file)
         why = "--cache needs --key-file: only a coordinator that holds the key may place a shard on this machine "
               "(`pipeshard keygen -o KEY` writes one)";
+    else if (o->prefix_dir && !key_file)
+        why = "--prefix-dir needs --key-file: only a coordinator that holds the key may write files on this machine";
     else if (o->max_disk && !o->cache)
         why = "--max-disk bounds the --cache directory: it needs --cache DIR";
     if (why) fprintf(stderr, "pipeshard worker: %s\n", why);
@@ -112,8 +117,8 @@ int ps_cli_worker(int argc, char **argv) {
             continue;
         }
         static const char *const valued[] = {
-            "--shard",   "--cache",          "--max-disk",           "--listen",     "--key-file", "-t",
-            "--threads", "--sim-latency-ms", "--sim-bandwidth-mbps", "--timeout-ms", "--max-ctx",  "--ready-fd"};
+            "--shard",   "--cache",          "--max-disk",           "--prefix-dir", "--listen",  "--key-file", "-t",
+            "--threads", "--sim-latency-ms", "--sim-bandwidth-mbps", "--timeout-ms", "--max-ctx", "--ready-fd"};
         size_t j = 0;
         while (j < PS_ARRAY_LEN(valued) && strcmp(a, valued[j])) j++;
         if (j == PS_ARRAY_LEN(valued)) {
@@ -130,6 +135,8 @@ int ps_cli_worker(int argc, char **argv) {
             o.shard = v;
         else if (!strcmp(a, "--cache"))
             o.cache = v;
+        else if (!strcmp(a, "--prefix-dir"))
+            o.prefix_dir = v;
         else if (!strcmp(a, "--max-disk"))
             ok = max_disk_ok(v, &o.max_disk);
         else if (!strcmp(a, "--listen"))

@@ -23,9 +23,12 @@ typedef struct {
     int probe;          /* PROBE_*: its answer when the ring went silent */
     int fail;           /* FAIL_*: what went wrong, when something did */
     char why[512];
+    int kv;            /* KV_*: its answer to KV_SAVE or KV_LOAD */
+    char kv_why[1024]; /* why it refused */
 } stage_view;
 
 enum { FAIL_NONE, FAIL_DEAD, FAIL_SELF, FAIL_PREV, FAIL_NEXT };
+enum { KV_IDLE, KV_WAIT, KV_DONE, KV_REFUSED };
 enum { PROBE_SILENT, PROBE_BEHIND, PROBE_DONE };
 
 /* Most micro-batches that sample in flight at once (a ring of up to PS_SHARD_MAX_STAGES
@@ -344,6 +347,14 @@ static void on_frame(ps_coord *c, int k, uint32_t want_mb, int ms) {
             v->probe = done && mb >= want_mb ? PROBE_DONE : PROBE_BEHIND;
             return;
         }
+    } else if (type == PS_MSG_KV_DONE && v->kv == KV_WAIT) {
+        uint8_t refused = ps_rbuf_u8(&r);
+        ps_rbuf_str(&r, v->kv_why, sizeof v->kv_why);
+        ps_printable(v->kv_why);
+        if (!r.bad && r.off == len && refused <= 1) {
+            v->kv = refused ? KV_REFUSED : KV_DONE;
+            return;
+        }
     } else if (type == PS_MSG_ERROR) {
         uint8_t kind = ps_rbuf_u8(&r);
         ps_rbuf_str(&r, v->why, sizeof v->why);
@@ -569,6 +580,9 @@ ps_status ps_coord_connect(ps_coord *c, char *err, size_t errlen) {
 }
 
 const ps_model *ps_coord_model(const ps_coord *c) { return ps_stage_model(c->stage0); }
+ps_status ps_coord_model_fp(ps_coord *c, char out[33], char *err, size_t errlen) {
+    return ps_stage_model_fp(c->stage0, out, err, errlen);
+}
 int ps_coord_n_ctx(const ps_coord *c) { return ps_stage_n_ctx(c->stage0); }
 int ps_coord_n_stages(const ps_coord *c) { return c->n; }
 int ps_coord_max_rows(const ps_coord *c) { return c->max_mb; }
@@ -666,6 +680,47 @@ ps_status ps_coord_recv(ps_coord *c, ps_result *res, int *n_res, char *err, size
     *n_res = c->n_res;
     c->got = false;
     return PS_OK;
+}
+
+static bool all_kv(const ps_coord *c) {
+    for (int k = 1; k < c->n; k++)
+        if (c->st[k].kv == KV_WAIT) return false;
+    return true;
+}
+
+ps_status ps_coord_kv(ps_coord *c, bool save, const char *dir, const ps_kv_msg *m, char *err, size_t errlen) {
+    if (c->n_pending) return ps_errf(err, errlen, PS_ERR_INTERNAL, "prefix files with micro-batches in flight");
+    if (!ps_coord_connected(c)) return ps_errf(err, errlen, PS_ERR_NET, "the fleet is not connected");
+    ps_kv_msg_encode(&c->wb, m);
+    if (c->wb.oom) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    struct iovec iov = {c->wb.p, c->wb.len};
+    for (int k = 1; k < c->n; k++) {
+        c->st[k].kv = KV_WAIT;
+        if (ps_conn_send(c->st[k].conn, save ? PS_MSG_KV_SAVE : PS_MSG_KV_LOAD, &iov, 1, c->o.timeout_ms, c->st[k].why,
+                         sizeof c->st[k].why))
+            c->st[k].fail = FAIL_DEAD;
+    }
+    char path[4200], why0[1024] = "", name[300];
+    ps_kv_file_path(path, sizeof path, dir, m->id, 0); /* stage 0's part, while the workers do theirs */
+    ps_status s = save ? ps_stage_kv_save(c->stage0, path, m->id, m->blocks, m->n, m->tokens, why0, sizeof why0)
+                       : ps_stage_kv_load(c->stage0, path, m->id, m->blocks, m->n, m->tokens, why0, sizeof why0);
+    if (s) ps_errf(err, errlen, s, "%s: %s", stage_name(c, 0, name, sizeof name), why0);
+    if (!pump(c, c->o.timeout_ms, UINT32_MAX, all_kv)) {
+        s = blame(c);
+        ps_errf(err, errlen, s, "%s", c->err);
+    }
+    for (int k = 1; c->connected && k < c->n; k++) {
+        stage_view *v = &c->st[k];
+        if (v->kv == KV_WAIT) {
+            s = ps_errf(err, errlen, PS_ERR_TIMEOUT, "%s did not answer within %.1f s",
+                        stage_name(c, k, name, sizeof name), c->o.timeout_ms / 1e3);
+            disconnect(c, false);
+        } else if (v->kv == KV_REFUSED && !s) {
+            s = ps_errf(err, errlen, PS_ERR_ARG, "%s: %s", stage_name(c, k, name, sizeof name), v->kv_why);
+        }
+    }
+    for (int k = 1; k < c->n; k++) c->st[k].kv = KV_IDLE;
+    return s;
 }
 
 ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,

@@ -96,6 +96,16 @@ int ps_coord_pending(const ps_coord *c);
  * the next send or ps_coord_connect starts a new one, whose KV cache is empty. */
 bool ps_coord_connected(const ps_coord *c);
 
+/* Saves (KV_SAVE) or restores (KV_LOAD) the keys and values of prefix m on every stage at
+ * once: stage 0's part in dir (ps_kv_file_path), each worker's in its --prefix-dir. Only
+ * with nothing in flight and the fleet connected. A stage that refuses (a file of another
+ * model or split, a worker without --prefix-dir, a full disk) makes it fail with that
+ * stage's message and the session goes on (a restore may have filled the blocks on some
+ * stages: the caller does not use them); a worker that fails otherwise fails the fleet. */
+ps_status ps_coord_kv(ps_coord *c, bool save, const char *dir, const ps_kv_msg *m, char *err, size_t errlen);
+/* The whole model's fingerprint (for a whole model, computed from its file once). */
+ps_status ps_coord_model_fp(ps_coord *c, char out[33], char *err, size_t errlen);
+
 /* One sequence at a time, on blocks 0, 1, 2, ...: runs tokens[0..n) at positions
  * pos..pos+n-1 around the ring (discarding every stage's KV beyond pos) and returns the
  * token the last stage samples at position pos + n. After a reconnection it replays the

@@ -24,8 +24,13 @@ static ps_status start_fleet(ps_launch *l, const ps_launch_opts *o, uint8_t key[
     if (o->local_stages > 1) {
         if ((s = ps_coord_refuse_shard(o->model, err, errlen))) return s; /* before the splitter's message */
         if (!(l->local = ps_calloc(1, sizeof *l->local))) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-        s = ps_local_fleet_start(o->model, o->local_stages, &o->stage, &o->sim, o->key_file, o->local_unix,
-                                 &o->progress, l->local, err, errlen);
+        ps_local_fleet_opts lo = {.stage = &o->stage,
+                                  .sim = &o->sim,
+                                  .key_file = o->key_file,
+                                  .unix_sockets = o->local_unix,
+                                  .prefix_dir = o->prefix_dir,
+                                  .progress = &o->progress};
+        s = ps_local_fleet_start(o->model, o->local_stages, &lo, l->local, err, errlen);
         if (s) return s;
         l->fleet = &l->local->fleet;
         memcpy(key, l->local->key, 32);

@@ -13,24 +13,25 @@
 #include "coord.h"
 
 typedef struct {
-    const char *model;    /* a whole model (-m), also the one to split with local_stages */
-    const char *fleet;    /* or fleet.json (--fleet): stage 0 here, the rest on its workers */
-    int local_stages;     /* > 1: split model and start stages 1.. as local worker processes
+    const char *model;      /* a whole model (-m), also the one to split with local_stages */
+    const char *fleet;      /* or fleet.json (--fleet): stage 0 here, the rest on its workers */
+    int local_stages;       /* > 1: split model and start stages 1.. as local worker processes
                              of this binary (coord/local_fleet.h) */
-    bool local_unix;      /* their connections on Unix sockets instead of loopback TCP */
-    const char *key_file; /* the workers' shared key, or NULL (local fleets: a fresh one) */
-    bool plain;           /* with a key: ask for frames in the clear (local fleets always do) */
-    ps_link_sim sim;      /* link emulation of the coordinator's hop (and local workers') */
-    int timeout_ms;       /* a stage silent for this long is reported as stalled */
-    ps_stage_opts stage;  /* threads, --pin, --mmap of stage 0 and of local workers */
-    int n_ctx;            /* positions; 0 = the model's, at most 4096 */
-    int max_batch;        /* prompt tokens per forward pass */
-    int prefill_chunk;    /* positions per micro-batch on the ring; 0 = max_batch */
-    int parallel;         /* sequences served at once (the scheduler's); 0 = 1 */
-    int kv_blocks;        /* KV blocks on every stage; 0 = enough for `parallel` full contexts */
-    ps_act act;           /* matmul arithmetic of every stage */
-    bool tokenizer;       /* load the model's tokenizer (false: token ids in and out) */
-    ps_progress progress; /* what start-up and a long prompt are doing (fleet.h); fn NULL: none */
+    bool local_unix;        /* their connections on Unix sockets instead of loopback TCP */
+    const char *key_file;   /* the workers' shared key, or NULL (local fleets: a fresh one) */
+    bool plain;             /* with a key: ask for frames in the clear (local fleets always do) */
+    ps_link_sim sim;        /* link emulation of the coordinator's hop (and local workers') */
+    int timeout_ms;         /* a stage silent for this long is reported as stalled */
+    ps_stage_opts stage;    /* threads, --pin, --mmap of stage 0 and of local workers */
+    int n_ctx;              /* positions; 0 = the model's, at most 4096 */
+    int max_batch;          /* prompt tokens per forward pass */
+    int prefill_chunk;      /* positions per micro-batch on the ring; 0 = max_batch */
+    int parallel;           /* sequences served at once (the scheduler's); 0 = 1 */
+    int kv_blocks;          /* KV blocks on every stage; 0 = enough for `parallel` full contexts */
+    ps_act act;             /* matmul arithmetic of every stage */
+    const char *prefix_dir; /* local workers' --prefix-dir (captured prefixes), or NULL */
+    bool tokenizer;         /* load the model's tokenizer (false: token ids in and out) */
+    ps_progress progress;   /* what start-up and a long prompt are doing (fleet.h); fn NULL: none */
 } ps_launch_opts;
 
 typedef struct ps_launch ps_launch;

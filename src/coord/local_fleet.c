@@ -80,8 +80,11 @@ static void own_cores(int k, int n, int threads) {
 
 /* Starts the worker of stage k, listening on loopback TCP or on dir/stage-K.sock; its
  * messages go to dir/worker-K.log. */
-static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const ps_link_sim *sim, const char *key_path,
-                       bool unix_socket, char *err, size_t errlen) {
+static ps_status spawn(ps_local_fleet *lf, int k, const ps_local_fleet_opts *o, const char *key_path, char *err,
+                       size_t errlen) {
+    const ps_stage_opts *so = o->stage;
+    const ps_link_sim *sim = o->sim;
+    bool unix_socket = o->unix_sockets;
     char listen[sizeof lf->fleet.stages[k].address] = "127.0.0.1:0";
     if (unix_socket &&
         (size_t)snprintf(listen, sizeof listen, "unix:%s/stage-%d.sock", lf->dir, k) - 5 > PS_UNIX_PATH_MAX)
@@ -142,9 +145,12 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_stage_opts *so, const
                         "--plain-frames" /* this host: sealing buys nothing */,
                         NULL,
                         NULL,
+                        NULL,
+                        NULL,
                         NULL};
         char **flag = args;
         while (*flag) flag++;
+        if (o->prefix_dir) *flag++ = "--prefix-dir", *flag++ = (char *)o->prefix_dir;
         if (so->pin) *flag++ = "--pin";
         if (so->mmap) *flag++ = "--mmap";
         execv("/proc/self/exe", args);
@@ -192,9 +198,9 @@ static ps_status make_key(ps_local_fleet *lf, const char *key_file, char *path, 
     return ps_net_key_load(path, lf->key, err, errlen);
 }
 
-ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
-                               const char *key_file, bool unix_sockets, const ps_progress *progress, ps_local_fleet *lf,
+ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_local_fleet_opts *o, ps_local_fleet *lf,
                                char *err, size_t errlen) {
+    const ps_progress *progress = o->progress;
     memset(lf, 0, sizeof *lf);
     const char *tmp = getenv("TMPDIR");
     snprintf(lf->dir, sizeof lf->dir, "%s/pipeshard-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -206,13 +212,13 @@ ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_o
     live_add(lf);
     char key_path[4200];
     ps_status s = ps_split_cache_get(model, n_stages, lf->dir, progress, &lf->fleet, err, errlen);
-    if (!s) s = make_key(lf, key_file, key_path, sizeof key_path, err, errlen);
+    if (!s) s = make_key(lf, o->key_file, key_path, sizeof key_path, err, errlen);
     lf->n = lf->fleet.n_stages;
     char what[64];
     snprintf(what, sizeof what, "starting %d worker%s", lf->n - 1, lf->n > 2 ? "s" : "");
     for (int k = 1; !s && k < lf->n; k++) {
         if (k == 1) ps_progress_report(progress, what, 0, 0);
-        s = spawn(lf, k, so, sim, key_path, unix_sockets, err, errlen);
+        s = spawn(lf, k, o, key_path, err, errlen);
     }
     return s;
 }

@@ -19,12 +19,19 @@ typedef struct {
     uint8_t key[32];                 /* the shared key every process of the fleet holds */
 } ps_local_fleet;
 
+/* How the workers run. */
+typedef struct {
+    const ps_stage_opts *stage;  /* threads, --pin, --mmap */
+    const ps_link_sim *sim;      /* link emulation of their outgoing hops */
+    const char *key_file;        /* NULL: a fresh random key */
+    bool unix_sockets;           /* listen on Unix sockets instead of loopback TCP */
+    const char *prefix_dir;      /* their --prefix-dir, or NULL */
+    const ps_progress *progress; /* the split and the start are reported here (may be NULL) */
+} ps_local_fleet_opts;
+
 /* Splits model into n_stages (bytes balanced; reusing the cached split of an unchanged
- * model) and starts the workers with the stage options so (threads, --pin, --mmap), the
- * link emulation sim, and key_file (NULL: a fresh random key), listening on loopback TCP or
- * (unix_sockets) on Unix sockets; reports the split and the start to progress (may be NULL). */
-ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_stage_opts *so, const ps_link_sim *sim,
-                               const char *key_file, bool unix_sockets, const ps_progress *progress, ps_local_fleet *lf,
+ * model) and starts the workers as o says. */
+ps_status ps_local_fleet_start(const char *model, int n_stages, const ps_local_fleet_opts *o, ps_local_fleet *lf,
                                char *err, size_t errlen);
 /* Stops the workers and removes the directory. Safe on a partly started fleet. */
 void ps_local_fleet_stop(ps_local_fleet *lf);

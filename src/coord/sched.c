@@ -24,8 +24,12 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "../kv/prefix.h"
 
 const double ps_sched_hist_bounds[PS_SCHED_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                             0.25,  0.5,    1,     2.5,  5,     10,   INFINITY};
@@ -49,8 +53,11 @@ typedef struct seq {
     bool in_flight; /* its next token is on the way */
     ps_tok_stream *stream;
     ps_gen_params gp;
-    ps_stop *stop; /* the stop strings' matcher */
-    int top_n;     /* -1: no log-probabilities */
+    ps_stop *stop;   /* the stop strings' matcher */
+    int top_n;       /* -1: no log-probabilities */
+    bool capture;    /* a capture (ps_sched_request.capture) */
+    bool saving;     /* ... whose prompt has run: its blocks are to be saved */
+    uint64_t prefix; /* ... the id of the prefix it saved */
     ps_sched_cb cb;
     void *ctx;
     atomic_bool cancelled;
@@ -74,10 +81,15 @@ struct ps_sched {
     int n_run;
     bool closed;
     uint64_t next_id;
-    ps_kv_stats kv_st;  /* the book's figures, as of the latest change */
-    ps_sched_metrics m; /* counters; queued, running and the KV blocks filled in on reading */
+    ps_kv_stats kv_st;       /* the book's figures, as of the latest change */
+    ps_sched_metrics m;      /* counters; queued, running and the KV blocks filled in on reading */
+    ps_prefix *pfx;          /* the captured prefixes' records (written by the engine thread only) */
+    ps_sched_prefix *pfx_st; /* ... and their states */
+    int n_pfx, cap_pfx;
     /* the engine thread's own */
     ps_kv *kv;
+    char model_fp[33];           /* with prefix_dir: the model's fingerprint (prefix ids, records) */
+    bool kv_lost;                /* the stages' KV caches are gone: restore, then feed the running again */
     int fails;                   /* fleet failures in a row */
     int group_load[MAX_GROUPS];  /* sequences in each group */
     bool group_busy[MAX_GROUPS]; /* a micro-batch of the group awaits its tokens */
@@ -117,13 +129,22 @@ static ps_status check_request(const ps_sched *s, const ps_sched_request *r, cha
         return ps_errf(err, errlen, PS_ERR_ARG, "top_logprobs is %d; it must be 0 to %d", r->top_logprobs,
                        PS_SCHED_MAX_TOP_LOGPROBS);
     if (r->gp.n_predict < -1) return ps_errf(err, errlen, PS_ERR_ARG, "n_predict is %lld", (long long)r->gp.n_predict);
+    if (r->capture && (!s->o.prefix_cache || !s->o.prefix_dir))
+        return ps_errf(err, errlen, PS_ERR_ARG, "prefixes are not kept here (%s)",
+                       s->o.prefix_cache ? "no prefix directory" : "the prefix cache is off");
+    if (r->capture && r->n_prompt < PS_KV_BLOCK)
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "a prefix is kept in whole blocks of %d tokens; this prompt has %d tokens", PS_KV_BLOCK,
+                       r->n_prompt);
     return ps_sample_params_check(&r->gp.sp, err, errlen);
 }
 
 /* The positions a request may ever feed: its prompt, and each token generated but the last
  * (which is never fed back), up to the context. */
 static int positions_max(const ps_sched *s, const ps_sched_request *r) {
-    long long n = r->gp.n_predict < 0 ? s->n_ctx : (long long)r->n_prompt + r->gp.n_predict - 1;
+    long long n = r->capture            ? r->n_prompt
+                  : r->gp.n_predict < 0 ? s->n_ctx
+                                        : (long long)r->n_prompt + r->gp.n_predict - 1;
     if (n < r->n_prompt) n = r->n_prompt;
     return n > s->n_ctx ? s->n_ctx : (int)n;
 }
@@ -145,7 +166,8 @@ static seq *seq_make(const ps_sched *s, const ps_sched_request *r, ps_sched_cb c
     }
     memcpy(q->toks, r->prompt, (size_t)r->n_prompt * sizeof *q->toks);
     q->n_prompt = q->n_toks = r->n_prompt, q->n_max = positions_max(s, r);
-    q->gp = r->gp, q->top_n = r->top_logprobs, q->cb = cb, q->ctx = ctx;
+    q->gp = r->gp, q->top_n = r->top_logprobs, q->cb = cb, q->ctx = ctx, q->capture = r->capture;
+    if (q->capture) q->gp.n_predict = 0, q->top_n = -1;
     atomic_init(&q->cancelled, false);
     q->t_submit = ps_now();
     return q;
@@ -259,7 +281,8 @@ static void finish(ps_sched *s, seq *q, ps_stop_reason stop, ps_status status, c
                                    .n_cached = q->n_cached,
                                    .queue_s = q->t_start - q->t_submit,
                                    .ttft_s = q->t_first ? q->t_first - q->t_submit : 0,
-                                   .total_s = now - q->t_submit}};
+                                   .total_s = now - q->t_submit},
+                         .prefix = status ? 0 : q->prefix};
     pthread_mutex_lock(&s->mu);
     s->m.ended[ev.stop]++;
     s->m.prompt_tokens += (uint64_t)q->n_prompt;
@@ -300,6 +323,10 @@ static ps_stop_reason emit_token(ps_sched *s, seq *q, const ps_result *r, const 
 static void on_token(ps_sched *s, seq *q, const ps_result *r) {
     q->in_flight = false;
     if (atomic_load(&q->cancelled)) return finish(s, q, PS_STOP_CANCELLED, PS_OK, NULL);
+    if (q->capture) { /* its prompt is on every stage: saved once nothing is in flight (round_once) */
+        q->saving = true;
+        return;
+    }
     int64_t n_gen = q->n_toks - q->n_prompt;
     if (n_gen == q->gp.n_predict) return finish(s, q, PS_STOP_LENGTH, PS_OK, NULL); /* n_predict 0 */
     if (!q->gp.ignore_eos && s->tok && ps_tok_is_eog(s->tok, r->token)) return finish(s, q, PS_STOP_EOS, PS_OK, NULL);
@@ -373,6 +400,7 @@ static void lose_kv(ps_sched *s) {
     memset(s->group_busy, 0, sizeof s->group_busy);
     memset(s->group_load, 0, sizeof s->group_load);
     ps_kv_reset(s->kv);
+    s->kv_lost = s->n_pfx > 0; /* the captured prefixes are restored once the fleet is back */
     for (int i = 0; i < s->n_run; i++) s->run[i]->n_table = 0, s->run[i]->in_flight = false;
     for (int i = 0; i < s->n_run; i++) admit(s, s->run[i]); /* the book is empty: they all fit again */
 }
@@ -462,6 +490,118 @@ static void receive(ps_sched *s) {
             }
 }
 
+// ---------------------------------------------------------------------------------------
+// Captured prefixes
+
+/* Sets the state of prefix record i (under s->mu: ps_sched_prefixes reads it) and says it on stderr. */
+static void pfx_state(ps_sched *s, int i, ps_prefix_state state, const char *why) {
+    pthread_mutex_lock(&s->mu);
+    ps_sched_prefix *st = &s->pfx_st[i];
+    st->state = state;
+    snprintf(st->why, sizeof st->why, "%s", why ? why : "");
+    pthread_mutex_unlock(&s->mu);
+    const char *what = state == PS_PREFIX_RESTORED   ? "restored"
+                       : state == PS_PREFIX_CAPTURED ? "captured"
+                                                     : "not restored";
+    fprintf(stderr, "pipeshard: prefix %016llx (%d tokens) %s%s%s\n", (unsigned long long)st->id, st->n_tokens, what,
+            why && why[0] ? ": " : "", why ? why : "");
+}
+
+/* Adds record p (its tokens now the scheduler's), or finds the one of its id (p's tokens
+ * are then freed); returns its index, or -1 when memory is out (p's tokens freed too). */
+static int pfx_add(ps_sched *s, ps_prefix *p) {
+    int i = 0;
+    while (i < s->n_pfx && s->pfx[i].id != p->id) i++;
+    if (i < s->n_pfx) return free(p->tokens), i;
+    pthread_mutex_lock(&s->mu);
+    if (s->n_pfx == s->cap_pfx) {
+        int cap = 2 * s->cap_pfx + 8;
+        ps_prefix *a = ps_realloc(s->pfx, (size_t)cap * sizeof *a);
+        if (a) s->pfx = a;
+        ps_sched_prefix *b = a ? ps_realloc(s->pfx_st, (size_t)cap * sizeof *b) : NULL;
+        if (b) s->pfx_st = b, s->cap_pfx = cap;
+    }
+    if (s->n_pfx < s->cap_pfx) {
+        i = s->n_pfx++;
+        s->pfx[i] = *p;
+        s->pfx_st[i] =
+            (ps_sched_prefix){.id = p->id, .n_tokens = p->n_tokens, .n_stages = p->n_stages, .created = p->created};
+    } else {
+        free(p->tokens), i = -1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return i;
+}
+
+/* Restores prefix record i into free blocks of every stage and publishes them in the prefix
+ * cache; nothing runs on the blocks meanwhile. An error only when the fleet failed. */
+static ps_status restore_one(ps_sched *s, int i, int32_t *table) {
+    const ps_prefix *p = &s->pfx[i];
+    int n = p->n_tokens / PS_KV_BLOCK, n_cached;
+    char why[700] = "";
+    ps_kv_get_stats(s->kv, &s->kv_st);
+    if (p->why[0])
+        snprintf(why, sizeof why, "%s", p->why);
+    else if (strcmp(p->model_fp, s->model_fp))
+        snprintf(why, sizeof why, "it was captured under another model (fingerprint %s; this one's is %s)", p->model_fp,
+                 s->model_fp);
+    else if (p->n_tokens > s->n_ctx)
+        snprintf(why, sizeof why, "its %d tokens exceed this fleet's context of %d", p->n_tokens, s->n_ctx);
+    else if (s->kv_st.free < n || ps_kv_seq_alloc(s->kv, p->tokens, p->n_tokens, p->n_tokens, table, &n_cached))
+        snprintf(why, sizeof why, "it needs %d KV blocks and %d are free", n, s->kv_st.free);
+    if (why[0]) return pfx_state(s, i, PS_PREFIX_REFUSED, why), PS_OK;
+    ps_kv_msg m = {.id = p->id, .n = n, .blocks = table, .tokens = p->tokens};
+    ps_status st = ps_coord_kv(s->coord, false, s->o.prefix_dir, &m, why, sizeof why);
+    if (!st) ps_kv_seq_publish(s->kv, table, p->tokens, p->n_tokens);
+    ps_kv_seq_release(s->kv, table, n);
+    pfx_state(s, i, st ? PS_PREFIX_REFUSED : PS_PREFIX_RESTORED, st ? why : NULL);
+    return ps_coord_connected(s->coord) ? PS_OK : st;
+}
+
+/* Restores every captured prefix (the stages' KV caches are fresh); an error (in err) only
+ * when the fleet failed. */
+static ps_status restore_prefixes(ps_sched *s, char *err, size_t errlen) {
+    int32_t *table = ps_malloc((size_t)ps_kv_blocks_for(s->n_ctx) * sizeof *table);
+    if (!table) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    ps_status st = PS_OK;
+    for (int i = 0; !st && i < s->n_pfx; i++) st = restore_one(s, i, table);
+    free(table);
+    if (st) ps_errf(err, errlen, st, "the fleet failed while prefixes were restored");
+    s->kv_lost = false;
+    return st;
+}
+
+/* Saves capture q's whole blocks on every stage and its record, then ends q (nothing is in
+ * flight). */
+static void save_prefix(ps_sched *s, seq *q) {
+    int n = q->n_prompt / PS_KV_BLOCK;
+    ps_prefix p = {.id = ps_prefix_id(s->model_fp, q->toks, n * PS_KV_BLOCK),
+                   .n_stages = ps_coord_n_stages(s->coord),
+                   .n_tokens = n * PS_KV_BLOCK,
+                   .created = (long long)time(NULL)};
+    memcpy(p.model_fp, s->model_fp, sizeof p.model_fp);
+    ps_kv_msg m = {.id = p.id, .n = n, .blocks = q->table, .tokens = q->toks};
+    char err[1200];
+    ps_status st = ps_coord_kv(s->coord, true, s->o.prefix_dir, &m, err, sizeof err);
+    bool lost = !ps_coord_connected(s->coord);
+    if (!st && !(p.tokens = ps_malloc((size_t)p.n_tokens * sizeof *p.tokens)))
+        st = ps_errf(err, sizeof err, PS_ERR_NOMEM, "out of memory");
+    if (!st) memcpy(p.tokens, q->toks, (size_t)p.n_tokens * sizeof *p.tokens);
+    if (!st) st = ps_prefix_write(s->o.prefix_dir, &p, err, sizeof err);
+    if (!st) {
+        int i = pfx_add(s, &p); /* the tokens are its now */
+        p.tokens = NULL;
+        if (i < 0)
+            st = ps_errf(err, sizeof err, PS_ERR_NOMEM, "out of memory");
+        else
+            pfx_state(s, i, PS_PREFIX_CAPTURED, NULL);
+    }
+    free(p.tokens);
+    q->prefix = p.id;
+    finish(s, q, PS_STOP_LENGTH, st, err);
+    if (lost) fleet_failed(s, st, err);
+}
+
 /* Records the coordinator's figures and the book's, after a round. */
 static void snapshot(ps_sched *s) {
     ps_coord_stats cs;
@@ -484,14 +624,23 @@ static bool round_once(ps_sched *s, seq *gone) {
     for (int i = s->n_run - 1; i >= 0; i--)
         if (atomic_load(&s->run[i]->cancelled) && !s->run[i]->in_flight)
             finish(s, s->run[i], PS_STOP_CANCELLED, PS_OK, NULL), did = true;
-    if (s->n_run && !ps_coord_connected(s->coord)) { /* after a failure: a new session, its KV empty */
-        char err[600];
-        ps_status st = ps_coord_connect(s->coord, err, sizeof err);
-        if (st) return fleet_failed(s, st, err), true;
-    }
-    for (int g = 0; g < s->n_groups; g++)
+    char err[600];
+    ps_status st = PS_OK;
+    if (s->n_run && !ps_coord_connected(s->coord)) /* after a failure: a new session, its KV empty */
+        st = ps_coord_connect(s->coord, err, sizeof err);
+    if (!st && s->kv_lost && ps_coord_connected(s->coord)) st = restore_prefixes(s, err, sizeof err);
+    if (st) return fleet_failed(s, st, err), true;
+    bool saving = false; /* a capture waits for the ring to empty */
+    for (int i = 0; i < s->n_run; i++) saving |= s->run[i]->saving;
+    for (int g = 0; g < s->n_groups && !saving; g++)
         while (!s->group_busy[g] && send_group(s, g)) did = true;
-    if (s->n_pend) receive(s), did = true;
+    if (s->n_pend) {
+        receive(s), did = true;
+    } else if (saving) {
+        for (int i = s->n_run - 1; i >= 0; i--)
+            if (i < s->n_run && s->run[i]->saving) save_prefix(s, s->run[i]);
+        did = true;
+    }
     snapshot(s);
     return did;
 }
@@ -521,6 +670,24 @@ static void *engine(void *arg) {
 // ---------------------------------------------------------------------------------------
 // Create, close, free, metrics
 
+/* The prefix directory (made when missing), the model's fingerprint, and the prefixes
+ * captured before, restored. */
+static ps_status open_prefixes(ps_sched *s, char *err, size_t errlen) {
+    ps_prefix *recs;
+    int n;
+    ps_status st = ps_make_dirs(s->o.prefix_dir, 0700, err, errlen);
+    if (!st) st = ps_coord_model_fp(s->coord, s->model_fp, err, errlen);
+    if (!st) st = ps_prefix_scan(s->o.prefix_dir, s->vocab, &recs, &n, err, errlen);
+    for (int i = 0; !st && i < n; i++)
+        if (pfx_add(s, &recs[i]) < 0) { /* the tokens of those added are the scheduler's now */
+            st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+            for (int j = i + 1; j < n; j++) free(recs[j].tokens);
+        }
+    free(recs);
+    if (!st) st = restore_prefixes(s, err, errlen);
+    return st;
+}
+
 ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, char *err, size_t errlen) {
     *out = NULL;
     if (o->parallel < 1 || o->queue_max < 0)
@@ -544,6 +711,7 @@ ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, 
     ps_status st =
         !s->run || !s->segs || !s->sent || !s->res ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory") : PS_OK;
     if (!st) st = ps_kv_create(ps_coord_n_blocks(c), o->prefix_cache, &s->kv, err, errlen);
+    if (!st && o->prefix_cache && o->prefix_dir) st = open_prefixes(s, err, errlen);
     if (st) {
         ps_sched_free(s);
         return st;
@@ -575,6 +743,8 @@ void ps_sched_free(ps_sched *s) {
     ps_sched_close(s);
     if (s->thread_started) pthread_join(s->thread, NULL);
     ps_kv_free(s->kv);
+    ps_prefix_free(s->pfx, s->n_pfx);
+    free(s->pfx_st);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s->run), free(s->segs), free(s->sent), free(s->res), free(s->tail_text);
@@ -591,4 +761,12 @@ void ps_sched_metrics_get(ps_sched *s, ps_sched_metrics *out) {
     out->kv_blocks_used = s->kv_st.used;
     out->kv_blocks_cached = s->kv_st.cached;
     pthread_mutex_unlock(&s->mu);
+}
+
+int ps_sched_prefixes(ps_sched *s, ps_sched_prefix *out, int cap) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_pfx;
+    if (n && cap > 0) memcpy(out, s->pfx_st, (size_t)(n < cap ? n : cap) * sizeof *out);
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }

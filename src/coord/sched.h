@@ -31,16 +31,22 @@
 #define PS_SCHED_HIST_BUCKETS     14 /* latency histogram buckets, the last one +inf */
 
 typedef struct {
-    int parallel;      /* sequences to run at once (1..the launch's parallel) */
-    int queue_max;     /* requests that may wait (>= 0); one more is PS_ERR_BUSY */
-    bool prefix_cache; /* keep full KV blocks of ended sequences and share them with later prompts
+    int parallel;           /* sequences to run at once (1..the launch's parallel) */
+    int queue_max;          /* requests that may wait (>= 0); one more is PS_ERR_BUSY */
+    bool prefix_cache;      /* keep full KV blocks of ended sequences and share them with later prompts
                           that start the same (a chat's earlier turns, a system prompt: kv.h) */
+    const char *prefix_dir; /* with the prefix cache: where captured prefixes are kept (stage 0's
+                               files and the records, kv/prefix.h; the workers keep theirs in
+                               their --prefix-dir), restored at the start and after a fleet
+                               reconnects; NULL: none */
 } ps_sched_opts;
 
 typedef struct ps_sched ps_sched;
 
 /* A scheduler over launch l (borrowed: it must outlive the scheduler; its coordinator is the
- * engine thread's alone from now on) and its engine thread. With --pin the engine thread
+ * engine thread's alone from now on) and its engine thread. Restores the prefixes captured
+ * in o->prefix_dir under this model before it returns (a line each on stderr;
+ * ps_sched_prefixes lists them). With --pin the engine thread
  * inherits the caller's CPU (thread 0 of stage 0's pool) and the caller gets back every
  * CPU, so that threads it starts later (the HTTP server's) do not crowd that one. *out is
  * the caller's (ps_sched_free). */
@@ -60,6 +66,10 @@ typedef struct {
     int n_stop;                            /* 0..PS_STOP_MAX_STRINGS */
     int top_logprobs;                      /* -1: none; 0..20: the token's log-probability and
                                                  this many of the most likely ones' */
+    bool capture; /* generate nothing: run the prompt, then save the keys and values of its whole
+                     blocks on every stage (opts.prefix_dir) as a prefix that the prefix cache
+                     keeps and a later start restores; DONE says its id (needs the prefix cache,
+                     a prefix_dir and at least PS_KV_BLOCK prompt tokens) */
 } ps_sched_request;
 
 typedef enum {
@@ -96,6 +106,7 @@ typedef struct {
     ps_status status;    /* PS_OK, or why it failed */
     const char *error;   /* NULL, or what failed (a worker lost, ...) */
     ps_sched_seq_stats stats;
+    uint64_t prefix; /* a capture that succeeded: the prefix's id */
 } ps_sched_event;
 
 /* Called on the engine thread; must not block (queue the event and return). */
@@ -144,5 +155,25 @@ typedef struct {
 
 /* A snapshot of the figures (coord as of the engine's last step). Thread-safe. */
 void ps_sched_metrics_get(ps_sched *s, ps_sched_metrics *out);
+
+typedef enum {
+    PS_PREFIX_RESTORED = 1, /* in the prefix cache since the start (or the fleet's reconnection) */
+    PS_PREFIX_CAPTURED = 2, /* captured by this scheduler */
+    PS_PREFIX_REFUSED = 3,  /* not restored: why says why (another model or split, no room, ...) */
+} ps_prefix_state;
+
+/* A captured prefix, as ps_sched_prefixes lists it. Its blocks stay in the prefix cache like
+ * any other's: evicted, least recently used first, when blocks run out. */
+typedef struct {
+    uint64_t id;
+    int n_tokens, n_stages; /* its tokens; the stages of the fleet that captured it */
+    long long created;      /* unix time */
+    ps_prefix_state state;
+    char why[700];
+} ps_sched_prefix;
+
+/* Copies up to cap of the prefixes in prefix_dir (oldest first) to out; returns how many there
+ * are. Thread-safe. */
+int ps_sched_prefixes(ps_sched *s, ps_sched_prefix *out, int cap);
 
 #endif

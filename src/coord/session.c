@@ -128,7 +128,8 @@ static bool token_text(const ps_tok *tok, int32_t id, char **out) {
 /* See session.h. The template is the model's unless template_name names a family; BOS is
  * added by the tokenizer only when the template does not write it itself. */
 ps_status ps_session_chat_tokens(const ps_tok *tok, const ps_model *m, const ps_chat_msg *msgs, size_t n,
-                                 const char *template_name, int32_t **ids, size_t *n_ids, char *err, size_t errlen) {
+                                 const char *template_name, bool open_turn, int32_t **ids, size_t *n_ids, char *err,
+                                 size_t errlen) {
     *ids = NULL, *n_ids = 0;
     ps_gguf_str t;
     char *tmpl = NULL, *text = NULL, *bos = NULL, *eos = NULL;
@@ -141,7 +142,7 @@ ps_status ps_session_chat_tokens(const ps_tok *tok, const ps_model *m, const ps_
         (have && !(tmpl = ps_strndup(t.data, t.len))))
         st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     if (!st) st = ps_chat_create(tmpl, template_name, bos, eos, &chat, err, errlen);
-    if (!st) st = ps_chat_apply_spans(chat, msgs, n, true, &text, &len, &spans, &n_spans, err, errlen);
+    if (!st) st = ps_chat_apply_spans(chat, msgs, n, open_turn, &text, &len, &spans, &n_spans, err, errlen);
     bool add_bos = chat && !ps_chat_writes_bos(chat);
     for (cap = len + 16; !st;) { /* a guess, then what the first try counted */
         free(*ids);
@@ -164,7 +165,7 @@ ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t 
     if (!s->tok) return ps_errf(err, errlen, PS_ERR_ARG, "a chat prompt needs the model's tokenizer");
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    ps_status st = ps_session_chat_tokens(s->tok, s->m, msgs, n, template_name, &ids, &n_ids, err, errlen);
+    ps_status st = ps_session_chat_tokens(s->tok, s->m, msgs, n, template_name, true, &ids, &n_ids, err, errlen);
     if (!st && n_ids > (size_t)s->n_ctx) st = too_long(s, (long long)n_ids, err, errlen);
     if (!st) st = ps_session_prompt_ids(s, ids, (int)n_ids, gp, err, errlen);
     free(ids);

@@ -79,13 +79,14 @@ ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const 
                                 size_t errlen);
 
 /* The token ids of a chat prompt, as ps_session_prompt_chat runs it: msgs rendered through
- * model m's chat template (or template_name's family), the assistant's turn opened, and
- * tokenized by tok with the template's special tokens parsed and the contents taken as text
+ * model m's chat template (or template_name's family), the assistant's turn opened when
+ * open_turn (ps_session_prompt_chat's; a prefix to capture leaves it closed), and tokenized by tok with the template's special tokens parsed and the contents taken as text
  * (ps_tok_encode_literal), BOS added unless the template writes it. *ids is malloc'd (the
  * caller frees; NULL on failure), *n_ids long. Errors: the template's (no template, an
  * unknown family, messages it refuses: PS_ERR_ARG / PS_ERR_NOT_FOUND / PS_ERR_UNSUPPORTED). */
 ps_status ps_session_chat_tokens(const ps_tok *tok, const ps_model *m, const ps_chat_msg *msgs, size_t n,
-                                 const char *template_name, int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+                                 const char *template_name, bool open_turn, int32_t **ids, size_t *n_ids, char *err,
+                                 size_t errlen);
 
 /* Forgets what the stages hold: the next prompt runs whole (for measuring prefill). */
 void ps_session_reset(ps_session *s);

@@ -27,9 +27,7 @@ static ps_status plan(const char *model, int n, int *bounds, char *err, size_t e
     return s;
 }
 
-/* The directory of the split cache ($PIPESHARD_CACHE, else $XDG_CACHE_HOME/pipeshard, else
- * ~/.cache/pipeshard), or false when caching is off (PIPESHARD_CACHE=off) or unknown. */
-static bool cache_root(char *out, size_t cap) {
+bool ps_split_cache_root(char *out, size_t cap) {
     const char *env = getenv("PIPESHARD_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     if (env && !strcmp(env, "off")) return false;
     if (env && *env)
@@ -75,7 +73,7 @@ ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, cons
     char dir[4200], fp[33], path[4300];
     ps_status s = plan(model, n, bounds, err, errlen);
     if (s) return s;
-    if (cache_root(dir, sizeof dir)) {
+    if (ps_split_cache_root(dir, sizeof dir)) {
         if ((s = ps_fingerprint_file(model, fp, err, errlen))) return s;
         size_t len = strlen(dir);
         snprintf(dir + len, sizeof dir - len, "/splits/%s-%d", fp, n);

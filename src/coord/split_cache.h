@@ -13,4 +13,8 @@
 ps_status ps_split_cache_get(const char *model, int n, const char *run_dir, const ps_progress *progress,
                              ps_fleet *fleet, char *err, size_t errlen);
 
+/* pipeshard's cache directory ($PIPESHARD_CACHE, else $XDG_CACHE_HOME/pipeshard, else
+ * ~/.cache/pipeshard), or false when caching is off (PIPESHARD_CACHE=off) or unknown. */
+bool ps_split_cache_root(char *out, size_t cap);
+
 #endif

@@ -22,7 +22,8 @@
 
 #define PS_NET_MAGIC 0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
 #define PS_NET_VERSION                                                                                                 \
-    3 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel) */
+    4 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel;        \
+       4: prefixes saved and restored) */
 #define PS_NET_HDR_BYTES 24
 
 /* The header as it travels (little-endian, no padding; encoded/decoded field by field). */
@@ -56,6 +57,9 @@ typedef enum {
     PS_MSG_PLACED = 25,     /* worker → coordinator: the shard PLACE named is loaded (or ERROR) */
     PS_MSG_SEND_SHARD = 26, /* worker → coordinator: send the shard's bytes from this offset */
     PS_MSG_SHARD_DATA = 27, /* coordinator → worker: the next bytes of the shard */
+    PS_MSG_KV_SAVE = 28,    /* coordinator → worker (--prefix-dir): save a prefix's keys and values */
+    PS_MSG_KV_LOAD = 29,    /* coordinator → worker: restore them into these blocks */
+    PS_MSG_KV_DONE = 30,    /* worker → coordinator: KV_SAVE or KV_LOAD done, or why not */
 } ps_msg_type;
 
 /* Encodes h into 24 bytes / decodes 24 bytes (no validation on decode). */

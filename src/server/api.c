@@ -283,7 +283,7 @@ static bool message_content(const cJSON *m, int i, bool assistant, char **out, s
 }
 
 /* The prompt ids of a chat body: "messages" through the chat template. */
-static bool chat_prompt(const ps_server *sv, const cJSON *body, sv_request *r, sv_error *e) {
+static bool chat_prompt(const ps_server *sv, const cJSON *body, bool open_turn, sv_request *r, sv_error *e) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages"), *m;
     if (!msgs) return sv_fail(e, 400, "messages", "missing_required_parameter", "'messages' is required");
     if (!cJSON_IsArray(msgs)) return wrong_type(e, "messages", "an array", msgs);
@@ -313,8 +313,8 @@ static bool chat_prompt(const ps_server *sv, const cJSON *body, sv_request *r, s
     char err[512] = "";
     size_t n_ids = 0;
     if (ok) {
-        ps_status st = ps_session_chat_tokens(sv->tok, sv->model, cm, (size_t)n, sv->chat_template, &r->ids, &n_ids,
-                                              err, sizeof err);
+        ps_status st = ps_session_chat_tokens(sv->tok, sv->model, cm, (size_t)n, sv->chat_template, open_turn, &r->ids,
+                                              &n_ids, err, sizeof err);
         if (st == PS_ERR_NOMEM)
             ok = sv_fail(e, 500, NULL, NULL, "%s", err);
         else if (st)
@@ -393,6 +393,16 @@ static bool refuse_unsupported(const cJSON *body, sv_error *e) {
     return true;
 }
 
+/* Whether r's prompt is neither empty nor longer than the context. */
+static bool prompt_fits(const ps_server *sv, const sv_request *r, sv_error *e) {
+    const char *param = r->chat ? "messages" : "prompt";
+    if (r->req.n_prompt < 1) return sv_fail(e, 400, param, "invalid_value", "the prompt is empty");
+    if (r->req.n_prompt > sv->n_ctx)
+        return sv_fail(e, 400, param, "context_length_exceeded",
+                       "the prompt has %d tokens, more than the context size of %d", r->req.n_prompt, sv->n_ctx);
+    return true;
+}
+
 bool sv_api_parse(const ps_server *sv, bool chat, const cJSON *body, sv_request *r, sv_error *e) {
     *r = (sv_request){.chat = chat};
     r->req.gp = (ps_gen_params){.sp = ps_sample_params_default(), .n_predict = -1};
@@ -402,13 +412,20 @@ bool sv_api_parse(const ps_server *sv, bool chat, const cJSON *body, sv_request 
         !get_sampling(body, r, e) || !get_stop(body, r, e) || !get_logprobs(body, r, e) ||
         (!chat && !refuse_unsupported(body, e)))
         return false;
-    if (!(chat ? chat_prompt(sv, body, r, e) : text_prompt(sv, body, r, e))) return false;
-    if (r->req.n_prompt < 1)
-        return sv_fail(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty");
-    if (r->req.n_prompt > sv->n_ctx)
-        return sv_fail(e, 400, chat ? "messages" : "prompt", "context_length_exceeded",
-                       "the prompt has %d tokens, more than the context size of %d", r->req.n_prompt, sv->n_ctx);
-    return true;
+    if (!(chat ? chat_prompt(sv, body, true, r, e) : text_prompt(sv, body, r, e))) return false;
+    return prompt_fits(sv, r, e);
+}
+
+bool sv_api_parse_prefix(const ps_server *sv, const cJSON *body, sv_request *r, sv_error *e) {
+    *r = (sv_request){.chat = cJSON_HasObjectItem(body, "messages")};
+    r->req.gp = (ps_gen_params){.sp = ps_sample_params_default()};
+    r->req.top_logprobs = -1, r->req.capture = true;
+    if (!cJSON_IsObject(body)) return wrong_type(e, "body", "a JSON object", body);
+    if (!check_string(body, "model", e)) return false;
+    if (r->chat && cJSON_HasObjectItem(body, "prompt"))
+        return sv_fail(e, 400, "prompt", "invalid_value", "give 'prompt' or 'messages', not both");
+    if (!(r->chat ? chat_prompt(sv, body, false, r, e) : text_prompt(sv, body, r, e))) return false;
+    return prompt_fits(sv, r, e);
 }
 
 void sv_api_request_free(sv_request *r) {

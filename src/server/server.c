@@ -67,7 +67,8 @@ static void on_event(void *ctx, const ps_sched_event *ev) {
                   .n_top = ev->n_top,
                   .stop = ev->stop,
                   .status = ev->status,
-                  .stats = ev->stats};
+                  .stats = ev->stats,
+                  .prefix = ev->prefix};
     bool ok = true;
     if (ev->len && !(e.text = ps_strndup(ev->text, ev->len))) ok = false, e.len = 0;
     if (ev->error) e.error = ps_strdup(ev->error);
@@ -295,29 +296,51 @@ static bool depth_ok(const char *s, size_t n) {
     return true;
 }
 
-/* POST /v1/chat/completions and /v1/completions: the body checked, parsed and validated, the
- * request submitted, and its completion sent whole or as a stream. */
-static enum MHD_Result handle_completion(ps_server *sv, struct MHD_Connection *c, bool chat, const sv_buf *body) {
-    sv_error e;
+/* The JSON of a request body, checked first for UTF-8 and nesting; NULL with e filled. */
+static cJSON *body_json(const sv_buf *body, sv_error *e) {
     const char *text = body->s ? body->s : "";
-    if (!sv_utf8_valid(text, body->len)) {
-        sv_fail(&e, 400, NULL, "invalid_json", "the request body is not valid UTF-8");
-        return respond_error(sv, c, &e, NULL);
-    }
-    if (!depth_ok(text, body->len)) {
-        sv_fail(&e, 400, NULL, "invalid_json", "the JSON body nests deeper than %d levels", MAX_DEPTH);
-        return respond_error(sv, c, &e, NULL);
-    }
+    if (!sv_utf8_valid(text, body->len))
+        return sv_fail(e, 400, NULL, "invalid_json", "the request body is not valid UTF-8"), NULL;
+    if (!depth_ok(text, body->len))
+        return sv_fail(e, 400, NULL, "invalid_json", "the JSON body nests deeper than %d levels", MAX_DEPTH), NULL;
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, body->len, &end, false);
     if (!j) {
         size_t at = end && end >= text ? (size_t)(end - text) : 0;
-        sv_fail(&e, 400, NULL, "invalid_json",
+        sv_fail(e, 400, NULL, "invalid_json",
                 body->len ? "the body is not valid JSON (at byte %zu of %zu)"
                           : "the body is empty: a JSON object is expected",
                 at, body->len);
-        return respond_error(sv, c, &e, NULL);
     }
+    return j;
+}
+
+/* A gen for parsed request r (taken) on c's socket, submitted; NULL with e filled. */
+static gen *submit(ps_server *sv, struct MHD_Connection *c, sv_request *r, sv_error *e) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    bool chat = r->chat;
+    gen *g = gen_create(sv, r, ci ? ci->connect_fd : -1);
+    if (!g) {
+        sv_api_request_free(r);
+        sv_fail(e, 500, NULL, NULL, "out of memory");
+        return NULL;
+    }
+    char err[512] = "";
+    ps_status st = ps_sched_submit(sv->sched, &g->r.req, on_event, g, &g->id, err, sizeof err);
+    if (st) {
+        submit_error(st, err[0] ? err : ps_strerror(st), chat, e);
+        gen_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+/* POST /v1/chat/completions and /v1/completions: the body checked, parsed and validated, the
+ * request submitted, and its completion sent whole or as a stream. */
+static enum MHD_Result handle_completion(ps_server *sv, struct MHD_Connection *c, bool chat, const sv_buf *body) {
+    sv_error e;
+    cJSON *j = body_json(body, &e);
+    if (!j) return respond_error(sv, c, &e, NULL);
     sv_request r;
     bool ok = sv_api_parse(sv, chat, j, &r, &e);
     cJSON_Delete(j);
@@ -325,20 +348,8 @@ static enum MHD_Result handle_completion(ps_server *sv, struct MHD_Connection *c
         sv_api_request_free(&r);
         return respond_error(sv, c, &e, NULL);
     }
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    gen *g = gen_create(sv, &r, ci ? ci->connect_fd : -1);
-    if (!g) {
-        sv_api_request_free(&r);
-        sv_fail(&e, 500, NULL, NULL, "out of memory");
-        return respond_error(sv, c, &e, NULL);
-    }
-    char err[512] = "";
-    ps_status st = ps_sched_submit(sv->sched, &g->r.req, on_event, g, &g->id, err, sizeof err);
-    if (st) {
-        submit_error(st, err[0] ? err : ps_strerror(st), chat, &e);
-        gen_free(g);
-        return respond_error(sv, c, &e, NULL);
-    }
+    gen *g = submit(sv, c, &r, &e);
+    if (!g) return respond_error(sv, c, &e, NULL);
     if (!g->r.stream) return complete_whole(sv, c, g);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, g, stream_free);
     if (!resp) {
@@ -373,6 +384,73 @@ static enum MHD_Result handle_models(ps_server *sv, struct MHD_Connection *c) {
     return respond_json(sv, c, 200, s);
 }
 
+/* POST /v1/prefixes: runs a prompt and saves its keys and values on every stage (sched.h,
+ * capture); answers with the prefix's id once it is saved. */
+static enum MHD_Result handle_prefix_new(ps_server *sv, struct MHD_Connection *c, const sv_buf *body) {
+    sv_error e;
+    cJSON *j = body_json(body, &e);
+    if (!j) return respond_error(sv, c, &e, NULL);
+    sv_request r;
+    bool ok = sv_api_parse_prefix(sv, j, &r, &e);
+    cJSON_Delete(j);
+    if (!ok) {
+        sv_api_request_free(&r);
+        return respond_error(sv, c, &e, NULL);
+    }
+    gen *g = submit(sv, c, &r, &e);
+    if (!g) return respond_error(sv, c, &e, NULL);
+    while (!g->finished) gen_pump(g);
+    enum MHD_Result q = MHD_NO; /* the client hung up: close */
+    const sv_event *d = &g->done;
+    if (!g->gone && (d->status || d->stop == PS_STOP_CANCELLED)) {
+        if (d->status)
+            sv_fail(&e, 500, NULL, NULL, "the prefix was not saved: %s", d->error ? d->error : ps_strerror(d->status));
+        else
+            done_error(d, &e);
+        q = respond_error(sv, c, &e, NULL);
+    } else if (!g->gone) {
+        char *s = ps_malloc(256);
+        if (s)
+            snprintf(s, 256,
+                     "{\"id\":\"%016llx\",\"object\":\"prefix\",\"prompt_tokens\":%d,\"saved_tokens\":%d,"
+                     "\"stages\":%d,\"created\":%lld}",
+                     (unsigned long long)d->prefix, d->stats.n_prompt, d->stats.n_prompt / PS_KV_BLOCK * PS_KV_BLOCK,
+                     sv->n_stages, (long long)time(NULL));
+        q = respond_json(sv, c, 200, s);
+    }
+    gen_free(g);
+    return q;
+}
+
+/* GET /v1/prefixes: the captured prefixes and whether each is in the KV cache. */
+static enum MHD_Result handle_prefixes(ps_server *sv, struct MHD_Connection *c) {
+    int n = ps_sched_prefixes(sv->sched, NULL, 0);
+    ps_sched_prefix *p = ps_calloc((size_t)(n ? n : 1), sizeof *p);
+    int now = p ? ps_sched_prefixes(sv->sched, p, n) : 0; /* one captured meanwhile waits for the next list */
+    if (now < n) n = now;
+    cJSON *j = cJSON_CreateObject(), *data = cJSON_AddArrayToObject(j, "data");
+    cJSON_AddStringToObject(j, "object", "list");
+    static const char *const state[] = {
+        [PS_PREFIX_RESTORED] = "restored", [PS_PREFIX_CAPTURED] = "captured", [PS_PREFIX_REFUSED] = "not_restored"};
+    for (int i = 0; p && i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        char id[17];
+        snprintf(id, sizeof id, "%016llx", (unsigned long long)p[i].id);
+        cJSON_AddStringToObject(o, "id", id);
+        cJSON_AddStringToObject(o, "object", "prefix");
+        cJSON_AddNumberToObject(o, "tokens", p[i].n_tokens);
+        cJSON_AddNumberToObject(o, "stages", p[i].n_stages);
+        cJSON_AddNumberToObject(o, "created", (double)p[i].created);
+        cJSON_AddStringToObject(o, "status", p[i].state ? state[p[i].state] : "not_restored");
+        if (p[i].why[0]) cJSON_AddStringToObject(o, "reason", p[i].why);
+        cJSON_AddItemToArray(data, o);
+    }
+    char *s = p ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    free(p);
+    return respond_json(sv, c, 200, s);
+}
+
 /* GET /health. */
 static enum MHD_Result handle_health(ps_server *sv, struct MHD_Connection *c) {
     ps_sched_metrics m;
@@ -400,7 +478,7 @@ static enum MHD_Result handle_page(ps_server *sv, struct MHD_Connection *c) {
 // ---------------------------------------------------------------------------------------
 // Routing
 
-enum route { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_PAGE };
+enum route { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_PAGE, R_PREFIX_NEW, R_PREFIXES };
 
 static const struct {
     const char *path;
@@ -410,6 +488,7 @@ static const struct {
     [R_CHAT] = {"/v1/chat/completions", true, true}, [R_COMPLETIONS] = {"/v1/completions", true, true},
     [R_MODELS] = {"/v1/models", false, true},        [R_HEALTH] = {"/health", false, false},
     [R_METRICS] = {"/metrics", false, true},         [R_PAGE] = {"/", false, false},
+    [R_PREFIX_NEW] = {"/v1/prefixes", true, true},   [R_PREFIXES] = {"/v1/prefixes", false, true},
 };
 
 /* One connection's request: its route and body. */
@@ -439,19 +518,25 @@ static bool authorized(const ps_server *sv, struct MHD_Connection *c, sv_error *
 static enum MHD_Result first_call(ps_server *sv, struct MHD_Connection *c, const char *url, const char *method,
                                   conn_req *rq) {
     sv_error e;
-    int route = 0;
+    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), known = false;
+    int route = -1;
+    char allow[32] = "";
     rq->route = -1;
-    while (route < (int)PS_ARRAY_LEN(routes) && strcmp(url, routes[route].path)) route++;
-    if (route == (int)PS_ARRAY_LEN(routes)) {
+    for (int k = 0; k < (int)PS_ARRAY_LEN(routes) && route < 0; k++) {
+        if (strcmp(url, routes[k].path)) continue;
+        known = true;
+        if (routes[k].post ? post : get) route = k;
+        size_t n = strlen(allow);
+        snprintf(allow + n, sizeof allow - n, "%s%s", n ? ", " : "", routes[k].post ? "POST" : "GET, HEAD");
+    }
+    if (!known) {
         sv_fail(&e, 404, NULL, "unknown_url", "no endpoint at %.200s (see GET /v1/models, POST /v1/chat/completions)",
                 url);
         return respond_error(sv, c, &e, NULL);
     }
-    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    if (routes[route].post ? !post : !get) {
-        sv_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s, not %.20s", url,
-                routes[route].post ? "POST" : "GET", method);
-        return respond_error(sv, c, &e, routes[route].post ? "POST" : "GET, HEAD");
+    if (route < 0) {
+        sv_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s, not %.20s", url, allow, method);
+        return respond_error(sv, c, &e, allow);
     }
     if (routes[route].key && !authorized(sv, c, &e)) return respond_error(sv, c, &e, NULL);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -498,6 +583,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return handle_models(sv, c);
     case R_HEALTH: return handle_health(sv, c);
     case R_METRICS: return handle_metrics(sv, c);
+    case R_PREFIX_NEW: return handle_prefix_new(sv, c, &rq->body);
+    case R_PREFIXES: return handle_prefixes(sv, c);
     default: return handle_page(sv, c);
     }
 }

@@ -85,6 +85,9 @@ typedef struct {
 /* Reads a completion body (chat or not) into r: every known field type- and range-checked,
  * unknown fields ignored, the prompt rendered and tokenized. False with e filled (400s). */
 bool sv_api_parse(const ps_server *sv, bool chat, const cJSON *body, sv_request *r, sv_error *e);
+/* Reads a POST /v1/prefixes body: {"prompt": ...} (as /v1/completions takes it) or
+ * {"messages": [...]} (rendered as a chat's beginning: no assistant turn opened). */
+bool sv_api_parse_prefix(const ps_server *sv, const cJSON *body, sv_request *r, sv_error *e);
 void sv_api_request_free(sv_request *r);
 
 /* One event of a request, copied off the engine thread. */
@@ -101,6 +104,7 @@ typedef struct {
     ps_status status;
     char *error; /* malloc'd, or NULL */
     ps_sched_seq_stats stats;
+    uint64_t prefix; /* a capture's prefix id */
 } sv_event;
 
 /* A response being built: the whole body, or chunk by chunk. */

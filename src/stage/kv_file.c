@@ -8,6 +8,7 @@
  * and the matmul arithmetic (q8 and f32 give different keys); a file is restored only by a
  * stage that would have computed the same bits. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,21 +36,29 @@ typedef struct {
 } kv_hdr;
 _Static_assert(sizeof(kv_hdr) == 120, "kv file header is 120 bytes");
 
+ps_status ps_stage_model_fp(ps_stage *s, char out[33], char *err, size_t errlen) {
+    if (s->m->shard.present) {
+        snprintf(out, 33, "%s", s->m->shard.model_fp);
+        return PS_OK;
+    }
+    if (!s->model_fp[0]) {
+        ps_status st = ps_fingerprint_file(s->path, s->model_fp, err, errlen);
+        if (st) return st;
+    }
+    snprintf(out, 33, "%s", s->model_fp);
+    return PS_OK;
+}
+
 /* This stage's header for n blocks of prefix id: the identity of what computes its keys. */
 static ps_status stage_hdr(ps_stage *s, uint64_t id, int n, kv_hdr *h, char *err, size_t errlen) {
     const ps_model *m = s->m;
     memset(h, 0, sizeof *h);
     memcpy(h->magic, KV_MAGIC, 8);
-    if (m->shard.present) {
-        memcpy(h->model_fp, m->shard.model_fp, 32);
-        memcpy(h->shard_fp, m->shard.shard_fp, 32);
-    } else {
-        if (!s->model_fp[0]) {
-            ps_status st = ps_fingerprint_file(s->path, s->model_fp, err, errlen);
-            if (st) return st;
-        }
-        memcpy(h->model_fp, s->model_fp, 32);
-    }
+    char fp[33];
+    ps_status st = ps_stage_model_fp(s, fp, err, errlen);
+    if (st) return st;
+    memcpy(h->model_fp, fp, 32);
+    if (m->shard.present) memcpy(h->shard_fp, m->shard.shard_fp, 32);
     h->block = PS_KV_BLOCK, h->n_blocks = (uint32_t)n, h->id = id;
     h->layer_begin = m->layer_begin, h->layer_end = m->layer_end;
     h->n_head_kv = m->hp.n_head_kv, h->head_dim = m->hp.head_dim, h->act = (uint32_t)s->cp.act;
@@ -90,7 +99,9 @@ ps_status ps_stage_kv_save(ps_stage *s, const char *path, uint64_t id, const int
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return ps_errf(err, errlen, PS_ERR_ARG, "path too long: %s", path);
-    FILE *f = fopen(tmp, "wb");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* a prompt's keys: the owner's alone */
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f && fd >= 0) close(fd);
     if (!f) return ps_errf(err, errlen, PS_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
     XXH3_state_t *xh = XXH3_createState();
     bool ok = xh && XXH3_64bits_reset(xh) == XXH_OK && put(f, xh, &h, sizeof h) &&

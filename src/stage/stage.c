@@ -434,3 +434,38 @@ ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_res
     *n_res = n_logits;
     return PS_OK;
 }
+
+// ---------------------------------------------------------------------------------------
+// Prefixes on disk
+
+void ps_kv_msg_encode(ps_wbuf *b, const ps_kv_msg *m) {
+    b->len = 0;
+    ps_wbuf_u64(b, m->id);
+    ps_wbuf_i32(b, m->n);
+    ps_wbuf_bytes(b, m->blocks, (size_t)m->n * sizeof(int32_t));
+    ps_wbuf_bytes(b, m->tokens, (size_t)m->n * PS_KV_BLOCK * sizeof(int32_t));
+}
+
+ps_status ps_kv_msg_decode(const uint8_t *p, size_t len, int vocab, ps_kv_msg *out, char *err, size_t errlen) {
+    ps_rbuf r = {.p = p, .len = len};
+    *out = (ps_kv_msg){.id = ps_rbuf_u64(&r), .n = ps_rbuf_i32(&r)};
+    if (r.bad || out->n < 1 || out->n > PS_KV_MSG_MAX_BLOCKS)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "malformed prefix message: %d blocks (1 to %d)", out->n,
+                       PS_KV_MSG_MAX_BLOCKS);
+    out->blocks = ps_rbuf_bytes(&r, (size_t)out->n * sizeof(int32_t));
+    out->tokens = ps_rbuf_bytes(&r, (size_t)out->n * PS_KV_BLOCK * sizeof(int32_t));
+    if (r.bad || r.off != len)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "malformed prefix message: %zu bytes for %d blocks", len, out->n);
+    for (int i = 0; i < out->n; i++)
+        if (out->blocks[i] < 0)
+            return ps_errf(err, errlen, PS_ERR_PROTOCOL, "prefix message: block %d", out->blocks[i]);
+    for (int i = 0; i < out->n * PS_KV_BLOCK; i++)
+        if (out->tokens[i] < 0 || out->tokens[i] >= vocab)
+            return ps_errf(err, errlen, PS_ERR_PROTOCOL, "prefix message: token id %d outside the vocabulary (0..%d)",
+                           out->tokens[i], vocab - 1);
+    return PS_OK;
+}
+
+void ps_kv_file_path(char *out, size_t cap, const char *dir, uint64_t id, int stage) {
+    snprintf(out, cap, "%s/%016llx-%d.kv", dir, (unsigned long long)id, stage);
+}

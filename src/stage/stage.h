@@ -167,6 +167,30 @@ void ps_place_encode(ps_wbuf *b, const ps_place *pl);
 ps_status ps_place_decode(const uint8_t *p, size_t len, ps_place *out, char *err, size_t errlen);
 
 // ---------------------------------------------------------------------------------------
+// Prefixes on disk
+
+/* KV_SAVE and KV_LOAD: the keys and values of a prefix, blocks[0..n) of the session's pool
+ * holding tokens[0..n × PS_KV_BLOCK), to or from the worker's file of prefix id
+ * (ps_kv_file_path). The worker answers KV_DONE: u8 0 (done) or 1 (not done), then a
+ * string saying why not (the session goes on either way). */
+typedef struct {
+    uint64_t id;
+    int32_t n;             /* 1..PS_KV_MSG_MAX_BLOCKS */
+    const int32_t *blocks; /* (n) */
+    const int32_t *tokens; /* (n × PS_KV_BLOCK) */
+} ps_kv_msg;
+
+#define PS_KV_MSG_MAX_BLOCKS (1 << 16) /* a prefix of 2M positions: longer than any context */
+
+/* Builds a KV_SAVE or KV_LOAD payload in b (restarted). */
+void ps_kv_msg_encode(ps_wbuf *b, const ps_kv_msg *m);
+/* Parses one (the arrays point into p); token ids are checked against vocab, blocks only for
+ * being >= 0 (the stage checks them against its pool). */
+ps_status ps_kv_msg_decode(const uint8_t *p, size_t len, int vocab, ps_kv_msg *out, char *err, size_t errlen);
+/* The file of stage `stage`'s part of prefix id in dir: DIR/<id, 16 hex digits>-<stage>.kv. */
+void ps_kv_file_path(char *out, size_t cap, const char *dir, uint64_t id, int stage);
+
+// ---------------------------------------------------------------------------------------
 // The executor
 
 typedef struct ps_stage ps_stage;
@@ -200,6 +224,9 @@ ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_res
                        size_t errlen);
 /* The logits of the latest sampled segment (vocab floats) on the last stage. */
 const float *ps_stage_logits(const ps_stage *s);
+
+/* The whole model's fingerprint: a shard's model_fp, or a whole model's file's (computed once). */
+ps_status ps_stage_model_fp(ps_stage *s, char out[33], char *err, size_t errlen);
 
 /* Saves the keys and values of a prefix: blocks[0..n) of this session's pool (each full:
  * written at all PS_KV_BLOCK positions), which hold tokens[0..n × PS_KV_BLOCK), to path (a

@@ -409,6 +409,33 @@ static ps_status probe(worker *w) {
     return ctrl_send(w, PS_MSG_STATS, w->wb.p, w->wb.len);
 }
 
+/* KV_SAVE / KV_LOAD: a prefix's keys and values to or from --prefix-dir; answers KV_DONE.
+ * What the stage refuses (a block not full, a file of another shard) is the answer, and the
+ * session goes on; only a malformed message ends it. */
+static ps_status kv_file(worker *w, bool save, const uint8_t *p, uint32_t len) {
+    if (!w->out) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "prefix message before SETUP");
+    ps_kv_msg m;
+    ps_status s = ps_kv_msg_decode(p, len, w->m->hp.vocab, &m, w->err, sizeof w->err);
+    if (s) return s;
+    char path[4200], why[1024] = "";
+    if (!w->o->prefix_dir) {
+        snprintf(why, sizeof why, "the worker at %s keeps no prefixes (start it with --prefix-dir DIR)", w->o->listen);
+    } else {
+        ps_kv_file_path(path, sizeof path, w->o->prefix_dir, m.id, w->me.stage);
+        s = save ? ps_stage_kv_save(w->stage, path, m.id, m.blocks, m.n, m.tokens, why, sizeof why)
+                 : ps_stage_kv_load(w->stage, path, m.id, m.blocks, m.n, m.tokens, why, sizeof why);
+        if (!s)
+            say(w, "prefix %016llx: %d blocks %s %s", (unsigned long long)m.id, m.n,
+                save ? "saved to" : "restored from", path);
+    }
+    if (why[0]) say(w, "prefix %016llx not %s: %s", (unsigned long long)m.id, save ? "saved" : "restored", why);
+    w->wb.len = 0;
+    ps_wbuf_u8(&w->wb, why[0] != 0);
+    ps_wbuf_str(&w->wb, why);
+    if (w->wb.oom) return ps_errf(w->err, sizeof w->err, PS_ERR_NOMEM, "out of memory");
+    return ctrl_send(w, PS_MSG_KV_DONE, w->wb.p, w->wb.len);
+}
+
 // ---------------------------------------------------------------------------------------
 // Placing a shard (--cache)
 
@@ -814,6 +841,8 @@ static void on_frame(worker *w, ps_conn *c) {
         s = place(w, p, len);
     else if (!s && c == w->ctrl && type == PS_MSG_SHARD_DATA)
         s = shard_data(w, p, len);
+    else if (!s && c == w->ctrl && (type == PS_MSG_KV_SAVE || type == PS_MSG_KV_LOAD))
+        s = kv_file(w, type == PS_MSG_KV_SAVE, p, len);
     else if (!s && c == w->in && type == PS_MSG_FORWARD)
         s = forward(w, p, len);
     else if (!s)
@@ -866,6 +895,7 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
                 .peer_t = ps_now(),
                 .rx.fd = -1};
     ps_status s = start_shard(&w, err, errlen);
+    if (!s && o->prefix_dir) s = ps_make_dirs(o->prefix_dir, 0700, err, errlen);
     if (s) goto out;
     if (pipe2(w.hs_pipe, O_CLOEXEC | O_NONBLOCK)) {
 

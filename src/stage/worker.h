@@ -24,6 +24,7 @@ typedef struct {
     const char *shard;           /* shard file (stage 1 or later), or NULL with cache */
     const char *cache;           /* with no shard: the directory of shards placed by coordinators */
     uint64_t max_disk;           /* with cache: the most bytes its files may hold (0: no limit but free space) */
+    const char *prefix_dir;      /* where the coordinator's captured prefixes are saved (KV_SAVE), or NULL */
     const char *listen;          /* "HOST:PORT" (PORT 0 = any free port) or "unix:PATH" */
     int threads;                 /* compute threads */
     bool pin;                    /* pin them to CPUs (ps_pool_pin) */
