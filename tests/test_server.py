@@ -498,7 +498,7 @@ def case_cli(tmp):
           f"a port in use: exit {p.returncode}, {p.stderr.strip()!r}")
     help_text = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True).stdout
     for flag in ("--host", "--port", "--parallel", "--kv-blocks", "-c, --ctx-size", "--api-key-file", "--prefix-cache",
-                 "--queue-size", "--fleet", "--local-stages", "--key-file", "--mmap", "--pin", "-t, --threads"):
+                 "--prefix-dir", "--queue-size", "--fleet", "--local-stages", "--key-file", "--mmap", "--pin", "-t, --threads"):
         check(flag in help_text, f"serve --help lacks {flag}")
 
 

@@ -533,6 +533,13 @@ static int pfx_add(ps_sched *s, ps_prefix *p) {
     return i;
 }
 
+/* Whether ids[0..n) are all in 0..vocab-1. */
+static bool ids_ok(const int32_t *ids, int n, int vocab) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) return false;
+    return true;
+}
+
 /* Restores prefix record i into free blocks of every stage and publishes them in the prefix
  * cache; nothing runs on the blocks meanwhile. An error only when the fleet failed. */
 static ps_status restore_one(ps_sched *s, int i, int32_t *table) {
@@ -545,6 +552,8 @@ static ps_status restore_one(ps_sched *s, int i, int32_t *table) {
     else if (strcmp(p->model_fp, s->model_fp))
         snprintf(why, sizeof why, "it was captured under another model (fingerprint %s; this one's is %s)", p->model_fp,
                  s->model_fp);
+    else if (!ids_ok(p->tokens, p->n_tokens, s->vocab))
+        snprintf(why, sizeof why, "it holds token ids outside the model's vocabulary (0..%d)", s->vocab - 1);
     else if (p->n_tokens > s->n_ctx)
         snprintf(why, sizeof why, "its %d tokens exceed this fleet's context of %d", p->n_tokens, s->n_ctx);
     else if (s->kv_st.free < n || ps_kv_seq_alloc(s->kv, p->tokens, p->n_tokens, p->n_tokens, table, &n_cached))
@@ -677,7 +686,7 @@ static ps_status open_prefixes(ps_sched *s, char *err, size_t errlen) {
     int n;
     ps_status st = ps_make_dirs(s->o.prefix_dir, 0700, err, errlen);
     if (!st) st = ps_coord_model_fp(s->coord, s->model_fp, err, errlen);
-    if (!st) st = ps_prefix_scan(s->o.prefix_dir, s->vocab, &recs, &n, err, errlen);
+    if (!st) st = ps_prefix_scan(s->o.prefix_dir, &recs, &n, err, errlen);
     for (int i = 0; !st && i < n; i++)
         if (pfx_add(s, &recs[i]) < 0) { /* the tokens of those added are the scheduler's now */
             st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");

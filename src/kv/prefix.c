@@ -62,7 +62,8 @@ static char *slurp(const char *path) {
     char *buf = NULL;
     if (!fseek(f, 0, SEEK_END)) {
         long n = ftell(f);
-        if (n >= 0 && (unsigned long)n <= MAX_RECORD_BYTES && !fseek(f, 0, SEEK_SET) && (buf = ps_malloc((size_t)n + 1))) {
+        if (n >= 0 && (unsigned long)n <= MAX_RECORD_BYTES && !fseek(f, 0, SEEK_SET) &&
+            (buf = ps_malloc((size_t)n + 1))) {
             if (fread(buf, 1, (size_t)n, f) == (size_t)n)
                 buf[n] = 0;
             else
@@ -74,7 +75,7 @@ static char *slurp(const char *path) {
 }
 
 /* Fills p from the record file path (named for id); p->why says what is wrong with it. */
-static void read_record(const char *path, uint64_t id, int vocab, ps_prefix *p) {
+static void read_record(const char *path, uint64_t id, ps_prefix *p) {
     *p = (ps_prefix){.id = id};
     char *text = slurp(path);
     cJSON *j = text ? cJSON_Parse(text) : NULL, *t;
@@ -99,13 +100,16 @@ static void read_record(const char *path, uint64_t id, int vocab, ps_prefix *p) 
         snprintf(p->why, sizeof p->why, "out of memory for %.400s", path);
         goto out;
     }
+    int i = 0;
     cJSON_ArrayForEach(t, toks) {
-        if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble >= vocab || t->valuedouble != (int)t->valuedouble) {
-            snprintf(p->why, sizeof p->why, "%.400s holds a token id outside the model's vocabulary (0..%d)", path, vocab - 1);
+        if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble > INT32_MAX ||
+            t->valuedouble != (int32_t)t->valuedouble) {
+            snprintf(p->why, sizeof p->why, "%.400s holds a token id that is not one", path);
             goto out;
         }
-        p->tokens[p->n_tokens++] = (int32_t)t->valuedouble;
+        p->tokens[i++] = (int32_t)t->valuedouble;
     }
+    p->n_tokens = n;
     if (ps_prefix_id(p->model_fp, p->tokens, n) != id)
         snprintf(p->why, sizeof p->why, "%.400s is damaged: its token ids do not hash to its id", path);
 out:
@@ -117,10 +121,11 @@ static int by_created(const void *a, const void *b) {
     return x->created < y->created ? -1 : x->created > y->created ? 1 : x->id < y->id ? -1 : x->id > y->id;
 }
 
-ps_status ps_prefix_scan(const char *dir, int vocab, ps_prefix **out, int *n, char *err, size_t errlen) {
+ps_status ps_prefix_scan(const char *dir, ps_prefix **out, int *n, char *err, size_t errlen) {
     *out = NULL, *n = 0;
     DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? PS_OK : ps_errf(err, errlen, PS_ERR_IO, "cannot read %s: %s", dir, strerror(errno));
+    if (!d)
+        return errno == ENOENT ? PS_OK : ps_errf(err, errlen, PS_ERR_IO, "cannot read %s: %s", dir, strerror(errno));
     struct dirent *e;
     int cap = 0;
     ps_status s = PS_OK;
@@ -138,7 +143,7 @@ ps_status ps_prefix_scan(const char *dir, int vocab, ps_prefix **out, int *n, ch
         }
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        read_record(path, id, vocab, &(*out)[(*n)++]);
+        read_record(path, id, &(*out)[(*n)++]);
     }
     closedir(d);
     if (s) {

@@ -27,10 +27,10 @@ uint64_t ps_prefix_id(const char *model_fp, const int32_t *tokens, int n);
 /* Writes p's record to dir/<id>.json (a temporary name, then renamed). */
 ps_status ps_prefix_write(const char *dir, const ps_prefix *p, char *err, size_t errlen);
 /* Reads every record in dir (files named <16 hex digits>.json), oldest first, into *out
- * (malloc'd, *n of them; ps_prefix_free). A record that does not parse, or whose ids are not
- * whole blocks of the vocabulary (vocab ids) or do not hash to its id, comes with why set.
- * A missing dir is no prefixes. */
-ps_status ps_prefix_scan(const char *dir, int vocab, ps_prefix **out, int *n, char *err, size_t errlen);
+ * (malloc'd, *n of them; ps_prefix_free). A record that does not parse, holds no whole
+ * blocks of ids, or whose ids do not hash to its id comes with why set. A missing dir is no
+ * prefixes. */
+ps_status ps_prefix_scan(const char *dir, ps_prefix **out, int *n, char *err, size_t errlen);
 void ps_prefix_free(ps_prefix *p, int n); /* NULL is a no-op */
 
 #endif
