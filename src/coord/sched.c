@@ -36,7 +36,8 @@ const double ps_sched_hist_bounds[PS_SCHED_HIST_BUCKETS] = {0.001, 0.0025, 0.005
 
 /* Micro-batches in flight at most: one per group, a group per stage. */
 #define MAX_GROUPS PS_SHARD_MAX_STAGES
-/* Prompt rows a micro-batch may carry beside fewer decoding rows (send_group). */
+/* Prompt rows the micro-batches of one trip around the ring may carry beside fewer decoding
+ * rows, shared among the groups (send_group). */
 #define PROMPT_ROWS_BESIDE_DECODE 32
 
 /* One request, from submit to DONE. */
@@ -425,15 +426,20 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
 
 /* Sends the next micro-batch of group g: one row for each of its sequences that decodes, then
  * chunks of prompts, within the coordinator's rows; beside d decoding rows, at most
- * max(d, PROMPT_ROWS_BESIDE_DECODE) prompt rows, so that a step costs the decoding sequences
- * at most about twice a plain one (their inter-token latency stays even while prompts arrive).
- * False when it has nothing to send. */
+ * max(d, PROMPT_ROWS_BESIDE_DECODE / groups) prompt rows, so that a step costs the decoding
+ * sequences at most about twice a plain one (their inter-token latency stays even while
+ * prompts arrive). The budget is shared by the groups because every stage runs every group's
+ * micro-batch in turn: a long one delays the others' tokens too (on 2 and 3 stages of one core
+ * each, p99/p50 inter-token latency at 16 streams fell from 3.2-4.0 to 2.3-2.6 with a budget of
+ * 16 rows per micro-batch instead of 32: docs/bench/2026-12-01-prefixes-device.md). False when
+ * it has nothing to send. */
 static bool send_group(ps_sched *s, int g) {
     int n_segs = 0, rows = 0, max_rows = ps_coord_max_rows(s->coord);
     bool sample = false;
     for (int pass = 0; pass < 2; pass++) { /* decoding sequences first, then prompts */
         if (pass == 1 && rows) {
-            int beside = rows + (rows > PROMPT_ROWS_BESIDE_DECODE ? rows : PROMPT_ROWS_BESIDE_DECODE);
+            int budget = PROMPT_ROWS_BESIDE_DECODE / s->n_groups;
+            int beside = rows + (rows > budget ? rows : budget);
             max_rows = beside < max_rows ? beside : max_rows;
         }
         for (int i = 0; i < s->n_run && rows < max_rows; i++) {
