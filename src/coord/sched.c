@@ -18,6 +18,12 @@
  * A fleet that fails loses every stage's KV cache: the book of blocks is reset and every
  * running sequence is fed again from its tokens (invariant 3); its tokens already reported
  * are not reported again. A fleet that cannot be reached fails the requests with its error.
+ *
+ * Captured prefixes (kv/prefix.h): a capture runs its prompt like any request; once its answer
+ * is back, no micro-batch is sent until none is in flight, and its whole blocks are saved on
+ * every stage (ps_coord_kv), then its record. At the start, and once a fleet that failed is
+ * back, the records of this model are restored into free blocks and published in the prefix
+ * cache. 
  * Callbacks run outside the mutex, so that they may call ps_sched_cancel or ps_sched_submit. */
 #include "sched.h"
 
@@ -401,8 +407,9 @@ static void lose_kv(ps_sched *s) {
     memset(s->group_busy, 0, sizeof s->group_busy);
     memset(s->group_load, 0, sizeof s->group_load);
     ps_kv_reset(s->kv);
-    s->kv_lost = s->n_pfx > 0; /* the captured prefixes are restored once the fleet is back */
-    for (int i = 0; i < s->n_run; i++) s->run[i]->n_table = 0, s->run[i]->in_flight = false;
+    s->kv_lost = s->n_pfx > 0;         /* the captured prefixes are restored once the fleet is back */
+    for (int i = 0; i < s->n_run; i++) /* a capture saves what the new session computes */
+        s->run[i]->n_table = 0, s->run[i]->in_flight = s->run[i]->saving = false;
     for (int i = 0; i < s->n_run; i++) admit(s, s->run[i]); /* the book is empty: they all fit again */
 }
 
@@ -552,7 +559,8 @@ static ps_status restore_one(ps_sched *s, int i, int32_t *table) {
     const ps_prefix *p = &s->pfx[i];
     int n = p->n_tokens / PS_KV_BLOCK, n_cached;
     char why[700] = "";
-    ps_kv_get_stats(s->kv, &s->kv_st);
+    ps_kv_stats kst;
+    ps_kv_get_stats(s->kv, &kst);
     if (p->why[0])
         snprintf(why, sizeof why, "%s", p->why);
     else if (strcmp(p->model_fp, s->model_fp))
@@ -562,8 +570,8 @@ static ps_status restore_one(ps_sched *s, int i, int32_t *table) {
         snprintf(why, sizeof why, "it holds token ids outside the model's vocabulary (0..%d)", s->vocab - 1);
     else if (p->n_tokens > s->n_ctx)
         snprintf(why, sizeof why, "its %d tokens exceed this fleet's context of %d", p->n_tokens, s->n_ctx);
-    else if (s->kv_st.free < n || ps_kv_seq_alloc(s->kv, p->tokens, p->n_tokens, p->n_tokens, table, &n_cached))
-        snprintf(why, sizeof why, "it needs %d KV blocks and %d are free", n, s->kv_st.free);
+    else if (kst.free < n || ps_kv_seq_alloc(s->kv, p->tokens, p->n_tokens, p->n_tokens, table, &n_cached))
+        snprintf(why, sizeof why, "it needs %d KV blocks and %d are free", n, kst.free);
     if (why[0]) return pfx_state(s, i, PS_PREFIX_REFUSED, why), PS_OK;
     ps_kv_msg m = {.id = p->id, .n = n, .blocks = table, .tokens = p->tokens};
     ps_status st = ps_coord_kv(s->coord, false, s->o.prefix_dir, &m, why, sizeof why);
