@@ -93,7 +93,7 @@ static ps_status op_stage(char *err, size_t errlen) {
     ps_stage_opts so = {.threads = 2};
     ps_ctx_params cp = {.n_ctx = 64, .max_batch = 16};
     ps_status s = ps_stage_open(model_path, &so, &st, err, errlen);
-    if (!s) s = ps_stage_begin(st, &cp, 2, 1, err, errlen);
+    if (!s) s = ps_stage_begin(st, &cp, 2, 1, 0, err, errlen);
     ps_stage_free(st);
     return s;
 }

@@ -63,7 +63,7 @@ int main(void) {
     ps_stage *s = NULL;
     PS_CHECK_OK(ps_stage_open(stories, &so, &s, err, sizeof err));
     ps_ctx_params cp = {.n_ctx = 128, .n_blocks = 8, .max_batch = 64, .act = PS_ACT_Q8};
-    PS_CHECK_OK(ps_stage_begin(s, &cp, 128, 2, err, sizeof err));
+    PS_CHECK_OK(ps_stage_begin(s, &cp, 128, 2, 0, err, sizeof err));
     if (!s) return ps_test_done();
     int vocab = ps_stage_model(s)->hp.vocab;
     float *want = malloc((size_t)vocab * sizeof *want);
@@ -79,7 +79,7 @@ int main(void) {
 
     /* a new session reads nothing of the old one; restored into blocks 1 and 4, the rest of the
        prompt gives the same token and logits as the whole run */
-    PS_CHECK_OK(ps_stage_begin(s, &cp, 128, 2, err, sizeof err));
+    PS_CHECK_OK(ps_stage_begin(s, &cp, 128, 2, 0, err, sizeof err));
     PS_CHECK_EQ_INT(run(s, 64, N_PROMPT - 64, second, 3, &tok, err, sizeof err), PS_ERR_PROTOCOL);
     PS_CHECK(strstr(err, "never written in this session") != NULL);
     PS_CHECK_OK(ps_stage_kv_load(s, path, 42, second, 2, prompt, err, sizeof err));
@@ -110,7 +110,7 @@ int main(void) {
     PS_CHECK_EQ_INT(ps_stage_kv_load(s, path, 42, outside, 2, prompt, err, sizeof err), PS_ERR_PROTOCOL);
     ps_ctx_params f32 = cp;
     f32.act = PS_ACT_F32;
-    PS_CHECK_OK(ps_stage_begin(s, &f32, 128, 2, err, sizeof err));
+    PS_CHECK_OK(ps_stage_begin(s, &f32, 128, 2, 0, err, sizeof err));
     PS_CHECK_EQ_INT(ps_stage_kv_load(s, path, 42, second, 2, prompt, err, sizeof err), PS_ERR_ARG);
     PS_CHECK(strstr(err, "computed with q8 activations, this session uses f32") != NULL);
 
@@ -119,7 +119,7 @@ int main(void) {
     if (smol) {
         ps_stage *o = NULL;
         PS_CHECK_OK(ps_stage_open(smol, &so, &o, err, sizeof err));
-        PS_CHECK_OK(ps_stage_begin(o, &cp, 128, 2, err, sizeof err));
+        PS_CHECK_OK(ps_stage_begin(o, &cp, 128, 2, 0, err, sizeof err));
         PS_CHECK_EQ_INT(ps_stage_kv_load(o, path, 42, second, 2, prompt, err, sizeof err), PS_ERR_ARG);
         PS_CHECK(strstr(err, "holds layers 0..5 of model") != NULL &&
                  strstr(err, "this stage runs layers 0..30") != NULL);

@@ -79,7 +79,7 @@ static void test_round_trip(void) {
     ps_mb_encode(&b, &mb, DIM, NULL);
     PS_CHECK_OK(ps_mb_decode(b.p, b.len, DIM, 16, 4, &out, err, sizeof err));
     PS_CHECK(out.x == NULL && out.n == N);
-    PS_CHECK(ps_mb_max_bytes(DIM, 16, 4, 64) >= len);
+    PS_CHECK(ps_mb_max_bytes(DIM, 16, 4, 0, 64) >= len);
     ps_wbuf_free(&b);
 }
 

@@ -249,9 +249,9 @@ def handshake(addr, role=ROLE_COORD, stage=0, session=0, hello=None, retry_s=30,
             raise
 
 
-def setup_payload(session, n_ctx=64, max_batch=8, max_mb=8, act=0, nxt="", n_blocks=4, max_segs=2):
-    return struct.pack("<QiiiB", session, n_ctx, max_batch, max_mb, act) + pstr(nxt) + struct.pack("<ii", n_blocks,
-                                                                                                    max_segs)
+def setup_payload(session, n_ctx=64, max_batch=8, max_mb=8, act=0, nxt="", n_blocks=4, max_segs=2, max_draft=0):
+    return (struct.pack("<QiiiB", session, n_ctx, max_batch, max_mb, act) + pstr(nxt) +
+            struct.pack("<iii", n_blocks, max_segs, max_draft))
 
 
 def mb_max_bytes(dim, max_mb, max_segs, n_ctx):
@@ -589,6 +589,8 @@ def case_setup():
                         ({"n_blocks": (1 << 24) + 1}, "asks for 16777217 KV blocks"),
                         ({"max_segs": 0}, "and 0 sequences per micro-batch"),
                         ({"max_segs": 257}, "and 257 sequences per micro-batch"),
+                        ({"max_draft": -1}, "-1 draft tokens per sequence"),
+                        ({"max_draft": 17}, "17 draft tokens per sequence"),
                         ({"max_mb": (1 << 31) - 1}, "micro-batch size 2147483647")]:
             args = dict(session=s, nxt=nxt)
             args.update(kw)

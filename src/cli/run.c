@@ -95,7 +95,13 @@ static void run_usage(FILE *f) {
           "                          per-stage compute and per-hop bytes and milliseconds)\n"
           "  --prompt-ids IDS        comma-separated token ids instead of a text prompt (no BOS added)\n"
           "  --print-ids             print generated token ids (space-separated) instead of text\n"
-          "  --dump-logits FILE      write each generated step's logits (float32, vocab per step) to FILE\n",
+          "  --dump-logits FILE      write each generated step's logits (float32, vocab per step) to FILE\n"
+          "  --spec ngram            speculative decoding: each trip around the ring carries guesses of the\n"
+          "                          next tokens after the last one, and the last stage keeps those it would\n"
+          "                          have sampled itself (the same tokens, greedy or seeded, in fewer trips);\n"
+          "                          ngram guesses what followed the latest earlier occurrence of the text's\n"
+          "                          last 1-4 tokens (prompt lookup: no draft model)\n"
+          "  --spec-k K              guesses per trip, 1 to 16 (default 4)\n",
           f);
 }
 
@@ -129,7 +135,9 @@ enum {
     O_LAT,
     O_BW,
     O_TIMEOUT,
-    O_TRANSPORT
+    O_TRANSPORT,
+    O_SPEC,
+    O_SPEC_K
 };
 static const struct {
     const char *s, *l;
@@ -164,6 +172,8 @@ static const struct {
     {NULL, "--sim-bandwidth-mbps", O_BW},
     {NULL, "--stage-timeout-ms", O_TIMEOUT},
     {NULL, "--local-transport", O_TRANSPORT},
+    {NULL, "--spec", O_SPEC},
+    {NULL, "--spec-k", O_SPEC_K},
 };
 
 /* Applies one valued flag; false after printing what is wrong. */
@@ -186,6 +196,15 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     case O_LAT: return ps_arg_float(cmd, flag, v, 0, 1e5, &o->sim.latency_ms);
     case O_BW: return ps_arg_mbps(cmd, flag, v, &o->sim.bandwidth_mbps);
     case O_TRANSPORT: o->local_transport = true; return ps_arg_transport(cmd, flag, v, &o->local_unix);
+    case O_SPEC: {
+        char err[200];
+        if (!ps_spec_kind_parse(v, &o->spec.kind, err, sizeof err)) return true;
+        fprintf(stderr, "pipeshard %s: %s: %s\n", cmd, flag, err);
+        return false;
+    }
+    case O_SPEC_K:
+        o->spec_k_set = true;
+        return ps_arg_int(cmd, flag, v, 1, PS_MAX_DRAFT, &i) && ((o->spec.k = (int)i), true);
     case O_ACT:
         if (!ps_act_from_name(v, &o->act)) return true;
         fprintf(stderr, "pipeshard %s: %s must be q8 or f32, got '%s'\n", cmd, flag, v);
@@ -269,8 +288,12 @@ static int extra_flag(const ps_run_extra *extra, int argc, char **argv, int *i) 
 int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_run_extra *extra) {
     bool interactive = mode != PS_RUN_RUN;
     cmd = mode == PS_RUN_CHAT ? "chat" : mode == PS_RUN_SERVE ? "serve" : "run";
-    *o = (run_opts){
-        .threads = ps_cpu_count(), .batch = 128, .local_stages = 1, .timeout_ms = 60000, .gp = ps_gen_params_default()};
+    *o = (run_opts){.threads = ps_cpu_count(),
+                    .batch = 128,
+                    .local_stages = 1,
+                    .timeout_ms = 60000,
+                    .gp = ps_gen_params_default(),
+                    .spec = {.k = 4}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return run_usage(stdout), 0;
@@ -284,6 +307,10 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         if (run_only(value_flags[k].id) && !o->given) o->given = a;
         const char *v = ps_arg_value(cmd, argc, argv, &i);
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
+    }
+    if (mode != PS_RUN_RUN && o->spec.kind) {
+        fprintf(stderr, "pipeshard %s: --spec speculates in `pipeshard run` only, so far\n", cmd);
+        return 2;
     }
     if (mode == PS_RUN_SERVE && o->given) {
         fprintf(stderr,
@@ -302,6 +329,11 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         why = "--local-transport applies to --local-stages N (N >= 2)";
     else if (o->dump_logits && (o->fleet || o->local_stages > 1))
         why = "--dump-logits needs the whole model in this process (logits never cross the network)";
+    else if (o->spec_k_set && !o->spec.kind)
+        why = "--spec-k sets the guesses of --spec: add --spec ngram";
+    else if (o->spec.kind && o->dump_logits)
+        why = "--dump-logits writes the logits of every step: it does not go with --spec (a trip gives several "
+              "tokens)";
     else if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids > 1)
         why = "give only one of -p, -f and --prompt-ids";
     else if (o->chat && o->prompt_ids)
@@ -434,6 +466,7 @@ ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char
                          .prefill_chunk = (int)o->prefill_chunk,
                          .parallel = o->parallel,
                          .kv_blocks = o->kv_blocks,
+                         .max_draft = o->spec.kind ? o->spec.k : 0,
                          .prefix_dir = o->prefix_dir,
                          .act = o->act,
                          .tokenizer = tokenizer,
@@ -558,7 +591,8 @@ static ps_status run_setup(run_state *st) {
     ps_status s = ps_sample_params_check(&o->gp.sp, err, el);
     if (s) return st->usage = true, s; /* sampling flags that do not go together */
     if ((s = ps_run_launch(o, !(o->prompt_ids && o->print_ids), &st->launch, err, el))) return s;
-    if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)))
+    if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)) ||
+        (s = ps_session_set_spec(st->session, &o->spec, err, el)))
         return s;
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
         return ps_errf(err, el, PS_ERR_IO, "cannot create '%s': %s", o->dump_logits, strerror(errno));
@@ -671,6 +705,16 @@ static void print_stats(const run_state *st) {
     cJSON_AddNumberToObject(j, "ttft_ms", ss.ttft_s * 1e3);
     cJSON_AddNumberToObject(j, "prefill_tok_s", ss.ttft_s > 0 ? ss.n_prompt / ss.ttft_s : 0);
     cJSON_AddNumberToObject(j, "decode_tok_s", ss.decode_s > 0 ? ss.n_decode / ss.decode_s : 0);
+    if (st->o->spec.kind) { /* speculation: how the guesses fared */
+        cJSON *sp = cJSON_AddObjectToObject(j, "spec");
+        cJSON_AddStringToObject(sp, "draft", ps_spec_kind_name(st->o->spec.kind));
+        cJSON_AddNumberToObject(sp, "k", st->o->spec.k);
+        cJSON_AddNumberToObject(sp, "trips", ss.n_trips);
+        cJSON_AddNumberToObject(sp, "drafted", ss.n_drafted);
+        cJSON_AddNumberToObject(sp, "kept", ss.n_kept);
+        cJSON_AddNumberToObject(sp, "acceptance", ss.n_drafted ? (double)ss.n_kept / ss.n_drafted : 0);
+        cJSON_AddNumberToObject(sp, "tokens_per_trip", ss.n_trips ? (double)(ss.n_kept + ss.n_trips) / ss.n_trips : 0);
+    }
     cJSON_AddNumberToObject(j, "threads", (double)st->o->threads);
     cJSON_AddNumberToObject(j, "n_ctx", ps_coord_n_ctx(ps_launch_coord(st->launch)));
     char seed[24];

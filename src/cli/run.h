@@ -24,6 +24,8 @@ typedef struct {
     bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, threads_given, n_set;
     ps_act act;
     ps_gen_params gp;  /* sampling, -n, --ignore-eos */
+    ps_spec_opts spec; /* --spec, --spec-k */
+    bool spec_k_set;
     const char *given; /* the first prompt, output or sampling flag given (serve refuses them) */
 } ps_run_opts;
 

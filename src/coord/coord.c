@@ -46,8 +46,9 @@ struct ps_coord {
     uint32_t pending[MAX_PENDING]; /* micro-batches that sample, sent and not answered, oldest first */
     double sent_at[MAX_PENDING];   /* when stage 0 had run each (ms): the ring's part begins */
     int n_pending;
-    bool got;       /* the oldest pending answer came: res[0..n_res) */
-    ps_result *res; /* (max_segs) */
+    bool got;        /* the oldest pending answer came: res[0..n_res) */
+    ps_result *res;  /* (max_res) */
+    ps_result *res1; /* (max_res) ps_coord_next's */
     int n_res;
     double wait_ms, wait_base; /* time spent waiting for answers, and its value at the last reset */
     int32_t *hist;             /* (n_ctx) ps_coord_next's sequence, to rebuild the workers' KV
@@ -55,7 +56,7 @@ struct ps_coord {
     int32_t *ident;            /* (blocks of one sequence) ps_coord_next's block table 0, 1, 2, ... */
     ps_mb_seg *segs;           /* (max_segs) the micro-batch being sent */
     int32_t *toks;             /* (max_mb) its tokens */
-    int max_mb, max_segs, n_blocks;
+    int max_mb, max_segs, max_res, n_blocks;
     stage_view st[PS_SHARD_MAX_STAGES];
     ps_wbuf wb;
     char err[600];
@@ -250,7 +251,8 @@ static ps_status connect_stage(ps_coord *c, int k) {
     ps_status s = ps_net_dial(fs->address, c->o.timeout_ms, &v->conn, e, sizeof e);
     expect ex = {c, k, false};
     ps_hello peer;
-    uint32_t limit = ps_mb_max_bytes(ps_stage_model(c->stage0)->hp.dim, c->max_mb, c->max_segs, ps_coord_n_ctx(c));
+    uint32_t limit =
+        ps_mb_max_bytes(ps_stage_model(c->stage0)->hp.dim, c->max_mb, c->max_segs, c->o.max_draft, ps_coord_n_ctx(c));
     if (!s)
         s = ps_net_handshake_client(v->conn, c->o.key, &c->me, check_worker, &ex, limit, c->o.timeout_ms, &peer, e,
                                     sizeof e);
@@ -265,6 +267,7 @@ static ps_status connect_stage(ps_coord *c, int k) {
     ps_wbuf_str(&c->wb, k + 1 < c->n ? c->fleet.stages[k + 1].address : "");
     ps_wbuf_i32(&c->wb, c->n_blocks);
     ps_wbuf_i32(&c->wb, c->max_segs);
+    ps_wbuf_i32(&c->wb, c->o.max_draft);
     struct iovec iov = {c->wb.p, c->wb.len};
     uint16_t type;
     const uint8_t *p;
@@ -332,7 +335,7 @@ static void on_frame(ps_coord *c, int k, uint32_t want_mb, int ms) {
         int n_stats;
         ps_stage_stat stats[PS_SHARD_MAX_STAGES];
         char e[200];
-        if (!ps_result_decode(p, len, ps_stage_model(c->stage0)->hp.vocab, &mb, c->res, c->max_segs, &c->n_res, stats,
+        if (!ps_result_decode(p, len, ps_stage_model(c->stage0)->hp.vocab, &mb, c->res, c->max_res, &c->n_res, stats,
                               &n_stats, e, sizeof e) &&
             mb == want_mb) {
             for (int i = 0; i < n_stats; i++)
@@ -535,13 +538,22 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
     c->n_blocks = o->n_blocks ? o->n_blocks : seq_blocks * (o->parallel > 1 ? o->parallel : 1);
     if (c->n_blocks < seq_blocks) c->n_blocks = seq_blocks;
     ps_ctx_params cp = {.n_ctx = n_ctx, .n_blocks = c->n_blocks, .max_batch = o->max_batch, .act = o->act};
-    if ((s = ps_stage_begin(c->stage0, &cp, c->max_mb, c->max_segs, err, errlen))) goto fail;
+    if (o->max_draft < 0 || o->max_draft > PS_MAX_DRAFT || o->max_draft >= c->max_mb) {
+        s = ps_errf(err, errlen, PS_ERR_ARG,
+                    "%d draft tokens per trip: at most %d, and fewer than the %d positions of a micro-batch (-b, "
+                    "--prefill-chunk)",
+                    o->max_draft, PS_MAX_DRAFT, c->max_mb);
+        goto fail;
+    }
+    c->max_res = ps_mb_max_results(c->max_mb, c->max_segs, o->max_draft);
+    if ((s = ps_stage_begin(c->stage0, &cp, c->max_mb, c->max_segs, o->max_draft, err, errlen))) goto fail;
     c->hist = ps_malloc((size_t)n_ctx * sizeof *c->hist);
     c->ident = ps_malloc((size_t)seq_blocks * sizeof *c->ident);
-    c->res = ps_malloc((size_t)c->max_segs * sizeof *c->res);
+    c->res = ps_malloc((size_t)c->max_res * sizeof *c->res);
+    c->res1 = ps_malloc((size_t)c->max_res * sizeof *c->res1);
     c->segs = ps_malloc((size_t)c->max_segs * sizeof *c->segs);
     c->toks = ps_malloc((size_t)c->max_mb * sizeof *c->toks);
-    if (!c->hist || !c->ident || !c->res || !c->segs || !c->toks) {
+    if (!c->hist || !c->ident || !c->res || !c->res1 || !c->segs || !c->toks) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -568,7 +580,7 @@ void ps_coord_free(ps_coord *c) {
     if (c->connected) disconnect(c, true);
     ps_stage_free(c->stage0);
     ps_wbuf_free(&c->wb);
-    free(c->hist), free(c->ident), free(c->res), free(c->segs), free(c->toks);
+    free(c->hist), free(c->ident), free(c->res), free(c->res1), free(c->segs), free(c->toks);
     free(c);
 }
 
@@ -587,6 +599,8 @@ int ps_coord_n_ctx(const ps_coord *c) { return ps_stage_n_ctx(c->stage0); }
 int ps_coord_n_stages(const ps_coord *c) { return c->n; }
 int ps_coord_max_rows(const ps_coord *c) { return c->max_mb; }
 int ps_coord_max_segs(const ps_coord *c) { return c->max_segs; }
+int ps_coord_max_results(const ps_coord *c) { return c->max_res; }
+int ps_coord_max_draft(const ps_coord *c) { return c->o.max_draft; }
 int ps_coord_n_blocks(const ps_coord *c) { return c->n_blocks; }
 int ps_coord_pending(const ps_coord *c) { return c->n_pending; }
 bool ps_coord_connected(const ps_coord *c) { return c->n == 1 || c->connected; }
@@ -635,6 +649,9 @@ ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool 
         const ps_coord_seg *g = &segs[i];
         if (g->n < 1 || g->n > c->max_mb - rows)
             return ps_errf(err, errlen, PS_ERR_ARG, "micro-batch of more than %d positions", c->max_mb);
+        if (g->n_draft < 0 || g->n_draft > c->o.max_draft || (g->n_draft && (!g->sample || g->n_draft >= g->n)))
+            return ps_errf(err, errlen, PS_ERR_ARG, "%d draft tokens in a segment of %d positions (at most %d)",
+                           g->n_draft, g->n, c->o.max_draft);
         c->segs[i] = (ps_mb_seg){.seq = g->seq,
                                  .pos = g->pos,
                                  .n = g->n,
@@ -642,7 +659,8 @@ ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool 
                                  .n_top = g->n_top > 0 ? (uint32_t)g->n_top : 0,
                                  .sp = g->sp,
                                  .n_blocks = g->n_blocks,
-                                 .blocks = g->blocks};
+                                 .blocks = g->blocks,
+                                 .n_draft = (uint32_t)g->n_draft};
         memcpy(c->toks + rows, g->tokens, (size_t)g->n * sizeof(int32_t));
         rows += g->n;
         sample |= g->sample;
@@ -725,18 +743,25 @@ ps_status ps_coord_kv(ps_coord *c, bool save, const char *dir, const ps_kv_msg *
 
 ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
                         char *err, size_t errlen) {
-    *token = -1;
+    int n_out;
+    return ps_coord_next_draft(c, tokens, n, pos, 0, sp, token, &n_out, err, errlen);
+}
+
+ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
+                              const ps_sample_params *sp, int32_t *out, int *n_out, char *err, size_t errlen) {
+    *n_out = 0, out[0] = -1;
     if (n < 1 || pos < 0 || (long long)pos + n > ps_coord_n_ctx(c))
         return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d do not fit the context of %d", n, pos,
                        ps_coord_n_ctx(c));
+    if (n_draft < 0 || n_draft >= n || n_draft > c->o.max_draft)
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d draft tokens among %d (at most %d)", n_draft, n, c->o.max_draft);
     memcpy(c->hist + pos, tokens, (size_t)n * sizeof *tokens);
     ps_coord_seg g = {.seq = 1,
                       .blocks = c->ident,
                       .n_blocks = (ps_coord_n_ctx(c) + PS_KV_BLOCK - 1) / PS_KV_BLOCK,
                       .n_top = -1,
                       .sp = *sp};
-    int end = pos + n, from = pos;
-    ps_result res;
+    int end = pos + n, from = pos, tail = n_draft + 1; /* the last micro-batch holds the draft and the token before */
     if (c->n > 1 && !c->connected) {
         ps_status s = ps_coord_connect(c, err, errlen);
         if (s) return s;
@@ -744,20 +769,20 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
     }
     while (from < end) {
         g.pos = from, g.n = end - from < c->max_mb ? end - from : c->max_mb, g.tokens = c->hist + from;
+        if (from + g.n < end && end - (from + g.n) < tail) g.n = end - from - tail;
         g.sample = from + g.n == end;
+        g.n_draft = g.sample ? n_draft : 0;
         bool fresh;
         ps_status s = ps_coord_send(c, &g, 1, &fresh, err, errlen);
         if (s) return s;
         from += g.n;
         if (end - pos > c->max_mb) ps_progress_report(&c->o.progress, "prompt", (uint64_t)(from - pos), (uint64_t)n);
     }
-    int n_res;
-    ps_status s = ps_coord_recv(c, &res, &n_res, err, errlen);
-    if (!s) *token = res.token;
+    ps_status s = ps_coord_recv(c, c->res1, n_out, err, errlen);
+    for (int i = 0; !s && i < *n_out; i++) out[i] = c->res1[i].token;
     return s;
 }
 
-/* Stage 0's hop is the coordinator's own connection to stage 1. */
 static void refresh_stage0(ps_coord *c) {
     if (c->n > 1 && c->st[1].conn) ps_conn_get_stats(c->st[1].conn, &c->st[0].cur.hop);
 }

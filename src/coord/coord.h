@@ -32,6 +32,7 @@ typedef struct {
     int n_blocks;          /* KV blocks of PS_KV_BLOCK positions on every stage; 0 = enough for
                               `parallel` sequences of n_ctx positions (never fewer than one's) */
     int prefill_chunk;     /* positions per micro-batch; 0 = max_batch */
+    int max_draft;         /* draft tokens a segment may carry for verification (0..PS_MAX_DRAFT) */
     ps_act act;            /* matmul arithmetic of every stage */
     const uint8_t *key;    /* 32-byte shared key, or NULL */
     bool plain;            /* with a key: ask for frames in the clear (ps_hello.plain) */
@@ -61,9 +62,11 @@ const ps_model *ps_coord_model(const ps_coord *c); /* stage 0's model (tokenizer
 int ps_coord_n_ctx(const ps_coord *c);
 int ps_coord_n_stages(const ps_coord *c);
 
-int ps_coord_max_rows(const ps_coord *c); /* positions per micro-batch */
-int ps_coord_max_segs(const ps_coord *c); /* sequences per micro-batch */
-int ps_coord_n_blocks(const ps_coord *c); /* KV blocks on every stage */
+int ps_coord_max_rows(const ps_coord *c);    /* positions per micro-batch */
+int ps_coord_max_segs(const ps_coord *c);    /* sequences per micro-batch */
+int ps_coord_max_results(const ps_coord *c); /* results of a micro-batch at most */
+int ps_coord_max_draft(const ps_coord *c);   /* draft tokens a segment may carry */
+int ps_coord_n_blocks(const ps_coord *c);    /* KV blocks on every stage */
 
 /* One sequence's positions in a micro-batch (stage.h's ps_mb_seg, as the caller gives it). */
 typedef struct {
@@ -74,6 +77,8 @@ typedef struct {
     int32_t n_blocks;
     bool sample; /* sample the token after pos + n - 1 */
     int n_top;   /* with it, this many top log-probabilities (0..PS_MAX_TOP_LOGPROBS) */
+    int n_draft; /* with sample: the last n_draft tokens are a draft's guesses (stage.h, ps_mb_seg),
+                    at most the coordinator's max_draft */
     ps_sample_params sp;
 } ps_coord_seg;
 
@@ -88,7 +93,8 @@ typedef struct {
 ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool *reconnected, char *err, size_t errlen);
 /* Waits for the tokens of the oldest micro-batch sent that samples (watching every worker:
  * a failure or a stall is an error naming the stage), and copies its results (one per
- * sampling segment, in segment order) to res (room for ps_coord_max_segs). */
+ * sampling segment, in segment order; a segment with a draft: one per token it returns) to
+ * res (room for ps_coord_max_results). */
 ps_status ps_coord_recv(ps_coord *c, ps_result *res, int *n_res, char *err, size_t errlen);
 /* Micro-batches sent whose tokens have not been received. */
 int ps_coord_pending(const ps_coord *c);
@@ -112,6 +118,14 @@ ps_status ps_coord_model_fp(ps_coord *c, char out[33], char *err, size_t errlen)
  * sequence from position 0. Not to be mixed with ps_coord_send on the same blocks. */
 ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
                         char *err, size_t errlen);
+/* ps_coord_next with a draft: the last n_draft of tokens[0..n) (fewer than n, at most
+ * max_draft) are a draft's guesses, which the last stage keeps while its samples agree
+ * (stage.h, ps_mb_seg.n_draft). *n_out tokens (1..n_draft + 1) into out: the guesses kept,
+ * then the token sampled after them, the same as n_out plain steps would give. The next call
+ * starts at pos + n - n_draft + *n_out - 1 (after the last guess kept: the others' keys and
+ * values are discarded). */
+ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
+                              const ps_sample_params *sp, int32_t *out, int *n_out, char *err, size_t errlen);
 /* The logits behind the latest token when the model runs as one stage, else NULL
  * (logits never cross the network). */
 const float *ps_coord_logits(const ps_coord *c);

@@ -74,6 +74,7 @@ ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, s
                         .prefill_chunk = o->prefill_chunk,
                         .max_segs = o->parallel,
                         .n_blocks = o->kv_blocks,
+                        .max_draft = o->max_draft,
                         .parallel = o->parallel,
                         .act = o->act,
                         .key = have_key ? key : NULL,

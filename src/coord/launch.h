@@ -28,6 +28,7 @@ typedef struct {
     int prefill_chunk;      /* positions per micro-batch on the ring; 0 = max_batch */
     int parallel;           /* sequences served at once (the scheduler's); 0 = 1 */
     int kv_blocks;          /* KV blocks on every stage; 0 = enough for `parallel` full contexts */
+    int max_draft;          /* draft tokens a sequence's trip may carry (speculation; 0: none) */
     ps_act act;             /* matmul arithmetic of every stage */
     const char *prefix_dir; /* local workers' --prefix-dir (captured prefixes), or NULL */
     bool tokenizer;         /* load the model's tokenizer (false: token ids in and out) */

@@ -2,6 +2,8 @@
 #include "session.h"
 
 #include <stdatomic.h>
+
+#include "spec.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +25,10 @@ struct ps_session {
     atomic_bool cancel;
     double ttft_s, decode_s;
     int n_decode;
+    ps_spec_opts spec;              /* speculation (kind PS_SPEC_OFF: none) */
+    int32_t got[PS_MAX_DRAFT + 1];  /* the tokens of the latest trip not yet returned */
+    int n_got, i_got;               /* got[i_got..n_got) are still to come */
+    int n_trips, n_drafted, n_kept; /* speculative trips, guesses sent, guesses kept */
 };
 
 const char *ps_stop_reason_name(ps_stop_reason r) {
@@ -62,7 +68,8 @@ static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, cha
     ps_status st = ps_sample_params_check(&gp->sp, err, errlen);
     if (st) return st;
     int keep = 0;
-    while (keep < s->n_fed && keep < n_prompt - 1 && s->toks[keep] == s->next[keep]) keep++;
+    int fed = s->n_fed < s->n_toks ? s->n_fed : s->n_toks; /* a guess fed after an end counts not */
+    while (keep < fed && keep < n_prompt - 1 && s->toks[keep] == s->next[keep]) keep++;
     memcpy(s->toks + keep, s->next + keep, (size_t)(n_prompt - keep) * sizeof *s->toks);
     s->gp = *gp;
     s->n_prompt = s->n_toks = n_prompt;
@@ -72,6 +79,8 @@ static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, cha
     atomic_store(&s->cancel, false);
     s->ttft_s = s->decode_s = 0;
     s->n_decode = 0;
+    s->n_got = s->i_got = 0;
+    s->n_trips = s->n_drafted = s->n_kept = 0;
     if (s->stream) ps_tok_stream_reset(s->stream);
     return PS_OK;
 }
@@ -172,24 +181,60 @@ ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t 
     return st;
 }
 
+ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, size_t errlen) {
+    int most = ps_coord_max_draft(s->coord);
+    if (o->kind != PS_SPEC_OFF && (o->k < 1 || o->k > most))
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d guesses per trip: the coordinator takes 1 to %d", o->k, most);
+    s->spec = *o;
+    return PS_OK;
+}
+
+/* How many guesses the next trip carries: what the draft source finds, at most spec.k, within
+ * the context and the tokens still to generate; into d. */
+static int draft(ps_session *s, int32_t *d) {
+    int k = s->spec.k, room = s->n_ctx - s->n_toks; /* the last guess at position n_toks - 1 + k */
+    int64_t left = s->gp.n_predict < 0 ? k : s->gp.n_predict - (s->n_toks - s->n_prompt) - 1;
+    if (k > room) k = room;
+    if (k > left) k = (int)left;
+    return k > 0 && s->spec.kind == PS_SPEC_NGRAM ? ps_spec_ngram(s->toks, s->n_toks, k, d) : 0;
+}
+
 /* Runs the model for the next token: the prompt (beyond what the stages kept) on the first
- * step, else the token before; the last stage samples at position n_toks. On failure no
- * stage's keys and values are trusted any more. */
+ * step, else the token before with a draft's guesses after it when speculating (the tokens
+ * a trip gives beyond the first are returned by the next calls, without running the model).
+ * The last stage samples at position n_toks. On failure no stage's keys and values are
+ * trusted any more. */
 static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errlen) {
+    if (s->i_got < s->n_got) { /* a guess kept by the latest trip, fed already; or its last token */
+        *tok = s->got[s->i_got++];
+        if (s->i_got < s->n_got) s->n_fed = s->n_toks + 1;
+        return PS_OK;
+    }
     double t0 = ps_now();
-    int from = s->started ? s->n_toks - 1 : s->n_fed;
+    int from = s->started ? s->n_toks - 1 : s->n_fed, n_draft = 0;
+    int32_t seq[PS_MAX_DRAFT + 1];
+    if (s->started && s->spec.kind != PS_SPEC_OFF) n_draft = draft(s, seq + 1);
     s->n_fed = 0;
-    ps_status st = ps_coord_next(s->coord, s->toks + from, s->n_toks - from, from, &s->gp.sp, tok, err, errlen);
+    ps_status st;
+    if (n_draft) {
+        seq[0] = s->toks[from];
+        st = ps_coord_next_draft(s->coord, seq, n_draft + 1, from, n_draft, &s->gp.sp, s->got, &s->n_got, err, errlen);
+        s->n_trips++, s->n_drafted += n_draft, s->n_kept += s->n_got - 1;
+    } else {
+        st = ps_coord_next(s->coord, s->toks + from, s->n_toks - from, from, &s->gp.sp, s->got, err, errlen);
+        s->n_got = 1;
+    }
     if (st) return st;
     s->n_fed = s->n_toks;
+    s->i_got = 0;
     if (!s->started) {
         s->ttft_s = ps_now() - t0;
         s->started = true;
-        return PS_OK;
+    } else {
+        s->decode_s += ps_now() - t0;
+        s->n_decode += s->n_got;
     }
-    s->decode_s += ps_now() - t0;
-    s->n_decode++;
-    return PS_OK;
+    return sample_next(s, tok, err, errlen);
 }
 
 /* See session.h. A stop found after sampling (end of text) leaves the token out of the
@@ -236,5 +281,8 @@ void ps_session_get_stats(const ps_session *s, ps_session_stats *out) {
                               .ttft_s = s->ttft_s,
                               .decode_s = s->decode_s,
                               .n_decode = s->n_decode,
-                              .n_held = s->n_fed};
+                              .n_held = s->n_fed < s->n_toks ? s->n_fed : s->n_toks,
+                              .n_trips = s->n_trips,
+                              .n_drafted = s->n_drafted,
+                              .n_kept = s->n_kept};
 }

@@ -25,6 +25,7 @@
 #include "../tokenize/chat.h"
 #include "../tokenize/tokenize.h"
 #include "coord.h"
+#include "spec.h"
 
 /* Why a generation ended. Never renumbered. */
 typedef enum {
@@ -80,13 +81,20 @@ ps_status ps_session_prompt_ids(ps_session *s, const int32_t *ids, int n, const 
 
 /* The token ids of a chat prompt, as ps_session_prompt_chat runs it: msgs rendered through
  * model m's chat template (or template_name's family), the assistant's turn opened when
- * open_turn (ps_session_prompt_chat's; a prefix to capture leaves it closed), and tokenized by tok with the template's special tokens parsed and the contents taken as text
+ * open_turn (ps_session_prompt_chat's; a prefix to capture leaves it closed), and tokenized
+ * by tok with the template's special tokens parsed and the contents taken as text
  * (ps_tok_encode_literal), BOS added unless the template writes it. *ids is malloc'd (the
  * caller frees; NULL on failure), *n_ids long. Errors: the template's (no template, an
  * unknown family, messages it refuses: PS_ERR_ARG / PS_ERR_NOT_FOUND / PS_ERR_UNSUPPORTED). */
 ps_status ps_session_chat_tokens(const ps_tok *tok, const ps_model *m, const ps_chat_msg *msgs, size_t n,
                                  const char *template_name, bool open_turn, int32_t **ids, size_t *n_ids, char *err,
                                  size_t errlen);
+
+/* Speculative decoding from the next step on (spec.h): each trip after the prompt carries up
+ * to o->k guesses of the draft source after the token before, and gives the guesses the last
+ * stage keeps and the token after them: the same tokens as without, in fewer trips. k at most
+ * the coordinator's max_draft (PS_ERR_ARG otherwise); kind PS_SPEC_OFF turns it off. */
+ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, size_t errlen);
 
 /* Forgets what the stages hold: the next prompt runs whole (for measuring prefill). */
 void ps_session_reset(ps_session *s);
@@ -126,6 +134,9 @@ typedef struct {
     int n_decode;    /* how many steps decode_s covers */
     int n_held;      /* positions whose keys and values every stage holds now (what the next
                         prompt may keep) */
+    int n_trips;     /* speculating: trips that carried guesses */
+    int n_drafted;   /* ... the guesses they carried */
+    int n_kept;      /* ... and those the last stage kept */
 } ps_session_stats;
 void ps_session_get_stats(const ps_session *s, ps_session_stats *out);
 

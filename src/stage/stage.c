@@ -82,7 +82,7 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
         ps_wbuf_u32(b, g->n_top);
         sp_encode(b, &g->sp);
         ps_wbuf_i32(b, g->n_blocks);
-        ps_wbuf_u32(b, 0);
+        ps_wbuf_u32(b, g->n_draft);
         ps_wbuf_bytes(b, g->blocks, (size_t)g->n_blocks * sizeof(int32_t));
     }
     ps_wbuf_bytes(b, mb->tokens, (size_t)mb->n * sizeof(int32_t));
@@ -96,9 +96,15 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
     }
 }
 
-uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int n_ctx) {
+int ps_mb_max_results(int max_mb, int max_segs, int max_draft) {
+    long long n = (long long)max_segs * (1 + max_draft);
+    return n < max_mb ? (int)n : max_mb < max_segs ? max_segs : max_mb;
+}
+
+uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int max_draft, int n_ctx) {
     uint64_t tables = (uint64_t)max_segs * (MB_SEG_BYTES + 4 * (uint64_t)((n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK));
-    uint64_t results = (uint64_t)max_segs * (24 + 8 * PS_MAX_TOP_LOGPROBS); /* a TOKENS answer */
+    uint64_t results =
+        (uint64_t)ps_mb_max_results(max_mb, max_segs, max_draft) * (24 + 8 * PS_MAX_TOP_LOGPROBS); /* a TOKENS answer */
     uint64_t b = 4096 + (uint64_t)max_mb * (4 + 4 * (uint64_t)dim) + (tables > results ? tables : results);
     return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b; /* 4096 > header + 64 stats */
 }
@@ -112,7 +118,7 @@ static bool seg_decode(ps_rbuf *r, int i, ps_mb_seg *g, char *err, size_t errlen
     g->n_top = ps_rbuf_u32(r);
     sp_decode(r, &g->sp);
     g->n_blocks = ps_rbuf_i32(r);
-    ps_rbuf_u32(r);
+    g->n_draft = ps_rbuf_u32(r);
     if (r->bad) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d truncated", i), false;
     if (g->n < 1 || g->pos < 0 || g->n_blocks < 0 || g->n_blocks > (1 << 24))
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d: %d positions at %d, %d blocks", i, g->n,
@@ -125,6 +131,12 @@ static bool seg_decode(ps_rbuf *r, int i, ps_mb_seg *g, char *err, size_t errlen
         return ps_errf(err, errlen, PS_ERR_PROTOCOL,
                        "micro-batch segment %d asks for %u top log-probabilities (at most %d)", i, g->n_top,
                        PS_MAX_TOP_LOGPROBS),
+               false;
+    if (g->n_draft && (g->n_draft > PS_MAX_DRAFT || (int64_t)g->n_draft >= g->n || !(g->flags & PS_MB_SAMPLE)))
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL,
+                       "micro-batch segment %d: %u draft tokens in %d positions (fewer than its positions, at most "
+                       "%d, and only in a segment that samples)",
+                       i, g->n_draft, g->n, PS_MAX_DRAFT),
                false;
     g->blocks = ps_rbuf_bytes(r, (size_t)g->n_blocks * sizeof(int32_t));
     if (r->bad) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d truncated", i), false;
@@ -305,29 +317,35 @@ ps_pool *ps_stage_pool(ps_stage *s) { return s->pool; }
 int ps_stage_n_ctx(const ps_stage *s) { return s->ctx ? s->cp.n_ctx : 0; }
 int ps_stage_max_mb(const ps_stage *s) { return s->max_mb; }
 int ps_stage_max_segs(const ps_stage *s) { return s->max_segs; }
+int ps_stage_max_draft(const ps_stage *s) { return s->max_draft; }
 const float *ps_stage_logits(const ps_stage *s) { return s->last; }
 
-ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int max_segs, char *err, size_t errlen) {
+ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int max_segs, int max_draft, char *err,
+                         size_t errlen) {
     if (max_segs < 1 || max_segs > PS_MB_MAX_SEGS)
         return ps_errf(err, errlen, PS_ERR_ARG, "%d sequences per micro-batch: must be within 1..%d", max_segs,
                        PS_MB_MAX_SEGS);
+    if (max_draft < 0 || max_draft > PS_MAX_DRAFT)
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d draft tokens per sequence: must be within 0..%d", max_draft,
+                       PS_MAX_DRAFT);
     long long most = (long long)p->n_ctx * max_segs < PS_MB_MAX_ROWS ? (long long)p->n_ctx * max_segs : PS_MB_MAX_ROWS;
     if (max_mb < 1 || max_mb > most)
         return ps_errf(err, errlen, PS_ERR_ARG,
                        "micro-batch size %d must be within 1..%lld (%d sequences of %d positions, at most %d)", max_mb,
                        most, max_segs, p->n_ctx, PS_MB_MAX_ROWS);
-    bool reuse = s->ctx && !memcmp(&s->cp, p, sizeof *p) && s->max_mb == max_mb && s->max_segs == max_segs;
+    bool reuse = s->ctx && !memcmp(&s->cp, p, sizeof *p) && s->max_mb == max_mb && s->max_segs == max_segs &&
+                 s->max_draft == max_draft;
     if (!reuse) {
         end_session(s);
         ps_status st = ps_ctx_create(s->m, p, s->pool, &s->ctx, err, errlen);
         if (st) return st;
         s->cp = *p;
-        s->max_mb = max_mb, s->max_segs = max_segs;
+        s->max_mb = max_mb, s->max_segs = max_segs, s->max_draft = max_draft;
         const ps_hparams *hp = &s->m->hp;
         int n_blocks = ps_ctx_n_blocks(s->ctx);
         s->filled = ps_malloc((size_t)n_blocks);
         if (s->m->has_head) {
-            s->logits = ps_malloc((size_t)max_segs * hp->vocab * sizeof(float));
+            s->logits = ps_malloc((size_t)ps_mb_max_results(max_mb, max_segs, max_draft) * hp->vocab * sizeof(float));
             s->tok = ps_malloc((size_t)n_blocks * PS_KV_BLOCK * sizeof(int32_t));
             s->history = ps_malloc((size_t)p->n_ctx * sizeof(int32_t));
         } else {
@@ -367,32 +385,51 @@ static ps_status check_filled(const ps_stage *s, int i, const ps_mb_seg *g, char
     return PS_OK;
 }
 
-/* Marks what segment g wrote (writing at pos discards what its blocks held beyond), and on
- * the last stage keeps its tokens. */
+/* Marks what segment g wrote: positions [pos, pos + n), and nothing of the sequence beyond
+ * them (its later blocks count as unwritten: a draft's rejected guesses are gone); on the
+ * last stage keeps its tokens. */
 static void mark_written(ps_stage *s, const ps_mb_seg *g, const int32_t *tokens) {
     for (int t = 0; t < g->n; t++) {
         int p = g->pos + t, blk = g->blocks[p / PS_KV_BLOCK];
         s->filled[blk] = (uint8_t)(p % PS_KV_BLOCK + 1);
         if (s->tok) s->tok[(size_t)blk * PS_KV_BLOCK + p % PS_KV_BLOCK] = tokens[t];
     }
+    int n_pool = ps_ctx_n_blocks(s->ctx);
+    for (int b = (g->pos + g->n - 1) / PS_KV_BLOCK + 1; b < g->n_blocks; b++)
+        if (g->blocks[b] >= 0 && g->blocks[b] < n_pool) s->filled[g->blocks[b]] = 0;
 }
 
-/* Samples the token after segment g from its row of logits, with the top log-probabilities
- * it asks for. The penalties' history: the sequence's last penalty_last_n tokens (all of them
- * for -1: the window the sampler reads), gathered from its blocks. */
-static ps_status sample_seg(ps_stage *s, const ps_mb_seg *g, const float *logits, ps_result *r, char *err,
-                            size_t errlen) {
-    int n_hist = g->pos + g->n, last_n = g->sp.penalty_last_n;
-    int from = last_n >= 0 && last_n < n_hist ? n_hist - last_n : 0;
-    for (int p = from; p < n_hist; p++)
+/* Samples the token at position `at` of segment g's sequence from its row of logits, with the
+ * top log-probabilities it asks for. The penalties' history: the sequence's last
+ * penalty_last_n tokens before `at` (all of them for -1: the window the sampler reads),
+ * gathered from its blocks. */
+static ps_status sample_at(ps_stage *s, const ps_mb_seg *g, int at, const float *logits, ps_result *r, char *err,
+                           size_t errlen) {
+    int last_n = g->sp.penalty_last_n, from = last_n >= 0 && last_n < at ? at - last_n : 0;
+    for (int p = from; p < at; p++)
         s->history[p - from] = s->tok[(size_t)g->blocks[p / PS_KV_BLOCK] * PS_KV_BLOCK + p % PS_KV_BLOCK];
     bool lp = g->flags & PS_MB_LOGPROBS;
-    *r = (ps_result){.seq = g->seq, .pos = n_hist, .n_top = lp ? g->n_top : 0};
-    ps_status st = ps_sample(s->smp, &g->sp, logits, s->history, n_hist - from, (uint64_t)n_hist, &r->token);
+    *r = (ps_result){.seq = g->seq, .pos = at, .n_top = lp ? g->n_top : 0};
+    ps_status st = ps_sample(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, &r->token);
     if (st) return ps_errf(err, errlen, st, "sampling failed: %s", ps_sampler_error(s->smp));
     if (lp) {
         double lse = ps_sample_top_logprobs(logits, s->m->hp.vocab, (int)r->n_top, r->top_id, r->top_logprob);
         r->logprob = (float)((double)logits[r->token] - lse);
+    }
+    return PS_OK;
+}
+
+/* The tokens after segment g, whose n_draft + 1 rows of logits begin at logits: one sample per
+ * row, in order, while each is the draft's next guess (mb_seg.n_draft); into res, *n of them. */
+static ps_status sample_seg(ps_stage *s, const ps_mb_seg *g, const int32_t *tokens, const float *logits, ps_result *res,
+                            int *n, char *err, size_t errlen) {
+    int vocab = s->m->hp.vocab, k = (int)g->n_draft, first = g->pos + g->n - k;
+    *n = 0;
+    for (int i = 0; i <= k; i++) {
+        s->last = logits + (size_t)i * vocab;
+        ps_status st = sample_at(s, g, first + i, s->last, &res[(*n)++], err, errlen);
+        if (st) return st;
+        if (i < k && res[i].token != tokens[g->n - k + i]) break; /* the draft's guess is not kept */
     }
     return PS_OK;
 }
@@ -407,14 +444,16 @@ ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_res
                        s->max_mb, s->max_segs);
     ps_seg segs[PS_MB_MAX_SEGS];
     const ps_model *m = s->m;
-    int n_logits = 0;
     for (int i = 0; i < mb->n_segs; i++) {
         const ps_mb_seg *g = &mb->segs[i];
         ps_status st = check_filled(s, i, g, err, errlen);
         if (st) return st;
-        bool sample = m->has_head && (g->flags & PS_MB_SAMPLE);
-        segs[i] = (ps_seg){.pos = g->pos, .n = g->n, .blocks = g->blocks, .n_blocks = g->n_blocks, .n_logits = sample};
-        n_logits += sample;
+        if ((int)g->n_draft > s->max_draft)
+            return ps_errf(err, errlen, PS_ERR_PROTOCOL, "segment %d carries %u draft tokens; the session allows %d", i,
+                           g->n_draft, s->max_draft);
+        int n_logits = m->has_head && (g->flags & PS_MB_SAMPLE) ? 1 + (int)g->n_draft : 0;
+        segs[i] =
+            (ps_seg){.pos = g->pos, .n = g->n, .blocks = g->blocks, .n_blocks = g->n_blocks, .n_logits = n_logits};
     }
     float *out = m->has_head ? s->logits : s->x_out;
     ps_status st = ps_forward_segs(s->ctx, segs, mb->n_segs, mb->tokens, mb->x, out, err, errlen);
@@ -425,13 +464,14 @@ ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_res
         *x_out = s->x_out;
         return PS_OK;
     }
-    for (int i = 0, k = 0; i < mb->n_segs; i++) {
+    const float *logits = s->logits;
+    tokens = mb->tokens;
+    for (int i = 0; i < mb->n_segs; tokens += mb->segs[i].n, logits += (size_t)segs[i].n_logits * m->hp.vocab, i++) {
+        int n;
         if (!segs[i].n_logits) continue;
-        s->last = s->logits + (size_t)k * m->hp.vocab;
-        if ((st = sample_seg(s, &mb->segs[i], s->last, &res[k], err, errlen))) return st;
-        k++;
+        if ((st = sample_seg(s, &mb->segs[i], tokens, logits, res + *n_res, &n, err, errlen))) return st;
+        *n_res += n;
     }
-    *n_res = n_logits;
     return PS_OK;
 }
 

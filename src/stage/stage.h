@@ -9,7 +9,8 @@
  * The stage protocol (payloads of the frames of src/net/net.h, little-endian):
  *   SETUP   coordinator → worker: u64 session, i32 n_ctx, i32 max_batch, i32 max_mb,
  *           u8 activations (ps_act), str next ("" = the last stage: answer the coordinator),
- *           i32 n_blocks (the KV pool), i32 max_segs (sequences per micro-batch)
+ *           i32 n_blocks (the KV pool), i32 max_segs (sequences per micro-batch), i32 max_draft
+ *           (draft tokens per segment, 0..PS_MAX_DRAFT)
  *   READY   worker → coordinator: empty (or ERROR with the reason)
  *   FORWARD stage k → stage k+1: a micro-batch (ps_mb_encode)
  *   TOKENS  last stage → coordinator: the sampled tokens of a micro-batch (ps_result_encode)
@@ -79,6 +80,7 @@ void ps_stage_stat_decode(ps_rbuf *r, ps_stage_stat *st);
 #define PS_MB_MAX_SEGS      256
 #define PS_MB_MAX_ROWS      65536 /* rows (positions) in one micro-batch */
 #define PS_MAX_TOP_LOGPROBS 20
+#define PS_MAX_DRAFT        16 /* draft tokens a segment may carry for verification */
 
 /* One sequence's positions [pos, pos + n) in a micro-batch. Writing at pos discards the
  * sequence's KV beyond it (the next micro-batch may start anywhere up to pos + n). */
@@ -91,6 +93,16 @@ typedef struct {
     ps_sample_params sp;   /* used by the last stage when PS_MB_SAMPLE */
     int32_t n_blocks;      /* the sequence's block table: at least ceil((pos + n) / PS_KV_BLOCK) */
     const int32_t *blocks; /* entries */
+    uint32_t n_draft;      /* with PS_MB_SAMPLE: the segment's last n_draft tokens (< n, at most the
+                              session's max_draft) are a draft's guesses. The last stage samples at
+                              each of the n_draft + 1 last rows in turn, as it would one token at a
+                              time, and stops at the first sample that is not the draft's next
+                              token: it returns the guesses kept, then that sample (or, all kept,
+                              the one after them). So the tokens are those of plain decoding, and
+                              with a draft that proposes one token per position the test is the
+                              rejection rule of Leviathan et al. for that draft. The next segment
+                              of the sequence starts after the last guess kept, which discards the
+                              others' keys and values. */
 } ps_mb_seg;
 
 /* A micro-batch: the segments of one or more sequences, their rows in segment order. */
@@ -110,21 +122,26 @@ typedef struct {
  * of x or 0, i32 n_stats, u32 0), per segment u64 seq, i32 pos, i32 n, u32 flags, u32 n_top,
  * the sample parameters (f32 temperature, i32 top_k, f32 top_p, f32 min_p, f32
  * repetition_penalty, i32 penalty_last_n, f32 presence, f32 frequency, u64 seed), i32
- * n_blocks, u32 0 and the block table, then the tokens, the stage stats, then x (n × dim
+ * n_blocks, u32 n_draft and the block table, then the tokens, the stage stats, then x (n × dim
  * f32) when x is non-NULL. The x bytes are not copied when iov is given: iov[0] gets b's
  * bytes, iov[1] the activations, for ps_conn_send_async. */
 void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]);
 /* The largest payload of a session's frames: a FORWARD of max_mb rows of dim-wide
- * activations in max_segs segments whose tables cover n_ctx positions, with every stage's
- * stats (and room to spare for the small messages). */
-uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int n_ctx);
+ * activations in max_segs segments whose tables cover n_ctx positions, or the TOKENS of
+ * such a micro-batch with up to max_draft guesses per segment, with every stage's stats (and
+ * room to spare for the small messages). */
+uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int max_draft, int n_ctx);
+/* The most results a micro-batch of max_mb rows in max_segs segments with up to max_draft
+ * guesses each may have. */
+int ps_mb_max_results(int max_mb, int max_segs, int max_draft);
 /* Parses a FORWARD payload into *out, whose segs must have room for max_segs entries;
  * tokens, x and the block tables point into the payload. Every count is checked against
  * len, dim, max_n rows and max_segs. */
 ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, int max_segs, ps_mb *out, char *err,
                        size_t errlen);
 
-/* What the last stage sampled for one segment: the token after its last position. */
+/* What the last stage sampled for one segment: the token after its last position (a segment
+ * with a draft: one result for each token it returns, in order). */
 typedef struct {
     uint64_t seq;
     int32_t pos;    /* position of the sampled token (the segment's pos + n) */
@@ -209,15 +226,19 @@ ps_pool *ps_stage_pool(ps_stage *s);
 
 /* The run state of a session on stage s: a context of p->n_ctx positions per sequence over
  * a pool of p->n_blocks KV blocks (none of them written yet), and room for micro-batches
- * of up to max_mb rows in max_segs segments. */
-ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int max_segs, char *err, size_t errlen);
+ * of up to max_mb rows in max_segs segments with up to max_draft (0..PS_MAX_DRAFT) draft
+ * tokens each. */
+ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int max_segs, int max_draft, char *err,
+                         size_t errlen);
 int ps_stage_n_ctx(const ps_stage *s);
 int ps_stage_max_mb(const ps_stage *s);
 int ps_stage_max_segs(const ps_stage *s);
+int ps_stage_max_draft(const ps_stage *s);
 
 /* Runs a micro-batch. A stage without the head writes the activations for the next
  * stage to *x_out (n × dim, owned by s, valid until the next call). The last stage samples
- * every segment flagged PS_MB_SAMPLE into res[0..*n_res) (room for mb->n_segs). A segment
+ * every segment flagged PS_MB_SAMPLE into res[0..*n_res) (room for ps_mb_max_results of the
+ * session; a segment with a draft gives one result per token it returns). A segment
  * that would attend to a position its blocks have not been written at in this session is
  * refused (PS_ERR_PROTOCOL), as is a block outside the pool. */
 ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_result *res, int *n_res, char *err,

@@ -11,8 +11,9 @@ struct ps_stage {
     ps_ctx_params cp;  /* of ctx */
     int max_mb;        /* rows a micro-batch may carry */
     int max_segs;      /* segments a micro-batch may carry */
+    int max_draft;     /* draft tokens a segment may carry */
     float *x_out;      /* (max_mb, dim) activations for the next stage */
-    float *logits;     /* (max_segs, vocab) last stage: the logits of the sampled rows */
+    float *logits;     /* (ps_mb_max_results, vocab) last stage: the logits of the sampled rows */
     const float *last; /* the latest sampled segment's row of logits */
     uint8_t *filled;   /* (n_blocks) positions of each block written in this session (0..PS_KV_BLOCK) */
     int32_t *tok;      /* (n_blocks, PS_KV_BLOCK) last stage: the token at each position, for the penalties */

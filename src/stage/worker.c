@@ -88,7 +88,8 @@ struct worker {
     uint32_t done_mb;               /* the latest micro-batch finished */
     ps_mb mb;                       /* the one being run */
     ps_mb_seg segs[PS_MB_MAX_SEGS]; /* its segments */
-    ps_result res[PS_MB_MAX_SEGS];  /* last stage: what it sampled */
+    ps_result *res;                 /* (cap_res) last stage: what it sampled */
+    int cap_res;
     uint64_t session;
     ps_wbuf wb; /* reusable payload buffer */
     char err[512];
@@ -286,7 +287,7 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     char next[256];
     ps_rbuf_str(&r, next, sizeof next);
     cp.n_blocks = ps_rbuf_i32(&r);
-    int max_segs = ps_rbuf_i32(&r);
+    int max_segs = ps_rbuf_i32(&r), max_draft = ps_rbuf_i32(&r);
     if (r.bad || r.off != len || act > PS_ACT_F32 || session == 0)
         return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "malformed SETUP message");
     if (!printable(next))
@@ -318,9 +319,15 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     w->session = w->me.session = session;
     pthread_mutex_unlock(&w->mu);
     w->compute_ms = 0, w->done = false;
-    s = ps_stage_begin(w->stage, &cp, max_mb, max_segs, w->err, sizeof w->err);
+    s = ps_stage_begin(w->stage, &cp, max_mb, max_segs, max_draft, w->err, sizeof w->err);
     if (s) return s;
-    uint32_t limit = ps_mb_max_bytes(w->m->hp.dim, max_mb, max_segs, cp.n_ctx);
+    int max_res = ps_mb_max_results(max_mb, max_segs, max_draft);
+    if (max_res > w->cap_res) {
+        ps_result *res = ps_realloc(w->res, (size_t)max_res * sizeof *res);
+        if (!res) return ps_errf(w->err, sizeof w->err, PS_ERR_NOMEM, "out of memory for %d results", max_res);
+        w->res = res, w->cap_res = max_res;
+    }
+    uint32_t limit = ps_mb_max_bytes(w->m->hp.dim, max_mb, max_segs, max_draft, cp.n_ctx);
     ps_conn_set_max_payload(w->ctrl, limit);
     ps_conn *out = w->ctrl;
     if (!last) {
@@ -748,7 +755,7 @@ static void adopt_peer(worker *w, handshake *h) {
         say(w, "coordinator %s connected", ps_conn_peer(c));
     } else {
         ps_conn_set_max_payload(c, ps_mb_max_bytes(w->m->hp.dim, ps_stage_max_mb(w->stage), ps_stage_max_segs(w->stage),
-                                                   ps_stage_n_ctx(w->stage)));
+                                                   ps_stage_max_draft(w->stage), ps_stage_n_ctx(w->stage)));
         pthread_mutex_lock(&w->mu);
         w->in = c;
         pthread_mutex_unlock(&w->mu);
@@ -963,6 +970,7 @@ out:
     for (int i = 0; i < 2; i++)
         if (w.hs_pipe[i] >= 0) close(w.hs_pipe[i]);
     ps_wbuf_free(&w.wb);
+    free(w.res);
     ps_stage_free(w.stage);
     ps_shard_cache_free(w.cache);
     return s;
