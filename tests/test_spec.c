@@ -54,8 +54,34 @@ static void test_random(void) {
     }
 }
 
+/* --spec-k auto: plain first, then a trip of 2 guesses, then the K the measurements favour. */
+static void test_auto(void) {
+    ps_spec_auto a = {0};
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 10), 0); /* nothing measured: a plain trip */
+    ps_spec_auto_add(&a, 0, 0, 0.100);
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 10), 2); /* no guess tried yet */
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 1), 1);
+    /* a hop-bound ring: guesses cost 1 ms each on a 100 ms trip, and 9 in 10 are kept: many */
+    ps_spec_auto good = a;
+    for (int i = 0; i < 50; i++) ps_spec_auto_add(&good, 8, i % 10 ? 8 : 3, 0.108);
+    PS_CHECK(ps_spec_auto_k(&good, 10) >= 6);
+    /* guesses never kept: plain decoding, and after 16 plain trips a trip of 2 measures again */
+    ps_spec_auto bad = a;
+    for (int i = 0; i < 30; i++) ps_spec_auto_add(&bad, 2, 0, 0.110);
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&bad, 10), 0);
+    for (int i = 0; i < 15; i++) ps_spec_auto_add(&bad, 0, 0, 0.100);
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&bad, 10), 0);
+    ps_spec_auto_add(&bad, 0, 0, 0.100);
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&bad, 10), 2);
+    /* compute-bound: each guess costs as much as the trip, half are kept: no K pays */
+    ps_spec_auto dear = a;
+    for (int i = 0; i < 30; i++) ps_spec_auto_add(&dear, 2, i % 2 ? 2 : 0, 0.300);
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&dear, 10), 0);
+}
+
 int main(void) {
     test_cases();
     test_random();
+    test_auto();
     return ps_test_done();
 }

@@ -2,9 +2,9 @@
 """test_spec.py - speculative decoding in `pipeshard run` (`--spec ngram --spec-k K`): the guesses
 of prompt lookup checked by the last stage in one trip around the ring.
 
-  1. The tokens are those of plain decoding, exactly: for K = 1..10 on 1, 2 and 3 stages, greedy
+  1. The tokens are those of plain decoding, exactly: for K = 1..10 and auto on 1, 2 and 3 stages, greedy
      and seeded (temperature 0.8), with the prompt in one micro-batch and chunked
-     (--prefill-chunk), on stories260K (../shared/models); K = 1, 4 and 10 on 1 and 2 stages on
+     (--prefill-chunk), on stories260K (../shared/models); K = 1, 4, 10 and auto on 1 and 2 stages on
      SmolLM2-135M-Instruct (.cache/models). A repetitive prompt makes the guesses land: the
      --stats line's spec figures must show guesses kept (more than one token per trip) and add
      up (kept <= drafted <= K x trips).
@@ -49,7 +49,8 @@ def case_exact(model, name, ks, stages, chunked):
                     ids, st = run(model, fleet + sampling + chunk + ["--spec", "ngram", "--spec-k", str(k)])
                     check(ids == plain, f"{what}: {ids} differ from plain decoding's {plain}")
                     sp = st.get("spec", {})
-                    check(sp.get("k") == k and sp["kept"] <= sp["drafted"] <= k * sp["trips"] and
+                    most = 10 if k == "auto" else k
+                    check(sp.get("k") == k and sp["kept"] <= sp["drafted"] <= most * sp["trips"] and
                           st["generated_tokens"] == len(ids), f"{what}: stats {st}")
                     kept += sp.get("kept", 0)
     check(kept > 0, f"{name}: no guess was ever kept")
@@ -77,13 +78,13 @@ def main():
     tmp = tmpdir("spec-")
     ran = False
     if os.path.exists(STORIES):
-        case_exact(STORIES, "stories260K", list(range(1, 11)), [1, 2, 3], True)
+        case_exact(STORIES, "stories260K", list(range(1, 11)) + ["auto"], [1, 2, 3], True)
         case_usage(STORIES)
         ran = True
     else:
         skip(f"stories260K: {STORIES} is absent")
     if os.path.exists(SMOL):
-        case_exact(SMOL, "SmolLM2-135M", [1, 4, 10], [1, 2], False)
+        case_exact(SMOL, "SmolLM2-135M", [1, 4, 10, "auto"], [1, 2], False)
         if not ran:
             case_usage(SMOL)
     else:

@@ -101,7 +101,9 @@ static void run_usage(FILE *f) {
           "                          have sampled itself (the same tokens, greedy or seeded, in fewer trips);\n"
           "                          ngram guesses what followed the latest earlier occurrence of the text's\n"
           "                          last 1-4 tokens (prompt lookup: no draft model)\n"
-          "  --spec-k K              guesses per trip, 1 to 16 (default 4)\n",
+          "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): per trip, the K\n"
+          "                          (up to 10) that the measured acceptance and trip times say gives\n"
+          "                          the most tokens per second, and plain decoding when none pays\n",
           f);
 }
 
@@ -204,6 +206,8 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     }
     case O_SPEC_K:
         o->spec_k_set = true;
+        if (!strcmp(v, "auto")) return o->spec.k = PS_SPEC_AUTO_MAX, o->spec.auto_k = true;
+        o->spec.auto_k = false;
         return ps_arg_int(cmd, flag, v, 1, PS_MAX_DRAFT, &i) && ((o->spec.k = (int)i), true);
     case O_ACT:
         if (!ps_act_from_name(v, &o->act)) return true;
@@ -293,7 +297,7 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
                     .local_stages = 1,
                     .timeout_ms = 60000,
                     .gp = ps_gen_params_default(),
-                    .spec = {.k = 4}};
+                    .spec = {.k = PS_SPEC_AUTO_MAX, .auto_k = true}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return run_usage(stdout), 0;
@@ -708,7 +712,10 @@ static void print_stats(const run_state *st) {
     if (st->o->spec.kind) { /* speculation: how the guesses fared */
         cJSON *sp = cJSON_AddObjectToObject(j, "spec");
         cJSON_AddStringToObject(sp, "draft", ps_spec_kind_name(st->o->spec.kind));
-        cJSON_AddNumberToObject(sp, "k", st->o->spec.k);
+        if (st->o->spec.auto_k)
+            cJSON_AddStringToObject(sp, "k", "auto");
+        else
+            cJSON_AddNumberToObject(sp, "k", st->o->spec.k);
         cJSON_AddNumberToObject(sp, "trips", ss.n_trips);
         cJSON_AddNumberToObject(sp, "drafted", ss.n_drafted);
         cJSON_AddNumberToObject(sp, "kept", ss.n_kept);

@@ -29,6 +29,7 @@ struct ps_session {
     int32_t got[PS_MAX_DRAFT + 1];  /* the tokens of the latest trip not yet returned */
     int n_got, i_got;               /* got[i_got..n_got) are still to come */
     int n_trips, n_drafted, n_kept; /* speculative trips, guesses sent, guesses kept */
+    ps_spec_auto auto_k;            /* --spec-k auto's measurements */
 };
 
 const char *ps_stop_reason_name(ps_stop_reason r) {
@@ -81,6 +82,7 @@ static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, cha
     s->n_decode = 0;
     s->n_got = s->i_got = 0;
     s->n_trips = s->n_drafted = s->n_kept = 0;
+    s->auto_k = (ps_spec_auto){0};
     if (s->stream) ps_tok_stream_reset(s->stream);
     return PS_OK;
 }
@@ -189,10 +191,11 @@ ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, s
     return PS_OK;
 }
 
-/* How many guesses the next trip carries: what the draft source finds, at most spec.k, within
- * the context and the tokens still to generate; into d. */
+/* How many guesses the next trip carries: what the draft source finds, at most spec.k (with
+ * auto, the K it picks), within the context and the tokens still to generate; into d. */
 static int draft(ps_session *s, int32_t *d) {
-    int k = s->spec.k, room = s->n_ctx - s->n_toks; /* the last guess at position n_toks - 1 + k */
+    int k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
+    int room = s->n_ctx - s->n_toks; /* the last guess at position n_toks - 1 + k */
     int64_t left = s->gp.n_predict < 0 ? k : s->gp.n_predict - (s->n_toks - s->n_prompt) - 1;
     if (k > room) k = room;
     if (k > left) k = (int)left;
@@ -231,8 +234,10 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         s->ttft_s = ps_now() - t0;
         s->started = true;
     } else {
-        s->decode_s += ps_now() - t0;
+        double t = ps_now() - t0;
+        s->decode_s += t;
         s->n_decode += s->n_got;
+        ps_spec_auto_add(&s->auto_k, n_draft, s->n_got - 1, t);
     }
     return sample_next(s, tok, err, errlen);
 }

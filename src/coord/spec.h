@@ -8,6 +8,7 @@
 #ifndef PS_COORD_SPEC_H
 #define PS_COORD_SPEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../ps.h"
@@ -19,11 +20,32 @@ typedef enum {
 
 #define PS_SPEC_NGRAM_MAX 4 /* the longest n-gram prompt lookup matches */
 
+#define PS_SPEC_AUTO_MAX 10 /* the most guesses per trip --spec-k auto tries */
+
 /* Speculation of a generation. */
 typedef struct {
     ps_spec_kind kind;
-    int k; /* guesses per trip, 1..PS_MAX_DRAFT (stage.h) */
+    int k;       /* guesses per trip, 1..PS_MAX_DRAFT (stage.h); with auto, the most */
+    bool auto_k; /* choose K per trip (ps_spec_auto) */
 } ps_spec_opts;
+
+/* --spec-k auto: K per trip from what the trips so far measured. A guess is kept with
+ * probability a (estimated from the trips: guesses kept, and trips that stopped at a wrong
+ * one, decayed so that a change of text shows), so a trip of K guesses gives
+ * (1 - a^(K+1)) / (1 - a) tokens on average; it costs the plain trip's time plus K times a
+ * guess's (both measured). K is the one that gives the most tokens per second, 0 (plain
+ * decoding) when no K pays; after 16 plain trips in a row a trip of 2 guesses measures
+ * again. */
+typedef struct {
+    double kept, stopped;  /* decayed: guesses kept; trips that stopped at a wrong guess */
+    double t_plain, t_row; /* seconds: a plain trip; what each guess adds to one (EMAs; 0 = not yet) */
+    int plain_run;         /* plain trips in a row */
+} ps_spec_auto;
+
+/* The K for the next trip (0..k_max; 0: plain). */
+int ps_spec_auto_k(const ps_spec_auto *a, int k_max);
+/* Records a trip of k guesses (0: plain) that kept `kept` of them in `seconds`. */
+void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds);
 
 /* Prompt lookup: finds the latest earlier occurrence of the sequence's last n tokens (n from
  * PS_SPEC_NGRAM_MAX down to 1; the longest that occurred wins) and copies up to k of the

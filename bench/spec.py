@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""spec.py - speculative decoding against plain decoding, side by side in one run: decode tok/s,
+acceptance and tokens per trip for each K at each emulated hop latency.
+
+  bench/spec.py --model FILE [--stages 2,3] [--latency 0,10,50,100] [--k 1,2,4,6,8,10]
+                [--tokens 96] [--threads 1] [--prompts code,prose] [--rounds 2] [--json FILE]
+
+For each stage count and latency, `pipeshard run -m FILE --local-stages N --pin -t THREADS
+--sim-latency-ms L --temp 0 -n TOKENS --stats` runs plain and with `--spec ngram --spec-k K`
+for each K, in turns (plain, K1, K2, ..., then again for --rounds rounds, so that a machine
+whose speed drifts slows every configuration alike), on each prompt. Printed per row: the
+median decode tok/s, its ratio to plain's (median of the rounds' ratios, with their min..max),
+the acceptance (guesses kept / guesses sent) and the mean tokens per trip. Greedy, so every
+configuration must print the same ids: a row whose ids differ from plain's is marked WRONG.
+Needs stages x threads cores (one pinned core per stage thread).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("PIPESHARD_BIN", os.path.join(ROOT, "build", "pipeshard"))
+PROMPTS = {
+    "code": ("def add_user(db, name, email):\n    user = {\"name\": name, \"email\": email}\n"
+             "    db.insert(\"users\", user)\n    return user\n\n\ndef add_order(db, user, item, price):\n"
+             "    order = {\"user\": user, \"item\": item, \"price\": price}\n    db.insert(\"orders\", order)\n"
+             "    return order\n\n\ndef add_"),
+    "prose": ("The lighthouse keeper climbed the stairs every evening. At the top of the stairs he lit the lamp, "
+              "and the lamp turned all night. Every morning he climbed the stairs again and put out the lamp. "
+              "One evening, when the keeper climbed the stairs,"),
+}
+
+
+def run(a, model, stages, latency, prompt, extra):
+    cmd = [BIN, "run", "-m", model, "--mmap", "--pin", "-t", str(a.threads), "-c", "1024", "-n", str(a.tokens),
+           "--temp", "0", "--ignore-eos", "--print-ids", "--stats", "-p", prompt,
+           "--sim-latency-ms", str(latency), *extra]
+    if stages > 1:
+        cmd += ["--local-stages", str(stages)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode:
+        sys.exit(f"spec.py: {' '.join(cmd)}: exit {p.returncode}: {p.stderr[-600:]}")
+    return p.stdout.split(), json.loads(p.stderr.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--stages", default="2,3")
+    ap.add_argument("--latency", default="0,10,50,100")
+    ap.add_argument("--k", default="1,2,4,6,8,10")
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompts", default="code,prose")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    ks = [int(k) for k in a.k.split(",") if k != "auto"]
+    rows = []
+    print(f"{'prompt':6} {'stages':>6} {'ms/hop':>6} {'config':>8} {'tok/s':>8} {'ratio':>6} {'min..max':>12} "
+          f"{'accept':>7} {'tok/trip':>8}")
+    for prompt in a.prompts.split(","):
+        for stages in [int(s) for s in a.stages.split(",")]:
+            for latency in [float(x) for x in a.latency.split(",")]:
+                configs = [("plain", [])] + [(f"K={k}", ["--spec", "ngram", "--spec-k", str(k)]) for k in ks] + [("auto", ["--spec", "ngram"])]
+                got = {name: [] for name, _ in configs}
+                ids0 = None
+                for _ in range(a.rounds):
+                    for name, extra in configs:
+                        ids, st = run(a, a.model, stages, latency, PROMPTS[prompt], extra)
+                        ids0 = ids0 or ids
+                        got[name].append((st, ids == ids0))
+                plain = [st["decode_tok_s"] for st, _ in got["plain"]]
+                for name, _ in configs:
+                    tps = [st["decode_tok_s"] for st, _ in got[name]]
+                    ratios = [t / p for t, p in zip(tps, plain)]
+                    sp = [st.get("spec", {}) for st, _ in got[name]]
+                    acc = statistics.median([s.get("acceptance", 0) for s in sp]) if name != "plain" else float("nan")
+                    tpt = statistics.median([s.get("tokens_per_trip", 1) for s in sp]) if name != "plain" else 1.0
+                    ok = all(same for _, same in got[name])
+                    row = dict(prompt=prompt, stages=stages, latency_ms=latency, config=name,
+                               tok_s=statistics.median(tps), ratio=statistics.median(ratios), ratio_min=min(ratios),
+                               ratio_max=max(ratios), acceptance=acc, tokens_per_trip=tpt, same_ids=ok)
+                    rows.append(row)
+                    print(f"{prompt:6} {stages:>6} {latency:>6g} {name:>8} {row['tok_s']:>8.2f} {row['ratio']:>6.2f} "
+                          f"{row['ratio_min']:>5.2f}..{row['ratio_max']:<5.2f} {acc:>7.2f} {tpt:>8.2f}"
+                          f"{'' if ok else '  WRONG: ids differ from plain'}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
