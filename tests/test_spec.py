@@ -8,9 +8,13 @@ of prompt lookup checked by the last stage in one trip around the ring.
      SmolLM2-135M-Instruct (.cache/models). A repetitive prompt makes the guesses land: the
      --stats line's spec figures must show guesses kept (more than one token per trip) and add
      up (kept <= drafted <= K x trips).
-  2. Usage errors: --spec-k 0 and 17, an unknown draft source, --spec-k without --spec, --spec
-     with --dump-logits, `serve` and `chat` with --spec: exit 2 with a line that says why.
+  2. `serve --spec ngram` on 2 stages (SmolLM2): 8 requests at once, greedy and seeded, each with
+     the top-2 log-probabilities of every token, get exactly the answers of a server without
+     --spec; /metrics counts the trips, the guesses sent and kept.
+  3. Usage errors: --spec-k 0 and 17, an unknown draft source, --spec-k without --spec, --spec
+     with --dump-logits, `chat` with --spec: exit 2 with a line that says why.
 """
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -19,6 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pstest import check, conclude, require, skip, tmpdir  # noqa: E402
+from psserve import Server  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 STORIES = os.path.join(os.environ.get("PS_SHARED_MODELS", "../shared/models"), "stories260K.gguf")
@@ -66,11 +71,39 @@ def case_usage(model):
                         (["--spec", "ngram", "--dump-logits", "/dev/null"], "does not go with --spec")):
         p = subprocess.run([BIN, "run", "-m", model, "-p", "x", *args], capture_output=True, text=True, timeout=60)
         check(p.returncode == 2 and words in p.stderr, f"run {args}: exit {p.returncode}, {p.stderr.strip()!r}")
-    for cmd in ("serve", "chat"):
-        p = subprocess.run([BIN, cmd, "-m", model, "--spec", "ngram"], capture_output=True, text=True, timeout=60,
-                           stdin=subprocess.DEVNULL)
-        check(p.returncode == 2 and "--spec" in p.stderr, f"{cmd} --spec: exit {p.returncode}, {p.stderr.strip()!r}")
+    p = subprocess.run([BIN, "chat", "-m", model, "--spec", "ngram"], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    check(p.returncode == 2 and "--spec" in p.stderr, f"chat --spec: exit {p.returncode}, {p.stderr.strip()!r}")
     print("  ok: usage errors")
+
+
+CODE = ("def add_user(db, name):\n    db.insert(\"users\", name)\n\ndef add_order(db, order):\n"
+        "    db.insert(\"orders\", order)\n\ndef add_")
+
+
+def case_serve(tmp, model):
+    def ask(s, i):
+        sampling = {"temperature": 0} if i % 2 == 0 else {"temperature": 0.8, "seed": i}
+        prompt = CODE if i % 4 < 2 else PROMPT
+        st, _, data = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "logprobs": 2,
+                                                             **sampling})
+        require(st == 200, f"{s.name}: {st} {data[:300]!r}")
+        c = json.loads(data)["choices"][0]
+        return c["text"], c["logprobs"]
+    common = ["-m", model, "--mmap", "-c", "512", "--parallel", "8", "--local-stages", "2", "-t", "1"]
+    with Server(common, "plain", tmp) as s:
+        want = [ask(s, i) for i in range(8)]
+    with Server(common + ["--spec", "ngram"], "spec", tmp) as s:
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda i: ask(s, i), range(8)))
+        m = s.metrics()
+    for i in range(8):
+        check(got[i] == want[i], f"serve --spec: request {i}: {got[i][0]!r} differs from plain's {want[i][0]!r} "
+              "(or its log-probabilities do)")
+    trips, kept = m["pipeshard_spec_trips_total"], m["pipeshard_spec_kept_tokens_total"]
+    check(trips > 0 and 0 < kept <= m["pipeshard_spec_drafted_tokens_total"], f"serve --spec: metrics {m}")
+    print(f"  ok: serve --spec on 2 stages: 8 requests at once got plain decoding's answers and log-probabilities "
+          f"({trips:.0f} trips, {kept:.0f} guesses kept)")
 
 
 def main():
@@ -85,6 +118,7 @@ def main():
         skip(f"stories260K: {STORIES} is absent")
     if os.path.exists(SMOL):
         case_exact(SMOL, "SmolLM2-135M", [1, 4, 10, "auto"], [1, 2], False)
+        case_serve(tmp, SMOL)
         if not ran:
             case_usage(SMOL)
     else:

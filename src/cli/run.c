@@ -312,8 +312,8 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         const char *v = ps_arg_value(cmd, argc, argv, &i);
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
     }
-    if (mode != PS_RUN_RUN && o->spec.kind) {
-        fprintf(stderr, "pipeshard %s: --spec speculates in `pipeshard run` only, so far\n", cmd);
+    if (mode == PS_RUN_CHAT && o->spec.kind) {
+        fprintf(stderr, "pipeshard chat: --spec speculates in `run` and `serve` only, so far\n");
         return 2;
     }
     if (mode == PS_RUN_SERVE && o->given) {

@@ -48,6 +48,11 @@ static void serve_usage(FILE *f) {
                "                          from (default $PIPESHARD_CACHE/prefixes, else\n"
                "                          $XDG_CACHE_HOME/pipeshard/prefixes, else ~/.cache/pipeshard/prefixes;\n"
                "                          none with PIPESHARD_CACHE=off)\n"
+               "  --spec ngram            speculative decoding of every request: each trip around the ring\n"
+               "                          carries prompt lookup's guesses of the next tokens and the last stage\n"
+               "                          keeps those it samples itself (the same text, in fewer trips)\n"
+               "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (default: per sequence, the K up\n"
+               "                          to 10 that pays most, or none)\n"
                "  --chat-template NAME    chat template family for every chat request (chatml, llama2, llama3,\n"
                "                          mistral, gemma, phi3, zephyr; default: the model's own)\n");
     ps_run_usage_launch(f);
@@ -109,7 +114,8 @@ int ps_cli_serve(int argc, char **argv) {
     ps_sched_opts sco = {.parallel = (int)so.parallel,
                          .queue_max = (int)so.queue,
                          .prefix_cache = so.prefix_cache,
-                         .prefix_dir = so.prefix_cache ? so.prefix_dir : NULL};
+                         .prefix_dir = so.prefix_cache ? so.prefix_dir : NULL,
+                         .spec = o.spec};
     ps_server_opts svo = {.host = so.host,
                           .port = (int)so.port,
                           .api_key_file = so.api_key_file,

@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "../kv/prefix.h"
+#include "spec.h"
 
 const double ps_sched_hist_bounds[PS_SCHED_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                             0.25,  0.5,    1,     2.5,  5,     10,   INFINITY};
@@ -60,11 +61,15 @@ typedef struct seq {
     bool in_flight; /* its next token is on the way */
     ps_tok_stream *stream;
     ps_gen_params gp;
-    ps_stop *stop;   /* the stop strings' matcher */
-    int top_n;       /* -1: no log-probabilities */
-    bool capture;    /* a capture (ps_sched_request.capture) */
-    bool saving;     /* ... whose prompt has run: its blocks are to be saved */
-    uint64_t prefix; /* ... the id of the prefix it saved */
+    ps_stop *stop;                   /* the stop strings' matcher */
+    int top_n;                       /* -1: no log-probabilities */
+    bool capture;                    /* a capture (ps_sched_request.capture) */
+    bool saving;                     /* ... whose prompt has run: its blocks are to be saved */
+    uint64_t prefix;                 /* ... the id of the prefix it saved */
+    int32_t guess[PS_MAX_DRAFT + 1]; /* speculating: the token before, then the guesses in flight */
+    int n_guess, guess_pos;          /* how many guesses, and the position of the first */
+    double t_sent;                   /* when its latest trip was sent (ps_now) */
+    ps_spec_auto auto_k;             /* --spec-k auto's measurements */
     ps_sched_cb cb;
     void *ctx;
     atomic_bool cancelled;
@@ -329,6 +334,8 @@ static ps_stop_reason emit_token(ps_sched *s, seq *q, const ps_result *r, const 
  * context, or a stop string; else q goes on. */
 static void on_token(ps_sched *s, seq *q, const ps_result *r) {
     q->in_flight = false;
+    int g = r->pos - q->guess_pos; /* a guess the last stage kept: its keys and values are on every stage */
+    if (g >= 0 && g < q->n_guess && r->token == q->guess[1 + g]) q->n_done = r->pos + 1;
     if (atomic_load(&q->cancelled)) return finish(s, q, PS_STOP_CANCELLED, PS_OK, NULL);
     if (q->capture) { /* its prompt is on every stage: saved once nothing is in flight (round_once) */
         q->saving = true;
@@ -407,9 +414,11 @@ static void lose_kv(ps_sched *s) {
     memset(s->group_busy, 0, sizeof s->group_busy);
     memset(s->group_load, 0, sizeof s->group_load);
     ps_kv_reset(s->kv);
-    s->kv_lost = s->n_pfx > 0;         /* the captured prefixes are restored once the fleet is back */
-    for (int i = 0; i < s->n_run; i++) /* a capture saves what the new session computes */
-        s->run[i]->n_table = 0, s->run[i]->in_flight = s->run[i]->saving = false;
+    s->kv_lost = s->n_pfx > 0;           /* the captured prefixes are restored once the fleet is back */
+    for (int i = 0; i < s->n_run; i++) { /* a capture saves what the new session computes */
+        seq *q = s->run[i];
+        q->n_table = q->n_guess = 0, q->in_flight = q->saving = false;
+    }
     for (int i = 0; i < s->n_run; i++) admit(s, s->run[i]); /* the book is empty: they all fit again */
 }
 
@@ -429,6 +438,30 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
         finish(s, q, PS_STOP_NONE, st, err);
     }
     s->fails = 0;
+}
+
+/* The guesses of q's next trip into q->guess (after the token before), at most room of them:
+ * what prompt lookup finds, at most the K of --spec-k (or auto's), within q's blocks and the
+ * tokens it may still generate. */
+static int draft(ps_sched *s, seq *q, int room) {
+    int k = s->o.spec.auto_k ? ps_spec_auto_k(&q->auto_k, s->o.spec.k) : s->o.spec.k;
+    int64_t left = q->gp.n_predict < 0 ? k : q->gp.n_predict - (q->n_toks - q->n_prompt) - 1;
+    int fit = q->n_max - q->n_toks; /* the last guess at position n_toks - 1 + k, within n_max */
+    k = k < room ? k : room;
+    k = k < fit ? k : fit;
+    if (k > left) k = (int)left;
+    q->guess[0] = q->toks[q->n_done];
+    return k > 0 ? ps_spec_ngram(q->toks, q->n_toks, k, q->guess + 1) : 0;
+}
+
+/* A trip of q's came back with n tokens: --spec-k auto learns from it, the metrics count it. */
+static void note_trip(ps_sched *s, seq *q, int n) {
+    if (!s->o.spec.kind) return;
+    ps_spec_auto_add(&q->auto_k, q->n_guess, n - 1, ps_now() - q->t_sent);
+    if (!q->n_guess) return;
+    pthread_mutex_lock(&s->mu);
+    s->m.spec_trips++, s->m.spec_drafted += (uint64_t)q->n_guess, s->m.spec_kept += (uint64_t)(n - 1);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* Sends the next micro-batch of group g: one row for each of its sequences that decodes, then
@@ -454,17 +487,20 @@ static bool send_group(ps_sched *s, int g) {
             int left = q->n_toks - q->n_done;
             if (q->group != g || q->in_flight || !q->n_table || left < 1 || (pass == 0) != (left == 1)) continue;
             int n = left < max_rows - rows ? left : max_rows - rows;
+            q->n_guess = pass == 0 && s->o.spec.kind ? draft(s, q, max_rows - rows - 1) : 0;
+            q->guess_pos = q->n_done + 1;
             s->sent[n_segs] = q;
             s->segs[n_segs++] = (ps_coord_seg){.seq = q->id,
                                                .pos = q->n_done,
-                                               .n = n,
-                                               .tokens = q->toks + q->n_done,
+                                               .n = n + q->n_guess,
+                                               .n_draft = q->n_guess,
+                                               .tokens = q->n_guess ? q->guess : q->toks + q->n_done,
                                                .blocks = q->table,
                                                .n_blocks = q->n_table,
                                                .sample = n == left,
                                                .n_top = n == left ? q->top_n : -1,
                                                .sp = q->gp.sp};
-            rows += n;
+            rows += n + q->n_guess;
             sample |= n == left;
         }
     }
@@ -476,14 +512,23 @@ static bool send_group(ps_sched *s, int g) {
         fleet_failed(s, st, err);
         return true;
     }
+    double now = ps_now();
     for (int k = 0; k < n_segs; k++) {
         seq *q = s->sent[k];
-        q->n_done += s->segs[k].n;
+        q->n_done += s->segs[k].n - s->segs[k].n_draft; /* a guess counts once the last stage keeps it */
+        q->t_sent = now;
         q->in_flight = s->segs[k].sample;
         ps_kv_seq_publish(s->kv, q->table, q->toks, q->n_done);
     }
     if (sample) s->group_busy[g] = true, s->pend_group[s->n_pend++] = g;
     return true;
+}
+
+/* The running sequence of id, or NULL (it ended). */
+static seq *running(ps_sched *s, uint64_t id) {
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i]->id == id) return s->run[i];
+    return NULL;
 }
 
 /* Receives the tokens of the oldest micro-batch in flight and hands them to their sequences. */
@@ -495,12 +540,12 @@ static void receive(ps_sched *s) {
     s->fails = 0;
     s->group_busy[s->pend_group[0]] = false;
     memmove(s->pend_group, s->pend_group + 1, (size_t)--s->n_pend * sizeof *s->pend_group);
-    for (int k = 0; k < n_res; k++)
-        for (int i = 0; i < s->n_run; i++)
-            if (s->run[i]->id == s->res[k].seq) {
-                on_token(s, s->run[i], &s->res[k]);
-                break;
-            }
+    for (int k = 0, e; k < n_res; k = e) { /* a sequence's results in a row: a trip's tokens, in order */
+        for (e = k + 1; e < n_res && s->res[e].seq == s->res[k].seq;) e++;
+        seq *q = running(s, s->res[k].seq);
+        if (q) note_trip(s, q, e - k);
+        for (int j = k; j < e && (q = running(s, s->res[k].seq)); j++) on_token(s, q, &s->res[j]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -720,6 +765,9 @@ ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, 
     if (o->parallel > ps_coord_max_segs(c))
         return ps_errf(err, errlen, PS_ERR_ARG, "%d sequences at once, but the fleet was set up for %d", o->parallel,
                        ps_coord_max_segs(c));
+    if (o->spec.kind && (o->spec.k < 1 || o->spec.k > ps_coord_max_draft(c)))
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d guesses per trip, but the fleet was set up for %d", o->spec.k,
+                       ps_coord_max_draft(c));
     ps_sched *s = ps_calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     s->launch = l, s->coord = c, s->tok = ps_launch_tok(l), s->o = *o;
@@ -730,7 +778,7 @@ ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, 
     s->run = ps_calloc((size_t)o->parallel, sizeof *s->run);
     s->segs = ps_calloc((size_t)o->parallel, sizeof *s->segs);
     s->sent = ps_calloc((size_t)o->parallel, sizeof *s->sent);
-    s->res = ps_calloc((size_t)ps_coord_max_segs(c), sizeof *s->res);
+    s->res = ps_calloc((size_t)ps_coord_max_results(c), sizeof *s->res);
     ps_status st =
         !s->run || !s->segs || !s->sent || !s->res ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory") : PS_OK;
     if (!st) st = ps_kv_create(ps_coord_n_blocks(c), o->prefix_cache, &s->kv, err, errlen);

@@ -24,6 +24,7 @@
 
 #include "launch.h"
 #include "session.h"
+#include "spec.h"
 #include "stop.h"
 #include "../kv/kv.h"
 
@@ -35,6 +36,7 @@ typedef struct {
     int queue_max;          /* requests that may wait (>= 0); one more is PS_ERR_BUSY */
     bool prefix_cache;      /* keep full KV blocks of ended sequences and share them with later prompts
                           that start the same (a chat's earlier turns, a system prompt: kv.h) */
+    ps_spec_opts spec;      /* speculative decoding of every sequence (spec.h; kind PS_SPEC_OFF: none) */
     const char *prefix_dir; /* with the prefix cache: where captured prefixes are kept (stage 0's
                                files and the records, kv/prefix.h; the workers keep theirs in
                                their --prefix-dir), restored at the start and after a fleet
@@ -144,6 +146,9 @@ typedef struct {
     uint64_t ended[PS_STOP_REASON_COUNT]; /* requests done, by stop reason; [PS_STOP_NONE]: failed */
     uint64_t prompt_tokens, generated_tokens;
     uint64_t cached_tokens; /* prompt tokens the prefix cache saved */
+    uint64_t spec_trips;    /* speculating: trips that carried guesses */
+    uint64_t spec_drafted;  /* ... the guesses they carried */
+    uint64_t spec_kept;     /* ... and those the last stage kept */
     uint64_t prefix_hits;   /* requests that reused at least one token */
     ps_sched_hist ttft;     /* submit to first token */
     ps_sched_hist itl;      /* between consecutive tokens of a sequence */

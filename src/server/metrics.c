@@ -86,6 +86,17 @@ void sv_metrics_text(ps_server *sv, sv_buf *b) {
     single(b, "pipeshard_kv_blocks_cached", "gauge", "KV cache blocks kept for the prefix cache", m.kv_blocks_cached);
     single(b, "pipeshard_kv_blocks_free", "gauge", "KV cache blocks free",
            m.kv_blocks_total - m.kv_blocks_used - m.kv_blocks_cached);
+    single(b, "pipeshard_spec_trips_total", "counter", "Trips that carried guesses (serve --spec)",
+           (double)m.spec_trips);
+    single(b, "pipeshard_spec_drafted_tokens_total", "counter", "Guesses sent", (double)m.spec_drafted);
+    single(b, "pipeshard_spec_kept_tokens_total", "counter", "Guesses the last stage kept", (double)m.spec_kept);
+    double trips = (double)m.spec_trips;
+    single(b, "pipeshard_spec_acceptance", "gauge", "Guesses kept / guesses sent, since the start",
+           m.spec_drafted ? (double)m.spec_kept / (double)m.spec_drafted : 0);
+    single(b, "pipeshard_spec_tokens_per_trip", "gauge", "Tokens per trip that carried guesses, since the start",
+           trips ? ((double)m.spec_kept + trips) / trips : 0);
+    single(b, "pipeshard_spec_k_mean", "gauge", "Guesses per trip that carried guesses (the K in use), since the start",
+           trips ? (double)m.spec_drafted / trips : 0);
     histogram(b, "pipeshard_time_to_first_token_seconds", "From a request's arrival to its first token", &m.ttft);
     histogram(b, "pipeshard_inter_token_seconds", "Between consecutive tokens of a sequence", &m.itl);
     fleet(b, &m.coord);
