@@ -2,12 +2,13 @@
 """spec.py - speculative decoding against plain decoding, side by side in one run: decode tok/s,
 acceptance and tokens per trip for each K at each emulated hop latency.
 
-  bench/spec.py --model FILE [--stages 2,3] [--latency 0,10,50,100] [--k 1,2,4,6,8,10]
-                [--tokens 96] [--threads 1] [--prompts code,prose] [--rounds 2] [--json FILE]
+  bench/spec.py --model FILE [--draft FILE [--draft-threads N]] [--stages 2,3] [--latency 0,10,50,100]
+                [--k 1,2,4,6,8,10] [--tokens 96] [--threads 1] [--prompts code,prose] [--rounds 2]
+                [--json FILE]
 
 For each stage count and latency, `pipeshard run -m FILE --local-stages N --pin -t THREADS
 --sim-latency-ms L --temp 0 -n TOKENS --stats` runs plain and with `--spec ngram --spec-k K`
-for each K, in turns (plain, K1, K2, ..., then again for --rounds rounds, so that a machine
+for each K (with --draft, `--draft FILE --spec-k K` instead), in turns (plain, K1, K2, ..., then again for --rounds rounds, so that a machine
 whose speed drifts slows every configuration alike), on each prompt. Printed per row: the
 median decode tok/s, its ratio to plain's (median of the rounds' ratios, with their min..max),
 the acceptance (guesses kept / guesses sent) and the mean tokens per trip. Greedy, so every
@@ -49,6 +50,8 @@ def run(a, model, stages, latency, prompt, extra):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--draft-threads", type=int, default=1)
     ap.add_argument("--stages", default="2,3")
     ap.add_argument("--latency", default="0,10,50,100")
     ap.add_argument("--k", default="1,2,4,6,8,10")
@@ -65,7 +68,9 @@ def main():
     for prompt in a.prompts.split(","):
         for stages in [int(s) for s in a.stages.split(",")]:
             for latency in [float(x) for x in a.latency.split(",")]:
-                configs = [("plain", [])] + [(f"K={k}", ["--spec", "ngram", "--spec-k", str(k)]) for k in ks] + [("auto", ["--spec", "ngram"])]
+                src = (["--draft", a.draft, "--draft-threads", str(a.draft_threads)] if a.draft else
+                       ["--spec", "ngram"])
+                configs = [("plain", [])] + [(f"K={k}", src + ["--spec-k", str(k)]) for k in ks] + [("auto", src)]
                 got = {name: [] for name, _ in configs}
                 ids0 = None
                 for _ in range(a.rounds):

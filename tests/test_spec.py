@@ -11,9 +11,19 @@ of prompt lookup checked by the last stage in one trip around the ring.
   2. `serve --spec ngram` on 2 stages (SmolLM2): 8 requests at once, greedy and seeded, each with
      the top-2 log-probabilities of every token, get exactly the answers of a server without
      --spec; /metrics counts the trips, the guesses sent and kept.
-  3. Usage errors: --spec-k 0 and 17, an unknown draft source, --spec-k without --spec, --spec
-     with --dump-logits, `chat` with --spec: exit 2 with a line that says why.
+  3. A draft model (--draft): stories260K drafting for itself keeps every guess (greedy), and a
+     synthetic model with the target's vocabulary but other weights keeps almost none; both give
+     plain decoding's ids, for K = 1, 3, 10 and auto on 1, 2 and 3 stages, greedy and seeded.
+     Another vocabulary is refused naming the first difference (the sizes, or a token's texts).
+  4. The distribution: 600 seeded draws at temperature 0.25 with the bad draft and with the model
+     drafting for itself, of the first token
+     and of the second given the first, against the target's softmax (from --dump-logits of a
+     plain run): chi-square p-values above 0.001.
+  5. Usage errors: --spec-k 0 and 17, an unknown draft source, --spec-k without --spec, --spec
+     with --dump-logits, --spec with --draft, --draft-threads without --draft, `chat` with
+     --spec, `serve` with --draft: exit 2 with a line that says why.
 """
+import math
 import concurrent.futures
 import json
 import os
@@ -68,13 +78,114 @@ def case_usage(model):
                         (["--spec", "ngram", "--spec-k", "17"], "--spec-k"),
                         (["--spec", "draft-model"], "unknown draft source 'draft-model'"),
                         (["--spec-k", "4"], "--spec-k sets the guesses of --spec"),
-                        (["--spec", "ngram", "--dump-logits", "/dev/null"], "does not go with --spec")):
+                        (["--spec", "ngram", "--dump-logits", "/dev/null"], "does not go with --spec"),
+                        (["--spec", "ngram", "--draft", model], "give one of them"),
+                        (["--draft-threads", "2"], "--draft-threads sets the threads of --draft")):
         p = subprocess.run([BIN, "run", "-m", model, "-p", "x", *args], capture_output=True, text=True, timeout=60)
         check(p.returncode == 2 and words in p.stderr, f"run {args}: exit {p.returncode}, {p.stderr.strip()!r}")
     p = subprocess.run([BIN, "chat", "-m", model, "--spec", "ngram"], capture_output=True, text=True, timeout=60,
                        stdin=subprocess.DEVNULL)
     check(p.returncode == 2 and "--spec" in p.stderr, f"chat --spec: exit {p.returncode}, {p.stderr.strip()!r}")
+    p = subprocess.run([BIN, "serve", "-m", model, "--draft", model], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and "--draft" in p.stderr, f"serve --draft: exit {p.returncode}, {p.stderr.strip()!r}")
     print("  ok: usage errors")
+
+
+def synth(path, seed, extra=()):
+    p = subprocess.run([BIN, "synth", "--like", "tiny", "--layers", "4", "--type", "Q8_0", "--seed", str(seed), "-o",
+                        path, *extra],
+                       capture_output=True, text=True, timeout=120)
+    require(p.returncode == 0, f"synth: {p.stderr[-300:]}")
+    return path
+
+
+def case_draft(tmp):
+    """A draft that is the model (every guess kept) and one of other weights (almost none kept)."""
+    target, bad = synth(os.path.join(tmp, "t.gguf"), 1), synth(os.path.join(tmp, "bad.gguf"), 2)
+    for name, model, draft, want in (("stories260K drafting for itself", STORIES, STORIES, "all"),
+                                     ("a synthetic draft of other weights", target, bad, "few")):
+        if not os.path.exists(model):
+            skip(f"{name}: {model} is absent")
+            continue
+        kept = drafted = 0
+        for n_stages in (1, 2, 3):
+            fleet = ["--local-stages", str(n_stages)] if n_stages > 1 else []
+            for how, sampling in SAMPLING.items():
+                plain, _ = run(model, fleet + sampling)
+                for k in (1, 3, 10, "auto"):
+                    ids, st = run(model, fleet + sampling + ["--draft", draft, "--spec-k", str(k)])
+                    check(ids == plain, f"{name}, {n_stages} stage(s), {how}, K={k}: {ids} differ from {plain}")
+                    sp = st.get("spec", {})
+                    if how == "greedy":
+                        kept, drafted = kept + sp.get("kept", 0), drafted + sp.get("drafted", 0)
+        rate = kept / drafted if drafted else float("nan")
+        check(rate == 1 if want == "all" else rate < 0.2, f"{name}: {kept} of {drafted} greedy guesses kept")
+        print(f"  ok: {name}: plain decoding's ids on 1, 2 and 3 stages, greedy and seeded, K 1, 3, 10 and auto "
+              f"({kept} of {drafted} greedy guesses kept)")
+    other = synth(os.path.join(tmp, "other.gguf"), 1, ["--vocab", "300"])
+    p = subprocess.run([BIN, "run", "-m", target, "-p", "hi", "-n", "2", "--draft", other], capture_output=True,
+                       text=True, timeout=60)
+    check(p.returncode == 2 and "has 300 tokens, the model 512" in p.stderr, f"another vocabulary: {p.stderr!r}")
+    if os.path.exists(STORIES):  # 512 tokens too, other texts
+        p = subprocess.run([BIN, "run", "-m", STORIES, "-p", "hi", "-n", "2", "--draft", target], capture_output=True,
+                           text=True, timeout=60)
+        check(p.returncode == 2 and "does not have the model's vocabulary: token 0 is" in p.stderr,
+              f"another vocabulary of the same size: {p.stderr!r}")
+    print("  ok: a draft of another vocabulary is refused, naming the difference")
+    return target, bad
+
+
+def chi2_p(observed, expected):
+    """The chi-square statistic of counts against expected counts (bins under 5 merged) and its
+    p-value (Wilson-Hilferty's normal approximation)."""
+    obs, exp, o_rest, e_rest = [], [], 0, 0.0
+    for o, e in zip(observed, expected):
+        if e >= 5:
+            obs.append(o), exp.append(e)
+        else:
+            o_rest, e_rest = o_rest + o, e_rest + e
+    if e_rest > 0:
+        obs.append(o_rest), exp.append(e_rest)
+    require(len(obs) >= 3, f"chi-square: only {len(obs)} bins of 5 expected draws or more")
+    x = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+    df = len(obs) - 1
+    z = ((x / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return x, df, 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def case_distribution(tmp, target, draft, name, n=600):
+    """Seeded draws of the first and second tokens with a draft against the softmax."""
+    prompt = ["--prompt-ids", "5,17,42,99,7"]
+    temp = 0.25  # the random model's distribution at temperature 1 is nearly flat: too many bins for 600 draws
+    sampling = ["--temp", str(temp), "--top-k", "0", "--top-p", "1", "--min-p", "0", "--repeat-penalty", "1"]
+
+    def softmax_after(ids):
+        path = os.path.join(tmp, "logits.bin")
+        p = subprocess.run([BIN, "run", "-m", target, "--prompt-ids", ",".join(map(str, ids)), "-n", "1", "--temp",
+                            "0", "--print-ids", "--dump-logits", path], capture_output=True, text=True, timeout=60)
+        require(p.returncode == 0, f"dump-logits: {p.stderr[-300:]}")
+        import numpy as np
+        lg = np.fromfile(path, dtype=np.float32).astype(np.float64) / temp
+        e = np.exp(lg - lg.max())
+        return e / e.sum()
+    firsts, seconds = [], []
+    for seed in range(n):
+        args = [BIN, "run", "-m", target, *prompt, "-n", "2", "--print-ids", *sampling, "--seed", str(seed),
+                "--draft", draft, "--spec-k", "2", "--ignore-eos"]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        require(p.returncode == 0, f"draw {seed}: {p.stderr[-300:]}")
+        a, b = map(int, p.stdout.split())
+        firsts.append(a), seconds.append((a, b))
+    p1 = softmax_after([5, 17, 42, 99, 7])
+    x, df, pv = chi2_p([firsts.count(t) for t in range(len(p1))], [n * q for q in p1])
+    check(pv > 1e-3, f"first token: chi-square {x:.1f} on {df} degrees of freedom, p = {pv:.2g}")
+    top = max(set(firsts), key=firsts.count)  # the second token given the most frequent first one
+    given = [b for a, b in seconds if a == top]
+    p2 = softmax_after([5, 17, 42, 99, 7, top])
+    x2, df2, pv2 = chi2_p([given.count(t) for t in range(len(p2))], [len(given) * q for q in p2])
+    check(pv2 > 1e-3, f"second token: chi-square {x2:.1f} on {df2} degrees of freedom, p = {pv2:.2g}")
+    print(f"  ok: {n} seeded draws with {name}: the first token's chi-square p = {pv:.3f} ({df} df), the "
+          f"second's given the first ({len(given)} draws) p = {pv2:.3f} ({df2} df)")
 
 
 CODE = ("def add_user(db, name):\n    db.insert(\"users\", name)\n\ndef add_order(db, order):\n"
@@ -116,6 +227,9 @@ def main():
         ran = True
     else:
         skip(f"stories260K: {STORIES} is absent")
+    target, bad = case_draft(tmp)
+    case_distribution(tmp, target, bad, "a bad draft")
+    case_distribution(tmp, target, target, "a good draft (the model itself)")
     if os.path.exists(SMOL):
         case_exact(SMOL, "SmolLM2-135M", [1, 4, 10, "auto"], [1, 2], False)
         case_serve(tmp, SMOL)

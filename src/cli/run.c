@@ -11,6 +11,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "../coord/draft.h"
 #include "../coord/launch.h"
 #include "../coord/session.h"
 #include "args.h"
@@ -101,6 +102,9 @@ static void run_usage(FILE *f) {
           "                          have sampled itself (the same tokens, greedy or seeded, in fewer trips);\n"
           "                          ngram guesses what followed the latest earlier occurrence of the text's\n"
           "                          last 1-4 tokens (prompt lookup: no draft model)\n"
+          "  --draft MODEL           speculative decoding with a draft model: a small model with this\n"
+          "                          model's vocabulary, run here, guesses greedily (instead of --spec)\n"
+          "  --draft-threads N       the draft model's compute threads (default 1)\n"
           "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): per trip, the K\n"
           "                          (up to 10) that the measured acceptance and trip times say gives\n"
           "                          the most tokens per second, and plain decoding when none pays\n",
@@ -139,7 +143,9 @@ enum {
     O_TIMEOUT,
     O_TRANSPORT,
     O_SPEC,
-    O_SPEC_K
+    O_SPEC_K,
+    O_DRAFT,
+    O_DRAFT_THREADS
 };
 static const struct {
     const char *s, *l;
@@ -176,6 +182,8 @@ static const struct {
     {NULL, "--local-transport", O_TRANSPORT},
     {NULL, "--spec", O_SPEC},
     {NULL, "--spec-k", O_SPEC_K},
+    {NULL, "--draft", O_DRAFT},
+    {NULL, "--draft-threads", O_DRAFT_THREADS},
 };
 
 /* Applies one valued flag; false after printing what is wrong. */
@@ -204,6 +212,8 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
         fprintf(stderr, "pipeshard %s: %s: %s\n", cmd, flag, err);
         return false;
     }
+    case O_DRAFT: o->draft = v; return true;
+    case O_DRAFT_THREADS: return ps_arg_int(cmd, flag, v, 1, 1024, &o->draft_threads);
     case O_SPEC_K:
         o->spec_k_set = true;
         if (!strcmp(v, "auto")) return o->spec.k = PS_SPEC_AUTO_MAX, o->spec.auto_k = true;
@@ -312,8 +322,11 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         const char *v = ps_arg_value(cmd, argc, argv, &i);
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
     }
-    if (mode == PS_RUN_CHAT && o->spec.kind) {
-        fprintf(stderr, "pipeshard chat: --spec speculates in `run` and `serve` only, so far\n");
+    if ((mode == PS_RUN_CHAT && (o->spec.kind || o->draft)) || (mode == PS_RUN_SERVE && o->draft)) {
+        fprintf(stderr, "pipeshard %s: %s\n", cmd,
+                mode == PS_RUN_CHAT ? "--spec and --draft speculate in `run` and `serve` only, so far"
+                                    : "a draft model (--draft) speculates in `run` only, so far: serve takes --spec "
+                                      "ngram");
         return 2;
     }
     if (mode == PS_RUN_SERVE && o->given) {
@@ -333,9 +346,13 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         why = "--local-transport applies to --local-stages N (N >= 2)";
     else if (o->dump_logits && (o->fleet || o->local_stages > 1))
         why = "--dump-logits needs the whole model in this process (logits never cross the network)";
-    else if (o->spec_k_set && !o->spec.kind)
-        why = "--spec-k sets the guesses of --spec: add --spec ngram";
-    else if (o->spec.kind && o->dump_logits)
+    else if (o->draft && o->spec.kind)
+        why = "--spec ngram guesses by prompt lookup, --draft MODEL with a draft model: give one of them";
+    else if (o->draft_threads && !o->draft)
+        why = "--draft-threads sets the threads of --draft MODEL: add --draft";
+    else if (o->spec_k_set && !o->spec.kind && !o->draft)
+        why = "--spec-k sets the guesses of --spec ngram or --draft MODEL: add one";
+    else if ((o->spec.kind || o->draft) && o->dump_logits)
         why = "--dump-logits writes the logits of every step: it does not go with --spec (a trip gives several "
               "tokens)";
     else if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids > 1)
@@ -470,7 +487,7 @@ ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char
                          .prefill_chunk = (int)o->prefill_chunk,
                          .parallel = o->parallel,
                          .kv_blocks = o->kv_blocks,
-                         .max_draft = o->spec.kind ? o->spec.k : 0,
+                         .max_draft = o->spec.kind || o->draft ? o->spec.k : 0,
                          .prefix_dir = o->prefix_dir,
                          .act = o->act,
                          .tokenizer = tokenizer,
@@ -496,6 +513,7 @@ typedef struct {
     const run_opts *o;
     ps_launch *launch;
     ps_session *session;
+    ps_draft *draft;     /* --draft */
     FILE *dump;          /* --dump-logits */
     ps_stop_reason stop; /* why generation ended */
     bool usage;          /* the error is in what the command line gives (exit 2) */
@@ -594,9 +612,17 @@ static ps_status run_setup(run_state *st) {
     size_t el = sizeof st->err;
     ps_status s = ps_sample_params_check(&o->gp.sp, err, el);
     if (s) return st->usage = true, s; /* sampling flags that do not go together */
-    if ((s = ps_run_launch(o, !(o->prompt_ids && o->print_ids), &st->launch, err, el))) return s;
+    if ((s = ps_run_launch(o, o->draft || !(o->prompt_ids && o->print_ids), &st->launch, err, el))) return s;
+    ps_spec_opts spec = o->spec;
+    if (o->draft) {
+        int threads = o->draft_threads ? (int)o->draft_threads : 1;
+        ps_coord *c = ps_launch_coord(st->launch);
+        if ((s = ps_draft_open(o->draft, threads, ps_coord_n_ctx(c), ps_launch_tok(st->launch), &st->draft, err, el)))
+            return st->usage = s == PS_ERR_ARG, s;
+        spec.kind = PS_SPEC_DRAFT, spec.draft = st->draft;
+    }
     if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)) ||
-        (s = ps_session_set_spec(st->session, &o->spec, err, el)))
+        (s = ps_session_set_spec(st->session, &spec, err, el)))
         return s;
     if (o->dump_logits && !(st->dump = fopen(o->dump_logits, "wb")))
         return ps_errf(err, el, PS_ERR_IO, "cannot create '%s': %s", o->dump_logits, strerror(errno));
@@ -709,9 +735,10 @@ static void print_stats(const run_state *st) {
     cJSON_AddNumberToObject(j, "ttft_ms", ss.ttft_s * 1e3);
     cJSON_AddNumberToObject(j, "prefill_tok_s", ss.ttft_s > 0 ? ss.n_prompt / ss.ttft_s : 0);
     cJSON_AddNumberToObject(j, "decode_tok_s", ss.decode_s > 0 ? ss.n_decode / ss.decode_s : 0);
-    if (st->o->spec.kind) { /* speculation: how the guesses fared */
+    if (st->o->spec.kind || st->draft) { /* speculation: how the guesses fared */
         cJSON *sp = cJSON_AddObjectToObject(j, "spec");
-        cJSON_AddStringToObject(sp, "draft", ps_spec_kind_name(st->o->spec.kind));
+        cJSON_AddStringToObject(sp, "draft", st->draft ? "model" : ps_spec_kind_name(st->o->spec.kind));
+        if (st->draft) cJSON_AddNumberToObject(sp, "draft_ms", ps_draft_seconds(st->draft) * 1e3);
         if (st->o->spec.auto_k)
             cJSON_AddStringToObject(sp, "k", "auto");
         else
@@ -751,6 +778,7 @@ int ps_cli_run(int argc, char **argv) {
         print_stats(&st);
     if (st.dump) fclose(st.dump);
     ps_session_free(st.session);
+    ps_draft_free(st.draft);
     ps_launch_stop(st.launch);
     int sig = atomic_load(&run_signal);
     return s ? (st.usage ? 2 : 1) : sig ? 128 + sig : st.stdout_gone ? 128 + SIGPIPE : 0;

@@ -24,8 +24,10 @@ typedef struct {
     bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, threads_given, n_set;
     ps_act act;
     ps_gen_params gp;  /* sampling, -n, --ignore-eos */
-    ps_spec_opts spec; /* --spec, --spec-k */
+    ps_spec_opts spec; /* --spec, --spec-k, --draft */
     bool spec_k_set;
+    const char *draft; /* --draft MODEL */
+    long long draft_threads;
     const char *given; /* the first prompt, output or sampling flag given (serve refuses them) */
 } ps_run_opts;
 

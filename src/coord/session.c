@@ -3,6 +3,7 @@
 
 #include <stdatomic.h>
 
+#include "draft.h"
 #include "spec.h"
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +186,7 @@ ps_status ps_session_prompt_chat(ps_session *s, const ps_chat_msg *msgs, size_t 
 
 ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, size_t errlen) {
     int most = ps_coord_max_draft(s->coord);
+    if (o->kind == PS_SPEC_DRAFT && !o->draft) return ps_errf(err, errlen, PS_ERR_ARG, "no draft model");
     if (o->kind != PS_SPEC_OFF && (o->k < 1 || o->k > most))
         return ps_errf(err, errlen, PS_ERR_ARG, "%d guesses per trip: the coordinator takes 1 to %d", o->k, most);
     s->spec = *o;
@@ -193,13 +195,17 @@ ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, s
 
 /* How many guesses the next trip carries: what the draft source finds, at most spec.k (with
  * auto, the K it picks), within the context and the tokens still to generate; into d. */
-static int draft(ps_session *s, int32_t *d) {
+static ps_status draft(ps_session *s, int32_t *d, int *n, char *err, size_t errlen) {
     int k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
     int room = s->n_ctx - s->n_toks; /* the last guess at position n_toks - 1 + k */
     int64_t left = s->gp.n_predict < 0 ? k : s->gp.n_predict - (s->n_toks - s->n_prompt) - 1;
     if (k > room) k = room;
     if (k > left) k = (int)left;
-    return k > 0 && s->spec.kind == PS_SPEC_NGRAM ? ps_spec_ngram(s->toks, s->n_toks, k, d) : 0;
+    *n = 0;
+    if (k <= 0) return PS_OK;
+    if (s->spec.kind == PS_SPEC_DRAFT) return ps_draft_guess(s->spec.draft, s->toks, s->n_toks, k, d, n, err, errlen);
+    *n = ps_spec_ngram(s->toks, s->n_toks, k, d);
+    return PS_OK;
 }
 
 /* Runs the model for the next token: the prompt (beyond what the stages kept) on the first
@@ -216,9 +222,9 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     double t0 = ps_now();
     int from = s->started ? s->n_toks - 1 : s->n_fed, n_draft = 0;
     int32_t seq[PS_MAX_DRAFT + 1];
-    if (s->started && s->spec.kind != PS_SPEC_OFF) n_draft = draft(s, seq + 1);
+    ps_status st = PS_OK;
+    if (s->started && s->spec.kind != PS_SPEC_OFF && (st = draft(s, seq + 1, &n_draft, err, errlen))) return st;
     s->n_fed = 0;
-    ps_status st;
     if (n_draft) {
         seq[0] = s->toks[from];
         st = ps_coord_next_draft(s->coord, seq, n_draft + 1, from, n_draft, &s->gp.sp, s->got, &s->n_got, err, errlen);

@@ -20,7 +20,9 @@ int ps_spec_ngram(const int32_t *toks, int n_toks, int k, int32_t *out) {
     return 0;
 }
 
-const char *ps_spec_kind_name(ps_spec_kind k) { return k == PS_SPEC_NGRAM ? "ngram" : "off"; }
+const char *ps_spec_kind_name(ps_spec_kind k) {
+    return k == PS_SPEC_NGRAM ? "ngram" : k == PS_SPEC_DRAFT ? "draft" : "off";
+}
 
 ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t errlen) {
     if (!strcmp(s, "ngram")) return *out = PS_SPEC_NGRAM, PS_OK;

@@ -16,7 +16,10 @@
 typedef enum {
     PS_SPEC_OFF = 0,
     PS_SPEC_NGRAM = 1, /* prompt lookup: the continuation of an earlier n-gram of the sequence */
+    PS_SPEC_DRAFT = 2, /* a draft model's greedy guesses (draft.h) */
 } ps_spec_kind;
+
+typedef struct ps_draft ps_draft;
 
 #define PS_SPEC_NGRAM_MAX 4 /* the longest n-gram prompt lookup matches */
 
@@ -25,8 +28,9 @@ typedef enum {
 /* Speculation of a generation. */
 typedef struct {
     ps_spec_kind kind;
-    int k;       /* guesses per trip, 1..PS_MAX_DRAFT (stage.h); with auto, the most */
-    bool auto_k; /* choose K per trip (ps_spec_auto) */
+    int k;           /* guesses per trip, 1..PS_MAX_DRAFT (stage.h); with auto, the most */
+    bool auto_k;     /* choose K per trip (ps_spec_auto) */
+    ps_draft *draft; /* PS_SPEC_DRAFT: the draft model (borrowed) */
 } ps_spec_opts;
 
 /* --spec-k auto: K per trip from what the trips so far measured. A guess is kept with
@@ -52,7 +56,7 @@ void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds);
  * tokens that followed it to out. Returns how many (0: no n-gram recurs). */
 int ps_spec_ngram(const int32_t *toks, int n_toks, int k, int32_t *out);
 
-/* "off", "ngram". */
+/* "off", "ngram", "draft". */
 const char *ps_spec_kind_name(ps_spec_kind k);
 /* Parses "ngram" (PS_ERR_ARG with a message naming what is accepted otherwise). */
 ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t errlen);

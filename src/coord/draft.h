@@ -1,0 +1,33 @@
+/* draft.h - a draft model on the coordinator (`--draft MODEL`): a small model with the target's
+ * vocabulary that guesses the next tokens of a sequence for speculative decoding (spec.h), one
+ * greedy forward pass per guess, on threads of its own. The last stage keeps a guess only when
+ * it samples that token itself, so a draft changes how many tokens a trip yields, never which.
+ *
+ * Its keys and values follow the sequence: each call feeds only what differs from what it
+ * holds (the guesses the last stage did not keep are overwritten, as on the stages). */
+#ifndef PS_COORD_DRAFT_H
+#define PS_COORD_DRAFT_H
+
+#include <stdint.h>
+
+#include "../ps.h"
+#include "../tokenize/tokenize.h"
+
+typedef struct ps_draft ps_draft;
+
+/* Loads the whole model at path (not a shard) with `threads` compute threads and a context of
+ * n_ctx positions. Its tokenizer must be target's token for token: PS_ERR_ARG otherwise, with a
+ * message naming the first difference (the sizes, or a token id and its two texts). */
+ps_status ps_draft_open(const char *path, int threads, int n_ctx, const ps_tok *target, ps_draft **out, char *err,
+                        size_t errlen);
+void ps_draft_free(ps_draft *d); /* NULL is a no-op */
+
+/* Up to k greedy guesses of the tokens after toks[0..n) into out (*n_out of them: fewer only
+ * when the draft's most likely token is not one of the target's, or the context ends). */
+ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, int32_t *out, int *n_out, char *err,
+                         size_t errlen);
+
+/* The draft's compute time so far, in seconds. */
+double ps_draft_seconds(const ps_draft *d);
+
+#endif
