@@ -315,20 +315,29 @@ static cJSON *body_json(const sv_buf *body, sv_error *e) {
     return j;
 }
 
-/* A gen for parsed request r (taken) on c's socket, submitted; NULL with e filled. */
-static gen *submit(ps_server *sv, struct MHD_Connection *c, sv_request *r, sv_error *e) {
+/* The request in body (a completion, chat or not, or with prefix a capture) checked, parsed
+ * and submitted, as a gen on c's socket; NULL with e filled. */
+static gen *submit(ps_server *sv, struct MHD_Connection *c, const sv_buf *body, bool chat, bool prefix, sv_error *e) {
+    cJSON *j = body_json(body, e);
+    if (!j) return NULL;
+    sv_request r;
+    bool ok = prefix ? sv_api_parse_prefix(sv, j, &r, e) : sv_api_parse(sv, chat, j, &r, e);
+    cJSON_Delete(j);
+    if (!ok) {
+        sv_api_request_free(&r);
+        return NULL;
+    }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    bool chat = r->chat;
-    gen *g = gen_create(sv, r, ci ? ci->connect_fd : -1);
+    gen *g = gen_create(sv, &r, ci ? ci->connect_fd : -1);
     if (!g) {
-        sv_api_request_free(r);
+        sv_api_request_free(&r);
         sv_fail(e, 500, NULL, NULL, "out of memory");
         return NULL;
     }
     char err[512] = "";
     ps_status st = ps_sched_submit(sv->sched, &g->r.req, on_event, g, &g->id, err, sizeof err);
     if (st) {
-        submit_error(st, err[0] ? err : ps_strerror(st), chat, e);
+        submit_error(st, err[0] ? err : ps_strerror(st), g->r.chat, e);
         gen_free(g);
         return NULL;
     }
@@ -339,16 +348,7 @@ static gen *submit(ps_server *sv, struct MHD_Connection *c, sv_request *r, sv_er
  * request submitted, and its completion sent whole or as a stream. */
 static enum MHD_Result handle_completion(ps_server *sv, struct MHD_Connection *c, bool chat, const sv_buf *body) {
     sv_error e;
-    cJSON *j = body_json(body, &e);
-    if (!j) return respond_error(sv, c, &e, NULL);
-    sv_request r;
-    bool ok = sv_api_parse(sv, chat, j, &r, &e);
-    cJSON_Delete(j);
-    if (!ok) {
-        sv_api_request_free(&r);
-        return respond_error(sv, c, &e, NULL);
-    }
-    gen *g = submit(sv, c, &r, &e);
+    gen *g = submit(sv, c, body, chat, false, &e);
     if (!g) return respond_error(sv, c, &e, NULL);
     if (!g->r.stream) return complete_whole(sv, c, g);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, g, stream_free);
@@ -388,16 +388,7 @@ static enum MHD_Result handle_models(ps_server *sv, struct MHD_Connection *c) {
  * capture); answers with the prefix's id once it is saved. */
 static enum MHD_Result handle_prefix_new(ps_server *sv, struct MHD_Connection *c, const sv_buf *body) {
     sv_error e;
-    cJSON *j = body_json(body, &e);
-    if (!j) return respond_error(sv, c, &e, NULL);
-    sv_request r;
-    bool ok = sv_api_parse_prefix(sv, j, &r, &e);
-    cJSON_Delete(j);
-    if (!ok) {
-        sv_api_request_free(&r);
-        return respond_error(sv, c, &e, NULL);
-    }
-    gen *g = submit(sv, c, &r, &e);
+    gen *g = submit(sv, c, body, false, true, &e);
     if (!g) return respond_error(sv, c, &e, NULL);
     while (!g->finished) gen_pump(g);
     enum MHD_Result q = MHD_NO; /* the client hung up: close */
