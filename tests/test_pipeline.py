@@ -690,10 +690,10 @@ def dripping_worker(m):
 
 
 # ------------------------------------------------------------------------------ case 4: failures
-def long_run(fleet, m):
+def long_run(fleet, m, extra=()):
     """A generation of several seconds: 400 tokens, 10 ms emulated delay on the coordinator's hop."""
     args = [BIN, "run", "--fleet", fleet, "-n", "400", "--ignore-eos", "--print-ids", "-t", "1",
-            "--sim-latency-ms", "10", "--stage-timeout-ms", str(TIMEOUT_MS)] + m.prompt + GREEDY
+            "--sim-latency-ms", "10", "--stage-timeout-ms", str(TIMEOUT_MS)] + m.prompt + GREEDY + list(extra)
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
@@ -711,10 +711,11 @@ def read_ids(p, n, timeout=60):
     return got.decode()
 
 
-def interrupted(fleet, m, ws, k, sig, limit_s, what):
-    """Starts a long run, sends sig to worker k once 11 tokens have come; run must fail within
-    limit_s naming it, the tokens printed before being the unsplit run's. Returns run's stderr."""
-    p = long_run(fleet, m)
+def interrupted(fleet, m, ws, k, sig, limit_s, what, extra=()):
+    """Starts a long run (with extra flags), sends sig to worker k once 11 tokens have come; run
+    must fail within limit_s naming it, the tokens printed before being the unsplit run's. Returns
+    run's stderr."""
+    p = long_run(fleet, m, extra)
     try:
         early = read_ids(p, 11)
         n = len(early.split())
@@ -772,6 +773,12 @@ def case_failures(m):
               f"with stage 2 down, run should fail naming it: rc {p.returncode}, {p.stderr[-800:]}")
         ws[1] = Worker(shard(fleet, 2), "fail-w2-restarted", port=ws[1].port)
         serves(f, m, "stage 2 restarted on the same port")
+        # the same during speculative trips (guesses in flight): the same error
+        interrupted(f, m, ws, 2, signal.SIGKILL, TIMEOUT_MS / 1e3 + 2, "stage 2 killed while speculating",
+                    ["--spec", "ngram", "--spec-k", "4"])
+        ws[1].p.wait(timeout=10)
+        ws[1] = Worker(shard(fleet, 2), "fail-w2-restarted-2", port=ws[1].port)
+        serves(f, m, "stage 2 restarted again")
         # SIGKILL stage 1, the coordinator's own next hop
         interrupted(f, m, ws, 1, signal.SIGKILL, TIMEOUT_MS / 1e3 + 2, "stage 1 killed")
         ws[0].p.wait(timeout=10)

@@ -20,8 +20,9 @@ of prompt lookup checked by the last stage in one trip around the ring.
      and of the second given the first, against the target's softmax (from --dump-logits of a
      plain run): chi-square p-values above 0.001.
   5. Usage errors: --spec-k 0 and 17, an unknown draft source, --spec-k without --spec, --spec
-     with --dump-logits, --spec with --draft, --draft-threads without --draft, `chat` with
-     --spec, `serve` with --draft: exit 2 with a line that says why.
+     with --dump-logits, --spec with --draft, --draft-threads without --draft, `serve` with
+     --draft: exit 2 with a line that says why. `chat` answers two turns the same with --spec ngram
+     and --draft as without.
 """
 import math
 import concurrent.futures
@@ -83,12 +84,17 @@ def case_usage(model):
                         (["--draft-threads", "2"], "--draft-threads sets the threads of --draft")):
         p = subprocess.run([BIN, "run", "-m", model, "-p", "x", *args], capture_output=True, text=True, timeout=60)
         check(p.returncode == 2 and words in p.stderr, f"run {args}: exit {p.returncode}, {p.stderr.strip()!r}")
-    p = subprocess.run([BIN, "chat", "-m", model, "--spec", "ngram"], capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
-    check(p.returncode == 2 and "--spec" in p.stderr, f"chat --spec: exit {p.returncode}, {p.stderr.strip()!r}")
+    chats = []
+    for extra in ([], ["--spec", "ngram"], ["--draft", model]):  # two turns on standard input
+        p = subprocess.run([BIN, "chat", "-m", model, "--chat-template", "chatml", "-n", "24", "--temp", "0", *extra],
+                           input="Once upon a time\nThe dog ran to the park\n", capture_output=True, text=True,
+                           timeout=120)
+        check(p.returncode == 0, f"chat {extra}: exit {p.returncode}, {p.stderr[-300:]!r}")
+        chats.append(p.stdout)
+    check(chats[0] == chats[1] == chats[2] and chats[0].strip(), f"chat with and without speculation: {chats}")
     p = subprocess.run([BIN, "serve", "-m", model, "--draft", model], capture_output=True, text=True, timeout=60)
     check(p.returncode == 2 and "--draft" in p.stderr, f"serve --draft: exit {p.returncode}, {p.stderr.strip()!r}")
-    print("  ok: usage errors")
+    print("  ok: usage errors; chat answers the same with --spec and --draft")
 
 
 def synth(path, seed, extra=()):

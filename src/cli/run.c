@@ -322,11 +322,9 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         const char *v = ps_arg_value(cmd, argc, argv, &i);
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
     }
-    if ((mode == PS_RUN_CHAT && (o->spec.kind || o->draft)) || (mode == PS_RUN_SERVE && o->draft)) {
-        fprintf(stderr, "pipeshard %s: %s\n", cmd,
-                mode == PS_RUN_CHAT ? "--spec and --draft speculate in `run` and `serve` only, so far"
-                                    : "a draft model (--draft) speculates in `run` only, so far: serve takes --spec "
-                                      "ngram");
+    if (mode == PS_RUN_SERVE && o->draft) {
+        fprintf(stderr, "pipeshard serve: a draft model (--draft) speculates in `run` and `chat` only, so far: "
+                        "serve takes --spec ngram\n");
         return 2;
     }
     if (mode == PS_RUN_SERVE && o->given) {

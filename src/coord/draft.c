@@ -23,8 +23,10 @@ struct ps_draft {
 static ps_status same_vocab(const ps_tok *target, const ps_tok *draft, const char *path, char *err, size_t errlen) {
     int n = ps_tok_n_vocab(target), m = ps_tok_n_vocab(draft);
     if (n != m)
-        return ps_errf(err, errlen, PS_ERR_ARG, "the draft %s has %d tokens, the model %d: a draft needs the model's "
-                       "vocabulary", path, m, n);
+        return ps_errf(err, errlen, PS_ERR_ARG,
+                       "the draft %s has %d tokens, the model %d: a draft needs the model's "
+                       "vocabulary",
+                       path, m, n);
     for (int i = 0; i < n; i++) {
         size_t a, b;
         const char *x = ps_tok_token_text(target, i, &a), *y = ps_tok_token_text(draft, i, &b);
