@@ -13,7 +13,8 @@ of prompt lookup checked by the last stage in one trip around the ring.
      --spec; /metrics counts the trips, the guesses sent and kept.
   3. A draft model (--draft): stories260K drafting for itself keeps every guess (greedy), and a
      synthetic model with the target's vocabulary but other weights keeps almost none; both give
-     plain decoding's ids, for K = 1, 3, 10 and auto on 1, 2 and 3 stages, greedy and seeded.
+     plain decoding's ids, for K = 1, 3, 10 and auto on 1, 2 and 3 stages, greedy and seeded, with
+     and without --spec-overlap (the good draft's overlap must have drafted some trips).
      Another vocabulary is refused naming the first difference (the sizes, or a token's texts).
   4. The distribution: 600 seeded draws at temperature 0.25 with the bad draft and with the model
      drafting for itself, of the first token
@@ -81,7 +82,9 @@ def case_usage(model):
                         (["--spec-k", "4"], "--spec-k sets the guesses of --spec"),
                         (["--spec", "ngram", "--dump-logits", "/dev/null"], "does not go with --spec"),
                         (["--spec", "ngram", "--draft", model], "give one of them"),
-                        (["--draft-threads", "2"], "--draft-threads sets the threads of --draft")):
+                        (["--draft-threads", "2"], "--draft-threads sets the threads of --draft"),
+                        (["--spec", "ngram", "--spec-overlap", "on"], "--spec-overlap drafts with --draft"),
+                        (["--draft", model, "--spec-overlap", "maybe"], "must be on or off")):
         p = subprocess.run([BIN, "run", "-m", model, "-p", "x", *args], capture_output=True, text=True, timeout=60)
         check(p.returncode == 2 and words in p.stderr, f"run {args}: exit {p.returncode}, {p.stderr.strip()!r}")
     chats = []
@@ -113,19 +116,24 @@ def case_draft(tmp):
         if not os.path.exists(model):
             skip(f"{name}: {model} is absent")
             continue
-        kept = drafted = 0
+        kept = drafted = overlapped = 0
         for n_stages in (1, 2, 3):
             fleet = ["--local-stages", str(n_stages)] if n_stages > 1 else []
             for how, sampling in SAMPLING.items():
                 plain, _ = run(model, fleet + sampling)
-                for k in (1, 3, 10, "auto"):
-                    ids, st = run(model, fleet + sampling + ["--draft", draft, "--spec-k", str(k)])
-                    check(ids == plain, f"{name}, {n_stages} stage(s), {how}, K={k}: {ids} differ from {plain}")
+                for k, overlap in ((1, "on"), (3, "off"), (3, "on"), (10, "on"), ("auto", "off"), ("auto", "on")):
+                    ids, st = run(model, fleet + sampling + ["--draft", draft, "--spec-k", str(k), "--spec-overlap",
+                                                             overlap])
+                    check(ids == plain, f"{name}, {n_stages} stage(s), {how}, K={k}, overlap {overlap}: {ids} differ "
+                          f"from {plain}")
                     sp = st.get("spec", {})
+                    overlapped += sp.get("overlapped", 0)
+                    check(overlap == "on" or sp.get("overlapped") == 0, f"{name}: --spec-overlap off: {sp}")
                     if how == "greedy":
                         kept, drafted = kept + sp.get("kept", 0), drafted + sp.get("drafted", 0)
         rate = kept / drafted if drafted else float("nan")
         check(rate == 1 if want == "all" else rate < 0.2, f"{name}: {kept} of {drafted} greedy guesses kept")
+        check(overlapped > 0 if want == "all" else True, f"{name}: no trip used guesses drafted while one was out")
         print(f"  ok: {name}: plain decoding's ids on 1, 2 and 3 stages, greedy and seeded, K 1, 3, 10 and auto "
               f"({kept} of {drafted} greedy guesses kept)")
     other = synth(os.path.join(tmp, "other.gguf"), 1, ["--vocab", "300"])

@@ -105,6 +105,8 @@ static void run_usage(FILE *f) {
           "  --draft MODEL           speculative decoding with a draft model: a small model with this\n"
           "                          model's vocabulary, run here, guesses greedily (instead of --spec)\n"
           "  --draft-threads N       the draft model's compute threads (default 1)\n"
+          "  --spec-overlap on|off   with --draft: while a trip is out, draft the next one as if every\n"
+          "                          guess is kept, used when that came true (default on)\n"
           "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): per trip, the K\n"
           "                          (up to 10) that the measured acceptance and trip times say gives\n"
           "                          the most tokens per second, and plain decoding when none pays\n",
@@ -145,7 +147,8 @@ enum {
     O_SPEC,
     O_SPEC_K,
     O_DRAFT,
-    O_DRAFT_THREADS
+    O_DRAFT_THREADS,
+    O_OVERLAP
 };
 static const struct {
     const char *s, *l;
@@ -184,6 +187,7 @@ static const struct {
     {NULL, "--spec-k", O_SPEC_K},
     {NULL, "--draft", O_DRAFT},
     {NULL, "--draft-threads", O_DRAFT_THREADS},
+    {NULL, "--spec-overlap", O_OVERLAP},
 };
 
 /* Applies one valued flag; false after printing what is wrong. */
@@ -213,6 +217,13 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
         return false;
     }
     case O_DRAFT: o->draft = v; return true;
+    case O_OVERLAP:
+        if (strcmp(v, "on") && strcmp(v, "off")) {
+            fprintf(stderr, "pipeshard %s: %s must be on or off, got '%s'\n", cmd, flag, v);
+            return false;
+        }
+        o->spec.overlap = !strcmp(v, "on"), o->overlap_set = true;
+        return true;
     case O_DRAFT_THREADS: return ps_arg_int(cmd, flag, v, 1, 1024, &o->draft_threads);
     case O_SPEC_K:
         o->spec_k_set = true;
@@ -307,7 +318,7 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
                     .local_stages = 1,
                     .timeout_ms = 60000,
                     .gp = ps_gen_params_default(),
-                    .spec = {.k = PS_SPEC_AUTO_MAX, .auto_k = true}};
+                    .spec = {.k = PS_SPEC_AUTO_MAX, .auto_k = true, .overlap = true}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return run_usage(stdout), 0;
@@ -346,8 +357,9 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         why = "--dump-logits needs the whole model in this process (logits never cross the network)";
     else if (o->draft && o->spec.kind)
         why = "--spec ngram guesses by prompt lookup, --draft MODEL with a draft model: give one of them";
-    else if (o->draft_threads && !o->draft)
-        why = "--draft-threads sets the threads of --draft MODEL: add --draft";
+    else if ((o->draft_threads || o->overlap_set) && !o->draft)
+        why = o->overlap_set ? "--spec-overlap drafts with --draft MODEL while a trip is out: add --draft"
+                             : "--draft-threads sets the threads of --draft MODEL: add --draft";
     else if (o->spec_k_set && !o->spec.kind && !o->draft)
         why = "--spec-k sets the guesses of --spec ngram or --draft MODEL: add one";
     else if ((o->spec.kind || o->draft) && o->dump_logits)
@@ -737,6 +749,7 @@ static void print_stats(const run_state *st) {
         cJSON *sp = cJSON_AddObjectToObject(j, "spec");
         cJSON_AddStringToObject(sp, "draft", st->draft ? "model" : ps_spec_kind_name(st->o->spec.kind));
         if (st->draft) cJSON_AddNumberToObject(sp, "draft_ms", ps_draft_seconds(st->draft) * 1e3);
+        if (st->draft) cJSON_AddNumberToObject(sp, "overlapped", ss.n_overlap);
         if (st->o->spec.auto_k)
             cJSON_AddStringToObject(sp, "k", "auto");
         else

@@ -28,6 +28,7 @@ typedef struct {
     bool spec_k_set;
     const char *draft; /* --draft MODEL */
     long long draft_threads;
+    bool overlap_set;
     const char *given; /* the first prompt, output or sampling flag given (serve refuses them) */
 } ps_run_opts;
 

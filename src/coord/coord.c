@@ -744,11 +744,12 @@ ps_status ps_coord_kv(ps_coord *c, bool save, const char *dir, const ps_kv_msg *
 ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
                         char *err, size_t errlen) {
     int n_out;
-    return ps_coord_next_draft(c, tokens, n, pos, 0, sp, token, &n_out, err, errlen);
+    return ps_coord_next_draft(c, tokens, n, pos, 0, sp, NULL, NULL, token, &n_out, err, errlen);
 }
 
 ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
-                              const ps_sample_params *sp, int32_t *out, int *n_out, char *err, size_t errlen) {
+                              const ps_sample_params *sp, void (*meanwhile)(void *arg), void *arg, int32_t *out,
+                              int *n_out, char *err, size_t errlen) {
     *n_out = 0, out[0] = -1;
     if (n < 1 || pos < 0 || (long long)pos + n > ps_coord_n_ctx(c))
         return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d do not fit the context of %d", n, pos,
@@ -778,6 +779,7 @@ ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos
         from += g.n;
         if (end - pos > c->max_mb) ps_progress_report(&c->o.progress, "prompt", (uint64_t)(from - pos), (uint64_t)n);
     }
+    if (meanwhile) meanwhile(arg); /* the ring has the trip: stage 0's threads are free */
     ps_status s = ps_coord_recv(c, c->res1, n_out, err, errlen);
     for (int i = 0; !s && i < *n_out; i++) out[i] = c->res1[i].token;
     return s;

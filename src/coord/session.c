@@ -31,6 +31,12 @@ struct ps_session {
     int n_got, i_got;               /* got[i_got..n_got) are still to come */
     int n_trips, n_drafted, n_kept; /* speculative trips, guesses sent, guesses kept */
     ps_spec_auto auto_k;            /* --spec-k auto's measurements */
+    int32_t trip[PS_MAX_DRAFT + 1]; /* the trip out: the token before, then its guesses */
+    int n_trip;                     /* its guesses */
+    int32_t pre[PS_MAX_DRAFT + 2];  /* overlap: the draft's next tokens had every guess been kept */
+    int n_pre;                      /* ... how many; pre[0] is its guess of the trip's last token */
+    int n_ready;                    /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
+    int n_overlap;                  /* trips whose guesses the overlap had drafted */
 };
 
 const char *ps_stop_reason_name(ps_stop_reason r) {
@@ -83,6 +89,7 @@ static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, cha
     s->n_decode = 0;
     s->n_got = s->i_got = 0;
     s->n_trips = s->n_drafted = s->n_kept = 0;
+    s->n_pre = s->n_ready = s->n_overlap = 0;
     s->auto_k = (ps_spec_auto){0};
     if (s->stream) ps_tok_stream_reset(s->stream);
     return PS_OK;
@@ -201,11 +208,37 @@ static ps_status draft(ps_session *s, int32_t *d, int *n, char *err, size_t errl
     int64_t left = s->gp.n_predict < 0 ? k : s->gp.n_predict - (s->n_toks - s->n_prompt) - 1;
     if (k > room) k = room;
     if (k > left) k = (int)left;
-    *n = 0;
+    int ready = s->n_ready; /* drafted while the trip before was out: for this trip only */
+    s->n_ready = 0, *n = 0;
     if (k <= 0) return PS_OK;
+    if (ready) { /* the draft goes on after them if k asks more */
+        *n = k < ready ? k : ready;
+        memcpy(d, s->pre + 1, (size_t)*n * sizeof *d);
+        s->n_overlap++;
+        if (*n == k) return PS_OK;
+        memcpy(s->toks + s->n_toks, d, (size_t)*n * sizeof *d); /* beyond n_toks: scratch */
+        int more;
+        ps_status st = ps_draft_guess(s->spec.draft, s->toks, s->n_toks + *n, k - *n, d + *n, &more, err, errlen);
+        *n += st ? 0 : more;
+        return st;
+    }
     if (s->spec.kind == PS_SPEC_DRAFT) return ps_draft_guess(s->spec.draft, s->toks, s->n_toks, k, d, n, err, errlen);
     *n = ps_spec_ngram(s->toks, s->n_toks, k, d);
     return PS_OK;
+}
+
+/* While trip s->trip is out: the draft's next guesses as if it keeps every guess, into s->pre
+ * (its guess of the trip's last token, then up to as many guesses as the trip's after it). A
+ * failure only leaves nothing drafted: the next trip drafts as usual. */
+static void predraft(void *arg) {
+    ps_session *s = arg;
+    int next = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k; /* what the next trip asks */
+    int n = s->n_toks + s->n_trip, k = 1 + (next > s->n_trip ? next : s->n_trip);
+    char err[256];
+    s->n_pre = 0;
+    if (n + k > s->n_ctx) return;
+    memcpy(s->toks + s->n_toks, s->trip + 1, (size_t)s->n_trip * sizeof *s->toks); /* beyond n_toks: scratch */
+    if (ps_draft_guess(s->spec.draft, s->toks, n, k, s->pre, &s->n_pre, err, sizeof err)) s->n_pre = 0;
 }
 
 /* Runs the model for the next token: the prompt (beyond what the stages kept) on the first
@@ -221,14 +254,16 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     }
     double t0 = ps_now();
     int from = s->started ? s->n_toks - 1 : s->n_fed, n_draft = 0;
-    int32_t seq[PS_MAX_DRAFT + 1];
     ps_status st = PS_OK;
-    if (s->started && s->spec.kind != PS_SPEC_OFF && (st = draft(s, seq + 1, &n_draft, err, errlen))) return st;
+    if (s->started && s->spec.kind != PS_SPEC_OFF && (st = draft(s, s->trip + 1, &n_draft, err, errlen))) return st;
     s->n_fed = 0;
     if (n_draft) {
-        seq[0] = s->toks[from];
-        st = ps_coord_next_draft(s->coord, seq, n_draft + 1, from, n_draft, &s->gp.sp, s->got, &s->n_got, err, errlen);
+        bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap;
+        s->trip[0] = s->toks[from], s->n_trip = n_draft, s->n_pre = 0;
+        st = ps_coord_next_draft(s->coord, s->trip, n_draft + 1, from, n_draft, &s->gp.sp, overlap ? predraft : NULL, s,
+                                 s->got, &s->n_got, err, errlen);
         s->n_trips++, s->n_drafted += n_draft, s->n_kept += s->n_got - 1;
+        if (!st && s->n_got == n_draft + 1 && s->n_pre > 1 && s->got[n_draft] == s->pre[0]) s->n_ready = s->n_pre - 1;
     } else {
         st = ps_coord_next(s->coord, s->toks + from, s->n_toks - from, from, &s->gp.sp, s->got, err, errlen);
         s->n_got = 1;
@@ -295,5 +330,6 @@ void ps_session_get_stats(const ps_session *s, ps_session_stats *out) {
                               .n_held = s->n_fed < s->n_toks ? s->n_fed : s->n_toks,
                               .n_trips = s->n_trips,
                               .n_drafted = s->n_drafted,
-                              .n_kept = s->n_kept};
+                              .n_kept = s->n_kept,
+                              .n_overlap = s->n_overlap};
 }

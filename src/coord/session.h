@@ -137,6 +137,7 @@ typedef struct {
     int n_trips;     /* speculating: trips that carried guesses */
     int n_drafted;   /* ... the guesses they carried */
     int n_kept;      /* ... and those the last stage kept */
+    int n_overlap;   /* ... trips whose guesses were drafted while the trip before was out */
 } ps_session_stats;
 void ps_session_get_stats(const ps_session *s, ps_session_stats *out);
 

@@ -31,6 +31,7 @@ typedef struct {
     int k;           /* guesses per trip, 1..PS_MAX_DRAFT (stage.h); with auto, the most */
     bool auto_k;     /* choose K per trip (ps_spec_auto) */
     ps_draft *draft; /* PS_SPEC_DRAFT: the draft model (borrowed) */
+    bool overlap;    /* PS_SPEC_DRAFT: while a trip is out, draft the next one as if every guess is kept */
 } ps_spec_opts;
 
 /* --spec-k auto: K per trip from what the trips so far measured. A guess is kept with
