@@ -333,11 +333,6 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         const char *v = ps_arg_value(cmd, argc, argv, &i);
         if (!v || !run_set(o, value_flags[k].id, a, v)) return 2;
     }
-    if (mode == PS_RUN_SERVE && o->draft) {
-        fprintf(stderr, "pipeshard serve: a draft model (--draft) speculates in `run` and `chat` only, so far: "
-                        "serve takes --spec ngram\n");
-        return 2;
-    }
     if (mode == PS_RUN_SERVE && o->given) {
         fprintf(stderr,
                 "pipeshard serve: %s is an option of `pipeshard run`: each request gives its prompt, length and "
@@ -627,7 +622,8 @@ static ps_status run_setup(run_state *st) {
     if (o->draft) {
         int threads = o->draft_threads ? (int)o->draft_threads : 1;
         ps_coord *c = ps_launch_coord(st->launch);
-        if ((s = ps_draft_open(o->draft, threads, ps_coord_n_ctx(c), ps_launch_tok(st->launch), &st->draft, err, el)))
+        if ((s = ps_draft_open(o->draft, threads, ps_coord_n_ctx(c), 1, ps_launch_tok(st->launch), &st->draft, err,
+                               el)))
             return st->usage = s == PS_ERR_ARG, s;
         spec.kind = PS_SPEC_DRAFT, spec.draft = st->draft;
     }

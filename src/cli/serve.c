@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../coord/draft.h"
 #include "../coord/split_cache.h"
 #include "../server/server.h"
 #include "../stage/stage.h"
@@ -51,6 +52,9 @@ static void serve_usage(FILE *f) {
                "  --spec ngram            speculative decoding of every request: each trip around the ring\n"
                "                          carries prompt lookup's guesses of the next tokens and the last stage\n"
                "                          keeps those it samples itself (the same text, in fewer trips)\n"
+               "  --draft MODEL           speculative decoding with a draft model (this model's vocabulary),\n"
+               "                          run here; every sequence's guesses are made in one pass a guess\n"
+               "  --draft-threads N       the draft model's compute threads (default 1)\n"
                "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (default: per sequence, the K up\n"
                "                          to 10 that pays most, or none)\n"
                "  --chat-template NAME    chat template family for every chat request (chatml, llama2, llama3,\n"
@@ -122,8 +126,14 @@ int ps_cli_serve(int argc, char **argv) {
                           .model_name = model_id(o.fleet ? NULL : o.model),
                           .chat_template = o.chat_template};
     o.parallel = (int)so.parallel, o.kv_blocks = (int)so.kv_blocks, o.prefix_dir = sco.prefix_dir;
+    ps_draft *draft = NULL;
     ps_status s = ps_run_launch(&o, true, &l, err, sizeof err);
     ps_run_progress_clear();
+    if (!s && o.draft) {
+        s = ps_draft_open(o.draft, o.draft_threads ? (int)o.draft_threads : 1, ps_coord_n_ctx(ps_launch_coord(l)),
+                          (int)so.parallel, ps_launch_tok(l), &draft, err, sizeof err);
+        sco.spec.kind = PS_SPEC_DRAFT, sco.spec.draft = draft;
+    }
     if (!s) s = ps_sched_create(l, &sco, &sched, err, sizeof err);
     if (!s) s = ps_server_start(l, sched, &svo, &sv, err, sizeof err);
     if (s) {
@@ -141,6 +151,7 @@ int ps_cli_serve(int argc, char **argv) {
     }
     ps_server_stop(sv); /* in-flight requests end (cancelled) and their clients get what they had */
     ps_sched_free(sched);
-    ps_launch_stop(l); /* local workers stopped, their directory removed */
+    ps_draft_free(draft); /* after the scheduler: it drafts until it stops */
+    ps_launch_stop(l);    /* local workers stopped, their directory removed */
     return s ? 1 : 128 + ps_run_signal();
 }

@@ -1,5 +1,6 @@
-/* draft.c - a draft model on the coordinator (draft.h): a ps_stage of a whole model, run one
- * sequence at a time on blocks 0, 1, 2, ... of its own KV pool. */
+/* draft.c - a draft model on the coordinator (draft.h): a ps_stage of a whole model whose KV
+ * pool holds `slots` sequences, slot i on blocks [i B, (i + 1) B) for B blocks of a context; the
+ * guesses of several sequences are made together, one forward pass per guess over all of them. */
 #include "draft.h"
 
 #include <stdlib.h>
@@ -7,15 +8,22 @@
 
 #include "../stage/stage.h"
 
-#define DRAFT_BATCH 64 /* positions per forward pass when it catches up with the sequence */
+#define DRAFT_BATCH 64 /* positions per forward pass at least (a sequence's catch-up, or one row of each) */
+
+typedef struct {
+    int32_t *fed; /* (n_ctx) the tokens whose keys and values the slot holds, n_fed of them */
+    int n_fed;
+    int32_t *table; /* (blocks) its block table */
+} slot;
 
 struct ps_draft {
     ps_stage *stage;
-    int n_ctx, vocab; /* positions; the target's vocabulary */
-    int32_t *fed;     /* (n_ctx) the tokens whose keys and values it holds, n_fed of them */
-    int n_fed;
-    int32_t *ident; /* (blocks of n_ctx) its block table 0, 1, 2, ... */
-    ps_result res[1];
+    int n_ctx, vocab, blocks, n_slots, max_mb;
+    slot *slots;
+    ps_mb_seg *segs; /* (n_slots) a pass being built */
+    int32_t *toks;   /* (max_mb) its tokens */
+    ps_result *res;  /* (n_slots) */
+    int *seg_req;    /* (n_slots) the request of each segment */
     double seconds;
 };
 
@@ -39,11 +47,16 @@ static ps_status same_vocab(const ps_tok *target, const ps_tok *draft, const cha
     return PS_OK;
 }
 
-ps_status ps_draft_open(const char *path, int threads, int n_ctx, const ps_tok *target, ps_draft **out, char *err,
-                        size_t errlen) {
+ps_status ps_draft_open(const char *path, int threads, int n_ctx, int slots, const ps_tok *target, ps_draft **out,
+                        char *err, size_t errlen) {
     *out = NULL;
+    if (slots < 1 || slots > PS_MB_MAX_SEGS)
+        return ps_errf(err, errlen, PS_ERR_ARG, "%d draft sequences (1 to %d)", slots, PS_MB_MAX_SEGS);
     ps_draft *d = ps_calloc(1, sizeof *d);
     if (!d) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    d->n_ctx = n_ctx, d->n_slots = slots, d->vocab = ps_tok_n_vocab(target);
+    d->blocks = (n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    d->max_mb = slots > DRAFT_BATCH ? slots : DRAFT_BATCH;
     ps_stage_opts so = {.threads = threads};
     ps_tok *tok = NULL;
     ps_status s = ps_stage_open(path, &so, &d->stage, err, errlen);
@@ -53,18 +66,25 @@ ps_status ps_draft_open(const char *path, int threads, int n_ctx, const ps_tok *
     if (!s) s = ps_tok_create(m->gguf, &tok, err, errlen);
     if (!s) s = same_vocab(target, tok, path, err, errlen);
     ps_tok_free(tok);
-    int blocks = (n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
-    ps_ctx_params cp = {.n_ctx = n_ctx, .n_blocks = blocks, .max_batch = DRAFT_BATCH, .act = PS_ACT_Q8};
-    if (!s) s = ps_stage_begin(d->stage, &cp, DRAFT_BATCH, 1, 0, err, errlen);
-    if (!s && (!(d->fed = ps_malloc((size_t)n_ctx * sizeof *d->fed)) ||
-               !(d->ident = ps_malloc((size_t)blocks * sizeof *d->ident))))
+    ps_ctx_params cp = {.n_ctx = n_ctx, .n_blocks = d->blocks * slots, .max_batch = d->max_mb, .act = PS_ACT_Q8};
+    if (!s) s = ps_stage_begin(d->stage, &cp, d->max_mb, slots, 0, err, errlen);
+    if (!s && (!(d->slots = ps_calloc((size_t)slots, sizeof *d->slots)) ||
+               !(d->segs = ps_calloc((size_t)slots, sizeof *d->segs)) ||
+               !(d->toks = ps_malloc((size_t)d->max_mb * sizeof *d->toks)) ||
+               !(d->res = ps_malloc((size_t)slots * sizeof *d->res)) ||
+               !(d->seg_req = ps_malloc((size_t)slots * sizeof *d->seg_req))))
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    for (int i = 0; !s && i < slots; i++) {
+        slot *sl = &d->slots[i];
+        if (!(sl->fed = ps_malloc((size_t)n_ctx * sizeof *sl->fed)) ||
+            !(sl->table = ps_malloc((size_t)d->blocks * sizeof *sl->table)))
+            s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+        for (int b = 0; !s && b < d->blocks; b++) sl->table[b] = i * d->blocks + b;
+    }
     if (s) {
         ps_draft_free(d);
         return s;
     }
-    for (int i = 0; i < blocks; i++) d->ident[i] = i;
-    d->n_ctx = n_ctx, d->vocab = ps_tok_n_vocab(target);
     *out = d;
     return PS_OK;
 }
@@ -72,57 +92,95 @@ ps_status ps_draft_open(const char *path, int threads, int n_ctx, const ps_tok *
 void ps_draft_free(ps_draft *d) {
     if (!d) return;
     ps_stage_free(d->stage);
-    free(d->fed), free(d->ident);
+    for (int i = 0; d->slots && i < d->n_slots; i++) free(d->slots[i].fed), free(d->slots[i].table);
+    free(d->slots), free(d->segs), free(d->toks), free(d->res), free(d->seg_req);
     free(d);
 }
 
 double ps_draft_seconds(const ps_draft *d) { return d->seconds; }
+int ps_draft_slots(const ps_draft *d) { return d->n_slots; }
 
-/* Runs toks[0..n) at positions pos.. (the last one sampled, greedily, when sample) and records
- * them as fed; the sample into *tok. */
-static ps_status feed(ps_draft *d, const int32_t *toks, int n, int pos, bool sample, int32_t *tok, char *err,
-                      size_t errlen) {
-    ps_sample_params greedy = ps_sample_params_default();
-    greedy.temperature = 0, greedy.penalty_last_n = 0;
-    ps_mb_seg g = {.seq = 1,
-                   .pos = pos,
-                   .n = n,
-                   .flags = sample ? PS_MB_SAMPLE : 0,
-                   .sp = greedy,
-                   .n_blocks = (d->n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK,
-                   .blocks = d->ident};
-    ps_mb mb = {.n_segs = 1, .segs = &g, .n = n, .tokens = toks};
+/* Runs the n_segs segments built in d->segs / d->toks (rows in all) as one pass, each recorded
+ * as fed; the samples into d->res, in segment order. */
+static ps_status pass(ps_draft *d, int n_segs, int rows, char *err, size_t errlen) {
+    ps_mb mb = {.n_segs = n_segs, .segs = d->segs, .n = rows, .tokens = d->toks};
     const float *x;
     int n_res;
     double t0 = ps_now();
     ps_status s = ps_stage_run(d->stage, &mb, &x, d->res, &n_res, err, errlen);
     d->seconds += ps_now() - t0;
-    d->n_fed = pos; /* what it held beyond pos is gone; on failure, from pos on */
-    if (s) return s;
-    memcpy(d->fed + pos, toks, (size_t)n * sizeof *toks);
-    d->n_fed = pos + n;
-    if (sample) *tok = d->res[0].token;
-    return PS_OK;
+    const int32_t *t = d->toks;
+    for (int i = 0; i < n_segs; t += d->segs[i].n, i++) {
+        slot *sl = &d->slots[d->segs[i].seq];
+        sl->n_fed = d->segs[i].pos; /* what it held beyond is gone; on failure, from pos on */
+        if (s) continue;
+        memcpy(sl->fed + d->segs[i].pos, t, (size_t)d->segs[i].n * sizeof *t);
+        sl->n_fed += d->segs[i].n;
+    }
+    return s;
+}
+
+/* Adds to the pass being built a segment of slot sl: toks[0..n) at pos, sampled or not. */
+static void add_seg(ps_draft *d, int *n_segs, int *rows, int sl, const int32_t *toks, int n, int pos, bool sample) {
+    ps_sample_params greedy = ps_sample_params_default();
+    greedy.temperature = 0, greedy.penalty_last_n = 0;
+    d->segs[*n_segs] = (ps_mb_seg){.seq = (uint64_t)sl,
+                                   .pos = pos,
+                                   .n = n,
+                                   .flags = sample ? PS_MB_SAMPLE : 0,
+                                   .sp = greedy,
+                                   .n_blocks = d->blocks,
+                                   .blocks = d->slots[sl].table};
+    memcpy(d->toks + *rows, toks, (size_t)n * sizeof *toks);
+    ++*n_segs, *rows += n;
+}
+
+ps_status ps_draft_guess_many(ps_draft *d, ps_draft_req *r, int n, char *err, size_t errlen) {
+    int from[PS_MB_MAX_SEGS];
+    if (n > d->n_slots) return ps_errf(err, errlen, PS_ERR_ARG, "%d draft requests, %d slots", n, d->n_slots);
+    for (int i = 0; i < n; i++) { /* what each slot holds already; long catch-ups alone first */
+        slot *sl = &d->slots[r[i].slot];
+        r[i].n_out = 0;
+        if (r[i].n < 1 || r[i].n > d->n_ctx)
+            r[i].k = 0;
+        else if (r[i].k > d->n_ctx - r[i].n + 1)
+            r[i].k = d->n_ctx - r[i].n + 1;
+        int f = 0; /* at least the last token runs, for its logits */
+        while (f < sl->n_fed && f < r[i].n - 1 && sl->fed[f] == r[i].toks[f]) f++;
+        for (; r[i].k > 0 && r[i].n - f > d->max_mb / n; f += d->max_mb / n) {
+            int segs = 0, rows = 0;
+            add_seg(d, &segs, &rows, r[i].slot, r[i].toks + f, d->max_mb / n, f, false);
+            ps_status s = pass(d, segs, rows, err, errlen);
+            if (s) return s;
+        }
+        from[i] = f;
+    }
+    /* guess j of every request that wants one more: the first pass feeds the rest of each
+       sequence, the later ones one guess each */
+    for (int j = 0;; j++) {
+        int segs = 0, rows = 0;
+        for (int i = 0; i < n; i++) {
+            if (r[i].k <= j || r[i].n_out < j) continue; /* done, or stopped at a token not the target's */
+            if (j == 0)
+                add_seg(d, &segs, &rows, r[i].slot, r[i].toks + from[i], r[i].n - from[i], from[i], true);
+            else
+                add_seg(d, &segs, &rows, r[i].slot, &r[i].out[j - 1], 1, r[i].n + j - 1, true);
+            d->seg_req[segs - 1] = i;
+        }
+        if (!segs) return PS_OK;
+        ps_status s = pass(d, segs, rows, err, errlen);
+        if (s) return s;
+        for (int k = 0; k < segs; k++) {
+            ps_draft_req *q = &r[d->seg_req[k]];
+            if (d->res[k].token < d->vocab) q->out[q->n_out++] = d->res[k].token;
+        }
+    }
 }
 
 ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, int32_t *out, int *n_out, char *err,
                          size_t errlen) {
-    *n_out = 0;
-    if (n < 1 || n + k - 1 > d->n_ctx) k = d->n_ctx - n + 1;
-    if (n < 1 || k < 1) return PS_OK;
-    int from = 0; /* the tokens it holds already: at least the last one runs, for its logits */
-    while (from < d->n_fed && from < n - 1 && d->fed[from] == toks[from]) from++;
-    while (n - from > DRAFT_BATCH) { /* catching up: a prompt, or a long run of kept guesses */
-        ps_status s = feed(d, toks + from, DRAFT_BATCH, from, false, NULL, err, errlen);
-        if (s) return s;
-        from += DRAFT_BATCH;
-    }
-    int32_t tok;
-    ps_status s = feed(d, toks + from, n - from, from, true, &tok, err, errlen);
-    for (int pos = n; !s && tok < d->vocab; pos++) {
-        out[(*n_out)++] = tok;
-        if (*n_out == k) break;
-        s = feed(d, &tok, 1, pos, true, &tok, err, errlen);
-    }
+    ps_draft_req r = {.slot = 0, .toks = toks, .n = n, .k = k, .out = out};
+    ps_status s = ps_draft_guess_many(d, &r, 1, err, errlen);
+    *n_out = r.n_out;
     return s;
 }

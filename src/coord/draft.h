@@ -15,18 +15,35 @@
 
 typedef struct ps_draft ps_draft;
 
-/* Loads the whole model at path (not a shard) with `threads` compute threads and a context of
- * n_ctx positions. Its tokenizer must be target's token for token: PS_ERR_ARG otherwise, with a
- * message naming the first difference (the sizes, or a token id and its two texts). */
-ps_status ps_draft_open(const char *path, int threads, int n_ctx, const ps_tok *target, ps_draft **out, char *err,
-                        size_t errlen);
+/* Loads the whole model at path (not a shard) with `threads` compute threads, room for `slots`
+ * sequences of n_ctx positions (slot 0..slots-1: the caller's numbering). Its tokenizer must be
+ * target's token for token: PS_ERR_ARG otherwise, with a message naming the first difference
+ * (the sizes, or a token id and its two texts). */
+ps_status ps_draft_open(const char *path, int threads, int n_ctx, int slots, const ps_tok *target, ps_draft **out,
+                        char *err, size_t errlen);
 void ps_draft_free(ps_draft *d); /* NULL is a no-op */
 
 /* Up to k greedy guesses of the tokens after toks[0..n) into out (*n_out of them: fewer only
- * when the draft's most likely token is not one of the target's, or the context ends). */
+ * when the draft's most likely token is not one of the target's, or the context ends), in
+ * slot 0. */
 ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, int32_t *out, int *n_out, char *err,
                          size_t errlen);
 
+/* One sequence's guesses in ps_draft_guess_many. */
+typedef struct {
+    int slot;            /* its slot (a sequence keeps one while it runs) */
+    const int32_t *toks; /* (n) the sequence */
+    int n, k;            /* its length; guesses wanted */
+    int32_t *out;        /* (k) the guesses */
+    int n_out;           /* out: how many */
+} ps_draft_req;
+
+/* ps_draft_guess for n sequences of distinct slots at once: one forward pass per guess over
+ * all of them (after long catch-ups, each alone). */
+ps_status ps_draft_guess_many(ps_draft *d, ps_draft_req *r, int n, char *err, size_t errlen);
+
+/* The sequences it holds at once. */
+int ps_draft_slots(const ps_draft *d);
 /* The draft's compute time so far, in seconds. */
 double ps_draft_seconds(const ps_draft *d);
 

@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "../kv/prefix.h"
+#include "draft.h"
 #include "spec.h"
 
 const double ps_sched_hist_bounds[PS_SCHED_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -69,6 +70,7 @@ typedef struct seq {
     int32_t guess[PS_MAX_DRAFT + 1]; /* speculating: the token before, then the guesses in flight */
     int n_guess, guess_pos;          /* how many guesses, and the position of the first */
     double t_sent;                   /* when its latest trip was sent (ps_now) */
+    int slot;                        /* with a draft model: its slot there, while it runs (else -1) */
     ps_spec_auto auto_k;             /* --spec-k auto's measurements */
     ps_sched_cb cb;
     void *ctx;
@@ -89,7 +91,8 @@ struct ps_sched {
     pthread_cond_t cv;  /* the engine waits on it for work */
     seq *head, *tail;   /* the queue, FIFO */
     int queued;
-    seq **run; /* (parallel) the running sequences, for ps_sched_cancel and the metrics */
+    seq **run;       /* (parallel) the running sequences, for ps_sched_cancel and the metrics */
+    bool *slot_used; /* (parallel) the draft model's slots that a running sequence holds */
     int n_run;
     bool closed;
     uint64_t next_id;
@@ -182,6 +185,7 @@ static seq *seq_make(const ps_sched *s, const ps_sched_request *r, ps_sched_cb c
     if (q->capture) q->gp.n_predict = 0, q->top_n = -1;
     atomic_init(&q->cancelled, false);
     q->t_submit = ps_now();
+    q->slot = -1;
     return q;
 }
 
@@ -255,6 +259,7 @@ static void retire(ps_sched *s, seq *q) {
         s->group_load[q->group]--;
         q->n_table = 0;
     }
+    if (q->slot >= 0) s->slot_used[q->slot] = false, q->slot = -1;
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n_run; i++)
         if (s->run[i] == q) s->run[i] = s->run[--s->n_run];
@@ -403,6 +408,8 @@ static void admit_queued(ps_sched *s) {
         q->next = NULL;
         s->queued--;
         s->run[s->n_run++] = q;
+        for (int k = 0; s->o.spec.kind == PS_SPEC_DRAFT && q->slot < 0; k++) /* a slot is free: n_run <= parallel */
+            if (!s->slot_used[k]) s->slot_used[k] = true, q->slot = k;
     }
     ps_kv_get_stats(s->kv, &s->kv_st);
 }
@@ -440,18 +447,40 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
     s->fails = 0;
 }
 
-/* The guesses of q's next trip into q->guess (after the token before), at most room of them:
- * what prompt lookup finds, at most the K of --spec-k (or auto's), within q's blocks and the
- * tokens it may still generate. */
-static int draft(ps_sched *s, seq *q, int room) {
+/* How many guesses q's next trip may carry: the K of --spec-k (or auto's), within room, q's
+ * blocks and the tokens it may still generate. */
+static int guess_room(const ps_sched *s, seq *q, int room) {
     int k = s->o.spec.auto_k ? ps_spec_auto_k(&q->auto_k, s->o.spec.k) : s->o.spec.k;
     int64_t left = q->gp.n_predict < 0 ? k : q->gp.n_predict - (q->n_toks - q->n_prompt) - 1;
     int fit = q->n_max - q->n_toks; /* the last guess at position n_toks - 1 + k, within n_max */
     k = k < room ? k : room;
     k = k < fit ? k : fit;
-    if (k > left) k = (int)left;
-    q->guess[0] = q->toks[q->n_done];
-    return k > 0 ? ps_spec_ngram(q->toks, q->n_toks, k, q->guess + 1) : 0;
+    return k > left ? (int)(left > 0 ? left : 0) : k;
+}
+
+/* The guesses of the n decoding sequences qs[0..n) into their q->guess (after the token before)
+ * and q->n_guess, sharing room rows: prompt lookup's, or the draft model's, made together. A
+ * draft that fails costs the guesses, never a request. */
+static void guess_all(ps_sched *s, seq **qs, int n, int room) {
+    ps_draft_req req[PS_MB_MAX_SEGS];
+    int n_req = 0;
+    for (int i = 0; i < n; i++) {
+        seq *q = qs[i];
+        int k = guess_room(s, q, room);
+        q->guess[0] = q->toks[q->n_done], q->n_guess = 0, q->guess_pos = q->n_done + 1;
+        if (k > 0 && s->o.spec.kind == PS_SPEC_NGRAM) q->n_guess = ps_spec_ngram(q->toks, q->n_toks, k, q->guess + 1);
+        if (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT)
+            req[n_req++] =
+                (ps_draft_req){.slot = q->slot, .toks = q->toks, .n = q->n_toks, .k = k, .out = q->guess + 1};
+        room -= q->n_guess + (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT ? k : 0);
+    }
+    char err[300];
+    if (n_req && ps_draft_guess_many(s->o.spec.draft, req, n_req, err, sizeof err)) {
+        fprintf(stderr, "pipeshard: the draft model failed (these trips go without guesses): %s\n", err);
+        return;
+    }
+    for (int i = 0, r = 0; i < n && r < n_req; i++)
+        if (qs[i]->slot == req[r].slot && req[r].out == qs[i]->guess + 1) qs[i]->n_guess = req[r++].n_out;
 }
 
 /* A trip of q's came back with n tokens: --spec-k auto learns from it, the metrics count it. */
@@ -464,45 +493,65 @@ static void note_trip(ps_sched *s, seq *q, int n) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Sends the next micro-batch of group g: one row for each of its sequences that decodes, then
- * chunks of prompts, within the coordinator's rows; beside d decoding rows, at most
- * max(d, PROMPT_ROWS_BESIDE_DECODE / groups) prompt rows, so that a step costs the decoding
- * sequences at most about twice a plain one (their inter-token latency stays even while
- * prompts arrive). The budget is shared by the groups because every stage runs every group's
- * micro-batch in turn: a long one delays the others' tokens too (on 2 and 3 stages of one core
- * each, p99/p50 inter-token latency at 16 streams fell from 3.2-4.0 to 2.3-2.6 with a budget of
- * 16 rows per micro-batch instead of 32: docs/bench/2026-12-01-prefixes-device.md). False when
- * it has nothing to send. */
+/* Whether q rides in group g's next micro-batch: admitted, not waiting for a token, with
+ * positions to feed. */
+static bool sendable(const seq *q, int g) {
+    return q->group == g && !q->in_flight && q->n_table && q->n_toks - q->n_done >= 1;
+}
+
+/* Adds q's next segment to the micro-batch being built: n of its positions (and its guesses). */
+static void add_seg(ps_sched *s, int *n_segs, seq *q, int n) {
+    int left = q->n_toks - q->n_done;
+    s->sent[*n_segs] = q;
+    s->segs[(*n_segs)++] = (ps_coord_seg){.seq = q->id,
+                                          .pos = q->n_done,
+                                          .n = n + q->n_guess,
+                                          .n_draft = q->n_guess,
+                                          .tokens = q->n_guess ? q->guess : q->toks + q->n_done,
+                                          .blocks = q->table,
+                                          .n_blocks = q->n_table,
+                                          .sample = n == left,
+                                          .n_top = n == left ? q->top_n : -1,
+                                          .sp = q->gp.sp};
+}
+
+/* Sends the next micro-batch of group g: one row for each of its sequences that decodes (with
+ * its guesses when speculating), then chunks of prompts, within the coordinator's rows; beside
+ * d decoding rows, at most max(d, PROMPT_ROWS_BESIDE_DECODE / groups) prompt rows, so that a
+ * step costs the decoding sequences at most about twice a plain one (their inter-token latency
+ * stays even while prompts arrive). The budget is shared by the groups because every stage runs
+ * every group's micro-batch in turn: a long one delays the others' tokens too (on 2 and 3
+ * stages of one core each, p99/p50 inter-token latency at 16 streams fell from 3.2-4.0 to
+ * 2.3-2.6 with a budget of 16 rows per micro-batch instead of 32:
+ * docs/bench/2026-12-01-prefixes-device.md). False when it has nothing to send. */
 static bool send_group(ps_sched *s, int g) {
     int n_segs = 0, rows = 0, max_rows = ps_coord_max_rows(s->coord);
     bool sample = false;
-    for (int pass = 0; pass < 2; pass++) { /* decoding sequences first, then prompts */
-        if (pass == 1 && rows) {
-            int budget = PROMPT_ROWS_BESIDE_DECODE / s->n_groups;
-            int beside = rows + (rows > budget ? rows : budget);
-            max_rows = beside < max_rows ? beside : max_rows;
-        }
-        for (int i = 0; i < s->n_run && rows < max_rows; i++) {
-            seq *q = s->run[i];
-            int left = q->n_toks - q->n_done;
-            if (q->group != g || q->in_flight || !q->n_table || left < 1 || (pass == 0) != (left == 1)) continue;
-            int n = left < max_rows - rows ? left : max_rows - rows;
-            q->n_guess = pass == 0 && s->o.spec.kind ? draft(s, q, max_rows - rows - 1) : 0;
-            q->guess_pos = q->n_done + 1;
-            s->sent[n_segs] = q;
-            s->segs[n_segs++] = (ps_coord_seg){.seq = q->id,
-                                               .pos = q->n_done,
-                                               .n = n + q->n_guess,
-                                               .n_draft = q->n_guess,
-                                               .tokens = q->n_guess ? q->guess : q->toks + q->n_done,
-                                               .blocks = q->table,
-                                               .n_blocks = q->n_table,
-                                               .sample = n == left,
-                                               .n_top = n == left ? q->top_n : -1,
-                                               .sp = q->gp.sp};
-            rows += n + q->n_guess;
-            sample |= n == left;
-        }
+    for (int i = 0; i < s->n_run && rows < max_rows; i++) /* decoding sequences first */
+        if (sendable(s->run[i], g) && s->run[i]->n_toks - s->run[i]->n_done == 1) s->sent[n_segs++] = s->run[i], rows++;
+    for (int k = 0; k < n_segs; k++) s->sent[k]->n_guess = 0;
+    if (s->o.spec.kind) guess_all(s, s->sent, n_segs, max_rows - rows);
+    int n_dec = n_segs;
+    n_segs = 0;
+    for (int k = 0; k < n_dec; k++) {
+        seq *q = s->sent[k];
+        rows += q->n_guess;
+        add_seg(s, &n_segs, q, 1);
+    }
+    sample = n_segs > 0;
+    if (rows) {
+        int budget = PROMPT_ROWS_BESIDE_DECODE / s->n_groups, beside = rows + (rows > budget ? rows : budget);
+        max_rows = beside < max_rows ? beside : max_rows;
+    }
+    for (int i = 0; i < s->n_run && rows < max_rows; i++) { /* then chunks of prompts */
+        seq *q = s->run[i];
+        int left = q->n_toks - q->n_done;
+        if (!sendable(q, g) || left == 1) continue;
+        int n = left < max_rows - rows ? left : max_rows - rows;
+        q->n_guess = 0;
+        add_seg(s, &n_segs, q, n);
+        rows += n;
+        sample |= n == left;
     }
     if (!n_segs) return false;
     char err[600];
@@ -765,6 +814,8 @@ ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, 
     if (o->parallel > ps_coord_max_segs(c))
         return ps_errf(err, errlen, PS_ERR_ARG, "%d sequences at once, but the fleet was set up for %d", o->parallel,
                        ps_coord_max_segs(c));
+    if (o->spec.kind == PS_SPEC_DRAFT && (!o->spec.draft || ps_draft_slots(o->spec.draft) < o->parallel))
+        return ps_errf(err, errlen, PS_ERR_ARG, "the draft model holds fewer sequences than %d", o->parallel);
     if (o->spec.kind && (o->spec.k < 1 || o->spec.k > ps_coord_max_draft(c)))
         return ps_errf(err, errlen, PS_ERR_ARG, "%d guesses per trip, but the fleet was set up for %d", o->spec.k,
                        ps_coord_max_draft(c));
@@ -779,8 +830,10 @@ ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, 
     s->segs = ps_calloc((size_t)o->parallel, sizeof *s->segs);
     s->sent = ps_calloc((size_t)o->parallel, sizeof *s->sent);
     s->res = ps_calloc((size_t)ps_coord_max_results(c), sizeof *s->res);
-    ps_status st =
-        !s->run || !s->segs || !s->sent || !s->res ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory") : PS_OK;
+    s->slot_used = ps_calloc((size_t)o->parallel, sizeof *s->slot_used);
+    ps_status st = !s->run || !s->segs || !s->sent || !s->res || !s->slot_used
+                       ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory")
+                       : PS_OK;
     if (!st) st = ps_kv_create(ps_coord_n_blocks(c), o->prefix_cache, &s->kv, err, errlen);
     if (!st && o->prefix_cache && o->prefix_dir) st = open_prefixes(s, err, errlen);
     if (st) {
@@ -818,7 +871,7 @@ void ps_sched_free(ps_sched *s) {
     free(s->pfx_st);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
-    free(s->run), free(s->segs), free(s->sent), free(s->res), free(s->tail_text);
+    free(s->run), free(s->segs), free(s->sent), free(s->res), free(s->slot_used), free(s->tail_text);
     free(s);
 }
 
