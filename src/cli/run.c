@@ -826,6 +826,7 @@ int ps_cli_chat(int argc, char **argv) {
     ps_repl_opts ro = {.gp = o.gp, .system = o.system, .template_name = o.chat_template, .stats = o.stats};
     if (!s) rc = ps_repl_run(st.session, &ro);
     ps_session_free(st.session);
+    ps_draft_free(st.draft);
     ps_launch_stop(st.launch);
     return s ? 1 : rc;
 }
