@@ -483,19 +483,20 @@ KI __m256i rows_dot(int type, const __m256i g[8], const __m256i ga[8], const ps_
 }
 
 /* y[t * ys + r] for r < nr <= 8, t < nt <= RT_TOKS: rows w + r * wb against tokens
- * x + t * xs, each pair in ref's float steps. */
+ * x + t * xs, each pair in ref's float steps. Block by block, the matching share of the
+ * next_bytes at next (the next row group) is prefetched: the hardware's prefetchers miss
+ * 8 short interleaved row streams, and with few tokens the tile would wait on memory. */
 KI void rows_tile(int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
-                  int64_t ys, int nr, int nt, const uint8_t *next) {
+                  int64_t ys, int nr, int nt, const uint8_t *next, size_t next_bytes) {
     const int bs = wblock_bytes(type);
     __m256 acc[RT_TOKS];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     const uint8_t *p[8];
     UNROLL
     for (int r = 0; r < 8; r++) p[r] = w + (size_t)(r < nr ? r : nr - 1) * wb;
-    ptrdiff_t ahead = next - w;
     for (int64_t i = 0; i < cols / PS_QK; i++) {
-        UNROLL
-        for (int r = 0; r < 8; r++) _mm_prefetch((const char *)(p[r] + ahead), _MM_HINT_T0);
+        for (size_t o = (size_t)i * 8 * bs; o < (size_t)(i + 1) * 8 * bs && o < next_bytes; o += 64)
+            _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
         __m256i g[8], ga[8];
         if (type == T_Q4_0) {
             q4_0_rows(p, g);
@@ -525,17 +526,18 @@ KI void rows_tile(int type, const uint8_t *w, size_t wb, int64_t cols, const uin
  * token group), token groups of RT_TOKS inside. */
 #define DEF_ROWS_GEMM(name, type)                                                                                      \
     KF void name##_rows_tile(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,         \
-                             int64_t ys, int nr, int nt, const uint8_t *next) {                                        \
-        rows_tile(type, w, wb, cols, x, xs, y, ys, nr, nt, next);                                                      \
+                             int64_t ys, int nr, int nt, const uint8_t *next, size_t next_bytes) {                     \
+        rows_tile(type, w, wb, cols, x, xs, y, ys, nr, nt, next, next_bytes);                                          \
     }                                                                                                                  \
     static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,          \
                             int64_t ys, int64_t nr, int64_t nt) {                                                      \
         for (int64_t r = 0; r < nr; r += 8) {                                                                          \
             int R = nr - r < 8 ? (int)(nr - r) : 8;                                                                    \
-            const uint8_t *next = w + (r + 8 < nr ? r + 8 : r) * wb;                                                   \
+            int64_t next_rows = nr - r - R < 8 ? nr - r - R : 8;                                                       \
             for (int64_t t = 0; t < nt; t += RT_TOKS)                                                                  \
                 name##_rows_tile(w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys, R,                          \
-                                 nt - t < RT_TOKS ? (int)(nt - t) : RT_TOKS, next);                                    \
+                                 nt - t < RT_TOKS ? (int)(nt - t) : RT_TOKS, w + (r + R) * wb,                         \
+                                 (size_t)next_rows * wb);                                                              \
         }                                                                                                              \
     }
 
