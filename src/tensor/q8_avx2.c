@@ -550,8 +550,13 @@ typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x
                              int64_t ys) {                                                                             \
         fn(R, T, type, w, wb, cols, x, xs, y, ys);                                                                     \
     }
-/* Tiles up to 2 rows x 4 tokens and the gemm that covers nr x nt with them (token tiles
- * outside; a single token takes one row at a time, one weight stream per thread). */
+/* Tiles up to 2 rows x 4 tokens and the gemm that covers nr x nt with them: token tiles
+ * outside, so that a row chunk (in L2) meets each tile's tokens (in L1) in turn; up to
+ * SMALL_NT tokens, rows outside, so that a row pair comes from memory once and serves
+ * every token tile from L1 (with few tokens, a sweep per tile would wait on memory for
+ * the first of only a few). A single token takes one row at a time, one weight stream
+ * per thread. */
+#define SMALL_NT 32
 #define DEF_TYPE(name, fn, type)                                                                                       \
     DEF_TILE(name, fn, type, 1, 1)                                                                                     \
     DEF_TILE(name, fn, type, 1, 2)                                                                                     \
@@ -566,11 +571,13 @@ typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x
     static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,          \
                             int64_t ys, int64_t nr, int64_t nt) {                                                      \
         int rm = nt == 1 ? 1 : 2;                                                                                      \
-        for (int64_t t = 0; t < nt; t += 4) {                                                                          \
-            int T = nt - t >= 4 ? 4 : (int)(nt - t);                                                                   \
+        for (int64_t t = 0; t < nt; t += nt <= SMALL_NT ? nt : 4) {                                                    \
             for (int64_t r = 0; r < nr; r += rm) {                                                                     \
                 int R = nr - r >= rm ? rm : (int)(nr - r);                                                             \
-                name##_tiles[R - 1][T - 1](w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys);                  \
+                for (int64_t u = t; u < t + (nt <= SMALL_NT ? nt : 4); u += 4) {                                       \
+                    int T = nt - u >= 4 ? 4 : (int)(nt - u);                                                           \
+                    name##_tiles[R - 1][T - 1](w + r * wb, wb, cols, x + u * xs, xs, y + u * ys + r, ys);              \
+                }                                                                                                      \
             }                                                                                                          \
         }                                                                                                              \
     }
