@@ -515,11 +515,8 @@ KI void rows_tile(int type, const uint8_t *w, size_t wb, int64_t cols, const uin
         UNROLL
         for (int r = 0; r < 8; r++) p[r] += bs;
     }
-    for (int t = 0; t < nt; t++) {
-        float v[8];
-        _mm256_storeu_ps(v, acc[t]);
-        memcpy(y + t * ys, v, sizeof(float) * (size_t)nr);
-    }
+    __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int t = 0; t < nt; t++) _mm256_maskstore_ps(y + t * ys, keep, acc[t]);
 }
 
 /* The tiles over nr x nt: row groups of 8 outside (their weights stay in L1 for every
