@@ -402,7 +402,7 @@ KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols
  * so these types give ref's bits, whatever the tile (rows missing at the edge repeat the
  * last real one and are not stored). Float sums live in acc[t][8] on the stack, so a
  * block's transposed weights serve every token of the tile. */
-#define RT_TOKS 16
+#define RT_TOKS 32
 
 /* The 8 rows' binary16 scales at w + r * wb + off (rows >= nr repeat row nr - 1). */
 KI __m256 rows_d(const uint8_t *const p[8]) {
