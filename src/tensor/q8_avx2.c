@@ -404,7 +404,7 @@ KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols
  * block's transposed weights serve every token of the tile. */
 #define RT_TOKS 32
 
-/* The 8 rows' binary16 scales at w + r * wb + off (rows >= nr repeat row nr - 1). */
+/* The binary16 scales at p[0..8) (the 8 rows' current blocks) as 8 floats. */
 KI __m256 rows_d(const uint8_t *const p[8]) {
     uint16_t h[8];
     UNROLL
