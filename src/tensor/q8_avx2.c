@@ -5,13 +5,16 @@
  * Activations use the ref formats (ps_xq32 for the 32-element types, ps_block_q8_K for
  * the K types, f32 in place for the float types), quantized with the very same d and q as
  * the ref kernels. Per weight block the integer dot is exact (vpmaddubsw pair sums stay
- * within int16: |q| <= 63 against |x| <= 127, or the sign trick for q8_0); per (row,
- * token) pair, 8 float lanes accumulate block after block:
- *     acc = fma(dw * dx, float(isum lanes), acc)
- * and the lanes are summed in one fixed order at the end. Register tiles of R rows x T
- * tokens give every pair this same instruction sequence, so outputs are batch-invariant.
- * Scalar multiply-adds are written as fmaf, so that no compiler setting for contraction
- * can make two tile shapes round differently. */
+ * within int16: |q| <= 63 against |x| <= 127, or the sign trick for q8_0).
+ *   - q4_0, q8_0 (the row-interleaved tiles): 8 rows in the 8 lanes of a vector, the
+ *     block's integer dot whole in each lane, then ref's float step lane for lane, so
+ *     these two give ref's bits (see that section).
+ *   - The other types: per (row, token) pair, 8 float lanes accumulate block after block:
+ *         acc = fma(dw * dx, float(isum lanes), acc)
+ *     and the lanes are summed in one fixed order at the end. Register tiles of R rows x
+ *     T tokens give every pair this same instruction sequence.
+ * Either way outputs are batch-invariant. Scalar multiply-adds are written as fmaf, so
+ * that no compiler setting for contraction can make two tile shapes round differently. */
 #include "q8_kern.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -388,6 +391,153 @@ KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols
     store_tile(R, T, acc, macc, 0, y, ys);
 }
 
+// Row-interleaved tiles (q4_0, q8_0): lanes = rows, ref's float steps
+
+/* Up to 8 rows x T tokens per tile, one lane per row: per block, the rows' 32-element
+ * runs are transposed in registers so that int32 lane r of vector k holds row r's
+ * elements 4k..4k+3 (k < 8), and each token's 4-byte group k is broadcast against it.
+ * The integer dot of (row, token) then ends whole in lane r, and the float step is ref's,
+ * lane for lane (q8_ref.c, with -ffp-contract=off):
+ *     sum = sum + (dw * dx) * float(isum)
+ * so these types give ref's bits, whatever the tile (rows missing at the edge repeat the
+ * last real one and are not stored). Float sums live in acc[t][8] on the stack, so a
+ * block's transposed weights serve every token of the tile. */
+#define RT_TOKS 32
+
+/* The binary16 scales at p[0..8) (the 8 rows' current blocks) as 8 floats. */
+KI __m256 rows_d(const uint8_t *const p[8]) {
+    uint16_t h[8];
+    UNROLL
+    for (int r = 0; r < 8; r++) memcpy(&h[r], p[r], 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* q4_0: the 8 rows' nibbles at p[r] + 2, transposed: g[k] int32 lane r = row r's
+ * elements 4k..4k+3 (u8). */
+KI void q4_0_rows(const uint8_t *const p[8], __m256i g[8]) {
+    __m256i a[4];
+    UNROLL
+    for (int r = 0; r < 4; r++)
+        a[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p[r] + 2))),
+                                       _mm_loadu_si128((const __m128i *)(p[r + 4] + 2)), 1);
+    __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    __m256i d[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+                    _mm256_unpackhi_epi64(t1, t3)};
+    const __m256i lo = _mm256_set1_epi8(0x0f);
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        g[k] = _mm256_and_si256(d[k], lo);
+        g[k + 4] = _mm256_and_si256(_mm256_srli_epi16(d[k], 4), lo);
+    }
+}
+
+/* q8_0: the 8 rows' quants at p[r] + 2, transposed as q4_0_rows does (s8). */
+KI void q8_0_rows(const uint8_t *const p[8], __m256i g[8]) {
+    __m256i a[8], t[8], u[8];
+    UNROLL
+    for (int r = 0; r < 8; r++) a[r] = _mm256_loadu_si256((const __m256i *)(p[r] + 2));
+    UNROLL
+    for (int r = 0; r < 8; r += 2) {
+        t[r] = _mm256_unpacklo_epi32(a[r], a[r + 1]);
+        t[r + 1] = _mm256_unpackhi_epi32(a[r], a[r + 1]);
+    }
+    UNROLL
+    for (int h = 0; h < 8; h += 4) {
+        u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+        u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+        u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        g[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+        g[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+}
+
+/* Token block xb against the transposed rows g: lane r = the exact integer dot of row r
+ * with the block (q4_0: minus 8 * sum(x), as ref). q4_0's pair sums add up in int16:
+ * 8 steps x 2 x 15 x 127 = 30480. */
+KI __m256i rows_dot(int type, const __m256i g[8], const __m256i ga[8], const ps_xq32 *xb) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (type == T_Q4_0) {
+        __m256i s16 = _mm256_setzero_si256();
+        UNROLL
+        for (int k = 0; k < 8; k++) {
+            int32_t xk;
+            memcpy(&xk, xb->qs + 4 * k, 4);
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(g[k], _mm256_set1_epi32(xk)));
+        }
+        return _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(8 * xb->sum));
+    }
+    __m256i s = _mm256_setzero_si256();
+    UNROLL
+    for (int k = 0; k < 8; k++) {
+        int32_t xk;
+        memcpy(&xk, xb->qs + 4 * k, 4);
+        __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(xk), g[k]);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(ga[k], xs), ones));
+    }
+    return s;
+}
+
+/* y[t * ys + r] for r < nr <= 8, t < nt <= RT_TOKS: rows w + r * wb against tokens
+ * x + t * xs, each pair in ref's float steps. Block by block, the matching share of the
+ * next_bytes at next (the next row group) is prefetched: the hardware's prefetchers miss
+ * 8 short interleaved row streams, and with few tokens the tile would wait on memory. */
+KI void rows_tile(int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
+                  int64_t ys, int nr, int nt, const uint8_t *next, size_t next_bytes) {
+    const int bs = wblock_bytes(type);
+    __m256 acc[RT_TOKS];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    const uint8_t *p[8];
+    UNROLL
+    for (int r = 0; r < 8; r++) p[r] = w + (size_t)(r < nr ? r : nr - 1) * wb;
+    for (int64_t i = 0; i < cols / PS_QK; i++) {
+        for (size_t o = (size_t)i * 8 * bs; o < (size_t)(i + 1) * 8 * bs && o < next_bytes; o += 64)
+            _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
+        __m256i g[8], ga[8];
+        if (type == T_Q4_0) {
+            q4_0_rows(p, g);
+        } else {
+            q8_0_rows(p, g);
+            UNROLL
+            for (int k = 0; k < 8; k++) ga[k] = _mm256_sign_epi8(g[k], g[k]);
+        }
+        __m256 dw = rows_d(p);
+        for (int t = 0; t < nt; t++) {
+            const ps_xq32 *xb = (const ps_xq32 *)(x + (size_t)t * xs) + i;
+            __m256 f = _mm256_cvtepi32_ps(rows_dot(type, g, ga, xb));
+            __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(s, f));
+        }
+        UNROLL
+        for (int r = 0; r < 8; r++) p[r] += bs;
+    }
+    __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int t = 0; t < nt; t++) _mm256_maskstore_ps(y + t * ys, keep, acc[t]);
+}
+
+/* The tiles over nr x nt: row groups of 8 outside (their weights stay in L1 for every
+ * token group), token groups of RT_TOKS inside. */
+#define DEF_ROWS_GEMM(name, type)                                                                                      \
+    KF void name##_rows_tile(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,         \
+                             int64_t ys, int nr, int nt, const uint8_t *next, size_t next_bytes) {                     \
+        rows_tile(type, w, wb, cols, x, xs, y, ys, nr, nt, next, next_bytes);                                          \
+    }                                                                                                                  \
+    static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,          \
+                            int64_t ys, int64_t nr, int64_t nt) {                                                      \
+        for (int64_t r = 0; r < nr; r += 8) {                                                                          \
+            int R = nr - r < 8 ? (int)(nr - r) : 8;                                                                    \
+            int64_t next_rows = nr - r - R < 8 ? nr - r - R : 8;                                                       \
+            for (int64_t t = 0; t < nt; t += RT_TOKS)                                                                  \
+                name##_rows_tile(w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys, R,                          \
+                                 nt - t < RT_TOKS ? (int)(nt - t) : RT_TOKS, w + (r + R) * wb,                         \
+                                 (size_t)next_rows * wb);                                                              \
+        }                                                                                                              \
+    }
+
 // Tiles and gemm
 
 typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y, int64_t ys);
@@ -397,8 +547,13 @@ typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x
                              int64_t ys) {                                                                             \
         fn(R, T, type, w, wb, cols, x, xs, y, ys);                                                                     \
     }
-/* Tiles up to 2 rows x 4 tokens and the gemm that covers nr x nt with them (token tiles
- * outside; a single token takes one row at a time, one weight stream per thread). */
+/* Tiles up to 2 rows x 4 tokens and the gemm that covers nr x nt with them: token tiles
+ * outside, so that a row chunk (in L2) meets each tile's tokens (in L1) in turn; up to
+ * SMALL_NT tokens, rows outside, so that a row pair comes from memory once and serves
+ * every token tile from L1 (with few tokens, a sweep per tile would wait on memory for
+ * the first of only a few). A single token takes one row at a time, one weight stream
+ * per thread. */
+#define SMALL_NT 32
 #define DEF_TYPE(name, fn, type)                                                                                       \
     DEF_TILE(name, fn, type, 1, 1)                                                                                     \
     DEF_TILE(name, fn, type, 1, 2)                                                                                     \
@@ -413,11 +568,13 @@ typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x
     static void gemm_##name(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,          \
                             int64_t ys, int64_t nr, int64_t nt) {                                                      \
         int rm = nt == 1 ? 1 : 2;                                                                                      \
-        for (int64_t t = 0; t < nt; t += 4) {                                                                          \
-            int T = nt - t >= 4 ? 4 : (int)(nt - t);                                                                   \
+        for (int64_t t = 0; t < nt; t += nt <= SMALL_NT ? nt : 4) {                                                    \
             for (int64_t r = 0; r < nr; r += rm) {                                                                     \
                 int R = nr - r >= rm ? rm : (int)(nr - r);                                                             \
-                name##_tiles[R - 1][T - 1](w + r * wb, wb, cols, x + t * xs, xs, y + t * ys + r, ys);                  \
+                for (int64_t u = t; u < t + (nt <= SMALL_NT ? nt : 4); u += 4) {                                       \
+                    int T = nt - u >= 4 ? 4 : (int)(nt - u);                                                           \
+                    name##_tiles[R - 1][T - 1](w + r * wb, wb, cols, x + u * xs, xs, y + u * ys + r, ys);              \
+                }                                                                                                      \
             }                                                                                                          \
         }                                                                                                              \
     }
@@ -425,11 +582,11 @@ typedef void tile_fn(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x
 DEF_TYPE(f32, f_tile, T_F32)
 DEF_TYPE(f16, f_tile, T_F16)
 DEF_TYPE(bf16, f_tile, T_BF16)
-DEF_TYPE(q4_0, q32_tile, T_Q4_0)
+DEF_ROWS_GEMM(q4_0, T_Q4_0)
 DEF_TYPE(q4_1, q32_tile, T_Q4_1)
 DEF_TYPE(q5_0, q32_tile, T_Q5_0)
 DEF_TYPE(q5_1, q32_tile, T_Q5_1)
-DEF_TYPE(q8_0, q32_tile, T_Q8_0)
+DEF_ROWS_GEMM(q8_0, T_Q8_0)
 DEF_TYPE(q4_K, k_tile, T_Q4_K)
 DEF_TYPE(q5_K, k_tile, T_Q5_K)
 DEF_TYPE(q6_K, k_tile, T_Q6_K)
@@ -441,11 +598,11 @@ const ps_q8_kern ps_q8_avx2_kerns[PS_TYPE_COUNT] = {
     [PS_TYPE_F32] = {NULL, f32_bytes, gemm_f32, 2, 4},
     [PS_TYPE_F16] = {NULL, f32_bytes, gemm_f16, 2, 4},
     [PS_TYPE_BF16] = {NULL, f32_bytes, gemm_bf16, 2, 4},
-    [PS_TYPE_Q4_0] = {quant_x32, x32_bytes, gemm_q4_0, 2, 4},
+    [PS_TYPE_Q4_0] = {quant_x32, x32_bytes, gemm_q4_0, 8, RT_TOKS},
     [PS_TYPE_Q4_1] = {quant_x32, x32_bytes, gemm_q4_1, 2, 4},
     [PS_TYPE_Q5_0] = {quant_x32, x32_bytes, gemm_q5_0, 2, 4},
     [PS_TYPE_Q5_1] = {quant_x32, x32_bytes, gemm_q5_1, 2, 4},
-    [PS_TYPE_Q8_0] = {quant_x32, x32_bytes, gemm_q8_0, 2, 4},
+    [PS_TYPE_Q8_0] = {quant_x32, x32_bytes, gemm_q8_0, 8, RT_TOKS},
     [PS_TYPE_Q4_K] = {quant_x256, x256_bytes, gemm_q4_K, 2, 4},
     [PS_TYPE_Q5_K] = {quant_x256, x256_bytes, gemm_q5_K, 2, 4},
     [PS_TYPE_Q6_K] = {quant_x256, x256_bytes, gemm_q6_K, 2, 4},
