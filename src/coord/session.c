@@ -241,6 +241,16 @@ static void predraft(void *arg) {
     if (ps_draft_guess(s->spec.draft, s->toks, n, k, s->pre, &s->n_pre, err, sizeof err)) s->n_pre = 0;
 }
 
+/* While the prompt is out: the draft model reads it (its first guess is thrown away), so that the
+ * first trip with guesses does not pay for it. */
+static void prime_draft(void *arg) {
+    ps_session *s = arg;
+    int32_t guess;
+    int n;
+    char err[256];
+    ps_draft_guess(s->spec.draft, s->toks, s->n_toks, 1, &guess, &n, err, sizeof err); /* a failure shows later */
+}
+
 /* Runs the model for the next token: the prompt (beyond what the stages kept) on the first
  * step, else the token before with a draft's guesses after it when speculating (the tokens
  * a trip gives beyond the first are returned by the next calls, without running the model).
@@ -258,15 +268,16 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     if (s->started && s->spec.kind != PS_SPEC_OFF && (st = draft(s, s->trip + 1, &n_draft, err, errlen))) return st;
     s->n_fed = 0;
     if (n_draft) {
-        bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap;
+        bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1;
         s->trip[0] = s->toks[from], s->n_trip = n_draft, s->n_pre = 0;
         st = ps_coord_next_draft(s->coord, s->trip, n_draft + 1, from, n_draft, &s->gp.sp, overlap ? predraft : NULL, s,
                                  s->got, &s->n_got, err, errlen);
         s->n_trips++, s->n_drafted += n_draft, s->n_kept += s->n_got - 1;
         if (!st && s->n_got == n_draft + 1 && s->n_pre > 1 && s->got[n_draft] == s->pre[0]) s->n_ready = s->n_pre - 1;
-    } else {
-        st = ps_coord_next(s->coord, s->toks + from, s->n_toks - from, from, &s->gp.sp, s->got, err, errlen);
-        s->n_got = 1;
+    } else { /* the prompt's trip gives the draft model time to read the prompt (not the next trip's) */
+        bool prime = !s->started && s->spec.kind == PS_SPEC_DRAFT;
+        st = ps_coord_next_draft(s->coord, s->toks + from, s->n_toks - from, from, 0, &s->gp.sp,
+                                 prime ? prime_draft : NULL, s, s->got, &s->n_got, err, errlen);
     }
     if (st) return st;
     s->n_fed = s->n_toks;

@@ -4,7 +4,8 @@
 #include <math.h>
 #include <string.h>
 
-#define AUTO_DECAY   0.95 /* weight of what trips told before the latest */
+#define AUTO_DECAY   0.95 /* weight of the guesses counted before the latest trip */
+#define TIME_DECAY   0.75 /* weight of the times measured before the latest trip (a slow one fades fast) */
 #define AUTO_EXPLORE 16   /* plain trips in a row before a trip of guesses measures again */
 
 int ps_spec_ngram(const int32_t *toks, int n_toks, int k, int32_t *out) {
@@ -46,7 +47,7 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
 }
 
 /* An exponential moving average: old, or v for the first value. */
-static double ema(double old, double v) { return old > 0 ? AUTO_DECAY * old + (1 - AUTO_DECAY) * v : v; }
+static double ema(double old, double v) { return old > 0 ? TIME_DECAY * old + (1 - TIME_DECAY) * v : v; }
 
 void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds) {
     if (k == 0) {
