@@ -1,10 +1,8 @@
 /* spec.c - drafting for speculative decoding (spec.h). */
 #include "spec.h"
 
-#include <math.h>
 #include <string.h>
 
-#define AUTO_DECAY   0.95 /* weight of the guesses counted before the latest trip */
 #define TIME_DECAY   0.75 /* weight of the times measured before the latest trip (a slow one fades fast) */
 #define AUTO_EXPLORE 16   /* plain trips in a row before a trip of guesses measures again */
 
@@ -30,33 +28,35 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
     return ps_errf(err, errlen, PS_ERR_ARG, "unknown draft source '%s' (ngram: prompt lookup)", s);
 }
 
-/* Expected tokens of a trip of k guesses each kept with probability a, in a row. */
-static double tokens_per_trip(double a, int k) { return a >= 1 ? k + 1 : (1 - pow(a, k + 1)) / (1 - a); }
+/* The K whose trips gave the most tokens per second (0: plain decoding), among 0..k_max. */
+static int best_k(const ps_spec_auto *a, int k_max) {
+    int best = 0;
+    for (int k = 1; k <= k_max && k <= PS_SPEC_AUTO_MAX; k++)
+        if (a->rate[k] > a->rate[best] * 1.02) best = k; /* 2 %: a tie goes to fewer guesses */
+    return best;
+}
 
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
-    if (k_max < 1 || a->t_plain <= 0) return 0; /* a plain trip first: its time is the yardstick */
-    if (a->kept + a->stopped == 0 || a->plain_run >= AUTO_EXPLORE) return k_max < 2 ? k_max : 2;
-    double p = (a->kept + 1) / (a->kept + a->stopped + 2); /* a guess's chance, with a uniform prior */
-    int best = 0;
-    double best_rate = 1 / a->t_plain;
-    for (int k = 1; k <= k_max; k++) {
-        double rate = tokens_per_trip(p, k) / (a->t_plain + k * a->t_row);
-        if (rate > best_rate * 1.02) best = k, best_rate = rate; /* 2 %: a tie goes to fewer guesses */
-    }
-    return best;
+    if (k_max > PS_SPEC_AUTO_MAX) k_max = PS_SPEC_AUTO_MAX;
+    if (k_max < 1 || a->rate[0] <= 0) return 0; /* a plain trip first: the yardstick */
+    int best = best_k(a, k_max), two = k_max < 2 ? k_max : 2;
+    bool tried = false;
+    for (int k = 1; k <= k_max; k++) tried |= a->rate[k] > 0;
+    if (!tried || (best == 0 && a->plain_run >= AUTO_EXPLORE)) return two;
+    if (best == 0 || a->since_move < PS_SPEC_EXPLORE) return best;
+    int n = best + (a->dir < 0 ? -1 : 1);
+    return n < 1 ? 1 : n > k_max ? k_max : n;
 }
 
 /* An exponential moving average: old, or v for the first value. */
 static double ema(double old, double v) { return old > 0 ? TIME_DECAY * old + (1 - TIME_DECAY) * v : v; }
 
 void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds) {
-    if (k == 0) {
-        a->t_plain = ema(a->t_plain, seconds);
-        a->plain_run++;
-        return;
-    }
-    a->plain_run = 0;
-    a->kept = AUTO_DECAY * a->kept + kept;
-    a->stopped = AUTO_DECAY * a->stopped + (kept < k);
-    if (a->t_plain > 0) a->t_row = ema(a->t_row, fmax(0, seconds - a->t_plain) / k);
+    if (k < 0 || k > PS_SPEC_AUTO_MAX || !(seconds > 0)) return;
+    a->rate[k] = ema(a->rate[k], (kept + 1) / seconds);
+    a->plain_run = k ? 0 : a->plain_run + 1;
+    if (a->since_move >= PS_SPEC_EXPLORE)
+        a->since_move = 0, a->dir = a->dir < 0 ? 1 : -1;
+    else
+        a->since_move++;
 }

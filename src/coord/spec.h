@@ -24,6 +24,7 @@ typedef struct ps_draft ps_draft;
 #define PS_SPEC_NGRAM_MAX 4 /* the longest n-gram prompt lookup matches */
 
 #define PS_SPEC_AUTO_MAX 10 /* the most guesses per trip --spec-k auto tries */
+#define PS_SPEC_EXPLORE  8  /* --spec-k auto tries a neighbour of its best K every this many trips */
 
 /* Speculation of a generation. */
 typedef struct {
@@ -34,17 +35,17 @@ typedef struct {
     bool overlap;    /* PS_SPEC_DRAFT: while a trip is out, draft the next one as if every guess is kept */
 } ps_spec_opts;
 
-/* --spec-k auto: K per trip from what the trips so far measured. A guess is kept with
- * probability a (estimated from the trips: guesses kept, and trips that stopped at a wrong
- * one, decayed so that a change of text shows), so a trip of K guesses gives
- * (1 - a^(K+1)) / (1 - a) tokens on average; it costs the plain trip's time plus K times a
- * guess's (both measured). K is the one that gives the most tokens per second, 0 (plain
- * decoding) when no K pays; after 16 plain trips in a row a trip of 2 guesses measures
- * again. */
+/* --spec-k auto: K per trip from what the trips so far measured. Each K tried has the tokens
+ * per second its trips gave (a moving average: the text, the draft's cost, the overlap and the
+ * ring's latency all show in it), and the next trip takes the K that gave the most, 0 (plain
+ * decoding) when none beat it. Plain decoding is measured first, then 2 guesses; every 8th
+ * trip tries a neighbour of the best K (one more, then one fewer), so that K climbs to where the
+ * rate peaks and follows it; after 16 plain trips in a row 2 guesses are tried again. */
 typedef struct {
-    double kept, stopped;  /* decayed: guesses kept; trips that stopped at a wrong guess */
-    double t_plain, t_row; /* seconds: a plain trip; what each guess adds to one (EMAs; 0 = not yet) */
-    int plain_run;         /* plain trips in a row */
+    double rate[PS_SPEC_AUTO_MAX + 1]; /* tokens per second of the trips with K guesses (0: not tried) */
+    int since_move;                    /* trips since the last neighbour was tried */
+    int dir;                           /* the next neighbour: +1 or -1 (0 counts as +1) */
+    int plain_run;                     /* plain trips in a row */
 } ps_spec_auto;
 
 /* The K for the next trip (0..k_max; 0: plain). */
