@@ -107,9 +107,9 @@ static void run_usage(FILE *f) {
           "  --draft-threads N       the draft model's compute threads (default 1)\n"
           "  --spec-overlap on|off   with --draft: while a trip is out, draft the next one as if every\n"
           "                          guess is kept, used when that came true (default on)\n"
-          "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): per trip, the K\n"
-          "                          (up to 10) that the measured acceptance and trip times say gives\n"
-          "                          the most tokens per second, and plain decoding when none pays\n",
+          "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): the K (up to 10)\n"
+          "                          whose trips gave the most tokens per second so far, trying a\n"
+          "                          neighbour every 8th trip; plain decoding when none beats it\n",
           f);
 }
 
