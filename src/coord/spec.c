@@ -43,6 +43,7 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     bool tried = false;
     for (int k = 1; k <= k_max; k++) tried |= a->rate[k] > 0;
     if (!tried || (best == 0 && a->plain_run >= AUTO_EXPLORE)) return two;
+    if (best == 0 && a->last_k > 0 && a->streak < PS_SPEC_TRIAL) return a->last_k; /* a trial runs on */
     if (best == 0 || a->since_move < PS_SPEC_EXPLORE) return best;
     int n = best + (a->dir < 0 ? -1 : 1);
     return n < 1 ? 1 : n > k_max ? k_max : n;
@@ -55,6 +56,7 @@ void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds) {
     if (k < 0 || k > PS_SPEC_AUTO_MAX || !(seconds > 0)) return;
     a->rate[k] = ema(a->rate[k], (kept + 1) / seconds);
     a->plain_run = k ? 0 : a->plain_run + 1;
+    a->streak = k == a->last_k ? a->streak + 1 : 1, a->last_k = k;
     if (a->since_move >= PS_SPEC_EXPLORE)
         a->since_move = 0, a->dir = a->dir < 0 ? 1 : -1;
     else

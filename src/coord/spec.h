@@ -25,6 +25,7 @@ typedef struct ps_draft ps_draft;
 
 #define PS_SPEC_AUTO_MAX 10 /* the most guesses per trip --spec-k auto tries */
 #define PS_SPEC_EXPLORE  8  /* --spec-k auto tries a neighbour of its best K every this many trips */
+#define PS_SPEC_TRIAL    4  /* ... and a K it tries after plain decoding for this many trips in a row */
 
 /* Speculation of a generation. */
 typedef struct {
@@ -38,14 +39,17 @@ typedef struct {
 /* --spec-k auto: K per trip from what the trips so far measured. Each K tried has the tokens
  * per second its trips gave (a moving average: the text, the draft's cost, the overlap and the
  * ring's latency all show in it), and the next trip takes the K that gave the most, 0 (plain
- * decoding) when none beat it. Plain decoding is measured first, then 2 guesses; every 8th
- * trip tries a neighbour of the best K (one more, then one fewer), so that K climbs to where the
- * rate peaks and follows it; after 16 plain trips in a row 2 guesses are tried again. */
+ * decoding) when none beat it. Plain decoding is measured first, then 2 guesses for 4 trips in a
+ * row (a lone trip of guesses pays what a run of them shares: the draft catching up, the overlap
+ * not yet ready); every 8th trip tries a neighbour of the best K (one more, then one fewer), so
+ * that K climbs to where the rate peaks and follows it; after 16 plain trips in a row 2 guesses
+ * are tried again, 4 trips long. */
 typedef struct {
     double rate[PS_SPEC_AUTO_MAX + 1]; /* tokens per second of the trips with K guesses (0: not tried) */
     int since_move;                    /* trips since the last neighbour was tried */
     int dir;                           /* the next neighbour: +1 or -1 (0 counts as +1) */
     int plain_run;                     /* plain trips in a row */
+    int last_k, streak;                /* the latest trip's K, and how many in a row had it */
 } ps_spec_auto;
 
 /* The K for the next trip (0..k_max; 0: plain). */
