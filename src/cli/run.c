@@ -109,7 +109,7 @@ static void run_usage(FILE *f) {
           "                          guess is kept, used when that came true (default on)\n"
           "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): the K (up to 10)\n"
           "                          whose trips gave the most tokens per second so far, trying a\n"
-          "                          neighbour every 8th trip; plain decoding when none beats it\n",
+          "                          neighbour every 4th trip; plain decoding when none beats it\n",
           f);
 }
 

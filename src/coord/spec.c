@@ -57,8 +57,10 @@ void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds) {
     a->rate[k] = ema(a->rate[k], (kept + 1) / seconds);
     a->plain_run = k ? 0 : a->plain_run + 1;
     a->streak = k == a->last_k ? a->streak + 1 : 1, a->last_k = k;
-    if (a->since_move >= PS_SPEC_EXPLORE)
-        a->since_move = 0, a->dir = a->dir < 0 ? 1 : -1;
-    else
+    if (a->since_move < PS_SPEC_EXPLORE) {
         a->since_move++;
+        return;
+    }
+    a->since_move = 0; /* that was a neighbour: go on that way while it becomes the best */
+    if (best_k(a, PS_SPEC_AUTO_MAX) != k) a->dir = a->dir < 0 ? 1 : -1;
 }

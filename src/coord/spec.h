@@ -24,7 +24,7 @@ typedef struct ps_draft ps_draft;
 #define PS_SPEC_NGRAM_MAX 4 /* the longest n-gram prompt lookup matches */
 
 #define PS_SPEC_AUTO_MAX 10 /* the most guesses per trip --spec-k auto tries */
-#define PS_SPEC_EXPLORE  8  /* --spec-k auto tries a neighbour of its best K every this many trips */
+#define PS_SPEC_EXPLORE  4  /* --spec-k auto tries a neighbour of its best K every this many trips */
 #define PS_SPEC_TRIAL    4  /* ... and a K it tries after plain decoding for this many trips in a row */
 
 /* Speculation of a generation. */
@@ -41,7 +41,8 @@ typedef struct {
  * ring's latency all show in it), and the next trip takes the K that gave the most, 0 (plain
  * decoding) when none beat it. Plain decoding is measured first, then 2 guesses for 4 trips in a
  * row (a lone trip of guesses pays what a run of them shares: the draft catching up, the overlap
- * not yet ready); every 8th trip tries a neighbour of the best K (one more, then one fewer), so
+ * not yet ready); every 4th trip tries a neighbour of the best K, on the side that paid last
+ * time (one more at first; the other side after a neighbour that did not become the best), so
  * that K climbs to where the rate peaks and follows it; after 16 plain trips in a row 2 guesses
  * are tried again, 4 trips long. */
 typedef struct {
