@@ -56,6 +56,13 @@ bool ps_arg_mbps(const char *cmd, const char *flag, const char *s, double *out) 
     return false;
 }
 
+bool ps_arg_on_off(const char *cmd, const char *flag, const char *s, bool *out) {
+    *out = !strcmp(s, "on");
+    if (*out || !strcmp(s, "off")) return true;
+    fprintf(stderr, "pipeshard %s: %s must be on or off, got '%s'\n", cmd, flag, s);
+    return false;
+}
+
 bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *unix_sockets) {
     *unix_sockets = !strcmp(s, "unix");
     if (*unix_sockets || !strcmp(s, "tcp")) return true;

@@ -16,6 +16,8 @@ bool ps_arg_int(const char *cmd, const char *flag, const char *s, long long min,
 bool ps_arg_float(const char *cmd, const char *flag, const char *s, double min, double max, double *out);
 /* An emulated link rate in Mbit/s: 0 (no limit) or PS_LINK_MIN_MBPS to 1e6. */
 bool ps_arg_mbps(const char *cmd, const char *flag, const char *s, double *out);
+/* A switch's value: "on" (*out true) or "off". */
+bool ps_arg_on_off(const char *cmd, const char *flag, const char *s, bool *out);
 /* A local fleet's transport: "tcp" (loopback; *unix_sockets false) or "unix". */
 bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *unix_sockets);
 /* The word in known (NULL-terminated) nearest to word by Damerau-Levenshtein distance (an

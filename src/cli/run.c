@@ -217,13 +217,7 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
         return false;
     }
     case O_DRAFT: o->draft = v; return true;
-    case O_OVERLAP:
-        if (strcmp(v, "on") && strcmp(v, "off")) {
-            fprintf(stderr, "pipeshard %s: %s must be on or off, got '%s'\n", cmd, flag, v);
-            return false;
-        }
-        o->spec.overlap = !strcmp(v, "on"), o->overlap_set = true;
-        return true;
+    case O_OVERLAP: o->overlap_set = true; return ps_arg_on_off(cmd, flag, v, &o->spec.overlap);
     case O_DRAFT_THREADS: return ps_arg_int(cmd, flag, v, 1, 1024, &o->draft_threads);
     case O_SPEC_K:
         o->spec_k_set = true;
@@ -476,6 +470,17 @@ static progress_line run_progress = {.pct = -1};
 
 void ps_run_progress_clear(void) { progress_clear(&run_progress); }
 
+ps_status ps_run_draft_open(const run_opts *o, ps_launch *l, int slots, ps_spec_opts *spec, ps_draft **out, char *err,
+                            size_t errlen) {
+    *out = NULL;
+    if (!o->draft) return PS_OK;
+    int threads = o->draft_threads ? (int)o->draft_threads : 1;
+    ps_status s =
+        ps_draft_open(o->draft, threads, ps_coord_n_ctx(ps_launch_coord(l)), slots, ps_launch_tok(l), out, err, errlen);
+    if (!s) spec->kind = PS_SPEC_DRAFT, spec->draft = *out;
+    return s;
+}
+
 ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char *err, size_t errlen) {
     run_progress.show = isatty(STDERR_FILENO);
     ps_launch_opts lo = {.model = o->model,
@@ -619,14 +624,7 @@ static ps_status run_setup(run_state *st) {
     if (s) return st->usage = true, s; /* sampling flags that do not go together */
     if ((s = ps_run_launch(o, o->draft || !(o->prompt_ids && o->print_ids), &st->launch, err, el))) return s;
     ps_spec_opts spec = o->spec;
-    if (o->draft) {
-        int threads = o->draft_threads ? (int)o->draft_threads : 1;
-        ps_coord *c = ps_launch_coord(st->launch);
-        if ((s = ps_draft_open(o->draft, threads, ps_coord_n_ctx(c), 1, ps_launch_tok(st->launch), &st->draft, err,
-                               el)))
-            return st->usage = s == PS_ERR_ARG, s;
-        spec.kind = PS_SPEC_DRAFT, spec.draft = st->draft;
-    }
+    if ((s = ps_run_draft_open(o, st->launch, 1, &spec, &st->draft, err, el))) return st->usage = s == PS_ERR_ARG, s;
     if ((s = ps_session_create(ps_launch_coord(st->launch), ps_launch_tok(st->launch), &st->session, err, el)) ||
         (s = ps_session_set_spec(st->session, &spec, err, el)))
         return s;

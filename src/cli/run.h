@@ -51,6 +51,10 @@ void ps_run_usage_compute(FILE *f);
 /* Starts o's model (ps_launch_start), drawing a progress line on stderr when it is a terminal,
  * and warns about a context longer than the model's. */
 ps_status ps_run_launch(const ps_run_opts *o, bool tokenizer, ps_launch **out, char *err, size_t errlen);
+/* With --draft: opens the draft model for `slots` sequences beside launch l (its context and
+ * tokenizer; --draft-threads) into *out and turns spec to it; without, *out is NULL. */
+ps_status ps_run_draft_open(const ps_run_opts *o, ps_launch *l, int slots, ps_spec_opts *spec, ps_draft **out,
+                            char *err, size_t errlen);
 /* Clears the progress line, if one is drawn, before other output. */
 void ps_run_progress_clear(void);
 

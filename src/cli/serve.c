@@ -77,12 +77,7 @@ static bool serve_set(void *ctx, const char *flag, const char *v) {
     if (!strcmp(flag, "--parallel")) return ps_arg_int("serve", flag, v, 1, PS_MB_MAX_SEGS, &o->parallel);
     if (!strcmp(flag, "--kv-blocks")) return ps_arg_int("serve", flag, v, 1, 1 << 24, &o->kv_blocks);
     if (!strcmp(flag, "--queue-size")) return ps_arg_int("serve", flag, v, 0, 1 << 20, &o->queue);
-    if (strcmp(v, "on") && strcmp(v, "off")) {
-        fprintf(stderr, "pipeshard serve: %s must be on or off, got '%s'\n", flag, v);
-        return false;
-    }
-    o->prefix_cache = !strcmp(v, "on");
-    return true;
+    return ps_arg_on_off("serve", flag, v, &o->prefix_cache);
 }
 
 /* The model's id in the API: -m's file name without ".gguf" (NULL for a fleet: the server
@@ -129,11 +124,7 @@ int ps_cli_serve(int argc, char **argv) {
     ps_draft *draft = NULL;
     ps_status s = ps_run_launch(&o, true, &l, err, sizeof err);
     ps_run_progress_clear();
-    if (!s && o.draft) {
-        s = ps_draft_open(o.draft, o.draft_threads ? (int)o.draft_threads : 1, ps_coord_n_ctx(ps_launch_coord(l)),
-                          (int)so.parallel, ps_launch_tok(l), &draft, err, sizeof err);
-        sco.spec.kind = PS_SPEC_DRAFT, sco.spec.draft = draft;
-    }
+    if (!s) s = ps_run_draft_open(&o, l, (int)so.parallel, &sco.spec, &draft, err, sizeof err);
     if (!s) s = ps_sched_create(l, &sco, &sched, err, sizeof err);
     if (!s) s = ps_server_start(l, sched, &svo, &sv, err, sizeof err);
     if (s) {

@@ -785,6 +785,7 @@ ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos
     return s;
 }
 
+/* Stage 0's hop is the coordinator's own connection to stage 1. */
 static void refresh_stage0(ps_coord *c) {
     if (c->n > 1 && c->st[1].conn) ps_conn_get_stats(c->st[1].conn, &c->st[0].cur.hop);
 }

@@ -23,7 +23,7 @@
  * is back, no micro-batch is sent until none is in flight, and its whole blocks are saved on
  * every stage (ps_coord_kv), then its record. At the start, and once a fleet that failed is
  * back, the records of this model are restored into free blocks and published in the prefix
- * cache. 
+ * cache.
  * Callbacks run outside the mutex, so that they may call ps_sched_cancel or ps_sched_submit. */
 #include "sched.h"
 
@@ -129,17 +129,23 @@ static void seq_free(seq *q) {
     free(q);
 }
 
+/* The index of the first of ids[0..n) outside 0..vocab-1, or -1. */
+static int bad_id(const int32_t *ids, int n, int vocab) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) return i;
+    return -1;
+}
+
 /* Checks request r against what the scheduler runs; the message names what is wrong. */
 static ps_status check_request(const ps_sched *s, const ps_sched_request *r, char *err, size_t errlen) {
     if (!r->prompt || r->n_prompt <= 0) return ps_errf(err, errlen, PS_ERR_ARG, "the prompt is empty");
     if (r->n_prompt > s->n_ctx)
         return ps_errf(err, errlen, PS_ERR_RANGE, "the prompt has %d tokens, more than the context size of %d",
                        r->n_prompt, s->n_ctx);
-    for (int i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
-            return ps_errf(err, errlen, PS_ERR_ARG,
-                           "token id %d of the prompt is not in the model's vocabulary (0..%d)", r->prompt[i],
-                           s->vocab - 1);
+    int bad = bad_id(r->prompt, r->n_prompt, s->vocab);
+    if (bad >= 0)
+        return ps_errf(err, errlen, PS_ERR_ARG, "token id %d of the prompt is not in the model's vocabulary (0..%d)",
+                       r->prompt[bad], s->vocab - 1);
     if (r->top_logprobs < -1 || r->top_logprobs > PS_SCHED_MAX_TOP_LOGPROBS)
         return ps_errf(err, errlen, PS_ERR_ARG, "top_logprobs is %d; it must be 0 to %d", r->top_logprobs,
                        PS_SCHED_MAX_TOP_LOGPROBS);
@@ -463,6 +469,7 @@ static int guess_room(const ps_sched *s, seq *q, int room) {
  * draft that fails costs the guesses, never a request. */
 static void guess_all(ps_sched *s, seq **qs, int n, int room) {
     ps_draft_req req[PS_MB_MAX_SEGS];
+    seq *of[PS_MB_MAX_SEGS]; /* the sequence of each request */
     int n_req = 0;
     for (int i = 0; i < n; i++) {
         seq *q = qs[i];
@@ -470,6 +477,7 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
         q->guess[0] = q->toks[q->n_done], q->n_guess = 0, q->guess_pos = q->n_done + 1;
         if (k > 0 && s->o.spec.kind == PS_SPEC_NGRAM) q->n_guess = ps_spec_ngram(q->toks, q->n_toks, k, q->guess + 1);
         if (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT)
+            of[n_req] = q,
             req[n_req++] =
                 (ps_draft_req){.slot = q->slot, .toks = q->toks, .n = q->n_toks, .k = k, .out = q->guess + 1};
         room -= q->n_guess + (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT ? k : 0);
@@ -479,8 +487,7 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
         fprintf(stderr, "pipeshard: the draft model failed (these trips go without guesses): %s\n", err);
         return;
     }
-    for (int i = 0, r = 0; i < n && r < n_req; i++)
-        if (qs[i]->slot == req[r].slot && req[r].out == qs[i]->guess + 1) qs[i]->n_guess = req[r++].n_out;
+    for (int r = 0; r < n_req; r++) of[r]->n_guess = req[r].n_out;
 }
 
 /* A trip of q's came back with n tokens: --spec-k auto learns from it, the metrics count it. */
@@ -529,8 +536,8 @@ static bool send_group(ps_sched *s, int g) {
     bool sample = false;
     for (int i = 0; i < s->n_run && rows < max_rows; i++) /* decoding sequences first */
         if (sendable(s->run[i], g) && s->run[i]->n_toks - s->run[i]->n_done == 1) s->sent[n_segs++] = s->run[i], rows++;
-    for (int k = 0; k < n_segs; k++) s->sent[k]->n_guess = 0;
-    if (s->o.spec.kind) guess_all(s, s->sent, n_segs, max_rows - rows);
+    if (s->o.spec.kind) /* else n_guess stays 0 */
+        guess_all(s, s->sent, n_segs, max_rows - rows);
     int n_dec = n_segs;
     n_segs = 0;
     for (int k = 0; k < n_dec; k++) {
@@ -640,13 +647,6 @@ static int pfx_add(ps_sched *s, ps_prefix *p) {
     return i;
 }
 
-/* Whether ids[0..n) are all in 0..vocab-1. */
-static bool ids_ok(const int32_t *ids, int n, int vocab) {
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= vocab) return false;
-    return true;
-}
-
 /* Restores prefix record i into free blocks of every stage and publishes them in the prefix
  * cache; nothing runs on the blocks meanwhile. An error only when the fleet failed. */
 static ps_status restore_one(ps_sched *s, int i, int32_t *table) {
@@ -660,7 +660,7 @@ static ps_status restore_one(ps_sched *s, int i, int32_t *table) {
     else if (strcmp(p->model_fp, s->model_fp))
         snprintf(why, sizeof why, "it was captured under another model (fingerprint %s; this one's is %s)", p->model_fp,
                  s->model_fp);
-    else if (!ids_ok(p->tokens, p->n_tokens, s->vocab))
+    else if (bad_id(p->tokens, p->n_tokens, s->vocab) >= 0)
         snprintf(why, sizeof why, "it holds token ids outside the model's vocabulary (0..%d)", s->vocab - 1);
     else if (p->n_tokens > s->n_ctx)
         snprintf(why, sizeof why, "its %d tokens exceed this fleet's context of %d", p->n_tokens, s->n_ctx);

@@ -2,11 +2,11 @@
 #include "session.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "draft.h"
 #include "spec.h"
-#include <stdlib.h>
-#include <string.h>
 
 struct ps_session {
     ps_coord *coord;

@@ -97,8 +97,8 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
 }
 
 int ps_mb_max_results(int max_mb, int max_segs, int max_draft) {
-    long long n = (long long)max_segs * (1 + max_draft);
-    return n < max_mb ? (int)n : max_mb < max_segs ? max_segs : max_mb;
+    long long n = (long long)max_segs * (1 + max_draft); /* and no more than rows */
+    return n < max_mb ? (int)n : max_mb;
 }
 
 uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int max_draft, int n_ctx) {
