@@ -17,6 +17,8 @@
 #define CHI2_999_DF3  16.266
 #define CHI2_999_DF4  18.467
 #define CHI2_999_DF9  27.877
+#define CHI2_999_DF15 37.697
+#define CHI2_999_DF19 43.820
 #define CHI2_999_DF99 148.230
 
 static int near(double a, double b, double tol) { return fabs(a - b) <= tol; }
@@ -425,6 +427,101 @@ static void test_chi_square(void) {
     chi2_check("top_p (5 kept)", &p, l, 10, order, 5, CHI2_999_DF4);
 }
 
+// ---- speculative decoding with a sampled draft -----------------------------------------
+
+/* A draft of 20 tokens drawn with ps_sample_draft (cut to its 16 most likely) and checked by
+ * ps_sample_verify against other logits: the guesses are distributed as the draft's cut
+ * softmax, the tokens as the target's softmax, and the share of guesses kept is
+ * sum_y min(p(y), q(y)), each computed here from the formulas. */
+static void test_spec_verify(void) {
+    enum { V = 20, N = 200000 };
+    float target[V], draft[V];
+    int32_t ids[V], by_draft[V];
+    for (int i = 0; i < V; i++) {
+        target[i] = (float)sin(1.3 * i) * 2.0f, draft[i] = target[i] + (float)cos(0.7 * i); /* alike, not equal */
+        ids[i] = i;
+    }
+    for (int i = 0; i < V; i++) by_draft[i] = i; /* the draft's 16 most likely, in draw order */
+    for (int i = 1; i < V; i++)
+        for (int j = i; j > 0 && draft[by_draft[j]] > draft[by_draft[j - 1]]; j--) {
+            int32_t t = by_draft[j];
+            by_draft[j] = by_draft[j - 1], by_draft[j - 1] = t;
+        }
+    ps_sample_params p = ps_sample_params_default();
+    p.temperature = 0.9f, p.seed = 77;
+    double pt[V], qd[PS_DRAFT_DIST], q_of[V] = {0}, accept = 0;
+    ref_softmax(target, ids, V, p.temperature, pt);
+    ref_softmax(draft, by_draft, PS_DRAFT_DIST, p.temperature, qd);
+    for (int i = 0; i < PS_DRAFT_DIST; i++) q_of[by_draft[i]] = qd[i];
+    for (int i = 0; i < V; i++) accept += fmin(pt[i], q_of[i]);
+    ps_sampler *sd = make(V), *st = make(V);
+    long guessed[V] = {0}, got[V] = {0}, kept = 0;
+    int bad = 0;
+    for (uint64_t pos = 0; pos < N; pos++) {
+        ps_draft_dist q;
+        int32_t g = -1, t = -1;
+        bool k = false;
+        PS_CHECK_OK(ps_sample_draft(sd, &p, draft, NULL, 0, pos, &q, &g));
+        PS_CHECK_OK(ps_sample_verify(st, &p, target, NULL, 0, pos, &q, g, &t, &k));
+        bad += q.n != PS_DRAFT_DIST || q.id[0] != by_draft[0] || fabs(q.p[0] - qd[0]) > 1e-6 || (k && t != g) ||
+               (!k && t == g) || t < 0 || g < 0;
+        if (t >= 0 && g >= 0) guessed[g]++, got[t]++, kept += k;
+    }
+    PS_CHECK_EQ_INT(bad, 0);
+    double chi_q = 0, chi_p = 0;
+    for (int i = 0; i < PS_DRAFT_DIST; i++) {
+        double e = qd[i] * N;
+        chi_q += (guessed[by_draft[i]] - e) * (guessed[by_draft[i]] - e) / e;
+    }
+    for (int i = 0; i < V; i++) chi_p += (got[i] - pt[i] * N) * (got[i] - pt[i] * N) / (pt[i] * N);
+    double rate = (double)kept / N, sd_rate = sqrt(accept * (1 - accept) / N);
+    printf("sampled draft: guesses chi2 = %.2f (15 dof, critical %.3f), tokens chi2 = %.2f (19 dof, critical %.3f), "
+           "kept %.4f (sum min(p, q) = %.4f)\n",
+           chi_q, CHI2_999_DF15, chi_p, CHI2_999_DF19, rate, accept);
+    PS_CHECK(chi_q < CHI2_999_DF15);
+    PS_CHECK(chi_p < CHI2_999_DF19);
+    PS_CHECK(fabs(rate - accept) < 4 * sd_rate);
+    PS_CHECK(accept > 0.5 && accept < 0.99); /* the case is neither trivial nor hopeless */
+
+    /* greedy: the argmax, kept when guessed */
+    ps_sample_params g0 = p;
+    g0.temperature = 0;
+    ps_draft_dist q;
+    int32_t g = -1, t = -1;
+    bool k = false;
+    PS_CHECK_OK(ps_sample_draft(sd, &g0, draft, NULL, 0, 0, &q, &g));
+    PS_CHECK(q.n == 1 && q.id[0] == by_draft[0] && q.p[0] == 1.0f && g == by_draft[0]);
+    PS_CHECK_OK(ps_sample_verify(st, &g0, target, NULL, 0, 0, &q, g, &t, &k));
+    int32_t best = 0;
+    for (int i = 1; i < V; i++) best = target[i] > target[best] ? i : best;
+    PS_CHECK(t == best && k == (g == best));
+
+    /* a distribution that is not one over this vocabulary holding the guess */
+    static const struct {
+        int n, id1;
+        float p0, p1;
+        int guess;
+        const char *needle;
+    } cases[] = {{0, 1, 0.5f, 0.5f, 0, "of 0 tokens"},
+                 {17, 1, 0.5f, 0.5f, 0, "of 17 tokens"},
+                 {2, 20, 0.5f, 0.5f, 0, "token 20 is not in [0, 20)"},
+                 {2, -1, 0.5f, 0.5f, 0, "token -1 is not"},
+                 {2, 0, 0.5f, 0.5f, 0, "token 0 appears twice"},
+                 {2, 1, NAN, 0.5f, 0, "has probability nan"},
+                 {2, 1, 0.0f, 1.0f, 0, "has probability 0"},
+                 {2, 1, 0.25f, 0.25f, 0, "sums to 0.5"},
+                 {2, 1, 0.5f, 0.5f, 3, "the guess 3 is not in its draft distribution"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ps_draft_dist b = {.n = cases[i].n, .id = {0, cases[i].id1}, .p = {cases[i].p0, cases[i].p1}};
+        PS_CHECK_EQ_INT(ps_sample_verify(st, &p, target, NULL, 0, 0, &b, cases[i].guess, &t, &k), PS_ERR_ARG);
+        const char *msg = ps_sampler_error(st);
+        if (!strstr(msg, cases[i].needle)) fprintf(stderr, "message '%s' lacks '%s'\n", msg, cases[i].needle);
+        PS_CHECK(strstr(msg, cases[i].needle) != NULL && t == -1 && !k);
+    }
+    ps_sampler_free(sd);
+    ps_sampler_free(st);
+}
+
 // ---- bad input ----------------------------------------------------------------------
 
 static void expect_bad(ps_sample_params p, const char *needle) {
@@ -588,6 +685,7 @@ int main(void) {
     test_reproducible();
     test_sample_matches_dist();
     test_chi_square();
+    test_spec_verify();
     test_bad_params();
     test_top_logprobs();
     report_speed();

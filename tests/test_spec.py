@@ -1,26 +1,30 @@
 #!/usr/bin/env python3
 """test_spec.py - speculative decoding (`--spec ngram`, `--draft MODEL`, `--spec-k K|auto`,
 `--spec-overlap`) in run, chat and serve: guesses checked by the last stage in one trip around the
-ring, which must never change the tokens.
+ring, which must never change the tokens of greedy decoding nor the distribution of sampled ones.
 
-  1. The tokens are those of plain decoding, exactly: for K = 1..10 and auto on 1, 2 and 3 stages, greedy
+  1. Prompt lookup (--spec ngram) gives plain decoding's tokens exactly: for K = 1..10 and auto on 1, 2 and 3 stages, greedy
      and seeded (temperature 0.8), with the prompt in one micro-batch and chunked
      (--prefill-chunk), on stories260K (../shared/models); K = 1, 4, 10 and auto on 1 and 2 stages on
      SmolLM2-135M-Instruct (.cache/models). A repetitive prompt makes the guesses land: the
      --stats line's spec figures must show guesses kept (more than one token per trip) and add
      up (kept <= drafted <= K x trips).
-  2. `serve --spec ngram` and `serve --draft` (SmolLM2 drafting for itself) on 2 stages: 8 requests at once, greedy and seeded, each with
-     the top-2 log-probabilities of every token, get exactly the answers of a server without
-     --spec; /metrics counts the trips, the guesses sent and kept.
-  3. A draft model (--draft): stories260K drafting for itself keeps every guess (greedy), and a
-     synthetic model with the target's vocabulary but other weights keeps almost none; both give
-     plain decoding's ids, for K = 1, 3, 10 and auto on 1, 2 and 3 stages, greedy and seeded, with
-     and without --spec-overlap (the good draft's overlap must have drafted some trips).
-     Another vocabulary is refused naming the first difference (the sizes, or a token's texts).
+  2. `serve --spec ngram` and `serve --draft` (SmolLM2 drafting for itself, K 3) on 2 stages: 8
+     requests at once, greedy and seeded, each with the top-2 log-probabilities of every token, get
+     exactly the answers of a server without --spec (the draft's seeded ones, whose guesses are
+     sampled: the answers they get alone); /metrics counts the trips, the guesses sent and kept.
+  3. A draft model (--draft): stories260K drafting for itself keeps every greedy guess, and a
+     synthetic model with the target's vocabulary but other weights keeps almost none; for K = 1,
+     3, 10 and auto on 1, 2 and 3 stages, with and without --spec-overlap, greedy runs give plain
+     decoding's ids, and seeded runs (guesses drawn from the draft's distribution, checked by the
+     rejection rule) the same ids for a fixed K on every split with and without overlap; the
+     self-draft keeps over 90 % of its sampled guesses, the bad draft under 30 % (the good draft's
+     overlap must have drafted some trips). Another vocabulary is refused naming the first
+     difference (the sizes, or a token's texts).
   4. The distribution: 600 seeded draws at temperature 0.25 with the bad draft and with the model
-     drafting for itself, of the first token
-     and of the second given the first, against the target's softmax (from --dump-logits of a
-     plain run): chi-square p-values above 0.001.
+     drafting for itself (sampled guesses, the rejection rule), of the first token and of the
+     second given the first, against the target's softmax (from --dump-logits of a plain run):
+     chi-square p-values above 0.001.
   5. Usage errors: --spec-k 0 and 17, an unknown draft source, --spec-k without --spec, --spec
      with --dump-logits, --spec with --draft, --draft-threads without --draft: exit 2 with a line
      that says why. `chat` answers two turns the same with --spec ngram and --draft as without.
@@ -117,25 +121,37 @@ def case_draft(tmp):
             skip(f"{name}: {model} is absent")
             continue
         kept = drafted = overlapped = 0
+        sampled = {}  # seeded: K -> [(what, ids, kept, drafted)]
         for n_stages in (1, 2, 3):
             fleet = ["--local-stages", str(n_stages)] if n_stages > 1 else []
             for how, sampling in SAMPLING.items():
                 plain, _ = run(model, fleet + sampling)
                 for k, overlap in ((1, "on"), (3, "off"), (3, "on"), (10, "on"), ("auto", "off"), ("auto", "on")):
+                    what = f"{name}, {n_stages} stage(s), {how}, K={k}, overlap {overlap}"
                     ids, st = run(model, fleet + sampling + ["--draft", draft, "--spec-k", str(k), "--spec-overlap",
                                                              overlap])
-                    check(ids == plain, f"{name}, {n_stages} stage(s), {how}, K={k}, overlap {overlap}: {ids} differ "
-                          f"from {plain}")
                     sp = st.get("spec", {})
                     overlapped += sp.get("overlapped", 0)
-                    check(overlap == "on" or sp.get("overlapped") == 0, f"{name}: --spec-overlap off: {sp}")
+                    check(overlap == "on" or sp.get("overlapped") == 0, f"{what}: --spec-overlap off: {sp}")
+                    check(sp["kept"] <= sp["drafted"], f"{what}: stats {sp}")
                     if how == "greedy":
+                        check(ids == plain, f"{what}: {ids} differ from {plain}")
                         kept, drafted = kept + sp.get("kept", 0), drafted + sp.get("drafted", 0)
+                    else:
+                        sampled.setdefault(k, []).append((what, ids, sp.get("kept", 0), sp.get("drafted", 0)))
         rate = kept / drafted if drafted else float("nan")
         check(rate == 1 if want == "all" else rate < 0.2, f"{name}: {kept} of {drafted} greedy guesses kept")
         check(overlapped > 0 if want == "all" else True, f"{name}: no trip used guesses drafted while one was out")
-        print(f"  ok: {name}: plain decoding's ids on 1, 2 and 3 stages, greedy and seeded, K 1, 3, 10 and auto "
-              f"({kept} of {drafted} greedy guesses kept)")
+        for k, runs in sampled.items():  # sampled guesses: the tokens depend on which positions had one
+            if k != "auto":
+                for what, ids, _, _ in runs[1:]:
+                    check(ids == runs[0][1], f"{what}: {ids} differ from {runs[0][0]}'s {runs[0][1]}")
+        s_kept, s_drafted = (sum(r[i] for runs in sampled.values() for r in runs) for i in (2, 3))
+        s_rate = s_kept / s_drafted if s_drafted else float("nan")
+        check(s_rate > 0.9 if want == "all" else s_rate < 0.3, f"{name}: {s_kept} of {s_drafted} sampled guesses kept")
+        print(f"  ok: {name}: greedy, plain decoding's ids on 1, 2 and 3 stages, K 1, 3, 10 and auto "
+              f"({kept} of {drafted} guesses kept); seeded, each fixed K the same ids on every split with and "
+              f"without overlap ({s_kept} of {s_drafted} sampled guesses kept)")
     other = synth(os.path.join(tmp, "other.gguf"), 1, ["--vocab", "300"])
     p = subprocess.run([BIN, "run", "-m", target, "-p", "hi", "-n", "2", "--draft", other], capture_output=True,
                        text=True, timeout=60)
@@ -168,38 +184,44 @@ def chi2_p(observed, expected):
 
 
 def case_distribution(tmp, target, draft, name, n=600):
-    """Seeded draws of the first and second tokens with a draft against the softmax."""
-    prompt = ["--prompt-ids", "5,17,42,99,7"]
+    """Seeded draws of 4 tokens with 2 sampled guesses per trip: the first token comes from the
+    prompt's trip, the second and third from the rejection rule (a guess kept, or a draw from the
+    residual). Each is checked against the target's softmax after the draw's own earlier tokens:
+    the counts of a token against the sum of those probabilities over the draws."""
+    import numpy as np
+    prompt = [5, 17, 42, 99, 7]
     temp = 0.25  # the random model's distribution at temperature 1 is nearly flat: too many bins for 600 draws
     sampling = ["--temp", str(temp), "--top-k", "0", "--top-p", "1", "--min-p", "0", "--repeat-penalty", "1"]
+    cache = {}
 
     def softmax_after(ids):
-        path = os.path.join(tmp, "logits.bin")
-        p = subprocess.run([BIN, "run", "-m", target, "--prompt-ids", ",".join(map(str, ids)), "-n", "1", "--temp",
-                            "0", "--print-ids", "--dump-logits", path], capture_output=True, text=True, timeout=60)
-        require(p.returncode == 0, f"dump-logits: {p.stderr[-300:]}")
-        import numpy as np
-        lg = np.fromfile(path, dtype=np.float32).astype(np.float64) / temp
-        e = np.exp(lg - lg.max())
-        return e / e.sum()
-    firsts, seconds = [], []
+        if tuple(ids) not in cache:
+            path = os.path.join(tmp, "logits.bin")
+            p = subprocess.run([BIN, "run", "-m", target, "--prompt-ids", ",".join(map(str, ids)), "-n", "1", "--temp",
+                                "0", "--print-ids", "--dump-logits", path], capture_output=True, text=True, timeout=60)
+            require(p.returncode == 0, f"dump-logits: {p.stderr[-300:]}")
+            lg = np.fromfile(path, dtype=np.float32).astype(np.float64) / temp
+            e = np.exp(lg - lg.max())
+            cache[tuple(ids)] = e / e.sum()
+        return cache[tuple(ids)]
+    draws, kept, drafted = [], 0, 0
     for seed in range(n):
-        args = [BIN, "run", "-m", target, *prompt, "-n", "2", "--print-ids", *sampling, "--seed", str(seed),
-                "--draft", draft, "--spec-k", "2", "--ignore-eos"]
+        args = [BIN, "run", "-m", target, "--prompt-ids", ",".join(map(str, prompt)), "-n", "4", "--print-ids",
+                "--stats", *sampling, "--seed", str(seed), "--draft", draft, "--spec-k", "2", "--ignore-eos"]
         p = subprocess.run(args, capture_output=True, text=True, timeout=60)
         require(p.returncode == 0, f"draw {seed}: {p.stderr[-300:]}")
-        a, b = map(int, p.stdout.split())
-        firsts.append(a), seconds.append((a, b))
-    p1 = softmax_after([5, 17, 42, 99, 7])
-    x, df, pv = chi2_p([firsts.count(t) for t in range(len(p1))], [n * q for q in p1])
-    check(pv > 1e-3, f"first token: chi-square {x:.1f} on {df} degrees of freedom, p = {pv:.2g}")
-    top = max(set(firsts), key=firsts.count)  # the second token given the most frequent first one
-    given = [b for a, b in seconds if a == top]
-    p2 = softmax_after([5, 17, 42, 99, 7, top])
-    x2, df2, pv2 = chi2_p([given.count(t) for t in range(len(p2))], [len(given) * q for q in p2])
-    check(pv2 > 1e-3, f"second token: chi-square {x2:.1f} on {df2} degrees of freedom, p = {pv2:.2g}")
-    print(f"  ok: {n} seeded draws with {name}: the first token's chi-square p = {pv:.3f} ({df} df), the "
-          f"second's given the first ({len(given)} draws) p = {pv2:.3f} ({df2} df)")
+        draws.append(list(map(int, p.stdout.split())))
+        sp = json.loads(p.stderr.strip().splitlines()[-1])["spec"]
+        kept, drafted = kept + sp["kept"], drafted + sp["drafted"]
+    check(drafted >= 2 * n, f"{name}: {drafted} guesses in {n} draws: the second trip carries 2")
+    ps = []
+    for j in range(3):
+        expected = sum(softmax_after(prompt + d[:j]) for d in draws)
+        x, df, pv = chi2_p(np.bincount([d[j] for d in draws], minlength=len(expected)), expected)
+        check(pv > 1e-3, f"{name}: token {j + 1}: chi-square {x:.1f} on {df} degrees of freedom, p = {pv:.2g}")
+        ps.append(f"{pv:.3f} ({df} df)")
+    print(f"  ok: {n} seeded draws with {name} ({kept} of {drafted} sampled guesses kept): chi-square p of the "
+          f"first token {ps[0]}, the second {ps[1]}, the third {ps[2]}")
 
 
 CODE = ("def add_user(db, name):\n    db.insert(\"users\", name)\n\ndef add_order(db, order):\n"
@@ -218,18 +240,24 @@ def case_serve(tmp, model):
     common = ["-m", model, "--mmap", "-c", "512", "--parallel", "8", "--local-stages", "2", "-t", "1"]
     with Server(common, "plain", tmp) as s:
         want = [ask(s, i) for i in range(8)]
-    for name, extra in (("--spec ngram", ["--spec", "ngram"]), ("--draft (itself)", ["--draft", model])):
+    for name, extra in (("--spec ngram", ["--spec", "ngram"]), ("--draft (itself)", ["--draft", model, "--spec-k", "3"])):
         with Server(common + extra, "spec-" + extra[0].strip("-"), tmp) as s:
             with concurrent.futures.ThreadPoolExecutor(8) as ex:
                 got = list(ex.map(lambda i: ask(s, i), range(8)))
+            again = [ask(s, i) for i in range(1, 8, 2)]  # the seeded ones alone, one after another
             m = s.metrics()
         for i in range(8):
-            check(got[i] == want[i], f"serve {name}: request {i}: {got[i][0]!r} differs from plain's {want[i][0]!r} "
-                  "(or its log-probabilities do)")
+            if i % 2 == 0 or "ngram" in name:  # greedy, or guesses that are single tokens: plain decoding's
+                check(got[i] == want[i], f"serve {name}: request {i}: {got[i][0]!r} differs from plain's "
+                      f"{want[i][0]!r} (or its log-probabilities do)")
+            else:  # sampled guesses: the same answer in any company
+                check(got[i] == again[i // 2], f"serve {name}: seeded request {i}: {got[i][0]!r} among 8, "
+                      f"{again[i // 2][0]!r} alone")
         trips, kept = m["pipeshard_spec_trips_total"], m["pipeshard_spec_kept_tokens_total"]
         check(trips > 0 and 0 < kept <= m["pipeshard_spec_drafted_tokens_total"], f"serve {name}: metrics {m}")
         print(f"  ok: serve {name} on 2 stages: 8 requests at once got plain decoding's answers and log-probabilities "
-              f"({trips:.0f} trips, {kept:.0f} guesses kept)")
+              f"({'seeded ones with sampled guesses the same as alone; ' if 'draft' in name else ''}"
+              f"{trips:.0f} trips, {kept:.0f} guesses kept)")
 
 
 def sanitized():

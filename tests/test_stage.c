@@ -83,6 +83,31 @@ static void test_round_trip(void) {
     ps_wbuf_free(&b);
 }
 
+/* A segment whose last token is a guess drawn from a distribution it carries: the 132 bytes
+ * travel after the block table and come back as they went; every truncation is refused. */
+static void test_draft_dist(void) {
+    int32_t tokens[N];
+    float x[N * DIM];
+    ps_mb_seg segs[2], osegs[4];
+    ps_mb mb, out = {.segs = osegs};
+    make_mb(&mb, segs, tokens, x);
+    ps_draft_dist q = {.n = 3, .id = {104, 7, 9}, .p = {0.5f, 0.25f, 0.25f}};
+    segs[0].n_draft = 1, segs[0].flags |= PS_MB_DRAFT_DIST, segs[0].dist = &q;
+    ps_wbuf b = {0};
+    ps_mb_encode(&b, &mb, DIM, NULL);
+    PS_CHECK_EQ_INT(b.len, 24 + 2 * 72 + 3 * 4 + 132 + N * 4 + 2 * PS_STAGE_STAT_BYTES + N * DIM * 4);
+    char err[256];
+    PS_CHECK_OK(ps_mb_decode(b.p, b.len, DIM, 16, 4, &out, err, sizeof err));
+    PS_CHECK(out.segs[0].n_draft == 1 && out.segs[0].dist && !memcmp(out.segs[0].dist, &q, sizeof q));
+    PS_CHECK(out.segs[1].dist == NULL && !memcmp(out.tokens, tokens, sizeof tokens));
+    PS_CHECK(ps_mb_max_bytes(DIM, 16, 4, 1, 64) >= b.len);
+    int bad = 0;
+    for (size_t cut = 0; cut < b.len; cut++)
+        bad += ps_mb_decode(b.p, cut, DIM, 16, 4, &out, err, sizeof err) == PS_ERR_PROTOCOL;
+    PS_CHECK_EQ_INT(bad, b.len);
+    ps_wbuf_free(&b);
+}
+
 static void test_rejects(void) {
     int32_t tokens[N];
     float x[N * DIM];
@@ -161,6 +186,7 @@ static void test_results(void) {
 
 int main(void) {
     test_round_trip();
+    test_draft_dist();
     test_rejects();
     test_results();
     return ps_test_done();

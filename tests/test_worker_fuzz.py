@@ -78,7 +78,7 @@ HELLO, HELLO_REPLY, AUTH, WELCOME, REFUSE = 1, 2, 3, 4, 5
 SETUP, READY, FORWARD, TOKENS, STATS, ERROR, BYE, PROBE = 16, 17, 18, 19, 20, 21, 22, 23
 PLACE, PLACED, SEND_SHARD, SHARD_DATA, KV_SAVE, KV_LOAD, KV_DONE = 24, 25, 26, 27, 28, 29, 30
 ROLE_COORD, ROLE_PREV, ROLE_WORKER = 1, 2, 3
-MB_SAMPLE = 1
+MB_SAMPLE, MB_DRAFT_DIST = 1, 4
 KV_BLOCK = 32  # PS_KV_BLOCK
 # stage.c: a FORWARD's 24-byte header (mb, n_segs, n, xdim, n_stats, 0), then per segment 72 fixed
 # bytes: seq, pos, n, flags, n_top, the sampling parameters temperature, top_k, top_p, min_p,
@@ -261,13 +261,20 @@ def mb_max_bytes(dim, max_mb, max_segs, n_ctx):
 
 
 def seg_bytes(seq=1, pos=0, n=4, flags=MB_SAMPLE, n_top=0, temp=0.0, top_k=40, top_p=0.95, min_p=0.05, rep=1.0,
-              last_n=64, presence=0.0, frequency=0.0, seed=7, blocks=None, n_blocks=None):
+              last_n=64, presence=0.0, frequency=0.0, seed=7, blocks=None, n_blocks=None, n_draft=0, dists=b""):
     """One segment: its fixed fields and its block table (by default blocks 0, 1, ... as far as
-    pos + n reaches, at most 4)."""
+    pos + n reaches, at most 4), then dists (the draft distributions' bytes, draft_dist)."""
     if blocks is None:
         blocks = list(range(max(1, min(4, (pos + n + KV_BLOCK - 1) // KV_BLOCK))))
     return (MB_SEG.pack(seq, pos, n, flags, n_top, temp, top_k, top_p, min_p, rep, last_n, presence, frequency, seed,
-                        len(blocks) if n_blocks is None else n_blocks, 0) + struct.pack(f"<{len(blocks)}i", *blocks))
+                        len(blocks) if n_blocks is None else n_blocks, n_draft) +
+            struct.pack(f"<{len(blocks)}i", *blocks) + dists)
+
+
+def draft_dist(ids, probs, n=None):
+    """A ps_draft_dist as it travels: i32 n, 16 i32 ids, 16 f32 probabilities (unused ones 0)."""
+    pad = 16 - len(ids)
+    return struct.pack("<i16i16f", len(ids) if n is None else n, *ids, *[0] * pad, *probs, *[0.0] * pad)
 
 
 def mb_payload(mb=0, n=4, xdim=DIM, n_stats=1, tokens=None, x=None, stats=None, rng=None, segs=None, n_segs=None,
@@ -794,6 +801,54 @@ def case_forward():
     print(f"  FORWARD attacks: ok in {time.time() - t0:.1f} s")
 
 
+def case_draft_dists():
+    """Guesses drawn from a distribution the micro-batch carries, into the last stage of a session
+    that takes 2 per segment: a valid one is answered, the rest end the session with an ERROR
+    that names the problem."""
+    t0 = time.time()
+    toks = [7, 8, 9, 10]  # the last is the guess
+    sampled = {"temp": 0.8, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+    def seg(dists, n_draft=1, flags=MB_SAMPLE | MB_DRAFT_DIST, **kw):
+        return mb_payload(tokens=toks, segs=[(seg_bytes(flags=flags, n_draft=n_draft, dists=dists, **{**sampled, **kw}), 4)])
+    good = draft_dist([10, 11], [0.75, 0.25])
+    s = new_session()
+    c2 = setup_last(s, max_draft=2)
+    prev = handshake(W2.addr, ROLE_PREV, 1, s)
+    prev.send(FORWARD, seg(good))
+    p = expect_frame(c2, TOKENS, "a valid guess with its distribution")
+    if p is not None:
+        _, n_res, _ = struct.unpack_from("<Iii", p)
+        seq, pos, tok, _, _ = struct.unpack_from("<QiifI", p, 12)
+        check(n_res in (1, 2) and pos == 3 and 0 <= tok < VOCAB and (n_res == 1 or tok == 10),
+              f"a valid guess: {n_res} results, the first token {tok} at {pos}")
+    prev.close(), c2.close()
+    healthy("a valid guess with its distribution")
+    bad = [("distributions without guesses", seg(b"", n_draft=0), "draft distributions without guesses"),
+           ("a distribution cut short", seg(good[:100]), "has 1280 bytes, expected 1312"),
+           ("3 guesses, the session takes 2", seg(good * 3, n_draft=3), "carries 3 draft tokens; the session allows 2"),
+           ("17 tokens", seg(draft_dist([10, 11], [0.75, 0.25], n=17)), "a draft distribution of 17 tokens"),
+           ("0 tokens", seg(draft_dist([10, 11], [0.75, 0.25], n=0)), "a draft distribution of 0 tokens"),
+           ("a token outside the vocabulary", seg(draft_dist([10, VOCAB], [0.5, 0.5])),
+            f"token {VOCAB} is not in [0, {VOCAB})"),
+           ("a token twice", seg(draft_dist([10, 10], [0.5, 0.5])), "token 10 appears twice"),
+           ("a NaN probability", seg(draft_dist([10, 11], [float("nan"), 0.5])), "has probability nan"),
+           ("probabilities summing to 0.5", seg(draft_dist([10, 11], [0.25, 0.25])), "sums to 0.5"),
+           ("the guess not in it", seg(draft_dist([11, 12], [0.5, 0.5])), "the guess 10 is not in its draft distribution")]
+    for what, payload, why in bad:
+        s = new_session()
+        c2 = setup_last(s, max_draft=2)
+        prev = handshake(W2.addr, ROLE_PREV, 1, s)
+        mark = len(W2.text())
+        half_close(prev, frame(FORWARD, payload))
+        reasons, _ = dropped(c2, f"w2: draft distribution: {what}")
+        check(any(why in r for r in reasons), f"w2: draft distribution: {what}: no ERROR saying '{why}' ({reasons})")
+        logged(W2, why, f"w2: draft distribution: {what}", mark)
+        prev.close()
+        healthy(f"w2: draft distribution: {what}")
+    print(f"  draft distributions: ok in {time.time() - t0:.1f} s")
+
+
 def case_frames():
     t0 = time.time()
     for w in (W1, W2):
@@ -1237,6 +1292,7 @@ def main():
         case_setup()
         real_run("after the SETUP attacks")
         case_forward()
+        case_draft_dists()
         case_frames()
         real_run("after the FORWARD and frame attacks")
         case_sessions(want)

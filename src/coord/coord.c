@@ -655,12 +655,14 @@ ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool 
         c->segs[i] = (ps_mb_seg){.seq = g->seq,
                                  .pos = g->pos,
                                  .n = g->n,
-                                 .flags = (g->sample ? PS_MB_SAMPLE : 0) | (g->n_top >= 0 ? PS_MB_LOGPROBS : 0),
+                                 .flags = (g->sample ? PS_MB_SAMPLE : 0) | (g->n_top >= 0 ? PS_MB_LOGPROBS : 0) |
+                                          (g->n_draft && g->dist ? PS_MB_DRAFT_DIST : 0),
                                  .n_top = g->n_top > 0 ? (uint32_t)g->n_top : 0,
                                  .sp = g->sp,
                                  .n_blocks = g->n_blocks,
                                  .blocks = g->blocks,
-                                 .n_draft = (uint32_t)g->n_draft};
+                                 .n_draft = (uint32_t)g->n_draft,
+                                 .dist = g->n_draft ? g->dist : NULL};
         memcpy(c->toks + rows, g->tokens, (size_t)g->n * sizeof(int32_t));
         rows += g->n;
         sample |= g->sample;
@@ -744,11 +746,11 @@ ps_status ps_coord_kv(ps_coord *c, bool save, const char *dir, const ps_kv_msg *
 ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
                         char *err, size_t errlen) {
     int n_out;
-    return ps_coord_next_draft(c, tokens, n, pos, 0, sp, NULL, NULL, token, &n_out, err, errlen);
+    return ps_coord_next_draft(c, tokens, n, pos, 0, NULL, sp, NULL, NULL, token, &n_out, err, errlen);
 }
 
 ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
-                              const ps_sample_params *sp, void (*meanwhile)(void *arg), void *arg, int32_t *out,
+                              const ps_draft_dist *dist, const ps_sample_params *sp, void (*meanwhile)(void *arg), void *arg, int32_t *out,
                               int *n_out, char *err, size_t errlen) {
     *n_out = 0, out[0] = -1;
     if (n < 1 || pos < 0 || (long long)pos + n > ps_coord_n_ctx(c))
@@ -772,7 +774,7 @@ ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos
         g.pos = from, g.n = end - from < c->max_mb ? end - from : c->max_mb, g.tokens = c->hist + from;
         if (from + g.n < end && end - (from + g.n) < tail) g.n = end - from - tail;
         g.sample = from + g.n == end;
-        g.n_draft = g.sample ? n_draft : 0;
+        g.n_draft = g.sample ? n_draft : 0, g.dist = g.sample ? dist : NULL;
         bool fresh;
         ps_status s = ps_coord_send(c, &g, 1, &fresh, err, errlen);
         if (s) return s;

@@ -79,6 +79,7 @@ typedef struct {
     int n_top;   /* with it, this many top log-probabilities (0..PS_MAX_TOP_LOGPROBS) */
     int n_draft; /* with sample: the last n_draft tokens are a draft's guesses (stage.h, ps_mb_seg),
                     at most the coordinator's max_draft */
+    const ps_draft_dist *dist; /* NULL, or (n_draft) the distributions they were drawn from */
     ps_sample_params sp;
 } ps_coord_seg;
 
@@ -119,14 +120,15 @@ ps_status ps_coord_model_fp(ps_coord *c, char out[33], char *err, size_t errlen)
 ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, const ps_sample_params *sp, int32_t *token,
                         char *err, size_t errlen);
 /* ps_coord_next with a draft: the last n_draft of tokens[0..n) (fewer than n, at most
- * max_draft) are a draft's guesses, which the last stage keeps while its samples agree
- * (stage.h, ps_mb_seg.n_draft). *n_out tokens (1..n_draft + 1) into out: the guesses kept,
- * then the token sampled after them, the same as n_out plain steps would give. The next call
+ * max_draft) are a draft's guesses, drawn from dist[0..n_draft) when dist is not NULL, which
+ * the last stage checks in turn (stage.h, ps_mb_seg.n_draft). *n_out tokens (1..n_draft + 1)
+ * into out: the guesses kept, then the token sampled in place of the next one or after them
+ * (without dist, the same as n_out plain steps would give). The next call
  * starts at pos + n - n_draft + *n_out - 1 (after the last guess kept: the others' keys and
  * values are discarded). meanwhile(arg), when not NULL, runs once the trip is on its way and
  * before its tokens are awaited (on one stage: after the tokens are known). */
 ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
-                              const ps_sample_params *sp, void (*meanwhile)(void *arg), void *arg, int32_t *out,
+                              const ps_draft_dist *dist, const ps_sample_params *sp, void (*meanwhile)(void *arg), void *arg, int32_t *out,
                               int *n_out, char *err, size_t errlen);
 /* The logits behind the latest token when the model runs as one stage, else NULL
  * (logits never cross the network). */

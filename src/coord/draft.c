@@ -23,6 +23,7 @@ struct ps_draft {
     ps_mb_seg *segs; /* (n_slots) a pass being built */
     int32_t *toks;   /* (max_mb) its tokens */
     ps_result *res;  /* (n_slots) */
+    ps_sampler *smp; /* sampled guesses */
     int *seg_req;    /* (n_slots) the request of each segment */
     double seconds;
 };
@@ -68,6 +69,7 @@ ps_status ps_draft_open(const char *path, int threads, int n_ctx, int slots, con
     ps_tok_free(tok);
     ps_ctx_params cp = {.n_ctx = n_ctx, .n_blocks = d->blocks * slots, .max_batch = d->max_mb, .act = PS_ACT_Q8};
     if (!s) s = ps_stage_begin(d->stage, &cp, d->max_mb, slots, 0, err, errlen);
+    if (!s) s = ps_sampler_create(d->vocab, &d->smp, err, errlen);
     if (!s && (!(d->slots = ps_calloc((size_t)slots, sizeof *d->slots)) ||
                !(d->segs = ps_calloc((size_t)slots, sizeof *d->segs)) ||
                !(d->toks = ps_malloc((size_t)d->max_mb * sizeof *d->toks)) ||
@@ -92,6 +94,7 @@ ps_status ps_draft_open(const char *path, int threads, int n_ctx, int slots, con
 void ps_draft_free(ps_draft *d) {
     if (!d) return;
     ps_stage_free(d->stage);
+    ps_sampler_free(d->smp);
     for (int i = 0; d->slots && i < d->n_slots; i++) free(d->slots[i].fed), free(d->slots[i].table);
     free(d->slots), free(d->segs), free(d->toks), free(d->res), free(d->seg_req);
     free(d);
@@ -172,14 +175,20 @@ ps_status ps_draft_guess_many(ps_draft *d, ps_draft_req *r, int n, char *err, si
         if (s) return s;
         for (int k = 0; k < segs; k++) {
             ps_draft_req *q = &r[d->seg_req[k]];
-            if (d->res[k].token < d->vocab) q->out[q->n_out++] = d->res[k].token;
+            int32_t t = d->res[k].token;
+            const slot *sl = &d->slots[d->segs[k].seq]; /* it holds the sequence up to the guess */
+            if (q->sp && q->sp->temperature > 0 &&
+                ps_sample_draft(d->smp, q->sp, ps_stage_logits_row(d->stage, k), sl->fed, sl->n_fed,
+                                (uint64_t)sl->n_fed, &q->dist[q->n_out], &t))
+                return ps_errf(err, errlen, PS_ERR_ARG, "the draft's sampling failed: %s", ps_sampler_error(d->smp));
+            if (t < d->vocab) q->out[q->n_out++] = t;
         }
     }
 }
 
-ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, int32_t *out, int *n_out, char *err,
-                         size_t errlen) {
-    ps_draft_req r = {.slot = 0, .toks = toks, .n = n, .k = k, .out = out};
+ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, const ps_sample_params *sp, int32_t *out,
+                         ps_draft_dist *dist, int *n_out, char *err, size_t errlen) {
+    ps_draft_req r = {.slot = 0, .toks = toks, .n = n, .k = k, .sp = sp, .out = out, .dist = dist};
     ps_status s = ps_draft_guess_many(d, &r, 1, err, errlen);
     *n_out = r.n_out;
     return s;

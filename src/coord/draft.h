@@ -1,7 +1,9 @@
 /* draft.h - a draft model on the coordinator (`--draft MODEL`): a small model with the target's
  * vocabulary that guesses the next tokens of a sequence for speculative decoding (spec.h), one
- * greedy forward pass per guess, on threads of its own. The last stage keeps a guess only when
- * it samples that token itself, so a draft changes how many tokens a trip yields, never which.
+ * forward pass per guess, on threads of its own. Its guesses are greedy, or, for a sequence that
+ * samples with a temperature, drawn from its own distribution, which goes with them to the last
+ * stage for the rejection rule (ps_sample_verify): either way the tokens are distributed as the
+ * target's, and greedy ones are the target's exactly.
  *
  * Its keys and values follow the sequence: each call feeds only what differs from what it
  * holds (the guesses the last stage did not keep are overwritten, as on the stages). */
@@ -11,6 +13,7 @@
 #include <stdint.h>
 
 #include "../ps.h"
+#include "../sample/sample.h"
 #include "../tokenize/tokenize.h"
 
 typedef struct ps_draft ps_draft;
@@ -23,18 +26,21 @@ ps_status ps_draft_open(const char *path, int threads, int n_ctx, int slots, con
                         char *err, size_t errlen);
 void ps_draft_free(ps_draft *d); /* NULL is a no-op */
 
-/* Up to k greedy guesses of the tokens after toks[0..n) into out (*n_out of them: fewer only
- * when the draft's most likely token is not one of the target's, or the context ends), in
- * slot 0. */
-ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, int32_t *out, int *n_out, char *err,
-                         size_t errlen);
+/* Up to k guesses of the tokens after toks[0..n) into out (*n_out of them: fewer only when a
+ * greedy guess is not one of the target's tokens, or the context ends), in slot 0: greedy when
+ * sp is NULL or its temperature 0, else drawn with sp by ps_sample_draft, their distributions
+ * into dist[0..*n_out). */
+ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, const ps_sample_params *sp, int32_t *out,
+                         ps_draft_dist *dist, int *n_out, char *err, size_t errlen);
 
 /* One sequence's guesses in ps_draft_guess_many. */
 typedef struct {
     int slot;            /* its slot (a sequence keeps one while it runs) */
     const int32_t *toks; /* (n) the sequence */
     int n, k;            /* its length; guesses wanted */
+    const ps_sample_params *sp; /* NULL (greedy), or how the sequence samples */
     int32_t *out;        /* (k) the guesses */
+    ps_draft_dist *dist; /* (k) with sp at a temperature: the distributions they were drawn from */
     int n_out;           /* out: how many */
 } ps_draft_req;
 

@@ -68,6 +68,7 @@ typedef struct seq {
     bool saving;                     /* ... whose prompt has run: its blocks are to be saved */
     uint64_t prefix;                 /* ... the id of the prefix it saved */
     int32_t guess[PS_MAX_DRAFT + 1]; /* speculating: the token before, then the guesses in flight */
+    ps_draft_dist dist[PS_MAX_DRAFT]; /* ... drawn by a draft model at a temperature: from these */
     int n_guess, guess_pos;          /* how many guesses, and the position of the first */
     double t_sent;                   /* when its latest trip was sent (ps_now) */
     int slot;                        /* with a draft model: its slot there, while it runs (else -1) */
@@ -479,7 +480,8 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
         if (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT)
             of[n_req] = q,
             req[n_req++] =
-                (ps_draft_req){.slot = q->slot, .toks = q->toks, .n = q->n_toks, .k = k, .out = q->guess + 1};
+                (ps_draft_req){.slot = q->slot, .toks = q->toks, .n = q->n_toks, .k = k, .sp = &q->gp.sp,
+                               .out = q->guess + 1, .dist = q->dist};
         room -= q->n_guess + (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT ? k : 0);
     }
     char err[300];
@@ -514,6 +516,9 @@ static void add_seg(ps_sched *s, int *n_segs, seq *q, int n) {
                                           .pos = q->n_done,
                                           .n = n + q->n_guess,
                                           .n_draft = q->n_guess,
+                                          .dist = s->o.spec.kind == PS_SPEC_DRAFT && q->gp.sp.temperature > 0
+                                                      ? q->dist
+                                                      : NULL,
                                           .tokens = q->n_guess ? q->guess : q->toks + q->n_done,
                                           .blocks = q->table,
                                           .n_blocks = q->n_table,

@@ -32,8 +32,10 @@ struct ps_session {
     int n_trips, n_drafted, n_kept; /* speculative trips, guesses sent, guesses kept */
     ps_spec_auto auto_k;            /* --spec-k auto's measurements */
     int32_t trip[PS_MAX_DRAFT + 1]; /* the trip out: the token before, then its guesses */
+    ps_draft_dist trip_q[PS_MAX_DRAFT]; /* a sampling draft model's: the guesses' distributions */
     int n_trip;                     /* its guesses */
     int32_t pre[PS_MAX_DRAFT + 2];  /* overlap: the draft's next tokens had every guess been kept */
+    ps_draft_dist pre_q[PS_MAX_DRAFT + 2]; /* ... their distributions */
     int n_pre;                      /* ... how many; pre[0] is its guess of the trip's last token */
     int n_ready;                    /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
     int n_overlap;                  /* trips whose guesses the overlap had drafted */
@@ -201,8 +203,9 @@ ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, s
 }
 
 /* How many guesses the next trip carries: what the draft source finds, at most spec.k (with
- * auto, the K it picks), within the context and the tokens still to generate; into d. */
-static ps_status draft(ps_session *s, int32_t *d, int *n, char *err, size_t errlen) {
+ * auto, the K it picks), within the context and the tokens still to generate; into d (a
+ * sampling draft model's distributions into q). */
+static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, char *err, size_t errlen) {
     int k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
     int room = s->n_ctx - s->n_toks; /* the last guess at position n_toks - 1 + k */
     int64_t left = s->gp.n_predict < 0 ? k : s->gp.n_predict - (s->n_toks - s->n_prompt) - 1;
@@ -214,15 +217,18 @@ static ps_status draft(ps_session *s, int32_t *d, int *n, char *err, size_t errl
     if (ready) { /* the draft goes on after them if k asks more */
         *n = k < ready ? k : ready;
         memcpy(d, s->pre + 1, (size_t)*n * sizeof *d);
+        memcpy(q, s->pre_q + 1, (size_t)*n * sizeof *q);
         s->n_overlap++;
         if (*n == k) return PS_OK;
         memcpy(s->toks + s->n_toks, d, (size_t)*n * sizeof *d); /* beyond n_toks: scratch */
         int more;
-        ps_status st = ps_draft_guess(s->spec.draft, s->toks, s->n_toks + *n, k - *n, d + *n, &more, err, errlen);
+        ps_status st = ps_draft_guess(s->spec.draft, s->toks, s->n_toks + *n, k - *n, &s->gp.sp, d + *n, q + *n, &more,
+                                      err, errlen);
         *n += st ? 0 : more;
         return st;
     }
-    if (s->spec.kind == PS_SPEC_DRAFT) return ps_draft_guess(s->spec.draft, s->toks, s->n_toks, k, d, n, err, errlen);
+    if (s->spec.kind == PS_SPEC_DRAFT)
+        return ps_draft_guess(s->spec.draft, s->toks, s->n_toks, k, &s->gp.sp, d, q, n, err, errlen);
     *n = ps_spec_ngram(s->toks, s->n_toks, k, d);
     return PS_OK;
 }
@@ -238,7 +244,8 @@ static void predraft(void *arg) {
     s->n_pre = 0;
     if (n + k > s->n_ctx) return;
     memcpy(s->toks + s->n_toks, s->trip + 1, (size_t)s->n_trip * sizeof *s->toks); /* beyond n_toks: scratch */
-    if (ps_draft_guess(s->spec.draft, s->toks, n, k, s->pre, &s->n_pre, err, sizeof err)) s->n_pre = 0;
+    if (ps_draft_guess(s->spec.draft, s->toks, n, k, &s->gp.sp, s->pre, s->pre_q, &s->n_pre, err, sizeof err))
+        s->n_pre = 0;
 }
 
 /* While the prompt is out: the draft model reads it (its first guess is thrown away), so that the
@@ -248,7 +255,7 @@ static void prime_draft(void *arg) {
     int32_t guess;
     int n;
     char err[256];
-    ps_draft_guess(s->spec.draft, s->toks, s->n_toks, 1, &guess, &n, err, sizeof err); /* a failure shows later */
+    ps_draft_guess(s->spec.draft, s->toks, s->n_toks, 1, NULL, &guess, NULL, &n, err, sizeof err); /* fails later */
 }
 
 /* Runs the model for the next token: the prompt (beyond what the stages kept) on the first
@@ -265,18 +272,20 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     double t0 = ps_now();
     int from = s->started ? s->n_toks - 1 : s->n_fed, n_draft = 0;
     ps_status st = PS_OK;
-    if (s->started && s->spec.kind != PS_SPEC_OFF && (st = draft(s, s->trip + 1, &n_draft, err, errlen))) return st;
+    if (s->started && s->spec.kind != PS_SPEC_OFF && (st = draft(s, s->trip + 1, s->trip_q, &n_draft, err, errlen)))
+        return st;
     s->n_fed = 0;
     if (n_draft) {
         bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1;
         s->trip[0] = s->toks[from], s->n_trip = n_draft, s->n_pre = 0;
-        st = ps_coord_next_draft(s->coord, s->trip, n_draft + 1, from, n_draft, &s->gp.sp, overlap ? predraft : NULL, s,
-                                 s->got, &s->n_got, err, errlen);
+        bool sampled = s->spec.kind == PS_SPEC_DRAFT && s->gp.sp.temperature > 0;
+        st = ps_coord_next_draft(s->coord, s->trip, n_draft + 1, from, n_draft, sampled ? s->trip_q : NULL, &s->gp.sp,
+                                 overlap ? predraft : NULL, s, s->got, &s->n_got, err, errlen);
         s->n_trips++, s->n_drafted += n_draft, s->n_kept += s->n_got - 1;
         if (!st && s->n_got == n_draft + 1 && s->n_pre > 1 && s->got[n_draft] == s->pre[0]) s->n_ready = s->n_pre - 1;
     } else { /* the prompt's trip gives the draft model time to read the prompt (not the next trip's) */
         bool prime = !s->started && s->spec.kind == PS_SPEC_DRAFT;
-        st = ps_coord_next_draft(s->coord, s->toks + from, s->n_toks - from, from, 0, &s->gp.sp,
+        st = ps_coord_next_draft(s->coord, s->toks + from, s->n_toks - from, from, 0, NULL, &s->gp.sp,
                                  prime ? prime_draft : NULL, s, s->got, &s->n_got, err, errlen);
     }
     if (st) return st;

@@ -22,8 +22,8 @@
 
 #define PS_NET_MAGIC 0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
 #define PS_NET_VERSION                                                                                                 \
-    5 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel;        \
-       4: prefixes saved and restored; 5: draft tokens verified) */
+    6 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel;        \
+       4: prefixes saved and restored; 5: draft tokens verified; 6: draft distributions) */
 #define PS_NET_HDR_BYTES 24
 
 /* The header as it travels (little-endian, no padding; encoded/decoded field by field). */

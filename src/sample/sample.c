@@ -538,6 +538,99 @@ ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *
     return PS_OK;
 }
 
+// ---- speculative decoding with a sampled draft ---------------------------------------
+
+ps_status ps_sample_draft(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                          int64_t n_history, uint64_t position, ps_draft_dist *q, int32_t *out_token) {
+    if (out_token) *out_token = -1;
+    if (!s) return PS_ERR_ARG;
+    if (!q || !out_token) return fail(s, PS_ERR_ARG, "ps_sample_draft: NULL output");
+    int32_t best;
+    ps_status st = prepare(s, p, logits, history, n_history, &best);
+    if (st) return st;
+    *q = (ps_draft_dist){.n = 1, .id = {best}, .p = {1.0f}};
+    *out_token = best;
+    if (p->temperature == 0.0f) return PS_OK;
+    truncate_candidates(s, p);
+    weigh(s, p->temperature);
+    int32_t n = s->n_cand < PS_DRAFT_DIST ? s->n_cand : PS_DRAFT_DIST;
+    if (n < s->n_cand) select_smallest(s->key, s->n_cand, n);
+    sort_keys(s->key, n);
+    double z = 0.0;
+    for (int32_t j = 0; j < n; j++) z += s->w[key_id(s->key[j])];
+    q->n = 0; /* the first token has weight 1; one that rounds to probability 0 ends the list */
+    for (int32_t j = 0; j < n && (float)(s->w[key_id(s->key[j])] / z) > 0.0f; j++, q->n++)
+        q->id[j] = key_id(s->key[j]), q->p[j] = (float)(s->w[q->id[j]] / z);
+    /* drawn from the floats that travel, so that the guess is distributed as q exactly */
+    double total = 0.0, cum = 0.0;
+    for (int32_t j = 0; j < q->n; j++) total += q->p[j];
+    double t = ps_rng_uniform(p->seed, position, PS_RNG_STREAM_DRAFT) * total;
+    *out_token = q->id[q->n - 1];
+    for (int32_t j = 0; j < q->n; j++)
+        if ((cum += q->p[j]) > t) {
+            *out_token = q->id[j];
+            break;
+        }
+    return PS_OK;
+}
+
+/* Whether q is a distribution over s's vocabulary that holds guess; its index there into *at. */
+static ps_status check_dist(ps_sampler *s, const ps_draft_dist *q, int32_t guess, int32_t *at) {
+    if (q->n < 1 || q->n > PS_DRAFT_DIST)
+        return fail(s, PS_ERR_ARG, "a draft distribution of %d tokens (1 to %d)", q->n, PS_DRAFT_DIST);
+    double sum = 0.0;
+    *at = -1;
+    for (int32_t i = 0; i < q->n; i++) {
+        int32_t id = q->id[i];
+        if (id < 0 || id >= s->n_vocab)
+            return fail(s, PS_ERR_ARG, "draft distribution: token %d is not in [0, %d)", id, s->n_vocab);
+        if (!(q->p[i] > 0.0f && q->p[i] <= 1.0f))
+            return fail(s, PS_ERR_ARG, "draft distribution: token %d has probability %g (must be in (0, 1])", id,
+                        q->p[i]);
+        for (int32_t j = 0; j < i; j++)
+            if (q->id[j] == id) return fail(s, PS_ERR_ARG, "draft distribution: token %d appears twice", id);
+        if (id == guess) *at = i;
+        sum += q->p[i];
+    }
+    if (!(fabs(sum - 1.0) <= 1e-3)) return fail(s, PS_ERR_ARG, "draft distribution sums to %g, not 1", sum);
+    if (*at < 0) return fail(s, PS_ERR_ARG, "the guess %d is not in its draft distribution", guess);
+    return PS_OK;
+}
+
+ps_status ps_sample_verify(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                           int64_t n_history, uint64_t position, const ps_draft_dist *q, int32_t guess,
+                           int32_t *out_token, bool *kept) {
+    if (out_token) *out_token = -1;
+    if (kept) *kept = false;
+    if (!s) return PS_ERR_ARG;
+    if (!q || !out_token || !kept) return fail(s, PS_ERR_ARG, "ps_sample_verify: NULL argument");
+    int32_t at = -1, best;
+    ps_status st = check_dist(s, q, guess, &at);
+    if (!st) st = prepare(s, p, logits, history, n_history, &best);
+    if (st) return st;
+    if (p->temperature == 0.0f) { /* p is the argmax alone: kept when it is the guess, else it */
+        *out_token = best, *kept = best == guess;
+        return PS_OK;
+    }
+    truncate_candidates(s, p);
+    for (int32_t i = 0; i < q->n; i++) s->w[q->id[i]] = -1.0; /* weigh overwrites the live ones */
+    double z = weigh(s, p->temperature);
+    double px = s->w[guess] > 0.0 ? s->w[guess] / z : 0.0;
+    if (ps_rng_uniform(p->seed, position, PS_RNG_STREAM_ACCEPT) * (double)q->p[at] < px) {
+        *out_token = guess, *kept = true;
+        return PS_OK;
+    }
+    for (int32_t i = 0; i < q->n; i++) { /* the residual, in weights: z max(0, p - q) */
+        double *w = &s->w[q->id[i]];
+        if (*w > 0.0) *w = fmax(0.0, *w - (double)q->p[i] * z);
+    }
+    double r = 0.0;
+    for (int32_t j = 0; j < s->n_cand; j++) r += s->w[key_id(s->key[j])];
+    /* a rejection means p(guess) < q(guess), so some token has p > q: r > 0 but for rounding */
+    *out_token = r > 0.0 ? draw(s, r, ps_rng_uniform(p->seed, position, PS_RNG_STREAM_RESAMPLE)) : best;
+    return PS_OK;
+}
+
 // ---- log-probabilities ----------------------------------------------------------------
 
 /* Whether (la, a) ranks before (lb, b): the larger logit first, ties by the lower id. */

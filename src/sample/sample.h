@@ -20,6 +20,7 @@
 #ifndef PS_SAMPLE_H
 #define PS_SAMPLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +33,7 @@ enum {
     PS_RNG_STREAM_SAMPLE = 0,   /* the draw of ps_sample */
     PS_RNG_STREAM_ACCEPT = 1,   /* speculative decoding: accept/reject a draft token */
     PS_RNG_STREAM_RESAMPLE = 2, /* speculative decoding: draw from the residual */
+    PS_RNG_STREAM_DRAFT = 3,    /* speculative decoding: a draft model's sampled guess */
 };
 
 /* The Philox4x32-10 block function: out = philox(ctr, key), exactly as Random123's
@@ -115,6 +117,38 @@ ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *
  * Returns log(sum(exp(logits))), so that any token t's log-probability is logits[t] minus
  * it. Allocates nothing; pure. Logits are expected finite (-inf allowed: probability 0). */
 double ps_sample_top_logprobs(const float *logits, int vocab, int n, int32_t *ids, float *logprobs);
+
+/* ---- speculative decoding with a sampled draft ------------------------------------ */
+
+#define PS_DRAFT_DIST 16 /* most tokens of the draft distribution a sampled guess carries */
+
+/* The distribution a draft drew a guess from: n tokens (distinct ids) and their
+ * probabilities (each in (0, 1], summing to 1). It travels as it lies in memory (132 bytes). */
+typedef struct {
+    int32_t n;
+    int32_t id[PS_DRAFT_DIST];
+    float p[PS_DRAFT_DIST];
+} ps_draft_dist;
+
+/* A draft model's guess of the token at `position`: the distribution ps_sample_dist gives
+ * for its logits, cut to its first PS_DRAFT_DIST tokens in draw order and renormalized, into
+ * *q, and the token drawn from *q by the inverse CDF at ps_rng_uniform(seed, position,
+ * PS_RNG_STREAM_DRAFT). Temperature 0: the argmax with probability 1. Errors as ps_sample. */
+ps_status ps_sample_draft(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                          int64_t n_history, uint64_t position, ps_draft_dist *q, int32_t *out_token);
+
+/* The rejection rule of Leviathan et al. (ICML 2023) and Chen et al. (2023) for a guess drawn
+ * from q at `position`, against the distribution p that ps_sample would draw from (the same
+ * penalties, truncation and temperature): the guess is kept with probability
+ * min(1, p(guess) / q(guess)), by u = ps_rng_uniform(seed, position, PS_RNG_STREAM_ACCEPT);
+ * otherwise the token is drawn from the residual max(0, p - q), normalized, by the inverse CDF
+ * in draw order at ps_rng_uniform(seed, position, PS_RNG_STREAM_RESAMPLE). Either way the
+ * token is distributed as p. *out_token gets it, *kept whether it is the guess kept. A q
+ * that is not a distribution over this vocabulary holding the guess is PS_ERR_ARG, with
+ * ps_sampler_error saying what is wrong. */
+ps_status ps_sample_verify(ps_sampler *s, const ps_sample_params *p, const float *logits, const int32_t *history,
+                           int64_t n_history, uint64_t position, const ps_draft_dist *q, int32_t guess,
+                           int32_t *out_token, bool *kept);
 
 /* The message of the last failed call on s ("" after a success); owned by s, valid
  * until the next call on s. */

@@ -40,6 +40,7 @@ void ps_stage_stat_decode(ps_rbuf *r, ps_stage_stat *st) {
  * tokens and activations after them stay 4-byte aligned in a malloc'd receive buffer). */
 #define MB_HDR_BYTES 24
 #define MB_SEG_BYTES 72
+_Static_assert(sizeof(ps_draft_dist) == 132, "a draft distribution travels as it lies in memory");
 
 static void sp_encode(ps_wbuf *b, const ps_sample_params *sp) {
     ps_wbuf_f32(b, sp->temperature);
@@ -84,6 +85,7 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
         ps_wbuf_i32(b, g->n_blocks);
         ps_wbuf_u32(b, g->n_draft);
         ps_wbuf_bytes(b, g->blocks, (size_t)g->n_blocks * sizeof(int32_t));
+        if (g->flags & PS_MB_DRAFT_DIST) ps_wbuf_bytes(b, g->dist, (size_t)g->n_draft * sizeof *g->dist);
     }
     ps_wbuf_bytes(b, mb->tokens, (size_t)mb->n * sizeof(int32_t));
     for (int i = 0; i < mb->n_stats; i++) ps_stage_stat_encode(b, &mb->stats[i]);
@@ -102,7 +104,8 @@ int ps_mb_max_results(int max_mb, int max_segs, int max_draft) {
 }
 
 uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int max_draft, int n_ctx) {
-    uint64_t tables = (uint64_t)max_segs * (MB_SEG_BYTES + 4 * (uint64_t)((n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK));
+    uint64_t tables = (uint64_t)max_segs * (MB_SEG_BYTES + 4 * (uint64_t)((n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK) +
+                                            (uint64_t)max_draft * sizeof(ps_draft_dist));
     uint64_t results =
         (uint64_t)ps_mb_max_results(max_mb, max_segs, max_draft) * (24 + 8 * PS_MAX_TOP_LOGPROBS); /* a TOKENS answer */
     uint64_t b = 4096 + (uint64_t)max_mb * (4 + 4 * (uint64_t)dim) + (tables > results ? tables : results);
@@ -124,7 +127,7 @@ static bool seg_decode(ps_rbuf *r, int i, ps_mb_seg *g, char *err, size_t errlen
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d: %d positions at %d, %d blocks", i, g->n,
                        g->pos, g->n_blocks),
                false;
-    if (g->flags & ~(uint32_t)(PS_MB_SAMPLE | PS_MB_LOGPROBS))
+    if (g->flags & ~(uint32_t)(PS_MB_SAMPLE | PS_MB_LOGPROBS | PS_MB_DRAFT_DIST))
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d has unknown flags 0x%x", i, g->flags),
                false;
     if (g->n_top > PS_MAX_TOP_LOGPROBS)
@@ -138,7 +141,11 @@ static bool seg_decode(ps_rbuf *r, int i, ps_mb_seg *g, char *err, size_t errlen
                        "%d, and only in a segment that samples)",
                        i, g->n_draft, g->n, PS_MAX_DRAFT),
                false;
+    if ((g->flags & PS_MB_DRAFT_DIST) && !g->n_draft)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d: draft distributions without guesses", i),
+               false;
     g->blocks = ps_rbuf_bytes(r, (size_t)g->n_blocks * sizeof(int32_t));
+    g->dist = g->flags & PS_MB_DRAFT_DIST ? ps_rbuf_bytes(r, (size_t)g->n_draft * sizeof *g->dist) : NULL;
     if (r->bad) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch segment %d truncated", i), false;
     return true;
 }
@@ -319,6 +326,7 @@ int ps_stage_max_mb(const ps_stage *s) { return s->max_mb; }
 int ps_stage_max_segs(const ps_stage *s) { return s->max_segs; }
 int ps_stage_max_draft(const ps_stage *s) { return s->max_draft; }
 const float *ps_stage_logits(const ps_stage *s) { return s->last; }
+const float *ps_stage_logits_row(const ps_stage *s, int i) { return s->logits + (size_t)i * s->m->hp.vocab; }
 
 ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int max_segs, int max_draft, char *err,
                          size_t errlen) {
@@ -399,19 +407,23 @@ static void mark_written(ps_stage *s, const ps_mb_seg *g, const int32_t *tokens)
         if (g->blocks[b] >= 0 && g->blocks[b] < n_pool) s->filled[g->blocks[b]] = 0;
 }
 
-/* Samples the token at position `at` of segment g's sequence from its row of logits, with the
- * top log-probabilities it asks for. The penalties' history: the sequence's last
- * penalty_last_n tokens before `at` (all of them for -1: the window the sampler reads),
- * gathered from its blocks. */
-static ps_status sample_at(ps_stage *s, const ps_mb_seg *g, int at, const float *logits, ps_result *r, char *err,
-                           size_t errlen) {
+/* The token at position `at` of segment g's sequence from its row of logits, with the top
+ * log-probabilities it asks for: sampled, or, when guess >= 0, the draft's guess kept or
+ * replaced (*kept says which) by the rejection rule for its distribution q (NULL: kept when it
+ * is the sample). The penalties' history: the sequence's last penalty_last_n tokens before
+ * `at` (all of them for -1: the window the sampler reads), gathered from its blocks. */
+static ps_status sample_at(ps_stage *s, const ps_mb_seg *g, int at, const float *logits, int32_t guess,
+                           const ps_draft_dist *q, ps_result *r, bool *kept, char *err, size_t errlen) {
     int last_n = g->sp.penalty_last_n, from = last_n >= 0 && last_n < at ? at - last_n : 0;
     for (int p = from; p < at; p++)
         s->history[p - from] = s->tok[(size_t)g->blocks[p / PS_KV_BLOCK] * PS_KV_BLOCK + p % PS_KV_BLOCK];
     bool lp = g->flags & PS_MB_LOGPROBS;
     *r = (ps_result){.seq = g->seq, .pos = at, .n_top = lp ? g->n_top : 0};
-    ps_status st = ps_sample(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, &r->token);
-    if (st) return ps_errf(err, errlen, st, "sampling failed: %s", ps_sampler_error(s->smp));
+    ps_status st = q ? ps_sample_verify(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, q, guess,
+                                        &r->token, kept)
+                     : ps_sample(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, &r->token);
+    if (st) return ps_errf(err, errlen, q ? PS_ERR_PROTOCOL : st, "sampling failed: %s", ps_sampler_error(s->smp));
+    if (!q) *kept = guess >= 0 && r->token == guess;
     if (lp) {
         double lse = ps_sample_top_logprobs(logits, s->m->hp.vocab, (int)r->n_top, r->top_id, r->top_logprob);
         r->logprob = (float)((double)logits[r->token] - lse);
@@ -419,17 +431,19 @@ static ps_status sample_at(ps_stage *s, const ps_mb_seg *g, int at, const float 
     return PS_OK;
 }
 
-/* The tokens after segment g, whose n_draft + 1 rows of logits begin at logits: one sample per
- * row, in order, while each is the draft's next guess (mb_seg.n_draft); into res, *n of them. */
+/* The tokens after segment g, whose n_draft + 1 rows of logits begin at logits: one per row, in
+ * order, while each keeps the draft's guess there (mb_seg.n_draft); into res, *n of them. */
 static ps_status sample_seg(ps_stage *s, const ps_mb_seg *g, const int32_t *tokens, const float *logits, ps_result *res,
                             int *n, char *err, size_t errlen) {
     int vocab = s->m->hp.vocab, k = (int)g->n_draft, first = g->pos + g->n - k;
+    bool kept = true;
     *n = 0;
-    for (int i = 0; i <= k; i++) {
+    for (int i = 0; i <= k && kept; i++) {
         s->last = logits + (size_t)i * vocab;
-        ps_status st = sample_at(s, g, first + i, s->last, &res[(*n)++], err, errlen);
+        int32_t guess = i < k ? tokens[g->n - k + i] : -1;
+        const ps_draft_dist *q = i < k && g->dist ? g->dist + i : NULL;
+        ps_status st = sample_at(s, g, first + i, s->last, guess, q, &res[(*n)++], &kept, err, errlen);
         if (st) return st;
-        if (i < k && res[i].token != tokens[g->n - k + i]) break; /* the draft's guess is not kept */
     }
     return PS_OK;
 }

@@ -63,6 +63,7 @@ enum { PS_ERR_KIND_SELF = 0, PS_ERR_KIND_PREV = 1, PS_ERR_KIND_NEXT = 2 };
 enum {
     PS_MB_SAMPLE = 1,   /* the last stage samples the token after the segment's last position */
     PS_MB_LOGPROBS = 2, /* ... and returns its log-probability and n_top others' */
+    PS_MB_DRAFT_DIST = 4, /* its guesses were drawn from the distributions it carries (ps_mb_seg.dist) */
 };
 
 /* What a stage did in the session so far. Each stage appends its own to the micro-batch
@@ -94,15 +95,18 @@ typedef struct {
     int32_t n_blocks;      /* the sequence's block table: at least ceil((pos + n) / PS_KV_BLOCK) */
     const int32_t *blocks; /* entries */
     uint32_t n_draft;      /* with PS_MB_SAMPLE: the segment's last n_draft tokens (< n, at most the
-                              session's max_draft) are a draft's guesses. The last stage samples at
-                              each of the n_draft + 1 last rows in turn, as it would one token at a
-                              time, and stops at the first sample that is not the draft's next
-                              token: it returns the guesses kept, then that sample (or, all kept,
-                              the one after them). So the tokens are those of plain decoding, and
-                              with a draft that proposes one token per position the test is the
-                              rejection rule of Leviathan et al. for that draft. The next segment
-                              of the sequence starts after the last guess kept, which discards the
-                              others' keys and values. */
+                              session's max_draft) are a draft's guesses. The last stage checks them
+                              in turn and stops at the first it does not keep: it returns the guesses
+                              kept, then the token it sampled in place of the first one not kept (or,
+                              all kept, the one after them). The next segment of the sequence starts
+                              after the last guess kept, which discards the others' keys and values.
+                              A guess without a distribution (a draft that proposes one token per
+                              position) is kept when it is the token the last stage samples there as
+                              it would one token at a time: the tokens are those of plain decoding,
+                              and this is the rejection rule of Leviathan et al. for that draft. */
+    const ps_draft_dist *dist; /* with PS_MB_DRAFT_DIST: (n_draft) the distributions the guesses were
+                              drawn from; the last stage keeps or replaces each by the rejection rule
+                              (ps_sample_verify), so the tokens are distributed as the model's */
 } ps_mb_seg;
 
 /* A micro-batch: the segments of one or more sequences, their rows in segment order. */
@@ -122,8 +126,9 @@ typedef struct {
  * of x or 0, i32 n_stats, u32 0), per segment u64 seq, i32 pos, i32 n, u32 flags, u32 n_top,
  * the sample parameters (f32 temperature, i32 top_k, f32 top_p, f32 min_p, f32
  * repetition_penalty, i32 penalty_last_n, f32 presence, f32 frequency, u64 seed), i32
- * n_blocks, u32 n_draft and the block table, then the tokens, the stage stats, then x (n × dim
- * f32) when x is non-NULL. The x bytes are not copied when iov is given: iov[0] gets b's
+ * n_blocks, u32 n_draft and the block table, and with PS_MB_DRAFT_DIST its n_draft
+ * ps_draft_dist (i32 n, 16 × i32 id, 16 × f32 p), then the tokens, the stage stats, then x (n ×
+ * dim f32) when x is non-NULL. The x bytes are not copied when iov is given: iov[0] gets b's
  * bytes, iov[1] the activations, for ps_conn_send_async. */
 void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]);
 /* The largest payload of a session's frames: a FORWARD of max_mb rows of dim-wide
@@ -135,7 +140,7 @@ uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int max_draft, int n
  * guesses each may have. */
 int ps_mb_max_results(int max_mb, int max_segs, int max_draft);
 /* Parses a FORWARD payload into *out, whose segs must have room for max_segs entries;
- * tokens, x and the block tables point into the payload. Every count is checked against
+ * tokens, x, the block tables and the draft distributions point into the payload. Every count is checked against
  * len, dim, max_n rows and max_segs. */
 ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, int max_segs, ps_mb *out, char *err,
                        size_t errlen);
@@ -245,6 +250,9 @@ ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_res
                        size_t errlen);
 /* The logits of the latest sampled segment (vocab floats) on the last stage. */
 const float *ps_stage_logits(const ps_stage *s);
+/* Row i of the latest run's logits on the last stage: the sampling segments' rows in order,
+ * n_draft + 1 of them each. */
+const float *ps_stage_logits_row(const ps_stage *s, int i);
 
 /* The whole model's fingerprint: a shard's model_fp, or a whole model's file's (computed once). */
 ps_status ps_stage_model_fp(ps_stage *s, char out[33], char *err, size_t errlen);
