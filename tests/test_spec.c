@@ -1,6 +1,8 @@
 /* test_spec.c - prompt lookup (coord/spec.h): the longest n-gram wins, the latest occurrence
  * of it, at most k tokens, never past the end; nothing when no n-gram recurs; and a
  * comparison with a plain search over random short sequences. */
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,29 +56,87 @@ static void test_random(void) {
     }
 }
 
-/* --spec-k auto: plain first, then a trip of 2 guesses, then the K the measurements favour. */
+/* A ring where a plain trip takes plain_s and one of k guesses base_s + k per_s (per_s more for
+ * each guess beyond the trip before's: those the draft could not make while it waited), each
+ * guess kept with probability accept (2 % less for each one before it) while those before it
+ * were (a fixed pseudo-random sequence). */
+typedef struct {
+    double plain_s, base_s, per_s, accept;
+    uint64_t rng;
+    int last_k;
+} ring;
+
+/* One trip of k guesses: how many were kept, and its time into *s. */
+static int trip(ring *r, int k, double *s) {
+    int kept = 0;
+    double acc = r->accept;
+    while (kept < k) {
+        r->rng = r->rng * 6364136223846793005ull + 1442695040888963407ull;
+        if ((double)(r->rng >> 11) * 0x1p-53 >= acc) break;
+        kept++, acc *= 0.98;
+    }
+    *s = (k ? r->base_s + k * r->per_s : r->plain_s) + (k > r->last_k ? (k - r->last_k) * r->per_s : 0);
+    r->last_k = k;
+    return kept;
+}
+
+/* Tokens per second over n trips of ring r: K fixed (0..10), or auto's (k < 0; its trips by K
+ * into by_k). */
+static double drive(ring r, int n, int k, int by_k[11]) {
+    ps_spec_auto a = {0};
+    double tokens = 0, time = 0;
+    for (int i = 0; i < n; i++) {
+        int kk = k >= 0 ? k : ps_spec_auto_k(&a, 10);
+        double s;
+        int kept = trip(&r, kk, &s);
+        ps_spec_auto_add(&a, kk, kept, s);
+        tokens += kept + 1, time += s;
+        if (by_k) by_k[kk]++;
+    }
+    return tokens / time;
+}
+
+/* --spec-k auto: plain first, then 2 guesses, then the K the measurements favour; over 300 trips
+ * of a simulated ring it must give at least 85 % of the best fixed K's tokens per second (plain
+ * decoding among them), whatever the ring (40 seeds of these rings: 0.90 to 0.99 on average). */
 static void test_auto(void) {
     ps_spec_auto a = {0};
     PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 10), 0); /* nothing measured: a plain trip */
     ps_spec_auto_add(&a, 0, 0, 0.100);
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 10), 2); /* no guess tried yet */
+    PS_CHECK(ps_spec_auto_k(&a, 10) >= 2); /* no guess tried yet: as many as might pay at 1 in 2 kept */
     PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 1), 1);
-    /* a hop-bound ring: guesses cost 1 ms each on a 100 ms trip, and 9 in 10 are kept: many */
-    ps_spec_auto good = a;
-    for (int i = 0; i < 50; i++) ps_spec_auto_add(&good, 8, i % 10 ? 8 : 3, 0.108);
-    PS_CHECK(ps_spec_auto_k(&good, 10) >= 6);
-    /* guesses never kept: plain decoding, and after 16 plain trips a trip of 2 measures again */
-    ps_spec_auto bad = a;
-    for (int i = 0; i < 30; i++) ps_spec_auto_add(&bad, 2, 0, 0.110);
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&bad, 10), 0);
-    for (int i = 0; i < 15; i++) ps_spec_auto_add(&bad, 0, 0, 0.100);
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&bad, 10), 0);
-    ps_spec_auto_add(&bad, 0, 0, 0.100);
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&bad, 10), 2);
-    /* compute-bound: each guess costs as much as the trip, half are kept: no K pays */
-    ps_spec_auto dear = a;
-    for (int i = 0; i < 30; i++) ps_spec_auto_add(&dear, 2, i % 2 ? 2 : 0, 0.300);
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&dear, 10), 0);
+    struct {
+        const char *what;
+        ring r;
+    } rings[] = {
+        /* hop-bound: guesses cost 1 ms each on a 100 ms trip, 9 in 10 kept: many */
+        {"hop-bound", {0.100, 0.100, 0.001, 0.9, 1, 0}},
+        /* guesses never kept: plain, but for the trials */
+        {"never kept", {0.100, 0.110, 0.001, 0.0, 2, 0}},
+        /* compute-bound: each guess costs as much as the trip, half kept: no K pays */
+        {"compute-bound", {0.100, 0.100, 0.100, 0.5, 3, 0}},
+        /* a trip of guesses costs 3 plain ones (a draft and verification on the same cores):
+           2 guesses lose, 4 win, more win more (this VM's Qwen2.5-Coder pair at 0 ms) */
+        {"dear trips", {0.100, 0.300, 0.030, 0.97, 4, 0}},
+        /* a LAN: 10 ms hops, guesses 5 ms, 7 in 10 kept: a middling K */
+        {"middling", {0.030, 0.030, 0.005, 0.7, 5, 0}},
+        /* this VM's Qwen2.5-Coder pair on 2 stages at 0 ms: 0.17 s plain, 0.35 s + 75 ms a guess */
+        {"qwen at 0 ms", {0.170, 0.350, 0.075, 0.93, 6, 0}},
+    };
+    for (size_t i = 0; i < PS_ARRAY_LEN(rings); i++) {
+        int by_k[11] = {0}, best_k = 0;
+        double best = 0;
+        for (int k = 0; k <= 10; k++) {
+            double r = drive(rings[i].r, 300, k, NULL);
+            if (r > best) best = r, best_k = k;
+        }
+        double got = drive(rings[i].r, 300, -1, by_k);
+        printf("auto, %s: %.1f tokens/s, %.2f x the best fixed K (%d: %.1f); trips by K", rings[i].what, got,
+               got / best, best_k, best);
+        for (int k = 0; k <= 10; k++) printf(" %d", by_k[k]);
+        printf("\n");
+        PS_CHECK(got >= 0.85 * best);
+    }
 }
 
 int main(void) {

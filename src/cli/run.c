@@ -753,6 +753,9 @@ static void print_stats(const run_state *st) {
         cJSON_AddNumberToObject(sp, "kept", ss.n_kept);
         cJSON_AddNumberToObject(sp, "acceptance", ss.n_drafted ? (double)ss.n_kept / ss.n_drafted : 0);
         cJSON_AddNumberToObject(sp, "tokens_per_trip", ss.n_trips ? (double)(ss.n_kept + ss.n_trips) / ss.n_trips : 0);
+        int top = PS_MAX_DRAFT;
+        while (top > 0 && !ss.by_k[top]) top--;
+        cJSON_AddItemToObject(sp, "trips_by_k", cJSON_CreateIntArray(ss.by_k, top + 1));
     }
     cJSON_AddNumberToObject(j, "threads", (double)st->o->threads);
     cJSON_AddNumberToObject(j, "n_ctx", ps_coord_n_ctx(ps_launch_coord(st->launch)));

@@ -30,6 +30,7 @@ struct ps_session {
     int32_t got[PS_MAX_DRAFT + 1];  /* the tokens of the latest trip not yet returned */
     int n_got, i_got;               /* got[i_got..n_got) are still to come */
     int n_trips, n_drafted, n_kept; /* speculative trips, guesses sent, guesses kept */
+    int by_k[PS_MAX_DRAFT + 1];     /* decoding trips by their guesses */
     ps_spec_auto auto_k;            /* --spec-k auto's measurements */
     int32_t trip[PS_MAX_DRAFT + 1]; /* the trip out: the token before, then its guesses */
     ps_draft_dist trip_q[PS_MAX_DRAFT]; /* a sampling draft model's: the guesses' distributions */
@@ -91,6 +92,7 @@ static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, cha
     s->n_decode = 0;
     s->n_got = s->i_got = 0;
     s->n_trips = s->n_drafted = s->n_kept = 0;
+    memset(s->by_k, 0, sizeof s->by_k);
     s->n_pre = s->n_ready = s->n_overlap = 0;
     s->auto_k = (ps_spec_auto){0};
     if (s->stream) ps_tok_stream_reset(s->stream);
@@ -299,6 +301,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         s->decode_s += t;
         s->n_decode += s->n_got;
         ps_spec_auto_add(&s->auto_k, n_draft, s->n_got - 1, t);
+        s->by_k[n_draft]++;
     }
     return sample_next(s, tok, err, errlen);
 }
@@ -352,4 +355,5 @@ void ps_session_get_stats(const ps_session *s, ps_session_stats *out) {
                               .n_drafted = s->n_drafted,
                               .n_kept = s->n_kept,
                               .n_overlap = s->n_overlap};
+    memcpy(out->by_k, s->by_k, sizeof out->by_k);
 }

@@ -138,6 +138,8 @@ typedef struct {
     int n_drafted;   /* ... the guesses they carried */
     int n_kept;      /* ... and those the last stage kept */
     int n_overlap;   /* ... trips whose guesses were drafted while the trip before was out */
+    int by_k[PS_MAX_DRAFT + 1]; /* speculating: the trips after the prompt's by the guesses they carried
+                                   (0: plain), the K in use */
 } ps_session_stats;
 void ps_session_get_stats(const ps_session *s, ps_session_stats *out);
 

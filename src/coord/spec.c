@@ -3,8 +3,6 @@
 
 #include <string.h>
 
-#define TIME_DECAY   0.75 /* weight of the times measured before the latest trip (a slow one fades fast) */
-#define AUTO_EXPLORE 16   /* plain trips in a row before a trip of guesses measures again */
 
 int ps_spec_ngram(const int32_t *toks, int n_toks, int k, int32_t *out) {
     for (int n = n_toks - 1 < PS_SPEC_NGRAM_MAX ? n_toks - 1 : PS_SPEC_NGRAM_MAX; n >= 1 && k > 0; n--) {
@@ -28,39 +26,91 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
     return ps_errf(err, errlen, PS_ERR_ARG, "unknown draft source '%s' (ngram: prompt lookup)", s);
 }
 
-/* The K whose trips gave the most tokens per second (0: plain decoding), among 0..k_max. */
-static int best_k(const ps_spec_auto *a, int k_max) {
-    int best = 0;
-    for (int k = 1; k <= k_max && k <= PS_SPEC_AUTO_MAX; k++)
-        if (a->rate[k] > a->rate[best] * 1.02) best = k; /* 2 %: a tie goes to fewer guesses */
+#define AUTO_DECAY    0.75 /* weight of a K's trip times before its latest (a slow one fades fast) */
+#define AUTO_ACCEPT   0.9  /* ... and of the guesses before the latest trip's, for the acceptance */
+#define AUTO_PROBE    2    /* trips that measure a K */
+#define AUTO_AROUND   16   /* trips at a K > 0 between measures of a neighbour */
+#define AUTO_WAIT     16   /* plain trips before guesses are measured again; 4 times more while they lose */
+#define AUTO_WAIT_MAX 256
+
+/* The rate of K (spec.h): its tokens per trip at the acceptance measured so far, in its trips'
+ * time: measured, else that of the K > 0 measured nearest below it (a trip never gets faster
+ * with more guesses), or of the one above (what a trip of guesses costs at least, mostly), or
+ * plain decoding's before any. */
+static double rate(const ps_spec_auto *a, int k) {
+    double acc = (a->kept + 0.5) / (a->tested + 1), tokens = 1, p = 1; /* 1/2 before any guess */
+    for (int i = 0; i < k; i++) tokens += p *= acc;
+    if (a->n[k] > 0) return tokens / a->sec[k];
+    int lo = k - 1, hi = k + 1;
+    while (lo > 0 && a->n[lo] == 0) lo--;
+    while (hi <= PS_SPEC_AUTO_MAX && a->n[hi] == 0) hi++;
+    double t = lo > 0 ? a->sec[lo] : hi <= PS_SPEC_AUTO_MAX ? a->sec[hi] : a->sec[0];
+    return tokens / t;
+}
+
+/* The K of the highest rate among 0..k_max, 2 % above the others (a tie takes fewer guesses):
+ * among those measured, or also those that may be tried next: the neighbours of the best one
+ * measured, and twice the most measured (K doubles while guesses would pay, then settles by
+ * steps). */
+static int best_k(const ps_spec_auto *a, int k_max, bool measured_only) {
+    int best = 0, most = 0;
+    for (int k = 1; k <= k_max; k++) {
+        if (a->n[k] > 0 && rate(a, k) > rate(a, best) * 1.02) best = k;
+        if (a->n[k] > 0) most = k;
+    }
+    if (measured_only) return best;
+    int next[3] = {best - 1, best + 1, most ? (2 * most < k_max ? 2 * most : k_max) : 2};
+    for (int i = 0; i < 3; i++)
+        if (next[i] >= 1 && next[i] <= k_max && a->n[next[i]] == 0 && rate(a, next[i]) > rate(a, best) * 1.02)
+            best = next[i];
     return best;
 }
 
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (k_max > PS_SPEC_AUTO_MAX) k_max = PS_SPEC_AUTO_MAX;
-    if (k_max < 1 || a->rate[0] <= 0) return 0; /* a plain trip first: the yardstick */
-    int best = best_k(a, k_max), two = k_max < 2 ? k_max : 2;
-    bool tried = false;
-    for (int k = 1; k <= k_max; k++) tried |= a->rate[k] > 0;
-    if (!tried || (best == 0 && a->plain_run >= AUTO_EXPLORE)) return two;
-    if (best == 0 && a->last_k > 0 && a->streak < PS_SPEC_TRIAL) return a->last_k; /* a trial runs on */
-    if (best == 0 || a->since_move < PS_SPEC_EXPLORE) return best;
-    int n = best + (a->dir < 0 ? -1 : 1);
-    return n < 1 ? 1 : n > k_max ? k_max : n;
+    if (k_max < 1 || a->n[0] == 0) return 0; /* a plain trip first: the yardstick */
+    int last = a->last_k;
+    if (last > 0 && last <= k_max && a->n[last] < AUTO_PROBE) return last; /* a measure runs on */
+    int best = best_k(a, k_max, false), measured = 0;
+    for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured += a->n[k] > 0 || a->sec[k] > 0;
+    if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
+    if (best > 0 && a->n[best] == 0) return best; /* it may pay: measure it */
+    if (best == 0) {
+        if (a->plain_run < (a->wait ? a->wait : AUTO_WAIT)) return 0;
+        for (int k = 1; k <= k_max; k++) /* again, the K measured that came closest */
+            if (a->n[k] > 0 && (best == 0 || rate(a, k) > rate(a, best))) best = k;
+        return best ? best : 1;
+    }
+    if (a->since_probe < AUTO_AROUND) return best;
+    int side = a->side < 0 ? -1 : 1, k = best + side;
+    return k >= 1 && k <= k_max ? k : best - side >= 1 && best - side <= k_max ? best - side : best;
 }
 
-/* An exponential moving average: old, or v for the first value. */
-static double ema(double old, double v) { return old > 0 ? TIME_DECAY * old + (1 - TIME_DECAY) * v : v; }
-
 void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds) {
-    if (k < 0 || k > PS_SPEC_AUTO_MAX || !(seconds > 0)) return;
-    a->rate[k] = ema(a->rate[k], (kept + 1) / seconds);
-    a->plain_run = k ? 0 : a->plain_run + 1;
-    a->streak = k == a->last_k ? a->streak + 1 : 1, a->last_k = k;
-    if (a->since_move < PS_SPEC_EXPLORE) {
-        a->since_move++;
-        return;
+    if (k < 0 || k > PS_SPEC_AUTO_MAX || kept < 0 || kept > k || !(seconds > 0)) return;
+    if (k > 0) { /* each guess checked: kept, or the one that ended the trip */
+        a->tested = AUTO_ACCEPT * a->tested + kept + (kept < k);
+        a->kept = AUTO_ACCEPT * a->kept + kept;
     }
-    a->since_move = 0; /* that was a neighbour: go on that way while it becomes the best */
-    if (best_k(a, PS_SPEC_AUTO_MAX) != k) a->dir = a->dir < 0 ? 1 : -1;
+    if (k > a->last_k && a->n[0] > 0) { /* more guesses than the trip before: drafted while it waited, */
+        a->n[k] = 0;                     /* the draft catching up: measured afresh, from the next trip */
+    } else {
+        a->n[k]++; /* the mean of the first trips, then a moving average */
+        double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
+        a->sec[k] += (seconds - a->sec[k]) * w;
+    }
+    if (k == 0 && a->last_k > 0) { /* back to plain: after a short run of guesses far from paying, wait longer */
+        bool lost = a->spec_run <= AUTO_PROBE + 1 && rate(a, a->last_k) < 0.75 * rate(a, 0);
+        a->wait = lost ? (a->wait ? 4 * a->wait : 4 * AUTO_WAIT) : AUTO_WAIT;
+    }
+    if (a->wait > AUTO_WAIT_MAX) a->wait = AUTO_WAIT_MAX;
+    a->plain_run = k ? 0 : a->plain_run + 1;
+    a->spec_run = k ? a->spec_run + 1 : 0;
+    if (k > 0 && k != best_k(a, PS_SPEC_AUTO_MAX, true) && a->n[k] >= AUTO_PROBE && a->last_k == k) {
+        a->since_probe = 0; /* a neighbour measured: the other side next time */
+        a->side = a->side < 0 ? 1 : -1;
+    } else if (k > 0) {
+        a->since_probe++;
+    }
+    a->last_k = k;
 }

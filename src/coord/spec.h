@@ -16,7 +16,7 @@
 typedef enum {
     PS_SPEC_OFF = 0,
     PS_SPEC_NGRAM = 1, /* prompt lookup: the continuation of an earlier n-gram of the sequence */
-    PS_SPEC_DRAFT = 2, /* a draft model's greedy guesses (draft.h) */
+    PS_SPEC_DRAFT = 2, /* a draft model's guesses (draft.h) */
 } ps_spec_kind;
 
 typedef struct ps_draft ps_draft;
@@ -24,8 +24,6 @@ typedef struct ps_draft ps_draft;
 #define PS_SPEC_NGRAM_MAX 4 /* the longest n-gram prompt lookup matches */
 
 #define PS_SPEC_AUTO_MAX 10 /* the most guesses per trip --spec-k auto tries */
-#define PS_SPEC_EXPLORE  4  /* --spec-k auto tries a neighbour of its best K every this many trips */
-#define PS_SPEC_TRIAL    4  /* ... and a K it tries after plain decoding for this many trips in a row */
 
 /* Speculation of a generation. */
 typedef struct {
@@ -36,21 +34,29 @@ typedef struct {
     bool overlap;    /* PS_SPEC_DRAFT: while a trip is out, draft the next one as if every guess is kept */
 } ps_spec_opts;
 
-/* --spec-k auto: K per trip from what the trips so far measured. Each K tried has the tokens
- * per second its trips gave (a moving average: the text, the draft's cost, the overlap and the
- * ring's latency all show in it), and the next trip takes the K that gave the most, 0 (plain
- * decoding) when none beat it. Plain decoding is measured first, then 2 guesses for 4 trips in a
- * row (a lone trip of guesses pays what a run of them shares: the draft catching up, the overlap
- * not yet ready); every 4th trip tries a neighbour of the best K, on the side that paid last
- * time (one more at first; the other side after a neighbour that did not become the best), so
- * that K climbs to where the rate peaks and follows it; after 16 plain trips in a row 2 guesses
- * are tried again, 4 trips long. */
+/* --spec-k auto: K per trip from what the trips so far measured, per sequence.
+ *
+ * The rate of a K is the tokens its trips would give at the acceptance measured so far (each
+ * guess checked kept with probability a: 1 + a + ... + a^K; a decays by 0.9 a trip, and starts
+ * at 1/2) over the seconds its trips took (the mean of its first trips, then a moving average:
+ * the draft's cost, the overlap and the ring's latency all show in it). A K not measured yet is
+ * given the time of the K > 0 measured nearest below it (a trip never gets faster with more
+ * guesses), or of the one above, or plain decoding's before any: an optimistic rate. The next trip takes the K of the highest rate (2 % above the others, so
+ * that a tie takes fewer guesses) among those measured, 2, 4, 8, the most, and the neighbours
+ * of the best measured: one not measured yet is then measured, 2 trips. So K doubles while
+ * guesses would pay, then settles by steps where they do; plain decoding (K 0) is measured first
+ * and wins when no K does. A trip with more guesses than the one before is not measured (the
+ * draft could not make them while that trip was out). Every 16th trip at a K > 0 measures a
+ * neighbour again (either side in turn); after 16 plain trips in a row the K measured that came
+ * closest is measured again, then after 64 and 256 while it stays far (under 3/4 of plain). */
 typedef struct {
-    double rate[PS_SPEC_AUTO_MAX + 1]; /* tokens per second of the trips with K guesses (0: not tried) */
-    int since_move;                    /* trips since the last neighbour was tried */
-    int dir;                           /* the next neighbour: +1 or -1 (0 counts as +1) */
-    int plain_run;                     /* plain trips in a row */
-    int last_k, streak;                /* the latest trip's K, and how many in a row had it */
+    double sec[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds a trip */
+    int n[PS_SPEC_AUTO_MAX + 1];      /* per K: trips measured */
+    double tested, kept;                                         /* guesses checked, kept (decaying) */
+    int last_k;                                                  /* the latest trip's K */
+    int plain_run, wait;      /* plain trips in a row; how many before guesses are measured again */
+    int spec_run;             /* trips with guesses in a row */
+    int since_probe, side;    /* trips at a K > 0 since a neighbour was measured; its side (+1, -1) */
 } ps_spec_auto;
 
 /* The K for the next trip (0..k_max; 0: plain). */
