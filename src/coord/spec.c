@@ -99,10 +99,8 @@ void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds) {
         double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
         a->sec[k] += (seconds - a->sec[k]) * w;
     }
-    if (k == 0 && a->last_k > 0) { /* back to plain: after a short run of guesses far from paying, wait longer */
-        bool lost = a->spec_run <= AUTO_PROBE + 1 && rate(a, a->last_k) < 0.75 * rate(a, 0);
-        a->wait = lost ? (a->wait ? 4 * a->wait : 4 * AUTO_WAIT) : AUTO_WAIT;
-    }
+    if (k == 0 && a->last_k > 0) /* back to plain: after guesses that did not pay from the start, wait longer */
+        a->wait = a->spec_run <= 2 * (AUTO_PROBE + 1) ? (a->wait ? 4 * a->wait : 4 * AUTO_WAIT) : AUTO_WAIT;
     if (a->wait > AUTO_WAIT_MAX) a->wait = AUTO_WAIT_MAX;
     a->plain_run = k ? 0 : a->plain_run + 1;
     a->spec_run = k ? a->spec_run + 1 : 0;

@@ -48,7 +48,7 @@ typedef struct {
  * and wins when no K does. A trip with more guesses than the one before is not measured (the
  * draft could not make them while that trip was out). Every 16th trip at a K > 0 measures a
  * neighbour again (either side in turn); after 16 plain trips in a row the K measured that came
- * closest is measured again, then after 64 and 256 while it stays far (under 3/4 of plain). */
+ * closest is measured again, then after 64 and 256 while guesses never pay. */
 typedef struct {
     double sec[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds a trip */
     int n[PS_SPEC_AUTO_MAX + 1];      /* per K: trips measured */
