@@ -11,7 +11,9 @@ For each stage count and latency, `pipeshard run -m FILE --local-stages N --pin 
 for each K (with --draft, `--draft FILE --spec-k K` instead), in turns (plain, K1, K2, ..., then again for --rounds rounds, so that a machine
 whose speed drifts slows every configuration alike), on each prompt. Printed per row: the
 median decode tok/s, its ratio to plain's (median of the rounds' ratios, with their min..max),
-the acceptance (guesses kept / guesses sent) and the mean tokens per trip. Greedy, so every
+the acceptance (guesses kept / guesses sent), the mean tokens per trip that carried guesses and
+per decoding trip of any kind ('all'), the speedup's share of the latter ('eff': 1 when a trip
+of guesses costs what a plain one does) and the mean K of the decoding trips. Greedy, so every
 configuration must print the same ids: a row whose ids differ from plain's is marked WRONG.
 Needs stages x threads cores (one pinned core per stage thread).
 With --draft and --llama-speculative PATH (llama.cpp's `llama-speculative`, built by the user), the
@@ -80,7 +82,7 @@ def main():
     ks = [int(k) for k in a.k.split(",") if k != "auto"]
     rows = []
     print(f"{'prompt':6} {'stages':>6} {'ms/hop':>6} {'config':>10} {'tok/s':>8} {'ratio':>6} {'min..max':>12} "
-          f"{'accept':>7} {'tok/trip':>8}")
+          f"{'accept':>7} {'tok/trip':>8} {'all':>5} {'eff':>5}  K used")
     for prompt in a.prompts.split(","):
         for stages in [int(s) for s in a.stages.split(",")]:
             for latency in [float(x) for x in a.latency.split(",")]:
@@ -107,13 +109,22 @@ def main():
                     ours = name != "plain" and not name.startswith("llama ")
                     acc = statistics.median([s.get("acceptance", 0) for s in sp]) if ours else float("nan")
                     tpt = statistics.median([s.get("tokens_per_trip", 1) for s in sp]) if ours else float("nan")
+                    # every decoding trip, those that carried no guess too: what a trip yields on average
+                    # (decoded tokens: all but the prompt trip's), and the speedup's share of it
+                    by_k = [s.get("trips_by_k", []) for s in sp]
+                    per = [(st["generated_tokens"] - 1) / sum(b) for (st, _), b in zip(got[name], by_k) if sum(b)]
+                    tall = statistics.median(per) if ours and per else float("nan")
+                    k_used = [sum(k * n for k, n in enumerate(b)) / sum(b) for b in by_k if sum(b)]
                     ok = all(same for _, same in got[name])
                     row = dict(prompt=prompt, stages=stages, latency_ms=latency, config=name,
                                tok_s=statistics.median(tps), ratio=statistics.median(ratios), ratio_min=min(ratios),
-                               ratio_max=max(ratios), acceptance=acc, tokens_per_trip=tpt, same_ids=ok)
+                               ratio_max=max(ratios), acceptance=acc, tokens_per_trip=tpt, tokens_per_any_trip=tall,
+                               efficiency=statistics.median(ratios) / tall if tall == tall else float("nan"),
+                               mean_k=statistics.median(k_used) if ours and k_used else float("nan"), same_ids=ok)
                     rows.append(row)
                     print(f"{prompt:6} {stages:>6} {latency:>6g} {name:>10} {row['tok_s']:>8.2f} {row['ratio']:>6.2f} "
-                          f"{row['ratio_min']:>5.2f}..{row['ratio_max']:<5.2f} {acc:>7.2f} {tpt:>8.2f}"
+                          f"{row['ratio_min']:>5.2f}..{row['ratio_max']:<5.2f} {acc:>7.2f} {tpt:>8.2f} {tall:>5.2f} "
+                          f"{row['efficiency']:>5.2f}  {row['mean_k']:.1f}"
                           f"{'' if ok else '  WRONG: ids differ from plain'}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
