@@ -750,8 +750,8 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
 }
 
 ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
-                              const ps_draft_dist *dist, const ps_sample_params *sp, void (*meanwhile)(void *arg), void *arg, int32_t *out,
-                              int *n_out, char *err, size_t errlen) {
+                              const ps_draft_dist *dist, const ps_sample_params *sp, void (*meanwhile)(void *arg),
+                              void *arg, int32_t *out, int *n_out, char *err, size_t errlen) {
     *n_out = 0, out[0] = -1;
     if (n < 1 || pos < 0 || (long long)pos + n > ps_coord_n_ctx(c))
         return ps_errf(err, errlen, PS_ERR_RANGE, "%d tokens at position %d do not fit the context of %d", n, pos,

@@ -128,8 +128,8 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
  * values are discarded). meanwhile(arg), when not NULL, runs once the trip is on its way and
  * before its tokens are awaited (on one stage: after the tokens are known). */
 ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
-                              const ps_draft_dist *dist, const ps_sample_params *sp, void (*meanwhile)(void *arg), void *arg, int32_t *out,
-                              int *n_out, char *err, size_t errlen);
+                              const ps_draft_dist *dist, const ps_sample_params *sp, void (*meanwhile)(void *arg),
+                              void *arg, int32_t *out, int *n_out, char *err, size_t errlen);
 /* The logits behind the latest token when the model runs as one stage, else NULL
  * (logits never cross the network). */
 const float *ps_coord_logits(const ps_coord *c);

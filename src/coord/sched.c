@@ -477,11 +477,16 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
         int k = guess_room(s, q, room);
         q->guess[0] = q->toks[q->n_done], q->n_guess = 0, q->guess_pos = q->n_done + 1;
         if (k > 0 && s->o.spec.kind == PS_SPEC_NGRAM) q->n_guess = ps_spec_ngram(q->toks, q->n_toks, k, q->guess + 1);
-        if (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT)
-            of[n_req] = q,
-            req[n_req++] =
-                (ps_draft_req){.slot = q->slot, .toks = q->toks, .n = q->n_toks, .k = k, .sp = &q->gp.sp,
-                               .out = q->guess + 1, .dist = q->dist};
+        if (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT) {
+            of[n_req] = q;
+            req[n_req++] = (ps_draft_req){.slot = q->slot,
+                                          .toks = q->toks,
+                                          .n = q->n_toks,
+                                          .k = k,
+                                          .sp = &q->gp.sp,
+                                          .out = q->guess + 1,
+                                          .dist = q->dist};
+        }
         room -= q->n_guess + (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT ? k : 0);
     }
     char err[300];
@@ -512,19 +517,18 @@ static bool sendable(const seq *q, int g) {
 static void add_seg(ps_sched *s, int *n_segs, seq *q, int n) {
     int left = q->n_toks - q->n_done;
     s->sent[*n_segs] = q;
-    s->segs[(*n_segs)++] = (ps_coord_seg){.seq = q->id,
-                                          .pos = q->n_done,
-                                          .n = n + q->n_guess,
-                                          .n_draft = q->n_guess,
-                                          .dist = s->o.spec.kind == PS_SPEC_DRAFT && q->gp.sp.temperature > 0
-                                                      ? q->dist
-                                                      : NULL,
-                                          .tokens = q->n_guess ? q->guess : q->toks + q->n_done,
-                                          .blocks = q->table,
-                                          .n_blocks = q->n_table,
-                                          .sample = n == left,
-                                          .n_top = n == left ? q->top_n : -1,
-                                          .sp = q->gp.sp};
+    s->segs[(*n_segs)++] =
+        (ps_coord_seg){.seq = q->id,
+                       .pos = q->n_done,
+                       .n = n + q->n_guess,
+                       .n_draft = q->n_guess,
+                       .dist = s->o.spec.kind == PS_SPEC_DRAFT && q->gp.sp.temperature > 0 ? q->dist : NULL,
+                       .tokens = q->n_guess ? q->guess : q->toks + q->n_done,
+                       .blocks = q->table,
+                       .n_blocks = q->n_table,
+                       .sample = n == left,
+                       .n_top = n == left ? q->top_n : -1,
+                       .sp = q->gp.sp};
 }
 
 /* Sends the next micro-batch of group g: one row for each of its sequences that decodes (with

@@ -3,7 +3,6 @@
 
 #include <string.h>
 
-
 int ps_spec_ngram(const int32_t *toks, int n_toks, int k, int32_t *out) {
     for (int n = n_toks - 1 < PS_SPEC_NGRAM_MAX ? n_toks - 1 : PS_SPEC_NGRAM_MAX; n >= 1 && k > 0; n--) {
         const int32_t *tail = toks + n_toks - n;
@@ -71,9 +70,10 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (k_max < 1 || a->n[0] == 0) return 0; /* a plain trip first: the yardstick */
     int last = a->last_k;
     if (last > 0 && last <= k_max && a->n[last] < AUTO_PROBE) return last; /* a measure runs on */
-    int best = best_k(a, k_max, false), measured = 0;
-    for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured += a->n[k] > 0 || a->sec[k] > 0;
+    bool measured = false;                                                 /* any K > 0 */
+    for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->sec[k] > 0;
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
+    int best = best_k(a, k_max, false);
     if (best > 0 && a->n[best] == 0) return best; /* it may pay: measure it */
     if (best == 0) {
         if (a->plain_run < (a->wait ? a->wait : AUTO_WAIT)) return 0;
@@ -93,7 +93,7 @@ void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds) {
         a->kept = AUTO_ACCEPT * a->kept + kept;
     }
     if (k > a->last_k && a->n[0] > 0) { /* more guesses than the trip before: drafted while it waited, */
-        a->n[k] = 0;                     /* the draft catching up: measured afresh, from the next trip */
+        a->n[k] = 0;                    /* the draft catching up: measured afresh, from the next trip */
     } else {
         a->n[k]++; /* the mean of the first trips, then a moving average */
         double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;

@@ -52,11 +52,11 @@ typedef struct {
 typedef struct {
     double sec[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds a trip */
     int n[PS_SPEC_AUTO_MAX + 1];      /* per K: trips measured */
-    double tested, kept;                                         /* guesses checked, kept (decaying) */
-    int last_k;                                                  /* the latest trip's K */
-    int plain_run, wait;      /* plain trips in a row; how many before guesses are measured again */
-    int spec_run;             /* trips with guesses in a row */
-    int since_probe, side;    /* trips at a K > 0 since a neighbour was measured; its side (+1, -1) */
+    double tested, kept;              /* guesses checked, kept (decaying) */
+    int last_k;                       /* the latest trip's K */
+    int plain_run, wait;              /* plain trips in a row; how many before guesses are measured again */
+    int spec_run;                     /* trips with guesses in a row */
+    int since_probe, side;            /* trips at a K > 0 since a neighbour was measured; its side (+1, -1) */
 } ps_spec_auto;
 
 /* The K for the next trip (0..k_max; 0: plain). */

@@ -419,9 +419,9 @@ static ps_status sample_at(ps_stage *s, const ps_mb_seg *g, int at, const float 
         s->history[p - from] = s->tok[(size_t)g->blocks[p / PS_KV_BLOCK] * PS_KV_BLOCK + p % PS_KV_BLOCK];
     bool lp = g->flags & PS_MB_LOGPROBS;
     *r = (ps_result){.seq = g->seq, .pos = at, .n_top = lp ? g->n_top : 0};
-    ps_status st = q ? ps_sample_verify(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, q, guess,
-                                        &r->token, kept)
-                     : ps_sample(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, &r->token);
+    ps_status st =
+        q ? ps_sample_verify(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, q, guess, &r->token, kept)
+          : ps_sample(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, &r->token);
     if (st) return ps_errf(err, errlen, q ? PS_ERR_PROTOCOL : st, "sampling failed: %s", ps_sampler_error(s->smp));
     if (!q) *kept = guess >= 0 && r->token == guess;
     if (lp) {

@@ -61,8 +61,8 @@ enum { PS_ERR_KIND_SELF = 0, PS_ERR_KIND_PREV = 1, PS_ERR_KIND_NEXT = 2 };
 // Micro-batches
 
 enum {
-    PS_MB_SAMPLE = 1,   /* the last stage samples the token after the segment's last position */
-    PS_MB_LOGPROBS = 2, /* ... and returns its log-probability and n_top others' */
+    PS_MB_SAMPLE = 1,     /* the last stage samples the token after the segment's last position */
+    PS_MB_LOGPROBS = 2,   /* ... and returns its log-probability and n_top others' */
     PS_MB_DRAFT_DIST = 4, /* its guesses were drawn from the distributions it carries (ps_mb_seg.dist) */
 };
 
