@@ -35,13 +35,13 @@ ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, const p
 
 /* One sequence's guesses in ps_draft_guess_many. */
 typedef struct {
-    int slot;            /* its slot (a sequence keeps one while it runs) */
-    const int32_t *toks; /* (n) the sequence */
-    int n, k;            /* its length; guesses wanted */
+    int slot;                   /* its slot (a sequence keeps one while it runs) */
+    const int32_t *toks;        /* (n) the sequence */
+    int n, k;                   /* its length; guesses wanted */
     const ps_sample_params *sp; /* NULL (greedy), or how the sequence samples */
-    int32_t *out;        /* (k) the guesses */
-    ps_draft_dist *dist; /* (k) with sp at a temperature: the distributions they were drawn from */
-    int n_out;           /* out: how many */
+    int32_t *out;               /* (k) the guesses */
+    ps_draft_dist *dist;        /* (k) with sp at a temperature: the distributions they were drawn from */
+    int n_out;                  /* out: how many */
 } ps_draft_req;
 
 /* ps_draft_guess for n sequences of distinct slots at once: one forward pass per guess over

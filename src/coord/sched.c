@@ -62,17 +62,17 @@ typedef struct seq {
     bool in_flight; /* its next token is on the way */
     ps_tok_stream *stream;
     ps_gen_params gp;
-    ps_stop *stop;                   /* the stop strings' matcher */
-    int top_n;                       /* -1: no log-probabilities */
-    bool capture;                    /* a capture (ps_sched_request.capture) */
-    bool saving;                     /* ... whose prompt has run: its blocks are to be saved */
-    uint64_t prefix;                 /* ... the id of the prefix it saved */
-    int32_t guess[PS_MAX_DRAFT + 1]; /* speculating: the token before, then the guesses in flight */
+    ps_stop *stop;                    /* the stop strings' matcher */
+    int top_n;                        /* -1: no log-probabilities */
+    bool capture;                     /* a capture (ps_sched_request.capture) */
+    bool saving;                      /* ... whose prompt has run: its blocks are to be saved */
+    uint64_t prefix;                  /* ... the id of the prefix it saved */
+    int32_t guess[PS_MAX_DRAFT + 1];  /* speculating: the token before, then the guesses in flight */
     ps_draft_dist dist[PS_MAX_DRAFT]; /* ... drawn by a draft model at a temperature: from these */
-    int n_guess, guess_pos;          /* how many guesses, and the position of the first */
-    double t_sent;                   /* when its latest trip was sent (ps_now) */
-    int slot;                        /* with a draft model: its slot there, while it runs (else -1) */
-    ps_spec_auto auto_k;             /* --spec-k auto's measurements */
+    int n_guess, guess_pos;           /* how many guesses, and the position of the first */
+    double t_sent;                    /* when its latest trip was sent (ps_now) */
+    int slot;                         /* with a draft model: its slot there, while it runs (else -1) */
+    ps_spec_auto auto_k;              /* --spec-k auto's measurements */
     ps_sched_cb cb;
     void *ctx;
     atomic_bool cancelled;

@@ -26,20 +26,20 @@ struct ps_session {
     atomic_bool cancel;
     double ttft_s, decode_s;
     int n_decode;
-    ps_spec_opts spec;              /* speculation (kind PS_SPEC_OFF: none) */
-    int32_t got[PS_MAX_DRAFT + 1];  /* the tokens of the latest trip not yet returned */
-    int n_got, i_got;               /* got[i_got..n_got) are still to come */
-    int n_trips, n_drafted, n_kept; /* speculative trips, guesses sent, guesses kept */
-    int by_k[PS_MAX_DRAFT + 1];     /* decoding trips by their guesses */
-    ps_spec_auto auto_k;            /* --spec-k auto's measurements */
-    int32_t trip[PS_MAX_DRAFT + 1]; /* the trip out: the token before, then its guesses */
-    ps_draft_dist trip_q[PS_MAX_DRAFT]; /* a sampling draft model's: the guesses' distributions */
-    int n_trip;                     /* its guesses */
-    int32_t pre[PS_MAX_DRAFT + 2];  /* overlap: the draft's next tokens had every guess been kept */
+    ps_spec_opts spec;                     /* speculation (kind PS_SPEC_OFF: none) */
+    int32_t got[PS_MAX_DRAFT + 1];         /* the tokens of the latest trip not yet returned */
+    int n_got, i_got;                      /* got[i_got..n_got) are still to come */
+    int n_trips, n_drafted, n_kept;        /* speculative trips, guesses sent, guesses kept */
+    int by_k[PS_MAX_DRAFT + 1];            /* decoding trips by their guesses */
+    ps_spec_auto auto_k;                   /* --spec-k auto's measurements */
+    int32_t trip[PS_MAX_DRAFT + 1];        /* the trip out: the token before, then its guesses */
+    ps_draft_dist trip_q[PS_MAX_DRAFT];    /* a sampling draft model's: the guesses' distributions */
+    int n_trip;                            /* its guesses */
+    int32_t pre[PS_MAX_DRAFT + 2];         /* overlap: the draft's next tokens had every guess been kept */
     ps_draft_dist pre_q[PS_MAX_DRAFT + 2]; /* ... their distributions */
-    int n_pre;                      /* ... how many; pre[0] is its guess of the trip's last token */
-    int n_ready;                    /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
-    int n_overlap;                  /* trips whose guesses the overlap had drafted */
+    int n_pre;                             /* ... how many; pre[0] is its guess of the trip's last token */
+    int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
+    int n_overlap;                         /* trips whose guesses the overlap had drafted */
 };
 
 const char *ps_stop_reason_name(ps_stop_reason r) {

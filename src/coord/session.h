@@ -128,16 +128,16 @@ const int32_t *ps_session_tokens(const ps_session *s, int *n_tokens, int *n_prom
 /* Timings of the current generation. */
 typedef struct {
     int n_prompt, n_generated;
-    int n_reused;    /* prompt tokens whose keys and values were kept from before */
-    double ttft_s;   /* prompt around the ring to the first token */
-    double decode_s; /* the steps after the first, summed */
-    int n_decode;    /* how many steps decode_s covers */
-    int n_held;      /* positions whose keys and values every stage holds now (what the next
+    int n_reused;               /* prompt tokens whose keys and values were kept from before */
+    double ttft_s;              /* prompt around the ring to the first token */
+    double decode_s;            /* the steps after the first, summed */
+    int n_decode;               /* how many steps decode_s covers */
+    int n_held;                 /* positions whose keys and values every stage holds now (what the next
                         prompt may keep) */
-    int n_trips;     /* speculating: trips that carried guesses */
-    int n_drafted;   /* ... the guesses they carried */
-    int n_kept;      /* ... and those the last stage kept */
-    int n_overlap;   /* ... trips whose guesses were drafted while the trip before was out */
+    int n_trips;                /* speculating: trips that carried guesses */
+    int n_drafted;              /* ... the guesses they carried */
+    int n_kept;                 /* ... and those the last stage kept */
+    int n_overlap;              /* ... trips whose guesses were drafted while the trip before was out */
     int by_k[PS_MAX_DRAFT + 1]; /* speculating: the trips after the prompt's by the guesses they carried
                                    (0: plain), the K in use */
 } ps_session_stats;

@@ -86,15 +86,15 @@ void ps_stage_stat_decode(ps_rbuf *r, ps_stage_stat *st);
 /* One sequence's positions [pos, pos + n) in a micro-batch. Writing at pos discards the
  * sequence's KV beyond it (the next micro-batch may start anywhere up to pos + n). */
 typedef struct {
-    uint64_t seq;          /* sequence id (the coordinator's) */
-    int32_t pos;           /* first position */
-    int32_t n;             /* positions (>= 1) */
-    uint32_t flags;        /* PS_MB_* */
-    uint32_t n_top;        /* with PS_MB_LOGPROBS: top log-probabilities to return (0..PS_MAX_TOP_LOGPROBS) */
-    ps_sample_params sp;   /* used by the last stage when PS_MB_SAMPLE */
-    int32_t n_blocks;      /* the sequence's block table: at least ceil((pos + n) / PS_KV_BLOCK) */
-    const int32_t *blocks; /* entries */
-    uint32_t n_draft;      /* with PS_MB_SAMPLE: the segment's last n_draft tokens (< n, at most the
+    uint64_t seq;              /* sequence id (the coordinator's) */
+    int32_t pos;               /* first position */
+    int32_t n;                 /* positions (>= 1) */
+    uint32_t flags;            /* PS_MB_* */
+    uint32_t n_top;            /* with PS_MB_LOGPROBS: top log-probabilities to return (0..PS_MAX_TOP_LOGPROBS) */
+    ps_sample_params sp;       /* used by the last stage when PS_MB_SAMPLE */
+    int32_t n_blocks;          /* the sequence's block table: at least ceil((pos + n) / PS_KV_BLOCK) */
+    const int32_t *blocks;     /* entries */
+    uint32_t n_draft;          /* with PS_MB_SAMPLE: the segment's last n_draft tokens (< n, at most the
                               session's max_draft) are a draft's guesses. The last stage checks them
                               in turn and stops at the first it does not keep: it returns the guesses
                               kept, then the token it sampled in place of the first one not kept (or,
