@@ -78,7 +78,7 @@ typedef struct {
     bool sample;               /* sample the token after pos + n - 1 */
     int n_top;                 /* with it, this many top log-probabilities (0..PS_MAX_TOP_LOGPROBS) */
     int n_draft;               /* with sample: the last n_draft tokens are a draft's guesses (stage.h, ps_mb_seg),
-                    at most the coordinator's max_draft */
+                                  at most the coordinator's max_draft */
     const ps_draft_dist *dist; /* NULL, or (n_draft) the distributions they were drawn from */
     ps_sample_params sp;
 } ps_coord_seg;

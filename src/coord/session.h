@@ -133,7 +133,7 @@ typedef struct {
     double decode_s;            /* the steps after the first, summed */
     int n_decode;               /* how many steps decode_s covers */
     int n_held;                 /* positions whose keys and values every stage holds now (what the next
-                        prompt may keep) */
+                                   prompt may keep) */
     int n_trips;                /* speculating: trips that carried guesses */
     int n_drafted;              /* ... the guesses they carried */
     int n_kept;                 /* ... and those the last stage kept */

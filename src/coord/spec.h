@@ -41,12 +41,13 @@ typedef struct {
  * at 1/2) over the seconds its trips took (the mean of its first trips, then a moving average:
  * the draft's cost, the overlap and the ring's latency all show in it). A K not measured yet is
  * given the time of the K > 0 measured nearest below it (a trip never gets faster with more
- * guesses), or of the one above, or plain decoding's before any: an optimistic rate. The next trip takes the K of the highest rate (2 % above the others, so
- * that a tie takes fewer guesses) among those measured, 2, 4, 8, the most, and the neighbours
- * of the best measured: one not measured yet is then measured, 2 trips. So K doubles while
- * guesses would pay, then settles by steps where they do; plain decoding (K 0) is measured first
- * and wins when no K does. A trip with more guesses than the one before is not measured (the
- * draft could not make them while that trip was out). Every 16th trip at a K > 0 measures a
+ * guesses), or of the one above, or plain decoding's before any: an optimistic rate. The next
+ * trip takes the K of the highest rate (2 % above the others, so that a tie takes fewer
+ * guesses) among those measured, twice the largest measured and the best one's neighbours; one
+ * not measured yet is then measured, 2 trips. So K doubles (2, 4, 8, the most) while guesses
+ * would pay, then settles by steps where they do; plain decoding (K 0) is measured first and
+ * wins when no K does. A trip with more guesses than the one before is not measured (the draft
+ * could not make them while that trip was out). Every 16th trip at a K > 0 measures a
  * neighbour again (either side in turn); after 16 plain trips in a row the K measured that came
  * closest is measured again, then after 64 and 256 while guesses never pay. */
 typedef struct {

@@ -95,18 +95,18 @@ typedef struct {
     int32_t n_blocks;          /* the sequence's block table: at least ceil((pos + n) / PS_KV_BLOCK) */
     const int32_t *blocks;     /* entries */
     uint32_t n_draft;          /* with PS_MB_SAMPLE: the segment's last n_draft tokens (< n, at most the
-                              session's max_draft) are a draft's guesses. The last stage checks them
-                              in turn and stops at the first it does not keep: it returns the guesses
-                              kept, then the token it sampled in place of the first one not kept (or,
-                              all kept, the one after them). The next segment of the sequence starts
-                              after the last guess kept, which discards the others' keys and values.
-                              A guess without a distribution (a draft that proposes one token per
-                              position) is kept when it is the token the last stage samples there as
-                              it would one token at a time: the tokens are those of plain decoding,
-                              and this is the rejection rule of Leviathan et al. for that draft. */
+                                  session's max_draft) are a draft's guesses. The last stage checks them
+                                  in turn and stops at the first it does not keep: it returns the guesses
+                                  kept, then the token it sampled in place of the first one not kept (or,
+                                  all kept, the one after them). The next segment of the sequence starts
+                                  after the last guess kept, which discards the others' keys and values.
+                                  A guess without a distribution (a draft that proposes one token per
+                                  position) is kept when it is the token the last stage samples there as
+                                  it would one token at a time: the tokens are those of plain decoding,
+                                  and this is the rejection rule of Leviathan et al. for that draft. */
     const ps_draft_dist *dist; /* with PS_MB_DRAFT_DIST: (n_draft) the distributions the guesses were
-                              drawn from; the last stage keeps or replaces each by the rejection rule
-                              (ps_sample_verify), so the tokens are distributed as the model's */
+                                  drawn from; the last stage keeps or replaces each by the rejection rule
+                                  (ps_sample_verify), so the tokens are distributed as the model's */
 } ps_mb_seg;
 
 /* A micro-batch: the segments of one or more sequences, their rows in segment order. */
