@@ -457,8 +457,8 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
 /* How many guesses q's next trip may carry: the K of --spec-k (or auto's), within room, q's
  * blocks and the tokens it may still generate. */
 static int guess_room(const ps_sched *s, seq *q, int room) {
-    if (q->n_toks == q->n_prompt) /* the first token is the prompt's, as in run, even when the prefix cache held */
-        return 0;                 /* all of it but the last: which positions carry guesses is the text's alone */
+    if (q->n_toks == q->n_prompt) /* the first token is the prompt's, as in run, even when its last chunk is one */
+        return 0;                 /* token (other rows, the prefix cache): guesses go where the text alone says */
     int k = s->o.spec.auto_k ? ps_spec_auto_k(&q->auto_k, s->o.spec.k) : s->o.spec.k;
     int64_t left = q->gp.n_predict < 0 ? k : q->gp.n_predict - (q->n_toks - q->n_prompt) - 1;
     int fit = q->n_max - q->n_toks; /* the last guess at position n_toks - 1 + k, within n_max */
