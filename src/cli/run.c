@@ -103,13 +103,15 @@ static void run_usage(FILE *f) {
           "                          ngram guesses what followed the latest earlier occurrence of the text's\n"
           "                          last 1-4 tokens (prompt lookup: no draft model)\n"
           "  --draft MODEL           speculative decoding with a draft model: a small model with this\n"
-          "                          model's vocabulary, run here, guesses greedily (instead of --spec)\n"
+          "                          model's vocabulary, run here (instead of --spec); at a temperature\n"
+          "                          its guesses are sampled and checked by the rejection rule\n"
           "  --draft-threads N       the draft model's compute threads (default 1)\n"
           "  --spec-overlap on|off   with --draft: while a trip is out, draft the next one as if every\n"
           "                          guess is kept, used when that came true (default on)\n"
-          "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): the K (up to 10)\n"
-          "                          whose trips gave the most tokens per second so far, trying a\n"
-          "                          neighbour every 4th trip; plain decoding when none beats it\n",
+          "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): per sequence, the K\n"
+          "                          (up to 10) whose measured trip time and acceptance give the most\n"
+          "                          tokens per second (doubling 2, 4, 8 while more might pay, then by\n"
+          "                          steps); plain decoding when none beats it\n",
           f);
 }
 

@@ -556,14 +556,15 @@ ps_status ps_sample_draft(ps_sampler *s, const ps_sample_params *p, const float 
     int32_t n = s->n_cand < PS_DRAFT_DIST ? s->n_cand : PS_DRAFT_DIST;
     if (n < s->n_cand) select_smallest(s->key, s->n_cand, n);
     sort_keys(s->key, n);
-    double z = 0.0;
+    double z = 0.0, total = 0.0, cum = 0.0;
     for (int32_t j = 0; j < n; j++) z += s->w[key_id(s->key[j])];
     q->n = 0; /* the first token has weight 1; one that rounds to probability 0 ends the list */
-    for (int32_t j = 0; j < n && (float)(s->w[key_id(s->key[j])] / z) > 0.0f; j++, q->n++)
-        q->id[j] = key_id(s->key[j]), q->p[j] = (float)(s->w[q->id[j]] / z);
+    for (int32_t j = 0; j < n; j++) {
+        float pj = (float)(s->w[key_id(s->key[j])] / z);
+        if (!(pj > 0.0f)) break;
+        q->id[q->n] = key_id(s->key[j]), q->p[q->n++] = pj, total += pj;
+    }
     /* drawn from the floats that travel, so that the guess is distributed as q exactly */
-    double total = 0.0, cum = 0.0;
-    for (int32_t j = 0; j < q->n; j++) total += q->p[j];
     double t = ps_rng_uniform(p->seed, position, PS_RNG_STREAM_DRAFT) * total;
     *out_token = q->id[q->n - 1];
     for (int32_t j = 0; j < q->n; j++)

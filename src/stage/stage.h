@@ -140,8 +140,8 @@ uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int max_draft, int n
  * guesses each may have. */
 int ps_mb_max_results(int max_mb, int max_segs, int max_draft);
 /* Parses a FORWARD payload into *out, whose segs must have room for max_segs entries;
- * tokens, x, the block tables and the draft distributions point into the payload. Every count is checked against
- * len, dim, max_n rows and max_segs. */
+ * tokens, x, the block tables and the draft distributions point into the payload. Every count
+ * is checked against len, dim, max_n rows and max_segs. */
 ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, int max_segs, ps_mb *out, char *err,
                        size_t errlen);
 
