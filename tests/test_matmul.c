@@ -318,7 +318,8 @@ static double tol_family(ps_type t) {
  * q8_avx2.c's row-interleaved tiles). */
 static bool family_bit_exact(int isa, ps_type t) {
     return isa == PS_ISA_NEON || isa == PS_ISA_NEONDOT ||
-           (isa == PS_ISA_AVX2 && (t == PS_TYPE_Q4_0 || t == PS_TYPE_Q8_0));
+           (isa == PS_ISA_AVX2 &&
+            (t == PS_TYPE_Q4_0 || t == PS_TYPE_Q8_0 || t == PS_TYPE_Q4_K || t == PS_TYPE_Q5_K || t == PS_TYPE_Q6_K));
 }
 
 /* sum |w x| and the exact dot for (row r, token t). */
@@ -333,14 +334,11 @@ static void exact_dot(const problem *p, const double *xa, int64_t r, double *dot
     *mag = m;
 }
 
-/* ref vs exact, then every other family vs ref. */
-static void test_accuracy(ps_type type, int64_t rows, int64_t cols, int64_t n_tok, ps_pool *pool) {
-    problem p;
-    if (problem_make(&p, type, rows, cols, n_tok) != PS_OK) {
-        PS_CHECK(!"problem_make");
-        problem_free(&p);
-        return;
-    }
+/* ref vs exact, then every other family vs ref, on problem p (freed). */
+static void check_problem(problem *p_in, ps_pool *pool) {
+    problem p = *p_in;
+    ps_type type = p.type;
+    int64_t rows = p.rows, cols = p.cols, n_tok = p.n_tok;
     float *yref = malloc(sizeof(float) * (size_t)(rows * n_tok)), *y = malloc(sizeof(float) * (size_t)(rows * n_tok));
     double *xa = malloc(sizeof(double) * (size_t)cols), *mag = malloc(sizeof(double) * (size_t)(rows * n_tok));
     PS_CHECK_OK(ps_matmul_set_isa("ref"));
@@ -382,6 +380,62 @@ static void test_accuracy(ps_type type, int64_t rows, int64_t cols, int64_t n_to
     free(xa);
     free(mag);
     problem_free(&p);
+}
+
+static void test_accuracy(ps_type type, int64_t rows, int64_t cols, int64_t n_tok, ps_pool *pool) {
+    problem p;
+    if (problem_make(&p, type, rows, cols, n_tok) != PS_OK) {
+        PS_CHECK(!"problem_make");
+        problem_free(&p);
+        return;
+    }
+    check_problem(&p, pool);
+}
+
+/* Weights at the ends of their ranges, where the kernels' int16 pair sums come closest to
+ * overflowing: every byte of a block fill (0xff: the largest quants and, for q4_K / q5_K,
+ * the largest scales and minimums; 0x80: q8_0's -128 and q6_K's -128 scales) or random,
+ * with the binary16 scales at f16 (finite), against activations of equal magnitude (each
+ * quantized to +-127) of one sign or random signs. */
+static void test_extremes(ps_type type, ps_pool *pool) {
+    static const struct {
+        ps_type t;
+        int f16_at[2]; /* offsets of the block's binary16 fields; -1 for none */
+    } layout[] = {{PS_TYPE_Q4_0, {0, -1}},
+                  {PS_TYPE_Q8_0, {0, -1}},
+                  {PS_TYPE_Q4_K, {0, 2}},
+                  {PS_TYPE_Q5_K, {0, 2}},
+                  {PS_TYPE_Q6_K, {208, -1}}};
+    const int *f16_at = NULL;
+    for (size_t i = 0; i < PS_ARRAY_LEN(layout); i++)
+        if (layout[i].t == type) f16_at = layout[i].f16_at;
+    if (!f16_at) return;
+    const int64_t rows = 11, cols = 512, n_tok = 3;
+    const size_t rb = ps_row_bytes(type, cols), bb = ps_type_get(type)->type_size;
+    const int fills[] = {0xff, 0x80, -1};
+    for (size_t f = 0; f < PS_ARRAY_LEN(fills); f++) {
+        for (int sign = 0; sign < 3; sign++) {
+            problem p = {.type = type, .rows = rows, .cols = cols, .n_tok = n_tok, .x_stride = cols};
+            p.w = malloc(rb * (size_t)rows);
+            p.wf = malloc(sizeof(float) * (size_t)(rows * cols));
+            p.x = malloc(sizeof(float) * (size_t)(n_tok * cols));
+            if (!p.w || !p.wf || !p.x) {
+                PS_CHECK(!"malloc");
+                problem_free(&p);
+                return;
+            }
+            uint8_t *w = p.w;
+            for (size_t i = 0; i < rb * (size_t)rows; i++) w[i] = fills[f] >= 0 ? (uint8_t)fills[f] : ps_test_rng_u32();
+            for (size_t b = 0; b < rb * (size_t)rows; b += bb)
+                for (int k = 0; k < 2; k++)
+                    if (f16_at[k] >= 0) memcpy(w + b + f16_at[k], &(uint16_t){k ? 0x2400 : 0x3c00}, 2); /* 1/64, 1 */
+            for (int64_t r = 0; r < rows; r++)
+                PS_CHECK_OK(ps_dequantize_row(type, w + rb * (size_t)r, p.wf + r * cols, cols));
+            for (int64_t i = 0; i < n_tok * cols; i++)
+                p.x[i] = sign == 0 ? 0.5f : sign == 1 ? -0.5f : ps_test_rng_u32() % 2 ? 0.5f : -0.5f;
+            check_problem(&p, pool);
+        }
+    }
 }
 
 // Batch invariance
@@ -525,6 +579,7 @@ int main(void) {
         test_invariance(t, 67, cols[1], 300, pools);
         test_invariance(t, 1, cols[0], 9, pools);
         test_invariance(t, 13, cols[2], 11, pools);
+        test_extremes(t, pools[2]);
     }
     test_multi(pools[2]);
     PS_CHECK(!ps_matmul_supported(PS_TYPE_Q2_K));

@@ -5,10 +5,10 @@
  * Activations use the ref formats (ps_xq32 for the 32-element types, ps_block_q8_K for
  * the K types, f32 in place for the float types), quantized with the very same d and q as
  * the ref kernels. Per weight block the integer dot is exact (vpmaddubsw pair sums stay
- * within int16: |q| <= 63 against |x| <= 127, or the sign trick for q8_0).
- *   - q4_0, q8_0 (the row-interleaved tiles): 8 rows in the 8 lanes of a vector, the
- *     block's integer dot whole in each lane, then ref's float step lane for lane, so
- *     these two give ref's bits (see that section).
+ * within int16: each type's bound is stated where it is summed).
+ *   - q4_0, q8_0, q4_K, q5_K, q6_K (the row-interleaved tiles): 8 rows in the 8 lanes of
+ *     a vector, the block's integer dot whole in each lane, then ref's float step lane for
+ *     lane, so these give ref's bits (see that section).
  *   - The other types: per (row, token) pair, 8 float lanes accumulate block after block:
  *         acc = fma(dw * dx, float(isum lanes), acc)
  *     and the lanes are summed in one fixed order at the end. Register tiles of R rows x
@@ -204,137 +204,6 @@ KI void q32_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t co
     store_tile(R, T, acc, macc, type == T_Q4_1 || type == T_Q5_1, y, ys);
 }
 
-// K types: one super-block per step
-
-enum { T_Q4_K, T_Q5_K, T_Q6_K };
-
-/* Scales and minimums of a q4_K / q5_K super-block. */
-static inline void k4_unpack(const uint8_t s[12], int16_t sc[8], int16_t m[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 0x3f;
-        m[j] = s[j + 4] & 0x3f;
-        sc[j + 4] = (int16_t)((s[j + 8] & 0x0f) | ((s[j] >> 2) & 0x30));
-        m[j + 4] = (int16_t)((s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30));
-    }
-}
-
-/* Per row and super-block: the float scales and the int16 scale vectors the dots need. */
-typedef struct {
-    float d, dmin;
-    __m256i sc[8]; /* q4_K/q5_K: sc[j] broadcast; q6_K: sc[2i + h'] = scales for 32 quants */
-    __m128i mins;  /* q4_K/q5_K: the 8 minimums as int16 */
-    __m256i sc16;  /* q6_K: the 16 scales as int16 */
-} kblock;
-
-KI void kblock_load(int type, const uint8_t *p, kblock *kb) {
-    if (type == T_Q6_K) {
-        const ps_block_q6_K *b = (const ps_block_q6_K *)p;
-        kb->d = _cvtsh_ss(b->d);
-        __m128i s8 = _mm_loadu_si128((const __m128i *)b->scales);
-        kb->sc16 = _mm256_cvtepi8_epi16(s8);
-        for (int k = 0; k < 8; k++) { /* 32 quants 32k..32k+31: scales 2k (words 0-7), 2k + 1 */
-            __m128i lo = _mm_set1_epi16(b->scales[2 * k]), hi = _mm_set1_epi16(b->scales[2 * k + 1]);
-            kb->sc[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-        }
-        return;
-    }
-    ps_f16 d, dmin;
-    memcpy(&d, p, 2);
-    memcpy(&dmin, p + 2, 2);
-    kb->d = _cvtsh_ss(d);
-    kb->dmin = _cvtsh_ss(dmin);
-    int16_t sc[8], m[8];
-    k4_unpack(p + 4, sc, m);
-    for (int j = 0; j < 8; j++) kb->sc[j] = _mm256_set1_epi16(sc[j]);
-    kb->mins = _mm_loadu_si128((const __m128i *)m);
-}
-
-/* The quants of one 32-element run of a super-block (u8): q4_K/q5_K run j (0..7), q6_K
- * run k = 4h + i (elements 128h + 32i..). */
-KI __m256i kquants(int type, const uint8_t *p, int j) {
-    if (type == T_Q6_K) {
-        const ps_block_q6_K *b = (const ps_block_q6_K *)p;
-        int h = j / 4, i = j % 4;
-        __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (i % 2)));
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
-        __m256i lo = _mm256_and_si256(i < 2 ? ql : _mm256_srli_epi16(ql, 4), _mm256_set1_epi8(0x0f));
-        __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), _mm256_set1_epi8(0x03));
-        return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-    }
-    int qs_off = type == T_Q5_K ? 48 : 16;
-    __m256i q = _mm256_loadu_si256((const __m256i *)(p + qs_off + 32 * (j / 2)));
-    q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
-    if (type == T_Q5_K) {
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
-        __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(0x01));
-        q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
-    }
-    return q;
-}
-
-/* One super-block for an R x T tile: isum = sum over runs of madd(maddubs(q, x), scales);
- * q6_K subtracts 32 * sum(scale * bsum); acc += (d * dx) * float(isum); q4_K/q5_K also
- * macc -= dmin * dx * sum(m * bsum). */
-KI void k_step(int R, int T, int type, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, int64_t i,
-               __m256 acc[RMAX][TMAX], float macc[RMAX][TMAX]) {
-    const int bsize = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210;
-    kblock kb[RMAX];
-    __m256i isum[RMAX][TMAX];
-    UNROLL
-    for (int r = 0; r < R; r++) kblock_load(type, w + r * wb + i * bsize, &kb[r]);
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        UNROLL
-        for (int t = 0; t < T; t++) isum[r][t] = _mm256_setzero_si256();
-    }
-    for (int j = 0; j < 8; j++) {
-        __m256i q[RMAX];
-        UNROLL
-        for (int r = 0; r < R; r++) q[r] = kquants(type, w + r * wb + i * bsize, j);
-        UNROLL
-        for (int t = 0; t < T; t++) {
-            const ps_block_q8_K *xb = (const ps_block_q8_K *)(x + t * xs) + i;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * j));
-            UNROLL
-            for (int r = 0; r < R; r++)
-                isum[r][t] =
-                    _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), kb[r].sc[j]));
-        }
-    }
-    UNROLL
-    for (int t = 0; t < T; t++) {
-        const ps_block_q8_K *xb = (const ps_block_q8_K *)(x + t * xs) + i;
-        __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            __m256i s = isum[r][t];
-            if (type == T_Q6_K) {
-                s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(kb[r].sc16, bs), 5));
-            } else {
-                __m128i b8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-                __m128i mi = _mm_madd_epi16(kb[r].mins, b8);
-                mi = _mm_add_epi32(mi, _mm_shuffle_epi32(mi, 0x4e));
-                mi = _mm_add_epi32(mi, _mm_shuffle_epi32(mi, 0xb1));
-                macc[r][t] = fmaf(-(kb[r].dmin * xb->d), (float)_mm_cvtsi128_si32(mi), macc[r][t]);
-            }
-            acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(kb[r].d * xb->d), _mm256_cvtepi32_ps(s), acc[r][t]);
-        }
-    }
-}
-
-KI void k_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
-               int64_t ys) {
-    __m256 acc[RMAX][TMAX];
-    float macc[RMAX][TMAX];
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        UNROLL
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
-    }
-    for (int64_t i = 0; i < cols / PS_QK_K; i++) k_step(R, T, type, w, wb, x, xs, i, acc, macc);
-    store_tile(R, T, acc, macc, type != T_Q6_K, y, ys);
-}
-
 // Float types: 8 columns per step
 
 enum { T_F32, T_F16, T_BF16 };
@@ -391,52 +260,49 @@ KI void f_tile(int R, int T, int type, const uint8_t *w, size_t wb, int64_t cols
     store_tile(R, T, acc, macc, 0, y, ys);
 }
 
-// Row-interleaved tiles (q4_0, q8_0): lanes = rows, ref's float steps
+// Row-interleaved tiles (q4_0, q8_0; the K types below): lanes = rows, ref's float steps
 
 /* Up to 8 rows x T tokens per tile, one lane per row: per block, the rows' 32-element
  * runs are transposed in registers so that int32 lane r of vector k holds row r's
  * elements 4k..4k+3 (k < 8), and each token's 4-byte group k is broadcast against it.
  * The integer dot of (row, token) then ends whole in lane r, and the float step is ref's,
- * lane for lane (q8_ref.c, with -ffp-contract=off):
+ * lane for lane (q8_ref.c, with -ffp-contract=off), for q4_0 and q8_0:
  *     sum = sum + (dw * dx) * float(isum)
  * so these types give ref's bits, whatever the tile (rows missing at the edge repeat the
  * last real one and are not stored). Float sums live in acc[t][8] on the stack, so a
  * block's transposed weights serve every token of the tile. */
 #define RT_TOKS 32
 
-/* The binary16 scales at p[0..8) (the 8 rows' current blocks) as 8 floats. */
-KI __m256 rows_d(const uint8_t *const p[8]) {
+/* The binary16 values at p[r] + off (r < 8) as 8 floats. */
+KI __m256 rows_f16(const uint8_t *const p[8], size_t off) {
     uint16_t h[8];
     UNROLL
-    for (int r = 0; r < 8; r++) memcpy(&h[r], p[r], 2);
+    for (int r = 0; r < 8; r++) memcpy(&h[r], p[r] + off, 2);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
-/* q4_0: the 8 rows' nibbles at p[r] + 2, transposed: g[k] int32 lane r = row r's
- * elements 4k..4k+3 (u8). */
-KI void q4_0_rows(const uint8_t *const p[8], __m256i g[8]) {
+/* The 8 rows' 16 bytes at p[r] + off, transposed: g[k] (k < 4) int32 lane r = row r's
+ * bytes 4k..4k+3. */
+KI void rows_t16(const uint8_t *const p[8], size_t off, __m256i g[4]) {
     __m256i a[4];
     UNROLL
     for (int r = 0; r < 4; r++)
-        a[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p[r] + 2))),
-                                       _mm_loadu_si128((const __m128i *)(p[r + 4] + 2)), 1);
+        a[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p[r] + off))),
+                                       _mm_loadu_si128((const __m128i *)(p[r + 4] + off)), 1);
     __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
     __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
-    __m256i d[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
-                    _mm256_unpackhi_epi64(t1, t3)};
-    const __m256i lo = _mm256_set1_epi8(0x0f);
-    UNROLL
-    for (int k = 0; k < 4; k++) {
-        g[k] = _mm256_and_si256(d[k], lo);
-        g[k + 4] = _mm256_and_si256(_mm256_srli_epi16(d[k], 4), lo);
-    }
+    g[0] = _mm256_unpacklo_epi64(t0, t2);
+    g[1] = _mm256_unpackhi_epi64(t0, t2);
+    g[2] = _mm256_unpacklo_epi64(t1, t3);
+    g[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
-/* q8_0: the 8 rows' quants at p[r] + 2, transposed as q4_0_rows does (s8). */
-KI void q8_0_rows(const uint8_t *const p[8], __m256i g[8]) {
+/* The 8 rows' 32 bytes at p[r] + off, transposed: g[k] (k < 8) int32 lane r = row r's
+ * bytes 4k..4k+3. */
+KI void rows_t32(const uint8_t *const p[8], size_t off, __m256i g[8]) {
     __m256i a[8], t[8], u[8];
     UNROLL
-    for (int r = 0; r < 8; r++) a[r] = _mm256_loadu_si256((const __m256i *)(p[r] + 2));
+    for (int r = 0; r < 8; r++) a[r] = _mm256_loadu_si256((const __m256i *)(p[r] + off));
     UNROLL
     for (int r = 0; r < 8; r += 2) {
         t[r] = _mm256_unpacklo_epi32(a[r], a[r + 1]);
@@ -453,6 +319,19 @@ KI void q8_0_rows(const uint8_t *const p[8], __m256i g[8]) {
     for (int k = 0; k < 4; k++) {
         g[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
         g[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+}
+
+/* q4_0: the 8 rows' nibbles at p[r] + 2, transposed: g[k] int32 lane r = row r's
+ * elements 4k..4k+3 (u8). */
+KI void q4_0_rows(const uint8_t *const p[8], __m256i g[8]) {
+    __m256i d[4];
+    rows_t16(p, 2, d);
+    const __m256i lo = _mm256_set1_epi8(0x0f);
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        g[k] = _mm256_and_si256(d[k], lo);
+        g[k + 4] = _mm256_and_si256(_mm256_srli_epi16(d[k], 4), lo);
     }
 }
 
@@ -482,36 +361,213 @@ KI __m256i rows_dot(int type, const __m256i g[8], const __m256i ga[8], const ps_
     return s;
 }
 
+/* One block of the 8 rows p[r] against nt tokens, in ref's float step per lane:
+ *     acc[t] = acc[t] + (dw * dx) * float(isum) */
+KI void q32_rows_block(int type, const uint8_t *const p[8], const uint8_t *x, size_t xs, int64_t i, int nt,
+                       __m256 acc[RT_TOKS]) {
+    __m256i g[8], ga[8];
+    if (type == T_Q4_0) {
+        q4_0_rows(p, g);
+    } else {
+        rows_t32(p, 2, g);
+        UNROLL
+        for (int k = 0; k < 8; k++) ga[k] = _mm256_sign_epi8(g[k], g[k]);
+    }
+    __m256 dw = rows_f16(p, 0);
+    for (int t = 0; t < nt; t++) {
+        const ps_xq32 *xb = (const ps_xq32 *)(x + (size_t)t * xs) + i;
+        __m256 f = _mm256_cvtepi32_ps(rows_dot(type, g, ga, xb));
+        __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(s, f));
+    }
+}
+
+// The K types in row-interleaved tiles (one 256-element super-block per step)
+
+enum { T_Q4_K = 8, T_Q5_K, T_Q6_K };
+
+static inline int kblock_bytes(int type) { return type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210; }
+
+/* Byte b (< 4) of each int32 lane into both int16 halves: zero-extended (sgn 0), or
+ * sign-extended (sgn 1). With pair 1, bytes b and b + 1 into the two halves. */
+KI __m256i lane_bytes16(__m256i v, int b, int pair, int sgn) {
+    __m256i idx = sgn ? _mm256_setr_epi8(-128, 0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12, -128,
+                                         0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12)
+                      : _mm256_setr_epi8(0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12, -128, 0,
+                                         -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12, -128);
+    idx = _mm256_add_epi8(idx, _mm256_set1_epi8((char)b)); /* -128 + b keeps the zeroing bit */
+    if (pair) idx = _mm256_add_epi8(idx, _mm256_set1_epi32(sgn ? 0x01000000 : 0x00010000));
+    __m256i r = _mm256_shuffle_epi8(v, idx);
+    return sgn ? _mm256_srai_epi16(r, 8) : r;
+}
+
+/* q4_K / q5_K: the 8 rows' scales (sc[j]: int32 lane r = row r's scale j in both int16
+ * halves) and minimums (mn[h]: lane r = row r's minimums 2h and 2h + 1). The 12 packed
+ * bytes at 4..15 unpack as ref's k4_scales, four bytes of a row per lane at a time. */
+KI void k4_rows_scales(const uint8_t *const p[8], __m256i sc[8], __m256i mn[4]) {
+    __m256i w[4];
+    rows_t16(p, 4, w);
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m256i s_lo = _mm256_and_si256(w[0], m6), m_lo = _mm256_and_si256(w[1], m6);
+    __m256i s_hi = _mm256_or_si256(_mm256_and_si256(w[2], m4), _mm256_and_si256(_mm256_srli_epi32(w[0], 2), m30));
+    __m256i m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w[2], 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi32(w[1], 2), m30));
+    UNROLL
+    for (int b = 0; b < 4; b++) {
+        sc[b] = lane_bytes16(s_lo, b, 0, 0);
+        sc[b + 4] = lane_bytes16(s_hi, b, 0, 0);
+    }
+    mn[0] = lane_bytes16(m_lo, 0, 1, 0);
+    mn[1] = lane_bytes16(m_lo, 2, 1, 0);
+    mn[2] = lane_bytes16(m_hi, 0, 1, 0);
+    mn[3] = lane_bytes16(m_hi, 2, 1, 0);
+}
+
+/* Bit j of each byte of v, moved to bit 4 (q5_K's fifth bits; shifts within int16 are
+ * byte-safe under the mask). */
+KI __m256i bit_to_4(__m256i v, int j) {
+    v = j < 4 ? _mm256_slli_epi16(v, 4 - j) : _mm256_srli_epi16(v, j - 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* Bits 2i, 2i + 1 of each byte of v, moved to bits 4, 5 (q6_K's high bits). */
+KI __m256i bits_to_45(__m256i v, int i) {
+    v = i < 2 ? _mm256_slli_epi16(v, 4 - 2 * i) : _mm256_srli_epi16(v, 2 * i - 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x30));
+}
+
+/* sum over k in [k0, k1) of maddubs(q[k], token's bytes 4k..4k+3 broadcast): int16 pair sums. */
+KI __m256i rows_pairs(const __m256i q[8], const int8_t *xq, int k0, int k1) {
+    __m256i s = _mm256_setzero_si256();
+    UNROLL
+    for (int k = k0; k < k1; k++) {
+        int32_t xk;
+        memcpy(&xk, xq + 4 * k, 4);
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(xk)));
+    }
+    return s;
+}
+
+/* q4_K / q5_K super-block i of the 8 rows against nt tokens. Per run j of 32 quants the
+ * int16 pair sums stay exact (q4_K: 8 x 2 x 15 x 127 = 30480; q5_K sums 4 at a time),
+ * times the run's scale into int32; then ref's float step:
+ *     acc = acc + ((d * dx) * float(isum) - (dmin * dx) * float(imin)) */
+KI void k4_rows_block(int type, const uint8_t *const p[8], const uint8_t *x, size_t xs, int64_t i, int nt,
+                      __m256 acc[RT_TOKS]) {
+    __m256i sc[8], mn[4], qh[8], isum[RT_TOKS];
+    k4_rows_scales(p, sc, mn);
+    if (type == T_Q5_K) rows_t32(p, 16, qh);
+    for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+    UNROLL
+    for (int c = 0; c < 4; c++) {
+        __m256i g[8];
+        rows_t32(p, (type == T_Q5_K ? 48 : 16) + 32 * c, g);
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            const int j = 2 * c + h;
+            __m256i q[8];
+            UNROLL
+            for (int k = 0; k < 8; k++) {
+                q[k] = _mm256_and_si256(h ? _mm256_srli_epi16(g[k], 4) : g[k], _mm256_set1_epi8(0x0f));
+                if (type == T_Q5_K) q[k] = _mm256_or_si256(q[k], bit_to_4(qh[k], j));
+            }
+            for (int t = 0; t < nt; t++) {
+                const int8_t *xq = ((const ps_block_q8_K *)(x + (size_t)t * xs))[i].qs + 32 * j;
+                __m256i d = type == T_Q5_K ? _mm256_add_epi32(_mm256_madd_epi16(rows_pairs(q, xq, 0, 4), sc[j]),
+                                                              _mm256_madd_epi16(rows_pairs(q, xq, 4, 8), sc[j]))
+                                           : _mm256_madd_epi16(rows_pairs(q, xq, 0, 8), sc[j]);
+                isum[t] = _mm256_add_epi32(isum[t], d);
+            }
+        }
+    }
+    __m256 dw = rows_f16(p, 0), mw = rows_f16(p, 2);
+    for (int t = 0; t < nt; t++) {
+        const ps_block_q8_K *xb = (const ps_block_q8_K *)(x + (size_t)t * xs) + i;
+        int32_t b8[4]; /* int16 pairs: bsums of runs 2h, 2h + 1 */
+        _mm_storeu_si128((__m128i *)b8, _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb->bsums),
+                                                       _mm_loadu_si128((const __m128i *)xb->bsums + 1)));
+        __m256i imin = _mm256_setzero_si256();
+        UNROLL
+        for (int h = 0; h < 4; h++) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mn[h], _mm256_set1_epi32(b8[h])));
+        __m256 dx = _mm256_set1_ps(xb->d);
+        __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
+        __m256 b = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_cvtepi32_ps(imin));
+        acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, b));
+    }
+}
+
+/* q6_K super-block i of the 8 rows against nt tokens: quants 0..63 as u8 (pair sums of 2
+ * at a time stay in int16: 2 x 2 x 63 x 127 = 32004) times the signed scale of each 16,
+ * minus 32 * sum(scale * bsum) for the offset; then ref's float step:
+ *     acc = acc + (d * dx) * float(isum) */
+KI void k6_rows_block(const uint8_t *const p[8], const uint8_t *x, size_t xs, int64_t i, int nt, __m256 acc[RT_TOKS]) {
+    __m256i sw[4], sp[8], isum[RT_TOKS];
+    rows_t16(p, 192, sw);
+    UNROLL
+    for (int k = 0; k < 8; k++) sp[k] = lane_bytes16(sw[k / 2], 2 * (k % 2), 1, 1); /* scales 2k, 2k + 1 */
+    for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        __m256i l0[8], l1[8], hb[8];
+        rows_t32(p, 64 * h, l0);
+        rows_t32(p, 64 * h + 32, l1);
+        rows_t32(p, 128 + 32 * h, hb);
+        UNROLL
+        for (int n = 0; n < 4; n++) { /* run 4h + n: elements 128h + 32n.., scales s, s + 1 */
+            const int s = 8 * h + 2 * n;
+            __m256i sa = lane_bytes16(sw[s / 4], s % 4, 0, 1), sb = lane_bytes16(sw[s / 4], s % 4 + 1, 0, 1);
+            __m256i q[8];
+            UNROLL
+            for (int k = 0; k < 8; k++) {
+                __m256i lo = n % 2 ? l1[k] : l0[k];
+                lo = _mm256_and_si256(n < 2 ? lo : _mm256_srli_epi16(lo, 4), _mm256_set1_epi8(0x0f));
+                q[k] = _mm256_or_si256(lo, bits_to_45(hb[k], n));
+            }
+            for (int t = 0; t < nt; t++) {
+                const int8_t *xq = ((const ps_block_q8_K *)(x + (size_t)t * xs))[i].qs + 128 * h + 32 * n;
+                __m256i d = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(rows_pairs(q, xq, 0, 2), sa),
+                                                              _mm256_madd_epi16(rows_pairs(q, xq, 2, 4), sa)),
+                                             _mm256_add_epi32(_mm256_madd_epi16(rows_pairs(q, xq, 4, 6), sb),
+                                                              _mm256_madd_epi16(rows_pairs(q, xq, 6, 8), sb)));
+                isum[t] = _mm256_add_epi32(isum[t], d);
+            }
+        }
+    }
+    __m256 dw = rows_f16(p, 208);
+    for (int t = 0; t < nt; t++) {
+        const ps_block_q8_K *xb = (const ps_block_q8_K *)(x + (size_t)t * xs) + i;
+        int32_t bs[8]; /* int16 pairs: bsums 2k, 2k + 1 */
+        memcpy(bs, xb->bsums, sizeof bs);
+        __m256i off = _mm256_setzero_si256();
+        UNROLL
+        for (int k = 0; k < 8; k++) off = _mm256_add_epi32(off, _mm256_madd_epi16(sp[k], _mm256_set1_epi32(bs[k])));
+        __m256i s = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
+        __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(s));
+        acc[t] = _mm256_add_ps(acc[t], a);
+    }
+}
+
 /* y[t * ys + r] for r < nr <= 8, t < nt <= RT_TOKS: rows w + r * wb against tokens
  * x + t * xs, each pair in ref's float steps. Block by block, the matching share of the
  * next_bytes at next (the next row group) is prefetched: the hardware's prefetchers miss
  * 8 short interleaved row streams, and with few tokens the tile would wait on memory. */
 KI void rows_tile(int type, const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
                   int64_t ys, int nr, int nt, const uint8_t *next, size_t next_bytes) {
-    const int bs = wblock_bytes(type);
+    const int kt = type >= T_Q4_K, bs = kt ? kblock_bytes(type) : wblock_bytes(type);
     __m256 acc[RT_TOKS];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     const uint8_t *p[8];
     UNROLL
     for (int r = 0; r < 8; r++) p[r] = w + (size_t)(r < nr ? r : nr - 1) * wb;
-    for (int64_t i = 0; i < cols / PS_QK; i++) {
+    for (int64_t i = 0; i < cols / (kt ? PS_QK_K : PS_QK); i++) {
         for (size_t o = (size_t)i * 8 * bs; o < (size_t)(i + 1) * 8 * bs && o < next_bytes; o += 64)
             _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
-        __m256i g[8], ga[8];
-        if (type == T_Q4_0) {
-            q4_0_rows(p, g);
-        } else {
-            q8_0_rows(p, g);
-            UNROLL
-            for (int k = 0; k < 8; k++) ga[k] = _mm256_sign_epi8(g[k], g[k]);
-        }
-        __m256 dw = rows_d(p);
-        for (int t = 0; t < nt; t++) {
-            const ps_xq32 *xb = (const ps_xq32 *)(x + (size_t)t * xs) + i;
-            __m256 f = _mm256_cvtepi32_ps(rows_dot(type, g, ga, xb));
-            __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xb->d));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(s, f));
-        }
+        if (type == T_Q6_K)
+            k6_rows_block(p, x, xs, i, nt, acc);
+        else if (kt)
+            k4_rows_block(type, p, x, xs, i, nt, acc);
+        else
+            q32_rows_block(type, p, x, xs, i, nt, acc);
         UNROLL
         for (int r = 0; r < 8; r++) p[r] += bs;
     }
@@ -587,9 +643,9 @@ DEF_TYPE(q4_1, q32_tile, T_Q4_1)
 DEF_TYPE(q5_0, q32_tile, T_Q5_0)
 DEF_TYPE(q5_1, q32_tile, T_Q5_1)
 DEF_ROWS_GEMM(q8_0, T_Q8_0)
-DEF_TYPE(q4_K, k_tile, T_Q4_K)
-DEF_TYPE(q5_K, k_tile, T_Q5_K)
-DEF_TYPE(q6_K, k_tile, T_Q6_K)
+DEF_ROWS_GEMM(q4_K, T_Q4_K)
+DEF_ROWS_GEMM(q5_K, T_Q5_K)
+DEF_ROWS_GEMM(q6_K, T_Q6_K)
 
 // Table
 
@@ -603,9 +659,9 @@ const ps_q8_kern ps_q8_avx2_kerns[PS_TYPE_COUNT] = {
     [PS_TYPE_Q5_0] = {quant_x32, x32_bytes, gemm_q5_0, 2, 4},
     [PS_TYPE_Q5_1] = {quant_x32, x32_bytes, gemm_q5_1, 2, 4},
     [PS_TYPE_Q8_0] = {quant_x32, x32_bytes, gemm_q8_0, 8, RT_TOKS},
-    [PS_TYPE_Q4_K] = {quant_x256, x256_bytes, gemm_q4_K, 2, 4},
-    [PS_TYPE_Q5_K] = {quant_x256, x256_bytes, gemm_q5_K, 2, 4},
-    [PS_TYPE_Q6_K] = {quant_x256, x256_bytes, gemm_q6_K, 2, 4},
+    [PS_TYPE_Q4_K] = {quant_x256, x256_bytes, gemm_q4_K, 8, RT_TOKS},
+    [PS_TYPE_Q5_K] = {quant_x256, x256_bytes, gemm_q5_K, 8, RT_TOKS},
+    [PS_TYPE_Q6_K] = {quant_x256, x256_bytes, gemm_q6_K, 8, RT_TOKS},
 };
 
 #else
