@@ -4,7 +4,7 @@ inter-token latency for 1, 2, 4, ... concurrent streams, measured side by side i
 
   bench/serve.py [--models "smollm2-135m:Q8_0 llama-3.2-1b:Q4_0" | --model FILE] [--stages 1,2]
                  [--streams 1,2,4,8,16,32] [--tokens 64] [--prompt-tokens 32] [--threads 2]
-                 [--llama-server PATH] [--prefix 1000] [--json FILE]
+                 [--llama-server PATH] [--prefix 1000] [--mmap on|off] [--pp] [--json FILE]
 
 Each configuration is a server on loopback: `pipeshard serve -m MODEL --parallel S --pin`, with
 --threads threads unsplit, and with --local-stages N one pinned core per stage (each stage as if
@@ -22,6 +22,14 @@ With --llama-server PATH (a llama.cpp `llama-server` binary the user built), the
 against `llama-server -m MODEL -np S -cb -t THREADS` on the same file, in the same run.
 --prefix N: time to first token of a request whose N-token system prompt is in the prefix cache
 (sent once before), against the same request cold (the cache off: --prefix-cache off).
+After each pipeshard row, a line 'per token' gives, from /metrics over that load, each stage's
+compute ms and each hop's send ms per completion token (prompts included), and with one stream
+the rest of its wall ms per token (waiting, HTTP, scheduling).
+--mmap on maps the weights instead of reading them into huge pages (serve's default, and off
+here): mapped files decode at speeds that depend on where their pages lie, so a fleet's fresh
+shards and the original file are not comparable (docs/notes/huge-pages.md).
+--pp: in each turn, also the unsplit model's prefill rate (`pipeshard bench -p 128 -t THREADS`),
+the compute ceiling of batched decode; each row of that turn then shows its decode over it.
 Models given as shape:type are written by `pipeshard synth` into .cache/bench.
 """
 import argparse
@@ -110,6 +118,26 @@ def stream(port, prompt, tokens, out):
     out.append((t0, times, n_tok if n_tok is not None else len(times)))
 
 
+def stage_seconds(port):
+    """{'compute': [s per stage], 'hop': [s per hop]} from /metrics (counters since start)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    out = {"compute": {}, "hop": {}}
+    for line in c.getresponse().read().decode().splitlines():
+        for key, name in (("compute", "pipeshard_stage_compute_seconds_total{stage=\""),
+                          ("hop", "pipeshard_hop_seconds_total{from=\"")):
+            if line.startswith(name):
+                out[key][line[len(name):].split("\"")[0]] = float(line.split()[-1])
+    return {k: [v[i] for i in sorted(v)] for k, v in out.items()}
+
+
+def prefill_rate(path, threads):
+    """The unsplit model's 128-token prefill tok/s (pipeshard bench, median of 3)."""
+    p = subprocess.run([BIN, "bench", "-m", path, "-p", "128", "-n", "1", "-t", str(threads), "--pin", "-r", "3",
+                        "--json"], capture_output=True, text=True, check=True)
+    return json.loads(p.stdout)["prefill_tok_s"]
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
@@ -160,8 +188,11 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--llama-server")
     ap.add_argument("--prefix", type=int, default=0)
+    ap.add_argument("--mmap", choices=("on", "off"), default="off")
+    ap.add_argument("--pp", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
+    mmap = ["--mmap"] if a.mmap == "on" else []
     os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
     streams = [int(x) for x in a.streams.split(",")]
     rows = []
@@ -173,9 +204,9 @@ def main():
         stages = [int(x) for x in a.stages.split(",")]
         if max(stages) > 1 and a.threads > 1:  # the fleet's own yardstick: the unsplit model on one core
             configs.append(("pipeshard 1 core", [BIN, "serve", "-m", path, "--parallel", str(max(streams)), "-c",
-                                                 str(a.ctx), "--pin", "--mmap", "--queue-size", "256", "-t", "1"]))
+                                                 str(a.ctx), "--pin", *mmap, "--queue-size", "256", "-t", "1"]))
         for n in stages:
-            cmd = [BIN, "serve", "-m", path, "--parallel", str(max(streams)), "-c", str(a.ctx), "--pin", "--mmap",
+            cmd = [BIN, "serve", "-m", path, "--parallel", str(max(streams)), "-c", str(a.ctx), "--pin", *mmap,
                    "--queue-size", "256"]
             cmd += ["-t", str(a.threads)] if n == 1 else ["--local-stages", str(n), "-t", "1"]
             configs.append((f"pipeshard {n} stage{'s' if n > 1 else ''}", cmd))
@@ -187,20 +218,34 @@ def main():
             for name, cmd in configs:
                 servers.append((name, Server(cmd, f"{os.path.basename(path)}-{name.replace(' ', '-')}")))
             for n in streams:  # the servers in turns at each load, so that a drifting machine slows all alike
+                pp = prefill_rate(path, a.threads) if a.pp else None
+                if pp:
+                    print(f"{spec:24} prefill 128 tokens, {a.threads} threads: {pp:.1f} tok/s", flush=True)
                 for name, s in servers:
                     load(s.port, 1, 4, 4, 99)  # warm
+                    ours = name.startswith("pipeshard")
+                    before = stage_seconds(s.port) if ours else None
                     agg, steady, t50, t99, i50, i99 = load(s.port, n, a.tokens, a.prompt_tokens, n)
                     rows.append(dict(model=spec, server=name, streams=n, agg_tok_s=agg, decode_tok_s=steady,
                                      ttft_p50_ms=t50, ttft_p99_ms=t99, itl_p50_ms=i50, itl_p99_ms=i99))
+                    if pp:
+                        rows[-1]["prefill_tok_s"] = pp
                     print(f"{spec:24} {name:18} {n:7} {agg:10.1f} {steady:10.1f} {t50:9.1f} {t99:8.1f} {i50:8.2f} "
-                          f"{i99:8.2f}", flush=True)
+                          f"{i99:8.2f}" + (f"   decode/pp {steady / pp:.3f}" if pp else ""), flush=True)
+                    if ours:
+                        after, tokens = stage_seconds(s.port), n * a.tokens
+                        ms = {k: [(y - x) * 1e3 / tokens for x, y in zip(before[k], after[k])] for k in after}
+                        rows[-1].update(stage_ms_per_token=ms["compute"], hop_ms_per_token=ms["hop"])
+                        ring = f", rest {1e3 / agg - sum(ms['compute']) - sum(ms['hop']):.2f} ms" if n == 1 else ""
+                        print(f"{'':24} per token: compute {' '.join(f'{v:.2f}' for v in ms['compute'])} ms, "
+                              f"hops {' '.join(f'{v:.3f}' for v in ms['hop'])} ms{ring}", flush=True)
         finally:
             for _, s in servers:
                 s.stop()
         if a.prefix:
             res = {}
             for cache in ("on", "off"):
-                s = Server([BIN, "serve", "-m", path, "-t", str(a.threads), "--pin", "--mmap", "-c",
+                s = Server([BIN, "serve", "-m", path, "-t", str(a.threads), "--pin", *mmap, "-c",
                             str(max(a.ctx, a.prefix * 2 + 64)), "--prefix-cache", cache], f"prefix-{cache}")
                 try:
                     res[cache] = prefix_ttft(s.port, a.prefix)

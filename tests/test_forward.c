@@ -1,8 +1,9 @@
 /* test_forward.c - the forward pass over several sequences at once (ps_forward_segs): rows of
  * three sequences whose keys and values live in scattered blocks of one pool, run together
  * in mixed segments and chunks, give bit for bit the logits each sequence gives alone
- * (DESIGN.md invariant 1); and the checks of segments and block tables. On stories260K
- * (head width 8) and SmolLM2-135M (head width 64), each skipped when absent. */
+ * (DESIGN.md invariant 1), with attention in 8-lane vectors (AVX2) and in 16-lane ones
+ * alike; and the checks of segments and block tables. On stories260K (head width 8) and
+ * SmolLM2-135M (head width 64), each skipped when absent. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,8 +106,14 @@ static void test_model(const char *path) {
         toks[s] = malloc((size_t)LEN[s] * sizeof(int32_t));
         for (int i = 0; i < LEN[s]; i++) toks[s][i] = (int32_t)(ps_test_rng_u32() % (uint32_t)m->hp.vocab);
     }
+    /* attention in 16-lane vectors alone, then mixed in 8- and 16-lane vectors: the same bits */
+    ps_forward_set_attn_lanes(16);
     float *ref = reference(m, pool, toks);
-    run_mixed(m, pool, toks, ref);
+    for (int lanes = 8; lanes <= 16; lanes += 8) {
+        ps_forward_set_attn_lanes(lanes);
+        run_mixed(m, pool, toks, ref);
+    }
+    ps_forward_set_attn_lanes(0);
     free(ref);
     for (int s = 0; s < N_SEQ; s++) free(toks[s]);
     ps_pool_free(pool);

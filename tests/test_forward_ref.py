@@ -416,9 +416,11 @@ def test_synth_qwen3():
 
 def test_synth_head_dims():
     # the attention's specialised paths: head_dim 128 (8 vectors, four query heads per key/value
-    # head in one pass) and 40 (two vectors and a partial one, three query heads per group)
+    # head in one pass), 40 (two vectors and a partial one of 8 lanes, three query heads per
+    # group) and 44 (a partial one of 12 lanes: both 8-lane halves of it on AVX2)
     synth_case("llama", name="synth-hd128", n_head=4, n_head_kv=1, head_dim=128, embd_scale=0.3, weight_scale=2.0)
     synth_case("llama", name="synth-hd40", n_head=6, n_head_kv=2, head_dim=40, embd_scale=0.3, weight_scale=2.0)
+    synth_case("llama", name="synth-hd44", n_head=6, n_head_kv=3, head_dim=44, embd_scale=0.3, weight_scale=2.0)
 
 
 def kquant_case(qtype):

@@ -274,6 +274,7 @@ static ALWAYS_INLINE size_t kv_at(const ps_ctx *c, const int32_t *tab, int kvh, 
  * so the bits do not depend on the vector width; the vectors only let 16 positions'
  * scores share one reduction network instead of a tree each. */
 typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
 /* No vector crosses a call (the helpers are always inlined), so the vector-ABI note that
  * GCC gives for the clones without AVX-512 (reported at the end of the file) does not apply. */
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -313,11 +314,11 @@ static ALWAYS_INLINE v16 tree16(v16 a[16]) {
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-typedef int32_t v16i __attribute__((vector_size(64)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 
 /* Lanes of a where m is all ones, of b where m is 0. */
-static ALWAYS_INLINE v16 select16(v16i m, v16 a, v16 b) {
-    v16i ia, ib;
+static ALWAYS_INLINE v8 select8(v8i m, v8 a, v8 b) {
+    v8i ia, ib;
     memcpy(&ia, &a, sizeof ia);
     memcpy(&ib, &b, sizeof ib);
     ia = (ia & m) | (ib & ~m);
@@ -329,23 +330,30 @@ static ALWAYS_INLINE v16 select16(v16i m, v16 a, v16 b) {
  * e^r by Cephes' degree-6 polynomial (within 2 ulp of e^x), times 2^n built in the exponent
  * bits; x < -87 (e^x below the smallest normal float) gives 0. Plain lane operations in a
  * fixed order, so every vector width gives the same bits. */
-static ALWAYS_INLINE v16 vexp_neg(v16 x) {
-    const v16 big = (v16){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    v16i tiny = x < -87.0f;
-    v16 xc = select16(tiny, (v16){0} - 87.0f, x);
-    v16 n = (xc * 1.44269504088896341f + big) - big;
-    v16 r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-    v16 p = (v16){0} + 1.9875691500e-4f;
+static ALWAYS_INLINE v8 vexp_neg8(v8 x) {
+    const v8 big = (v8){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    v8i tiny = x < -87.0f;
+    v8 xc = select8(tiny, (v8){0} - 87.0f, x);
+    v8 n = (xc * 1.44269504088896341f + big) - big;
+    v8 r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    v8 p = (v8){0} + 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3333452677e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
-    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    v16 scale;
+    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8 scale;
     memcpy(&scale, &bits, sizeof scale);
-    return select16(tiny, (v16){0}, p * scale);
+    return select8(tiny, (v8){0}, p * scale);
+}
+
+/* vexp_neg8 of both halves. */
+static ALWAYS_INLINE v16 vexp_neg(v16 x) {
+    v8 lo = vexp_neg8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7));
+    v8 hi = vexp_neg8(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
 /* Sum of a vector's 16 lanes in dot_f32's tree order. */
@@ -358,13 +366,14 @@ static ALWAYS_INLINE float hsum16(v16 a) {
 /* Causal attention of heads h0..h0+nh-1 of token t, all of one key/value group:
  * att = softmax(q·K / sqrt(hd)) V over positions 0..pos+t, each head's sums in position
  * order (the order does not depend on which heads share the pass). NV = hd / 16 when hd is
- * a multiple of 16 (the compiler keeps a head's vectors in registers), else 0 (any
- * hd <= 256). scores: nh rows of SCORES_ROW(n_ctx) floats. */
+ * a multiple of 16 (the compiler keeps a head's vectors in registers: its arrays are sized
+ * NV, small enough for GCC to hold them in registers rather than on the stack), else 0
+ * (any hd <= 256). scores: nh rows of SCORES_ROW(n_ctx) floats. */
 static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, float *scores, const int NV) {
     const ps_ctx *c = j->c;
     const ps_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = c->row_pos[t] + 1;
-    int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16;
+    int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16, nacc = nv + (tail != 0);
     size_t srow = SCORES_ROW(c->n_ctx);
     const int32_t *tab = c->row_tab[t];
     float scale = 1.0f / sqrtf((float)hd);
@@ -372,7 +381,7 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
     for (int p0 = 0; p0 < n_pos; p0 += 16)
         for (int k = 0; k < nh; k++) {
             const float *q = c->q + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
-            v16 qv[17], acc[16];
+            v16 qv[NV ? NV : 17], acc[16];
             for (int i = 0; i < nv; i++) qv[i] = load16(q + 16 * i);
             if (tail) qv[nv] = load_part(q + 16 * nv, tail);
             for (int r = 0; r < 16; r++) {
@@ -407,19 +416,20 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
     /* outputs: each head's accumulators over one block of positions at a time */
     v16 o[ATT_HEADS][17];
     for (int k = 0; k < nh; k++)
-        for (int i = 0; i <= nv; i++) o[k][i] = (v16){0};
+        for (int i = 0; i < nacc; i++) o[k][i] = (v16){0};
     for (int p0 = 0; p0 < n_pos; p0 += 16) {
         int pe = p0 + 16 < n_pos ? p0 + 16 : n_pos;
+        const float *vb = j->vc + kv_at(c, tab, kvh, p0); /* p0..pe-1: one block's rows */
         for (int k = 0; k < nh; k++) {
             const float *w = scores + k * srow;
-            v16 ok[17];
-            for (int i = 0; i <= nv; i++) ok[i] = o[k][i];
+            v16 ok[NV ? NV : 17];
+            for (int i = 0; i < nacc; i++) ok[i] = o[k][i];
             for (int p = p0; p < pe; p++) {
-                const float *vr = j->vc + kv_at(c, tab, kvh, p);
+                const float *vr = vb + (size_t)(p - p0) * hd;
                 for (int i = 0; i < nv; i++) ok[i] += w[p] * load16(vr + 16 * i);
                 if (tail) ok[nv] += w[p] * load_part(vr + 16 * nv, tail);
             }
-            for (int i = 0; i <= nv; i++) o[k][i] = ok[i];
+            for (int i = 0; i < nacc; i++) o[k][i] = ok[i];
         }
     }
     for (int k = 0; k < nh; k++) {
@@ -429,16 +439,174 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
     }
 }
 
+// The same attention in 8-lane vectors
+
+/* Where the widest vectors are 256 bits (AVX2), GCC keeps a v16 in memory and every v16
+ * operation goes through the stack (a 16-row decode step spent a quarter of its time in
+ * attend_nv). attend_nv8 is attend_nv with each 16-lane vector held as its halves lo (lanes
+ * 0-7) and hi (8-15): every lane's operations and every sum's order are attend_nv's, so the
+ * bits are the same (tests/test_forward.c compares the two). */
+
+static ALWAYS_INLINE v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* n floats from p (none when n <= 0, at most 8), the other lanes 0. */
+static ALWAYS_INLINE v8 load8_part(const float *p, int n) {
+    v8 v = {0};
+    memcpy(&v, p, (size_t)(n <= 0 ? 0 : n > 8 ? 8 : n) * sizeof(float));
+    return v;
+}
+
+/* Lane r of the result = dot_f32's tree over position r's 16 lanes, given s[r] = lo + hi
+ * (the tree's first step, l + 8 into l) for 8 positions: tree16's later steps. */
+static ALWAYS_INLINE v8 tree8(const v8 s[8]) {
+    v8 c[4], d[2];
+    for (int i = 0; i < 4; i++) /* w = 4: positions 2i and 2i + 1, four lanes each */
+        c[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(s[2 * i], s[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++) /* w = 2 */
+        d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    /* w = 1 */
+    return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+/* attend_nv in 8-lane vectors (its arguments; a head's 16-lane chunk i is lo[i], hi[i]). */
+static ALWAYS_INLINE void attend_nv8(const attn_job *j, int t, int h0, int nh, float *scores, const int NV) {
+    const ps_ctx *c = j->c;
+    const ps_hparams *hp = &c->m->hp;
+    int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = c->row_pos[t] + 1;
+    int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16, nacc = nv + (tail != 0);
+    size_t srow = SCORES_ROW(c->n_ctx);
+    const int32_t *tab = c->row_tab[t];
+    float scale = 1.0f / sqrtf((float)hd);
+    /* scores, 8 positions at a time (past the end: the last row again, results unused) */
+    for (int p0 = 0; p0 < n_pos; p0 += 16) {
+        const float *kb = j->kc + kv_at(c, tab, kvh, p0); /* p0..p0+15: one block's rows */
+        int last = n_pos - 1 - p0;
+        for (int k = 0; k < nh; k++) {
+            const float *q = c->q + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
+            v8 ql[NV ? NV : 17], qh[NV ? NV : 17];
+            for (int i = 0; i < nv; i++) ql[i] = load8(q + 16 * i), qh[i] = load8(q + 16 * i + 8);
+            if (tail) ql[nv] = load8_part(q + 16 * nv, tail), qh[nv] = load8_part(q + 16 * nv + 8, tail - 8);
+            for (int r0 = 0; r0 < 16; r0 += 8) {
+                v8 s[8];
+                for (int r = 0; r < 8; r++) {
+                    const float *kr = kb + (size_t)(r0 + r < last ? r0 + r : last) * hd;
+                    v8 lo = {0}, hi = {0};
+                    for (int i = 0; i < nv; i++) {
+                        lo += ql[i] * load8(kr + 16 * i);
+                        hi += qh[i] * load8(kr + 16 * i + 8);
+                    }
+                    if (tail) {
+                        lo += ql[nv] * load8_part(kr + 16 * nv, tail);
+                        hi += qh[nv] * load8_part(kr + 16 * nv + 8, tail - 8);
+                    }
+                    s[r] = lo + hi;
+                }
+                v8 sc = tree8(s) * scale;
+                memcpy(scores + k * srow + p0 + r0, &sc, sizeof sc);
+            }
+        }
+    }
+    /* softmax of each head, as attend_nv's */
+    int tail_pos = n_pos % 16, full = n_pos - tail_pos;
+    for (int k = 0; k < nh; k++) {
+        float *sk = scores + k * srow, max = -INFINITY;
+        for (int p = 0; p < n_pos; p++)
+            if (sk[p] > max) max = sk[p];
+        v8 sum_lo = {0}, sum_hi = {0};
+        for (int p0 = 0; p0 < n_pos; p0 += 16) {
+            v8 lo = vexp_neg8(load8(sk + p0) - max), hi = vexp_neg8(load8(sk + p0 + 8) - max);
+            if (p0 == full)
+                for (int l = tail_pos; l < 16; l++) l < 8 ? (lo[l] = 0) : (hi[l - 8] = 0);
+            memcpy(sk + p0, &lo, sizeof lo);
+            memcpy(sk + p0 + 8, &hi, sizeof hi);
+            sum_lo += lo, sum_hi += hi;
+        }
+        float l16[16];
+        memcpy(l16, &sum_lo, sizeof sum_lo);
+        memcpy(l16 + 8, &sum_hi, sizeof sum_hi);
+        float sum = tree_sum16(l16);
+        for (int p = 0; p < n_pos; p++) sk[p] /= sum;
+    }
+    /* outputs, as attend_nv's */
+    v8 o[ATT_HEADS][2 * 17];
+    for (int k = 0; k < nh; k++)
+        for (int i = 0; i < 2 * nacc; i++) o[k][i] = (v8){0};
+    for (int p0 = 0; p0 < n_pos; p0 += 16) {
+        int pe = p0 + 16 < n_pos ? p0 + 16 : n_pos;
+        const float *vb = j->vc + kv_at(c, tab, kvh, p0);
+        for (int k = 0; k < nh; k++) {
+            const float *w = scores + k * srow;
+            v8 lo[NV ? NV : 17], hi[NV ? NV : 17];
+            for (int i = 0; i < nacc; i++) lo[i] = o[k][2 * i], hi[i] = o[k][2 * i + 1];
+            for (int p = p0; p < pe; p++) {
+                const float *vr = vb + (size_t)(p - p0) * hd;
+                for (int i = 0; i < nv; i++) {
+                    lo[i] += w[p] * load8(vr + 16 * i);
+                    hi[i] += w[p] * load8(vr + 16 * i + 8);
+                }
+                if (tail) {
+                    lo[nv] += w[p] * load8_part(vr + 16 * nv, tail);
+                    hi[nv] += w[p] * load8_part(vr + 16 * nv + 8, tail - 8);
+                }
+            }
+            for (int i = 0; i < nacc; i++) o[k][2 * i] = lo[i], o[k][2 * i + 1] = hi[i];
+        }
+    }
+    for (int k = 0; k < nh; k++) {
+        float *out = c->att + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
+        for (int i = 0; i < nv; i++) memcpy(out + 16 * i, &o[k][2 * i], 2 * sizeof o[k][0]);
+        if (tail) memcpy(out + 16 * nv, &o[k][2 * nv], (size_t)tail * sizeof(float)); /* the halves adjoin */
+    }
+}
+
+/* The vector width attention uses: 16 lanes where they are one register (AVX-512, the
+ * clone for x86-64-v4) or where nothing else is known, 8 on the other x86-64 CPUs. Either
+ * gives the same bits; ps_forward_set_attn_lanes sets it (tests). */
+static _Atomic int attn_lanes_set;
+
+void ps_forward_set_attn_lanes(int lanes) { attn_lanes_set = lanes == 8 || lanes == 16 ? lanes : 0; }
+
+static int attn_lanes(void) {
+    static _Atomic int by_cpu;
+    if (attn_lanes_set) return attn_lanes_set;
+    if (!by_cpu) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+        by_cpu = __builtin_cpu_supports("x86-64-v4") ? 16 : 8;
+#else
+        by_cpu = 16;
+#endif
+    }
+    return by_cpu;
+}
+
 /* Heads h0..h1-1 of token t, in passes of at most ATT_HEADS heads of one group. */
 static ALWAYS_INLINE void attend_heads(const attn_job *j, int t, int h0, int h1, float *scores) {
     int g = j->c->m->hp.n_head / j->c->m->hp.n_head_kv;
     for (int h = h0; h < h1;) {
         int end = (h / g + 1) * g, nh = (end < h1 ? end : h1) - h;
         nh = nh < ATT_HEADS ? nh : ATT_HEADS;
-        switch (j->c->m->hp.head_dim) {
-        case 64: attend_nv(j, t, h, nh, scores, 4); break;
-        case 128: attend_nv(j, t, h, nh, scores, 8); break;
-        default: attend_nv(j, t, h, nh, scores, 0); break;
+        int nv = j->c->m->hp.head_dim == 64 ? 4 : j->c->m->hp.head_dim == 128 ? 8 : 0;
+        if (attn_lanes() == 8) {
+            if (nv == 4)
+                attend_nv8(j, t, h, nh, scores, 4);
+            else if (nv == 8)
+                attend_nv8(j, t, h, nh, scores, 8);
+            else
+                attend_nv8(j, t, h, nh, scores, 0);
+        } else {
+            if (nv == 4)
+                attend_nv(j, t, h, nh, scores, 4);
+            else if (nv == 8)
+                attend_nv(j, t, h, nh, scores, 8);
+            else
+                attend_nv(j, t, h, nh, scores, 0);
         }
         h += nh;
     }

@@ -118,6 +118,10 @@ const char *ps_act_name(ps_act a);
 ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool, ps_ctx **out, char *err,
                         size_t errlen);
 void ps_ctx_free(ps_ctx *c); /* NULL is a no-op */
+
+/* Attention's vector width, 8 or 16 lanes (0: chosen by the CPU, the default). Both give
+ * the same bits; for tests and benchmarks. */
+void ps_forward_set_attn_lanes(int lanes);
 int ps_ctx_n_ctx(const ps_ctx *c);
 int ps_ctx_n_blocks(const ps_ctx *c);
 /* Where block b of local layer li keeps its keys (*k) and values (*v): ps_ctx_kv_block_floats
