@@ -58,18 +58,19 @@ static void test_random(void) {
 
 /* A ring where a plain trip takes plain_s and one of k guesses base_s + k per_s (per_s more for
  * each guess beyond the trip before's: those the draft could not make while it waited), each
- * guess kept with probability accept (2 % less for each one before it) while those before it
- * were (a fixed pseudo-random sequence). */
+ * guess kept with probability accept (accept2 from trip switch_at on; 2 % less for each one
+ * before it) while those before it were (a pseudo-random sequence from rng). */
 typedef struct {
-    double plain_s, base_s, per_s, accept;
+    double plain_s, base_s, per_s, accept, accept2;
+    int switch_at;
     uint64_t rng;
-    int last_k;
+    int last_k, trips;
 } ring;
 
 /* One trip of k guesses: how many were kept, and its time into *s. */
 static int trip(ring *r, int k, double *s) {
     int kept = 0;
-    double acc = r->accept;
+    double acc = r->trips++ < r->switch_at ? r->accept : r->accept2;
     while (kept < k) {
         r->rng = r->rng * 6364136223846793005ull + 1442695040888963407ull;
         if ((double)(r->rng >> 11) * 0x1p-53 >= acc) break;
@@ -81,7 +82,7 @@ static int trip(ring *r, int k, double *s) {
 }
 
 /* Tokens per second over n trips of ring r: K fixed (0..10), or auto's (k < 0; its trips by K
- * into by_k). */
+ * added into by_k). */
 static double drive(ring r, int n, int k, int by_k[11]) {
     ps_spec_auto a = {0};
     double tokens = 0, time = 0;
@@ -96,9 +97,10 @@ static double drive(ring r, int n, int k, int by_k[11]) {
     return tokens / time;
 }
 
-/* --spec-k auto: plain first, then 2 guesses, then the K the measurements favour; over 300 trips
- * of a simulated ring it must give at least 85 % of the best fixed K's tokens per second (plain
- * decoding among them), whatever the ring (40 seeds of these rings: 0.90 to 0.99 on average). */
+/* --spec-k auto: plain first, then 2 guesses, then the K the measurements favour. On each
+ * simulated ring, over 20 draws of its guesses, auto must give on average at least 85 % of the
+ * best fixed K's tokens per second (plain decoding among them) over 300 trips and over 40 (a
+ * short answer: measuring is a larger share), and at least 70 % on every draw of 300 trips. */
 static void test_auto(void) {
     ps_spec_auto a = {0};
     PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 10), 0); /* nothing measured: a plain trip */
@@ -110,32 +112,47 @@ static void test_auto(void) {
         ring r;
     } rings[] = {
         /* hop-bound: guesses cost 1 ms each on a 100 ms trip, 9 in 10 kept: many */
-        {"hop-bound", {0.100, 0.100, 0.001, 0.9, 1, 0}},
+        {"hop-bound", {0.100, 0.100, 0.001, 0.9, 0.9, 0, 0, 0, 0}},
         /* guesses never kept: plain, but for the trials */
-        {"never kept", {0.100, 0.110, 0.001, 0.0, 2, 0}},
+        {"never kept", {0.100, 0.110, 0.001, 0.0, 0.0, 0, 0, 0, 0}},
         /* compute-bound: each guess costs as much as the trip, half kept: no K pays */
-        {"compute-bound", {0.100, 0.100, 0.100, 0.5, 3, 0}},
+        {"compute-bound", {0.100, 0.100, 0.100, 0.5, 0.5, 0, 0, 0, 0}},
         /* a trip of guesses costs 3 plain ones (a draft and verification on the same cores):
-           2 guesses lose, 4 win, more win more (this VM's Qwen2.5-Coder pair at 0 ms) */
-        {"dear trips", {0.100, 0.300, 0.030, 0.97, 4, 0}},
+           2 guesses lose, 4 win, more win more */
+        {"dear trips", {0.100, 0.300, 0.030, 0.97, 0.97, 0, 0, 0, 0}},
         /* a LAN: 10 ms hops, guesses 5 ms, 7 in 10 kept: a middling K */
-        {"middling", {0.030, 0.030, 0.005, 0.7, 5, 0}},
+        {"middling", {0.030, 0.030, 0.005, 0.7, 0.7, 0, 0, 0, 0}},
         /* this VM's Qwen2.5-Coder pair on 2 stages at 0 ms: 0.17 s plain, 0.35 s + 75 ms a guess */
-        {"qwen at 0 ms", {0.170, 0.350, 0.075, 0.93, 6, 0}},
+        {"qwen at 0 ms", {0.170, 0.350, 0.075, 0.93, 0.93, 0, 0, 0, 0}},
+        /* prose with that pair: guesses kept 9 in 10 for 8 trips, then 1 in 2, at 0 and 100 ms
+           a hop (at 0 ms plain wins once the guesses fail) */
+        {"drifting, 0 ms", {0.170, 0.300, 0.075, 0.9, 0.5, 8, 0, 0, 0}},
+        {"drifting, 100 ms", {0.370, 0.400, 0.075, 0.9, 0.5, 8, 0, 0, 0}},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(rings); i++) {
-        int by_k[11] = {0}, best_k = 0;
-        double best = 0;
-        for (int k = 0; k <= 10; k++) {
-            double r = drive(rings[i].r, 300, k, NULL);
-            if (r > best) best = r, best_k = k;
+        static const int horizons[] = {300, 40};
+        for (size_t h = 0; h < PS_ARRAY_LEN(horizons); h++) {
+            int by_k[11] = {0};
+            double sum = 0, worst = 1e9;
+            for (int seed = 1; seed <= 20; seed++) {
+                ring r = rings[i].r;
+                r.rng = (uint64_t)seed * 7919;
+                double best = 0;
+                for (int k = 0; k <= 10; k++) {
+                    double v = drive(r, horizons[h], k, NULL);
+                    if (v > best) best = v;
+                }
+                double got = drive(r, horizons[h], -1, by_k) / best;
+                sum += got;
+                if (got < worst) worst = got;
+            }
+            printf("auto, %s, %d trips: %.3f x the best fixed K on average (worst draw %.2f); trips by K",
+                   rings[i].what, horizons[h], sum / 20, worst);
+            for (int k = 0; k <= 10; k++) printf(" %d", by_k[k]);
+            printf("\n");
+            PS_CHECK(sum / 20 >= 0.85);
+            if (horizons[h] == 300) PS_CHECK(worst >= 0.70);
         }
-        double got = drive(rings[i].r, 300, -1, by_k);
-        printf("auto, %s: %.1f tokens/s, %.2f x the best fixed K (%d: %.1f); trips by K", rings[i].what, got,
-               got / best, best_k, best);
-        for (int k = 0; k <= 10; k++) printf(" %d", by_k[k]);
-        printf("\n");
-        PS_CHECK(got >= 0.85 * best);
     }
 }
 

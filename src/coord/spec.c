@@ -34,8 +34,9 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 
 /* The rate of K (spec.h): its tokens per trip at the acceptance measured so far, in its trips'
  * time: measured, else that of the K > 0 measured nearest below it (a trip never gets faster
- * with more guesses), or of the one above (what a trip of guesses costs at least, mostly), or
- * plain decoding's before any. */
+ * with more guesses) plus, when a second K > 0 is measured below that, the cost of each guess
+ * between the two (a draft that costs much a guess does not double K on a bound alone), or of
+ * the one above (what a trip of guesses costs at least, mostly), or plain decoding's before any. */
 static double rate(const ps_spec_auto *a, int k) {
     double acc = (a->kept + 0.5) / (a->tested + 1), tokens = 1, p = 1; /* 1/2 before any guess */
     for (int i = 0; i < k; i++) tokens += p *= acc;
@@ -44,6 +45,11 @@ static double rate(const ps_spec_auto *a, int k) {
     while (lo > 0 && a->n[lo] == 0) lo--;
     while (hi <= PS_SPEC_AUTO_MAX && a->n[hi] == 0) hi++;
     double t = lo > 0 ? a->sec[lo] : hi <= PS_SPEC_AUTO_MAX ? a->sec[hi] : a->sec[0];
+    if (lo > 0 && hi > PS_SPEC_AUTO_MAX) {
+        int lo2 = lo - 1;
+        while (lo2 > 0 && a->n[lo2] == 0) lo2--;
+        if (lo2 > 0 && a->sec[lo] > a->sec[lo2]) t += (k - lo) * (a->sec[lo] - a->sec[lo2]) / (lo - lo2);
+    }
     return tokens / t;
 }
 

@@ -41,7 +41,9 @@ typedef struct {
  * at 1/2) over the seconds its trips took (the mean of its first trips, then a moving average:
  * the draft's cost, the overlap and the ring's latency all show in it). A K not measured yet is
  * given the time of the K > 0 measured nearest below it (a trip never gets faster with more
- * guesses), or of the one above, or plain decoding's before any: an optimistic rate. The next
+ * guesses), plus, above the largest measured when two K > 0 are measured, the time each guess
+ * added between the two nearest below; or the time of the one above, or plain decoding's
+ * before any: an optimistic rate until the cost of a guess is known. The next
  * trip takes the K of the highest rate (2 % above the others, so that a tie takes fewer
  * guesses) among those measured, twice the largest measured and the best one's neighbours; one
  * not measured yet is then measured, 2 trips. So K doubles (2, 4, 8, the most) while guesses
