@@ -366,9 +366,8 @@ static ALWAYS_INLINE float hsum16(v16 a) {
 /* Causal attention of heads h0..h0+nh-1 of token t, all of one key/value group:
  * att = softmax(q·K / sqrt(hd)) V over positions 0..pos+t, each head's sums in position
  * order (the order does not depend on which heads share the pass). NV = hd / 16 when hd is
- * a multiple of 16 (the compiler keeps a head's vectors in registers: its arrays are sized
- * NV, small enough for GCC to hold them in registers rather than on the stack), else 0
- * (any hd <= 256). scores: nh rows of SCORES_ROW(n_ctx) floats. */
+ * a multiple of 16 (the compiler keeps a head's vectors in registers), else 0 (any
+ * hd <= 256). scores: nh rows of SCORES_ROW(n_ctx) floats. */
 static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, float *scores, const int NV) {
     const ps_ctx *c = j->c;
     const ps_hparams *hp = &c->m->hp;
@@ -381,7 +380,7 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
     for (int p0 = 0; p0 < n_pos; p0 += 16)
         for (int k = 0; k < nh; k++) {
             const float *q = c->q + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
-            v16 qv[NV ? NV : 17], acc[16];
+            v16 qv[17], acc[16];
             for (int i = 0; i < nv; i++) qv[i] = load16(q + 16 * i);
             if (tail) qv[nv] = load_part(q + 16 * nv, tail);
             for (int r = 0; r < 16; r++) {
@@ -422,7 +421,7 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
         const float *vb = j->vc + kv_at(c, tab, kvh, p0); /* p0..pe-1: one block's rows */
         for (int k = 0; k < nh; k++) {
             const float *w = scores + k * srow;
-            v16 ok[NV ? NV : 17];
+            v16 ok[17];
             for (int i = 0; i < nacc; i++) ok[i] = o[k][i];
             for (int p = p0; p < pe; p++) {
                 const float *vr = vb + (size_t)(p - p0) * hd;
@@ -592,21 +591,11 @@ static ALWAYS_INLINE void attend_heads(const attn_job *j, int t, int h0, int h1,
     for (int h = h0; h < h1;) {
         int end = (h / g + 1) * g, nh = (end < h1 ? end : h1) - h;
         nh = nh < ATT_HEADS ? nh : ATT_HEADS;
-        int nv = j->c->m->hp.head_dim == 64 ? 4 : j->c->m->hp.head_dim == 128 ? 8 : 0;
-        if (attn_lanes() == 8) {
-            if (nv == 4)
-                attend_nv8(j, t, h, nh, scores, 4);
-            else if (nv == 8)
-                attend_nv8(j, t, h, nh, scores, 8);
-            else
-                attend_nv8(j, t, h, nh, scores, 0);
-        } else {
-            if (nv == 4)
-                attend_nv(j, t, h, nh, scores, 4);
-            else if (nv == 8)
-                attend_nv(j, t, h, nh, scores, 8);
-            else
-                attend_nv(j, t, h, nh, scores, 0);
+        bool w8 = attn_lanes() == 8;
+        switch (j->c->m->hp.head_dim) { /* NV a constant in each call: its loops unroll */
+        case 64: w8 ? attend_nv8(j, t, h, nh, scores, 4) : attend_nv(j, t, h, nh, scores, 4); break;
+        case 128: w8 ? attend_nv8(j, t, h, nh, scores, 8) : attend_nv(j, t, h, nh, scores, 8); break;
+        default: w8 ? attend_nv8(j, t, h, nh, scores, 0) : attend_nv(j, t, h, nh, scores, 0); break;
         }
         h += nh;
     }
