@@ -349,18 +349,60 @@ static ALWAYS_INLINE v8 vexp_neg8(v8 x) {
     return select8(tiny, (v8){0}, p * scale);
 }
 
-/* vexp_neg8 of both halves. */
-static ALWAYS_INLINE v16 vexp_neg(v16 x) {
-    v8 lo = vexp_neg8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7));
-    v8 hi = vexp_neg8(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
-    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+static ALWAYS_INLINE v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-/* Sum of a vector's 16 lanes in dot_f32's tree order. */
-static ALWAYS_INLINE float hsum16(v16 a) {
-    float l[16];
-    memcpy(l, &a, sizeof l);
-    return tree_sum16(l);
+/* Softmax of nh heads' scores (rows srow floats apart) over positions 0..n_pos-1: the largest
+ * score; e = exp(score - max) and its 16 lane sums over positions p0 + lane, held as two
+ * 8-lane halves (a tree at the end); weights e / sum. Lanes past the last position are 0.
+ * Both attention passes use it (8-lane vectors are registers on every x86-64 target). */
+static ALWAYS_INLINE void softmax_heads(float *scores, size_t srow, int nh, int n_pos) {
+    int tail_pos = n_pos % 16, full = n_pos - tail_pos;
+    for (int k = 0; k < nh; k++) {
+        float *sk = scores + k * srow, max = -INFINITY;
+        for (int p = 0; p < n_pos; p++)
+            if (sk[p] > max) max = sk[p];
+        v8 sum_lo = {0}, sum_hi = {0};
+        for (int p0 = 0; p0 < n_pos; p0 += 16) {
+            v8 lo = vexp_neg8(load8(sk + p0) - max), hi = vexp_neg8(load8(sk + p0 + 8) - max);
+            if (p0 == full)
+                for (int l = tail_pos; l < 16; l++) l < 8 ? (lo[l] = 0) : (hi[l - 8] = 0);
+            memcpy(sk + p0, &lo, sizeof lo);
+            memcpy(sk + p0 + 8, &hi, sizeof hi);
+            sum_lo += lo, sum_hi += hi;
+        }
+        float l16[16];
+        memcpy(l16, &sum_lo, sizeof sum_lo);
+        memcpy(l16 + 8, &sum_hi, sizeof sum_hi);
+        float sum = tree_sum16(l16);
+        for (int p = 0; p < n_pos; p++) sk[p] /= sum;
+    }
+}
+
+/* What a pass over heads h0.. of token t works with (attend_nv, attend_nv8): NV = hd / 16
+ * when hd is a multiple of 16, else 0 (nv chunks of 16 and a tail of hd % 16). */
+typedef struct {
+    int hd, kvh, n_pos, nv, tail, nacc;
+    size_t srow;
+    const int32_t *tab;
+    float scale;
+} attn_pass;
+
+static ALWAYS_INLINE attn_pass attn_pass_of(const attn_job *j, int t, int h0, const int NV) {
+    const ps_hparams *hp = &j->c->m->hp;
+    attn_pass a = {.hd = hp->head_dim,
+                   .kvh = h0 / (hp->n_head / hp->n_head_kv),
+                   .n_pos = j->c->row_pos[t] + 1,
+                   .nv = NV ? NV : hp->head_dim / 16,
+                   .tail = NV ? 0 : hp->head_dim % 16,
+                   .srow = SCORES_ROW(j->c->n_ctx),
+                   .tab = j->c->row_tab[t],
+                   .scale = 1.0f / sqrtf((float)hp->head_dim)};
+    a.nacc = a.nv + (a.tail != 0);
+    return a;
 }
 
 /* Causal attention of heads h0..h0+nh-1 of token t, all of one key/value group:
@@ -370,12 +412,10 @@ static ALWAYS_INLINE float hsum16(v16 a) {
  * hd <= 256). scores: nh rows of SCORES_ROW(n_ctx) floats. */
 static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, float *scores, const int NV) {
     const ps_ctx *c = j->c;
-    const ps_hparams *hp = &c->m->hp;
-    int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = c->row_pos[t] + 1;
-    int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16, nacc = nv + (tail != 0);
-    size_t srow = SCORES_ROW(c->n_ctx);
-    const int32_t *tab = c->row_tab[t];
-    float scale = 1.0f / sqrtf((float)hd);
+    const attn_pass a = attn_pass_of(j, t, h0, NV);
+    const int hd = a.hd, kvh = a.kvh, n_pos = a.n_pos, nv = a.nv, tail = a.tail, nacc = a.nacc;
+    const size_t srow = a.srow;
+    const int32_t *tab = a.tab;
     /* scores, 16 positions at a time (past the end: the last row again, results unused) */
     for (int p0 = 0; p0 < n_pos; p0 += 16)
         for (int k = 0; k < nh; k++) {
@@ -390,28 +430,10 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
                 if (tail) a += qv[nv] * load_part(kr + 16 * nv, tail);
                 acc[r] = a;
             }
-            v16 sc = tree16(acc) * scale;
+            v16 sc = tree16(acc) * a.scale;
             memcpy(scores + k * srow + p0, &sc, sizeof sc);
         }
-    /* softmax of each head: the largest score; e = exp(score - max) and its 16 lane sums
-       over positions p0 + lane (a tree at the end); weights e / sum. Lanes past the last
-       position are 0. */
-    int tail_pos = n_pos % 16, full = n_pos - tail_pos;
-    for (int k = 0; k < nh; k++) {
-        float *sk = scores + k * srow, max = -INFINITY;
-        for (int p = 0; p < n_pos; p++)
-            if (sk[p] > max) max = sk[p];
-        v16 sum16 = {0};
-        for (int p0 = 0; p0 < n_pos; p0 += 16) {
-            v16 e = vexp_neg(load16(sk + p0) - max);
-            if (p0 == full)
-                for (int l = tail_pos; l < 16; l++) e[l] = 0;
-            memcpy(sk + p0, &e, sizeof e);
-            sum16 += e;
-        }
-        float sum = hsum16(sum16);
-        for (int p = 0; p < n_pos; p++) sk[p] /= sum;
-    }
+    softmax_heads(scores, srow, nh, n_pos);
     /* outputs: each head's accumulators over one block of positions at a time */
     v16 o[ATT_HEADS][17];
     for (int k = 0; k < nh; k++)
@@ -446,12 +468,6 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
  * 0-7) and hi (8-15): every lane's operations and every sum's order are attend_nv's, so the
  * bits are the same (tests/test_forward.c compares the two). */
 
-static ALWAYS_INLINE v8 load8(const float *p) {
-    v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* n floats from p (none when n <= 0, at most 8), the other lanes 0. */
 static ALWAYS_INLINE v8 load8_part(const float *p, int n) {
     v8 v = {0};
@@ -477,12 +493,10 @@ static ALWAYS_INLINE v8 tree8(const v8 s[8]) {
 /* attend_nv in 8-lane vectors (its arguments; a head's 16-lane chunk i is lo[i], hi[i]). */
 static ALWAYS_INLINE void attend_nv8(const attn_job *j, int t, int h0, int nh, float *scores, const int NV) {
     const ps_ctx *c = j->c;
-    const ps_hparams *hp = &c->m->hp;
-    int hd = hp->head_dim, kvh = h0 / (hp->n_head / hp->n_head_kv), n_pos = c->row_pos[t] + 1;
-    int nv = NV ? NV : hd / 16, tail = NV ? 0 : hd % 16, nacc = nv + (tail != 0);
-    size_t srow = SCORES_ROW(c->n_ctx);
-    const int32_t *tab = c->row_tab[t];
-    float scale = 1.0f / sqrtf((float)hd);
+    const attn_pass a = attn_pass_of(j, t, h0, NV);
+    const int hd = a.hd, kvh = a.kvh, n_pos = a.n_pos, nv = a.nv, tail = a.tail, nacc = a.nacc;
+    const size_t srow = a.srow;
+    const int32_t *tab = a.tab;
     /* scores, 8 positions at a time (past the end: the last row again, results unused) */
     for (int p0 = 0; p0 < n_pos; p0 += 16) {
         const float *kb = j->kc + kv_at(c, tab, kvh, p0); /* p0..p0+15: one block's rows */
@@ -507,32 +521,12 @@ static ALWAYS_INLINE void attend_nv8(const attn_job *j, int t, int h0, int nh, f
                     }
                     s[r] = lo + hi;
                 }
-                v8 sc = tree8(s) * scale;
+                v8 sc = tree8(s) * a.scale;
                 memcpy(scores + k * srow + p0 + r0, &sc, sizeof sc);
             }
         }
     }
-    /* softmax of each head, as attend_nv's */
-    int tail_pos = n_pos % 16, full = n_pos - tail_pos;
-    for (int k = 0; k < nh; k++) {
-        float *sk = scores + k * srow, max = -INFINITY;
-        for (int p = 0; p < n_pos; p++)
-            if (sk[p] > max) max = sk[p];
-        v8 sum_lo = {0}, sum_hi = {0};
-        for (int p0 = 0; p0 < n_pos; p0 += 16) {
-            v8 lo = vexp_neg8(load8(sk + p0) - max), hi = vexp_neg8(load8(sk + p0 + 8) - max);
-            if (p0 == full)
-                for (int l = tail_pos; l < 16; l++) l < 8 ? (lo[l] = 0) : (hi[l - 8] = 0);
-            memcpy(sk + p0, &lo, sizeof lo);
-            memcpy(sk + p0 + 8, &hi, sizeof hi);
-            sum_lo += lo, sum_hi += hi;
-        }
-        float l16[16];
-        memcpy(l16, &sum_lo, sizeof sum_lo);
-        memcpy(l16 + 8, &sum_hi, sizeof sum_hi);
-        float sum = tree_sum16(l16);
-        for (int p = 0; p < n_pos; p++) sk[p] /= sum;
-    }
+    softmax_heads(scores, srow, nh, n_pos);
     /* outputs, as attend_nv's */
     v8 o[ATT_HEADS][2 * 17];
     for (int k = 0; k < nh; k++)
