@@ -128,7 +128,7 @@ def stage_seconds(port):
                           ("hop", "pipeshard_hop_seconds_total{from=\"")):
             if line.startswith(name):
                 out[key][line[len(name):].split("\"")[0]] = float(line.split()[-1])
-    return {k: [v[i] for i in sorted(v)] for k, v in out.items()}
+    return {k: [v[i] for i in sorted(v, key=int)] for k, v in out.items()}
 
 
 def prefill_rate(path, threads):
