@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null || { echo "format.sh: clang-format is not installed (scripts/setup.sh installs it)" >&2; exit 77; }
-mapfile -t files < <(git ls-files 'src/*.c' 'src/*.h' 'tests/*.c' 'tests/*.h' 'bench/*.c' 2>/dev/null ||
-                     find src tests bench -name '*.[ch]')
+mapfile -t files < <(git ls-files 'src/*.c' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'tests/*.c' 'tests/*.h' 'bench/*.c' 2>/dev/null ||
+                     find src tests bench -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
 case "${1:-}" in
   "") clang-format -i "${files[@]}" ;;
   --check)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../coord/coord.h"
+#include "../cuda/cuda.h"
 #include "../model/model.h"
 #include "../tensor/pool.h"
 #include "../tensor/types.h"
@@ -19,7 +20,7 @@
 static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS]\n"
-            "                       [--activations q8|f32] [--mem-bw GBS] [--json]\n"
+            "                       [--activations q8|f32] [--device cpu|cuda[:N]] [--mem-bw GBS] [--json]\n"
             "       pipeshard bench -m MODEL --stages 2,3 [--segment N] [--local-transport tcp|unix] [-p N]\n"
             "                       [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS] [--activations q8|f32] [--json]\n"
             "  -p N        prompt tokens for the prefill measurement (default 128)\n"
@@ -29,6 +30,8 @@ static void bench_usage(FILE *f) {
             "  --mmap      map the model instead of reading it into huge pages (see pipeshard run --help)\n"
             "  -r REPS     repetitions; figures are medians (default 3)\n"
             "  --activations q8|f32  matmul arithmetic (default q8; see pipeshard run --help)\n"
+            "  --device D  where the layers run: cpu (default), cuda (GPU 0) or cuda:N; on a GPU\n"
+            "              the bandwidth is the GPU's, measured by a kernel reading 1 GiB\n"
             "  --mem-bw GBS  memory read bandwidth for the decode limit (default: measured here\n"
             "              before each repetition, best of 3 reads of 512 MiB with the same threads)\n"
             "  --json      one JSON object instead of a table\n"
@@ -94,6 +97,13 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
             if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_transport("bench", a, v, &o->unix_sockets))
                 return 2;
             transport = true;
+        } else if (!strcmp(a, "--device")) {
+            char err[160];
+            if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
+            if (ps_device_parse(v, &o->device, err, sizeof err)) {
+                fprintf(stderr, "pipeshard bench: --device: %s\n", err);
+                return 2;
+            }
         } else if (!strcmp(a, "--activations")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
             if (ps_act_from_name(v, &o->act)) {
@@ -115,9 +125,22 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
                 ok = ps_arg_int("bench", a, v, 1, 1000, &o->reps);
             if (!ok) return 2;
         } else {
-            static const char *const known[] = {
-                "--help",        "--json", "--pin", "--mmap", "--mem-bw", "--stages", "--segment", "--local-transport",
-                "--activations", "-m",     "-p",    "-n",     "-t",       "-r",       NULL};
+            static const char *const known[] = {"--help",
+                                                "--json",
+                                                "--pin",
+                                                "--mmap",
+                                                "--mem-bw",
+                                                "--stages",
+                                                "--segment",
+                                                "--local-transport",
+                                                "--activations",
+                                                "--device",
+                                                "-m",
+                                                "-p",
+                                                "-n",
+                                                "-t",
+                                                "-r",
+                                                NULL};
             return ps_arg_unknown("bench", a, known, NULL);
         }
     }
@@ -127,6 +150,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
     }
     if (o->n_split && o->mem_bw > 0) {
         fprintf(stderr, "pipeshard bench: --mem-bw is for the engine's figures, not with --stages\n");
+        return 2;
+    }
+    if (o->device != PS_DEVICE_CPU && o->n_split) {
+        fprintf(stderr, "pipeshard bench: --device is for the engine's figures, not with --stages\n");
         return 2;
     }
     if ((segment || transport) && !o->n_split) {
@@ -182,6 +209,8 @@ cJSON *ps_bench_json(const bench_opts *o) {
     cJSON_AddStringToObject(j, "model", o->model);
     cJSON_AddStringToObject(j, "isa", ps_matmul_isa());
     cJSON_AddStringToObject(j, "activations", ps_act_name(o->act));
+    char dev[16];
+    cJSON_AddStringToObject(j, "device", ps_device_name(o->device, dev, sizeof dev));
     cJSON_AddNumberToObject(j, "threads", (double)o->threads);
     cJSON_AddNumberToObject(j, "n_prompt", (double)o->n_prompt);
     cJSON_AddNumberToObject(j, "n_gen", (double)o->n_gen);
@@ -231,7 +260,14 @@ static void bench_report(const bench_opts *o, const ps_model *m, double pp, doub
         return;
     }
     printf("model      %s (%s, %d layers, dim %d)\n", o->model, m->hp.arch_name, m->hp.n_layer, m->hp.dim);
-    printf("kernels    %s, %s activations, %lld threads\n", ps_matmul_isa(), ps_act_name(o->act), o->threads);
+    char name[256], err[160];
+    size_t free_b, total_b;
+    if (o->device != PS_DEVICE_CPU &&
+        !ps_cuda_device_info(o->device - PS_DEVICE_CUDA(0), name, sizeof name, &free_b, &total_b, err, sizeof err))
+        printf("device     %s (cuda:%d), %.1f of %.1f GiB free\n", name, o->device - PS_DEVICE_CUDA(0),
+               free_b / 1073741824.0, total_b / 1073741824.0);
+    else
+        printf("kernels    %s, %s activations, %lld threads\n", ps_matmul_isa(), ps_act_name(o->act), o->threads);
     printf("prefill    %8.1f tok/s  (pp%lld, median of %lld)\n", pp, o->n_prompt, o->reps);
     printf("decode     %8.2f tok/s  (tg%lld, median of %lld)\n", tg, o->n_gen, o->reps);
     printf("bandwidth  %8.1f GB/s read; %.1f MB per token (%.1f MB of keys and values) -> limit %.2f tok/s; "
@@ -263,11 +299,12 @@ int ps_cli_bench(int argc, char **argv) {
     if ((s = ps_model_load(o.model, o.mmap ? PS_GGUF_MAP : PS_GGUF_HUGE, &m, err, sizeof err))) goto out;
     if ((s = ps_pool_create((int)o.threads, &pool))) goto out;
     if (o.pin && (s = ps_pool_pin(pool, err, sizeof err))) goto out;
-    ps_ctx_params cp = {.n_ctx = (int)(o.n_prompt + o.n_gen), .max_batch = (int)o.n_prompt, .act = o.act};
+    ps_ctx_params cp = {
+        .n_ctx = (int)(o.n_prompt + o.n_gen), .max_batch = (int)o.n_prompt, .act = o.act, .device = o.device};
     if ((s = ps_ctx_create(m, &cp, pool, &c, err, sizeof err))) goto out;
     s = PS_ERR_NOMEM;
     if (!(logits = malloc((size_t)m->hp.vocab * sizeof *logits))) goto out;
-    if (o.mem_bw <= 0) {
+    if (o.mem_bw <= 0 && o.device == PS_DEVICE_CPU) {
         if (!(bwbuf = malloc(BW_WORDS * sizeof *bwbuf))) goto out;
         for (size_t i = 0; i < BW_WORDS; i++) bwbuf[i] = i;
     }
@@ -276,7 +313,9 @@ int ps_cli_bench(int argc, char **argv) {
     double kv = ps_model_decode_kv_bytes(m, o.n_prompt, o.n_gen), bytes = ps_model_decode_weight_bytes(m) + kv;
     for (int r = 0; r < o.reps; r++) {
         double a, b;
-        bw[r] = bwbuf ? measure_bandwidth(pool, bwbuf) : o.mem_bw * 1e9;
+        bw[r] = o.mem_bw > 0                ? o.mem_bw * 1e9
+                : o.device == PS_DEVICE_CPU ? measure_bandwidth(pool, bwbuf)
+                                            : ps_cuda_read_bandwidth(o.device - PS_DEVICE_CUDA(0));
         if ((s = bench_once(c, &o, m->hp.vocab, toks, logits, &a, &b, err, sizeof err))) goto out;
         pp[r] = (double)o.n_prompt / a;
         tg[r] = (double)o.n_gen / b;

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 
+#include "../model/model.h"
 #include "../model/shard.h"
 #include "../tensor/types.h"
 
@@ -13,6 +14,7 @@ typedef struct {
     long long n_prompt, n_gen, threads, reps;
     double mem_bw; /* GB/s given by --mem-bw, or 0: measure */
     ps_act act;
+    int device; /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
     bool json, pin, mmap;
     bool unix_sockets;              /* --local-transport unix */
     int n_split;                    /* --stages: how many stage counts (0: engine mode) */

@@ -8,7 +8,9 @@
 #include <sys/mman.h>
 #endif
 
+#include "../cuda/cuda.h"
 #include "../tensor/gemm.h"
+#include "../tensor/fmath.h"
 #include "../tensor/pool.h"
 #include "../tensor/types.h"
 #include "model.h"
@@ -48,6 +50,7 @@ struct ps_ctx {
     const int32_t **row_tab; /* (max_batch) block table of each row's sequence */
     int32_t *logit_rows;     /* (max_batch) rows of the chunk whose logits are asked for */
     void *scratch;           /* matmul scratch */
+    ps_cuda *gpu;            /* on a GPU: the layers, cache and buffers there (the CPU's unused) */
 };
 
 /* The attention loops are plain C whose order of operations is fixed in the source; built
@@ -175,6 +178,67 @@ ps_status ps_act_from_name(const char *name, ps_act *out) {
 
 const char *ps_act_name(ps_act a) { return a == PS_ACT_F32 ? "f32" : "q8"; }
 
+ps_status ps_device_parse(const char *s, int *out, char *err, size_t errlen) {
+    char *end;
+    if (!strcmp(s, "cpu")) {
+        *out = PS_DEVICE_CPU;
+        return PS_OK;
+    }
+    if (!strcmp(s, "cuda")) {
+        *out = PS_DEVICE_CUDA(0);
+        return PS_OK;
+    }
+    if (!strncmp(s, "cuda:", 5) && s[5] >= '0' && s[5] <= '9') {
+        long i = strtol(s + 5, &end, 10);
+        if (!*end && i < 1024) {
+            *out = PS_DEVICE_CUDA((int)i);
+            return PS_OK;
+        }
+    }
+    return ps_errf(err, errlen, PS_ERR_ARG, "unknown device '%s' (expected cpu, cuda or cuda:N)", s);
+}
+
+const char *ps_device_name(int device, char *buf, size_t n) {
+    if (device == PS_DEVICE_CPU)
+        snprintf(buf, n, "cpu");
+    else
+        snprintf(buf, n, "cuda:%d", device - PS_DEVICE_CUDA(0));
+    return buf;
+}
+
+/* The cos/sin table of positions pos[0..n) (forward.c's rotation: every stage, CPU or GPU,
+ * takes its numbers from here). */
+static void rope_rows(const ps_ctx *c, const int32_t *pos, int n, float *out) {
+    int half = c->m->hp.rope_dim / 2;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            double a = (double)pos[t] * c->inv_freq[i];
+            out[((size_t)t * half + i) * 2] = (float)cos(a);
+            out[((size_t)t * half + i) * 2 + 1] = (float)sin(a);
+        }
+}
+
+/* The context's stage on CUDA device p->device: the rotation of every position, then the
+ * weights, cache and buffers in GPU memory. */
+static ps_status gpu_create(ps_ctx *c, const ps_ctx_params *p, char *err, size_t errlen) {
+    if (p->act != PS_ACT_Q8)
+        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "--activations %s runs on the CPU only (the GPU takes q8)",
+                       ps_act_name(p->act));
+    int32_t *pos = ps_malloc((size_t)c->n_ctx * sizeof *pos);
+    float *cs = ps_malloc((size_t)c->n_ctx * c->m->hp.rope_dim * sizeof *cs);
+    ps_status s = pos && cs ? PS_OK : ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    for (int i = 0; !s && i < c->n_ctx; i++) pos[i] = i;
+    if (!s) rope_rows(c, pos, c->n_ctx, cs);
+    ps_cuda_params gp = {.device = p->device - PS_DEVICE_CUDA(0),
+                         .n_ctx = c->n_ctx,
+                         .n_blocks = c->n_blocks,
+                         .max_batch = c->max_batch,
+                         .rope_cs = cs};
+    if (!s) s = ps_cuda_create(c->m, &gp, &c->gpu, err, errlen);
+    free(pos), free(cs);
+    return s;
+}
+
 ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool, ps_ctx **out, char *err,
                         size_t errlen) {
     *out = NULL;
@@ -194,8 +258,9 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     c->act = p->act;
     c->q_dim = hp->n_head * hp->head_dim;
     c->kv_dim = hp->n_head_kv * hp->head_dim;
+    bool gpu = p->device != PS_DEVICE_CPU; /* the KV cache and matmul scratch live there */
     size_t B = (size_t)max_batch, layers = (size_t)(m->layer_end - m->layer_begin);
-    size_t kv = layers * (size_t)n_blocks * PS_KV_BLOCK * (size_t)c->kv_dim;
+    size_t kv = gpu ? 0 : layers * (size_t)n_blocks * PS_KV_BLOCK * (size_t)c->kv_dim;
     int threads = ps_pool_size(pool);
     c->x = ps_malloc(B * hp->dim * sizeof(float));
     c->xb = ps_malloc(B * hp->dim * sizeof(float));
@@ -214,7 +279,7 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     c->logit_rows = ps_malloc(B * sizeof(int32_t));
     c->kv_bytes = 2 * kv * sizeof(float) + 64; /* never 0 */
     if ((c->kv_mem = kv_alloc(c->kv_bytes))) c->k_cache = c->kv_mem, c->v_cache = c->k_cache + kv;
-    size_t sb = scratch_bytes(m, p->act, max_batch, threads);
+    size_t sb = gpu ? 0 : scratch_bytes(m, p->act, max_batch, threads);
     c->scratch = sb ? ps_malloc(sb) : NULL;
     if (!c->x || !c->xb || !c->q || !c->att || !c->kt || !c->vt || !c->hb || !c->hb2 || !c->scores || !c->rope_cs ||
         !c->inv_freq || !c->k_cache || !c->v_cache || !c->ident || !c->row_pos || !c->row_tab || !c->logit_rows ||
@@ -226,6 +291,11 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
     }
     for (int i = 0; i < seq_blocks; i++) c->ident[i] = i;
     init_inv_freq(c);
+    ps_status s = gpu ? gpu_create(c, p, err, errlen) : PS_OK;
+    if (s) {
+        ps_ctx_free(c);
+        return s;
+    }
     *out = c;
     return PS_OK;
 }
@@ -237,6 +307,7 @@ void ps_ctx_free(ps_ctx *c) {
     free(c->rope_cs), free(c->inv_freq), free(c->scratch);
     free(c->ident), free(c->row_pos), free(c->row_tab), free(c->logit_rows);
     kv_free(c->kv_mem, c->kv_bytes);
+    ps_cuda_free(c->gpu);
     free(c);
 }
 
@@ -245,9 +316,18 @@ int ps_ctx_n_blocks(const ps_ctx *c) { return c->n_blocks; }
 
 size_t ps_ctx_kv_block_floats(const ps_ctx *c) { return (size_t)PS_KV_BLOCK * c->kv_dim; }
 
-void ps_ctx_kv_block(ps_ctx *c, int li, int32_t b, float **k, float **v) {
-    size_t at = ((size_t)li * c->n_blocks + (size_t)b) * PS_KV_BLOCK * c->kv_dim;
-    *k = c->k_cache + at, *v = c->v_cache + at;
+ps_status ps_ctx_kv_read(ps_ctx *c, int li, int32_t b, float *k, float *v) {
+    if (c->gpu) return ps_cuda_kv_read(c->gpu, li, b, k, v);
+    size_t at = ((size_t)li * c->n_blocks + (size_t)b) * PS_KV_BLOCK * c->kv_dim, n = ps_ctx_kv_block_floats(c);
+    memcpy(k, c->k_cache + at, n * sizeof *k), memcpy(v, c->v_cache + at, n * sizeof *v);
+    return PS_OK;
+}
+
+ps_status ps_ctx_kv_write(ps_ctx *c, int li, int32_t b, const float *k, const float *v) {
+    if (c->gpu) return ps_cuda_kv_write(c->gpu, li, b, k, v);
+    size_t at = ((size_t)li * c->n_blocks + (size_t)b) * PS_KV_BLOCK * c->kv_dim, n = ps_ctx_kv_block_floats(c);
+    memcpy(c->k_cache + at, k, n * sizeof *k), memcpy(c->v_cache + at, v, n * sizeof *v);
+    return PS_OK;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -620,17 +700,6 @@ SIMD_CLONES static void attend_task(void *ctx, int ith, int nth) {
 // ---------------------------------------------------------------------------------------
 // Forward pass
 
-/* Fills the cos/sin table for the positions of the chunk's n rows. */
-static void rope_table(ps_ctx *c, int n) {
-    int half = c->m->hp.rope_dim / 2;
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < half; i++) {
-            double a = (double)c->row_pos[t] * c->inv_freq[i];
-            c->rope_cs[((size_t)t * half + i) * 2] = (float)cos(a);
-            c->rope_cs[((size_t)t * half + i) * 2 + 1] = (float)sin(a);
-        }
-}
-
 /* ys[i] (n, ws[i]->rows, rows y_strides[i] apart) = x (n, cols) · ws[i]ᵀ for matrices
  * sharing their input (q8 quantizes it once for all of them). */
 static void mm_multi(ps_ctx *c, const ps_mat *const *ws, int nw, const float *x, int n, float *const *ys,
@@ -699,10 +768,10 @@ typedef struct {
 } swiglu_job;
 
 /* Pool task: an even share of gate = silu(gate) * up (element-wise, so any split is exact). */
-static void swiglu_task(void *ctx, int ith, int nth) {
+SIMD_CLONES static void swiglu_task(void *ctx, int ith, int nth) {
     swiglu_job *j = ctx;
     size_t b = j->n * ith / nth, e = j->n * (ith + 1) / nth;
-    for (size_t i = b; i < e; i++) j->gate[i] = j->gate[i] / (1.0f + expf(-j->gate[i])) * j->up[i];
+    for (size_t i = b; i < e; i++) j->gate[i] = ps_swiglu(j->gate[i], j->up[i]);
 }
 
 /* Feed-forward block (SwiGLU) of local layer li for the chunk in c->x. */
@@ -722,17 +791,21 @@ static void ffn_block(ps_ctx *c, int li, int n) {
 /* One chunk of n <= max_batch rows (c->row_pos, row_tab filled). In: tokens (stage 0) or
  * x_in rows. Out: the logits of rows c->logit_rows[0..n_logits) when the model holds the
  * head, else all n rows of the residual stream. */
-static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, float *out, int n_logits) {
+static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, float *out, int n_logits,
+                               char *err, size_t errlen) {
     const ps_model *m = c->m;
     int dim = m->hp.dim;
-    if (!m->has_embed) memcpy(c->x, x_in, (size_t)n * dim * sizeof(float));
+    if (!m->has_embed && !c->gpu) memcpy(c->x, x_in, (size_t)n * dim * sizeof(float));
     for (int t = 0; m->has_embed && t < n; t++) {
         const uint8_t *row =
             (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * ps_row_bytes(m->tok_embd.type, dim);
         ps_status s = ps_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * dim, dim);
-        if (s) return s;
+        if (s) return ps_errf(err, errlen, s, "embedding lookup failed: %s", ps_strerror(s));
     }
-    rope_table(c, n);
+    if (c->gpu)
+        return ps_cuda_chunk(c->gpu, m->has_embed ? c->x : x_in, n, c->row_pos, c->row_tab, c->logit_rows, n_logits,
+                             out, err, errlen);
+    rope_rows(c, c->row_pos, n, c->rope_cs);
     for (int li = 0; li < m->layer_end - m->layer_begin; li++) {
         attention_block(c, li, n);
         ffn_block(c, li, n);
@@ -800,8 +873,8 @@ ps_status ps_forward_segs(ps_ctx *c, const ps_seg *segs, int n_segs, const int32
         if (n < c->max_batch && g < n_segs) continue;
         float *o = m->has_head ? out + logits_done * m->hp.vocab : out + done * dim;
         s = forward_chunk(c, m->has_embed ? tokens + done : NULL, m->has_embed ? NULL : x_in + done * dim, n, o,
-                          n_logits);
-        if (s) return ps_errf(err, errlen, s, "forward pass failed: %s", ps_strerror(s));
+                          n_logits, err, errlen);
+        if (s) return s;
         done += (size_t)n, logits_done += (size_t)n_logits;
         n = 0, n_logits = 0;
     }

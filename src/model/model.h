@@ -53,7 +53,7 @@ typedef struct {
     ps_mat w_down;          /* (dim, ffn_dim) */
 } ps_layer;
 
-typedef struct {
+typedef struct ps_model {
     ps_gguf *gguf; /* owned: the mapping every ps_mat points into */
     ps_hparams hp;
     int layer_begin;         /* first layer this file holds */
@@ -103,12 +103,23 @@ typedef enum {
                        one canonical order (closest to a float reference; slower prefill) */
 } ps_act;
 
+/* Where a context runs: the CPU (0, the default) or CUDA device i (src/cuda/cuda.h; the
+ * same bits as the CPU's, with q8 activations). */
+#define PS_DEVICE_CPU     0
+#define PS_DEVICE_CUDA(i) ((i) + 1)
+
 typedef struct {
     int n_ctx;     /* positions one sequence may hold */
     int n_blocks;  /* KV blocks in the pool; 0 = enough for one sequence of n_ctx positions */
     int max_batch; /* tokens per forward chunk (longer inputs are chunked, same results) */
     ps_act act;    /* matmul arithmetic */
+    int device;    /* PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
 } ps_ctx_params;
+
+/* Parses --device "cpu", "cuda" (device 0) or "cuda:N" into *out; err says what is expected. */
+ps_status ps_device_parse(const char *s, int *out, char *err, size_t errlen);
+/* "cpu" or "cuda:N" into buf (n >= 16 bytes); returns buf. */
+const char *ps_device_name(int device, char *buf, size_t n);
 
 /* Parses "q8" / "f32" (the --activations flag). */
 ps_status ps_act_from_name(const char *name, ps_act *out);
@@ -124,11 +135,12 @@ void ps_ctx_free(ps_ctx *c); /* NULL is a no-op */
 void ps_forward_set_attn_lanes(int lanes);
 int ps_ctx_n_ctx(const ps_ctx *c);
 int ps_ctx_n_blocks(const ps_ctx *c);
-/* Where block b of local layer li keeps its keys (*k) and values (*v): ps_ctx_kv_block_floats
- * floats each (n_head_kv × PS_KV_BLOCK × head_dim), owned by c. For saving and restoring
- * prefixes (stage/kv_file.c); b must lie in the pool. */
+/* Copies the keys (k) and values (v) of block b of local layer li out of the cache, or into
+ * it: ps_ctx_kv_block_floats floats each (n_head_kv × PS_KV_BLOCK × head_dim). For saving
+ * and restoring prefixes (stage/kv_file.c); b must lie in the pool. */
 size_t ps_ctx_kv_block_floats(const ps_ctx *c);
-void ps_ctx_kv_block(ps_ctx *c, int li, int32_t b, float **k, float **v);
+ps_status ps_ctx_kv_read(ps_ctx *c, int li, int32_t b, float *k, float *v);
+ps_status ps_ctx_kv_write(ps_ctx *c, int li, int32_t b, const float *k, const float *v);
 
 /* One sequence's rows in a forward pass over several sequences: positions [pos, pos + n)
  * of the sequence whose block table is blocks[0..n_blocks) (covering at least pos + n

@@ -107,12 +107,13 @@ ps_status ps_stage_kv_save(ps_stage *s, const char *path, uint64_t id, const int
     bool ok = xh && XXH3_64bits_reset(xh) == XXH_OK && put(f, xh, &h, sizeof h) &&
               put(f, xh, tokens, (size_t)n * PS_KV_BLOCK * sizeof *tokens);
     size_t floats = ps_ctx_kv_block_floats(s->ctx);
+    float *k = ps_malloc(2 * floats * sizeof *k), *v = k ? k + floats : NULL;
+    ok = ok && k;
     for (int i = 0; ok && i < n; i++)
-        for (int li = 0; ok && li < s->m->layer_end - s->m->layer_begin; li++) {
-            float *k, *v;
-            ps_ctx_kv_block(s->ctx, li, blocks[i], &k, &v);
-            ok = put(f, xh, k, floats * sizeof *k) && put(f, xh, v, floats * sizeof *v);
-        }
+        for (int li = 0; ok && li < s->m->layer_end - s->m->layer_begin; li++)
+            ok = !ps_ctx_kv_read(s->ctx, li, blocks[i], k, v) && put(f, xh, k, floats * sizeof *k) &&
+                 put(f, xh, v, floats * sizeof *v);
+    free(k);
     uint64_t sum = ok ? XXH3_64bits_digest(xh) : 0;
     ok = ok && fwrite(&sum, 8, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok = (fclose(f) == 0) && ok;
@@ -187,12 +188,11 @@ ps_status ps_stage_kv_load(ps_stage *s, const char *path, uint64_t id, const int
     }
     const float *p = buf;
     for (int i = 0; i < n; i++) {
-        for (int li = 0; li < layers; li++, p += 2 * floats) {
-            float *k, *v;
-            ps_ctx_kv_block(s->ctx, li, blocks[i], &k, &v);
-            memcpy(k, p, floats * sizeof *k);
-            memcpy(v, p + floats, floats * sizeof *v);
-        }
+        for (int li = 0; li < layers; li++, p += 2 * floats)
+            if ((st = ps_ctx_kv_write(s->ctx, li, blocks[i], p, p + floats))) {
+                st = ps_errf(err, errlen, st, "cannot restore the KV cache from %s: %s", path, ps_strerror(st));
+                goto out;
+            }
         s->filled[blocks[i]] = PS_KV_BLOCK;
         if (s->tok) memcpy(s->tok + (size_t)blocks[i] * PS_KV_BLOCK, tokens + (size_t)i * PS_KV_BLOCK, PS_KV_BLOCK * 4);
     }

@@ -12,6 +12,10 @@
 
 #include "../ps.h"
 
+#ifdef __cplusplus /* the CUDA backend (C++) reads these structs too */
+#define _Static_assert static_assert
+#endif
+
 typedef enum {
     PS_TYPE_F32 = 0,
     PS_TYPE_F16 = 1,

@@ -1,0 +1,482 @@
+/* stage.cu - the CUDA backend (cuda.h): a stage's weights, KV cache and buffers in one
+ * device's memory, and the forward pass of a chunk as forward.c's forward_chunk runs it. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda.h"
+#include "kernels.cuh"
+
+/* A matrix in device memory: the GGUF bytes as the file holds them. */
+struct dmat {
+    uint32_t type;
+    int rows, cols;
+    size_t row_bytes;
+    const uint8_t *d;
+};
+
+struct dlayer {
+    const float *attn_norm, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm;
+    dmat wq, wk, wv, wo, gate, up, down;
+};
+
+struct ps_cuda {
+    const ps_model *m;
+    int dev;
+    cudaStream_t st;
+    int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
+    int att_rows; /* rows per attention launch (the scores buffer's) */
+    void *mem;    /* one allocation: everything below */
+    dlayer *L;    /* host array of device pointers */
+    const float *out_norm;
+    dmat output;
+    float *rope;                                /* (n_ctx, rope_dim) */
+    float *x, *xb, *q, *att, *k, *v, *hb, *hb2; /* as forward.c's */
+    float *logits, *scores;                     /* (max_batch, vocab), (att_rows, n_head, n_ctx) */
+    uint8_t *xq;                                /* quantized activations */
+    float *kc, *vc;                             /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, hd) */
+    int32_t *meta;                              /* pos, tab_off, logit rows (max_batch each), tables */
+    int32_t *hmeta;                             /* its host staging (pinned) */
+    size_t meta_ints;
+};
+
+#define CK(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess)                                                                                         \
+            return ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (%s, %s:%d)", cudaGetErrorString(e_), #call, __FILE__,    \
+                           __LINE__);                                                                                  \
+    } while (0)
+
+static bool is_float(uint32_t t) { return t == PS_TYPE_F32 || t == PS_TYPE_F16 || t == PS_TYPE_BF16; }
+static bool is_k(uint32_t t) { return t == PS_TYPE_Q4_K || t == PS_TYPE_Q5_K || t == PS_TYPE_Q6_K; }
+
+int ps_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: not an error to keep */
+        return 0;
+    }
+    return n;
+}
+
+ps_status ps_cuda_device_info(int dev, char *name, size_t name_len, size_t *free_bytes, size_t *total_bytes, char *err,
+                              size_t errlen) {
+    int n = ps_cuda_device_count();
+    if (dev < 0 || dev >= n) return ps_errf(err, errlen, PS_ERR_ARG, "no CUDA device %d (this machine has %d)", dev, n);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    CK(cudaSetDevice(dev));
+    CK(cudaMemGetInfo(free_bytes, total_bytes));
+    snprintf(name, name_len, "%s", prop.name);
+    return PS_OK;
+}
+
+double ps_cuda_read_bandwidth(int dev) {
+    const size_t bytes = (size_t)1 << 30;
+    void *buf = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    double best = 0;
+    if (cudaSetDevice(dev) != cudaSuccess || cudaMalloc(&buf, bytes + 256) != cudaSuccess) goto out;
+    if (cudaMemset(buf, 1, bytes + 256) != cudaSuccess) goto out;
+    if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) goto out;
+    int sms;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    for (int r = 0; r < 4; r++) { /* the first pass warms up */
+        cudaEventRecord(a);
+        k_read<<<sms * 8, 512>>>((const uint4 *)buf, bytes / 16, (unsigned *)((uint8_t *)buf + bytes));
+        cudaEventRecord(b);
+        float ms = 0;
+        if (cudaEventSynchronize(b) != cudaSuccess || cudaEventElapsedTime(&ms, a, b) != cudaSuccess) goto out;
+        if (r && ms > 0 && bytes / (ms * 1e-3) > best) best = bytes / (ms * 1e-3);
+    }
+out:
+    cudaGetLastError();
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    if (buf) cudaFree(buf);
+    return best;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Memory layout: one allocation carved in order; a first pass with base NULL measures it. */
+
+typedef struct {
+    uint8_t *base;
+    size_t used;
+} arena;
+
+static void *take(arena *a, size_t bytes) {
+    size_t at = (a->used + 255) & ~(size_t)255;
+    a->used = at + bytes;
+    return a->base ? a->base + at : NULL;
+}
+
+static size_t mat_bytes(const ps_mat *w) { return (size_t)w->rows * ps_row_bytes(w->type, w->cols); }
+
+/* Bytes of the quantized activations of n rows of cols against weights w. */
+static size_t xq_bytes(const ps_mat *w, int n) {
+    if (is_float(w->type)) return 0;
+    return (size_t)n * (is_k(w->type) ? w->cols / 256 * sizeof(ps_block_q8_K) : w->cols / 32 * sizeof(ps_xq32));
+}
+
+static void lay_mat(arena *a, dmat *d, const ps_mat *w) {
+    d->type = w->type, d->rows = (int)w->rows, d->cols = (int)w->cols;
+    d->row_bytes = ps_row_bytes(w->type, w->cols);
+    d->d = (const uint8_t *)take(a, mat_bytes(w));
+}
+
+static const float *lay_vec(arena *a, const float *v, int n) { return v ? (const float *)take(a, n * 4) : NULL; }
+
+/* Carves everything; g->L must hold n_layer entries. */
+static void layout(ps_cuda *g, arena *a) {
+    const ps_model *m = g->m;
+    const ps_hparams *hp = &m->hp;
+    size_t B = (size_t)g->max_batch, xq = 0;
+    for (int i = 0; i < g->n_layer; i++) {
+        const ps_layer *l = &m->layers[i];
+        dlayer *d = &g->L[i];
+        d->attn_norm = lay_vec(a, l->attn_norm, hp->dim), d->ffn_norm = lay_vec(a, l->ffn_norm, hp->dim);
+        d->bq = lay_vec(a, l->bq, g->q_dim), d->bk = lay_vec(a, l->bk, g->kv_dim), d->bv = lay_vec(a, l->bv, g->kv_dim);
+        d->q_norm = lay_vec(a, l->q_norm, hp->head_dim), d->k_norm = lay_vec(a, l->k_norm, hp->head_dim);
+        const ps_mat *src[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        dmat *dst[] = {&d->wq, &d->wk, &d->wv, &d->wo, &d->gate, &d->up, &d->down};
+        for (int j = 0; j < 7; j++) {
+            lay_mat(a, dst[j], src[j]);
+            size_t b = xq_bytes(src[j], g->max_batch);
+            xq = b > xq ? b : xq;
+        }
+    }
+    if (m->has_head) {
+        g->out_norm = lay_vec(a, m->out_norm, hp->dim);
+        lay_mat(a, &g->output, &m->output);
+        size_t b = xq_bytes(&m->output, g->max_batch);
+        xq = b > xq ? b : xq;
+        g->logits = (float *)take(a, B * hp->vocab * 4);
+    }
+    g->rope = (float *)take(a, (size_t)g->n_ctx * hp->rope_dim * 4);
+    g->x = (float *)take(a, B * hp->dim * 4), g->xb = (float *)take(a, B * hp->dim * 4);
+    g->q = (float *)take(a, B * g->q_dim * 4), g->att = (float *)take(a, B * g->q_dim * 4);
+    g->k = (float *)take(a, B * g->kv_dim * 4), g->v = (float *)take(a, B * g->kv_dim * 4);
+    g->hb = (float *)take(a, B * hp->ffn_dim * 4), g->hb2 = (float *)take(a, B * hp->ffn_dim * 4);
+    g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
+    g->xq = (uint8_t *)take(a, xq);
+    size_t kv = (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim;
+    g->kc = (float *)take(a, kv * 4), g->vc = (float *)take(a, kv * 4);
+    g->meta = (int32_t *)take(a, g->meta_ints * 4);
+}
+
+/* Sets the sizes layout() depends on. */
+static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
+    g->m = m;
+    g->dev = p->device;
+    g->n_ctx = p->n_ctx, g->n_blocks = p->n_blocks, g->max_batch = p->max_batch;
+    g->q_dim = m->hp.n_head * m->hp.head_dim, g->kv_dim = m->hp.n_head_kv * m->hp.head_dim;
+    g->n_layer = m->layer_end - m->layer_begin;
+    g->seq_blocks = (p->n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    /* scores of at most 256 MiB per attention launch */
+    size_t per_row = (size_t)m->hp.n_head * p->n_ctx * 4, rows = ((size_t)256 << 20) / per_row;
+    g->att_rows = rows < 1 ? 1 : rows > (size_t)p->max_batch ? p->max_batch : (int)rows;
+    g->meta_ints = 3 * (size_t)p->max_batch + (size_t)p->max_batch * g->seq_blocks;
+}
+
+size_t ps_cuda_bytes(const ps_model *m, const ps_cuda_params *p) {
+    ps_cuda g = {};
+    dlayer *L = (dlayer *)calloc((size_t)(m->layer_end - m->layer_begin) + 1, sizeof *L);
+    if (!L) return SIZE_MAX;
+    dims(&g, m, p);
+    g.L = L;
+    arena a = {NULL, 0};
+    layout(&g, &a);
+    free(L);
+    return a.used;
+}
+
+static ps_status upload(const void *dst, const void *src, size_t bytes, char *err, size_t errlen) {
+    if (dst && src && bytes) CK(cudaMemcpy((void *)dst, src, bytes, cudaMemcpyHostToDevice));
+    return PS_OK;
+}
+
+static ps_status upload_weights(ps_cuda *g, const ps_cuda_params *p, char *err, size_t errlen) {
+    const ps_model *m = g->m;
+    const ps_hparams *hp = &m->hp;
+    ps_status s = PS_OK;
+    for (int i = 0; i < g->n_layer && !s; i++) {
+        const ps_layer *l = &m->layers[i];
+        const dlayer *d = &g->L[i];
+        const void *pairs[][2] = {{d->attn_norm, l->attn_norm}, {d->ffn_norm, l->ffn_norm}};
+        for (int j = 0; j < 2 && !s; j++) s = upload(pairs[j][0], pairs[j][1], (size_t)hp->dim * 4, err, errlen);
+        if (!s) s = upload(d->bq, l->bq, (size_t)g->q_dim * 4, err, errlen);
+        if (!s) s = upload(d->bk, l->bk, (size_t)g->kv_dim * 4, err, errlen);
+        if (!s) s = upload(d->bv, l->bv, (size_t)g->kv_dim * 4, err, errlen);
+        if (!s) s = upload(d->q_norm, l->q_norm, (size_t)hp->head_dim * 4, err, errlen);
+        if (!s) s = upload(d->k_norm, l->k_norm, (size_t)hp->head_dim * 4, err, errlen);
+        const ps_mat *src[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        const dmat *dst[] = {&d->wq, &d->wk, &d->wv, &d->wo, &d->gate, &d->up, &d->down};
+        for (int j = 0; j < 7 && !s; j++) s = upload(dst[j]->d, src[j]->data, mat_bytes(src[j]), err, errlen);
+    }
+    if (!s && m->has_head) {
+        s = upload(g->out_norm, m->out_norm, (size_t)hp->dim * 4, err, errlen);
+        if (!s) s = upload(g->output.d, m->output.data, mat_bytes(&m->output), err, errlen);
+    }
+    if (!s) s = upload(g->rope, p->rope_cs, (size_t)g->n_ctx * hp->rope_dim * 4, err, errlen);
+    return s;
+}
+
+static bool type_ok(uint32_t t) {
+    switch (t) {
+    case PS_TYPE_F32:
+    case PS_TYPE_F16:
+    case PS_TYPE_BF16:
+    case PS_TYPE_Q4_0:
+    case PS_TYPE_Q4_1:
+    case PS_TYPE_Q5_0:
+    case PS_TYPE_Q5_1:
+    case PS_TYPE_Q8_0:
+    case PS_TYPE_Q4_K:
+    case PS_TYPE_Q5_K:
+    case PS_TYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
+ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **out, char *err, size_t errlen) {
+    *out = NULL;
+    char name[256];
+    size_t free_b, total_b;
+    ps_status s = ps_cuda_device_info(p->device, name, sizeof name, &free_b, &total_b, err, errlen);
+    if (s) return s;
+    if (m->hp.head_dim > 256)
+        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "head width %d: the GPU takes <= 256", m->hp.head_dim);
+    for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
+        const ps_layer *l = &m->layers[i];
+        const ps_mat *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (int j = 0; j < 7; j++)
+            if (!type_ok(ws[j]->type))
+                return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "the GPU has no kernel for %s weights",
+                               ps_type_name(ws[j]->type));
+    }
+    if (m->has_head && !type_ok(m->output.type))
+        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "the GPU has no kernel for %s weights",
+                       ps_type_name(m->output.type));
+    size_t need = ps_cuda_bytes(m, p);
+    if (need > free_b)
+        return ps_errf(err, errlen, PS_ERR_NOMEM,
+                       "the stage needs %.2f GiB of GPU memory (weights, a %d-position KV cache of %d blocks, "
+                       "buffers) and %s has %.2f GiB free of %.2f",
+                       need / 1073741824.0, p->n_ctx, p->n_blocks, name, free_b / 1073741824.0, total_b / 1073741824.0);
+    ps_cuda *g = (ps_cuda *)calloc(1, sizeof *g);
+    if (!g) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    dims(g, m, p);
+    g->L = (dlayer *)calloc((size_t)g->n_layer + 1, sizeof *g->L);
+    arena a = {NULL, 0};
+    if (!g->L) s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    cudaError_t e = cudaSuccess;
+    if (!s) e = cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking);
+    if (!s && e == cudaSuccess) e = cudaMalloc(&g->mem, need);
+    if (!s && e == cudaSuccess) e = cudaMallocHost((void **)&g->hmeta, g->meta_ints * 4);
+    if (!s && e != cudaSuccess)
+        s = ps_errf(err, errlen, PS_ERR_NOMEM, "CUDA: %s (allocating %.2f GiB on %s)", cudaGetErrorString(e),
+                    need / 1073741824.0, name);
+    if (!s) {
+        a.base = (uint8_t *)g->mem;
+        layout(g, &a);
+        s = upload_weights(g, p, err, errlen);
+    }
+    if (!s &&
+        (e = cudaMemset(g->kc, 0, 2 * (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim * 4)) != cudaSuccess)
+        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
+    if (s) {
+        ps_cuda_free(g);
+        return s;
+    }
+    *out = g;
+    return PS_OK;
+}
+
+void ps_cuda_free(ps_cuda *g) {
+    if (!g) return;
+    cudaSetDevice(g->dev);
+    if (g->mem) cudaFree(g->mem);
+    if (g->hmeta) cudaFreeHost(g->hmeta);
+    if (g->st) cudaStreamDestroy(g->st);
+    free(g->L);
+    free(g);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The forward pass */
+
+static unsigned blocks_for(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
+
+/* Launches the matmul kernel of w's type: y (n rows, ys apart) = x · Wᵀ, x already in
+ * the format the type reads (xq, or f32 x for the float types). */
+template <int T>
+static void launch_q(ps_cuda *g, const dmat *w, const uint8_t *xq, size_t x_row, int n, float *y, long long ys) {
+    dim3 grid(blocks_for(w->rows, MM_ROWS), blocks_for(n, MM_TOKS));
+    int units = w->cols / (is_k(T) ? 256 : 32);
+    k_mm_q<T><<<grid, MM_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, units, xq, x_row, n, y, ys, w->rows);
+}
+
+template <int T> static void launch_f(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long long ys) {
+    dim3 grid(blocks_for(w->rows, MM_ROWS), blocks_for(n, 4));
+    k_mm_f<T><<<grid, MM_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, w->cols, x, n, y, ys, w->rows);
+}
+
+/* forward.c's mm_multi: matrices sharing input x (n rows of ws[0]->cols), the input
+ * quantized once per format. */
+static void mm_multi(ps_cuda *g, const dmat *const *ws, int nw, const float *x, int n, float *const *ys,
+                     const long long *strides) {
+    int cols = ws[0]->cols, fmt = 0; /* 32 or 256: the format in g->xq */
+    for (int i = 0; i < nw; i++) {
+        const dmat *w = ws[i];
+        int want = is_float(w->type) ? 0 : is_k(w->type) ? 256 : 32;
+        if (want && want != fmt) {
+            size_t nb = (size_t)n * cols / want;
+            if (want == 32)
+                k_quant32<<<blocks_for(nb, 8), 256, 0, g->st>>>(x, (int)nb, (ps_xq32 *)g->xq);
+            else
+                k_quant256<<<blocks_for(nb, 8), 256, 0, g->st>>>(x, (int)nb, (ps_block_q8_K *)g->xq);
+            fmt = want;
+        }
+        size_t x32 = (size_t)cols / 32 * sizeof(ps_xq32), x256 = (size_t)cols / 256 * sizeof(ps_block_q8_K);
+        switch (w->type) {
+        case PS_TYPE_F32: launch_f<PS_TYPE_F32>(g, w, x, n, ys[i], strides[i]); break;
+        case PS_TYPE_F16: launch_f<PS_TYPE_F16>(g, w, x, n, ys[i], strides[i]); break;
+        case PS_TYPE_BF16: launch_f<PS_TYPE_BF16>(g, w, x, n, ys[i], strides[i]); break;
+        case PS_TYPE_Q4_0: launch_q<PS_TYPE_Q4_0>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
+        case PS_TYPE_Q4_1: launch_q<PS_TYPE_Q4_1>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
+        case PS_TYPE_Q5_0: launch_q<PS_TYPE_Q5_0>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
+        case PS_TYPE_Q5_1: launch_q<PS_TYPE_Q5_1>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
+        case PS_TYPE_Q8_0: launch_q<PS_TYPE_Q8_0>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
+        case PS_TYPE_Q4_K: launch_q<PS_TYPE_Q4_K>(g, w, g->xq, x256, n, ys[i], strides[i]); break;
+        case PS_TYPE_Q5_K: launch_q<PS_TYPE_Q5_K>(g, w, g->xq, x256, n, ys[i], strides[i]); break;
+        case PS_TYPE_Q6_K: launch_q<PS_TYPE_Q6_K>(g, w, g->xq, x256, n, ys[i], strides[i]); break;
+        }
+    }
+}
+
+static void mm(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long long ys) {
+    mm_multi(g, &w, 1, x, n, &y, &ys);
+}
+
+static void rmsnorm(ps_cuda *g, const float *x, const int32_t *rows, const float *w, float *out, int n) {
+    const ps_hparams *hp = &g->m->hp;
+    k_rmsnorm<<<blocks_for(n, 8), 256, 0, g->st>>>(x, rows, w, out, hp->dim, hp->rms_eps, n);
+}
+
+static void add(ps_cuda *g, float *x, const float *y, size_t n) {
+    k_add<<<blocks_for(n, 256), 256, 0, g->st>>>(x, y, n);
+}
+
+static void attention_block(ps_cuda *g, int li, int n, rows_info ri) {
+    const ps_hparams *hp = &g->m->hp;
+    const dlayer *L = &g->L[li];
+    size_t layer = (size_t)g->n_blocks * PS_KV_BLOCK * g->kv_dim;
+    float *kc = g->kc + li * layer, *vc = g->vc + li * layer;
+    rmsnorm(g, g->x, NULL, L->attn_norm, g->xb, n);
+    const dmat *qkv[] = {&L->wq, &L->wk, &L->wv};
+    float *outs[] = {g->q, g->k, g->v};
+    long long strides[] = {g->q_dim, g->kv_dim, g->kv_dim};
+    mm_multi(g, qkv, 3, g->xb, n, outs, strides);
+    qk_args qa = {g->q, g->k, g->v,       L->bq,         L->bk,        L->bv,        L->q_norm,     L->k_norm,  g->rope,
+                  kc,   vc,   hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim, hp->rope_neox, hp->rms_eps};
+    k_qk<<<dim3(n, hp->n_head + hp->n_head_kv), 32, 0, g->st>>>(qa, ri);
+    att_args aa = {g->q,
+                   kc,
+                   vc,
+                   g->att,
+                   g->scores,
+                   hp->n_head,
+                   hp->n_head_kv,
+                   hp->head_dim,
+                   g->n_ctx,
+                   0,
+                   1.0f / sqrtf((float)hp->head_dim)};
+    for (aa.row0 = 0; aa.row0 < n; aa.row0 += g->att_rows) {
+        int rows = n - aa.row0 < g->att_rows ? n - aa.row0 : g->att_rows;
+        k_attention<<<dim3(rows, hp->n_head), ATT_THREADS, 0, g->st>>>(aa, ri);
+    }
+    mm(g, &L->wo, g->att, n, g->xb, hp->dim);
+    add(g, g->x, g->xb, (size_t)n * hp->dim);
+}
+
+static void ffn_block(ps_cuda *g, int li, int n) {
+    const ps_hparams *hp = &g->m->hp;
+    const dlayer *L = &g->L[li];
+    rmsnorm(g, g->x, NULL, L->ffn_norm, g->xb, n);
+    const dmat *gu[] = {&L->gate, &L->up};
+    float *outs[] = {g->hb, g->hb2};
+    long long strides[] = {hp->ffn_dim, hp->ffn_dim};
+    mm_multi(g, gu, 2, g->xb, n, outs, strides);
+    size_t e = (size_t)n * hp->ffn_dim;
+    k_swiglu<<<blocks_for(e, 256), 256, 0, g->st>>>(g->hb, g->hb2, e);
+    mm(g, &L->down, g->hb, n, g->xb, hp->dim);
+    add(g, g->x, g->xb, (size_t)n * hp->dim);
+}
+
+ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_pos, const int32_t *const *row_tab,
+                        const int32_t *logit_rows, int n_logits, float *out, char *err, size_t errlen) {
+    const ps_model *m = g->m;
+    int dim = m->hp.dim, B = g->max_batch;
+    if (n < 1 || n > B || n_logits < 0 || n_logits > n)
+        return ps_errf(err, errlen, PS_ERR_ARG, "bad chunk (%d rows, %d logits)", n, n_logits);
+    CK(cudaSetDevice(g->dev));
+    /* rows' positions and tables: a sequence's table once for its consecutive rows */
+    int32_t *pos = g->hmeta, *off = pos + B, *lr = off + B, *tabs = lr + B;
+    int nt = 0;
+    for (int t = 0; t < n; t++) {
+        pos[t] = row_pos[t];
+        if (t > 0 && row_tab[t] == row_tab[t - 1]) {
+            off[t] = off[t - 1];
+            continue;
+        }
+        int last = t; /* the run's last row has its largest position */
+        while (last + 1 < n && row_tab[last + 1] == row_tab[t]) last++;
+        int need = row_pos[last] / PS_KV_BLOCK + 1;
+        if ((size_t)(nt + need) > (size_t)B * g->seq_blocks)
+            return ps_errf(err, errlen, PS_ERR_INTERNAL, "block tables overflow the chunk's buffer");
+        off[t] = nt;
+        memcpy(tabs + nt, row_tab[t], (size_t)need * 4);
+        nt += need;
+    }
+    for (int i = 0; i < n_logits; i++) lr[i] = logit_rows[i];
+    CK(cudaMemcpyAsync(g->meta, g->hmeta, (3 * (size_t)B + nt) * 4, cudaMemcpyHostToDevice, g->st));
+    CK(cudaMemcpyAsync(g->x, x, (size_t)n * dim * 4, cudaMemcpyHostToDevice, g->st));
+    rows_info ri = {g->meta, g->meta + B, g->meta + 3 * B};
+    for (int li = 0; li < g->n_layer; li++) {
+        attention_block(g, li, n, ri);
+        ffn_block(g, li, n);
+    }
+    CK(cudaGetLastError());
+    if (!m->has_head) {
+        CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4, cudaMemcpyDeviceToHost, g->st));
+    } else if (n_logits > 0) {
+        rmsnorm(g, g->x, g->meta + 2 * B, g->out_norm, g->xb, n_logits);
+        mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab);
+        CK(cudaGetLastError());
+        CK(cudaMemcpyAsync(out, g->logits, (size_t)n_logits * m->hp.vocab * 4, cudaMemcpyDeviceToHost, g->st));
+    }
+    CK(cudaStreamSynchronize(g->st));
+    return PS_OK;
+}
+
+static ps_status kv_copy(ps_cuda *g, int li, int32_t b, float *k, float *v, bool to_host, char *err, size_t errlen) {
+    size_t n = (size_t)PS_KV_BLOCK * g->kv_dim, at = ((size_t)li * g->n_blocks + (size_t)b) * n;
+    CK(cudaSetDevice(g->dev));
+    cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    CK(cudaMemcpy(to_host ? (void *)k : (void *)(g->kc + at), to_host ? (void *)(g->kc + at) : (void *)k, n * 4, kind));
+    CK(cudaMemcpy(to_host ? (void *)v : (void *)(g->vc + at), to_host ? (void *)(g->vc + at) : (void *)v, n * 4, kind));
+    return PS_OK;
+}
+
+ps_status ps_cuda_kv_read(ps_cuda *g, int li, int32_t b, float *k, float *v) {
+    char err[16];
+    return kv_copy(g, li, b, k, v, true, err, sizeof err);
+}
+
+ps_status ps_cuda_kv_write(ps_cuda *g, int li, int32_t b, const float *k, const float *v) {
+    char err[16];
+    return kv_copy(g, li, b, (float *)k, (float *)v, false, err, sizeof err);
+}

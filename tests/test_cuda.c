@@ -1,0 +1,291 @@
+/* test_cuda.c - GPU stages (src/cuda) give the bits of the CPU's reference kernels (the
+ * "ref" family, which the NEON kernels and AVX2's row tiles reproduce too): for synthetic
+ * models of every weight type (llama, qwen2 biases, qwen3 head norms, a head width that is
+ * not a multiple of 16) and for the real models present, every logit of a chunked prompt
+ * and of greedy decode steps equals the CPU's bit for bit, whatever the chunk size;
+ * sequences run together in mixed segments on the GPU give what each gives alone on the
+ * CPU; a fleet of a CPU stage and a GPU stage (either way round) gives the whole model's
+ * logits. Against this CPU's fastest family (another float summation order), the real
+ * models' greedy tokens are the same for 64 steps and the logits within TOL_FAMILY. And
+ * the GPU's refusals (f32 activations, a device that is not there, a stage too large for
+ * the device's memory). Skipped where there is no CUDA device (CI): scripts/test-gpu.sh
+ * runs it on a machine with one. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda.h"
+#include "model/model.h"
+#include "ps_test.h"
+#include "tensor/matmul.h"
+#include "tensor/pool.h"
+
+/* Largest logit difference allowed between the GPU and the CPU's fastest family, relative
+ * to the row's largest logit: those families sum each dot product's blocks in 8 or 16
+ * float lanes instead of one after another (test_matmul.c allows 1e-5 of sum |w x| per
+ * matmul); through a model's layers that grows to some 1e-5 of the logits' scale. */
+#define TOL_FAMILY 1e-3
+
+enum { N_CTX = 192, N_PROMPT = 70, N_SEQ = 3 };
+
+static ps_pool *pool;
+static char best_isa[32]; /* this CPU's fastest kernel family */
+
+/* Rows of logits that differ between a and b (rows × vocab floats); prints the first. */
+static int differ(const float *a, const float *b, int rows, int vocab, const char *what) {
+    int bad = 0;
+    for (int r = 0; r < rows; r++)
+        if (memcmp(a + (size_t)r * vocab, b + (size_t)r * vocab, (size_t)vocab * sizeof(float))) {
+            if (!bad) {
+                int i = 0;
+                while (a[(size_t)r * vocab + i] == b[(size_t)r * vocab + i]) i++;
+                fprintf(stderr, "%s: row %d logit %d: %.9g vs %.9g\n", what, r, i, a[(size_t)r * vocab + i],
+                        b[(size_t)r * vocab + i]);
+            }
+            bad++;
+        }
+    return bad;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* The prompt's logits (every row, chunks of max_batch) and n_gen greedy steps' on device dev;
+ * the generated tokens into gen. Returns (N_PROMPT + n_gen) × vocab logits, or NULL. */
+static float *run(const ps_model *m, int dev, int max_batch, const int32_t *prompt, int n_gen, int32_t *gen) {
+    int vocab = m->hp.vocab;
+    ps_ctx_params cp = {.n_ctx = N_CTX, .max_batch = max_batch, .act = PS_ACT_Q8, .device = dev};
+    ps_ctx *c = NULL;
+    char err[512];
+    ps_status s = ps_ctx_create(m, &cp, pool, &c, err, sizeof err);
+    if (s) fprintf(stderr, "%s\n", err);
+    PS_CHECK_OK(s);
+    float *out = c ? malloc((size_t)(N_PROMPT + n_gen) * vocab * sizeof(float)) : NULL;
+    if (out) PS_CHECK_OK(ps_forward(c, prompt, N_PROMPT, 0, out, N_PROMPT, err, sizeof err));
+    int32_t tok = out ? argmax(out + (size_t)(N_PROMPT - 1) * vocab, vocab) : 0;
+    for (int i = 0; out && i < n_gen; i++) {
+        gen[i] = tok;
+        float *row = out + (size_t)(N_PROMPT + i) * vocab;
+        PS_CHECK_OK(ps_forward(c, &tok, 1, N_PROMPT + i, row, 1, err, sizeof err));
+        tok = argmax(row, vocab);
+    }
+    ps_ctx_free(c);
+    return out;
+}
+
+/* Three sequences in scattered blocks of one pool, run on the GPU in mixed segments (as
+ * test_forward.c's run_mixed): each row's logits equal ref's (the sequence alone, on the CPU). */
+static void mixed(const ps_model *m, const int32_t *const *toks, const int *len, const float *const *ref) {
+    static const int32_t tab[N_SEQ][3] = {{5, 2, 9}, {0, -1, -1}, {11, 3, 7}};
+    static const int take[][N_SEQ] = {{20, 7, 30}, {19, 0, 1}, {1, 0, 39}};
+    int vocab = m->hp.vocab, done[N_SEQ] = {0};
+    ps_ctx_params cp = {.n_ctx = 96, .n_blocks = 12, .max_batch = 16, .device = PS_DEVICE_CUDA(0)};
+    char err[512];
+    ps_ctx *c = NULL;
+    PS_CHECK_OK(ps_ctx_create(m, &cp, pool, &c, err, sizeof err));
+    float *out = malloc((size_t)96 * N_SEQ * vocab * sizeof(float));
+    int32_t tokens[96 * N_SEQ];
+    for (size_t step = 0; c && step < PS_ARRAY_LEN(take); step++) {
+        ps_seg segs[N_SEQ];
+        int n_segs = 0, rows = 0, who[N_SEQ];
+        for (int s = N_SEQ - 1; s >= 0; s--) {
+            int n = take[step][s];
+            if (!n) continue;
+            who[n_segs] = s;
+            segs[n_segs++] = (ps_seg){.pos = done[s], .n = n, .blocks = tab[s], .n_blocks = 3, .n_logits = n};
+            memcpy(tokens + rows, toks[s] + done[s], (size_t)n * sizeof(int32_t));
+            rows += n;
+        }
+        PS_CHECK_OK(ps_forward_segs(c, segs, n_segs, tokens, NULL, out, err, sizeof err));
+        for (int g = 0, row = 0; g < n_segs; row += segs[g].n, g++) {
+            int s = who[g];
+            PS_CHECK(!differ(out + (size_t)row * vocab, ref[s] + (size_t)done[s] * vocab, segs[g].n, vocab, "mixed"));
+        }
+        for (int s = 0; s < N_SEQ; s++) done[s] += take[step][s];
+    }
+    for (int s = 0; s < N_SEQ; s++) PS_CHECK_EQ_INT(done[s], len[s]);
+    free(out);
+    ps_ctx_free(c);
+}
+
+/* Logits of every prompt row through two shards, stage 0 on dev0 and stage 1 on dev1. */
+static float *two_stages(const char *dir, int dev0, int dev1, const int32_t *prompt, int vocab, int dim) {
+    char p0[600], p1[600], err[512];
+    snprintf(p0, sizeof p0, "%s/stage-0.gguf", dir);
+    snprintf(p1, sizeof p1, "%s/stage-1.gguf", dir);
+    ps_model *m0 = NULL, *m1 = NULL;
+    PS_CHECK_OK(ps_model_load(p0, PS_GGUF_MAP, &m0, err, sizeof err));
+    PS_CHECK_OK(ps_model_load(p1, PS_GGUF_MAP, &m1, err, sizeof err));
+    ps_ctx *c0 = NULL, *c1 = NULL;
+    ps_ctx_params a = {.n_ctx = N_CTX, .max_batch = 32, .device = dev0}, b = a;
+    b.device = dev1;
+    if (m0) PS_CHECK_OK(ps_ctx_create(m0, &a, pool, &c0, err, sizeof err));
+    if (m1) PS_CHECK_OK(ps_ctx_create(m1, &b, pool, &c1, err, sizeof err));
+    float *x = malloc((size_t)N_PROMPT * dim * sizeof(float)), *out = malloc((size_t)N_PROMPT * vocab * sizeof(float));
+    bool ok = c0 && c1 && x && out;
+    if (ok) PS_CHECK_OK(ps_forward_stage(c0, prompt, NULL, N_PROMPT, 0, x, 0, err, sizeof err));
+    if (ok) PS_CHECK_OK(ps_forward_stage(c1, NULL, x, N_PROMPT, 0, out, N_PROMPT, err, sizeof err));
+    ps_ctx_free(c0), ps_ctx_free(c1);
+    ps_model_free(m0), ps_model_free(m1);
+    free(x);
+    if (!ok) free(out);
+    return ok ? out : NULL;
+}
+
+/* Everything above for one model file; n_gen greedy steps. split: also the two-stage fleets;
+ * real: also against this CPU's fastest family. */
+static void check_model(const char *path, int n_gen, bool split, bool real) {
+    char err[512], what[700];
+    ps_model *m = NULL;
+    PS_CHECK_OK(ps_model_load(path, PS_GGUF_MAP, &m, err, sizeof err));
+    if (!m) return;
+    int vocab = m->hp.vocab;
+    int32_t prompt[N_PROMPT], gen_cpu[64], gen_gpu[64], gen_gpu2[64];
+    for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)(ps_test_rng_u32() % (uint32_t)vocab);
+    PS_CHECK_OK(ps_matmul_set_isa("ref"));
+    float *cpu = run(m, PS_DEVICE_CPU, 16, prompt, n_gen, gen_cpu);
+    float *gpu = run(m, PS_DEVICE_CUDA(0), 16, prompt, n_gen, gen_gpu);
+    float *gpu2 = run(m, PS_DEVICE_CUDA(0), 64, prompt, n_gen, gen_gpu2);
+    int rows = N_PROMPT + n_gen;
+    if (cpu && gpu && gpu2) {
+        snprintf(what, sizeof what, "%s: GPU vs CPU (ref)", path);
+        int bad = differ(cpu, gpu, rows, vocab, what);
+        snprintf(what, sizeof what, "%s: GPU chunks of 64 vs 16", path);
+        int bad2 = differ(gpu, gpu2, rows, vocab, what);
+        printf("%s: %d rows, %d differ from the CPU's (ref), %d between chunk sizes\n", path, rows, bad, bad2);
+        PS_CHECK(!bad && !bad2);
+        PS_CHECK(!memcmp(gen_cpu, gen_gpu, (size_t)n_gen * sizeof(int32_t)));
+        PS_CHECK(!memcmp(gen_gpu, gen_gpu2, (size_t)n_gen * sizeof(int32_t)));
+        /* mixed segments: the prompt's prefixes of 40, 7 and 70 rows as three sequences */
+        const int len[N_SEQ] = {40, 7, 70};
+        const int32_t *toks[N_SEQ] = {prompt, prompt, prompt};
+        const float *ref[N_SEQ] = {cpu, cpu, cpu};
+        mixed(m, toks, len, ref);
+    }
+    if (split && cpu) {
+        char dir[600], cmd[2000];
+        snprintf(dir, sizeof dir, "%s", ps_test_tmp("cuda-shards"));
+        snprintf(cmd, sizeof cmd, "rm -rf \"%s\" && \"%s\" split -m \"%s\" --stages 2 -o \"%s\" >/dev/null", dir,
+                 getenv("PIPESHARD_BIN"), path, dir);
+        PS_CHECK_EQ_INT(system(cmd), 0);
+        for (int way = 0; way < 2; way++) {
+            float *two = two_stages(dir, way ? PS_DEVICE_CUDA(0) : PS_DEVICE_CPU,
+                                    way ? PS_DEVICE_CPU : PS_DEVICE_CUDA(0), prompt, vocab, m->hp.dim);
+            snprintf(what, sizeof what, "%s: stage 0 on the %s, stage 1 on the %s", path, way ? "GPU" : "CPU",
+                     way ? "CPU" : "GPU");
+            PS_CHECK(two && !differ(cpu, two, N_PROMPT, vocab, what));
+            free(two);
+        }
+    }
+    if (real && gpu) { /* this CPU's fastest family: the same tokens, logits within TOL_FAMILY */
+        PS_CHECK_OK(ps_matmul_set_isa(best_isa));
+        int32_t gen_best[64];
+        float *best = run(m, PS_DEVICE_CPU, 16, prompt, n_gen, gen_best);
+        double worst = 0;
+        for (int r = 0; best && r < rows; r++) {
+            double top = 0, d = 0;
+            for (int i = 0; i < vocab; i++) {
+                double a = gpu[(size_t)r * vocab + i], b = best[(size_t)r * vocab + i];
+                top = fabs(a) > top ? fabs(a) : top;
+                d = fabs(a - b) > d ? fabs(a - b) : d;
+            }
+            worst = d / top > worst ? d / top : worst;
+        }
+        printf("%s: GPU vs CPU (%s): largest logit difference %.2e of the row's largest, tokens %s\n", path, best_isa,
+               worst, best && !memcmp(gen_best, gen_gpu, (size_t)n_gen * 4) ? "equal" : "DIFFER");
+        PS_CHECK(best && worst <= TOL_FAMILY);
+        PS_CHECK(best && !memcmp(gen_best, gen_gpu, (size_t)n_gen * sizeof(int32_t)));
+        free(best);
+    }
+    PS_CHECK_OK(ps_matmul_set_isa("ref"));
+    free(cpu), free(gpu), free(gpu2);
+    ps_model_free(m);
+}
+
+/* What the GPU refuses, with the message. */
+static void refusals(const char *path) {
+    ps_model *m = NULL;
+    char err[512];
+    PS_CHECK_OK(ps_model_load(path, PS_GGUF_MAP, &m, err, sizeof err));
+    if (!m) return;
+    ps_ctx *c = NULL;
+    ps_ctx_params f32 = {.n_ctx = 64, .max_batch = 8, .act = PS_ACT_F32, .device = PS_DEVICE_CUDA(0)};
+    PS_CHECK_EQ_INT(ps_ctx_create(m, &f32, pool, &c, err, sizeof err), PS_ERR_UNSUPPORTED);
+    PS_CHECK(strstr(err, "CPU only") != NULL);
+    ps_ctx_params absent = {.n_ctx = 64, .max_batch = 8, .device = PS_DEVICE_CUDA(99)};
+    PS_CHECK_EQ_INT(ps_ctx_create(m, &absent, pool, &c, err, sizeof err), PS_ERR_ARG);
+    PS_CHECK(strstr(err, "no CUDA device 99") != NULL);
+    /* a KV pool of 2^22 blocks: terabytes, more than any device holds */
+    ps_ctx_params huge = {.n_ctx = 64, .n_blocks = 1 << 22, .max_batch = 8, .device = PS_DEVICE_CUDA(0)};
+    PS_CHECK_EQ_INT(ps_ctx_create(m, &huge, pool, &c, err, sizeof err), PS_ERR_NOMEM);
+    PS_CHECK(strstr(err, "GiB of GPU memory") != NULL);
+    printf("refusals: %s\n", err);
+    PS_CHECK(c == NULL);
+    ps_model_free(m);
+}
+
+/* A synthetic model of type type and architecture arch (written by `pipeshard synth`). */
+static const char *synth(const char *type, const char *arch, const char *extra) {
+    static char path[600];
+    char cmd[2000];
+    snprintf(path, sizeof path, "%s", ps_test_tmp("cuda-model.gguf"));
+    snprintf(path + strlen(path) - 5, sizeof path - strlen(path) + 5, "-%s-%s%s.gguf", type, arch, *extra ? "-x" : "");
+    snprintf(cmd, sizeof cmd,
+             "\"%s\" synth --layers 2 --dim 256 --heads 4 --kv-heads 2 --ffn 1536 --vocab 600 --untied --type %s "
+             "--arch %s %s -o \"%s\" >/dev/null",
+             getenv("PIPESHARD_BIN"), type, arch, extra, path);
+    PS_CHECK_EQ_INT(system(cmd), 0);
+    return path;
+}
+
+int main(void) {
+    int n = ps_cuda_device_count();
+    if (n == 0) return ps_test_skip("no CUDA device here (or a build without CUDA): GPU tests skipped");
+    if (!getenv("PIPESHARD_BIN")) return ps_test_skip("PIPESHARD_BIN is not set (ctest sets it)");
+    char name[256], err[512];
+    size_t free_b = 0, total_b = 0;
+    PS_CHECK_OK(ps_cuda_device_info(0, name, sizeof name, &free_b, &total_b, err, sizeof err));
+    printf("device 0: %s, %.1f of %.1f GiB free\n", name, free_b / 1073741824.0, total_b / 1073741824.0);
+    snprintf(best_isa, sizeof best_isa, "%s", ps_matmul_isa());
+    printf("CPU kernels: %s (and ref)\n", best_isa);
+    ps_test_rng_seed(11);
+    PS_CHECK_OK(ps_pool_create(4, &pool));
+    static const char *const cases[][3] = {
+        {"F32", "llama", ""},
+        {"F16", "qwen2", ""},
+        {"BF16", "qwen3", ""},
+        {"Q8_0", "llama", ""},
+        {"Q4_0", "qwen2", ""},
+        {"Q4_1", "llama", ""},
+        {"Q5_0", "qwen3", ""},
+        {"Q5_1", "llama", ""},
+        {"Q4_K", "llama", ""},
+        {"Q5_K", "qwen2", ""},
+        {"Q6_K", "qwen3", ""},
+        {"Q4_K_M", "llama", ""},
+        {"Q8_0", "llama", "--heads 8 --kv-heads 2 --head-dim 40"},
+    };
+    for (size_t i = 0; i < PS_ARRAY_LEN(cases); i++)
+        check_model(synth(cases[i][0], cases[i][1], cases[i][2]), 24, i == 9, false);
+    refusals(synth("Q8_0", "llama", ""));
+    const char *stories = ps_test_shared_model("stories260K.gguf");
+    if (stories)
+        check_model(stories, 64, false, true);
+    else
+        ps_test_skip_part("stories260K.gguf is absent (../shared/models)");
+    const char *real[] = {"SmolLM2-135M-Instruct.Q4_1.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"};
+    for (size_t i = 0; i < PS_ARRAY_LEN(real); i++) {
+        const char *p = ps_test_cached_model(real[i]);
+        if (p)
+            check_model(p, 64, i == 0, true);
+        else
+            ps_test_skip_part("a real model is absent from .cache/models (scripts/fetch_models.sh)");
+    }
+    ps_pool_free(pool);
+    return ps_test_done();
+}
