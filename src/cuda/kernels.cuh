@@ -101,18 +101,12 @@ __global__ void k_quant256(const float *x, int n_blocks, ps_block_q8_K *out) {
 
 /* ---------------------------------------------------------------------------------------
  * Matmuls with 8-bit activations (q8_ref.c's dot_<type>): per weight block an exact
- * integer dot product and its float term(s), then sum += term block after block. A warp
- * takes one weight row and up to 32 tokens: its lanes compute 32 blocks' terms (the K
- * types: 4 super-blocks, 8 lanes each) for every token into shared memory, then lane t
- * adds token t's terms in block order. */
-
-#define MM_ROWS 4 /* rows (warps) per thread block */
-#define MM_TOKS 32
+ * integer dot product and its float term(s), then sum += term block after block. The K
+ * types' super-blocks are worked by 8 threads (one 32-element sub-block each). */
 
 template <int T> struct wtype {
     static constexpr bool k = T == PS_TYPE_Q4_K || T == PS_TYPE_Q5_K || T == PS_TYPE_Q6_K;
     static constexpr int terms = T == PS_TYPE_Q4_1 || T == PS_TYPE_Q5_1 ? 2 : 1; /* the minimum's term */
-    static constexpr int units = k ? 4 : 32;                                     /* blocks per round */
     static constexpr int bytes = T == PS_TYPE_Q4_0   ? 18
                                  : T == PS_TYPE_Q4_1 ? 20
                                  : T == PS_TYPE_Q5_0 ? 22
@@ -219,50 +213,74 @@ template <int T> __device__ __forceinline__ float term_k(const wunit &w, const p
 }
 
 /* Y[t * ys + r] for rows r of W (row_bytes apart) and tokens t < nt of X (x_row bytes apart,
- * n_units blocks each). Grid: (rows / MM_ROWS, nt / MM_TOKS), MM_ROWS warps. */
-template <int T>
-__global__ void __launch_bounds__(MM_ROWS * 32)
-    k_mm_q(const uint8_t *W, size_t row_bytes, int n_units, const uint8_t *X, size_t x_row, int nt, float *Y,
-           long long ys, int rows) {
+ * n_units blocks each). A thread block takes MM_R rows and TT tokens, and the row's blocks
+ * in chunks of `chunk`: first every thread computes (row, block) units' terms for the TT
+ * tokens into shared memory (the loads of all its units go out together), then thread
+ * (r, t) adds its terms in block order. Grid: (rows / MM_R, nt / TT), MM_THREADS threads,
+ * mm_smem(T, TT, chunk) bytes of shared memory. */
+#define MM_R       8
+#define MM_THREADS 256
+
+template <int T> __host__ __device__ constexpr int mm_stride(int chunk) { return chunk * wtype<T>::terms + 1; }
+
+template <int T, int TT>
+__global__ void __launch_bounds__(MM_THREADS)
+    k_mm_q(const uint8_t *W, size_t row_bytes, int n_units, int chunk, const uint8_t *X, size_t x_row, int nt,
+           float *Y, long long ys, int rows) {
     typedef wtype<T> ty;
-    const int stride = ty::units * ty::terms + 1; /* +1: lane t's reads fall in distinct banks */
-    __shared__ float part[MM_ROWS][MM_TOKS * (ty::units * ty::terms + 1)];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = blockIdx.x * MM_ROWS + warp;
-    if (row >= rows) return;
-    int t0 = blockIdx.y * MM_TOKS, tt = min(MM_TOKS, nt - t0), sub = lane & 7;
-    float *P = part[warp];
-    const uint8_t *w = W + (size_t)row * row_bytes;
-    float sum = 0.0f; /* lane t's token */
-    for (int u0 = 0; u0 < n_units; u0 += ty::units) {
-        int nu = min(ty::units, n_units - u0), j = ty::k ? lane >> 3 : lane, u = u0 + j;
-        bool on = j < nu;
-        wunit wu;
-        if (on) {
-            if (ty::k)
-                load_k<T>(w + (size_t)u * ty::bytes, sub, wu);
-            else
-                load32<T>(w + (size_t)u * ty::bytes, wu);
-        }
-        for (int t = 0; t < tt; t++) {
-            const uint8_t *xr = X + (size_t)(t0 + t) * x_row;
-            float a = 0.0f, b = 0.0f;
-            if (ty::k) {
-                if (!on) wu = wunit{}; /* the shuffles need every lane */
-                a = term_k<T>(wu, (const ps_block_q8_K *)xr + (on ? u : 0), sub);
-                if (on && sub == 0) P[t * stride + j] = a;
-            } else if (on) {
-                term32<T>(wu, (const ps_xq32 *)xr + u, &a, &b);
-                P[t * stride + j * ty::terms] = a;
-                if (ty::terms == 2) P[t * stride + j * 2 + 1] = b;
+    extern __shared__ float terms[]; /* [MM_R * TT][mm_stride(chunk)] */
+    const int stride = mm_stride<T>(chunk), per_unit = ty::k ? 8 : 1;
+    const int x_bytes = ty::k ? (int)sizeof(ps_block_q8_K) : (int)sizeof(ps_xq32);
+    int r0 = blockIdx.x * MM_R, t0 = blockIdx.y * TT, tt = min(TT, nt - t0), nr = min(MM_R, rows - r0);
+    int tid = threadIdx.x, cr = tid / TT, ct = tid % TT;
+    bool chain = tid < MM_R * TT && cr < nr && ct < tt;
+    float sum = 0.0f;
+    for (int c0 = 0; c0 < n_units; c0 += chunk) {
+        int nc = min(chunk, n_units - c0), work = nr * nc * per_unit;
+#pragma unroll 2
+        for (int base = 0; base < work; base += MM_THREADS) { /* every thread the same trips (shuffles) */
+            int i = base + tid, r = i / (nc * per_unit), b = (i / per_unit) % nc, sub = i % per_unit;
+            bool on = i < work;
+            wunit wu = {};
+            const uint8_t *blk = W + (size_t)(r0 + (on ? r : 0)) * row_bytes + (size_t)(c0 + b) * ty::bytes;
+            if (on) {
+                if (ty::k)
+                    load_k<T>(blk, sub, wu);
+                else
+                    load32<T>(blk, wu);
+            }
+            float *out = terms + (size_t)(on ? r : 0) * TT * stride + b * ty::terms;
+            for (int t = 0; t < tt; t++) {
+                const uint8_t *xb = X + (size_t)(t0 + t) * x_row + (size_t)(c0 + (on ? b : 0)) * x_bytes;
+                if (ty::k) {
+                    float a = term_k<T>(wu, (const ps_block_q8_K *)xb, sub);
+                    if (on && sub == 0) out[t * stride] = a;
+                } else if (on) {
+                    float a, m;
+                    term32<T>(wu, (const ps_xq32 *)xb, &a, &m);
+                    out[t * stride] = a;
+                    if (ty::terms == 2) out[t * stride + 1] = m;
+                }
             }
         }
-        __syncwarp();
-        if (lane < tt)
-            for (int i = 0; i < nu * ty::terms; i++) sum += P[lane * stride + i];
-        __syncwarp();
+        __syncthreads();
+        if (chain) {
+            const float *p = terms + (size_t)(cr * TT + ct) * stride;
+            for (int j = 0; j < nc * ty::terms; j++) sum += p[j];
+        }
+        __syncthreads();
     }
-    if (lane < tt) Y[(size_t)(t0 + lane) * ys + row] = sum;
+    if (chain) Y[(size_t)(t0 + ct) * ys + r0 + cr] = sum;
 }
+
+/* The chunk of blocks k_mm_q<T, TT> takes at a time within MM_SMEM bytes of shared memory,
+ * and the bytes it then uses. */
+#define MM_SMEM (48 * 1024)
+template <int T> static int mm_chunk(int tt, int n_units) {
+    int c = ((MM_SMEM / 4) / (MM_R * tt) - 1) / wtype<T>::terms;
+    return c < n_units ? c : n_units;
+}
+template <int T> static size_t mm_smem(int tt, int chunk) { return (size_t)MM_R * tt * mm_stride<T>(chunk) * 4; }
 
 /* Float weights against f32 activations (q8_ref.c's dot_f32 / dot_f16 / dot_bf16): eight
  * partial sums (element j into sum j % 8), combined ((0+4)+(2+6))+((1+5)+(3+7)). A warp
@@ -273,10 +291,11 @@ template <int T> __device__ __forceinline__ float wval(const uint8_t *w, int j) 
     return __uint_as_float((uint32_t)((const uint16_t *)w)[j] << 16);
 }
 
+#define MMF_ROWS 4 /* rows (warps) per thread block */
 template <int T>
-__global__ void __launch_bounds__(MM_ROWS * 32)
+__global__ void __launch_bounds__(MMF_ROWS * 32)
     k_mm_f(const uint8_t *W, size_t row_bytes, int cols, const float *X, int nt, float *Y, long long ys, int rows) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = blockIdx.x * MM_ROWS + warp;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = blockIdx.x * MMF_ROWS + warp;
     if (row >= rows) return;
     int t = blockIdx.y * 4 + (lane >> 3), k = lane & 7;
     const uint8_t *w = W + (size_t)row * row_bytes;
@@ -385,36 +404,53 @@ __global__ void k_add(float *x, const float *y, size_t n) {
  * Attention (forward.c's attend_nv): one thread block per (row, head). Scores q·k in 16
  * lanes and the tree, times 1/sqrt(hd); the softmax's max, e = ps_exp_neg(score - max),
  * the 16 lane sums over positions p0 + lane and their tree, e / sum; then each output
- * element sums weight × value over positions in order. */
+ * element sums weight × value over positions in order. Loads go in batches (8 positions'
+ * keys per half warp, 32 positions' values per thread) so that their latencies overlap;
+ * the scores stay in shared memory (in global memory past ATT_SMEM_POS positions). */
 
-#define ATT_THREADS 128
+#define ATT_THREADS  128
+#define ATT_KB       8     /* positions per half warp per pass (scores) */
+#define ATT_VB       32    /* positions per batch (outputs) */
+#define ATT_SMEM_POS 40960 /* scores in shared memory up to this many positions (160 KiB) */
 
 struct att_args {
     const float *q;       /* (n, n_head * hd) */
     const float *kc, *vc; /* this layer's cache */
     float *out;           /* (n, n_head * hd) */
-    float *scores;        /* (rows of this launch, n_head, srow) */
+    float *scores;        /* (rows of this launch, n_head, srow): used past ATT_SMEM_POS */
     int n_head, n_head_kv, hd, srow, row0;
     float scale;
 };
 
-__global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
+template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
+    extern __shared__ float S_sh[];
     __shared__ float red[ATT_THREADS / 32];
     __shared__ float q[256];
     int t = a.row0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1;
     const int32_t *tab = ri.tabs + ri.tab_off[t];
-    float *S = a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
+    float *S = SMEM ? S_sh : a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
     for (int i = tid; i < hd; i += ATT_THREADS) q[i] = a.q[((size_t)t * a.n_head + h) * hd + i];
     __syncthreads();
-    /* scores: a half warp per position (a warp's two halves loop together: its shuffles) */
-    for (int p0 = warp * 2; p0 < n_pos; p0 += ATT_THREADS / 16) {
-        int l = lane & 15, p = p0 + (lane >> 4), pp = p < n_pos ? p : n_pos - 1;
-        const float *k = a.kc + kv_at(tab, a.n_head_kv, hd, kvh, pp);
-        float acc = 0.0f;
-        for (int i = l; i < hd; i += 16) acc += q[i] * k[i];
-        acc = tree16(acc);
-        if (l == 0 && p < n_pos) S[p] = acc * a.scale;
+    /* scores: each half warp takes ATT_KB positions per pass (a warp's halves loop together:
+     * their shuffles), lane l its elements l, l + 16, ... */
+    int l = lane & 15, per = hd / 16 + (l < hd % 16);
+    for (int base = warp * 2 * ATT_KB; base < n_pos; base += ATT_THREADS / 16 * ATT_KB) { /* warp-uniform trips */
+        int p0 = base + (lane >> 4) * ATT_KB;
+        float acc[ATT_KB];
+        for (int j = 0; j < ATT_KB; j++) acc[j] = 0.0f;
+        for (int e = 0; e < per; e++) { /* the keys' loads of all ATT_KB positions first */
+            float kv[ATT_KB];
+            for (int j = 0; j < ATT_KB; j++) {
+                int p = min(p0 + j, n_pos - 1);
+                kv[j] = a.kc[kv_at(tab, a.n_head_kv, hd, kvh, p) + l + 16 * e];
+            }
+            for (int j = 0; j < ATT_KB; j++) acc[j] += q[l + 16 * e] * kv[j];
+        }
+        for (int j = 0; j < ATT_KB; j++) {
+            float sc = tree16(acc[j]);
+            if (l == 0 && p0 + j < n_pos) S[p0 + j] = sc * a.scale;
+        }
     }
     __syncthreads();
     float mx = -INFINITY;
@@ -438,8 +474,13 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info
     for (int p = tid; p < n_pos; p += ATT_THREADS) S[p] = S[p] / sum;
     __syncthreads();
     for (int i = tid; i < hd; i += ATT_THREADS) {
-        float o = 0.0f;
-        for (int p = 0; p < n_pos; p++) o += S[p] * a.vc[kv_at(tab, a.n_head_kv, hd, kvh, p) + i];
+        float o = 0.0f, v[ATT_VB];
+        for (int p0 = 0; p0 < n_pos; p0 += ATT_VB) {
+            int n = min(ATT_VB, n_pos - p0);
+            for (int j = 0; j < ATT_VB; j++) /* one KV block's values: the loads first */
+                if (j < n) v[j] = a.vc[kv_at(tab, a.n_head_kv, hd, kvh, p0 + j) + i];
+            for (int j = 0; j < n; j++) o += S[p0 + j] * v[j];
+        }
         a.out[((size_t)t * a.n_head + h) * hd + i] = o;
     }
 }

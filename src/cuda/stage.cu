@@ -21,6 +21,11 @@ struct dlayer {
     dmat wq, wk, wv, wo, gate, up, down;
 };
 
+/* Chunks of up to GRAPH_ROWS rows (decode, speculation's few tokens, a few sequences) run
+ * as one CUDA graph each: a decode step is some 20 kernels per layer, and launched one by
+ * one their launch costs would rival their work. */
+#define GRAPH_ROWS 8
+
 struct ps_cuda {
     const ps_model *m;
     int dev;
@@ -37,8 +42,10 @@ struct ps_cuda {
     uint8_t *xq;                                /* quantized activations */
     float *kc, *vc;                             /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, hd) */
     int32_t *meta;                              /* pos, tab_off, logit rows (max_batch each), tables */
-    int32_t *hmeta;                             /* its host staging (pinned) */
+    int32_t *hmeta; /* its host staging (pinned) */
     size_t meta_ints;
+    float *hx, *hout; /* pinned staging of a graph's input and output */
+    cudaGraphExec_t graphs[GRAPH_ROWS + 1][GRAPH_ROWS + 1]; /* by rows and logits, made when first needed */
 };
 
 #define CK(call)                                                                                                       \
@@ -160,7 +167,7 @@ static void layout(ps_cuda *g, arena *a) {
     g->q = (float *)take(a, B * g->q_dim * 4), g->att = (float *)take(a, B * g->q_dim * 4);
     g->k = (float *)take(a, B * g->kv_dim * 4), g->v = (float *)take(a, B * g->kv_dim * 4);
     g->hb = (float *)take(a, B * hp->ffn_dim * 4), g->hb2 = (float *)take(a, B * hp->ffn_dim * 4);
-    g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
+    if (g->n_ctx > ATT_SMEM_POS) g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
     g->xq = (uint8_t *)take(a, xq);
     size_t kv = (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     g->kc = (float *)take(a, kv * 4), g->vc = (float *)take(a, kv * 4);
@@ -275,10 +282,17 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     cudaError_t e = cudaSuccess;
     if (!s) e = cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking);
     if (!s && e == cudaSuccess) e = cudaMalloc(&g->mem, need);
+    size_t hout = (size_t)GRAPH_ROWS * (m->has_head ? m->hp.vocab : m->hp.dim) * 4;
     if (!s && e == cudaSuccess) e = cudaMallocHost((void **)&g->hmeta, g->meta_ints * 4);
+    if (!s && e == cudaSuccess) e = cudaMallocHost((void **)&g->hx, (size_t)GRAPH_ROWS * m->hp.dim * 4);
+    if (!s && e == cudaSuccess) e = cudaMallocHost((void **)&g->hout, hout);
     if (!s && e != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "CUDA: %s (allocating %.2f GiB on %s)", cudaGetErrorString(e),
                     need / 1073741824.0, name);
+    if (!s && g->n_ctx > 48 * 1024 / 4 && g->n_ctx <= ATT_SMEM_POS &&
+        (e = cudaFuncSetAttribute(k_attention<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, g->n_ctx * 4)) !=
+            cudaSuccess)
+        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
     if (!s) {
         a.base = (uint8_t *)g->mem;
         layout(g, &a);
@@ -299,7 +313,12 @@ void ps_cuda_free(ps_cuda *g) {
     if (!g) return;
     cudaSetDevice(g->dev);
     if (g->mem) cudaFree(g->mem);
+    for (int i = 0; i <= GRAPH_ROWS; i++)
+        for (int j = 0; j <= GRAPH_ROWS; j++)
+            if (g->graphs[i][j]) cudaGraphExecDestroy(g->graphs[i][j]);
     if (g->hmeta) cudaFreeHost(g->hmeta);
+    if (g->hx) cudaFreeHost(g->hx);
+    if (g->hout) cudaFreeHost(g->hout);
     if (g->st) cudaStreamDestroy(g->st);
     free(g->L);
     free(g);
@@ -312,16 +331,30 @@ static unsigned blocks_for(size_t n, unsigned per) { return (unsigned)((n + per 
 
 /* Launches the matmul kernel of w's type: y (n rows, ys apart) = x · Wᵀ, x already in
  * the format the type reads (xq, or f32 x for the float types). */
+template <int T, int TT>
+static void launch_qt(ps_cuda *g, const dmat *w, const uint8_t *xq, size_t x_row, int n, float *y, long long ys) {
+    int units = w->cols / (is_k(T) ? 256 : 32), chunk = mm_chunk<T>(TT, units);
+    dim3 grid(blocks_for(w->rows, MM_R), blocks_for(n, TT));
+    k_mm_q<T, TT><<<grid, MM_THREADS, mm_smem<T>(TT, chunk), g->st>>>(w->d, w->row_bytes, units, chunk, xq, x_row,
+                                                                       n, y, ys, w->rows);
+}
+
+/* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32. */
 template <int T>
 static void launch_q(ps_cuda *g, const dmat *w, const uint8_t *xq, size_t x_row, int n, float *y, long long ys) {
-    dim3 grid(blocks_for(w->rows, MM_ROWS), blocks_for(n, MM_TOKS));
-    int units = w->cols / (is_k(T) ? 256 : 32);
-    k_mm_q<T><<<grid, MM_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, units, xq, x_row, n, y, ys, w->rows);
+    if (n <= 1)
+        launch_qt<T, 1>(g, w, xq, x_row, n, y, ys);
+    else if (n <= 4)
+        launch_qt<T, 4>(g, w, xq, x_row, n, y, ys);
+    else if (n <= 8)
+        launch_qt<T, 8>(g, w, xq, x_row, n, y, ys);
+    else
+        launch_qt<T, 32>(g, w, xq, x_row, n, y, ys);
 }
 
 template <int T> static void launch_f(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long long ys) {
-    dim3 grid(blocks_for(w->rows, MM_ROWS), blocks_for(n, 4));
-    k_mm_f<T><<<grid, MM_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, w->cols, x, n, y, ys, w->rows);
+    dim3 grid(blocks_for(w->rows, MMF_ROWS), blocks_for(n, 4));
+    k_mm_f<T><<<grid, MMF_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, w->cols, x, n, y, ys, w->rows);
 }
 
 /* forward.c's mm_multi: matrices sharing input x (n rows of ws[0]->cols), the input
@@ -396,7 +429,10 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri) {
                    1.0f / sqrtf((float)hp->head_dim)};
     for (aa.row0 = 0; aa.row0 < n; aa.row0 += g->att_rows) {
         int rows = n - aa.row0 < g->att_rows ? n - aa.row0 : g->att_rows;
-        k_attention<<<dim3(rows, hp->n_head), ATT_THREADS, 0, g->st>>>(aa, ri);
+        if (g->n_ctx <= ATT_SMEM_POS)
+            k_attention<true><<<dim3(rows, hp->n_head), ATT_THREADS, g->n_ctx * 4, g->st>>>(aa, ri);
+        else
+            k_attention<false><<<dim3(rows, hp->n_head), ATT_THREADS, 0, g->st>>>(aa, ri);
     }
     mm(g, &L->wo, g->att, n, g->xb, hp->dim);
     add(g, g->x, g->xb, (size_t)n * hp->dim);
@@ -414,6 +450,31 @@ static void ffn_block(ps_cuda *g, int li, int n) {
     k_swiglu<<<blocks_for(e, 256), 256, 0, g->st>>>(g->hb, g->hb2, e);
     mm(g, &L->down, g->hb, n, g->xb, hp->dim);
     add(g, g->x, g->xb, (size_t)n * hp->dim);
+}
+
+/* Enqueues a chunk on g's stream: its rows' positions and tables (meta_bytes of g->hmeta),
+ * x (n × dim) in, the layers, the head's logits or the activations out. */
+static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, size_t meta_bytes, float *out,
+                               char *err, size_t errlen) {
+    const ps_model *m = g->m;
+    int dim = m->hp.dim, B = g->max_batch;
+    CK(cudaMemcpyAsync(g->meta, g->hmeta, meta_bytes, cudaMemcpyHostToDevice, g->st));
+    CK(cudaMemcpyAsync(g->x, x, (size_t)n * dim * 4, cudaMemcpyHostToDevice, g->st));
+    rows_info ri = {g->meta, g->meta + B, g->meta + 3 * B};
+    for (int li = 0; li < g->n_layer; li++) {
+        attention_block(g, li, n, ri);
+        ffn_block(g, li, n);
+    }
+    CK(cudaGetLastError());
+    if (!m->has_head) {
+        CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4, cudaMemcpyDeviceToHost, g->st));
+    } else if (n_logits > 0) {
+        rmsnorm(g, g->x, g->meta + 2 * B, g->out_norm, g->xb, n_logits);
+        mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab);
+        CK(cudaGetLastError());
+        CK(cudaMemcpyAsync(out, g->logits, (size_t)n_logits * m->hp.vocab * 4, cudaMemcpyDeviceToHost, g->st));
+    }
+    return PS_OK;
 }
 
 ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_pos, const int32_t *const *row_tab,
@@ -442,23 +503,31 @@ ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_po
         nt += need;
     }
     for (int i = 0; i < n_logits; i++) lr[i] = logit_rows[i];
-    CK(cudaMemcpyAsync(g->meta, g->hmeta, (3 * (size_t)B + nt) * 4, cudaMemcpyHostToDevice, g->st));
-    CK(cudaMemcpyAsync(g->x, x, (size_t)n * dim * 4, cudaMemcpyHostToDevice, g->st));
-    rows_info ri = {g->meta, g->meta + B, g->meta + 3 * B};
-    for (int li = 0; li < g->n_layer; li++) {
-        attention_block(g, li, n, ri);
-        ffn_block(g, li, n);
+    size_t out_bytes = (size_t)(m->has_head ? n_logits * m->hp.vocab : n * dim) * 4;
+    if (n > GRAPH_ROWS) { /* prefill: straight from and to the caller's memory */
+        ps_status s = enqueue_chunk(g, x, n, n_logits, (3 * (size_t)B + nt) * 4, out, err, errlen);
+        if (s) return s;
+        CK(cudaStreamSynchronize(g->st));
+        return PS_OK;
     }
-    CK(cudaGetLastError());
-    if (!m->has_head) {
-        CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4, cudaMemcpyDeviceToHost, g->st));
-    } else if (n_logits > 0) {
-        rmsnorm(g, g->x, g->meta + 2 * B, g->out_norm, g->xb, n_logits);
-        mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab);
-        CK(cudaGetLastError());
-        CK(cudaMemcpyAsync(out, g->logits, (size_t)n_logits * m->hp.vocab * 4, cudaMemcpyDeviceToHost, g->st));
+    /* decode and small batches: one CUDA graph per (rows, logits), through pinned buffers */
+    cudaGraphExec_t *ge = &g->graphs[n][n_logits];
+    if (!*ge) {
+        cudaGraph_t graph;
+        CK(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
+        size_t meta = (3 * (size_t)B + (size_t)n * g->seq_blocks) * 4;
+        ps_status s = enqueue_chunk(g, g->hx, n, n_logits, meta, g->hout, err, errlen);
+        cudaError_t e = cudaStreamEndCapture(g->st, &graph);
+        if (s) return s;
+        CK(e);
+        e = cudaGraphInstantiate(ge, graph, 0);
+        cudaGraphDestroy(graph);
+        CK(e);
     }
+    memcpy(g->hx, x, (size_t)n * dim * 4);
+    CK(cudaGraphLaunch(*ge, g->st));
     CK(cudaStreamSynchronize(g->st));
+    memcpy(out, g->hout, out_bytes);
     return PS_OK;
 }
 
