@@ -165,6 +165,21 @@ def case_bad_numbers():
     expect_error(["-m", GOOD, "--prompt-ids", "1,x,3", "-n", "1"], ["prompt-ids"], one_line=False)
 
 
+def case_device():
+    # --device: a word that is no device, and a GPU this machine lacks (or a build without CUDA)
+    base = ["-m", GOOD, "--prompt-ids", "1,2", "-n", "1"]
+    expect_error(base + ["--device", "gpu"], ["--device", "unknown device 'gpu'", "cpu, cuda or cuda:N"],
+                 one_line=False, status=2)
+    line = expect_error(base + ["--device", "cuda:63"], ["--device"], one_line=False, status=2)
+    require("no CUDA device 63" in line or "built without CUDA" in line, f"--device cuda:63: {line!r}")
+    for cmd in (["worker", "--shard", GOOD, "--listen", "127.0.0.1:0"], ["bench", "-m", GOOD]):
+        p = pipeshard(cmd + ["--device", "cuda:63"])
+        first = (p.stderr.strip().splitlines() or [""])[0]
+        require(p.returncode == 2 and ("no CUDA device 63" in first or "built without CUDA" in first),
+                f"pipeshard {cmd[0]} --device cuda:63: exit {p.returncode}, {first!r}")
+        print(f"  ok: {cmd[0]}: {first}")
+
+
 def case_good_model_runs():
     # the control: the same model and flags without the fault succeed
     p = run(["-m", GOOD, "--prompt-ids", "1,5,6", "-n", "3", "--temp", "0", "--print-ids",
@@ -579,6 +594,7 @@ CASES = [
     case_token_id_out_of_range,
     case_unknown_flag,
     case_bad_numbers,
+    case_device,
     case_shard_as_model,
     case_fleet_not_a_fleet_json,
     case_context_full_is_said,

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cuda/cuda.h"
+#include "../model/model.h"
+
 const char *ps_arg_value(const char *cmd, int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
         fprintf(stderr, "pipeshard %s: option '%s' needs a value\n", cmd, argv[*i]);
@@ -68,6 +71,16 @@ bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *un
     if (*unix_sockets || !strcmp(s, "tcp")) return true;
     fprintf(stderr, "pipeshard %s: %s must be tcp or unix, got '%s'\n", cmd, flag, s);
     return false;
+}
+
+bool ps_arg_device(const char *cmd, const char *flag, const char *s, int *out) {
+    char err[512], name[256];
+    size_t free_b, total_b;
+    ps_status st = ps_device_parse(s, out, err, sizeof err);
+    if (!st && *out != PS_DEVICE_CPU)
+        st = ps_cuda_device_info(*out - PS_DEVICE_CUDA(0), name, sizeof name, &free_b, &total_b, err, sizeof err);
+    if (st) fprintf(stderr, "pipeshard %s: %s: %s\n", cmd, flag, err);
+    return !st;
 }
 
 /* Optimal string alignment distance between a[0..na) and b[0..nb) (Damerau-Levenshtein with

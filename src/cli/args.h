@@ -20,6 +20,9 @@ bool ps_arg_mbps(const char *cmd, const char *flag, const char *s, double *out);
 bool ps_arg_on_off(const char *cmd, const char *flag, const char *s, bool *out);
 /* A local fleet's transport: "tcp" (loopback; *unix_sockets false) or "unix". */
 bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *unix_sockets);
+/* --device: "cpu", "cuda" or "cuda:N" into *out (model.h's PS_DEVICE_*); a GPU must be there
+ * (this build has CUDA, the driver sees device N). */
+bool ps_arg_device(const char *cmd, const char *flag, const char *s, int *out);
 /* The word in known (NULL-terminated) nearest to word by Damerau-Levenshtein distance (an
  * '=VALUE' tail of word is ignored), or NULL when none is near enough to be a typo of it. */
 const char *ps_arg_suggest(const char *word, const char *const *known);

@@ -98,12 +98,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
                 return 2;
             transport = true;
         } else if (!strcmp(a, "--device")) {
-            char err[160];
-            if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
-            if (ps_device_parse(v, &o->device, err, sizeof err)) {
-                fprintf(stderr, "pipeshard bench: --device: %s\n", err);
-                return 2;
-            }
+            if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_device("bench", a, v, &o->device)) return 2;
         } else if (!strcmp(a, "--activations")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
             if (ps_act_from_name(v, &o->act)) {

@@ -62,7 +62,11 @@ void ps_run_usage_compute(FILE *f) {
           "  -b, --batch-size N      prompt tokens per forward pass (default 128)\n"
           "  --activations q8|f32    matmul arithmetic: q8 = 8-bit activations, integer dot products\n"
           "                          (llama.cpp's numerics, fastest; default), f32 = float activations\n"
-          "                          (closest to a float reference, slower prompt processing)\n",
+          "                          (closest to a float reference, slower prompt processing)\n"
+          "  --device D              where the layers run: cpu (default), cuda (GPU 0) or cuda:N, in\n"
+          "                          this process (stage 0 of a fleet; with --local-stages, every\n"
+          "                          stage); a GPU holds the layers and the KV cache in its memory and\n"
+          "                          gives the bits of the CPU's reference kernels (q8 only)\n",
           f);
 }
 
@@ -150,7 +154,8 @@ enum {
     O_SPEC_K,
     O_DRAFT,
     O_DRAFT_THREADS,
-    O_OVERLAP
+    O_OVERLAP,
+    O_DEVICE
 };
 static const struct {
     const char *s, *l;
@@ -190,6 +195,7 @@ static const struct {
     {NULL, "--draft", O_DRAFT},
     {NULL, "--draft-threads", O_DRAFT_THREADS},
     {NULL, "--spec-overlap", O_OVERLAP},
+    {NULL, "--device", O_DEVICE},
 };
 
 /* Applies one valued flag; false after printing what is wrong. */
@@ -219,6 +225,7 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
         return false;
     }
     case O_DRAFT: o->draft = v; return true;
+    case O_DEVICE: return ps_arg_device(cmd, flag, v, &o->device);
     case O_OVERLAP: o->overlap_set = true; return ps_arg_on_off(cmd, flag, v, &o->spec.overlap);
     case O_DRAFT_THREADS: return ps_arg_int(cmd, flag, v, 1, 1024, &o->draft_threads);
     case O_SPEC_K:
@@ -493,7 +500,7 @@ ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char
                          .plain = o->plain,
                          .sim = o->sim,
                          .timeout_ms = (int)o->timeout_ms,
-                         .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
+                         .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap, .device = o->device},
                          .n_ctx = (int)o->ctx,
                          .max_batch = (int)o->batch,
                          .prefill_chunk = (int)o->prefill_chunk,

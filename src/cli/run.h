@@ -23,6 +23,7 @@ typedef struct {
     ps_link_sim sim;
     bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, threads_given, n_set;
     ps_act act;
+    int device;        /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
     ps_gen_params gp;  /* sampling, -n, --ignore-eos */
     ps_spec_opts spec; /* --spec, --spec-k, --draft */
     bool spec_k_set;

@@ -33,6 +33,9 @@ static void worker_usage(FILE *f) {
         "  --listen HOST:PORT        address to serve on (PORT 0 = any free port, printed on stderr);\n"
         "                            unix:PATH = a Unix socket, for a coordinator on this host\n"
         "  -t, --threads N           compute threads (default: all cores)\n"
+        "  --device D                where the shard's layers run: cpu (default), cuda (GPU 0) or cuda:N; on\n"
+        "                            a GPU it holds the layers and the KV cache in GPU memory (see pipeshard\n"
+        "                            run --help)\n"
         "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
         "  --mmap                    map the shard instead of reading it into huge pages (see pipeshard run --help)\n"
         "  --key-file F              shared key (`pipeshard keygen -o F` writes one): peers must prove they\n"
@@ -117,8 +120,9 @@ int ps_cli_worker(int argc, char **argv) {
             continue;
         }
         static const char *const valued[] = {
-            "--shard",   "--cache",          "--max-disk",           "--prefix-dir", "--listen",  "--key-file", "-t",
-            "--threads", "--sim-latency-ms", "--sim-bandwidth-mbps", "--timeout-ms", "--max-ctx", "--ready-fd"};
+            "--shard",      "--cache",   "--max-disk", "--prefix-dir",     "--listen",
+            "--key-file",   "-t",        "--threads",  "--sim-latency-ms", "--sim-bandwidth-mbps",
+            "--timeout-ms", "--max-ctx", "--ready-fd", "--device"};
         size_t j = 0;
         while (j < PS_ARRAY_LEN(valued) && strcmp(a, valued[j])) j++;
         if (j == PS_ARRAY_LEN(valued)) {
@@ -153,6 +157,8 @@ int ps_cli_worker(int argc, char **argv) {
             ok = ps_arg_int("worker", a, v, 1, 86400000, &n) && ((o.timeout_ms = (int)n), 1);
         else if (!strcmp(a, "--max-ctx"))
             ok = ps_arg_int("worker", a, v, 1, 1 << 24, &n) && ((o.max_ctx = (int)n), 1);
+        else if (!strcmp(a, "--device"))
+            ok = ps_arg_device("worker", a, v, &o.device);
         else /* --ready-fd */
             ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
         if (!ok) return 2;

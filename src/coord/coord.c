@@ -520,7 +520,7 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
         snprintf(c->fleet.stages[0].address, sizeof c->fleet.stages[0].address, "local");
     }
     c->n = c->fleet.n_stages;
-    ps_stage_opts so = {.threads = o->threads, .pin = o->pin, .mmap = o->mmap};
+    ps_stage_opts so = {.threads = o->threads, .pin = o->pin, .mmap = o->mmap, .device = o->device};
     ps_status s = ps_stage_open(c->fleet.stages[0].shard, &so, &c->stage0, err, errlen);
     if (!s) s = check_stage0(c, err, errlen);
     if (s) goto fail;

@@ -25,6 +25,7 @@ typedef struct {
     int threads;           /* threads of stage 0 */
     bool pin;              /* pin them to CPUs (ps_pool_pin; ps_coord_next's caller is thread 0) */
     bool mmap;             /* map stage 0's file rather than read it into huge pages */
+    int device;            /* where stage 0's layers run: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
     int n_ctx;             /* positions; 0 = the model's context, at most 4096 */
     int max_batch;         /* tokens per forward pass */
     int max_segs;          /* sequences per micro-batch; 0 = 1 */

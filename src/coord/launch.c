@@ -68,6 +68,7 @@ ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, s
                         .threads = o->stage.threads,
                         .pin = o->stage.pin,
                         .mmap = o->stage.mmap,
+                        .device = o->stage.device,
                         .plain = o->plain || o->local_stages > 1,
                         .n_ctx = o->n_ctx,
                         .max_batch = o->max_batch,

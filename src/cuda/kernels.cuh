@@ -215,18 +215,19 @@ template <int T> __device__ __forceinline__ float term_k(const wunit &w, const p
 /* Y[t * ys + r] for rows r of W (row_bytes apart) and tokens t < nt of X (x_row bytes apart,
  * n_units blocks each). A thread block takes MM_R rows and TT tokens, and the row's blocks
  * in chunks of `chunk`: first every thread computes (row, block) units' terms for the TT
- * tokens into shared memory (the loads of all its units go out together), then thread
+ * tokens into shared memory (the loads of MM_U units at a time go out together), then thread
  * (r, t) adds its terms in block order. Grid: (rows / MM_R, nt / TT), MM_THREADS threads,
  * mm_smem(T, TT, chunk) bytes of shared memory. */
 #define MM_R       8
 #define MM_THREADS 256
+#define MM_U       4 /* units per thread per pass */
 
 template <int T> __host__ __device__ constexpr int mm_stride(int chunk) { return chunk * wtype<T>::terms + 1; }
 
 template <int T, int TT>
 __global__ void __launch_bounds__(MM_THREADS)
-    k_mm_q(const uint8_t *W, size_t row_bytes, int n_units, int chunk, const uint8_t *X, size_t x_row, int nt,
-           float *Y, long long ys, int rows) {
+    k_mm_q(const uint8_t *W, size_t row_bytes, int n_units, int chunk, const uint8_t *X, size_t x_row, int nt, float *Y,
+           long long ys, int rows) {
     typedef wtype<T> ty;
     extern __shared__ float terms[]; /* [MM_R * TT][mm_stride(chunk)] */
     const int stride = mm_stride<T>(chunk), per_unit = ty::k ? 8 : 1;
@@ -237,36 +238,53 @@ __global__ void __launch_bounds__(MM_THREADS)
     float sum = 0.0f;
     for (int c0 = 0; c0 < n_units; c0 += chunk) {
         int nc = min(chunk, n_units - c0), work = nr * nc * per_unit;
-#pragma unroll 2
-        for (int base = 0; base < work; base += MM_THREADS) { /* every thread the same trips (shuffles) */
-            int i = base + tid, r = i / (nc * per_unit), b = (i / per_unit) % nc, sub = i % per_unit;
-            bool on = i < work;
-            wunit wu = {};
-            const uint8_t *blk = W + (size_t)(r0 + (on ? r : 0)) * row_bytes + (size_t)(c0 + b) * ty::bytes;
-            if (on) {
-                if (ty::k)
-                    load_k<T>(blk, sub, wu);
-                else
-                    load32<T>(blk, wu);
+        for (int base = 0; base < work; base += MM_THREADS * MM_U) { /* every thread the same trips (shuffles) */
+            wunit wu[MM_U];
+            int ur[MM_U], ub[MM_U];
+#pragma unroll
+            for (int k = 0; k < MM_U; k++) { /* the loads of MM_U units go out together */
+                int i = base + k * MM_THREADS + tid;
+                bool on = i < work;
+                ur[k] = on ? i / (nc * per_unit) : -1, ub[k] = on ? (i / per_unit) % nc : 0;
+                wu[k] = wunit{};
+                const uint8_t *blk = W + (size_t)(r0 + (on ? ur[k] : 0)) * row_bytes + (size_t)(c0 + ub[k]) * ty::bytes;
+                if (on) {
+                    if (ty::k)
+                        load_k<T>(blk, tid % per_unit, wu[k]);
+                    else
+                        load32<T>(blk, wu[k]);
+                }
             }
-            float *out = terms + (size_t)(on ? r : 0) * TT * stride + b * ty::terms;
-            for (int t = 0; t < tt; t++) {
-                const uint8_t *xb = X + (size_t)(t0 + t) * x_row + (size_t)(c0 + (on ? b : 0)) * x_bytes;
-                if (ty::k) {
-                    float a = term_k<T>(wu, (const ps_block_q8_K *)xb, sub);
-                    if (on && sub == 0) out[t * stride] = a;
-                } else if (on) {
-                    float a, m;
-                    term32<T>(wu, (const ps_xq32 *)xb, &a, &m);
-                    out[t * stride] = a;
-                    if (ty::terms == 2) out[t * stride + 1] = m;
+#pragma unroll
+            for (int k = 0; k < MM_U; k++) {
+                bool on = ur[k] >= 0;
+                float *out = terms + (size_t)(on ? ur[k] : 0) * TT * stride + ub[k] * ty::terms;
+                for (int t = 0; t < tt; t++) {
+                    const uint8_t *xb = X + (size_t)(t0 + t) * x_row + (size_t)(c0 + ub[k]) * x_bytes;
+                    if (ty::k) {
+                        float a = term_k<T>(wu[k], (const ps_block_q8_K *)xb, tid % per_unit);
+                        if (on && tid % per_unit == 0) out[t * stride] = a;
+                    } else if (on) {
+                        float a, m;
+                        term32<T>(wu[k], (const ps_xq32 *)xb, &a, &m);
+                        out[t * stride] = a;
+                        if (ty::terms == 2) out[t * stride + 1] = m;
+                    }
                 }
             }
         }
         __syncthreads();
-        if (chain) {
+        if (chain) { /* eight terms' loads at a time, then their additions in order */
             const float *p = terms + (size_t)(cr * TT + ct) * stride;
-            for (int j = 0; j < nc * ty::terms; j++) sum += p[j];
+            int n = nc * ty::terms, j = 0;
+            for (; j + 8 <= n; j += 8) {
+                float v[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = p[j + k];
+#pragma unroll
+                for (int k = 0; k < 8; k++) sum += v[k];
+            }
+            for (; j < n; j++) sum += p[j];
         }
         __syncthreads();
     }
@@ -323,13 +341,38 @@ __device__ __forceinline__ float sumsq16(const float *x, int n) {
     return __shfl_sync(FULL, tree16(acc), 0);
 }
 
-/* forward.c's rmsnorm for row rows[r] (or r) of x into row r of out: one warp per row. */
-__global__ void k_rmsnorm(const float *x, const int32_t *rows, const float *w, float *out, int dim, float eps, int n) {
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (r >= n) return;
-    const float *src = x + (size_t)(rows ? rows[r] : r) * dim;
-    float scale = 1.0f / sqrtf(sumsq16(src, dim) / (float)dim + eps);
-    for (int i = lane; i < dim; i += 32) out[(size_t)r * dim + i] = src[i] * scale * w[i];
+/* forward.c's rmsnorm of one row per thread block (NORM_THREADS threads, dim floats of
+ * shared memory): row rows[r] (or r) of x, after x += y on that row when y is given (the
+ * residual add the CPU does before), into row r of out. The row goes to shared memory in
+ * one sweep, then 16 threads sum it in dot_f32's order. out may be y: each thread writes
+ * only the elements it read. */
+#define NORM_THREADS 256
+__global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(float *__restrict__ x, const float *y, const int32_t *rows,
+                                                          const float *__restrict__ w, float *out, int dim, float eps) {
+    extern __shared__ float row[];
+    __shared__ float scale;
+    int r = blockIdx.x, tid = threadIdx.x;
+    float4 *x4 = (float4 *)(x + (size_t)(rows ? rows[r] : r) * dim);
+    const float4 *y4 = y ? (const float4 *)(y + (size_t)(rows ? rows[r] : r) * dim) : NULL;
+    for (int i = tid; i < dim / 4; i += NORM_THREADS) { /* dim % 4 == 0: the model's widths are */
+        float4 v = x4[i];
+        if (y4) {
+            float4 u = y4[i];
+            v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+            x4[i] = v;
+        }
+        ((float4 *)row)[i] = v;
+    }
+    __syncthreads();
+    if (tid < 32) {
+        float acc = 0.0f;
+        if (tid < 16)
+            for (int i = tid; i < dim; i += 16) acc += row[i] * row[i];
+        acc = tree16(acc);
+        if (tid == 0) scale = 1.0f / sqrtf(acc / (float)dim + eps);
+    }
+    __syncthreads();
+    for (int i = tid; i < dim; i += NORM_THREADS) out[(size_t)r * dim + i] = row[i] * scale * w[i];
 }
 
 /* Where key/value head kvh of position p lives in a layer's pool (forward.c's kv_at). */
@@ -404,13 +447,11 @@ __global__ void k_add(float *x, const float *y, size_t n) {
  * Attention (forward.c's attend_nv): one thread block per (row, head). Scores q·k in 16
  * lanes and the tree, times 1/sqrt(hd); the softmax's max, e = ps_exp_neg(score - max),
  * the 16 lane sums over positions p0 + lane and their tree, e / sum; then each output
- * element sums weight × value over positions in order. Loads go in batches (8 positions'
- * keys per half warp, 32 positions' values per thread) so that their latencies overlap;
- * the scores stay in shared memory (in global memory past ATT_SMEM_POS positions). */
+ * element sums weight × value over positions in order. Keys and values come into shared
+ * memory a tile of KV blocks at a time (every thread's 16-byte loads out together); the
+ * scores stay in shared memory (in global memory past ATT_SMEM_POS positions). */
 
 #define ATT_THREADS  128
-#define ATT_KB       8     /* positions per half warp per pass (scores) */
-#define ATT_VB       32    /* positions per batch (outputs) */
 #define ATT_SMEM_POS 40960 /* scores in shared memory up to this many positions (160 KiB) */
 
 struct att_args {
@@ -419,37 +460,46 @@ struct att_args {
     float *out;           /* (n, n_head * hd) */
     float *scores;        /* (rows of this launch, n_head, srow): used past ATT_SMEM_POS */
     int n_head, n_head_kv, hd, srow, row0;
+    int tile_blocks; /* KV blocks per shared-memory tile */
     float scale;
 };
 
+/* Copies KV blocks b0.. (at most nb, of the sequence's table) of head kvh into tile: the
+ * blocks' rows side by side, PS_KV_BLOCK × hd floats each (16-byte loads: hd % 4 == 0). */
+__device__ __forceinline__ void att_tile(float *tile, const float *cache, const int32_t *tab, int b0, int nb,
+                                         int n_head_kv, int hd, int kvh) {
+    int per = PS_KV_BLOCK * hd / 4; /* float4s per block */
+    for (int i = threadIdx.x; i < nb * per; i += ATT_THREADS) {
+        int b = i / per, j = i % per;
+        const float4 *src = (const float4 *)(cache + ((size_t)tab[b0 + b] * n_head_kv + kvh) * PS_KV_BLOCK * hd);
+        ((float4 *)tile)[i] = src[j];
+    }
+}
+
+/* Shared memory: the tile (tile_blocks × PS_KV_BLOCK × hd floats), then the scores when SMEM. */
 template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
-    extern __shared__ float S_sh[];
+    extern __shared__ float sh[];
     __shared__ float red[ATT_THREADS / 32];
     __shared__ float q[256];
     int t = a.row0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1;
+    int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1, tb = a.tile_blocks;
     const int32_t *tab = ri.tabs + ri.tab_off[t];
-    float *S = SMEM ? S_sh : a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
+    float *tile = sh, *S = SMEM ? sh + tb * PS_KV_BLOCK * hd : a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
     for (int i = tid; i < hd; i += ATT_THREADS) q[i] = a.q[((size_t)t * a.n_head + h) * hd + i];
-    __syncthreads();
-    /* scores: each half warp takes ATT_KB positions per pass (a warp's halves loop together:
-     * their shuffles), lane l its elements l, l + 16, ... */
-    int l = lane & 15, per = hd / 16 + (l < hd % 16);
-    for (int base = warp * 2 * ATT_KB; base < n_pos; base += ATT_THREADS / 16 * ATT_KB) { /* warp-uniform trips */
-        int p0 = base + (lane >> 4) * ATT_KB;
-        float acc[ATT_KB];
-        for (int j = 0; j < ATT_KB; j++) acc[j] = 0.0f;
-        for (int e = 0; e < per; e++) { /* the keys' loads of all ATT_KB positions first */
-            float kv[ATT_KB];
-            for (int j = 0; j < ATT_KB; j++) {
-                int p = min(p0 + j, n_pos - 1);
-                kv[j] = a.kc[kv_at(tab, a.n_head_kv, hd, kvh, p) + l + 16 * e];
-            }
-            for (int j = 0; j < ATT_KB; j++) acc[j] += q[l + 16 * e] * kv[j];
-        }
-        for (int j = 0; j < ATT_KB; j++) {
-            float sc = tree16(acc[j]);
-            if (l == 0 && p0 + j < n_pos) S[p0 + j] = sc * a.scale;
+    int n_blk = (n_pos + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    /* scores: a tile of keys at a time; a half warp per position, lane l its elements l, l + 16, ... */
+    for (int b0 = 0; b0 < n_blk; b0 += tb) {
+        int nb = min(tb, n_blk - b0), l = lane & 15;
+        __syncthreads(); /* the tile's last readers are done (and q is in) */
+        att_tile(tile, a.kc, tab, b0, nb, a.n_head_kv, hd, kvh);
+        __syncthreads();
+        for (int j = tid >> 4; j < nb * PS_KV_BLOCK; j += ATT_THREADS / 16) { /* uniform per warp */
+            const float *k = tile + (size_t)j * hd;
+            float acc = 0.0f;
+            for (int i = l; i < hd; i += 16) acc += q[i] * k[i];
+            acc = tree16(acc);
+            int p = b0 * PS_KV_BLOCK + j;
+            if (l == 0 && p < n_pos) S[p] = acc * a.scale;
         }
     }
     __syncthreads();
@@ -472,17 +522,22 @@ template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(
     __syncthreads();
     float sum = red[0];
     for (int p = tid; p < n_pos; p += ATT_THREADS) S[p] = S[p] / sum;
-    __syncthreads();
-    for (int i = tid; i < hd; i += ATT_THREADS) {
-        float o = 0.0f, v[ATT_VB];
-        for (int p0 = 0; p0 < n_pos; p0 += ATT_VB) {
-            int n = min(ATT_VB, n_pos - p0);
-            for (int j = 0; j < ATT_VB; j++) /* one KV block's values: the loads first */
-                if (j < n) v[j] = a.vc[kv_at(tab, a.n_head_kv, hd, kvh, p0 + j) + i];
-            for (int j = 0; j < n; j++) o += S[p0 + j] * v[j];
-        }
-        a.out[((size_t)t * a.n_head + h) * hd + i] = o;
+    /* outputs: a tile of values at a time; element i sums over positions in order */
+    float o0 = 0.0f, o1 = 0.0f; /* elements tid and tid + ATT_THREADS (hd <= 256) */
+    int i0 = tid, i1 = tid + ATT_THREADS;
+    for (int b0 = 0; b0 < n_blk; b0 += tb) {
+        int nb = min(tb, n_blk - b0), p0 = b0 * PS_KV_BLOCK, np = min(nb * PS_KV_BLOCK, n_pos - p0);
+        __syncthreads();
+        att_tile(tile, a.vc, tab, b0, nb, a.n_head_kv, hd, kvh);
+        __syncthreads();
+        if (i0 < hd)
+            for (int j = 0; j < np; j++) o0 += S[p0 + j] * tile[(size_t)j * hd + i0];
+        if (i1 < hd)
+            for (int j = 0; j < np; j++) o1 += S[p0 + j] * tile[(size_t)j * hd + i1];
     }
+    float *out = a.out + ((size_t)t * a.n_head + h) * hd;
+    if (i0 < hd) out[i0] = o0;
+    if (i1 < hd) out[i1] = o1;
 }
 
 /* Reads n 16-byte words (the bandwidth measure); a sum that is never zero in practice keeps

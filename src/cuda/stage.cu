@@ -42,9 +42,9 @@ struct ps_cuda {
     uint8_t *xq;                                /* quantized activations */
     float *kc, *vc;                             /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, hd) */
     int32_t *meta;                              /* pos, tab_off, logit rows (max_batch each), tables */
-    int32_t *hmeta; /* its host staging (pinned) */
+    int32_t *hmeta;                             /* its host staging (pinned) */
     size_t meta_ints;
-    float *hx, *hout; /* pinned staging of a graph's input and output */
+    float *hx, *hout;                                       /* pinned staging of a graph's input and output */
     cudaGraphExec_t graphs[GRAPH_ROWS + 1][GRAPH_ROWS + 1]; /* by rows and logits, made when first needed */
 };
 
@@ -231,6 +231,13 @@ static ps_status upload_weights(ps_cuda *g, const ps_cuda_params *p, char *err, 
     return s;
 }
 
+/* KV blocks per attention tile (32 KiB of keys or values), and the kernel's shared memory. */
+static int att_tile_blocks(int hd) { return hd <= 128 ? 2 : 1; }
+static size_t att_smem(const ps_cuda *g) {
+    int hd = g->m->hp.head_dim;
+    return ((size_t)att_tile_blocks(hd) * PS_KV_BLOCK * hd + (g->n_ctx <= ATT_SMEM_POS ? g->n_ctx : 0)) * 4;
+}
+
 static bool type_ok(uint32_t t) {
     switch (t) {
     case PS_TYPE_F32:
@@ -254,8 +261,10 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     size_t free_b, total_b;
     ps_status s = ps_cuda_device_info(p->device, name, sizeof name, &free_b, &total_b, err, errlen);
     if (s) return s;
-    if (m->hp.head_dim > 256)
-        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "head width %d: the GPU takes <= 256", m->hp.head_dim);
+    if (m->hp.head_dim > 256 || m->hp.head_dim % 4 || m->hp.dim % 4)
+        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED,
+                       "the GPU takes head widths up to 256 and widths that are multiples of 4 (this model: %d, %d)",
+                       m->hp.head_dim, m->hp.dim);
     for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
         const ps_layer *l = &m->layers[i];
         const ps_mat *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
@@ -289,10 +298,15 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     if (!s && e != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "CUDA: %s (allocating %.2f GiB on %s)", cudaGetErrorString(e),
                     need / 1073741824.0, name);
-    if (!s && g->n_ctx > 48 * 1024 / 4 && g->n_ctx <= ATT_SMEM_POS &&
-        (e = cudaFuncSetAttribute(k_attention<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, g->n_ctx * 4)) !=
-            cudaSuccess)
+    if (!s && att_smem(g) > 48 * 1024 &&
+        (e = cudaFuncSetAttribute(g->n_ctx <= ATT_SMEM_POS ? (const void *)k_attention<true>
+                                                           : (const void *)k_attention<false>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(g))) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
+    if (!s && m->hp.dim * 4 > 48 * 1024 &&
+        (e = cudaFuncSetAttribute(k_rmsnorm, cudaFuncAttributeMaxDynamicSharedMemorySize, m->hp.dim * 4)) !=
+            cudaSuccess)
+        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (the norm's shared memory)", cudaGetErrorString(e));
     if (!s) {
         a.base = (uint8_t *)g->mem;
         layout(g, &a);
@@ -335,8 +349,8 @@ template <int T, int TT>
 static void launch_qt(ps_cuda *g, const dmat *w, const uint8_t *xq, size_t x_row, int n, float *y, long long ys) {
     int units = w->cols / (is_k(T) ? 256 : 32), chunk = mm_chunk<T>(TT, units);
     dim3 grid(blocks_for(w->rows, MM_R), blocks_for(n, TT));
-    k_mm_q<T, TT><<<grid, MM_THREADS, mm_smem<T>(TT, chunk), g->st>>>(w->d, w->row_bytes, units, chunk, xq, x_row,
-                                                                       n, y, ys, w->rows);
+    k_mm_q<T, TT><<<grid, MM_THREADS, mm_smem<T>(TT, chunk), g->st>>>(w->d, w->row_bytes, units, chunk, xq, x_row, n, y,
+                                                                      ys, w->rows);
 }
 
 /* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32. */
@@ -394,21 +408,25 @@ static void mm(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long 
     mm_multi(g, &w, 1, x, n, &y, &ys);
 }
 
-static void rmsnorm(ps_cuda *g, const float *x, const int32_t *rows, const float *w, float *out, int n) {
+/* out (n rows) = rmsnorm of x's rows (rows[r], or r), after x += y on them when y is given:
+ * the residual add of the block before, put off to here. */
+static void rmsnorm(ps_cuda *g, float *x, const float *y, const int32_t *rows, const float *w, float *out, int n) {
     const ps_hparams *hp = &g->m->hp;
-    k_rmsnorm<<<blocks_for(n, 8), 256, 0, g->st>>>(x, rows, w, out, hp->dim, hp->rms_eps, n);
+    k_rmsnorm<<<n, NORM_THREADS, hp->dim * 4, g->st>>>(x, y, rows, w, out, hp->dim, hp->rms_eps);
 }
 
 static void add(ps_cuda *g, float *x, const float *y, size_t n) {
     k_add<<<blocks_for(n, 256), 256, 0, g->st>>>(x, y, n);
 }
 
-static void attention_block(ps_cuda *g, int li, int n, rows_info ri) {
+/* The attention block of local layer li (forward.c's attention_block). *res: the residual
+ * the block before left to add to x (NULL: none); on return, this block's. */
+static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float **res) {
     const ps_hparams *hp = &g->m->hp;
     const dlayer *L = &g->L[li];
     size_t layer = (size_t)g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     float *kc = g->kc + li * layer, *vc = g->vc + li * layer;
-    rmsnorm(g, g->x, NULL, L->attn_norm, g->xb, n);
+    rmsnorm(g, g->x, *res, NULL, L->attn_norm, g->xb, n);
     const dmat *qkv[] = {&L->wq, &L->wk, &L->wv};
     float *outs[] = {g->q, g->k, g->v};
     long long strides[] = {g->q_dim, g->kv_dim, g->kv_dim};
@@ -416,32 +434,26 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri) {
     qk_args qa = {g->q, g->k, g->v,       L->bq,         L->bk,        L->bv,        L->q_norm,     L->k_norm,  g->rope,
                   kc,   vc,   hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim, hp->rope_neox, hp->rms_eps};
     k_qk<<<dim3(n, hp->n_head + hp->n_head_kv), 32, 0, g->st>>>(qa, ri);
-    att_args aa = {g->q,
-                   kc,
-                   vc,
-                   g->att,
-                   g->scores,
-                   hp->n_head,
-                   hp->n_head_kv,
-                   hp->head_dim,
-                   g->n_ctx,
-                   0,
-                   1.0f / sqrtf((float)hp->head_dim)};
+    att_args aa = {};
+    aa.q = g->q, aa.kc = kc, aa.vc = vc, aa.out = g->att, aa.scores = g->scores;
+    aa.n_head = hp->n_head, aa.n_head_kv = hp->n_head_kv, aa.hd = hp->head_dim, aa.srow = g->n_ctx;
+    aa.tile_blocks = att_tile_blocks(hp->head_dim), aa.scale = 1.0f / sqrtf((float)hp->head_dim);
     for (aa.row0 = 0; aa.row0 < n; aa.row0 += g->att_rows) {
         int rows = n - aa.row0 < g->att_rows ? n - aa.row0 : g->att_rows;
         if (g->n_ctx <= ATT_SMEM_POS)
-            k_attention<true><<<dim3(rows, hp->n_head), ATT_THREADS, g->n_ctx * 4, g->st>>>(aa, ri);
+            k_attention<true><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
         else
-            k_attention<false><<<dim3(rows, hp->n_head), ATT_THREADS, 0, g->st>>>(aa, ri);
+            k_attention<false><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
     }
     mm(g, &L->wo, g->att, n, g->xb, hp->dim);
-    add(g, g->x, g->xb, (size_t)n * hp->dim);
+    *res = g->xb;
 }
 
-static void ffn_block(ps_cuda *g, int li, int n) {
+/* The feed-forward block of local layer li (forward.c's ffn_block); *res as above. */
+static void ffn_block(ps_cuda *g, int li, int n, const float **res) {
     const ps_hparams *hp = &g->m->hp;
     const dlayer *L = &g->L[li];
-    rmsnorm(g, g->x, NULL, L->ffn_norm, g->xb, n);
+    rmsnorm(g, g->x, *res, NULL, L->ffn_norm, g->xb, n);
     const dmat *gu[] = {&L->gate, &L->up};
     float *outs[] = {g->hb, g->hb2};
     long long strides[] = {hp->ffn_dim, hp->ffn_dim};
@@ -449,7 +461,7 @@ static void ffn_block(ps_cuda *g, int li, int n) {
     size_t e = (size_t)n * hp->ffn_dim;
     k_swiglu<<<blocks_for(e, 256), 256, 0, g->st>>>(g->hb, g->hb2, e);
     mm(g, &L->down, g->hb, n, g->xb, hp->dim);
-    add(g, g->x, g->xb, (size_t)n * hp->dim);
+    *res = g->xb;
 }
 
 /* Enqueues a chunk on g's stream: its rows' positions and tables (meta_bytes of g->hmeta),
@@ -461,15 +473,17 @@ static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, 
     CK(cudaMemcpyAsync(g->meta, g->hmeta, meta_bytes, cudaMemcpyHostToDevice, g->st));
     CK(cudaMemcpyAsync(g->x, x, (size_t)n * dim * 4, cudaMemcpyHostToDevice, g->st));
     rows_info ri = {g->meta, g->meta + B, g->meta + 3 * B};
+    const float *res = NULL; /* each block's residual, added where the next norm reads x */
     for (int li = 0; li < g->n_layer; li++) {
-        attention_block(g, li, n, ri);
-        ffn_block(g, li, n);
+        attention_block(g, li, n, ri, &res);
+        ffn_block(g, li, n, &res);
     }
     CK(cudaGetLastError());
     if (!m->has_head) {
+        add(g, g->x, res, (size_t)n * dim);
         CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4, cudaMemcpyDeviceToHost, g->st));
-    } else if (n_logits > 0) {
-        rmsnorm(g, g->x, g->meta + 2 * B, g->out_norm, g->xb, n_logits);
+    } else if (n_logits > 0) { /* the last residual only on the rows whose logits are asked for */
+        rmsnorm(g, g->x, res, g->meta + 2 * B, g->out_norm, g->xb, n_logits);
         mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab);
         CK(cudaGetLastError());
         CK(cudaMemcpyAsync(out, g->logits, (size_t)n_logits * m->hp.vocab * 4, cudaMemcpyDeviceToHost, g->st));

@@ -289,6 +289,7 @@ ps_status ps_stage_open(const char *path, const ps_stage_opts *o, ps_stage **out
     ps_stage *s = ps_calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     snprintf(s->path, sizeof s->path, "%s", path);
+    s->device = o->device;
     ps_status st = ps_model_load(path, o->mmap ? PS_GGUF_MAP : PS_GGUF_HUGE, &s->m, err, errlen);
     if (!st && (st = ps_pool_create(o->threads, &s->pool)))
         ps_errf(err, errlen, st, "cannot start %d threads", o->threads);
@@ -328,8 +329,10 @@ int ps_stage_max_draft(const ps_stage *s) { return s->max_draft; }
 const float *ps_stage_logits(const ps_stage *s) { return s->last; }
 const float *ps_stage_logits_row(const ps_stage *s, int i) { return s->logits + (size_t)i * s->m->hp.vocab; }
 
-ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p, int max_mb, int max_segs, int max_draft, char *err,
+ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p_in, int max_mb, int max_segs, int max_draft, char *err,
                          size_t errlen) {
+    ps_ctx_params pd = *p_in, *p = &pd;
+    pd.device = s->device; /* the stage's own choice, not the coordinator's */
     if (max_segs < 1 || max_segs > PS_MB_MAX_SEGS)
         return ps_errf(err, errlen, PS_ERR_ARG, "%d sequences per micro-batch: must be within 1..%d", max_segs,
                        PS_MB_MAX_SEGS);

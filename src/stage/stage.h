@@ -221,6 +221,7 @@ typedef struct {
     int threads; /* compute threads */
     bool pin;    /* pin them to CPUs (ps_pool_pin: the calling thread must be the one that runs the stage) */
     bool mmap;   /* map the file rather than read it into huge pages (ps_gguf_open_with) */
+    int device;  /* where its layers run: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) (model.h) */
 } ps_stage_opts;
 
 /* Loads a model or shard and starts its threads. *out owned by the caller. */

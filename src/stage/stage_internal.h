@@ -9,6 +9,7 @@ struct ps_stage {
     ps_pool *pool;
     ps_ctx *ctx;
     ps_ctx_params cp;  /* of ctx */
+    int device;        /* ps_stage_opts.device: every context's */
     int max_mb;        /* rows a micro-batch may carry */
     int max_segs;      /* segments a micro-batch may carry */
     int max_draft;     /* draft tokens a segment may carry */

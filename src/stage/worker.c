@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../cuda/cuda.h"
 #include "shard_cache.h"
 #include "stage.h"
 
@@ -472,7 +473,7 @@ static void hello_of_shard(worker *w) {
 static ps_status load_shard(worker *w, const char *path) {
     ps_stage_free(w->stage);
     w->stage = NULL, w->m = NULL;
-    ps_stage_opts so = {.threads = w->o->threads, .pin = w->o->pin, .mmap = w->o->mmap};
+    ps_stage_opts so = {.threads = w->o->threads, .pin = w->o->pin, .mmap = w->o->mmap, .device = w->o->device};
     ps_status s = ps_stage_open(path, &so, &w->stage, w->err, sizeof w->err);
     if (!s) w->m = ps_stage_model(w->stage);
     hello_of_shard(w);
@@ -874,7 +875,7 @@ static ps_status start_shard(worker *w, char *err, size_t errlen) {
         if (!s) hello_of_shard(w);
         return s;
     }
-    ps_stage_opts so = {.threads = o->threads, .pin = o->pin, .mmap = o->mmap};
+    ps_stage_opts so = {.threads = o->threads, .pin = o->pin, .mmap = o->mmap, .device = o->device};
     ps_status s = ps_stage_open(o->shard, &so, &w->stage, err, errlen);
     if (s) return s;
     w->m = ps_stage_model(w->stage);
@@ -925,6 +926,14 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
         say(&w, "layers %d..%d of %d, listening on %s%s", w.me.layer_begin, w.me.layer_end, w.me.n_layer, bound,
             o->key ? " (shared key required)" : "");
     }
+    char gpu[256], e[256];
+    size_t free_b, total_b;
+    if (o->device != PS_DEVICE_CPU &&
+        !ps_cuda_device_info(o->device - PS_DEVICE_CUDA(0), gpu, sizeof gpu, &free_b, &total_b, e, sizeof e))
+        say(&w,
+            "layers run on %s (cuda:%d): %.1f GiB of GPU memory free of %.1f; each session's layers and KV "
+            "cache go there",
+            gpu, o->device - PS_DEVICE_CUDA(0), free_b / 1073741824.0, total_b / 1073741824.0);
     if (!o->key && !ps_net_fd_is_local(w.lfd))
         say(&w,
             "warning: no --key-file, so anyone who can reach %s may use this worker (`pipeshard keygen -o KEY` "

@@ -29,6 +29,7 @@ typedef struct {
     int threads;                 /* compute threads */
     bool pin;                    /* pin them to CPUs (ps_pool_pin) */
     bool mmap;                   /* map the shard rather than read it into huge pages */
+    int device;                  /* PS_DEVICE_CPU or PS_DEVICE_CUDA(i): where the stage's layers run */
     bool plain;                  /* with a key: ask for frames in the clear (ps_hello.plain) */
     const uint8_t *key;          /* 32-byte shared key, or NULL for none */
     ps_link_sim sim;             /* emulation of the outgoing hop */
