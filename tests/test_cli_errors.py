@@ -512,7 +512,8 @@ def case_version():
     forced = subprocess.run([bin_path(), "--version"], capture_output=True, text=True, timeout=30,
                             env=dict(os.environ, PS_ISA="ref"))
     require("kernels: ref" in forced.stdout, f"PS_ISA=ref pipeshard --version: {forced.stdout!r}")
-    require(lines[2] == "backends: cpu", f"--version line 3 {lines[2]!r}: expected 'backends: cpu'")
+    require(re.fullmatch(r"backends: cpu(, cuda \(\d+ GPUs? here\)| \(built without CUDA\))", lines[2]),
+            f"--version line 3 {lines[2]!r}: expected 'backends: cpu, cuda (N GPUs here)' or 'cpu (built without CUDA)'")
     print(f"  ok: {' | '.join(lines)}")
 
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../cuda/cuda.h"
 #include "../tensor/matmul.h"
 #include "args.h"
 #include "cli.h"
@@ -17,8 +18,12 @@
 /* `pipeshard --version`: the release, the commit built, the kernels this CPU gets, the backends. */
 static int version(int argc, char **argv) {
     (void)argc, (void)argv;
-    printf("pipeshard %s (git %s)\nkernels: %s (the family this CPU gets; PS_ISA overrides)\nbackends: cpu\n",
-           PS_VERSION, PS_GIT_COMMIT, ps_matmul_isa());
+    printf("pipeshard %s (git %s)\nkernels: %s (the family this CPU gets; PS_ISA overrides)\n", PS_VERSION,
+           PS_GIT_COMMIT, ps_matmul_isa());
+    if (ps_cuda_built())
+        printf("backends: cpu, cuda (%d GPU%s here)\n", ps_cuda_device_count(), ps_cuda_device_count() == 1 ? "" : "s");
+    else
+        printf("backends: cpu (built without CUDA)\n");
     return 0;
 }
 
@@ -35,6 +40,7 @@ static const struct {
     {"bench", ps_cli_bench, "measure prefill and decode speed"},
     {"worker", ps_cli_worker, "serve one shard of a split model to a coordinator"},
     {"split", ps_cli_split, "cut a model by layers into shards and write fleet.json"},
+    {"plan", ps_cli_plan, "place a model on uneven hosts: order, layers, predicted tok/s"},
     {"keygen", ps_cli_keygen, "write a fresh shared key for --key-file"},
     {"version", version, "print the version, git commit, CPU kernels and backends"},
 };

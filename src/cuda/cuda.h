@@ -22,6 +22,9 @@ extern "C" {
 
 struct ps_model;
 
+/* Whether this build has the CUDA backend. */
+bool ps_cuda_built(void);
+
 /* GPUs this process can use (0 in a build without CUDA, or without a driver or device). */
 int ps_cuda_device_count(void);
 

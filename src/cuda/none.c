@@ -2,6 +2,8 @@
  * for anyone who asks for one. */
 #include "cuda.h"
 
+bool ps_cuda_built(void) { return false; }
+
 int ps_cuda_device_count(void) { return 0; }
 
 static ps_status no_cuda(char *err, size_t errlen) {

@@ -59,6 +59,8 @@ struct ps_cuda {
 static bool is_float(uint32_t t) { return t == PS_TYPE_F32 || t == PS_TYPE_F16 || t == PS_TYPE_BF16; }
 static bool is_k(uint32_t t) { return t == PS_TYPE_Q4_K || t == PS_TYPE_Q5_K || t == PS_TYPE_Q6_K; }
 
+bool ps_cuda_built(void) { return true; }
+
 int ps_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
