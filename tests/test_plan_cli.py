@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""test_plan_cli.py - `pipeshard plan`: its table and prediction recomputed here from the model
+"""test_plan_cli.py - `pipeshard plan` and `probe`: plan's table and prediction recomputed here from the model
 file and hosts.json (the `gguf` package reads the tensors' sizes; the cost model of
 src/coord/plan.h written out in Python), the best placement against a brute force over every
 ordered choice of hosts and every cut, -o writing shards and a fleet.json with the plan's
-layers and the hosts' addresses, and the refusals (memory missing, a malformed hosts.json).
+layers and the hosts' addresses, probe's entry taken by plan as it is, and the refusals (memory
+missing, a malformed hosts.json).
 Models are written by tests/ref/synth.py. Exit 0 pass, 1 fail.
 """
 import itertools
@@ -135,6 +136,21 @@ def main():
             addr = next(h["address"] for h in hosts if h["name"] == r[1])
             require(st["address"] == addr, f"stage {k}: address {st['address']}, host's {addr}")
     print(f"  ok: -o wrote {len(stages)} shards and fleet.json")
+
+    # probe: its entry is a hosts.json host that plan takes as it is
+    pr = subprocess.run([BIN, "probe", "-t", "1", "-m", path, "--name", "here", "--address", "127.0.0.1:7701"],
+                        capture_output=True, text=True, timeout=120)
+    require(pr.returncode == 0, f"probe failed: {pr.stderr}")
+    entry = json.loads(pr.stdout.strip().splitlines()[-1])
+    require(entry["name"] == "here" and entry["address"] == "127.0.0.1:7701" and entry["ms_per_gb"] > 0
+            and re.fullmatch(r"[\d.]+G", entry["mem"]), f"probe's entry {entry}")
+    with open(hp, "w") as f:
+        json.dump({"hosts": [entry]}, f)
+    p = plan(["-m", path, "--hosts", hp, "--ctx", "64"])
+    require(p.returncode == 0 and re.search(r"^\s+0\s+here\s+0:6\s", p.stdout, re.M), f"plan of probe's host: {p.stdout}")
+    bad = subprocess.run([BIN, "probe", "--address", "nowhere"], capture_output=True, text=True, timeout=60)
+    require(bad.returncode == 2 and "--address" in bad.stderr, f"probe --address nowhere: {bad.stderr!r}")
+    print(f"  ok: probe: {entry}")
 
     # refusals
     small = dict(spec, hosts=[dict(h, mem=100000) for h in hosts])

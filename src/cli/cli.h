@@ -11,6 +11,7 @@ int ps_cli_synth(int argc, char **argv);
 int ps_cli_bench(int argc, char **argv);
 int ps_cli_split(int argc, char **argv);
 int ps_cli_plan(int argc, char **argv);
+int ps_cli_probe(int argc, char **argv);
 int ps_cli_worker(int argc, char **argv);
 int ps_cli_keygen(int argc, char **argv);
 

@@ -41,6 +41,7 @@ static const struct {
     {"worker", ps_cli_worker, "serve one shard of a split model to a coordinator"},
     {"split", ps_cli_split, "cut a model by layers into shards and write fleet.json"},
     {"plan", ps_cli_plan, "place a model on uneven hosts: order, layers, predicted tok/s"},
+    {"probe", ps_cli_probe, "measure this host for plan: memory available, decode speed"},
     {"keygen", ps_cli_keygen, "write a fresh shared key for --key-file"},
     {"version", version, "print the version, git commit, CPU kernels and backends"},
 };
