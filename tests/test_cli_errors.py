@@ -180,6 +180,38 @@ def case_device():
         print(f"  ok: {cmd[0]}: {first}")
 
 
+def case_worker_max_mem():
+    # --max-mem: a shard larger than the cap is refused at start; a session whose KV cache and
+    # buffers would pass it, when it begins (the coordinator says which stage and why)
+    d = os.path.join(TMP, "maxmem")
+    two = write_model(os.path.join(TMP, "two-layers.gguf"), "llama", n_layer=2)
+    p = pipeshard(["split", "-m", two, "--stages", "2", "-o", d, "--quiet"])
+    require(p.returncode == 0, f"split: {p.stderr}")
+    shard = os.path.join(d, "stage-1.gguf")
+    size = os.path.getsize(shard)
+    p = pipeshard(["worker", "--shard", shard, "--listen", "127.0.0.1:0", "--max-mem", "1K"], timeout=30)
+    first = (p.stderr.strip().splitlines() or [""])[0]
+    require(p.returncode == 1 and "the shard takes" in first and "more than --max-mem 1.0 KiB" in first,
+            f"worker --max-mem 1K: exit {p.returncode}, {first!r}")
+    p = pipeshard(["worker", "--shard", shard, "--listen", "127.0.0.1:0", "--max-mem", "12X"])
+    require(p.returncode == 2 and "--max-mem" in p.stderr, f"--max-mem 12X: {p.stderr!r}")
+    log = os.path.join(TMP, "maxmem-worker.log")
+    w = Worker(bin_path(), shard, log, "maxmem", extra=["--max-mem", str(size + 4096)])
+    try:
+        with open(os.path.join(d, "fleet.json")) as f:
+            fleet = json.load(f)
+        fleet["stages"][1]["address"] = w.addr
+        with open(os.path.join(d, "fleet.json"), "w") as f:
+            json.dump(fleet, f)
+        p = pipeshard(["run", "--fleet", os.path.join(d, "fleet.json"), "--prompt-ids", "1,2", "-n", "1"])
+        first = (p.stderr.strip().splitlines() or [""])[0]
+        require(p.returncode == 1 and "stage 1" in first and "more than this worker's --max-mem" in first,
+                f"a session past --max-mem: exit {p.returncode}, {first!r}")
+        print(f"  ok: {first}")
+    finally:
+        w.stop()
+
+
 def case_good_model_runs():
     # the control: the same model and flags without the fault succeed
     p = run(["-m", GOOD, "--prompt-ids", "1,5,6", "-n", "3", "--temp", "0", "--print-ids",
@@ -604,6 +636,7 @@ CASES = [
     case_usage_errors_exit_2,
     case_typos,
     case_worker_listen,
+    case_worker_max_mem,
     case_worker_open_warning,
     case_keygen,
     case_version,

@@ -78,8 +78,7 @@ int ps_cli_probe(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout), 0;
-        static const char *const known[] = {"-m",   "--model",   "-t",   "--threads", "--name",
-                                            "--address", "--help", NULL};
+        static const char *const known[] = {"-m", "--model", "-t", "--threads", "--name", "--address", "--help", NULL};
         bool valued = false;
         for (int k = 0; known[k]; k++) valued |= !strcmp(a, known[k]) && strcmp(a, "--help");
         if (!valued) return ps_arg_unknown(CMD, a, known, NULL);
@@ -103,7 +102,8 @@ int ps_cli_probe(int argc, char **argv) {
     ps_pool *pool = NULL;
     void *synth = NULL;
     int rc = 1;
-    if (model && (ps_coord_refuse_shard(model, err, sizeof err) || ps_model_load(model, PS_GGUF_HUGE, &m, err, sizeof err)))
+    if (model &&
+        (ps_coord_refuse_shard(model, err, sizeof err) || ps_model_load(model, PS_GGUF_HUGE, &m, err, sizeof err)))
         goto out;
     if (ps_pool_create((int)threads, &pool)) {
         snprintf(err, sizeof err, "cannot start %lld threads", threads);
@@ -137,8 +137,9 @@ int ps_cli_probe(int argc, char **argv) {
     printf("memory       %.2f GiB available (MemAvailable)\n", mem / 1073741824.0);
     printf("decode       %.1f ms per GB of weights, %lld threads, %s kernels, %s\n", ms_per_gb, threads,
            ps_matmul_isa(), m ? model : "synthetic Q4_0");
-    printf("\n{\"name\": \"%s\", %s%s%s\"mem\": \"%.1fG\", \"ms_per_gb\": %.2f}\n", name, address ? "\"address\": \"" : "",
-           address ? address : "", address ? "\", " : "", mem / 1073741824.0, ms_per_gb);
+    printf("\n{\"name\": \"%s\", %s%s%s\"mem\": \"%.1fG\", \"ms_per_gb\": %.2f}\n", name,
+           address ? "\"address\": \"" : "", address ? address : "", address ? "\", " : "", mem / 1073741824.0,
+           ms_per_gb);
     rc = 0;
 out:
     if (rc) fprintf(stderr, "pipeshard probe: %s\n", err);

@@ -48,6 +48,9 @@ static void worker_usage(FILE *f) {
         "  --sim-bandwidth-mbps R    emulated rate limit of every outgoing hop, megabits/s (default 0 = none)\n"
         "  --timeout-ms MS           handshakes and frame transfers time out after MS (default 30000)\n"
         "  --max-ctx N               most positions a session may ask for (default: the model's trained context)\n"
+        "  --max-mem SIZE            most memory the shard and a session's KV cache and buffers may take, e.g.\n"
+        "                            6G: a larger shard is refused at start (or when placed), a session that\n"
+        "                            asks for more context or sequences than fit when it begins\n"
         "  --no-verify               skip recomputing the shard's fingerprint at start-up (with --cache: of a\n"
         "                            cached shard when it is placed; a shard received is always checked)\n"
         "  --ready-fd N              (for --local-stages) write the port (or the unix: address) to file\n"
@@ -122,7 +125,7 @@ int ps_cli_worker(int argc, char **argv) {
         static const char *const valued[] = {
             "--shard",      "--cache",   "--max-disk", "--prefix-dir",     "--listen",
             "--key-file",   "-t",        "--threads",  "--sim-latency-ms", "--sim-bandwidth-mbps",
-            "--timeout-ms", "--max-ctx", "--ready-fd", "--device"};
+            "--timeout-ms", "--max-ctx", "--ready-fd", "--device",         "--max-mem"};
         size_t j = 0;
         while (j < PS_ARRAY_LEN(valued) && strcmp(a, valued[j])) j++;
         if (j == PS_ARRAY_LEN(valued)) {
@@ -159,7 +162,11 @@ int ps_cli_worker(int argc, char **argv) {
             ok = ps_arg_int("worker", a, v, 1, 1 << 24, &n) && ((o.max_ctx = (int)n), 1);
         else if (!strcmp(a, "--device"))
             ok = ps_arg_device("worker", a, v, &o.device);
-        else /* --ready-fd */
+        else if (!strcmp(a, "--max-mem")) {
+            char e[200];
+            ok = !ps_size_parse(v, &o.max_mem, e, sizeof e);
+            if (!ok) fprintf(stderr, "pipeshard worker: --max-mem: %s\n", e);
+        } else /* --ready-fd */
             ok = ps_arg_int("worker", a, v, 0, 1 << 20, &n) && ((o.ready_fd = (int)n), 1);
         if (!ok) return 2;
     }

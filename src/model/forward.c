@@ -239,6 +239,19 @@ static ps_status gpu_create(ps_ctx *c, const ps_ctx_params *p, char *err, size_t
     return s;
 }
 
+size_t ps_ctx_bytes(const ps_model *m, const ps_ctx_params *p, int threads) {
+    const ps_hparams *hp = &m->hp;
+    bool gpu = p->device != PS_DEVICE_CPU;
+    size_t B = (size_t)p->max_batch, q_dim = (size_t)hp->n_head * hp->head_dim,
+           kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    int seq_blocks = (p->n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK, n_blocks = p->n_blocks ? p->n_blocks : seq_blocks;
+    size_t kv = gpu ? 0 : (size_t)(m->layer_end - m->layer_begin) * n_blocks * PS_KV_BLOCK * kv_dim;
+    size_t floats = B * (2 * (size_t)hp->dim + 2 * q_dim + 2 * kv_dim + 2 * (size_t)hp->ffn_dim + hp->rope_dim) +
+                    (size_t)threads * ATT_HEADS * SCORES_ROW(p->n_ctx) + 2 * kv;
+    return floats * sizeof(float) + (gpu ? 0 : scratch_bytes(m, p->act, p->max_batch, threads)) +
+           (size_t)seq_blocks * 4 + B * (4 + sizeof(int32_t *) + 4);
+}
+
 ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool, ps_ctx **out, char *err,
                         size_t errlen) {
     *out = NULL;

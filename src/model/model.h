@@ -130,6 +130,10 @@ ps_status ps_ctx_create(const ps_model *m, const ps_ctx_params *p, ps_pool *pool
                         size_t errlen);
 void ps_ctx_free(ps_ctx *c); /* NULL is a no-op */
 
+/* Bytes of host memory a context with these parameters allocates (its KV cache and buffers;
+ * on a GPU, the few host buffers: the rest is the device's), for threads threads. */
+size_t ps_ctx_bytes(const ps_model *m, const ps_ctx_params *p, int threads);
+
 /* Attention's vector width, 8 or 16 lanes (0: chosen by the CPU, the default). Both give
  * the same bits; for tests and benchmarks. */
 void ps_forward_set_attn_lanes(int lanes);

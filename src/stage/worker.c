@@ -266,6 +266,26 @@ static bool printable(const char *s) {
     return true;
 }
 
+/* With --max-mem: whether the loaded shard and, with cp, a session's KV cache and buffers fit in
+ * it (PS_ERR_RANGE saying what takes how much). */
+static ps_status mem_check(const worker *w, const ps_ctx_params *cp, char *err, size_t errlen) {
+    if (!w->o->max_mem || !w->m) return PS_OK;
+    uint64_t shard = ps_gguf_file_size(w->m->gguf), ctx = 0;
+    if (cp) {
+        ps_ctx_params dp = *cp;
+        dp.device = w->o->device;
+        ctx = ps_ctx_bytes(w->m, &dp, w->o->threads);
+    }
+    if (shard + ctx <= w->o->max_mem) return PS_OK;
+    char a[32], b[32], c[32];
+    ps_size_format(shard, a, sizeof a), ps_size_format(ctx, b, sizeof b), ps_size_format(w->o->max_mem, c, sizeof c);
+    if (!cp) return ps_errf(err, errlen, PS_ERR_RANGE, "the shard takes %s, more than --max-mem %s", a, c);
+    return ps_errf(err, errlen, PS_ERR_RANGE,
+                   "SETUP asks for %d positions in %d KV blocks: their cache and the buffers take %s, with the "
+                   "shard's %s more than this worker's --max-mem %s",
+                   cp->n_ctx, cp->n_blocks, b, a, c);
+}
+
 /* SETUP: starts the session's run state and the outgoing hop, answers READY. Once per
  * connection: a second one would dial the next stage again. */
 static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
@@ -320,6 +340,7 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     w->session = w->me.session = session;
     pthread_mutex_unlock(&w->mu);
     w->compute_ms = 0, w->done = false;
+    if ((s = mem_check(w, &cp, w->err, sizeof w->err))) return s;
     s = ps_stage_begin(w->stage, &cp, max_mb, max_segs, max_draft, w->err, sizeof w->err);
     if (s) return s;
     int max_res = ps_mb_max_results(max_mb, max_segs, max_draft);
@@ -477,7 +498,7 @@ static ps_status load_shard(worker *w, const char *path) {
     ps_status s = ps_stage_open(path, &so, &w->stage, w->err, sizeof w->err);
     if (!s) w->m = ps_stage_model(w->stage);
     hello_of_shard(w);
-    return s;
+    return s ? s : mem_check(w, NULL, w->err, sizeof w->err);
 }
 
 /* Answers PLACED: the offered shard is loaded; SETUP is due within --timeout-ms from now. */
@@ -880,6 +901,7 @@ static ps_status start_shard(worker *w, char *err, size_t errlen) {
     if (s) return s;
     w->m = ps_stage_model(w->stage);
     hello_of_shard(w);
+    if ((s = mem_check(w, NULL, err, errlen))) return s;
     const ps_shard_meta *sm = &w->m->shard;
     if (!sm->present || sm->stage_index == 0)
         return ps_errf(err, errlen, PS_ERR_ARG,

@@ -36,6 +36,7 @@ typedef struct {
     int timeout_ms;              /* handshakes, and a frame once it has begun to arrive */
     int ready_fd;                /* >= 0: write "PORT\n" there once listening, then close it */
     int max_ctx;                 /* most positions a session may ask for (0: the model's trained context) */
+    uint64_t max_mem;            /* most bytes the shard and a session's KV cache and buffers may take (0: no cap) */
     bool verify;                 /* recompute the shard fingerprint at start-up (with cache: of a cached shard
                                     when placed; a received one is always checked) */
     volatile sig_atomic_t *stop; /* set by a signal handler: return after the current step */
