@@ -152,6 +152,41 @@ def main():
     require(bad.returncode == 2 and "--address" in bad.stderr, f"probe --address nowhere: {bad.stderr!r}")
     print(f"  ok: probe: {entry}")
 
+    # --like: a preset's shape planned without its file gives what the written file gives
+    with open(hp, "w") as f:
+        json.dump(spec, f)
+    hosts4 = {"hosts": [{"name": f"h{i}", "address": f"10.0.0.{i}:7701", "mem": "24G", "ms_per_gb": 40 + 10 * i}
+                        for i in range(4)], "default_link": {"rtt_ms": 0.4, "mbps": 1000}}
+    h4 = os.path.join(tmp, "hosts4.json")
+    with open(h4, "w") as f:
+        json.dump(hosts4, f)
+    full = os.path.join(tmp, "smol.gguf")
+    w = subprocess.run([BIN, "synth", "--like", "smollm2-135m", "--type", "Q4_0", "-o", full],
+                       capture_output=True, text=True, timeout=300)
+    require(w.returncode == 0, f"synth: {w.stderr}")
+    a = plan(["-m", full, "--hosts", h4])
+    b = plan(["--like", "smollm2-135m", "--type", "Q4_0", "--hosts", h4])
+    strip = lambda out: [l for l in out.splitlines() if not l.startswith("plan for")]  # noqa: E731
+    gib = lambda out: re.search(r"([\d.]+) GiB of weights", out).group(1)  # noqa: E731
+    require(a.returncode == 0 and b.returncode == 0 and gib(a.stdout) == gib(b.stdout)
+            and strip(a.stdout) == strip(b.stdout), f"-m file vs --like:\n{a.stdout}\n{b.stdout}\n{a.stderr}{b.stderr}")
+    c = plan(["--like", "llama-3.1-70b", "--type", "Q4_0", "--hosts", h4])
+    require(c.returncode == 0 and "llama-3.1-70b-shaped Q4_0 model (not written): 80 layers" in c.stdout,
+            f"70B on 4 hosts of 24G: {c.stdout}{c.stderr}")
+    for h in hosts4["hosts"]:
+        h["mem"] = "8G"
+    with open(h4, "w") as f:
+        json.dump(hosts4, f)
+    c = plan(["--like", "llama-3.1-70b", "--type", "Q4_0", "--hosts", h4])
+    require(c.returncode == 1 and "GiB missing" in c.stderr, f"70B on 4 hosts of 8G: {c.stderr!r}")
+    for args, word in ((["--like", "llama-3.1-70b", "--hosts", h4], "go together"),
+                       (["--like", "nope", "--type", "Q4_0", "--hosts", h4], "unknown preset"),
+                       (["-m", full, "--like", "tiny", "--type", "Q4_0", "--hosts", h4], "give one"),
+                       (["--like", "tiny", "--type", "Q4_0", "--hosts", h4, "-o", tmp], "-o writes")):
+        c = plan(args)
+        require(c.returncode == 2 and word in c.stderr, f"plan {args}: exit {c.returncode}, {c.stderr!r}")
+    print("  ok: --like plans as the written file does; 70B on 4 hosts of 24G; refusals")
+
     # refusals
     small = dict(spec, hosts=[dict(h, mem=100000) for h in hosts])
     with open(hp, "w") as f:

@@ -13,11 +13,13 @@
 #include "../model/model.h"
 #include "args.h"
 #include "cli.h"
+#include "synth.h"
 
 #define CMD "plan"
 
 static void usage(FILE *f) {
-    fputs("usage: pipeshard plan -m MODEL --hosts hosts.json [--ctx N] [--parallel N] [-o DIR]\n"
+    fputs("usage: pipeshard plan (-m MODEL | --like SHAPE --type TYPE) --hosts hosts.json [--ctx N]\n"
+          "                      [--parallel N] [-o DIR]\n"
           "\n"
           "Chooses the order of the hosts on the ring and each one's layers for the fastest decode\n"
           "that fits every host's memory (weights, the KV cache of --ctx positions for --parallel\n"
@@ -25,6 +27,8 @@ static void usage(FILE *f) {
           "predicted tok/s. Exact up to 8 hosts; beyond, the hosts go on the ring fastest first.\n"
           "\n"
           "  -m, --model FILE   the GGUF model\n"
+          "  --like SHAPE       instead of -m: a model of a `pipeshard synth` preset's shape (e.g.\n"
+          "  --type TYPE        llama-3.1-70b) and type (e.g. Q4_0), planned without the file\n"
           "  --hosts FILE       the hosts: {\"hosts\": [{\"name\", \"address\", \"mem\", \"ms_per_gb\"}, ...],\n"
           "                     \"links\": [{\"between\": [A, B], \"rtt_ms\", \"mbps\"}, ...],\n"
           "                     \"default_link\": {\"rtt_ms\", \"mbps\"}} (see README, pipeshard plan)\n"
@@ -153,13 +157,13 @@ static ps_status load_hosts(const char *path, ps_plan_host *hosts, int *n, doubl
 }
 
 int ps_cli_plan(int argc, char **argv) {
-    const char *model = NULL, *hosts_path = NULL, *out = NULL;
+    const char *model = NULL, *hosts_path = NULL, *out = NULL, *like = NULL, *type = NULL;
     long long ctx = 0, parallel = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout), 0;
-        static const char *const known[] = {"-m", "--model",  "--hosts", "--ctx", "--parallel",
-                                            "-o", "--output", "--help",  NULL};
+        static const char *const known[] = {"-m",         "--model", "--like",   "--type", "--hosts", "--ctx",
+                                            "--parallel", "-o",      "--output", "--help", NULL};
         bool valued = false;
         for (int k = 0; known[k]; k++) valued |= !strcmp(a, known[k]) && strcmp(a, "--help");
         if (!valued) return ps_arg_unknown(CMD, a, known, NULL);
@@ -168,24 +172,40 @@ int ps_cli_plan(int argc, char **argv) {
             model = v;
         else if (!strcmp(a, "--hosts"))
             hosts_path = v;
+        else if (!strcmp(a, "--like"))
+            like = v;
+        else if (!strcmp(a, "--type"))
+            type = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output"))
             out = v;
         else if (!strcmp(a, "--ctx") ? !ps_arg_int(CMD, a, v, 1, 1 << 24, &ctx)
                                      : !ps_arg_int(CMD, a, v, 1, PS_MB_MAX_SEGS, &parallel))
             return 2;
     }
-    if (!model || !hosts_path)
-        return fail(2, "%s", !model ? "no model given (-m MODEL)" : "no hosts given (--hosts FILE)");
+    if (!model == !like || !like != !type)
+        return fail(2, "%s",
+                    model && like  ? "-m and --like are two ways to name the model: give one"
+                    : like || type ? "--like SHAPE and --type TYPE go together"
+                                   : "no model given (-m MODEL, or --like SHAPE --type TYPE)");
+    if (!hosts_path) return fail(2, "no hosts given (--hosts FILE)");
+    if (like && out) return fail(2, "-o writes shards of a model file: it needs -m MODEL, not --like");
     char err[1024];
     static ps_plan_host hosts[PS_PLAN_MAX_HOSTS];
     static double rtt[PS_PLAN_MAX_HOSTS * PS_PLAN_MAX_HOSTS], mbps[PS_PLAN_MAX_HOSTS * PS_PLAN_MAX_HOSTS];
     int n_hosts = 0;
     if (load_hosts(hosts_path, hosts, &n_hosts, rtt, mbps, err, sizeof err)) return fail(1, "%s", err);
     ps_model *m = NULL;
-    if (ps_coord_refuse_shard(model, err, sizeof err) || ps_model_load(model, PS_GGUF_MAP, &m, err, sizeof err))
+    ps_cli_synth_shape sh;
+    const ps_cli_synth_quant *q = NULL;
+    if (like) {
+        if (!ps_cli_synth_find(like, type, &sh, &q)) return 2;
+    } else if (ps_coord_refuse_shard(model, err, sizeof err) || ps_model_load(model, PS_GGUF_MAP, &m, err, sizeof err))
         return fail(1, "%s", err);
-    const ps_hparams *hp = &m->hp;
-    int L = hp->n_layer;
+    /* the shape: the file's, or the preset's */
+    int L = m ? m->hp.n_layer : sh.n_layer, dim = m ? m->hp.dim : sh.dim, ffn = m ? m->hp.ffn_dim : sh.ffn;
+    int ctx_train = m ? m->hp.ctx_train : sh.ctx;
+    int q_dim = m ? m->hp.n_head * m->hp.head_dim : sh.n_head * sh.head_dim;
+    int kv_dim = m ? m->hp.n_head_kv * m->hp.head_dim : sh.n_head_kv * sh.head_dim;
     uint64_t *lb = malloc((size_t)L * sizeof *lb), eb = 0, hb = 0;
     double *layer = malloc((size_t)L * sizeof *layer);
     int rc = 1;
@@ -193,21 +213,22 @@ int ps_cli_plan(int argc, char **argv) {
         fail(1, "out of memory");
         goto out;
     }
-    if (ps_shard_layer_bytes(m->gguf, L, lb, &eb, &hb, err, sizeof err)) {
-        fail(1, "%s", err);
+    ps_status st =
+        m ? ps_shard_layer_bytes(m->gguf, L, lb, &eb, &hb, err, sizeof err) : ps_cli_synth_sizes(&sh, q, lb, &eb, &hb);
+    if (st) {
+        fail(1, "%s", m ? err : "cannot size the preset's tensors");
         goto out;
     }
     for (int i = 0; i < L; i++) layer[i] = (double)lb[i];
-    if (!ctx) ctx = hp->ctx_train < 4096 ? hp->ctx_train : 4096;
-    int kv_dim = hp->n_head_kv * hp->head_dim, q_dim = hp->n_head * hp->head_dim;
+    if (!ctx) ctx = ctx_train < 4096 ? ctx_train : 4096;
     ps_plan_problem p = {.n_layer = L,
                          .layer_bytes = layer,
                          .embed_bytes = (double)eb,
                          .head_bytes = (double)hb,
                          .kv_bytes_per_layer = (double)ctx * parallel * kv_dim * 2 * sizeof(float),
                          /* the forward pass's buffers for a batch of 128 rows (run's -b) */
-                         .buf_bytes = 128.0 * (2.0 * hp->dim + 2.0 * q_dim + 2.0 * kv_dim + 2.0 * hp->ffn_dim) * 4,
-                         .act_bytes = (double)hp->dim * sizeof(float),
+                         .buf_bytes = 128.0 * (2.0 * dim + 2.0 * q_dim + 2.0 * kv_dim + 2.0 * ffn) * 4,
+                         .act_bytes = (double)dim * sizeof(float),
                          .n_hosts = n_hosts,
                          .hosts = hosts,
                          .rtt_ms = rtt,
@@ -220,7 +241,9 @@ int ps_cli_plan(int argc, char **argv) {
     }
     double weights = (double)eb + (double)hb;
     for (int i = 0; i < L; i++) weights += layer[i];
-    printf("plan for %s: %d layers, %.2f GiB of weights; %lld positions x %lld sequence%s\n\n", model, L,
+    char what[160];
+    if (like) snprintf(what, sizeof what, "a %s-shaped %s model (not written)", like, q->name);
+    printf("plan for %s: %d layers, %.2f GiB of weights; %lld positions x %lld sequence%s\n\n", like ? what : model, L,
            weights / 1073741824.0, ctx, parallel, parallel == 1 ? "" : "s");
     printf("stage  host                layers     memory GiB (host's)   compute ms  hop ms\n");
     for (int k = 0; k < pl.n_stages; k++) {

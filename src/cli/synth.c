@@ -75,6 +75,20 @@ static const ps_cli_synth_shape presets[] = {
      .rope_factor = 8,
      .tied = false,
      .pre = "llama-bpe"},
+    {.name = "llama-3.1-70b",
+     .arch = "llama",
+     .n_layer = 80,
+     .dim = 8192,
+     .n_head = 64,
+     .n_head_kv = 8,
+     .ffn = 28672,
+     .vocab = 128256,
+     .ctx = 8192,
+     .rope_base = 500000,
+     .rms_eps = 1e-5f,
+     .rope_factor = 8,
+     .tied = false,
+     .pre = "llama-bpe"},
     {.name = "qwen2.5-1.5b",
      .arch = "qwen2",
      .n_layer = 28,
@@ -224,27 +238,35 @@ static bool parse(int argc, char **argv, opts *o) {
 // Shape resolution and validation (each failure prints one line and returns false)
 
 /* The preset named like, or NULL after listing the presets. */
-static const ps_cli_synth_shape *find_preset(const char *like) {
+static const ps_cli_synth_shape *find_preset(const char *cmd, const char *like) {
     for (size_t i = 0; i < PS_ARRAY_LEN(presets); i++)
         if (!strcasecmp(like, presets[i].name)) return &presets[i];
     char list[256];
     NAME_LIST(presets, name, list);
-    fprintf(stderr, "pipeshard synth: unknown preset '%s' (presets: %s)\n", like, list);
+    fprintf(stderr, "pipeshard %s: unknown preset '%s' (presets: %s)\n", cmd, like, list);
     return NULL;
 }
 
 /* The --type entry, or NULL after listing the types. */
-static const ps_cli_synth_quant *find_quant(const char *name) {
+static const ps_cli_synth_quant *find_quant(const char *cmd, const char *name) {
     if (!name) {
-        fprintf(stderr, "pipeshard synth: missing --type TYPE (see pipeshard synth --help)\n");
+        fprintf(stderr, "pipeshard %s: missing --type TYPE (see pipeshard %s --help)\n", cmd, cmd);
         return NULL;
     }
     for (size_t i = 0; i < PS_ARRAY_LEN(quants); i++)
         if (!strcasecmp(name, quants[i].name)) return &quants[i];
     char list[256];
     NAME_LIST(quants, name, list);
-    fprintf(stderr, "pipeshard synth: unknown type '%s' (types: %s)\n", name, list);
+    fprintf(stderr, "pipeshard %s: unknown type '%s' (types: %s)\n", cmd, name, list);
     return NULL;
+}
+
+bool ps_cli_synth_find(const char *like, const char *type, ps_cli_synth_shape *s, const ps_cli_synth_quant **q) {
+    const ps_cli_synth_shape *p = find_preset("plan", like);
+    if (!p || !(*q = find_quant("plan", type))) return false;
+    *s = *p;
+    if (!s->head_dim) s->head_dim = s->dim / s->n_head;
+    return true;
 }
 
 /* Defaults of a custom shape for the architecture (which the caller checked). */
@@ -338,14 +360,14 @@ static bool resolve(const opts *o, ps_cli_synth_shape *s, const ps_cli_synth_qua
         return false;
     }
     if (o->like) {
-        const ps_cli_synth_shape *p = find_preset(o->like);
+        const ps_cli_synth_shape *p = find_preset("synth", o->like);
         if (!p) return false;
         *s = *p;
     } else {
         custom_defaults(s, o->arch ? o->arch : "llama");
         snprintf(s->arch, sizeof s->arch, "llama");
     }
-    if (!apply_flags(o, s, o->like != NULL) || !check_heads(s) || !(*q = find_quant(o->type))) return false;
+    if (!apply_flags(o, s, o->like != NULL) || !check_heads(s) || !(*q = find_quant("synth", o->type))) return false;
     if (!check_blocks(s, *q)) return false;
     if (!o->out || !*o->out) {
         fprintf(stderr, "pipeshard synth: missing -o OUT (the file to write)\n");

@@ -63,6 +63,16 @@ void ps_cli_synth_vocab_free(ps_cli_synth_vocab *v); /* zeroed or built; idempot
  * il (-1 for embedding/head) in an n_layer model under recipe q, tied or not. */
 ps_type ps_cli_synth_tensor_type(const ps_cli_synth_quant *q, const char *suffix, int il, int n_layer, bool tied);
 
+/* The preset named like and the --type recipe named type (head_dim filled in); false after
+ * printing the names there are. For `plan --like`. */
+bool ps_cli_synth_find(const char *like, const char *type, ps_cli_synth_shape *s, const ps_cli_synth_quant **q);
+
+/* Bytes the model of shape s and recipe q would hold in each layer (n_layer entries), its
+ * embedding, and its head (output norm and output, or a copy of the tied embedding), as
+ * ps_shard_layer_bytes counts them in a file. */
+ps_status ps_cli_synth_sizes(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q, uint64_t *layer_bytes,
+                             uint64_t *embed_bytes, uint64_t *head_bytes);
+
 /* Writes the model (metadata, vocabulary, random weights drawn from seed) to path with
  * n_threads generating/quantizing threads. Large K-type tensors are assembled from pools of
  * quantized super-blocks unless exact (see synth_model.c). Reports progress on stderr when

@@ -210,6 +210,27 @@ static ps_status plan_build(plan *p, const ps_cli_synth_quant *q) {
     return PS_OK;
 }
 
+ps_status ps_cli_synth_sizes(const ps_cli_synth_shape *s, const ps_cli_synth_quant *q, uint64_t *layer_bytes,
+                             uint64_t *embed_bytes, uint64_t *head_bytes) {
+    plan p = {.s = s};
+    ps_status st = plan_build(&p, q);
+    memset(layer_bytes, 0, (size_t)s->n_layer * sizeof *layer_bytes);
+    *embed_bytes = *head_bytes = 0;
+    for (int i = 0; !st && i < p.n; i++) {
+        const tensor_spec *t = &p.t[i];
+        int il;
+        if (sscanf(t->name, "blk.%d.", &il) == 1 && il >= 0 && il < s->n_layer)
+            layer_bytes[il] += t->nbytes;
+        else if (!strcmp(t->name, "token_embd.weight"))
+            *embed_bytes = t->nbytes;
+        else if (!strcmp(t->name, "output_norm.weight") || !strcmp(t->name, "output.weight"))
+            *head_bytes += t->nbytes;
+    }
+    if (s->tied) *head_bytes += *embed_bytes;
+    free(p.t);
+    return st;
+}
+
 // ---------------------------------------------------------------------------------------
 // Fill: rows drawn and quantized on n_threads threads
 
