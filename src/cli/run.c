@@ -43,7 +43,12 @@ void ps_run_usage_launch(FILE *f) {
           "  --sim-latency-ms MS     emulated one-way delay on every outgoing hop (with --local-stages,\n"
           "                          on the workers' hops too)\n"
           "  --sim-bandwidth-mbps R  emulated rate limit of every outgoing hop, megabits/s (0 = none)\n"
-          "  --stage-timeout-ms MS   report a stage that does not answer within MS (default 60000)\n",
+          "  --stage-timeout-ms MS   report a stage that does not answer within MS (default 60000)\n"
+          "  --standby LIST          HOST:PORT (or unix:PATH) of workers started with --cache and the key,\n"
+          "                          comma-separated: when a stage dies or stalls, the next one takes its\n"
+          "                          place (it is sent the shard), the sequences are replayed from their\n"
+          "                          tokens and generation goes on with the same output (a stage that\n"
+          "                          died is tried again at its address first)\n",
           f);
 }
 
@@ -155,7 +160,8 @@ enum {
     O_DRAFT,
     O_DRAFT_THREADS,
     O_OVERLAP,
-    O_DEVICE
+    O_DEVICE,
+    O_STANDBY
 };
 static const struct {
     const char *s, *l;
@@ -196,7 +202,30 @@ static const struct {
     {NULL, "--draft-threads", O_DRAFT_THREADS},
     {NULL, "--spec-overlap", O_OVERLAP},
     {NULL, "--device", O_DEVICE},
+    {NULL, "--standby", O_STANDBY},
 };
+
+/* --standby ADDRESS,...: workers started with --cache, in the order they take failed stages' places. */
+static bool parse_standby(run_opts *o, const char *flag, const char *v) {
+    if (strlen(v) >= sizeof o->standby_list) {
+        fprintf(stderr, "pipeshard %s: %s: the list is longer than %zu bytes\n", cmd, flag, sizeof o->standby_list - 1);
+        return false;
+    }
+    snprintf(o->standby_list, sizeof o->standby_list, "%s", v);
+    o->n_standby = 0;
+    for (char *p = o->standby_list, *save = NULL, *a; (a = strtok_r(p, ",", &save)); p = NULL) {
+        if (!ps_fleet_address_ok(a) || o->n_standby == PS_SHARD_MAX_STAGES) {
+            fprintf(stderr,
+                    "pipeshard %s: %s takes HOST:PORT or unix:PATH addresses separated by commas (at most %d), got "
+                    "'%s'\n",
+                    cmd, flag, PS_SHARD_MAX_STAGES, a);
+            return false;
+        }
+        o->standby[o->n_standby++] = a;
+    }
+    if (!o->n_standby) fprintf(stderr, "pipeshard %s: %s needs at least one address\n", cmd, flag);
+    return o->n_standby > 0;
+}
 
 /* Applies one valued flag; false after printing what is wrong. */
 static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
@@ -226,6 +255,7 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
     }
     case O_DRAFT: o->draft = v; return true;
     case O_DEVICE: return ps_arg_device(cmd, flag, v, &o->device);
+    case O_STANDBY: return parse_standby(o, flag, v);
     case O_OVERLAP: o->overlap_set = true; return ps_arg_on_off(cmd, flag, v, &o->spec.overlap);
     case O_DRAFT_THREADS: return ps_arg_int(cmd, flag, v, 1, 1024, &o->draft_threads);
     case O_SPEC_K:
@@ -500,6 +530,8 @@ ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char
                          .plain = o->plain,
                          .sim = o->sim,
                          .timeout_ms = (int)o->timeout_ms,
+                         .standby = o->standby,
+                         .n_standby = o->n_standby,
                          .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap, .device = o->device},
                          .n_ctx = (int)o->ctx,
                          .max_batch = (int)o->batch,
@@ -714,6 +746,9 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
     if (cs.n_stages > 1) {
         cJSON_AddNumberToObject(j, "wait_ms", cs.wait_ms);
         cJSON_AddNumberToObject(j, "ring_overhead_ms", ps_coord_ring_overhead_ms(&cs));
+        cJSON_AddNumberToObject(j, "failures", cs.failures);
+        cJSON_AddNumberToObject(j, "recoveries", cs.recoveries);
+        cJSON_AddNumberToObject(j, "recovery_ms", cs.recovery_ms);
     }
     cJSON *stages = cJSON_AddArrayToObject(j, "stage_stats"), *hops = cJSON_AddArrayToObject(j, "hops");
     for (int k = 0; k < cs.n_stages; k++) {

@@ -23,7 +23,10 @@ typedef struct {
     ps_link_sim sim;
     bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, threads_given, n_set;
     ps_act act;
-    int device;        /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
+    int device;                               /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
+    char standby_list[1024];                  /* --standby's value */
+    const char *standby[PS_SHARD_MAX_STAGES]; /* its addresses */
+    int n_standby;
     ps_gen_params gp;  /* sampling, -n, --ignore-eos */
     ps_spec_opts spec; /* --spec, --spec-k, --draft */
     bool spec_k_set;

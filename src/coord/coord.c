@@ -60,7 +60,14 @@ struct ps_coord {
     stage_view st[PS_SHARD_MAX_STAGES];
     ps_wbuf wb;
     char err[600];
-    char what[320]; /* the progress line of a shard being sent */
+    char what[320];  /* the progress line of a shard being sent */
+    uint8_t key[32]; /* o.key's copy (the caller's may go before a reconnection) */
+    char standby[PS_SHARD_MAX_STAGES][sizeof(((ps_fleet_stage *)0)->address)]; /* o.standby's copies */
+    int next_standby;              /* standby[next_standby..] are still free */
+    int failures, recoveries;      /* ps_coord_stats' */
+    double recovery_ms, failed_at; /* failed_at: when the last failure was (0: recovered since) */
+    int stalled_stage;             /* the stage the last failure found stalled (0: none): a standby takes
+                                      its place without waiting for it again */
 };
 
 /* A worker takes this long at most to check and load a shard of B bytes after its last
@@ -114,6 +121,7 @@ static ps_status check_worker(void *ctx, const ps_hello *p, char *err, size_t er
  * BYE goes from the last stage back to stage 1: each worker has its BYE before its previous
  * stage, ending the session, hangs up on it. */
 static void disconnect(ps_coord *c, bool bye) {
+    if (!bye && c->connected) c->failures++, c->failed_at = now_ms(); /* a fleet that failed */
     for (int k = c->n - 1; k >= 1; k--) {
         stage_view *v = &c->st[k];
         if (bye && v->conn) ps_conn_send(v->conn, PS_MSG_BYE, NULL, 0, 1000, NULL, 0);
@@ -122,6 +130,12 @@ static void disconnect(ps_coord *c, bool bye) {
     }
     c->connected = false;
     c->n_pending = 0, c->got = false; /* what was in flight is lost */
+}
+
+/* Drops the connection to stage k (a standby is about to take its place). */
+static void disconnect_stage(ps_coord *c, int k) {
+    ps_conn_free(c->st[k].conn);
+    c->st[k].conn = NULL;
 }
 
 /* Names stage k in messages: "stage 2 (10.0.0.3:7702)". */
@@ -297,7 +311,19 @@ static ps_status connect_fleet(ps_coord *c) {
     c->mb = 0, c->n_pending = 0, c->got = false;
     memset(&c->st[0].base.hop, 0, sizeof c->st[0].base.hop);
     for (int k = c->n - 1; k >= 1; k--) {
-        ps_status s = connect_stage(c, k);
+        /* after a failure, a stage that stalled, or that cannot be reached (or does not answer),
+           gets a standby in its place, sent its shard (stage k-1, connected after, learns the
+           new address); one that died may have been restarted: it is tried first */
+        bool stalled = c->stalled_stage == k && c->next_standby < c->o.n_standby;
+        ps_status s = stalled ? PS_ERR_TIMEOUT : connect_stage(c, k);
+        while (s && c->failures && c->next_standby < c->o.n_standby && (s == PS_ERR_NET || s == PS_ERR_TIMEOUT)) {
+            const char *addr = c->standby[c->next_standby++];
+            ps_progress_report(&c->o.progress, "a standby takes the failed stage's place", 0, 0);
+            snprintf(c->fleet.stages[k].address, sizeof c->fleet.stages[k].address, "%s", addr);
+            disconnect_stage(c, k);
+            s = connect_stage(c, k);
+        }
+        if (stalled) c->stalled_stage = 0;
         if (s) {
             disconnect(c, false);
             return s;
@@ -310,6 +336,7 @@ static ps_status connect_fleet(ps_coord *c) {
     }
     ps_conn_reset_stats(c->st[1].conn);
     c->connected = true;
+    if (c->failed_at) c->recoveries++, c->recovery_ms += now_ms() - c->failed_at, c->failed_at = 0;
     return PS_OK;
 }
 
@@ -446,6 +473,7 @@ static ps_status stalled(ps_coord *c, uint32_t want_mb) {
     char name[300];
     ps_errf(c->err, sizeof c->err, PS_ERR_TIMEOUT, "%s did not answer within %.1f s (stalled?)",
             stage_name(c, k, name, sizeof name), c->o.timeout_ms / 1e3);
+    c->stalled_stage = k;
     disconnect(c, false);
     return PS_ERR_TIMEOUT;
 }
@@ -512,6 +540,10 @@ ps_status ps_coord_create(const ps_coord_opts *o, ps_coord **out, char *err, siz
     ps_coord *c = ps_calloc(1, sizeof *c);
     if (!c) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     c->o = *o;
+    if (o->key) memcpy(c->key, o->key, sizeof c->key), c->o.key = c->key;
+    c->o.n_standby = o->n_standby < PS_SHARD_MAX_STAGES ? o->n_standby : PS_SHARD_MAX_STAGES;
+    for (int i = 0; i < c->o.n_standby; i++) snprintf(c->standby[i], sizeof c->standby[i], "%s", o->standby[i]);
+    c->o.standby = NULL; /* the copies above */
     if (o->fleet) {
         c->fleet = *o->fleet;
     } else {
@@ -764,27 +796,47 @@ ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos
                       .n_blocks = (ps_coord_n_ctx(c) + PS_KV_BLOCK - 1) / PS_KV_BLOCK,
                       .n_top = -1,
                       .sp = *sp};
-    int end = pos + n, from = pos, tail = n_draft + 1; /* the last micro-batch holds the draft and the token before */
-    if (c->n > 1 && !c->connected) {
-        ps_status s = ps_coord_connect(c, err, errlen);
-        if (s) return s;
-        from = 0; /* fresh workers: replay the sequence from the start */
+    int end = pos + n, tail = n_draft + 1; /* the last micro-batch holds the draft and the token before */
+    char first[600] = "";                  /* the failure's own message, kept for when recovering fails too */
+    for (int attempt = 0;; attempt++) {
+        int from = pos;
+        ps_status s = PS_OK;
+        if (c->n > 1 && !c->connected) {
+            s = ps_coord_connect(c, err, errlen);
+            from = 0; /* fresh workers: replay the sequence from the start */
+        }
+        while (!s && from < end) {
+            g.pos = from, g.n = end - from < c->max_mb ? end - from : c->max_mb, g.tokens = c->hist + from;
+            if (from + g.n < end && end - (from + g.n) < tail) g.n = end - from - tail;
+            g.sample = from + g.n == end;
+            g.n_draft = g.sample ? n_draft : 0, g.dist = g.sample ? dist : NULL;
+            bool fresh;
+            s = ps_coord_send(c, &g, 1, &fresh, err, errlen);
+            from += g.n;
+            if (!s && end - pos > c->max_mb)
+                ps_progress_report(&c->o.progress, "prompt", (uint64_t)(from - pos), (uint64_t)n);
+        }
+        if (!s && meanwhile && !attempt) meanwhile(arg); /* the ring has the trip: stage 0's threads are free */
+        if (!s) s = ps_coord_recv(c, c->res1, n_out, err, errlen);
+        if (!s) {
+            for (int i = 0; i < *n_out; i++) out[i] = c->res1[i].token;
+            return PS_OK;
+        }
+        /* A stage died, stalled or dropped the session: reconnect (the worker restarted at its
+           address, or a standby in the place of a stage that is gone) and replay the sequence:
+           its tokens are the coordinator's, and the same tokens give the same bits (DESIGN.md,
+           invariants 1 and 3). */
+        /* again while standbys last (without one: the failure's error, as it is) */
+        bool again = (s == PS_ERR_NET || s == PS_ERR_TIMEOUT) && c->n > 1 && c->next_standby < c->o.n_standby;
+        if (!again && attempt) {
+            char last[600];
+            snprintf(last, sizeof last, "%s", err);
+            return ps_errf(err, errlen, s, "%s; recovering failed: %s", first, last);
+        }
+        if (!again) return s;
+        if (c->connected) disconnect(c, false);
+        if (!attempt) snprintf(first, sizeof first, "%s", err);
     }
-    while (from < end) {
-        g.pos = from, g.n = end - from < c->max_mb ? end - from : c->max_mb, g.tokens = c->hist + from;
-        if (from + g.n < end && end - (from + g.n) < tail) g.n = end - from - tail;
-        g.sample = from + g.n == end;
-        g.n_draft = g.sample ? n_draft : 0, g.dist = g.sample ? dist : NULL;
-        bool fresh;
-        ps_status s = ps_coord_send(c, &g, 1, &fresh, err, errlen);
-        if (s) return s;
-        from += g.n;
-        if (end - pos > c->max_mb) ps_progress_report(&c->o.progress, "prompt", (uint64_t)(from - pos), (uint64_t)n);
-    }
-    if (meanwhile) meanwhile(arg); /* the ring has the trip: stage 0's threads are free */
-    ps_status s = ps_coord_recv(c, c->res1, n_out, err, errlen);
-    for (int i = 0; !s && i < *n_out; i++) out[i] = c->res1[i].token;
-    return s;
 }
 
 /* Stage 0's hop is the coordinator's own connection to stage 1. */
@@ -802,6 +854,7 @@ void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out) {
     memset(out, 0, sizeof *out);
     out->n_stages = c->n;
     out->wait_ms = c->wait_ms - c->wait_base;
+    out->failures = c->failures, out->recoveries = c->recoveries, out->recovery_ms = c->recovery_ms;
     refresh_stage0(c);
     for (int k = 0; k < c->n; k++) {
         const ps_stage_stat *a = &c->st[k].cur, *b = &c->st[k].base;

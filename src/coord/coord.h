@@ -20,26 +20,29 @@
 #include "../stage/stage.h"
 
 typedef struct {
-    const char *model;     /* a whole model run as the only stage, or NULL with fleet */
-    const ps_fleet *fleet; /* the fleet: stage 0 runs here, the others on workers */
-    int threads;           /* threads of stage 0 */
-    bool pin;              /* pin them to CPUs (ps_pool_pin; ps_coord_next's caller is thread 0) */
-    bool mmap;             /* map stage 0's file rather than read it into huge pages */
-    int device;            /* where stage 0's layers run: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
-    int n_ctx;             /* positions; 0 = the model's context, at most 4096 */
-    int max_batch;         /* tokens per forward pass */
-    int max_segs;          /* sequences per micro-batch; 0 = 1 */
-    int parallel;          /* sequences held at once; 0 = 1 */
-    int n_blocks;          /* KV blocks of PS_KV_BLOCK positions on every stage; 0 = enough for
+    const char *model;          /* a whole model run as the only stage, or NULL with fleet */
+    const ps_fleet *fleet;      /* the fleet: stage 0 runs here, the others on workers */
+    int threads;                /* threads of stage 0 */
+    bool pin;                   /* pin them to CPUs (ps_pool_pin; ps_coord_next's caller is thread 0) */
+    bool mmap;                  /* map stage 0's file rather than read it into huge pages */
+    int device;                 /* where stage 0's layers run: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
+    int n_ctx;                  /* positions; 0 = the model's context, at most 4096 */
+    int max_batch;              /* tokens per forward pass */
+    int max_segs;               /* sequences per micro-batch; 0 = 1 */
+    int parallel;               /* sequences held at once; 0 = 1 */
+    int n_blocks;               /* KV blocks of PS_KV_BLOCK positions on every stage; 0 = enough for
                               `parallel` sequences of n_ctx positions (never fewer than one's) */
-    int prefill_chunk;     /* positions per micro-batch; 0 = max_batch */
-    int max_draft;         /* draft tokens a segment may carry for verification (0..PS_MAX_DRAFT) */
-    ps_act act;            /* matmul arithmetic of every stage */
-    const uint8_t *key;    /* 32-byte shared key, or NULL */
-    bool plain;            /* with a key: ask for frames in the clear (ps_hello.plain) */
-    ps_link_sim sim;       /* emulation of the coordinator's outgoing hop */
-    int timeout_ms;        /* a stage silent for this long is reported as stalled */
-    ps_progress progress;  /* "prompt": positions stage 0 has run of a prompt of several chunks */
+    int prefill_chunk;          /* positions per micro-batch; 0 = max_batch */
+    int max_draft;              /* draft tokens a segment may carry for verification (0..PS_MAX_DRAFT) */
+    ps_act act;                 /* matmul arithmetic of every stage */
+    const uint8_t *key;         /* 32-byte shared key, or NULL */
+    bool plain;                 /* with a key: ask for frames in the clear (ps_hello.plain) */
+    ps_link_sim sim;            /* emulation of the coordinator's outgoing hop */
+    int timeout_ms;             /* a stage silent for this long is reported as stalled */
+    const char *const *standby; /* addresses of workers started with --cache, each to take the place of a
+                                   stage that fails (in order; NULL: none) */
+    int n_standby;
+    ps_progress progress; /* "prompt": positions stage 0 has run of a prompt of several chunks */
 } ps_coord_opts;
 
 typedef struct ps_coord ps_coord;
@@ -144,6 +147,11 @@ typedef struct {
                        plus every hop, wake-up and queue on the way (minus their compute: the
                        ring's overhead; during a pipelined prefill their compute overlaps ours) */
     ps_conn_stats hop[PS_SHARD_MAX_STAGES];
+    int failures;       /* times the fleet failed (a stage died, stalled or refused), cumulative */
+    int recoveries;     /* times it was connected again after one (a standby in the place of a stage
+                           that is gone); the sequences in flight are then replayed */
+    double recovery_ms; /* from each failure to the fleet connected again (a standby's shard placed),
+                           summed */
 } ps_coord_stats;
 void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out);
 /* The ring's overhead in st: wait_ms minus the other stages' compute (hops, wake-ups, queues). */

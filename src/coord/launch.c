@@ -81,6 +81,8 @@ ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, s
                         .key = have_key ? key : NULL,
                         .sim = o->sim,
                         .timeout_ms = o->timeout_ms,
+                        .standby = o->standby,
+                        .n_standby = o->n_standby,
                         .progress = o->progress};
     if (!s) ps_progress_report(&o->progress, "loading model", 0, 0);
     if (!s) s = ps_coord_create(&co, &l->coord, err, errlen);

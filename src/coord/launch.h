@@ -13,15 +13,17 @@
 #include "coord.h"
 
 typedef struct {
-    const char *model;      /* a whole model (-m), also the one to split with local_stages */
-    const char *fleet;      /* or fleet.json (--fleet): stage 0 here, the rest on its workers */
-    int local_stages;       /* > 1: split model and start stages 1.. as local worker processes
+    const char *model;          /* a whole model (-m), also the one to split with local_stages */
+    const char *fleet;          /* or fleet.json (--fleet): stage 0 here, the rest on its workers */
+    int local_stages;           /* > 1: split model and start stages 1.. as local worker processes
                              of this binary (coord/local_fleet.h) */
-    bool local_unix;        /* their connections on Unix sockets instead of loopback TCP */
-    const char *key_file;   /* the workers' shared key, or NULL (local fleets: a fresh one) */
-    bool plain;             /* with a key: ask for frames in the clear (local fleets always do) */
-    ps_link_sim sim;        /* link emulation of the coordinator's hop (and local workers') */
-    int timeout_ms;         /* a stage silent for this long is reported as stalled */
+    bool local_unix;            /* their connections on Unix sockets instead of loopback TCP */
+    const char *key_file;       /* the workers' shared key, or NULL (local fleets: a fresh one) */
+    bool plain;                 /* with a key: ask for frames in the clear (local fleets always do) */
+    ps_link_sim sim;            /* link emulation of the coordinator's hop (and local workers') */
+    int timeout_ms;             /* a stage silent for this long is reported as stalled */
+    const char *const *standby; /* ps_coord_opts' (--standby) */
+    int n_standby;
     ps_stage_opts stage;    /* threads, --pin, --mmap of stage 0 and of local workers */
     int n_ctx;              /* positions; 0 = the model's, at most 4096 */
     int max_batch;          /* prompt tokens per forward pass */

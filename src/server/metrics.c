@@ -50,6 +50,13 @@ static void fleet(sv_buf *b, const ps_coord_stats *cs) {
     for (int k = 0; k < cs->n_stages; k++)
         sv_buf_addf(b, "pipeshard_stage_compute_seconds_total{stage=\"%d\"} %.9g\n", k, cs->compute_ms[k] / 1e3);
     if (cs->n_stages < 2) return;
+    head(b, "pipeshard_fleet_failures_total", "counter", "Times the fleet failed (a stage died, stalled or refused)");
+    sv_buf_addf(b, "pipeshard_fleet_failures_total %d\n", cs->failures);
+    head(b, "pipeshard_fleet_recoveries_total", "counter",
+         "Times the fleet was connected again after a failure (a standby in a lost stage's place)");
+    sv_buf_addf(b, "pipeshard_fleet_recoveries_total %d\n", cs->recoveries);
+    head(b, "pipeshard_fleet_recovery_seconds_total", "counter", "From each failure to the fleet connected again");
+    sv_buf_addf(b, "pipeshard_fleet_recovery_seconds_total %.9g\n", cs->recovery_ms / 1e3);
     static const char *const names[] = {"pipeshard_hop_bytes_total", "pipeshard_hop_frames_total",
                                         "pipeshard_hop_seconds_total"};
     static const char *const helps[] = {"Bytes sent on each hop (header and payload)", "Frames sent on each hop",
