@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from psserve import Server  # noqa: E402
 from pstest import failures, require  # noqa: E402
 from psworker import Worker  # noqa: E402
 
@@ -119,6 +120,43 @@ def main():
     require(p.returncode == 0 and p.stdout == ref.stdout and st.get("recoveries") == 1,
             f"a stalled stage: exit {p.returncode}, stats {st}, {p.stderr[-400:]}")
     print(f"  ok: a stalled stage recovered in {st.get('recovery_ms', 0):.0f} ms, the output the undisturbed one")
+
+    # serve: 16 streams in flight and a worker killed: all 16 complete, each its undisturbed answer
+    def streams(fleet_path, extra, kill=None):
+        with Server(["--fleet", fleet_path, "--key-file", key, "-t", "1", "--parallel", "16", "--sim-latency-ms", "1"]
+                    + extra, f"serve-{len(extra)}", tmp) as srv:
+            out, threads = [None] * 16, []
+
+            def one(i):
+                body = {"prompt": f"Once upon a time {i}", "max_tokens": 400, "temperature": 0.7, "seed": 100 + i}
+                st, _, text = srv.request("POST", "/v1/completions", body)
+                out[i] = (st, json.loads(text)["choices"][0]["text"] if st == 200 else text)
+
+            for i in range(16):
+                threads.append(threading.Thread(target=one, args=(i,)))
+                threads[-1].start()
+            if kill:  # once every stream has begun
+                srv.wait_metric("pipeshard_running_sequences", lambda v: v >= 16)
+                time.sleep(0.2)
+                kill.p.send_signal(signal.SIGKILL)
+            for t in threads:
+                t.join()
+            m = srv.metrics()
+            return out, m
+
+    f = Fleet(tmp, split, key, 2, "serve-ref", standby=False)
+    ref, _ = streams(f.path, [])
+    f.stop()
+    require(all(st == 200 for st, _ in ref), f"serve, undisturbed: {ref}")
+    f = Fleet(tmp, split, key, 2, "serve-kill")
+    got, m = streams(f.path, ["--standby", f.standby.addr], kill=f.workers[0])
+    f.stop()
+    require(got == ref, f"serve: after a worker was killed, the answers differ: {got[:2]} vs {ref[:2]}")
+    require(m.get("pipeshard_fleet_recoveries_total", 0) >= 1,
+            f"serve: failures {m.get('pipeshard_fleet_failures_total')}, recoveries "
+            f"{m.get('pipeshard_fleet_recoveries_total')}")
+    print(f"  ok: serve: 16 streams, a worker killed: all 16 answers the undisturbed ones "
+          f"({m.get('pipeshard_fleet_failures_total')} failure, {m.get('pipeshard_fleet_recoveries_total')} recovery)")
 
     # no standby, or a standby that is gone too: the failure's clear error
     for tag, standby in (("none", None), ("gone", "127.0.0.1:9")):
