@@ -21,11 +21,12 @@ static void usage(FILE *f) {
     fputs("usage: pipeshard probe [-m MODEL] [-t THREADS] [--name NAME] [--address HOST:PORT]\n"
           "\n"
           "Measures this host for `pipeshard plan`: the memory available (MemAvailable) and the\n"
-          "decode speed of its kernels, milliseconds per GB of weights one token reads (one-row\n"
-          "products, timed for about a second). Prints a table, then the host's hosts.json entry.\n"
+          "decode speed, milliseconds per GB of weights one token reads (timed for about a\n"
+          "second). Prints a table, then the host's hosts.json entry.\n"
           "\n"
-          "  -m, --model FILE     time this model's matrices (its types; default: synthetic Q4_0\n"
-          "                       matrices of a 1B model's layer shape, 2048 x 8192)\n"
+          "  -m, --model FILE     time decode steps of this model or shard (every layer, attention,\n"
+          "                       norms, head: its types and shapes); default: one-row products of\n"
+          "                       synthetic Q4_0 matrices of a 1B model's layer shape, 2048 x 8192\n"
           "  -t, --threads N      threads, as the worker will use them (default: all cores)\n"
           "  --name NAME          the entry's name (default: the host name)\n"
           "  --address HOST:PORT  the entry's address (where this host's worker will listen)\n"
@@ -72,6 +73,31 @@ static double time_matrices(const ps_mat *const *ws, int n, ps_pool *pool, char 
     return reps > 1 ? ms / (reps - 1) / (bytes / 1e9) : 0;
 }
 
+/* Milliseconds per GB for decode steps of model m (a whole model or a shard: every layer,
+ * attention, norms and head included), after a 16-token prompt, timed for about a second. */
+static double time_model(const ps_model *m, ps_pool *pool, char *err, size_t errlen, bool *ok) {
+    ps_ctx_params cp = {.n_ctx = 512, .max_batch = 16, .act = PS_ACT_Q8};
+    ps_ctx *c = NULL;
+    int dim = m->hp.dim;
+    float *x = calloc((size_t)16 * dim, sizeof *x),
+          *out = malloc((size_t)16 * (dim > m->hp.vocab ? dim : m->hp.vocab) * 4);
+    int32_t toks[16] = {1};
+    *ok = x && out && !ps_ctx_create(m, &cp, pool, &c, err, errlen);
+    if (*ok && !x) ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < dim * 16 && x; i++) x[i] = (float)((i * 37 % 101) - 50) / 500.0f;
+    double ms = 0;
+    int steps = 0, pos = 16;
+    if (*ok) *ok = !ps_forward_stage(c, toks, x, 16, 0, out, 1, err, errlen);
+    for (double t0 = ps_now(); *ok && pos < cp.n_ctx && (steps < 4 || ps_now() - t0 < 1.0); steps++, pos++) {
+        double a = ps_now();
+        *ok = !ps_forward_stage(c, toks, x, 1, pos, out, 1, err, errlen);
+        if (steps) ms += (ps_now() - a) * 1000; /* the first step warms up */
+    }
+    ps_ctx_free(c);
+    free(x), free(out);
+    return steps > 1 ? ms / (steps - 1) / (ps_model_decode_weight_bytes(m) / 1e9) : 0;
+}
+
 int ps_cli_probe(int argc, char **argv) {
     const char *model = NULL, *name = NULL, *address = NULL;
     long long threads = ps_cpu_count();
@@ -102,21 +128,15 @@ int ps_cli_probe(int argc, char **argv) {
     ps_pool *pool = NULL;
     void *synth = NULL;
     int rc = 1;
-    if (model &&
-        (ps_coord_refuse_shard(model, err, sizeof err) || ps_model_load(model, PS_GGUF_HUGE, &m, err, sizeof err)))
-        goto out;
+    if (model && ps_model_load(model, PS_GGUF_HUGE, &m, err, sizeof err)) goto out;
     if (ps_pool_create((int)threads, &pool)) {
         snprintf(err, sizeof err, "cannot start %lld threads", threads);
         goto out;
     }
-    const ps_mat *ws[8];
+    const ps_mat *ws[2];
     int n = 0;
     ps_mat syn[2];
-    if (m) { /* the first layer's matrices: the model's types and shapes */
-        const ps_layer *L = &m->layers[0];
-        const ps_mat *all[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) ws[n++] = all[i];
-    } else { /* two Q4_0 matrices of a 1B layer's feed-forward shape, random bytes (scales tame) */
+    if (!m) { /* two Q4_0 matrices of a 1B layer's feed-forward shape, random bytes (scales tame) */
         size_t rb = ps_row_bytes(PS_TYPE_Q4_0, 2048), bytes = rb * 8192;
         synth = malloc(2 * bytes);
         if (!synth) {
@@ -131,7 +151,8 @@ int ps_cli_probe(int argc, char **argv) {
         ws[n++] = &syn[0], ws[n++] = &syn[1];
     }
     bool ok;
-    double ms_per_gb = time_matrices(ws, n, pool, err, sizeof err, &ok), mem = mem_available();
+    double ms_per_gb = m ? time_model(m, pool, err, sizeof err, &ok) : time_matrices(ws, n, pool, err, sizeof err, &ok);
+    double mem = mem_available();
     if (!ok) goto out;
     printf("host         %s\n", name);
     printf("memory       %.2f GiB available (MemAvailable)\n", mem / 1073741824.0);
