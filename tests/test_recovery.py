@@ -102,6 +102,9 @@ def main():
                 st = stats_of(p)
                 require(p.returncode == 0, f"{n} stages, {mode}, kill at {at:.2f} s: exit {p.returncode}: {p.stderr[-600:]}")
                 require(p.stdout == ref.stdout, f"{n} stages, {mode}, kill at {at:.2f} s: the output differs")
+                if st.get("recoveries"):  # --stats names where each stage runs now
+                    require(f.standby.addr in [s["address"] for s in st["stage_stats"]],
+                            f"--stats after the standby took over: {st['stage_stats']}")
                 recovered += st.get("recoveries", 0)
             require(recovered >= TRIALS // 2, f"{n} stages, {mode}: only {recovered} of {TRIALS} kills landed mid-run")
             print(f"  ok: {n} stages, {mode}: {TRIALS} kills at random moments, {recovered} recovered mid-run, "

@@ -740,8 +740,8 @@ static ps_status generate(run_state *st) {
 /* Per-stage compute and per-hop traffic, for --stats. */
 static void add_fleet_stats(const run_state *st, cJSON *j) {
     ps_coord_stats cs;
-    const ps_fleet *fleet = ps_launch_fleet(st->launch);
-    ps_coord_get_stats(ps_launch_coord(st->launch), &cs);
+    ps_coord *coord = ps_launch_coord(st->launch);
+    ps_coord_get_stats(coord, &cs);
     cJSON_AddNumberToObject(j, "stages", cs.n_stages);
     if (cs.n_stages > 1) {
         cJSON_AddNumberToObject(j, "wait_ms", cs.wait_ms);
@@ -754,7 +754,7 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
     for (int k = 0; k < cs.n_stages; k++) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "stage", k);
-        cJSON_AddStringToObject(e, "address", fleet ? fleet->stages[k].address : "local");
+        cJSON_AddStringToObject(e, "address", ps_coord_stage_address(coord, k));
         cJSON_AddNumberToObject(e, "compute_ms", cs.compute_ms[k]);
         cJSON_AddItemToArray(stages, e);
         if (cs.n_stages == 1) continue;

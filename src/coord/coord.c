@@ -629,6 +629,7 @@ ps_status ps_coord_model_fp(ps_coord *c, char out[33], char *err, size_t errlen)
 }
 int ps_coord_n_ctx(const ps_coord *c) { return ps_stage_n_ctx(c->stage0); }
 int ps_coord_n_stages(const ps_coord *c) { return c->n; }
+const char *ps_coord_stage_address(const ps_coord *c, int k) { return k ? c->fleet.stages[k].address : "local"; }
 int ps_coord_max_rows(const ps_coord *c) { return c->max_mb; }
 int ps_coord_max_segs(const ps_coord *c) { return c->max_segs; }
 int ps_coord_max_results(const ps_coord *c) { return c->max_res; }

@@ -134,6 +134,10 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
 ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
                               const ps_draft_dist *dist, const ps_sample_params *sp, void (*meanwhile)(void *arg),
                               void *arg, int32_t *out, int *n_out, char *err, size_t errlen);
+/* The address stage k is served from now ("local" for stage 0): fleet.json's, or the standby's
+ * that took its place. */
+const char *ps_coord_stage_address(const ps_coord *c, int k);
+
 /* The logits behind the latest token when the model runs as one stage, else NULL
  * (logits never cross the network). */
 const float *ps_coord_logits(const ps_coord *c);

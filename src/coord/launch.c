@@ -113,5 +113,4 @@ void ps_launch_abort_all(void) { ps_local_fleet_abort_all(); }
 
 ps_coord *ps_launch_coord(ps_launch *l) { return l->coord; }
 const ps_tok *ps_launch_tok(const ps_launch *l) { return l->tok; }
-const ps_fleet *ps_launch_fleet(const ps_launch *l) { return l->fleet; }
 double ps_launch_seconds(const ps_launch *l) { return l->seconds; }

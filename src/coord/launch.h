@@ -52,8 +52,7 @@ void ps_launch_abort_all(void);
 
 /* What was started; owned by l until ps_launch_stop. */
 ps_coord *ps_launch_coord(ps_launch *l);
-const ps_tok *ps_launch_tok(const ps_launch *l);     /* NULL without opts.tokenizer */
-const ps_fleet *ps_launch_fleet(const ps_launch *l); /* NULL for a whole model */
-double ps_launch_seconds(const ps_launch *l);        /* how long ps_launch_start took */
+const ps_tok *ps_launch_tok(const ps_launch *l); /* NULL without opts.tokenizer */
+double ps_launch_seconds(const ps_launch *l);    /* how long ps_launch_start took */
 
 #endif
