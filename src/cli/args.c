@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,16 @@ bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *un
     if (*unix_sockets || !strcmp(s, "tcp")) return true;
     fprintf(stderr, "pipeshard %s: %s must be tcp or unix, got '%s'\n", cmd, flag, s);
     return false;
+}
+
+int ps_cli_fail(const char *cmd, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "pipeshard %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return status;
 }
 
 bool ps_arg_device(const char *cmd, const char *flag, const char *s, int *out) {

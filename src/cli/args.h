@@ -29,6 +29,8 @@ const char *ps_arg_suggest(const char *word, const char *const *known);
 /* Reports argv word a that no parser of `pipeshard CMD` takes and returns 2 (usage error):
  * "unknown option 'A'; did you mean 'X'? (see pipeshard CMD --help)" for a word that starts
  * with '-', else "unexpected argument 'A': HINT" (HINT NULL: see pipeshard CMD --help). */
+/* Prints "pipeshard CMD: <message>" on stderr and returns status (the command's exit status). */
+int ps_cli_fail(const char *cmd, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int ps_arg_unknown(const char *cmd, const char *a, const char *const *known, const char *hint);
 /* Number of CPU cores this process may use (at least 1). */
 int ps_cpu_count(void);

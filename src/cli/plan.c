@@ -2,7 +2,6 @@
  * (coord/plan.h), printed as a table; -o writes the shards and fleet.json as `split` does.
  * Usage errors exit 2, runtime errors 1, each one stderr line starting "pipeshard plan: ". */
 #include <cjson/cJSON.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,17 +36,6 @@ static void usage(FILE *f) {
           "  -o, --output DIR   also write DIR/stage-K.gguf and DIR/fleet.json (the hosts' addresses)\n"
           "  -h, --help         show this help\n",
           f);
-}
-
-static int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("pipeshard " CMD ": ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return status;
 }
 
 /* A positive number field of o, or (bytes) a size string; false after saying what is wrong. */
@@ -183,24 +171,24 @@ int ps_cli_plan(int argc, char **argv) {
             return 2;
     }
     if (!model == !like || !like != !type)
-        return fail(2, "%s",
-                    model && like  ? "-m and --like are two ways to name the model: give one"
-                    : like || type ? "--like SHAPE and --type TYPE go together"
-                                   : "no model given (-m MODEL, or --like SHAPE --type TYPE)");
-    if (!hosts_path) return fail(2, "no hosts given (--hosts FILE)");
-    if (like && out) return fail(2, "-o writes shards of a model file: it needs -m MODEL, not --like");
+        return ps_cli_fail(CMD, 2, "%s",
+                           model && like  ? "-m and --like are two ways to name the model: give one"
+                           : like || type ? "--like SHAPE and --type TYPE go together"
+                                          : "no model given (-m MODEL, or --like SHAPE --type TYPE)");
+    if (!hosts_path) return ps_cli_fail(CMD, 2, "no hosts given (--hosts FILE)");
+    if (like && out) return ps_cli_fail(CMD, 2, "-o writes shards of a model file: it needs -m MODEL, not --like");
     char err[1024];
     static ps_plan_host hosts[PS_PLAN_MAX_HOSTS];
     static double rtt[PS_PLAN_MAX_HOSTS * PS_PLAN_MAX_HOSTS], mbps[PS_PLAN_MAX_HOSTS * PS_PLAN_MAX_HOSTS];
     int n_hosts = 0;
-    if (load_hosts(hosts_path, hosts, &n_hosts, rtt, mbps, err, sizeof err)) return fail(1, "%s", err);
+    if (load_hosts(hosts_path, hosts, &n_hosts, rtt, mbps, err, sizeof err)) return ps_cli_fail(CMD, 1, "%s", err);
     ps_model *m = NULL;
     ps_cli_synth_shape sh;
     const ps_cli_synth_quant *q = NULL;
     if (like) {
         if (!ps_cli_synth_find(like, type, &sh, &q)) return 2;
     } else if (ps_coord_refuse_shard(model, err, sizeof err) || ps_model_load(model, PS_GGUF_MAP, &m, err, sizeof err))
-        return fail(1, "%s", err);
+        return ps_cli_fail(CMD, 1, "%s", err);
     /* the shape: the file's, or the preset's */
     int L = m ? m->hp.n_layer : sh.n_layer, dim = m ? m->hp.dim : sh.dim, ffn = m ? m->hp.ffn_dim : sh.ffn;
     int ctx_train = m ? m->hp.ctx_train : sh.ctx;
@@ -210,13 +198,13 @@ int ps_cli_plan(int argc, char **argv) {
     double *layer = malloc((size_t)L * sizeof *layer);
     int rc = 1;
     if (!lb || !layer) {
-        fail(1, "out of memory");
+        ps_cli_fail(CMD, 1, "out of memory");
         goto out;
     }
     ps_status st =
         m ? ps_shard_layer_bytes(m->gguf, L, lb, &eb, &hb, err, sizeof err) : ps_cli_synth_sizes(&sh, q, lb, &eb, &hb);
     if (st) {
-        fail(1, "%s", m ? err : "cannot size the preset's tensors");
+        ps_cli_fail(CMD, 1, "%s", m ? err : "cannot size the preset's tensors");
         goto out;
     }
     for (int i = 0; i < L; i++) layer[i] = (double)lb[i];
@@ -236,7 +224,7 @@ int ps_cli_plan(int argc, char **argv) {
                          .parallel = (int)parallel};
     ps_plan pl;
     if (ps_plan_solve(&p, &pl, err, sizeof err)) {
-        fail(1, "%s", err);
+        ps_cli_fail(CMD, 1, "%s", err);
         goto out;
     }
     double weights = (double)eb + (double)hb;
@@ -264,12 +252,13 @@ int ps_cli_plan(int argc, char **argv) {
         for (int k = 1; k < pl.n_stages; k++) {
             addrs[k - 1] = hosts[pl.host[k]].address;
             if (!*addrs[k - 1]) {
-                fail(1, "-o: host %s (stage %d) has no \"address\" for fleet.json", hosts[pl.host[k]].name, k);
+                ps_cli_fail(CMD, 1, "-o: host %s (stage %d) has no \"address\" for fleet.json", hosts[pl.host[k]].name,
+                            k);
                 goto out;
             }
         }
         if (ps_fleet_split(model, pl.n_stages, pl.bounds, addrs, out, NULL, NULL, err, sizeof err)) {
-            fail(1, "%s", err);
+            ps_cli_fail(CMD, 1, "%s", err);
             goto out;
         }
         printf("wrote %d shard%s and %s/fleet.json: run `pipeshard run --fleet %s/fleet.json` on %s\n", pl.n_stages,

@@ -2,7 +2,6 @@
  * and writes fleet.json next to them (src/model/shard.h). Prints a table of the stages on
  * stdout at the end. Usage errors exit 2, runtime errors 1, each one stderr line starting
  * with "pipeshard split: ". */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,18 +38,6 @@ static void usage(FILE *f) {
             PS_SHARD_MAX_STAGES);
 }
 
-/* Prints "pipeshard split: <message>" on stderr and returns the exit status. */
-static int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("pipeshard " CMD ": ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return status;
-}
-
 // ---------------------------------------------------------------------------------------
 // Command line
 
@@ -80,11 +67,11 @@ static bool parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--quiet"))
             o->quiet = true;
         else if ((sp = str_flag(o, a))) {
-            if (*sp) return fail(0, "option '%s' is given twice", a), false;
+            if (*sp) return ps_cli_fail(CMD, 0, "option '%s' is given twice", a), false;
             if (!(*sp = ps_arg_value(CMD, argc, argv, &i))) return false;
-            if (!**sp) return fail(0, "option '%s' needs a non-empty value", a), false;
+            if (!**sp) return ps_cli_fail(CMD, 0, "option '%s' needs a non-empty value", a), false;
         } else if (!strcmp(a, "--stages")) {
-            if (o->stages) return fail(0, "option '%s' is given twice", a), false;
+            if (o->stages) return ps_cli_fail(CMD, 0, "option '%s' is given twice", a), false;
             const char *v = ps_arg_value(CMD, argc, argv, &i);
             if (!v || !ps_arg_int(CMD, a, v, 1, PS_SHARD_MAX_STAGES, &o->stages)) return false;
         } else {
@@ -99,9 +86,9 @@ static bool parse(int argc, char **argv, opts *o) {
 
 /* The required flags are there; false after printing which one is missing. */
 static bool check_required(const opts *o) {
-    if (!o->model) return fail(0, "missing -m MODEL (the model to split)"), false;
-    if (!o->stages && !o->layers) return fail(0, "missing --stages N (or --layers SPEC)"), false;
-    if (!o->out) return fail(0, "missing -o DIR (the directory to write the shards into)"), false;
+    if (!o->model) return ps_cli_fail(CMD, 0, "missing -m MODEL (the model to split)"), false;
+    if (!o->stages && !o->layers) return ps_cli_fail(CMD, 0, "missing --stages N (or --layers SPEC)"), false;
+    if (!o->out) return ps_cli_fail(CMD, 0, "missing -o DIR (the directory to write the shards into)"), false;
     return true;
 }
 
@@ -110,8 +97,8 @@ static bool check_required(const opts *o) {
 static bool parse_workers(const char *list, int n_stages, char *buf, size_t cap, const char **addr) {
     size_t len = strlen(list);
     if (n_stages == 1)
-        return fail(0, "--workers names the workers of stages 1..N-1, but there is only one stage"), false;
-    if (len >= cap) return fail(0, "--workers is too long"), false;
+        return ps_cli_fail(CMD, 0, "--workers names the workers of stages 1..N-1, but there is only one stage"), false;
+    if (len >= cap) return ps_cli_fail(CMD, 0, "--workers is too long"), false;
     memcpy(buf, list, len + 1);
     int n = 0;
     for (char *p = buf;; n++) {
@@ -119,18 +106,19 @@ static bool parse_workers(const char *list, int n_stages, char *buf, size_t cap,
         size_t l = comma ? (size_t)(comma - p) : strlen(p);
         if (comma) *comma = 0;
         if (!ps_fleet_address_ok(p))
-            return fail(0, "--workers: '%.*s' is not HOST:PORT or unix:PATH", (int)(l > 80 ? 80 : l), p), false;
+            return ps_cli_fail(CMD, 0, "--workers: '%.*s' is not HOST:PORT or unix:PATH", (int)(l > 80 ? 80 : l), p),
+                   false;
         if (n < n_stages - 1) addr[n] = p;
         if (!comma) break;
         p = comma + 1;
     }
     n++;
     if (n != n_stages - 1)
-        return fail(0,
-                    "--workers gives %d address%s, but %d stage%s need%s one (stages 1..%d; stage 0 runs in the "
-                    "coordinator)",
-                    n, n == 1 ? "" : "es", n_stages - 1, n_stages == 2 ? "" : "s", n_stages == 2 ? "s" : "",
-                    n_stages - 1),
+        return ps_cli_fail(CMD, 0,
+                           "--workers gives %d address%s, but %d stage%s need%s one (stages 1..%d; stage 0 runs in the "
+                           "coordinator)",
+                           n, n == 1 ? "" : "es", n_stages - 1, n_stages == 2 ? "" : "s", n_stages == 2 ? "s" : "",
+                           n_stages - 1),
                false;
     return true;
 }
@@ -146,42 +134,43 @@ static int plan(const opts *o, int *bounds, int *n_stages) {
     uint64_t *lb = NULL, eb, hb;
     int n_layer = 0, rc = 1;
     ps_status s = ps_gguf_open(o->model, &g, err, sizeof err);
-    if (s) return fail(1, "%s", err);
+    if (s) return ps_cli_fail(CMD, 1, "%s", err);
     ps_shard_meta meta;
     if ((s = ps_shard_meta_read(g, &meta, err, sizeof err))) {
-        fail(1, "%s: %s", o->model, err);
+        ps_cli_fail(CMD, 1, "%s: %s", o->model, err);
         goto out;
     }
     if (meta.present) {
-        fail(1, "%s is a shard (stage %d of %d), not a whole model", o->model, meta.stage_index, meta.stage_count);
+        ps_cli_fail(CMD, 1, "%s is a shard (stage %d of %d), not a whole model", o->model, meta.stage_index,
+                    meta.stage_count);
         goto out;
     }
     if ((s = ps_shard_n_layer(g, &n_layer, err, sizeof err))) {
-        fail(1, "%s: %s", o->model, err);
+        ps_cli_fail(CMD, 1, "%s: %s", o->model, err);
         goto out;
     }
     if (!(lb = malloc((size_t)n_layer * sizeof *lb))) {
-        fail(1, "out of memory");
+        ps_cli_fail(CMD, 1, "out of memory");
         goto out;
     }
     if ((s = ps_shard_layer_bytes(g, n_layer, lb, &eb, &hb, err, sizeof err))) {
-        fail(1, "%s: %s", o->model, err);
+        ps_cli_fail(CMD, 1, "%s: %s", o->model, err);
         goto out;
     }
     rc = 2;
     if (o->layers) {
         if (ps_shard_parse_layers(o->layers, n_layer, (int)o->stages, bounds, n_stages, err, sizeof err)) {
-            fail(2, "--layers %s: %s", o->layers, err);
+            ps_cli_fail(CMD, 2, "--layers %s: %s", o->layers, err);
             goto out;
         }
     } else if (o->stages > n_layer) {
-        fail(2, "--stages %lld is more than the model's %d layers (every stage needs at least one layer)", o->stages,
-             n_layer);
+        ps_cli_fail(CMD, 2, "--stages %lld is more than the model's %d layers (every stage needs at least one layer)",
+                    o->stages, n_layer);
         goto out;
     } else {
         *n_stages = (int)o->stages;
         if (ps_shard_plan(lb, n_layer, eb, hb, *n_stages, bounds, err, sizeof err)) {
-            fail(1, "%s", err);
+            ps_cli_fail(CMD, 1, "%s", err);
             rc = 1;
             goto out;
         }
@@ -219,10 +208,10 @@ static int print_table(const char *dir, double t0, bool quiet) {
     char path[4200], err[512] = "";
     snprintf(path, sizeof path, "%s%sfleet.json", dir, dir[strlen(dir) - 1] == '/' ? "" : "/");
     ps_fleet *f = malloc(sizeof *f);
-    if (!f) return fail(1, "out of memory");
+    if (!f) return ps_cli_fail(CMD, 1, "out of memory");
     if (ps_fleet_load(path, f, err, sizeof err)) {
         free(f);
-        return fail(1, "the fleet just written does not load: %s", err);
+        return ps_cli_fail(CMD, 1, "the fleet just written does not load: %s", err);
     }
     uint64_t total = 0;
     printf("%-6s %-9s %13s %9s  %-21s %s\n", "stage", "layers", "bytes", "MiB", "address", "shard");
@@ -269,7 +258,7 @@ int ps_cli_split(int argc, char **argv) {
         ps_fleet_split(o.model, n_stages, bounds, o.workers ? addr : NULL, o.out, progress, &ps, err, sizeof err);
     if (s) {
         if (ps.open) fputc('\n', stderr);
-        return fail(1, "%s", *err ? err : ps_strerror(s));
+        return ps_cli_fail(CMD, 1, "%s", *err ? err : ps_strerror(s));
     }
     return print_table(o.out, t0, o.quiet);
 }
