@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """test_plan_cli.py - `pipeshard plan` and `probe`: plan's table and prediction recomputed here from the model
 file and hosts.json (the `gguf` package reads the tensors' sizes; the cost model of
-src/coord/plan.h written out in Python), the best placement against a brute force over every
-ordered choice of hosts and every cut, -o writing shards and a fleet.json with the plan's
+src/coord/plan.h written out in Python), the best placement (one stream, and the aggregate of
+2 and 4 sequences) against a brute force over every ordered choice of hosts and every cut, -o writing shards and a fleet.json with the plan's
 layers and the hosts' addresses, probe's entry taken by plan as it is, and the refusals (memory
 missing, a malformed hosts.json).
 Models are written by tests/ref/synth.py. Exit 0 pass, 1 fail.
@@ -50,35 +50,40 @@ def model_sizes(path):
 
 
 def predict(hosts, links, default, sizes, dims, ctx, par, order, bounds):
-    """The cost model of plan.h: (ms per token, fits)."""
+    """The cost model of plan.h: (ms per token, fits, aggregate tok/s of par sequences: min(par, stages)
+    micro-batches in flight, each stage reading its weights once per micro-batch)."""
     layers, embed, head = sizes
     dim, q_dim, kv_dim, ffn = dims
     kv = ctx * par * kv_dim * 2 * 4
     buf = 128.0 * (2 * dim + 2 * q_dim + 2 * kv_dim + 2 * ffn) * 4
-    n, L, t, ok = len(order), len(layers), 0.0, True
+    n, L, t, ok, cmax = len(order), len(layers), 0.0, True, 0.0
     for k, h in enumerate(order):
         a, b = bounds[k], bounds[k + 1]
         w = sum(layers[a:b])
         mem = w + (embed if a == 0 else 0) + (head if b == L else 0) + (b - a) * kv + buf
         ok = ok and mem <= hosts[h]["mem"]
-        t += hosts[h]["ms_per_gb"] * (w + (head if b == L else 0)) / 1e9
+        c = hosts[h]["ms_per_gb"] * (w + (head if b == L else 0)) / 1e9
+        t, cmax = t + c, max(cmax, c)
         if n > 1:
             nxt = order[(k + 1) % n]
             rtt, mbps = links.get((h, nxt), default)
             t += rtt / 2 + (0 if k == n - 1 else dim * 4 * 8 / (mbps * 1e6) * 1000)
-    return t, ok
+    return t, ok, par * 1000 / max(t, min(par, n) * cmax)
 
 
 def brute(hosts, links, default, sizes, dims, ctx, par):
-    L, best = len(sizes[0]), None
+    """The least ms per token and the most aggregate tok/s of any placement."""
+    L, best, agg = len(sizes[0]), None, None
     for n in range(1, min(len(hosts), L) + 1):
         for order in itertools.permutations(range(len(hosts)), n):
             for cuts in itertools.combinations(range(1, L), n - 1):
                 bounds = [0, *cuts, L]
-                t, ok = predict(hosts, links, default, sizes, dims, ctx, par, order, bounds)
+                t, ok, a = predict(hosts, links, default, sizes, dims, ctx, par, order, bounds)
                 if ok and (best is None or t < best):
                     best = t
-    return best
+                if ok and (agg is None or a > agg):
+                    agg = a
+    return best, agg
 
 
 def main():
@@ -105,21 +110,28 @@ def main():
     mem = [h["mem"] if isinstance(h["mem"], int) else int(float(h["mem"][:-1]) * 1024) for h in hosts]
     hs = [{"mem": mem[i], "ms_per_gb": h["ms_per_gb"]} for i, h in enumerate(hosts)]
     links = {(0, 1): (9, 50), (1, 0): (9, 50)}
-    for ctx, par in ((256, 1), (64, 4)):
+    for ctx, par in ((256, 1), (64, 2), (64, 4)):
         p = plan(["-m", path, "--hosts", hp, "--ctx", str(ctx), "--parallel", str(par)])
         require(p.returncode == 0, f"plan failed: {p.stderr}")
         rows = re.findall(r"^\s+(\d+)\s+(\S+)\s+(\d+):(\d+)\s", p.stdout, re.M)
         names = [h["name"] for h in hosts]
         order = [names.index(r[1]) for r in rows]
         bounds = [0] + [int(r[3]) for r in rows]
-        t, ok = predict(hs, links, (0.4, 1000), sizes, dims, ctx, par, order, bounds)
+        t, ok, agg = predict(hs, links, (0.4, 1000), sizes, dims, ctx, par, order, bounds)
         shown = float(re.search(r"predicted: ([\d.]+) ms per token", p.stdout).group(1))
         require(ok, f"the plan does not fit by the cost model: {p.stdout}")
         require(abs(shown - t) < 0.01, f"predicted {shown} ms, recomputed {t:.4f}")
+        require("(exact search)" in p.stdout, f"not exact: {p.stdout}")
+        best, best_agg = brute(hs, links, (0.4, 1000), sizes, dims, ctx, par)
         if par == 1:
-            best = brute(hs, links, (0.4, 1000), sizes, dims, ctx, par)
             require(abs(t - best) < 1e-6 * best, f"plan {t} ms per token, brute force {best}")
-        print(f"  ok: ctx {ctx} x {par}: {len(rows)} stages {[names[i] for i in order]} {bounds}, {t:.4f} ms")
+        else:
+            m = re.search(r"([\d.]+) tok/s with (\d+) sequences", p.stdout)
+            require(m and int(m.group(2)) == par and abs(float(m.group(1)) - agg) < 0.051,
+                    f"aggregate shown {m and m.group(1)}, recomputed {agg:.3f}")
+            require(abs(agg - best_agg) < 1e-6 * best_agg, f"plan {agg} tok/s with {par}, brute force {best_agg}")
+        print(f"  ok: ctx {ctx} x {par}: {len(rows)} stages {[names[i] for i in order]} {bounds}, {t:.4f} ms, "
+              f"{agg:.1f} tok/s")
 
     # -o: shards and fleet.json with the plan's layers and the hosts' addresses
     out = os.path.join(tmp, "fleet")

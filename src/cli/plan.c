@@ -23,7 +23,8 @@ static void usage(FILE *f) {
           "Chooses the order of the hosts on the ring and each one's layers for the fastest decode\n"
           "that fits every host's memory (weights, the KV cache of --ctx positions for --parallel\n"
           "sequences, buffers), and prints each stage's memory, compute and hop time and the\n"
-          "predicted tok/s. Exact up to 8 hosts; beyond, the hosts go on the ring fastest first.\n"
+          "predicted tok/s. Exact up to 8 hosts, for one stream and for --parallel; beyond, the\n"
+          "hosts go on the ring fastest first.\n"
           "\n"
           "  -m, --model FILE   the GGUF model\n"
           "  --like SHAPE       instead of -m: a model of a `pipeshard synth` preset's shape (e.g.\n"
@@ -32,7 +33,8 @@ static void usage(FILE *f) {
           "                     \"links\": [{\"between\": [A, B], \"rtt_ms\", \"mbps\"}, ...],\n"
           "                     \"default_link\": {\"rtt_ms\", \"mbps\"}} (see README, pipeshard plan)\n"
           "  --ctx N            positions per sequence (default: the model's, at most 4096)\n"
-          "  --parallel N       sequences in flight; the plan then maximizes their aggregate tok/s (1)\n"
+          "  --parallel N       sequences in flight (1); the plan then maximizes their aggregate tok/s:\n"
+          "                     P x 1000 / max(one token's trip, min(P, stages) x the slowest stage)\n"
           "  -o, --output DIR   also write DIR/stage-K.gguf and DIR/fleet.json (the hosts' addresses)\n"
           "  -h, --help         show this help\n",
           f);
@@ -243,9 +245,7 @@ int ps_cli_plan(int argc, char **argv) {
     }
     printf("\npredicted: %.2f ms per token, %.1f tok/s one stream", pl.token_ms, pl.tok_s);
     if (parallel > 1) printf("; %.1f tok/s with %lld sequences", pl.agg_tok_s, parallel);
-    printf(" (%s)\n", pl.exact ? (parallel > 1 ? "one stream: exact search; the aggregate: the better of two plans"
-                                               : "exact search")
-                               : "heuristic: hosts on the ring fastest first");
+    printf(" (%s)\n", pl.exact ? "exact search" : "heuristic: hosts on the ring fastest first");
     if (n_hosts > pl.n_stages) printf("hosts left out: %d (they would slow the ring)\n", n_hosts - pl.n_stages);
     if (out) {
         const char *addrs[PS_PLAN_MAX_HOSTS];
