@@ -5,6 +5,7 @@
 #define PS_CUDA_KERNELS_CUH
 
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <stdint.h>
 
 extern "C" {
@@ -115,7 +116,26 @@ template <int T> struct wtype {
                                  : T == PS_TYPE_Q4_K ? 144
                                  : T == PS_TYPE_Q5_K ? 176
                                                      : 210;
+    /* a 32-element block's head (scale, minimum, Q5's fifth bits) and quants, as split_row splits it */
+    static constexpr int head = bytes - (T == PS_TYPE_Q8_0 ? 32 : 16), quant = bytes - head;
 };
+
+/* The 32-element types as the GPU holds them: each row split into its blocks' quants (16
+ * bytes each, Q8_0's 32), then their heads (the block's first wtype::head bytes), the row
+ * padded to 16 bytes. A lane then reads a block's quants with one 16-byte load, and a warp
+ * 32 blocks' in 512 consecutive bytes. The K types keep GGUF's layout. */
+static inline bool split_type(uint32_t t) {
+    return t == PS_TYPE_Q4_0 || t == PS_TYPE_Q4_1 || t == PS_TYPE_Q5_0 || t == PS_TYPE_Q5_1 || t == PS_TYPE_Q8_0;
+}
+static inline size_t split_row_bytes(size_t row_bytes) { return (row_bytes + 15) & ~(size_t)15; }
+static inline void split_row(const uint8_t *in, int n_blocks, int bytes, int head, uint8_t *out, size_t out_bytes) {
+    int quant = bytes - head;
+    memset(out, 0, out_bytes);
+    for (int b = 0; b < n_blocks; b++) {
+        memcpy(out + (size_t)b * quant, in + (size_t)b * bytes + head, (size_t)quant);
+        memcpy(out + (size_t)n_blocks * quant + (size_t)b * head, in + (size_t)b * bytes, (size_t)head);
+    }
+}
 
 /* One lane's weights: a 32-element block (q: elements 0..15 then 16..31, four per int), or
  * one 32-element sub-block of a super-block (K types) with its scale(s) and minimum. */
@@ -125,22 +145,43 @@ struct wunit {
     int sc0, sc1, mn;
 };
 
-/* The 32-element block u of a row (q8_ref.c's dot_nibbles / dot_nibbles5 layouts). */
-template <int T> __device__ __forceinline__ void load32(const uint8_t *blk, wunit &w) {
-    w.d = f16(blk);
+/* A split row's block as loaded (quants, head), unpacked when its terms are computed. */
+struct wraw {
+    uint4 q0, q1;
+    uint32_t h0, h1;
+};
+
+/* Block b of a split row (n_blocks blocks). */
+template <int T> __device__ __forceinline__ void load_split(const uint8_t *row, int n_blocks, int b, wraw &r) {
+    typedef wtype<T> ty;
+    const uint8_t *q = row + (size_t)b * ty::quant, *h = row + (size_t)n_blocks * ty::quant + (size_t)b * ty::head;
+    r.q0 = *(const uint4 *)q;
+    if (T == PS_TYPE_Q8_0) r.q1 = *(const uint4 *)(q + 16);
+    if (ty::head == 2) r.h0 = *(const uint16_t *)h;
+    if (ty::head == 4) r.h0 = *(const uint32_t *)h;
+    if (ty::head == 6) r.h0 = ld2x16(h), r.h1 = *(const uint16_t *)(h + 4);
+    if (ty::head == 8) {
+        uint2 v = *(const uint2 *)h;
+        r.h0 = v.x, r.h1 = v.y;
+    }
+}
+
+__device__ __forceinline__ float f16_bits(uint32_t b) { return __half2float(__ushort_as_half((unsigned short)b)); }
+
+/* q8_ref.c's dot_nibbles / dot_nibbles5 layouts: the block's elements as four-byte groups. */
+template <int T> __device__ __forceinline__ void unpack(const wraw &r, wunit &w) {
+    w.d = f16_bits(r.h0 & 0xffff);
+    const uint32_t u[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
     if (T == PS_TYPE_Q8_0) {
-        for (int k = 0; k < 8; k++) w.q[k] = (int)ld2x16(blk + 2 + 4 * k);
+        for (int k = 0; k < 8; k++) w.q[k] = (int)u[k];
         return;
     }
     uint32_t h = 0;
-    const uint8_t *qs;
-    if (T == PS_TYPE_Q4_0) qs = blk + 2;
-    if (T == PS_TYPE_Q4_1) w.m = f16(blk + 2), qs = blk + 4;
-    if (T == PS_TYPE_Q5_0) h = ld2x16(blk + 2), qs = blk + 6;
-    if (T == PS_TYPE_Q5_1) w.m = f16(blk + 2), h = ld32(blk + 4), qs = blk + 8;
+    if (T == PS_TYPE_Q4_1 || T == PS_TYPE_Q5_1) w.m = f16_bits(r.h0 >> 16);
+    if (T == PS_TYPE_Q5_0) h = r.h0 >> 16 | r.h1 << 16;
+    if (T == PS_TYPE_Q5_1) h = r.h1;
     for (int k = 0; k < 4; k++) {
-        uint32_t u = T == PS_TYPE_Q4_1 || T == PS_TYPE_Q5_1 ? ld32(qs + 4 * k) : ld2x16(qs + 4 * k);
-        uint32_t lo = u & 0x0f0f0f0fu, hi = (u >> 4) & 0x0f0f0f0fu;
+        uint32_t lo = u[k] & 0x0f0f0f0fu, hi = (u[k] >> 4) & 0x0f0f0f0fu;
         if (T == PS_TYPE_Q5_0 || T == PS_TYPE_Q5_1) {
             lo |= spread4(h >> (4 * k)) << 4;
             hi |= spread4(h >> (16 + 4 * k)) << 4;
@@ -213,60 +254,79 @@ template <int T> __device__ __forceinline__ float term_k(const wunit &w, const p
 }
 
 /* Y[t * ys + r] for rows r of W (row_bytes apart) and tokens t < nt of X (x_row bytes apart,
- * n_units blocks each). A thread block takes MM_R rows and TT tokens, and the row's blocks
- * in chunks of `chunk`: first every thread computes (row, block) units' terms for the TT
- * tokens into shared memory (the loads of MM_U units at a time go out together), then thread
- * (r, t) adds its terms in block order. Grid: (rows / MM_R, nt / TT), MM_THREADS threads,
- * mm_smem(T, TT, chunk) bytes of shared memory. */
+ * n_units blocks each). A thread block takes MM_R rows, a warp each, and TT tokens, and the
+ * rows' blocks in chunks of `chunk`: first each warp computes its row's terms for the TT
+ * tokens into shared memory (lane l the blocks l, l + 32, ...: a warp's loads are 32
+ * consecutive blocks; a K type's super-block takes 8 lanes), MM_U blocks' loads out at a
+ * time, then thread (r, t) adds its terms in block order. With few tokens (mm_xs) the
+ * chunk's activations are first copied to shared memory. Grid: (rows / MM_R, nt / TT),
+ * MM_THREADS threads, mm_smem<T, TT>(chunk) bytes of shared memory. */
 #define MM_R       8
-#define MM_THREADS 256
-#define MM_U       4 /* units per thread per pass */
+#define MM_THREADS (MM_R * 32)
+#define MM_U       4 /* a lane's units per step */
 
 template <int T> __host__ __device__ constexpr int mm_stride(int chunk) { return chunk * wtype<T>::terms + 1; }
+template <int T, int TT> __host__ __device__ constexpr bool mm_xs() { return !wtype<T>::k && TT <= 8; }
 
 template <int T, int TT>
-__global__ void __launch_bounds__(MM_THREADS)
+__global__ void __launch_bounds__(MM_THREADS, 4)
     k_mm_q(const uint8_t *W, size_t row_bytes, int n_units, int chunk, const uint8_t *X, size_t x_row, int nt, float *Y,
            long long ys, int rows) {
     typedef wtype<T> ty;
-    extern __shared__ float terms[]; /* [MM_R * TT][mm_stride(chunk)] */
-    const int stride = mm_stride<T>(chunk), per_unit = ty::k ? 8 : 1;
-    const int x_bytes = ty::k ? (int)sizeof(ps_block_q8_K) : (int)sizeof(ps_xq32);
+    constexpr bool XS = mm_xs<T, TT>();
+    constexpr int PU = ty::k ? 8 : 1, STEP = 32 / PU; /* lanes per unit, units per warp */
+    constexpr int XB = ty::k ? (int)sizeof(ps_block_q8_K) : (int)sizeof(ps_xq32);
+    extern __shared__ float terms[]; /* [MM_R * TT][mm_stride(chunk)], then (XS) the activations */
+    int *xs = (int *)(terms + MM_R * TT * mm_stride<T>(chunk)); /* [TT][nc] ps_xq32 blocks as ints */
+    const int stride = mm_stride<T>(chunk);
     int r0 = blockIdx.x * MM_R, t0 = blockIdx.y * TT, tt = min(TT, nt - t0), nr = min(MM_R, rows - r0);
-    int tid = threadIdx.x, cr = tid / TT, ct = tid % TT;
-    bool chain = tid < MM_R * TT && cr < nr && ct < tt;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, sub = lane % PU, cr = tid / TT, ct = tid % TT;
+    bool live = warp < nr, chain = tid < MM_R * TT && cr < nr && ct < tt;
+    const uint8_t *row = W + (size_t)(r0 + (live ? warp : 0)) * row_bytes;
+    float *mine = terms + (size_t)warp * TT * stride;
     float sum = 0.0f;
     for (int c0 = 0; c0 < n_units; c0 += chunk) {
-        int nc = min(chunk, n_units - c0), work = nr * nc * per_unit;
-        for (int base = 0; base < work; base += MM_THREADS * MM_U) { /* every thread the same trips (shuffles) */
+        int nc = min(chunk, n_units - c0);
+        for (int j0 = 0; j0 < nc; j0 += STEP * MM_U) { /* the same trips in every warp (shuffles, barrier) */
             wunit wu[MM_U];
-            int ur[MM_U], ub[MM_U];
+            wraw wr[MM_U];
 #pragma unroll
             for (int k = 0; k < MM_U; k++) { /* the loads of MM_U units go out together */
-                int i = base + k * MM_THREADS + tid;
-                bool on = i < work;
-                ur[k] = on ? i / (nc * per_unit) : -1, ub[k] = on ? (i / per_unit) % nc : 0;
-                wu[k] = wunit{};
-                const uint8_t *blk = W + (size_t)(r0 + (on ? ur[k] : 0)) * row_bytes + (size_t)(c0 + ub[k]) * ty::bytes;
-                if (on) {
-                    if (ty::k)
-                        load_k<T>(blk, tid % per_unit, wu[k]);
-                    else
-                        load32<T>(blk, wu[k]);
+                int u = j0 + k * STEP + lane / PU;
+                bool on = live && u < nc;
+                if (ty::k) {
+                    wu[k] = wunit{};
+                    if (on) load_k<T>(row + (size_t)(c0 + u) * ty::bytes, sub, wu[k]);
+                } else if (on) {
+                    load_split<T>(row, n_units, c0 + u, wr[k]);
                 }
+            }
+            if (XS && j0 == 0) { /* the activations, while the weights are on their way */
+                for (int t = 0; t < tt; t++) {
+                    const int *src = (const int *)(X + (size_t)(t0 + t) * x_row + (size_t)c0 * XB);
+                    for (int i = tid; i < nc * XB / 4; i += MM_THREADS) xs[t * nc * XB / 4 + i] = src[i];
+                }
+                __syncthreads();
             }
 #pragma unroll
             for (int k = 0; k < MM_U; k++) {
-                bool on = ur[k] >= 0;
-                float *out = terms + (size_t)(on ? ur[k] : 0) * TT * stride + ub[k] * ty::terms;
-                for (int t = 0; t < tt; t++) {
-                    const uint8_t *xb = X + (size_t)(t0 + t) * x_row + (size_t)(c0 + ub[k]) * x_bytes;
-                    if (ty::k) {
-                        float a = term_k<T>(wu[k], (const ps_block_q8_K *)xb, tid % per_unit);
-                        if (on && tid % per_unit == 0) out[t * stride] = a;
-                    } else if (on) {
+                int u = j0 + k * STEP + lane / PU;
+                bool on = live && u < nc;
+                float *out = mine + (on ? u : 0) * ty::terms;
+                if (ty::k) { /* every lane: term_k's shuffles */
+                    for (int t = 0; t < tt; t++) {
+                        const uint8_t *xb = X + (size_t)(t0 + t) * x_row + (size_t)(c0 + (on ? u : 0)) * XB;
+                        float a = term_k<T>(wu[k], (const ps_block_q8_K *)xb, sub);
+                        if (on && sub == 0) out[t * stride] = a;
+                    }
+                } else if (on) {
+                    wunit w;
+                    unpack<T>(wr[k], w);
+                    for (int t = 0; t < tt; t++) {
+                        const ps_xq32 *x = XS ? (const ps_xq32 *)(xs + (t * nc + u) * (XB / 4))
+                                              : (const ps_xq32 *)(X + (size_t)(t0 + t) * x_row + (size_t)(c0 + u) * XB);
                         float a, m;
-                        term32<T>(wu[k], (const ps_xq32 *)xb, &a, &m);
+                        term32<T>(w, x, &a, &m);
                         out[t * stride] = a;
                         if (ty::terms == 2) out[t * stride + 1] = m;
                     }
@@ -294,11 +354,13 @@ __global__ void __launch_bounds__(MM_THREADS)
 /* The chunk of blocks k_mm_q<T, TT> takes at a time within MM_SMEM bytes of shared memory,
  * and the bytes it then uses. */
 #define MM_SMEM (48 * 1024)
-template <int T> static int mm_chunk(int tt, int n_units) {
-    int c = ((MM_SMEM / 4) / (MM_R * tt) - 1) / wtype<T>::terms;
+template <int T, int TT> static int mm_chunk(int n_units) {
+    int c = (MM_SMEM / 4 - MM_R * TT) / (MM_R * TT * wtype<T>::terms + (mm_xs<T, TT>() ? TT * 10 : 0));
     return c < n_units ? c : n_units;
 }
-template <int T> static size_t mm_smem(int tt, int chunk) { return (size_t)MM_R * tt * mm_stride<T>(chunk) * 4; }
+template <int T, int TT> static size_t mm_smem(int chunk) {
+    return ((size_t)MM_R * TT * mm_stride<T>(chunk) + (mm_xs<T, TT>() ? (size_t)TT * 10 * chunk : 0)) * 4;
+}
 
 /* Float weights against f32 activations (q8_ref.c's dot_f32 / dot_f16 / dot_bf16): eight
  * partial sums (element j into sum j % 8), combined ((0+4)+(2+6))+((1+5)+(3+7)). A warp
@@ -447,62 +509,86 @@ __global__ void k_add(float *x, const float *y, size_t n) {
  * Attention (forward.c's attend_nv): one thread block per (row, head). Scores q·k in 16
  * lanes and the tree, times 1/sqrt(hd); the softmax's max, e = ps_exp_neg(score - max),
  * the 16 lane sums over positions p0 + lane and their tree, e / sum; then each output
- * element sums weight × value over positions in order. Keys and values come into shared
- * memory a tile of KV blocks at a time (every thread's 16-byte loads out together); the
- * scores stay in shared memory (in global memory past ATT_SMEM_POS positions). */
+ * element sums weight × value over positions in order. Keys, then values, stream through a
+ * ring of KV blocks in shared memory (ATT_RING_BYTES): while one block is worked, the copies
+ * of the next ones are in flight (16-byte asynchronous copies), so that a long context costs
+ * its bytes, not a memory latency per block. The scores stay in shared memory up to
+ * att_smem_pos positions (what the device's shared memory holds beside the ring), in global
+ * memory past that. */
 
-#define ATT_THREADS  128
-#define ATT_SMEM_POS 40960 /* scores in shared memory up to this many positions (160 KiB) */
+#define ATT_THREADS    128
+#define ATT_RING_BYTES (64 * 1024)
 
 struct att_args {
     const float *q;       /* (n, n_head * hd) */
     const float *kc, *vc; /* this layer's cache */
     float *out;           /* (n, n_head * hd) */
-    float *scores;        /* (rows of this launch, n_head, srow): used past ATT_SMEM_POS */
+    float *scores;        /* (rows of this launch, n_head, srow): used when the scores are not in shared memory */
     int n_head, n_head_kv, hd, srow, row0;
-    int tile_blocks; /* KV blocks per shared-memory tile */
+    int ring; /* KV blocks in the ring */
     float scale;
 };
 
-/* Copies KV blocks b0.. (at most nb, of the sequence's table) of head kvh into tile: the
- * blocks' rows side by side, PS_KV_BLOCK × hd floats each (16-byte loads: hd % 4 == 0). */
-__device__ __forceinline__ void att_tile(float *tile, const float *cache, const int32_t *tab, int b0, int nb,
-                                         int n_head_kv, int hd, int kvh) {
-    int per = PS_KV_BLOCK * hd / 4; /* float4s per block */
-    for (int i = threadIdx.x; i < nb * per; i += ATT_THREADS) {
-        int b = i / per, j = i % per;
-        const float4 *src = (const float4 *)(cache + ((size_t)tab[b0 + b] * n_head_kv + kvh) * PS_KV_BLOCK * hd);
-        ((float4 *)tile)[i] = src[j];
+/* KV blocks in the ring for head width hd (at least 2), and its bytes. */
+static inline int att_ring_blocks(int hd) {
+    int r = ATT_RING_BYTES / (PS_KV_BLOCK * hd * 4);
+    return r < 2 ? 2 : r;
+}
+static inline size_t att_ring_bytes(int hd) { return (size_t)att_ring_blocks(hd) * PS_KV_BLOCK * hd * 4; }
+
+/* Starts the copy of the sequence's KV block b (head kvh) into ring slot b % ring. */
+__device__ __forceinline__ void ring_fetch(float *ring, const float *cache, const int32_t *tab, int b, int n_ring,
+                                           int n_head_kv, int hd, int kvh) {
+    int per = PS_KV_BLOCK * hd / 4; /* float4s per block (hd % 4 == 0) */
+    const float4 *src = (const float4 *)(cache + ((size_t)tab[b] * n_head_kv + kvh) * PS_KV_BLOCK * hd);
+    float4 *dst = (float4 *)(ring + (size_t)(b % n_ring) * PS_KV_BLOCK * hd);
+    for (int i = threadIdx.x; i < per; i += ATT_THREADS) __pipeline_memcpy_async(dst + i, src + i, 16);
+}
+
+/* work(b, rows) for the sequence's KV blocks b = 0 .. n_blk - 1 in order, rows = block b of
+ * the cache (head kvh) in shared memory, with the next n_ring - 1 blocks' copies in flight.
+ * Every thread of the block calls it. */
+template <typename F>
+__device__ __forceinline__ void ring_walk(float *ring, const float *cache, const int32_t *tab, int n_blk, int n_ring,
+                                          int n_head_kv, int hd, int kvh, F work) {
+    for (int b = 0; b < n_ring - 1; b++) {
+        if (b < n_blk) ring_fetch(ring, cache, tab, b, n_ring, n_head_kv, hd, kvh);
+        __pipeline_commit();
+    }
+    for (int b = 0; b < n_blk; b++) {
+        if (b + n_ring - 1 < n_blk) ring_fetch(ring, cache, tab, b + n_ring - 1, n_ring, n_head_kv, hd, kvh);
+        __pipeline_commit();
+        __pipeline_wait_prior(n_ring - 1); /* this thread's copies of block b have landed */
+        __syncthreads();                   /* everyone's */
+        work(b, ring + (size_t)(b % n_ring) * PS_KV_BLOCK * hd);
+        __syncthreads(); /* block b's slot is free for block b + n_ring */
     }
 }
 
-/* Shared memory: the tile (tile_blocks × PS_KV_BLOCK × hd floats), then the scores when SMEM. */
+/* Shared memory: the ring (n_ring × PS_KV_BLOCK × hd floats), then the scores when SMEM. */
 template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
     extern __shared__ float sh[];
     __shared__ float red[ATT_THREADS / 32];
     __shared__ float q[256];
     int t = a.row0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1, tb = a.tile_blocks;
+    int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1;
     const int32_t *tab = ri.tabs + ri.tab_off[t];
-    float *tile = sh, *S = SMEM ? sh + tb * PS_KV_BLOCK * hd : a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
+    float *ring = sh,
+          *S = SMEM ? sh + a.ring * PS_KV_BLOCK * hd : a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
     for (int i = tid; i < hd; i += ATT_THREADS) q[i] = a.q[((size_t)t * a.n_head + h) * hd + i];
-    int n_blk = (n_pos + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
-    /* scores: a tile of keys at a time; a half warp per position, lane l its elements l, l + 16, ... */
-    for (int b0 = 0; b0 < n_blk; b0 += tb) {
-        int nb = min(tb, n_blk - b0), l = lane & 15;
-        __syncthreads(); /* the tile's last readers are done (and q is in) */
-        att_tile(tile, a.kc, tab, b0, nb, a.n_head_kv, hd, kvh);
-        __syncthreads();
-        for (int j = tid >> 4; j < nb * PS_KV_BLOCK; j += ATT_THREADS / 16) { /* uniform per warp */
-            const float *k = tile + (size_t)j * hd;
+    int n_blk = (n_pos + PS_KV_BLOCK - 1) / PS_KV_BLOCK, l = lane & 15;
+    /* scores: a half warp per position, lane l its elements l, l + 16, ... (both halves of a
+     * warp take the same number of positions: the shuffles name the whole warp) */
+    ring_walk(ring, a.kc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *keys) {
+        for (int j = tid >> 4; j < PS_KV_BLOCK; j += ATT_THREADS / 16) {
+            const float *k = keys + (size_t)j * hd;
             float acc = 0.0f;
             for (int i = l; i < hd; i += 16) acc += q[i] * k[i];
             acc = tree16(acc);
-            int p = b0 * PS_KV_BLOCK + j;
+            int p = b * PS_KV_BLOCK + j;
             if (l == 0 && p < n_pos) S[p] = acc * a.scale;
         }
-    }
-    __syncthreads();
+    });
     float mx = -INFINITY;
     for (int p = tid; p < n_pos; p += ATT_THREADS) mx = fmaxf(mx, S[p]);
     mx = warp_max(mx);
@@ -522,19 +608,16 @@ template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(
     __syncthreads();
     float sum = red[0];
     for (int p = tid; p < n_pos; p += ATT_THREADS) S[p] = S[p] / sum;
-    /* outputs: a tile of values at a time; element i sums over positions in order */
+    /* outputs: element i sums over positions in order, a KV block of values at a time */
     float o0 = 0.0f, o1 = 0.0f; /* elements tid and tid + ATT_THREADS (hd <= 256) */
     int i0 = tid, i1 = tid + ATT_THREADS;
-    for (int b0 = 0; b0 < n_blk; b0 += tb) {
-        int nb = min(tb, n_blk - b0), p0 = b0 * PS_KV_BLOCK, np = min(nb * PS_KV_BLOCK, n_pos - p0);
-        __syncthreads();
-        att_tile(tile, a.vc, tab, b0, nb, a.n_head_kv, hd, kvh);
-        __syncthreads();
+    ring_walk(ring, a.vc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *vals) {
+        int p0 = b * PS_KV_BLOCK, np = min(PS_KV_BLOCK, n_pos - p0);
         if (i0 < hd)
-            for (int j = 0; j < np; j++) o0 += S[p0 + j] * tile[(size_t)j * hd + i0];
+            for (int j = 0; j < np; j++) o0 += S[p0 + j] * vals[(size_t)j * hd + i0];
         if (i1 < hd)
-            for (int j = 0; j < np; j++) o1 += S[p0 + j] * tile[(size_t)j * hd + i1];
-    }
+            for (int j = 0; j < np; j++) o1 += S[p0 + j] * vals[(size_t)j * hd + i1];
+    });
     float *out = a.out + ((size_t)t * a.n_head + h) * hd;
     if (i0 < hd) out[i0] = o0;
     if (i1 < hd) out[i1] = o1;

@@ -8,7 +8,8 @@
 #include "cuda.h"
 #include "kernels.cuh"
 
-/* A matrix in device memory: the GGUF bytes as the file holds them. */
+/* A matrix in device memory: the GGUF bytes as the file holds them, or (split_type) its
+ * rows split as kernels.cuh's split_row splits them. */
 struct dmat {
     uint32_t type;
     int rows, cols;
@@ -31,9 +32,10 @@ struct ps_cuda {
     int dev;
     cudaStream_t st;
     int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
-    int att_rows; /* rows per attention launch (the scores buffer's) */
-    void *mem;    /* one allocation: everything below */
-    dlayer *L;    /* host array of device pointers */
+    int att_rows;         /* rows per attention launch (the scores buffer's) */
+    bool att_smem_scores; /* attention keeps its scores in shared memory (else in g->scores) */
+    void *mem;            /* one allocation: everything below */
+    dlayer *L;            /* host array of device pointers */
     const float *out_norm;
     dmat output;
     float *rope;                                /* (n_ctx, rope_dim) */
@@ -124,6 +126,12 @@ static void *take(arena *a, size_t bytes) {
 
 static size_t mat_bytes(const ps_mat *w) { return (size_t)w->rows * ps_row_bytes(w->type, w->cols); }
 
+/* Bytes of a row of w on the device. */
+static size_t dev_row_bytes(const ps_mat *w) {
+    size_t b = ps_row_bytes(w->type, w->cols);
+    return split_type(w->type) ? split_row_bytes(b) : b;
+}
+
 /* Bytes of the quantized activations of n rows of cols against weights w. */
 static size_t xq_bytes(const ps_mat *w, int n) {
     if (is_float(w->type)) return 0;
@@ -132,8 +140,8 @@ static size_t xq_bytes(const ps_mat *w, int n) {
 
 static void lay_mat(arena *a, dmat *d, const ps_mat *w) {
     d->type = w->type, d->rows = (int)w->rows, d->cols = (int)w->cols;
-    d->row_bytes = ps_row_bytes(w->type, w->cols);
-    d->d = (const uint8_t *)take(a, mat_bytes(w));
+    d->row_bytes = dev_row_bytes(w);
+    d->d = (const uint8_t *)take(a, (size_t)w->rows * d->row_bytes);
 }
 
 static const float *lay_vec(arena *a, const float *v, int n) { return v ? (const float *)take(a, n * 4) : NULL; }
@@ -169,7 +177,7 @@ static void layout(ps_cuda *g, arena *a) {
     g->q = (float *)take(a, B * g->q_dim * 4), g->att = (float *)take(a, B * g->q_dim * 4);
     g->k = (float *)take(a, B * g->kv_dim * 4), g->v = (float *)take(a, B * g->kv_dim * 4);
     g->hb = (float *)take(a, B * hp->ffn_dim * 4), g->hb2 = (float *)take(a, B * hp->ffn_dim * 4);
-    if (g->n_ctx > ATT_SMEM_POS) g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
+    if (!g->att_smem_scores) g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
     g->xq = (uint8_t *)take(a, xq);
     size_t kv = (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     g->kc = (float *)take(a, kv * 4), g->vc = (float *)take(a, kv * 4);
@@ -188,6 +196,10 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     size_t per_row = (size_t)m->hp.n_head * p->n_ctx * 4, rows = ((size_t)256 << 20) / per_row;
     g->att_rows = rows < 1 ? 1 : rows > (size_t)p->max_batch ? p->max_batch : (int)rows;
     g->meta_ints = 3 * (size_t)p->max_batch + (size_t)p->max_batch * g->seq_blocks;
+    int optin = 0; /* the most shared memory a thread block may have; 4 KiB kept for the static */
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p->device) != cudaSuccess)
+        cudaGetLastError(), optin = 48 * 1024;
+    g->att_smem_scores = att_ring_bytes(m->hp.head_dim) + (size_t)p->n_ctx * 4 + 4096 <= (size_t)optin;
 }
 
 size_t ps_cuda_bytes(const ps_model *m, const ps_cuda_params *p) {
@@ -207,6 +219,25 @@ static ps_status upload(const void *dst, const void *src, size_t bytes, char *er
     return PS_OK;
 }
 
+/* Matrix w into d: as it is, or its rows split (a few MiB at a time through host memory). */
+static ps_status upload_mat(const dmat *d, const ps_mat *w, char *err, size_t errlen) {
+    if (!split_type(w->type)) return upload(d->d, w->data, mat_bytes(w), err, errlen);
+    size_t in_row = ps_row_bytes(w->type, w->cols), per = ((size_t)8 << 20) / d->row_bytes + 1;
+    uint8_t *buf = (uint8_t *)malloc(per * d->row_bytes);
+    if (!buf) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    int bytes = (int)ps_type_get(w->type)->type_size, head = bytes - (w->type == PS_TYPE_Q8_0 ? 32 : 16);
+    ps_status s = PS_OK;
+    for (size_t r0 = 0; r0 < (size_t)w->rows && !s; r0 += per) {
+        size_t n = (size_t)w->rows - r0 < per ? (size_t)w->rows - r0 : per;
+        for (size_t r = 0; r < n; r++)
+            split_row((const uint8_t *)w->data + (r0 + r) * in_row, (int)(w->cols / 32), bytes, head,
+                      buf + r * d->row_bytes, d->row_bytes);
+        s = upload(d->d + r0 * d->row_bytes, buf, n * d->row_bytes, err, errlen);
+    }
+    free(buf);
+    return s;
+}
+
 static ps_status upload_weights(ps_cuda *g, const ps_cuda_params *p, char *err, size_t errlen) {
     const ps_model *m = g->m;
     const ps_hparams *hp = &m->hp;
@@ -223,21 +254,19 @@ static ps_status upload_weights(ps_cuda *g, const ps_cuda_params *p, char *err, 
         if (!s) s = upload(d->k_norm, l->k_norm, (size_t)hp->head_dim * 4, err, errlen);
         const ps_mat *src[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
         const dmat *dst[] = {&d->wq, &d->wk, &d->wv, &d->wo, &d->gate, &d->up, &d->down};
-        for (int j = 0; j < 7 && !s; j++) s = upload(dst[j]->d, src[j]->data, mat_bytes(src[j]), err, errlen);
+        for (int j = 0; j < 7 && !s; j++) s = upload_mat(dst[j], src[j], err, errlen);
     }
     if (!s && m->has_head) {
         s = upload(g->out_norm, m->out_norm, (size_t)hp->dim * 4, err, errlen);
-        if (!s) s = upload(g->output.d, m->output.data, mat_bytes(&m->output), err, errlen);
+        if (!s) s = upload_mat(&g->output, &m->output, err, errlen);
     }
     if (!s) s = upload(g->rope, p->rope_cs, (size_t)g->n_ctx * hp->rope_dim * 4, err, errlen);
     return s;
 }
 
-/* KV blocks per attention tile (32 KiB of keys or values), and the kernel's shared memory. */
-static int att_tile_blocks(int hd) { return hd <= 128 ? 2 : 1; }
+/* The attention kernel's shared memory. */
 static size_t att_smem(const ps_cuda *g) {
-    int hd = g->m->hp.head_dim;
-    return ((size_t)att_tile_blocks(hd) * PS_KV_BLOCK * hd + (g->n_ctx <= ATT_SMEM_POS ? g->n_ctx : 0)) * 4;
+    return att_ring_bytes(g->m->hp.head_dim) + (g->att_smem_scores ? (size_t)g->n_ctx * 4 : 0);
 }
 
 static bool type_ok(uint32_t t) {
@@ -301,8 +330,8 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "CUDA: %s (allocating %.2f GiB on %s)", cudaGetErrorString(e),
                     need / 1073741824.0, name);
     if (!s && att_smem(g) > 48 * 1024 &&
-        (e = cudaFuncSetAttribute(g->n_ctx <= ATT_SMEM_POS ? (const void *)k_attention<true>
-                                                           : (const void *)k_attention<false>,
+        (e = cudaFuncSetAttribute(g->att_smem_scores ? (const void *)k_attention<true>
+                                                     : (const void *)k_attention<false>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(g))) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
     if (!s && m->hp.dim * 4 > 48 * 1024 &&
@@ -349,9 +378,9 @@ static unsigned blocks_for(size_t n, unsigned per) { return (unsigned)((n + per 
  * the format the type reads (xq, or f32 x for the float types). */
 template <int T, int TT>
 static void launch_qt(ps_cuda *g, const dmat *w, const uint8_t *xq, size_t x_row, int n, float *y, long long ys) {
-    int units = w->cols / (is_k(T) ? 256 : 32), chunk = mm_chunk<T>(TT, units);
+    int units = w->cols / (is_k(T) ? 256 : 32), chunk = mm_chunk<T, TT>(units);
     dim3 grid(blocks_for(w->rows, MM_R), blocks_for(n, TT));
-    k_mm_q<T, TT><<<grid, MM_THREADS, mm_smem<T>(TT, chunk), g->st>>>(w->d, w->row_bytes, units, chunk, xq, x_row, n, y,
+    k_mm_q<T, TT><<<grid, MM_THREADS, mm_smem<T, TT>(chunk), g->st>>>(w->d, w->row_bytes, units, chunk, xq, x_row, n, y,
                                                                       ys, w->rows);
 }
 
@@ -439,10 +468,10 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     att_args aa = {};
     aa.q = g->q, aa.kc = kc, aa.vc = vc, aa.out = g->att, aa.scores = g->scores;
     aa.n_head = hp->n_head, aa.n_head_kv = hp->n_head_kv, aa.hd = hp->head_dim, aa.srow = g->n_ctx;
-    aa.tile_blocks = att_tile_blocks(hp->head_dim), aa.scale = 1.0f / sqrtf((float)hp->head_dim);
+    aa.ring = att_ring_blocks(hp->head_dim), aa.scale = 1.0f / sqrtf((float)hp->head_dim);
     for (aa.row0 = 0; aa.row0 < n; aa.row0 += g->att_rows) {
         int rows = n - aa.row0 < g->att_rows ? n - aa.row0 : g->att_rows;
-        if (g->n_ctx <= ATT_SMEM_POS)
+        if (g->att_smem_scores)
             k_attention<true><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
         else
             k_attention<false><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
