@@ -104,6 +104,17 @@ void ps_thread_unpin(void) {
 }
 
 /* See ps.h. */
+uint64_t ps_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "re");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* See ps.h. */
 ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen) {
     char path[4096];
     size_t len = strlen(dir);

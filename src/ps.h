@@ -57,6 +57,9 @@ int ps_first_cpus(int *cpus, int cap);
  * started by a pinned thread (they inherit its one CPU), and a forked child about to exec. */
 void ps_thread_unpin(void);
 
+/* This host's MemAvailable (/proc/meminfo) in bytes, or 0 when unknown. */
+uint64_t ps_mem_available(void);
+
 /* Creates dir and any missing parents with the given mode (like mkdir -p); an existing
  * path that is not a directory is an error. */
 ps_status ps_make_dirs(const char *dir, unsigned mode, char *err, size_t errlen);

@@ -1283,6 +1283,158 @@ static void test_link_stop_and_errors(void) {
     ps_conn_free(a);
 }
 
+/* ---- link probes ------------------------------------------------------------------------ */
+
+/* A link probe's hello holds no stage: a worker sees role 4; one that claims a stage (or a
+ * fingerprint, or a session) is refused. */
+static void test_handshake_probe(void) {
+    uint8_t key[32];
+    memset(key, 9, sizeof key);
+    hs_side cl = {.key = key, .mine = {.role = PS_ROLE_PROBE, .stage_count = 1}};
+    hs_side sv = {.key = key, .mine = hello_of(PS_ROLE_WORKER, 1, 10, 20)};
+    ps_conn *a = run_handshake(&cl, &sv);
+    PS_CHECK_OK(cl.st);
+    PS_CHECK_OK(sv.st);
+    PS_CHECK_EQ_INT(sv.peer.role, PS_ROLE_PROBE);
+    PS_CHECK(hello_eq(&cl.peer, &sv.mine));
+    ps_conn_free(a);
+    ps_conn_free(sv.c);
+    const char *why = "a link probe claims no stage, layers, fingerprints or session";
+    ps_hello bad[4];
+    for (int i = 0; i < 4; i++) bad[i] = cl.mine;
+    bad[0].stage_count = 3, bad[1].n_layer = 30, bad[2].session = 5;
+    strcpy(bad[3].model_fp, "0123456789abcdef0123456789ABCDEF");
+    for (int i = 0; i < 4; i++) {
+        ps_conn *b;
+        if (!make_pair(&a, &b)) return;
+        char err[512];
+        PS_CHECK_EQ_INT(ps_net_handshake_client(a, NULL, &bad[i], NULL, NULL, 0, 100, NULL, err, sizeof err),
+                        PS_ERR_ARG);
+        CHECK_HAS(err, why);
+        ps_conn_free(a);
+        ps_conn_free(b);
+    }
+}
+
+static void test_host_info_codec(void) {
+    ps_host_info hi = {.host = "gpu-box", .mem_available = 123456789012ull, .threads = 16, .device = "cuda:0 (X)"}, got;
+    ps_wbuf b = {0};
+    char err[256];
+    ps_host_info_encode(&b, &hi);
+    PS_CHECK_OK(ps_host_info_decode(b.p, b.len, &got, err, sizeof err));
+    PS_CHECK(!strcmp(got.host, hi.host) && got.mem_available == hi.mem_available && got.threads == 16 &&
+             !strcmp(got.device, hi.device));
+    for (size_t cut = 0; cut < b.len; cut++)
+        PS_CHECK_EQ_INT(ps_host_info_decode(b.p, cut, &got, err, sizeof err), PS_ERR_PROTOCOL);
+    CHECK_HAS(err, "malformed HOST_INFO");
+    ps_wbuf_u8(&b, 0); /* a trailing byte */
+    PS_CHECK_EQ_INT(ps_host_info_decode(b.p, b.len, &got, err, sizeof err), PS_ERR_PROTOCOL);
+    const char *odd[] = {"a\"b", "a\\b", "a\nb", "caf\xc3\xa9"};
+    for (size_t i = 0; i < PS_ARRAY_LEN(odd); i++) {
+        snprintf(hi.host, sizeof hi.host, "%s", odd[i]);
+        ps_host_info_encode(&b, &hi);
+        PS_CHECK_EQ_INT(ps_host_info_decode(b.p, b.len, &got, err, sizeof err), PS_ERR_PROTOCOL);
+        CHECK_HAS(err, "not plain printable ASCII");
+    }
+    ps_wbuf_free(&b);
+}
+
+/* The worker's side of a link probe on a thread: sv's connection, limits lim. */
+typedef struct {
+    ps_conn *c;
+    ps_echo_limits lim;
+    ps_link_sim sim;
+    ps_echo_stats st;
+    ps_status s;
+    char err[512];
+} echo_side;
+
+static void *echo_main(void *arg) {
+    echo_side *e = arg;
+    ps_host_info hi = {.host = "far", .mem_available = 1 << 30, .threads = 2, .device = "cpu"};
+    e->s = ps_net_echo_serve(e->c, &hi, &e->sim, &e->lim, &e->st, e->err, sizeof e->err);
+    return NULL;
+}
+
+/* A pair past a probe's handshake, its worker side answering on a thread (joined by the caller). */
+static bool echo_pair(ps_conn **a, echo_side *e, pthread_t *th) {
+    hs_side cl = {.mine = {.role = PS_ROLE_PROBE, .stage_count = 1}, .max_payload = PS_ECHO_MAX_BYTES + 64};
+    hs_side sv = {.mine = hello_of(PS_ROLE_WORKER, 1, 10, 20)};
+    *a = run_handshake(&cl, &sv);
+    PS_CHECK(*a != NULL);
+    if (!*a) return false;
+    e->c = sv.c;
+    pthread_create(th, NULL, echo_main, e);
+    return true;
+}
+
+/* A whole measurement against the worker's side: HOST_INFO, a round trip, rates both ways,
+ * the emulated delay of the worker's hop seen in the round trip; then the refusals: a reply
+ * too large, a frame of another type, the byte and idle limits. */
+static void test_link_probe(void) {
+    ps_conn *a;
+    pthread_t th;
+    char err[512];
+    echo_side e = {.lim = {.max_s = 30, .max_bytes = 1ull << 30, .idle_ms = 2000}, .sim = {.latency_ms = 3}};
+    if (!echo_pair(&a, &e, &th)) return;
+    ps_link_probe lp = {0};
+    PS_CHECK_OK(ps_net_link_probe_conn(a, 2000, &lp, err, sizeof err));
+    ps_conn_free(a); /* the probe's end: the worker's side returns PS_OK */
+    pthread_join(th, NULL);
+    PS_CHECK_OK(e.s);
+    PS_CHECK(!strcmp(lp.host.host, "far") && lp.host.threads == 2 && lp.host.mem_available == 1 << 30);
+    PS_CHECK(lp.rtt_ms >= 3 && lp.rtt_min_ms <= lp.rtt_ms && lp.rtt_ms <= lp.rtt_max_ms);
+    PS_CHECK(lp.up_mbps > 0 && lp.down_mbps > 0 && lp.bulk_bytes >= (64u << 10));
+    PS_CHECK(e.st.echoes >= 22 + 6 && e.st.bytes >= 6ull * lp.bulk_bytes);
+    ps_conn_free(e.c);
+
+    /* refusals, each an ERROR the probe reports, the worker's side ending with the reason */
+    static const struct {
+        int what; /* 0: reply too large, 1: another type, 2: the byte limit, 3: silence */
+        ps_status st;
+        const char *why;
+    } cases[] = {{0, PS_ERR_PROTOCOL, "ECHO asks for a reply of 67108865 bytes (at most 67108864)"},
+                 {1, PS_ERR_PROTOCOL, "expected ECHO, got message type 18"},
+                 {2, PS_ERR_RANGE, "the probe would move more than 1000 B, the most a link probe may"},
+                 {3, PS_ERR_TIMEOUT, "no ECHO within 100 ms"}};
+    for (size_t i = 0; i < PS_ARRAY_LEN(cases); i++) {
+        e = (echo_side){.lim = {.max_s = 30, .max_bytes = cases[i].what == 2 ? 1000 : 1ull << 30, .idle_ms = 100}};
+        if (!echo_pair(&a, &e, &th)) return;
+        uint16_t type;
+        const uint8_t *p;
+        uint32_t len;
+        PS_CHECK_OK(ps_conn_recv(a, 1000, &type, &p, &len, err, sizeof err));
+        PS_CHECK_EQ_INT(type, PS_MSG_HOST_INFO);
+        if (cases[i].what == 0) {
+            uint8_t big[4];
+            put_le(big, PS_ECHO_MAX_BYTES + 1, 4);
+            struct iovec iov = {big, 4};
+            PS_CHECK_OK(ps_conn_send(a, PS_MSG_ECHO, &iov, 1, 1000, err, sizeof err));
+        } else if (cases[i].what == 1) {
+            PS_CHECK_OK(ps_conn_send(a, PS_MSG_FORWARD, NULL, 0, 1000, err, sizeof err));
+        }
+        double ms;
+        if (cases[i].what == 2) {
+            PS_CHECK_OK(ps_net_echo(a, 0, 500, 1000, &ms, err, sizeof err));
+            PS_CHECK_EQ_INT(ps_net_echo(a, 0, 500, 1000, &ms, err, sizeof err), PS_ERR_PROTOCOL);
+        } else {
+            PS_CHECK_OK(ps_conn_recv(a, 1000, &type, &p, &len, err, sizeof err));
+            PS_CHECK_EQ_INT(type, PS_MSG_ERROR);
+            ps_rbuf r = {.p = p, .len = len};
+            ps_rbuf_u8(&r);
+            ps_rbuf_str(&r, err, sizeof err);
+        }
+        CHECK_HAS(err, cases[i].why);
+        pthread_join(th, NULL);
+        PS_CHECK_EQ_INT(e.s, cases[i].st);
+        CHECK_STR(e.err, cases[i].why);
+        ps_conn_free(a);
+        ps_conn_free(e.c);
+    }
+    /* the probe's own bounds */
+    PS_CHECK_EQ_INT(ps_net_echo(NULL, PS_ECHO_MAX_BYTES + 1, 0, 100, &(double){0}, err, sizeof err), PS_ERR_ARG);
+}
+
 int main(void) {
     double t0 = now_ms();
     test_header_codec();
@@ -1306,6 +1458,9 @@ int main(void) {
     test_handshake_takes_shards();
     test_handshake_messages();
     test_handshake_stale_and_malformed();
+    test_handshake_probe();
+    test_host_info_codec();
+    test_link_probe();
     test_link_timing();
     test_link_order();
     test_link_stop_and_errors();

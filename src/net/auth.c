@@ -11,11 +11,15 @@
  *   REFUSE       the reason, UTF-8, the whole payload; header flag NET_FLAG_REFUSE_AUTH set
  *                when the refusal is about keys or proofs
  * Every payload must be consumed exactly (trailing bytes are an error). A received hello
- * must have a known role, 0 <= stage < stage_count, 0 <= layer_begin <= layer_end <=
- * n_layer, fingerprints that are empty or exactly 32 hex digits, and no flag but
- * PS_HELLO_TAKES_SHARDS, and that one only from a worker; has_key is 0, 1 or 2, and a proof
- * without a key is all zero. A worker started with --cache and no shard loaded yet says
- * stage 0 of 1, layers 0..0 of 0, empty fingerprints and PS_HELLO_TAKES_SHARDS.
+ * must have a known role (coordinator 1, previous stage 2, worker 3, link probe 4), 0 <=
+ * stage < stage_count, 0 <= layer_begin <= layer_end <= n_layer, fingerprints that are empty
+ * or exactly 32 hex digits, and no flag but PS_HELLO_TAKES_SHARDS, and that one only from a
+ * worker; has_key is 0, 1 or 2, and a proof without a key is all zero. A worker started with
+ * --cache and no shard loaded yet says stage 0 of 1, layers 0..0 of 0, empty fingerprints
+ * and PS_HELLO_TAKES_SHARDS. A link probe (PS_ROLE_PROBE) holds no stage: it says stage 0 of
+ * 1, layers 0..0 of 0, empty fingerprints, session 0 (anything else is refused); which
+ * peers a server lets in is its check's business (a worker lets a probe in whatever it
+ * serves).
  *
  * Keys never appear in messages; proofs are compared with crypto_auth_verify (constant
  * time). The nonces make every proof fresh, the distinct labels keep a server's proof from
@@ -229,8 +233,12 @@ static bool fp_ok(const char fp[33]) {
 
 /* Checks the fields of a hello; false with the first problem in why. */
 static bool hello_valid(const ps_hello *h, char *why, size_t cap) {
-    if (h->role < PS_ROLE_COORD || h->role > PS_ROLE_WORKER)
+    if (h->role < PS_ROLE_COORD || h->role > PS_ROLE_PROBE)
         snprintf(why, cap, "unknown role %u", (unsigned)h->role);
+    else if (h->role == PS_ROLE_PROBE &&
+             (h->stage != 0 || h->stage_count != 1 || h->layer_begin != 0 || h->layer_end != 0 || h->n_layer != 0 ||
+              h->model_fp[0] || h->shard_fp[0] || h->session != 0))
+        snprintf(why, cap, "a link probe claims no stage, layers, fingerprints or session");
     else if (h->stage_count < 1 || h->stage < 0 || h->stage >= h->stage_count)
         snprintf(why, cap, "stage %" PRId32 " of %" PRId32 " is out of range", h->stage, h->stage_count);
     else if (h->n_layer < 0 || h->layer_begin < 0 || h->layer_begin > h->layer_end || h->layer_end > h->n_layer)

@@ -22,8 +22,9 @@
 
 #define PS_NET_MAGIC 0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
 #define PS_NET_VERSION                                                                                                 \
-    6 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel;        \
-       4: prefixes saved and restored; 5: draft tokens verified; 6: draft distributions) */
+    7 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel;        \
+       4: prefixes saved and restored; 5: draft tokens verified; 6: draft distributions; 7: link probes, the        \
+       role PS_ROLE_PROBE and the messages ECHO and HOST_INFO) */
 #define PS_NET_HDR_BYTES 24
 
 /* The header as it travels (little-endian, no padding; encoded/decoded field by field). */
@@ -38,7 +39,8 @@ typedef struct {
 _Static_assert(sizeof(ps_frame_hdr) == PS_NET_HDR_BYTES, "frame header is 24 bytes");
 
 /* Message types. Never renumbered; new ones at the end. 1..15 belong to the handshake
- * (this module), 16.. to the stage protocol (src/stage). */
+ * (this module), 16..30 to the stage protocol (src/stage), 31 and 32 to link probes (this
+ * module, probe.c). */
 typedef enum {
     PS_MSG_HELLO = 1,       /* client → server: who I am, my nonce */
     PS_MSG_HELLO_REPLY = 2, /* server → client: who I am, my nonce, my proof */
@@ -60,6 +62,9 @@ typedef enum {
     PS_MSG_KV_SAVE = 28,    /* coordinator → worker (--prefix-dir): save a prefix's keys and values */
     PS_MSG_KV_LOAD = 29,    /* coordinator → worker: restore them into these blocks */
     PS_MSG_KV_DONE = 30,    /* worker → coordinator: KV_SAVE or KV_LOAD done, or why not */
+    PS_MSG_ECHO = 31,       /* link probe → worker: u32 reply_bytes, then any padding; the worker
+                               answers an ECHO of reply_bytes bytes (or ERROR, and closes) */
+    PS_MSG_HOST_INFO = 32,  /* worker → link probe, right after the handshake: its host (ps_host_info) */
 } ps_msg_type;
 
 /* Encodes h into 24 bytes / decodes 24 bytes (no validation on decode). */
@@ -200,8 +205,10 @@ ps_status ps_net_key_load(const char *path, uint8_t key[32], char *err, size_t e
  * path is an error (PS_ERR_ARG, "... exists") unless force, which replaces it. */
 ps_status ps_net_key_write(const char *path, bool force, char *err, size_t errlen);
 
-/* Who is on each end of a connection. */
-typedef enum { PS_ROLE_COORD = 1, PS_ROLE_PREV_STAGE = 2, PS_ROLE_WORKER = 3 } ps_role;
+/* Who is on each end of a connection. A link probe (`pipeshard probe --link`) only measures
+ * the link: any worker that accepts its key lets it in, whatever shard it holds or session it
+ * serves, and it never becomes the worker's coordinator or previous stage. */
+typedef enum { PS_ROLE_COORD = 1, PS_ROLE_PREV_STAGE = 2, PS_ROLE_WORKER = 3, PS_ROLE_PROBE = 4 } ps_role;
 /* Bits of ps_hello.flags; the others are reserved (a hello with one set is refused). */
 enum {
     PS_HELLO_TAKES_SHARDS = 1, /* a worker started with --cache: it loads whatever shard the coordinator
@@ -250,5 +257,76 @@ ps_status ps_net_handshake_client(ps_conn *c, const uint8_t *key, const ps_hello
 ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello *mine, ps_hello_check_fn check,
                                   void *check_ctx, uint32_t max_payload, int timeout_ms, ps_hello *peer_out, char *err,
                                   size_t errlen);
+
+// ---------------------------------------------------------------------------------------
+// Link probes: the round trip and the rates between this host and a worker's
+
+/* The most bytes an ECHO may carry either way (its reply_bytes, its padding). */
+#define PS_ECHO_MAX_BYTES (64u << 20)
+
+/* What a worker tells a link probe of its host (HOST_INFO: str host, u64 mem_available,
+ * i32 threads, str device; strings of printable ASCII without '"' or '\\'). */
+typedef struct {
+    char host[256];         /* its host name */
+    uint64_t mem_available; /* MemAvailable of /proc/meminfo, bytes (0: unknown) */
+    int32_t threads;        /* its compute threads */
+    char device[128];       /* where its layers run: "cpu", "cuda:0 (NVIDIA H200)" */
+} ps_host_info;
+void ps_host_info_encode(ps_wbuf *b, const ps_host_info *h); /* restarts b */
+/* Parses and checks a HOST_INFO payload (PS_ERR_PROTOCOL "malformed HOST_INFO ..."). */
+ps_status ps_host_info_decode(const uint8_t *p, size_t len, ps_host_info *out, char *err, size_t errlen);
+
+/* Bounds on one link probe's connection, on the worker's side. */
+typedef struct {
+    double max_s;       /* the most the probe may take, seconds, from its HOST_INFO */
+    uint64_t max_bytes; /* the most payload bytes it may move, both ways together */
+    int idle_ms;        /* the longest wait for the next ECHO */
+} ps_echo_limits;
+/* What one link probe did. */
+typedef struct {
+    uint64_t echoes; /* ECHOs answered */
+    uint64_t bytes;  /* payload bytes received and sent */
+    double secs;     /* from HOST_INFO to the end */
+} ps_echo_stats;
+
+/* The worker's side of a link probe, on a connection whose handshake found a PS_ROLE_PROBE
+ * peer: sends HOST_INFO hi, then answers each ECHO with reply_bytes bytes through the link
+ * emulation sim (NULL or zeros: none, else the replies travel as the worker's outgoing hop
+ * does), until the peer closes (PS_OK), or an error: a frame of another type, a reply over
+ * PS_ECHO_MAX_BYTES, a limit of lim passed, a timeout, a socket error. Each but a socket error
+ * is told to the peer first (ERROR: u8 0, str reason). Raises c's payload limit to
+ * PS_ECHO_MAX_BYTES + 64; takes up to that much memory twice (a request and a sealed reply).
+ * *st is filled either way; c stays the caller's (the sender thread, when one was started,
+ * stops at ps_conn_free). */
+ps_status ps_net_echo_serve(ps_conn *c, const ps_host_info *hi, const ps_link_sim *sim, const ps_echo_limits *lim,
+                            ps_echo_stats *st, char *err, size_t errlen);
+
+/* One ECHO on a link probe's connection: send_bytes of padding (0..PS_ECHO_MAX_BYTES) sent
+ * asking for reply_bytes back; *ms: from the first byte sent to the last one received. An
+ * ERROR answer is PS_ERR_PROTOCOL "HOST:PORT ended the probe: <reason>". */
+ps_status ps_net_echo(ps_conn *c, uint32_t send_bytes, uint32_t reply_bytes, int timeout_ms, double *ms, char *err,
+                      size_t errlen);
+
+/* A link measured by ps_net_link_probe. */
+typedef struct {
+    ps_hello worker;   /* the worker's hello: its stage and layers */
+    ps_host_info host; /* its HOST_INFO */
+    bool sealed;       /* frames were sealed (a key) */
+    double rtt_ms;     /* the median round trip of 20 empty ECHOs (after 2 not timed) */
+    double rtt_min_ms, rtt_max_ms;
+    double up_mbps, down_mbps; /* the best of 3 transfers each way, megabits/s, less a round trip */
+    uint32_t bulk_bytes;       /* the size of those transfers (16 MiB, less on a slow link) */
+} ps_link_probe;
+
+/* Connects to the worker at addr as a link probe (PS_ROLE_PROBE, with key when not NULL),
+ * reads its HOST_INFO and measures the link: the round trip, then the rate each way
+ * (bulk_bytes up with an empty reply, and 4 bytes up with bulk_bytes back; rate = bytes × 8 ÷
+ * (elapsed − round trip)). timeout_ms bounds connecting, each handshake step and each ECHO.
+ * Errors name addr ("cannot connect to ...", "... refused: wrong shared key ..."). */
+ps_status ps_net_link_probe(const char *addr, const uint8_t *key, int timeout_ms, ps_link_probe *out, char *err,
+                            size_t errlen);
+/* The same on a connection whose handshake (as PS_ROLE_PROBE) is done; out->worker is left
+ * as the caller set it. */
+ps_status ps_net_link_probe_conn(ps_conn *c, int timeout_ms, ps_link_probe *out, char *err, size_t errlen);
 
 #endif

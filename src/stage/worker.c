@@ -12,6 +12,13 @@
  * session) under mu; the loop, their only writer, changes them under mu. It checks the peer
  * against its own copy of our hello (handshake.mine), never w->me, which a placed shard changes.
  *
+ * A link probe (`pipeshard probe --link`, role PS_ROLE_PROBE) is let in whatever the worker
+ * serves, and measured on its handshake's thread: HOST_INFO, then an answer to each ECHO
+ * (net.h), for at most PROBE_MAX_S and PROBE_MAX_BYTES, never touching the session. It holds
+ * its handshake slot meanwhile, so probes count among the MAX_HANDSHAKES under way: a
+ * connection that finds them all taken cuts the oldest short, a probe as any other. The loop
+ * then only frees the connection, with a line saying what the probe did.
+ *
  * With --cache, the worker starts without a shard and the coordinator places one (PLACE,
  * see stage.h) before SETUP: from the cache, or streamed in SHARD_DATA frames into
  * DIR/<fingerprint>.part, which the loop appends to one frame at a time (a transfer never
@@ -39,6 +46,9 @@
 /* Longest wait for each step of an incoming handshake, and how many run at once. */
 #define HANDSHAKE_MS   5000
 #define MAX_HANDSHAKES 8
+/* The most one link probe's connection may take, and move both ways together. */
+#define PROBE_MAX_S     30.0
+#define PROBE_MAX_BYTES (1ull << 30)
 /* Lines about connections that failed or were dropped: a burst of PEER_LINES_BURST, then
  * PEER_LINES_PER_S a second (a peer can open connections faster than a log should grow);
  * the lines left out are counted in one line when there is room again. */
@@ -53,7 +63,9 @@ typedef struct {
     pthread_t thread;
     ps_conn *c;
     ps_hello mine, peer;
-    ps_status s;
+    ps_status s;        /* the handshake's */
+    ps_status probe_s;  /* a link probe's, after its handshake (err then says why it ended) */
+    ps_echo_stats echo; /* what the link probe did */
     char err[512];
     double since;     /* when the connection was accepted */
     atomic_bool done; /* the thread has finished (set before it writes its slot to the pipe) */
@@ -101,6 +113,7 @@ struct worker {
     int hs_pipe[2];           /* a finished handshake writes its slot number */
     double peer_room, peer_t; /* lines that may be shown now, and when that was counted (ps_now) */
     int peer_hidden;          /* lines left out since the last one shown */
+    char device[128];         /* where the layers run, for link probes' HOST_INFO ("cpu", "cuda:0 (NAME)") */
 };
 
 static double now_ms(void) { return ps_now() * 1e3; }
@@ -211,9 +224,11 @@ static ps_status fleet_refuses(const ps_hello *me, const ps_hello *p, char *err,
 }
 
 /* Whether peer p may connect to a worker whose hello is me, sessions aside: a coordinator of
- * our fleet (of any, when we take shards: it places one before SETUP), or a previous stage. */
+ * our fleet (of any, when we take shards: it places one before SETUP), a previous stage, or a
+ * link probe (of anyone: it only measures the link). */
 static ps_status peer_refuses(const ps_hello *me, const ps_hello *p, char *err, size_t errlen) {
     ps_status s;
+    if (p->role == PS_ROLE_PROBE) return PS_OK;
     if (!(p->role == PS_ROLE_COORD && (me->flags & PS_HELLO_TAKES_SHARDS)) && (s = fleet_refuses(me, p, err, errlen)))
         return s;
     if (p->role != PS_ROLE_COORD && p->role != PS_ROLE_PREV_STAGE)
@@ -230,13 +245,13 @@ static ps_status feed_refuses(const ps_hello *me, const ps_hello *p, char *err, 
 }
 
 /* The handshake's check of whoever connects (ctx: its handshake slot, whose copy of our
- * hello it reads): a coordinator with no session running, or the previous stage of the
- * current session. */
+ * hello it reads): a coordinator with no session running, the previous stage of the current
+ * session, or a link probe (the session's fields untouched). */
 static ps_status check_peer(void *ctx, const ps_hello *p, char *err, size_t errlen) {
     handshake *h = ctx;
     worker *w = h->w;
     ps_status s = peer_refuses(&h->mine, p, err, errlen);
-    if (s) return s;
+    if (s || p->role == PS_ROLE_PROBE) return s;
     pthread_mutex_lock(&w->mu);
     s = session_refuses(w, p, h, err, errlen);
     if (!s) s = feed_refuses(&h->mine, p, err, errlen);
@@ -695,7 +710,28 @@ static bool peer_line(worker *w) {
     return false;
 }
 
-/* The thread of one incoming handshake: runs it, then hands its slot to the loop. */
+/* Makes s plain printable ASCII without '"' or '\\' (HOST_INFO's text), in place. */
+static void plain_text(char *s) {
+    for (; *s; s++)
+        if (*s < ' ' || *s > '~' || *s == '"' || *s == '\\') *s = '?';
+}
+
+/* A link probe, on its handshake's thread: HOST_INFO (this host, our threads and device),
+ * then ECHOs answered through our outgoing hop's emulation, within PROBE_MAX_S and
+ * PROBE_MAX_BYTES, a silence of --timeout-ms ending it. */
+static void answer_probe(handshake *h) {
+    const worker *w = h->w;
+    ps_host_info hi = {.mem_available = ps_mem_available(), .threads = w->o->threads};
+    gethostname(hi.host, sizeof hi.host - 1);
+    snprintf(hi.device, sizeof hi.device, "%s", w->device);
+    plain_text(hi.host);
+    plain_text(hi.device);
+    ps_echo_limits lim = {.max_s = PROBE_MAX_S, .max_bytes = PROBE_MAX_BYTES, .idle_ms = w->o->timeout_ms};
+    h->probe_s = ps_net_echo_serve(h->c, &hi, &w->o->sim, &lim, &h->echo, h->err, sizeof h->err);
+}
+
+/* The thread of one incoming handshake: runs it (and a link probe's measurement after it),
+ * then hands its slot to the loop. */
 static void *handshake_main(void *arg) {
     handshake *h = arg;
     ps_thread_unpin(); /* not on the one CPU of the pinned loop */
@@ -703,6 +739,7 @@ static void *handshake_main(void *arg) {
     int ms = w->o->timeout_ms < HANDSHAKE_MS ? w->o->timeout_ms : HANDSHAKE_MS;
     h->s = ps_net_handshake_server(h->c, w->o->key, &h->mine, check_peer, h, 64 << 10, ms, &h->peer, h->err,
                                    sizeof h->err);
+    if (!h->s && h->peer.role == PS_ROLE_PROBE) answer_probe(h);
     uint8_t slot = (uint8_t)(h - w->hs);
     atomic_store(&h->done, true);
     (void)!write(w->hs_pipe[1], &slot, 1); /* the pipe holds far more than MAX_HANDSHAKES bytes */
@@ -741,12 +778,25 @@ static ps_status locked_session_refuses(worker *w, const handshake *h) {
     return s;
 }
 
+/* Frees a link probe's connection, its measurement done, with a line saying what it did. */
+static void end_probe(worker *w, handshake *h) {
+    const ps_echo_stats *e = &h->echo;
+    if (peer_line(w))
+        say(w, "link probe from %s: %llu echo%s, %.1f MB in %.1f s%s%s", ps_conn_peer(h->c),
+            (unsigned long long)e->echoes, e->echoes == 1 ? "" : "es", e->bytes / 1e6, e->secs,
+            h->probe_s ? "; ended: " : "", h->probe_s ? h->err : "");
+    ps_conn_free(h->c);
+    h->busy = false;
+}
+
 /* Takes a finished handshake's connection: a coordinator starting a session, or the
- * previous stage joining. The session may have changed while it ran: checked again. */
+ * previous stage joining (a link probe's is only freed). The session may have changed while
+ * it ran: checked again. */
 static void adopt_peer(worker *w, handshake *h) {
     pthread_join(h->thread, NULL);
     ps_conn *c = h->c;
     ps_status s = h->s;
+    if (!s && h->peer.role == PS_ROLE_PROBE) return end_probe(w, h);
     if (s && peer_line(w)) {
         /* the handshake's errors name the peer already ("refused P: why", "P refused: why") */
         if (strstr(h->err, ps_conn_peer(c)))
@@ -950,12 +1000,15 @@ ps_status ps_worker_serve(const ps_worker_opts *o, char *err, size_t errlen) {
     }
     char gpu[256], e[256];
     size_t free_b, total_b;
-    if (o->device != PS_DEVICE_CPU &&
-        !ps_cuda_device_info(o->device - PS_DEVICE_CUDA(0), gpu, sizeof gpu, &free_b, &total_b, e, sizeof e))
+    int gpu_i = o->device - PS_DEVICE_CUDA(0);
+    snprintf(w.device, sizeof w.device, o->device == PS_DEVICE_CPU ? "cpu" : "cuda:%d", gpu_i);
+    if (o->device != PS_DEVICE_CPU && !ps_cuda_device_info(gpu_i, gpu, sizeof gpu, &free_b, &total_b, e, sizeof e)) {
+        snprintf(w.device, sizeof w.device, "cuda:%d (%.100s)", gpu_i, gpu);
         say(&w,
             "layers run on %s (cuda:%d): %.1f GiB of GPU memory free of %.1f; each session's layers and KV "
             "cache go there",
-            gpu, o->device - PS_DEVICE_CUDA(0), free_b / 1073741824.0, total_b / 1073741824.0);
+            gpu, gpu_i, free_b / 1073741824.0, total_b / 1073741824.0);
+    }
     if (!o->key && !ps_net_fd_is_local(w.lfd))
         say(&w,
             "warning: no --key-file, so anyone who can reach %s may use this worker (`pipeshard keygen -o KEY` "
