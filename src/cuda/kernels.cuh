@@ -69,16 +69,20 @@ __device__ __forceinline__ float xq_scale(float amax, float *d) {
     return *d != 0.0f ? 1.0f / *d : 0.0f;
 }
 
+/* The ps_xq32 block of a warp's 32 values, one per lane (every lane calls it). */
+__device__ __forceinline__ void quant_warp(float v, ps_xq32 *out) {
+    int lane = threadIdx.x & 31;
+    float d, id = xq_scale(warp_max(fabsf(v)), &d);
+    int8_t q = xq_round(v, id);
+    int sum = warp_isum(q);
+    out->qs[lane] = q;
+    if (lane == 0) out->d = d, out->sum = sum;
+}
+
 /* Rows of floats into ps_xq32 blocks (a row of cols floats: cols / 32 blocks). */
 __global__ void k_quant32(const float *x, int n_blocks, ps_xq32 *out) {
     int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (b >= n_blocks) return;
-    float v = x[(size_t)b * 32 + lane], d;
-    float id = xq_scale(warp_max(fabsf(v)), &d);
-    int8_t q = xq_round(v, id);
-    int sum = warp_isum(q);
-    out[b].qs[lane] = q;
-    if (lane == 0) out[b].d = d, out[b].sum = sum;
+    if (b < n_blocks) quant_warp(x[(size_t)b * 32 + lane], out + b);
 }
 
 /* Rows into ps_block_q8_K (256 elements, bsums over each 16): lane l holds 8 elements. */
@@ -259,8 +263,8 @@ template <int T> __device__ __forceinline__ float term_k(const wunit &w, const p
  * tokens into shared memory (lane l the blocks l, l + 32, ...: a warp's loads are 32
  * consecutive blocks; a K type's super-block takes 8 lanes), MM_U blocks' loads out at a
  * time, then thread (r, t) adds its terms in block order. With few tokens (mm_xs) the
- * chunk's activations are first copied to shared memory. Grid: (rows / MM_R, nt / TT),
- * MM_THREADS threads, mm_smem<T, TT>(chunk) bytes of shared memory. */
+ * chunk's activations are first copied to shared memory. Grid: (the group's blocks,
+ * nt / TT), MM_THREADS threads, mm_smem<T, TT>(chunk) bytes of shared memory. */
 #define MM_R       8
 #define MM_THREADS (MM_R * 32)
 #define MM_U       4 /* a lane's units per step */
@@ -268,18 +272,34 @@ template <int T> __device__ __forceinline__ float term_k(const wunit &w, const p
 template <int T> __host__ __device__ constexpr int mm_stride(int chunk) { return chunk * wtype<T>::terms + 1; }
 template <int T, int TT> __host__ __device__ constexpr bool mm_xs() { return !wtype<T>::k && TT <= 8; }
 
+/* Matrices of one type and width that one launch computes (the grid's x blocks in turn). */
+#define MM_GROUP 3
+struct mm_group {
+    int n;
+    const uint8_t *W[MM_GROUP];
+    float *Y[MM_GROUP];
+    long long ys[MM_GROUP];
+    int rows[MM_GROUP], blocks[MM_GROUP]; /* blocks: rows / MM_R, rounded up */
+};
+
 template <int T, int TT>
 __global__ void __launch_bounds__(MM_THREADS, 4)
-    k_mm_q(const uint8_t *W, size_t row_bytes, int n_units, int chunk, const uint8_t *X, size_t x_row, int nt, float *Y,
-           long long ys, int rows) {
+    k_mm_q(mm_group grp, size_t row_bytes, int n_units, int chunk, const uint8_t *X, size_t x_row, int nt) {
     typedef wtype<T> ty;
+    int bx = blockIdx.x, mi = 0; /* the matrix: selects, not an index (that would copy grp to the stack) */
+    if (grp.n > 1 && bx >= grp.blocks[0]) bx -= grp.blocks[0], mi = 1;
+    if (grp.n > 2 && mi == 1 && bx >= grp.blocks[1]) bx -= grp.blocks[1], mi = 2;
+    const uint8_t *W = mi == 0 ? grp.W[0] : mi == 1 ? grp.W[1] : grp.W[2];
+    float *Y = mi == 0 ? grp.Y[0] : mi == 1 ? grp.Y[1] : grp.Y[2];
+    long long ys = mi == 0 ? grp.ys[0] : mi == 1 ? grp.ys[1] : grp.ys[2];
+    int rows = mi == 0 ? grp.rows[0] : mi == 1 ? grp.rows[1] : grp.rows[2];
     constexpr bool XS = mm_xs<T, TT>();
     constexpr int PU = ty::k ? 8 : 1, STEP = 32 / PU; /* lanes per unit, units per warp */
     constexpr int XB = ty::k ? (int)sizeof(ps_block_q8_K) : (int)sizeof(ps_xq32);
     extern __shared__ float terms[]; /* [MM_R * TT][mm_stride(chunk)], then (XS) the activations */
     int *xs = (int *)(terms + MM_R * TT * mm_stride<T>(chunk)); /* [TT][nc] ps_xq32 blocks as ints */
     const int stride = mm_stride<T>(chunk);
-    int r0 = blockIdx.x * MM_R, t0 = blockIdx.y * TT, tt = min(TT, nt - t0), nr = min(MM_R, rows - r0);
+    int r0 = bx * MM_R, t0 = blockIdx.y * TT, tt = min(TT, nt - t0), nr = min(MM_R, rows - r0);
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, sub = lane % PU, cr = tid / TT, ct = tid % TT;
     bool live = warp < nr, chain = tid < MM_R * TT && cr < nr && ct < tt;
     const uint8_t *row = W + (size_t)(r0 + (live ? warp : 0)) * row_bytes;
@@ -407,7 +427,8 @@ __device__ __forceinline__ float sumsq16(const float *x, int n) {
  * shared memory): row rows[r] (or r) of x, after x += y on that row when y is given (the
  * residual add the CPU does before), into row r of out. The row goes to shared memory in
  * one sweep, then 16 threads sum it in dot_f32's order. out may be y: each thread writes
- * only the elements it read. */
+ * only the elements it read. (Quantizing the row here too was slower for decode: one
+ * thread block's warps then quantize every block of the row, where k_quant32 spreads them.) */
 #define NORM_THREADS 256
 __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(float *__restrict__ x, const float *y, const int32_t *rows,
                                                           const float *__restrict__ w, float *out, int dim, float eps) {
@@ -493,10 +514,12 @@ __global__ void k_qk(qk_args a, rows_info ri) {
     for (int i = lane; i < hd; i += 32) a.kc[at + i] = vec[i], a.vc[at + i] = v[i];
 }
 
-/* gate = ps_swiglu(gate, up), element-wise. */
-__global__ void k_swiglu(float *gate, const float *up, size_t n) {
+/* gate = ps_swiglu(gate, up), element-wise, and (xq given, n % 32 == 0) its ps_xq32 blocks. */
+__global__ void k_swiglu(float *gate, const float *up, size_t n, ps_xq32 *xq) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) gate[i] = ps_swiglu(gate[i], up[i]);
+    float v = i < n ? ps_swiglu(gate[i], up[i]) : 0.0f;
+    if (i < n) gate[i] = v;
+    if (xq && i - (threadIdx.x & 31) < n) quant_warp(v, xq + i / 32); /* n % 32 == 0: whole warps */
 }
 
 /* x += y, element-wise. */

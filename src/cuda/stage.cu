@@ -374,27 +374,39 @@ void ps_cuda_free(ps_cuda *g) {
 
 static unsigned blocks_for(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
-/* Launches the matmul kernel of w's type: y (n rows, ys apart) = x · Wᵀ, x already in
- * the format the type reads (xq, or f32 x for the float types). */
+/* The activation format a matmul of type t reads: f32 (0), ps_xq32 (32), ps_block_q8_K (256). */
+static int xq_format(uint32_t t) { return is_float(t) ? 0 : is_k(t) ? 256 : 32; }
+
+/* Launches the matmul kernel of type T for matrices ws[0..nw) (one type and width, nw <=
+ * MM_GROUP): ys[i] (n rows, strides[i] apart) = x · ws[i]ᵀ, x in the type's format. */
 template <int T, int TT>
-static void launch_qt(ps_cuda *g, const dmat *w, const uint8_t *xq, size_t x_row, int n, float *y, long long ys) {
-    int units = w->cols / (is_k(T) ? 256 : 32), chunk = mm_chunk<T, TT>(units);
-    dim3 grid(blocks_for(w->rows, MM_R), blocks_for(n, TT));
-    k_mm_q<T, TT><<<grid, MM_THREADS, mm_smem<T, TT>(chunk), g->st>>>(w->d, w->row_bytes, units, chunk, xq, x_row, n, y,
-                                                                      ys, w->rows);
+static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
+                      float *const *ys, const long long *strides) {
+    mm_group grp = {nw};
+    int blocks = 0;
+    for (int i = 0; i < nw; i++) {
+        grp.W[i] = ws[i]->d, grp.Y[i] = ys[i], grp.ys[i] = strides[i], grp.rows[i] = ws[i]->rows;
+        grp.blocks[i] = (int)blocks_for(ws[i]->rows, MM_R);
+        blocks += grp.blocks[i];
+    }
+    int units = ws[0]->cols / (is_k(T) ? 256 : 32), chunk = mm_chunk<T, TT>(units);
+    dim3 grid(blocks, blocks_for(n, TT));
+    k_mm_q<T, TT>
+        <<<grid, MM_THREADS, mm_smem<T, TT>(chunk), g->st>>>(grp, ws[0]->row_bytes, units, chunk, xq, x_row, n);
 }
 
 /* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32. */
 template <int T>
-static void launch_q(ps_cuda *g, const dmat *w, const uint8_t *xq, size_t x_row, int n, float *y, long long ys) {
+static void launch_q(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
+                     float *const *ys, const long long *strides) {
     if (n <= 1)
-        launch_qt<T, 1>(g, w, xq, x_row, n, y, ys);
+        launch_qt<T, 1>(g, ws, nw, xq, x_row, n, ys, strides);
     else if (n <= 4)
-        launch_qt<T, 4>(g, w, xq, x_row, n, y, ys);
+        launch_qt<T, 4>(g, ws, nw, xq, x_row, n, ys, strides);
     else if (n <= 8)
-        launch_qt<T, 8>(g, w, xq, x_row, n, y, ys);
+        launch_qt<T, 8>(g, ws, nw, xq, x_row, n, ys, strides);
     else
-        launch_qt<T, 32>(g, w, xq, x_row, n, y, ys);
+        launch_qt<T, 32>(g, ws, nw, xq, x_row, n, ys, strides);
 }
 
 template <int T> static void launch_f(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long long ys) {
@@ -403,13 +415,15 @@ template <int T> static void launch_f(ps_cuda *g, const dmat *w, const float *x,
 }
 
 /* forward.c's mm_multi: matrices sharing input x (n rows of ws[0]->cols), the input
- * quantized once per format. */
+ * quantized once per format (have: the format g->xq holds already, 0 for none); matrices
+ * of one type next to each other in one launch. */
 static void mm_multi(ps_cuda *g, const dmat *const *ws, int nw, const float *x, int n, float *const *ys,
-                     const long long *strides) {
-    int cols = ws[0]->cols, fmt = 0; /* 32 or 256: the format in g->xq */
-    for (int i = 0; i < nw; i++) {
+                     const long long *strides, int have) {
+    int cols = ws[0]->cols, fmt = have; /* the format in g->xq */
+    for (int i = 0, k; i < nw; i = k) {
         const dmat *w = ws[i];
-        int want = is_float(w->type) ? 0 : is_k(w->type) ? 256 : 32;
+        for (k = i + 1; k < nw && k - i < MM_GROUP && ws[k]->type == w->type; k++) {}
+        int want = xq_format(w->type);
         if (want && want != fmt) {
             size_t nb = (size_t)n * cols / want;
             if (want == 32)
@@ -419,24 +433,27 @@ static void mm_multi(ps_cuda *g, const dmat *const *ws, int nw, const float *x, 
             fmt = want;
         }
         size_t x32 = (size_t)cols / 32 * sizeof(ps_xq32), x256 = (size_t)cols / 256 * sizeof(ps_block_q8_K);
+        const dmat *const *g_ws = ws + i;
+        float *const *g_ys = ys + i;
+        const long long *g_st = strides + i;
         switch (w->type) {
-        case PS_TYPE_F32: launch_f<PS_TYPE_F32>(g, w, x, n, ys[i], strides[i]); break;
-        case PS_TYPE_F16: launch_f<PS_TYPE_F16>(g, w, x, n, ys[i], strides[i]); break;
-        case PS_TYPE_BF16: launch_f<PS_TYPE_BF16>(g, w, x, n, ys[i], strides[i]); break;
-        case PS_TYPE_Q4_0: launch_q<PS_TYPE_Q4_0>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
-        case PS_TYPE_Q4_1: launch_q<PS_TYPE_Q4_1>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
-        case PS_TYPE_Q5_0: launch_q<PS_TYPE_Q5_0>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
-        case PS_TYPE_Q5_1: launch_q<PS_TYPE_Q5_1>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
-        case PS_TYPE_Q8_0: launch_q<PS_TYPE_Q8_0>(g, w, g->xq, x32, n, ys[i], strides[i]); break;
-        case PS_TYPE_Q4_K: launch_q<PS_TYPE_Q4_K>(g, w, g->xq, x256, n, ys[i], strides[i]); break;
-        case PS_TYPE_Q5_K: launch_q<PS_TYPE_Q5_K>(g, w, g->xq, x256, n, ys[i], strides[i]); break;
-        case PS_TYPE_Q6_K: launch_q<PS_TYPE_Q6_K>(g, w, g->xq, x256, n, ys[i], strides[i]); break;
+        case PS_TYPE_F32: launch_f<PS_TYPE_F32>(g, w, x, n, ys[i], strides[i]), k = i + 1; break;
+        case PS_TYPE_F16: launch_f<PS_TYPE_F16>(g, w, x, n, ys[i], strides[i]), k = i + 1; break;
+        case PS_TYPE_BF16: launch_f<PS_TYPE_BF16>(g, w, x, n, ys[i], strides[i]), k = i + 1; break;
+        case PS_TYPE_Q4_0: launch_q<PS_TYPE_Q4_0>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
+        case PS_TYPE_Q4_1: launch_q<PS_TYPE_Q4_1>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
+        case PS_TYPE_Q5_0: launch_q<PS_TYPE_Q5_0>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
+        case PS_TYPE_Q5_1: launch_q<PS_TYPE_Q5_1>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
+        case PS_TYPE_Q8_0: launch_q<PS_TYPE_Q8_0>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
+        case PS_TYPE_Q4_K: launch_q<PS_TYPE_Q4_K>(g, g_ws, k - i, g->xq, x256, n, g_ys, g_st); break;
+        case PS_TYPE_Q5_K: launch_q<PS_TYPE_Q5_K>(g, g_ws, k - i, g->xq, x256, n, g_ys, g_st); break;
+        case PS_TYPE_Q6_K: launch_q<PS_TYPE_Q6_K>(g, g_ws, k - i, g->xq, x256, n, g_ys, g_st); break;
         }
     }
 }
 
-static void mm(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long long ys) {
-    mm_multi(g, &w, 1, x, n, &y, &ys);
+static void mm(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long long ys, int have) {
+    mm_multi(g, &w, 1, x, n, &y, &ys, have);
 }
 
 /* out (n rows) = rmsnorm of x's rows (rows[r], or r), after x += y on them when y is given:
@@ -461,7 +478,7 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     const dmat *qkv[] = {&L->wq, &L->wk, &L->wv};
     float *outs[] = {g->q, g->k, g->v};
     long long strides[] = {g->q_dim, g->kv_dim, g->kv_dim};
-    mm_multi(g, qkv, 3, g->xb, n, outs, strides);
+    mm_multi(g, qkv, 3, g->xb, n, outs, strides, 0);
     qk_args qa = {g->q, g->k, g->v,       L->bq,         L->bk,        L->bv,        L->q_norm,     L->k_norm,  g->rope,
                   kc,   vc,   hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim, hp->rope_neox, hp->rms_eps};
     k_qk<<<dim3(n, hp->n_head + hp->n_head_kv), 32, 0, g->st>>>(qa, ri);
@@ -476,7 +493,7 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
         else
             k_attention<false><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
     }
-    mm(g, &L->wo, g->att, n, g->xb, hp->dim);
+    mm(g, &L->wo, g->att, n, g->xb, hp->dim, 0);
     *res = g->xb;
 }
 
@@ -488,10 +505,11 @@ static void ffn_block(ps_cuda *g, int li, int n, const float **res) {
     const dmat *gu[] = {&L->gate, &L->up};
     float *outs[] = {g->hb, g->hb2};
     long long strides[] = {hp->ffn_dim, hp->ffn_dim};
-    mm_multi(g, gu, 2, g->xb, n, outs, strides);
+    mm_multi(g, gu, 2, g->xb, n, outs, strides, 0);
     size_t e = (size_t)n * hp->ffn_dim;
-    k_swiglu<<<blocks_for(e, 256), 256, 0, g->st>>>(g->hb, g->hb2, e);
-    mm(g, &L->down, g->hb, n, g->xb, hp->dim);
+    int have = xq_format(L->down.type) == 32 ? 32 : 0; /* SwiGLU's output quantized as it is made */
+    k_swiglu<<<blocks_for(e, 256), 256, 0, g->st>>>(g->hb, g->hb2, e, have ? (ps_xq32 *)g->xq : NULL);
+    mm(g, &L->down, g->hb, n, g->xb, hp->dim, have);
     *res = g->xb;
 }
 
@@ -515,7 +533,7 @@ static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, 
         CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4, cudaMemcpyDeviceToHost, g->st));
     } else if (n_logits > 0) { /* the last residual only on the rows whose logits are asked for */
         rmsnorm(g, g->x, res, g->meta + 2 * B, g->out_norm, g->xb, n_logits);
-        mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab);
+        mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab, 0);
         CK(cudaGetLastError());
         CK(cudaMemcpyAsync(out, g->logits, (size_t)n_logits * m->hp.vocab * 4, cudaMemcpyDeviceToHost, g->st));
     }
