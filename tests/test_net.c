@@ -1317,13 +1317,27 @@ static void test_handshake_probe(void) {
 }
 
 static void test_host_info_codec(void) {
-    ps_host_info hi = {.host = "gpu-box", .mem_available = 123456789012ull, .threads = 16, .device = "cuda:0 (X)"}, got;
+    ps_host_info hi = {.host = "gpu-box",
+                       .mem_available = 123456789012ull,
+                       .threads = 16,
+                       .device = "cuda:0 (X)",
+                       .ms_per_gb = 37.5f},
+                 got;
     ps_wbuf b = {0};
     char err[256];
     ps_host_info_encode(&b, &hi);
     PS_CHECK_OK(ps_host_info_decode(b.p, b.len, &got, err, sizeof err));
     PS_CHECK(!strcmp(got.host, hi.host) && got.mem_available == hi.mem_available && got.threads == 16 &&
-             !strcmp(got.device, hi.device));
+             !strcmp(got.device, hi.device) && got.ms_per_gb == 37.5f);
+    const float bad_speed[] = {-1.0f, NAN, INFINITY};
+    for (size_t i = 0; i < PS_ARRAY_LEN(bad_speed); i++) {
+        ps_host_info odd = hi;
+        odd.ms_per_gb = bad_speed[i];
+        ps_host_info_encode(&b, &odd);
+        PS_CHECK_EQ_INT(ps_host_info_decode(b.p, b.len, &got, err, sizeof err), PS_ERR_PROTOCOL);
+        CHECK_HAS(err, "ms per GB");
+    }
+    ps_host_info_encode(&b, &hi);
     for (size_t cut = 0; cut < b.len; cut++)
         PS_CHECK_EQ_INT(ps_host_info_decode(b.p, cut, &got, err, sizeof err), PS_ERR_PROTOCOL);
     CHECK_HAS(err, "malformed HOST_INFO");

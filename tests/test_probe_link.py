@@ -49,10 +49,20 @@ def probe(args, timeout=120):
 
 
 def entry_of(p):
-    """The table's figures and the "links" entry (the last line) of a probe --link that succeeded."""
+    """The table's figures and the "links" entry (the last line) of a probe --link that succeeded;
+    the worker's host entry before it, when the worker measured its speed, is checked against the
+    table."""
     require(p.returncode == 0, lambda: f"probe --link: exit {p.returncode}: {p.stderr}")
     lines = p.stdout.strip().splitlines()
     e = json.loads(lines[-1])
+    speed = re.search(r"^decode\s+([\d.]+) ms per GB", p.stdout, re.M)
+    if speed:
+        h = json.loads(lines[-2])
+        check(set(h) == {"name", "address", "mem", "ms_per_gb"} and h["name"] == e["between"][1]
+              and abs(h["ms_per_gb"] - float(speed.group(1))) < 0.06 and h["ms_per_gb"] > 0
+              and float(h["mem"].rstrip("G")) > 0, f"the worker's host entry {h} against the table:\n{p.stdout}")
+    else:
+        check(re.search(r"^decode\s+not measured by the worker", p.stdout, re.M), f"no decode line:\n{p.stdout}")
     require(set(e) == {"between", "rtt_ms", "mbps"} and len(e["between"]) == 2, f"entry {e}")
     fig = {k: float(re.search(rf"^{k}\s+([\d.]+)", p.stdout, re.M).group(1))
            for k in ("round trip", "upload", "download")}
@@ -121,6 +131,8 @@ def case_plain(w):
     e, out = entry_of(probe(["--link", w.addr, "--name", "here", "--to", "there"]))
     check(e["between"] == ["here", "there"] and e["rtt_ms"] > 0 and e["mbps"] > 0, f"entry {e}")
     check("frames in the clear" in out and "stage 1 of 3" in out and "1 thread, cpu" in out, f"table:\n{out}")
+    check(re.search(r"^decode\s+[\d.]+ ms per GB of weights \(the worker's, timed on its shard\)", out, re.M),
+          f"an idle CPU worker measures its speed:\n{out}")
     check(w.wait_log("link probe from 127.0.0.1:"), f"worker log: {w.text()}")
     line = [x for x in w.text().splitlines() if "link probe from" in x][-1]
     check(re.search(r"\d+ echoes, [\d.]+ MB in [\d.]+ s$", line), f"worker's line: {line}")
@@ -170,6 +182,7 @@ def case_cache_worker(tmp, key):
     try:
         e, out = entry_of(probe(["--link", w.addr, "--key-file", key, "--name", "a", "--to", "b"]))
         check("no shard yet" in out and e["rtt_ms"] > 0, f"a --cache worker with no shard:\n{out}")
+        check("timed on synthetic Q4_0 matrices" in out, f"a --cache worker times synthetic matrices:\n{out}")
     finally:
         w.stop()
         san_check(w.text(), "worker cache")

@@ -16,7 +16,6 @@
 #include "../model/model.h"
 #include "../net/net.h"
 #include "../tensor/matmul.h"
-#include "../tensor/pool.h"
 #include "args.h"
 #include "cli.h"
 
@@ -31,7 +30,10 @@ static void usage(FILE *f) {
           "second). Prints a table, then the host's hosts.json entry.\n"
           "With --link, measures the link to a running worker instead (its session, if any, goes\n"
           "on undisturbed): the round trip (median of 20) and the rate each way (best of 3\n"
-          "transfers of 16 MiB, less on a slow link), then the hosts.json \"links\" entry.\n"
+          "transfers of 16 MiB, less on a slow link); the worker reports its host's memory and\n"
+          "its own decode speed (timed on its shard, on the CPU, at the first probe that finds it\n"
+          "idle). Prints a table, then the worker's hosts.json entry (when it has a speed) and the\n"
+          "\"links\" entry.\n"
           "\n"
           "  -m, --model FILE     time decode steps of this model or shard (every layer, attention,\n"
           "                       norms, head: its types and shapes); default: one-row products of\n"
@@ -99,69 +101,26 @@ static int probe_link(const char *addr, const char *key_file, const char *name, 
     printf("link         %s to %s (%s), frames %s\n", name, to, addr, lp.sealed ? "sealed" : "in the clear");
     printf("worker       host %s: %s; %d thread%s, %s, %.2f GiB available\n", lp.host.host, serves,
            (int)lp.host.threads, lp.host.threads == 1 ? "" : "s", lp.host.device, lp.host.mem_available / 1073741824.0);
+    if (lp.host.ms_per_gb > 0)
+        printf("decode       %.1f ms per GB of weights (the worker's, %s)\n", lp.host.ms_per_gb,
+               wh->n_layer ? "timed on its shard" : "timed on synthetic Q4_0 matrices");
+    else
+        printf("decode       not measured by the worker (%s)\n",
+               strcmp(lp.host.device, "cpu") ? "its layers run on a GPU" : "a session was running");
     printf("round trip   %s ms (median of 20; %s to %s)\n", rtt, lo, hi);
     printf("upload       %s Mbit/s (best of 3 transfers of %s)\n", up, bulk);
     printf("download     %s Mbit/s (best of 3 transfers of %s)\n", down, bulk);
-    printf("\n{\"between\": [\"%s\", \"%s\"], \"rtt_ms\": %s, \"mbps\": %s}\n", name, to, rtt, mbps);
+    printf("\n");
+    if (lp.host.ms_per_gb > 0) /* the worker's host as hosts.json takes it, then the link */
+        printf("{\"name\": \"%s\", \"address\": \"%s\", \"mem\": \"%.1fG\", \"ms_per_gb\": %.2f}\n", to, addr,
+               lp.host.mem_available / 1073741824.0, lp.host.ms_per_gb);
+    printf("{\"between\": [\"%s\", \"%s\"], \"rtt_ms\": %s, \"mbps\": %s}\n", name, to, rtt, mbps);
     if (!strcmp(name, to))
         fprintf(stderr,
                 "pipeshard probe: note: both ends are named '%s', which hosts.json cannot tell apart: give --name or "
                 "--to\n",
                 name);
     return 0;
-}
-
-/* Milliseconds per GB for one-row products over the matrices ws[0..n), timed for about a second. */
-static double time_matrices(const ps_mat *const *ws, int n, ps_pool *pool, char *err, size_t errlen, bool *ok) {
-    int64_t cols = 0, rows = 0;
-    size_t scratch = 0;
-    double bytes = 0;
-    for (int i = 0; i < n; i++) {
-        cols = ws[i]->cols > cols ? ws[i]->cols : cols, rows = ws[i]->rows > rows ? ws[i]->rows : rows;
-        size_t s = ps_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, 1);
-        scratch = s > scratch ? s : scratch;
-        bytes += (double)ws[i]->rows * ps_row_bytes(ws[i]->type, ws[i]->cols);
-    }
-    float *x = malloc((size_t)cols * sizeof *x), *y = malloc((size_t)rows * sizeof *y);
-    void *sc = scratch ? malloc(scratch) : NULL;
-    *ok = x && y && (!scratch || sc);
-    double ms = 0;
-    int reps = 0;
-    if (!*ok) ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; *ok && i < cols; i++) x[i] = (float)((i * 37 % 101) - 50) / 50.0f;
-    double t0 = ps_now();
-    for (; *ok && (reps < 3 || ps_now() - t0 < 1.0); reps++) {
-        double a = ps_now();
-        for (int i = 0; i < n; i++) ps_matmul(ws[i], x, ws[i]->cols, 1, y, ws[i]->rows, sc, pool);
-        if (reps) ms += (ps_now() - a) * 1000; /* the first pass warms the caches and pages up */
-    }
-    free(x), free(y), free(sc);
-    return reps > 1 ? ms / (reps - 1) / (bytes / 1e9) : 0;
-}
-
-/* Milliseconds per GB for decode steps of model m (a whole model or a shard: every layer,
- * attention, norms and head included), after a 16-token prompt, timed for about a second. */
-static double time_model(const ps_model *m, ps_pool *pool, char *err, size_t errlen, bool *ok) {
-    ps_ctx_params cp = {.n_ctx = 512, .max_batch = 16, .act = PS_ACT_Q8};
-    ps_ctx *c = NULL;
-    int dim = m->hp.dim;
-    float *x = calloc((size_t)16 * dim, sizeof *x),
-          *out = malloc((size_t)16 * (dim > m->hp.vocab ? dim : m->hp.vocab) * 4);
-    int32_t toks[16] = {1};
-    *ok = x && out && !ps_ctx_create(m, &cp, pool, &c, err, errlen);
-    if (*ok && !x) ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < dim * 16 && x; i++) x[i] = (float)((i * 37 % 101) - 50) / 500.0f;
-    double ms = 0;
-    int steps = 0, pos = 16;
-    if (*ok) *ok = !ps_forward_stage(c, toks, x, 16, 0, out, 1, err, errlen);
-    for (double t0 = ps_now(); *ok && pos < cp.n_ctx && (steps < 4 || ps_now() - t0 < 1.0); steps++, pos++) {
-        double a = ps_now();
-        *ok = !ps_forward_stage(c, toks, x, 1, pos, out, 1, err, errlen);
-        if (steps) ms += (ps_now() - a) * 1000; /* the first step warms up */
-    }
-    ps_ctx_free(c);
-    free(x), free(out);
-    return steps > 1 ? ms / (steps - 1) / (ps_model_decode_weight_bytes(m) / 1e9) : 0;
 }
 
 int ps_cli_probe(int argc, char **argv) {
@@ -205,35 +164,11 @@ int ps_cli_probe(int argc, char **argv) {
     char err[1024] = "", host[256] = "";
     if (!name) gethostname(host, sizeof host - 1), name = host;
     ps_model *m = NULL;
-    ps_pool *pool = NULL;
-    void *synth = NULL;
     int rc = 1;
     if (model && ps_model_load(model, PS_GGUF_HUGE, &m, err, sizeof err)) goto out;
-    if (ps_pool_create((int)threads, &pool)) {
-        snprintf(err, sizeof err, "cannot start %lld threads", threads);
-        goto out;
-    }
-    const ps_mat *ws[2];
-    int n = 0;
-    ps_mat syn[2];
-    if (!m) { /* two Q4_0 matrices of a 1B layer's feed-forward shape, random bytes (scales tame) */
-        size_t rb = ps_row_bytes(PS_TYPE_Q4_0, 2048), bytes = rb * 8192;
-        synth = malloc(2 * bytes);
-        if (!synth) {
-            snprintf(err, sizeof err, "out of memory");
-            goto out;
-        }
-        uint8_t *p = synth;
-        for (size_t i = 0; i < 2 * bytes; i++) p[i] = (uint8_t)(i * 2654435761u >> 13);
-        for (size_t b = 0; b < 2 * bytes / 18; b++) p[b * 18] = 0, p[b * 18 + 1] = 0x2c; /* d = 1/16 */
-        syn[0] = (ps_mat){PS_TYPE_Q4_0, 8192, 2048, p};
-        syn[1] = (ps_mat){PS_TYPE_Q4_0, 2048, 8192, p + bytes};
-        ws[n++] = &syn[0], ws[n++] = &syn[1];
-    }
-    bool ok;
-    double ms_per_gb = m ? time_model(m, pool, err, sizeof err, &ok) : time_matrices(ws, n, pool, err, sizeof err, &ok);
+    double ms_per_gb = ps_decode_ms_per_gb(m, (int)threads, err, sizeof err);
     double mem = (double)ps_mem_available();
-    if (!ok) goto out;
+    if (!ms_per_gb) goto out;
     printf("host         %s\n", name);
     printf("memory       %.2f GiB available (MemAvailable)\n", mem / 1073741824.0);
     printf("decode       %.1f ms per GB of weights, %lld threads, %s kernels, %s\n", ms_per_gb, threads,
@@ -244,8 +179,6 @@ int ps_cli_probe(int argc, char **argv) {
     rc = 0;
 out:
     if (rc) fprintf(stderr, "pipeshard probe: %s\n", err);
-    free(synth);
-    ps_pool_free(pool);
     ps_model_free(m);
     return rc;
 }

@@ -80,6 +80,13 @@ void ps_model_free(ps_model *m); /* NULL is a no-op */
 /* Bytes of weights one decode step reads: every layer matrix, the output head and one
  * embedding row (the small norm vectors aside). */
 double ps_model_decode_weight_bytes(const ps_model *m);
+
+/* This host's decode speed on the CPU: milliseconds per GB of weights one token reads, timed
+ * for about a second on `threads` threads of its own: decode steps of m (a whole model or a
+ * shard: every layer, attention, norms and head), or, m NULL, one-row products of two
+ * synthetic Q4_0 matrices of a 1B model's feed-forward shape (2048 x 8192). 0 with err on
+ * failure. (speed.c) */
+double ps_decode_ms_per_gb(const ps_model *m, int threads, char *err, size_t errlen);
 /* Bytes of keys and values (f32) a decode step reads, averaged over n_gen steps after an
  * n_prompt-token prompt: step i attends to n_prompt + i + 1 positions. */
 double ps_model_decode_kv_bytes(const ps_model *m, long long n_prompt, long long n_gen);

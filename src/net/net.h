@@ -265,12 +265,13 @@ ps_status ps_net_handshake_server(ps_conn *c, const uint8_t *key, const ps_hello
 #define PS_ECHO_MAX_BYTES (64u << 20)
 
 /* What a worker tells a link probe of its host (HOST_INFO: str host, u64 mem_available,
- * i32 threads, str device; strings of printable ASCII without '"' or '\\'). */
+ * i32 threads, str device, f32 ms_per_gb; strings of printable ASCII without '"' or '\\'). */
 typedef struct {
     char host[256];         /* its host name */
     uint64_t mem_available; /* MemAvailable of /proc/meminfo, bytes (0: unknown) */
     int32_t threads;        /* its compute threads */
     char device[128];       /* where its layers run: "cpu", "cuda:0 (NVIDIA H200)" */
+    float ms_per_gb;        /* its decode speed (ps_decode_ms_per_gb; 0: not measured) */
 } ps_host_info;
 void ps_host_info_encode(ps_wbuf *b, const ps_host_info *h); /* restarts b */
 /* Parses and checks a HOST_INFO payload (PS_ERR_PROTOCOL "malformed HOST_INFO ..."). */

@@ -4,7 +4,8 @@
  *
  * After the handshake (the probe's hello: role PS_ROLE_PROBE, no stage), payloads in the
  * ps_wbuf/ps_rbuf encoding:
- *   HOST_INFO  worker → probe, first: str host, u64 mem_available, i32 threads, str device
+ *   HOST_INFO  worker → probe, first: str host, u64 mem_available, i32 threads, str device,
+ *              f32 ms_per_gb
  *   ECHO       probe → worker: u32 reply_bytes, then padding (any bytes, not read)
  *              worker → probe: reply_bytes bytes (zeros)
  *   ERROR      worker → probe, instead of an answer: u8 0, str reason; then the worker closes
@@ -56,6 +57,7 @@ void ps_host_info_encode(ps_wbuf *b, const ps_host_info *h) {
     ps_wbuf_u64(b, h->mem_available);
     ps_wbuf_i32(b, h->threads);
     ps_wbuf_str(b, h->device);
+    ps_wbuf_f32(b, h->ms_per_gb);
 }
 
 /* Whether s is printable ASCII without '"' or '\\' (it goes into JSON and onto a terminal). */
@@ -72,11 +74,14 @@ ps_status ps_host_info_decode(const uint8_t *p, size_t len, ps_host_info *out, c
     out->mem_available = ps_rbuf_u64(&r);
     out->threads = ps_rbuf_i32(&r);
     ps_rbuf_str(&r, out->device, sizeof out->device);
+    out->ms_per_gb = ps_rbuf_f32(&r);
     if (r.bad || r.off != len) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "malformed HOST_INFO (%zu bytes)", len);
-    if (!plain_text(out->host) || !plain_text(out->device) || out->threads < 0)
+    if (!plain_text(out->host) || !plain_text(out->device) || out->threads < 0 ||
+        !(out->ms_per_gb >= 0 && out->ms_per_gb < 1e9f))
         return ps_errf(err, errlen, PS_ERR_PROTOCOL,
-                       "malformed HOST_INFO: a host name or device that is not plain printable ASCII, or %d threads",
-                       (int)out->threads);
+                       "malformed HOST_INFO: a host name or device that is not plain printable ASCII, %d threads, or "
+                       "%g ms per GB",
+                       (int)out->threads, out->ms_per_gb);
     return PS_OK;
 }
 

@@ -114,6 +114,7 @@ struct worker {
     double peer_room, peer_t; /* lines that may be shown now, and when that was counted (ps_now) */
     int peer_hidden;          /* lines left out since the last one shown */
     char device[128];         /* where the layers run, for link probes' HOST_INFO ("cpu", "cuda:0 (NAME)") */
+    float ms_per_gb;          /* this host's decode speed for HOST_INFO, once measured (under mu) */
 };
 
 static double now_ms(void) { return ps_now() * 1e3; }
@@ -716,12 +717,30 @@ static void plain_text(char *s) {
         if (*s < ' ' || *s > '~' || *s == '"' || *s == '\\') *s = '?';
 }
 
-/* A link probe, on its handshake's thread: HOST_INFO (this host, our threads and device),
- * then ECHOs answered through our outgoing hop's emulation, within PROBE_MAX_S and
+/* This host's decode speed for HOST_INFO (ms per GB, 0: not measured): measured on the first
+ * link probe that finds no session running (a session's passes would slow both), with our
+ * threads on the CPU, on our shard (a --cache worker's shard may be replaced meanwhile: it
+ * times synthetic Q4_0 matrices), then kept. A GPU worker's is not measured. */
+static float host_speed(worker *w) {
+    pthread_mutex_lock(&w->mu);
+    float ms = w->ms_per_gb;
+    bool idle = !w->ctrl;
+    pthread_mutex_unlock(&w->mu);
+    if (ms || !idle || w->o->device != PS_DEVICE_CPU) return ms;
+    char err[256];
+    ms = (float)ps_decode_ms_per_gb(w->o->cache ? NULL : w->m, w->o->threads, err, sizeof err);
+    pthread_mutex_lock(&w->mu);
+    w->ms_per_gb = ms;
+    pthread_mutex_unlock(&w->mu);
+    return ms;
+}
+
+/* A link probe, on its handshake's thread: HOST_INFO (this host, our threads, device and
+ * speed), then ECHOs answered through our outgoing hop's emulation, within PROBE_MAX_S and
  * PROBE_MAX_BYTES, a silence of --timeout-ms ending it. */
 static void answer_probe(handshake *h) {
-    const worker *w = h->w;
-    ps_host_info hi = {.mem_available = ps_mem_available(), .threads = w->o->threads};
+    worker *w = h->w;
+    ps_host_info hi = {.mem_available = ps_mem_available(), .threads = w->o->threads, .ms_per_gb = host_speed(w)};
     gethostname(hi.host, sizeof hi.host - 1);
     snprintf(hi.device, sizeof hi.device, "%s", w->device);
     plain_text(hi.host);
