@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import gguf  # noqa: E402
 from psworker import Worker  # noqa: E402
-from test_plan_cli import model_sizes, predict  # noqa: E402
+from test_plan_cli import model_sizes, predict, stage_extra  # noqa: E402
 
 DEFAULT_HOSTS = "big:2::0.55,small:1::0.45,tiny:1::0.45"
 BASE_RTT_MS = 0.2  # loopback, as hosts.json's default_link says without emulated latency
@@ -203,7 +203,7 @@ def main():
     predicted, fits = {}, {}
     for tag, d in (("plan", plan_dir), ("even", even_dir)):
         bounds = [0] + [b for _, b in layers(d)]
-        t, ok, _ = predict(model_hosts, {}, (rtt, 10000), sizes, dm, 256, 1, idx, bounds)
+        t, ok, _ = predict(model_hosts, {}, (rtt, 10000), sizes, dm, 256, 1, idx, bounds, stage_extra(out))
         predicted[tag], fits[tag] = 1000 / t, ok
     if abs(predicted["plan"] - predicted_plan) > 1e-3 * predicted_plan:
         print(f"note: the cost model here gives {predicted['plan']:.2f} tok/s for the plan, plan says {predicted_plan}")

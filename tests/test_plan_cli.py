@@ -49,13 +49,21 @@ def model_sizes(path):
     return [layers[i] for i in range(len(layers))], embed, head
 
 
-def predict(hosts, links, default, sizes, dims, ctx, par, order, bounds):
+def stage_extra(out):
+    """The bytes plan counts on every stage beside its layers (buffers, file metadata: what a worker
+    counts against --max-mem, which tests/test_capped.py checks end to end), from its output."""
+    m = re.search(r"and (\d+) bytes of buffers \(128 rows on 16 threads\)", out)
+    require(m, f"no buffers line: {out}")
+    return int(m.group(1))
+
+
+def predict(hosts, links, default, sizes, dims, ctx, par, order, bounds, buf):
     """The cost model of plan.h: (ms per token, fits, aggregate tok/s of par sequences: min(par, stages)
-    micro-batches in flight, each stage reading its weights once per micro-batch)."""
+    micro-batches in flight, each stage reading its weights once per micro-batch); buf: each stage's
+    bytes beside its layers (stage_extra)."""
     layers, embed, head = sizes
     dim, q_dim, kv_dim, ffn = dims
-    kv = ctx * par * kv_dim * 2 * 4
-    buf = 128.0 * (2 * dim + 2 * q_dim + 2 * kv_dim + 2 * ffn) * 4
+    kv = -(-ctx // 32) * 32 * par * kv_dim * 2 * 4  # the KV cache in whole blocks of 32 positions
     n, L, t, ok, cmax = len(order), len(layers), 0.0, True, 0.0
     for k, h in enumerate(order):
         a, b = bounds[k], bounds[k + 1]
@@ -71,14 +79,14 @@ def predict(hosts, links, default, sizes, dims, ctx, par, order, bounds):
     return t, ok, par * 1000 / max(t, min(par, n) * cmax)
 
 
-def brute(hosts, links, default, sizes, dims, ctx, par):
+def brute(hosts, links, default, sizes, dims, ctx, par, buf):
     """The least ms per token and the most aggregate tok/s of any placement."""
     L, best, agg = len(sizes[0]), None, None
     for n in range(1, min(len(hosts), L) + 1):
         for order in itertools.permutations(range(len(hosts)), n):
             for cuts in itertools.combinations(range(1, L), n - 1):
                 bounds = [0, *cuts, L]
-                t, ok, a = predict(hosts, links, default, sizes, dims, ctx, par, order, bounds)
+                t, ok, a = predict(hosts, links, default, sizes, dims, ctx, par, order, bounds, buf)
                 if ok and (best is None or t < best):
                     best = t
                 if ok and (agg is None or a > agg):
@@ -95,7 +103,10 @@ def main():
                        n_ff=96, n_vocab=320, n_ctx=256)
     sizes = model_sizes(path)
     dims = (64, 64, 32, 96)
-    kv, buf = 256 * 32 * 2 * 4, 128.0 * (2 * 64 + 2 * 64 + 2 * 32 + 2 * 96) * 4
+    one = os.path.join(tmp, "one.json")  # one host of ample memory: plan's per-stage extra for ctx 256
+    with open(one, "w") as f:
+        json.dump({"hosts": [{"name": "big", "mem": "1G", "ms_per_gb": 10}]}, f)
+    kv, buf = 256 * 32 * 2 * 4, stage_extra(plan(["-m", path, "--hosts", one, "--ctx", "256"]).stdout)
     total = sum(sizes[0]) + sizes[1] + sizes[2] + 6 * kv + buf
     # three hosts, none of which holds the whole model: a fast one, a middling one, a slow one
     # with the most memory; a slow link between the first two
@@ -117,12 +128,13 @@ def main():
         names = [h["name"] for h in hosts]
         order = [names.index(r[1]) for r in rows]
         bounds = [0] + [int(r[3]) for r in rows]
-        t, ok, agg = predict(hs, links, (0.4, 1000), sizes, dims, ctx, par, order, bounds)
+        buf = stage_extra(p.stdout)
+        t, ok, agg = predict(hs, links, (0.4, 1000), sizes, dims, ctx, par, order, bounds, buf)
         shown = float(re.search(r"predicted: ([\d.]+) ms per token", p.stdout).group(1))
         require(ok, f"the plan does not fit by the cost model: {p.stdout}")
         require(abs(shown - t) < 0.01, f"predicted {shown} ms, recomputed {t:.4f}")
         require("(exact search)" in p.stdout, f"not exact: {p.stdout}")
-        best, best_agg = brute(hs, links, (0.4, 1000), sizes, dims, ctx, par)
+        best, best_agg = brute(hs, links, (0.4, 1000), sizes, dims, ctx, par, buf)
         if par == 1:
             require(abs(t - best) < 1e-6 * best, f"plan {t} ms per token, brute force {best}")
         else:
@@ -178,10 +190,17 @@ def main():
     require(w.returncode == 0, f"synth: {w.stderr}")
     a = plan(["-m", full, "--hosts", h4])
     b = plan(["--like", "smollm2-135m", "--type", "Q4_0", "--hosts", h4])
-    strip = lambda out: [l for l in out.splitlines() if not l.startswith("plan for")]  # noqa: E731
+    # the same placement and prediction; the memory column (two decimals) differs only by what --like
+    # cannot know: the file's metadata, the kernels' scratch (plan's per-stage extra, printed)
+    strip = lambda out: [re.sub(r"\s+[\d.]+ \(\s*[\d.]+\)\s+", " MEM ", l) for l in out.splitlines()  # noqa: E731
+                         if not l.startswith(("plan for", "each stage's memory"))]
     gib = lambda out: re.search(r"([\d.]+) GiB of weights", out).group(1)  # noqa: E731
+    mems = lambda out: [float(x) for x in re.findall(r"\s([\d.]+) \(\s*[\d.]+\)\s", out)]  # noqa: E731
     require(a.returncode == 0 and b.returncode == 0 and gib(a.stdout) == gib(b.stdout)
             and strip(a.stdout) == strip(b.stdout), f"-m file vs --like:\n{a.stdout}\n{b.stdout}\n{a.stderr}{b.stderr}")
+    gap = (stage_extra(a.stdout) - stage_extra(b.stdout)) / 2**30
+    require(all(abs(x - y - gap) <= 0.0101 for x, y in zip(mems(a.stdout), mems(b.stdout))),
+            f"memory -m {mems(a.stdout)} vs --like {mems(b.stdout)}: more than the extra's {gap:.4f} GiB apart")
     c = plan(["--like", "llama-3.1-70b", "--type", "Q4_0", "--hosts", h4])
     require(c.returncode == 0 and "llama-3.1-70b-shaped Q4_0 model (not written): 80 layers" in c.stdout,
             f"70B on 4 hosts of 24G: {c.stdout}{c.stderr}")

@@ -146,6 +146,23 @@ static ps_status load_hosts(const char *path, ps_plan_host *hosts, int *n, doubl
     return s;
 }
 
+/* What a stage takes beside its layers' weights and KV cache, as a worker counts it against
+ * --max-mem (the shard file, ps_ctx_bytes): the forward pass's buffers and scratch for a batch
+ * of PLAN_BATCH rows on up to PLAN_THREADS threads, and (-m) the shard file's metadata, which
+ * split copies into every shard (the model file's size less its tensors: the vocabulary and
+ * the rest). For --like, no file: the buffers' main terms. */
+#define PLAN_BATCH   128 /* run's and serve's chunks of prompt */
+#define PLAN_THREADS 16
+static double stage_extra_bytes(const ps_model *m, int ctx, int parallel, double weights, int dim, int q_dim,
+                                int kv_dim, int ffn) {
+    if (!m) return (double)PLAN_BATCH * (2.0 * dim + 2.0 * q_dim + 2.0 * kv_dim + 2.0 * ffn) * 4;
+    int blocks = (ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK * parallel;
+    ps_ctx_params cp = {.n_ctx = ctx, .max_batch = PLAN_BATCH, .n_blocks = blocks, .act = PS_ACT_Q8};
+    double kv_all = (double)m->hp.n_layer * blocks * PS_KV_BLOCK * kv_dim * 2 * sizeof(float);
+    double meta = (double)ps_gguf_file_size(m->gguf) - weights;
+    return (double)ps_ctx_bytes(m, &cp, PLAN_THREADS) - kv_all + (meta > 0 ? meta : 0);
+}
+
 int ps_cli_plan(int argc, char **argv) {
     const char *model = NULL, *hosts_path = NULL, *out = NULL, *like = NULL, *type = NULL;
     long long ctx = 0, parallel = 1;
@@ -209,15 +226,17 @@ int ps_cli_plan(int argc, char **argv) {
         ps_cli_fail(CMD, 1, "%s", m ? err : "cannot size the preset's tensors");
         goto out;
     }
-    for (int i = 0; i < L; i++) layer[i] = (double)lb[i];
+    double weights = (double)eb + (double)hb;
+    for (int i = 0; i < L; i++) layer[i] = (double)lb[i], weights += layer[i];
     if (!ctx) ctx = ctx_train < 4096 ? ctx_train : 4096;
+    /* the KV cache in whole blocks, as the coordinator asks for it */
+    double kv_positions = (double)((ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK * PS_KV_BLOCK) * parallel;
     ps_plan_problem p = {.n_layer = L,
                          .layer_bytes = layer,
                          .embed_bytes = (double)eb,
                          .head_bytes = (double)hb,
-                         .kv_bytes_per_layer = (double)ctx * parallel * kv_dim * 2 * sizeof(float),
-                         /* the forward pass's buffers for a batch of 128 rows (run's -b) */
-                         .buf_bytes = 128.0 * (2.0 * dim + 2.0 * q_dim + 2.0 * kv_dim + 2.0 * ffn) * 4,
+                         .kv_bytes_per_layer = kv_positions * kv_dim * 2 * sizeof(float),
+                         .buf_bytes = stage_extra_bytes(m, (int)ctx, (int)parallel, weights, dim, q_dim, kv_dim, ffn),
                          .act_bytes = (double)dim * sizeof(float),
                          .n_hosts = n_hosts,
                          .hosts = hosts,
@@ -229,8 +248,6 @@ int ps_cli_plan(int argc, char **argv) {
         ps_cli_fail(CMD, 1, "%s", err);
         goto out;
     }
-    double weights = (double)eb + (double)hb;
-    for (int i = 0; i < L; i++) weights += layer[i];
     char what[160];
     if (like) snprintf(what, sizeof what, "a %s-shaped %s model (not written)", like, q->name);
     printf("plan for %s: %d layers, %.2f GiB of weights; %lld positions x %lld sequence%s\n\n", like ? what : model, L,
@@ -246,6 +263,9 @@ int ps_cli_plan(int argc, char **argv) {
     printf("\npredicted: %.2f ms per token, %.1f tok/s one stream", pl.token_ms, pl.tok_s);
     if (parallel > 1) printf("; %.1f tok/s with %lld sequences", pl.agg_tok_s, parallel);
     printf(" (%s)\n", pl.exact ? "exact search" : "heuristic: hosts on the ring fastest first");
+    printf("each stage's memory: its layers' weights and KV cache, the embedding on stage 0, the head on the last, "
+           "and %.0f bytes of buffers (%d rows on %d threads)%s\n",
+           p.buf_bytes, PLAN_BATCH, PLAN_THREADS, m ? " and file metadata" : "");
     if (n_hosts > pl.n_stages) printf("hosts left out: %d (they would slow the ring)\n", n_hosts - pl.n_stages);
     if (out) {
         const char *addrs[PS_PLAN_MAX_HOSTS];

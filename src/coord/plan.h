@@ -52,7 +52,7 @@ typedef struct {
     double embed_bytes;        /* token embedding (stage 0 holds it) */
     double head_bytes;         /* output norm and head (the last stage holds and reads it) */
     double kv_bytes_per_layer; /* one layer's KV cache for the context and sequences asked */
-    double buf_bytes;          /* each stage's buffers */
+    double buf_bytes;          /* each stage's buffers, scratch and file metadata */
     double act_bytes;          /* one token's activations on a hop */
     int n_hosts;
     const ps_plan_host *hosts;
