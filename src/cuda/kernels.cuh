@@ -354,17 +354,23 @@ __global__ void __launch_bounds__(MM_THREADS, 4)
             }
         }
         __syncthreads();
-        if (chain) { /* eight terms' loads at a time, then their additions in order */
+        if (chain) { /* the terms in order, the next eight loaded while eight are added */
             const float *p = terms + (size_t)(cr * TT + ct) * stride;
             int n = nc * ty::terms, j = 0;
-            for (; j + 8 <= n; j += 8) {
-                float v[8];
+            float v[8], w[8];
 #pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = p[j + k];
+            for (int k = 0; k < 8; k++) v[k] = k < n ? p[k] : 0.0f;
+            for (; j + 8 <= n; j += 8) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = j + 8 + k < n ? p[j + 8 + k] : 0.0f;
 #pragma unroll
                 for (int k = 0; k < 8; k++) sum += v[k];
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = w[k];
             }
-            for (; j < n; j++) sum += p[j];
+#pragma unroll
+            for (int k = 0; k < 8; k++) /* the last n % 8 */
+                if (j + k < n) sum += v[k];
         }
         __syncthreads();
     }
@@ -529,15 +535,14 @@ __global__ void k_add(float *x, const float *y, size_t n) {
 }
 
 /* ---------------------------------------------------------------------------------------
- * Attention (forward.c's attend_nv): one thread block per (row, head). Scores q·k in 16
- * lanes and the tree, times 1/sqrt(hd); the softmax's max, e = ps_exp_neg(score - max),
- * the 16 lane sums over positions p0 + lane and their tree, e / sum; then each output
- * element sums weight × value over positions in order. Keys, then values, stream through a
- * ring of KV blocks in shared memory (ATT_RING_BYTES): while one block is worked, the copies
- * of the next ones are in flight (16-byte asynchronous copies), so that a long context costs
- * its bytes, not a memory latency per block. The scores stay in shared memory up to
- * att_smem_pos positions (what the device's shared memory holds beside the ring), in global
- * memory past that. */
+ * Attention (forward.c's attend_nv), in two kernels. k_att_scores: scores q·k in 16 lanes and
+ * the tree, times 1/sqrt(hd), a thread block per (row, head, share of the positions), into a
+ * buffer of scores. k_attention, a thread block per (row, head): the softmax's max,
+ * e = ps_exp_neg(score - max), the 16 lane sums over positions p0 + lane and their tree,
+ * e / sum; then each output element sums weight × value over positions in order, the values
+ * streaming through a ring of KV blocks in shared memory (ATT_RING_BYTES: while one block is
+ * worked, the copies of the next ones are in flight, 16-byte asynchronous copies). Its scores
+ * are copied into shared memory when att_smem_pos positions fit beside the ring. */
 
 #define ATT_THREADS    128
 #define ATT_RING_BYTES (64 * 1024)
@@ -547,6 +552,7 @@ struct att_args {
     const float *kc, *vc; /* this layer's cache */
     float *out;           /* (n, n_head * hd) */
     float *scores;        /* (rows of this launch, n_head, srow): used when the scores are not in shared memory */
+    ps_xq32 *xq;          /* NULL, or the output's ps_xq32 blocks too (hd % 32 == 0), for the o matmul */
     int n_head, n_head_kv, hd, srow, row0;
     int ring; /* KV blocks in the ring */
     float scale;
@@ -588,21 +594,25 @@ __device__ __forceinline__ void ring_walk(float *ring, const float *cache, const
     }
 }
 
-/* Shared memory: the ring (n_ring × PS_KV_BLOCK × hd floats), then the scores when SMEM. */
-template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
-    extern __shared__ float sh[];
-    __shared__ float red[ATT_THREADS / 32];
+/* The scores of a launch's rows, into a.scores (rows of the launch, n_head, srow): a thread
+ * block per (row, head, z), z taking the sequence's KV blocks z, z + gridDim.z, ...: the
+ * positions spread over the device (a decode step's 32 heads alone would keep 32 SMs busy).
+ * A half warp per position, lane l its elements l, l + 16, ..., then the tree and the scale
+ * (attend_nv's). Both halves of a warp take the same number of positions (the shuffles name
+ * the whole warp). */
+__global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a, rows_info ri) {
     __shared__ float q[256];
-    int t = a.row0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int t = a.row0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, l = tid & 15;
     int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1;
+    int n_blk = (n_pos + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    if ((int)blockIdx.z >= n_blk) return;
     const int32_t *tab = ri.tabs + ri.tab_off[t];
-    float *ring = sh,
-          *S = SMEM ? sh + a.ring * PS_KV_BLOCK * hd : a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
+    float *S = a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
     for (int i = tid; i < hd; i += ATT_THREADS) q[i] = a.q[((size_t)t * a.n_head + h) * hd + i];
-    int n_blk = (n_pos + PS_KV_BLOCK - 1) / PS_KV_BLOCK, l = lane & 15;
-    /* scores: a half warp per position, lane l its elements l, l + 16, ... (both halves of a
-     * warp take the same number of positions: the shuffles name the whole warp) */
-    ring_walk(ring, a.kc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *keys) {
+    __syncthreads();
+    for (int b = blockIdx.z; b < n_blk; b += gridDim.z) {
+        const float *keys = a.kc + ((size_t)tab[b] * a.n_head_kv + kvh) * PS_KV_BLOCK * hd;
+#pragma unroll
         for (int j = tid >> 4; j < PS_KV_BLOCK; j += ATT_THREADS / 16) {
             const float *k = keys + (size_t)j * hd;
             float acc = 0.0f;
@@ -611,7 +621,30 @@ template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(
             int p = b * PS_KV_BLOCK + j;
             if (l == 0 && p < n_pos) S[p] = acc * a.scale;
         }
-    });
+    }
+}
+
+/* Thread blocks along z for k_att_scores: enough for a context of n_ctx positions to spread
+ * over the device, at most one per KV block. */
+static inline int att_scores_z(int n_ctx) {
+    int blocks = (n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    return blocks < 32 ? blocks : 32;
+}
+
+/* The rest of attention for a (row, head) whose scores k_att_scores wrote: shared memory: the
+ * ring (n_ring × PS_KV_BLOCK × hd floats), then (SMEM) the scores, copied in. */
+template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
+    extern __shared__ float sh[];
+    __shared__ float red[ATT_THREADS / 32];
+    int t = a.row0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1;
+    const int32_t *tab = ri.tabs + ri.tab_off[t];
+    float *ring = sh, *G = a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow,
+          *S = SMEM ? sh + a.ring * PS_KV_BLOCK * hd : G;
+    if (SMEM)
+        for (int p = tid; p < n_pos; p += ATT_THREADS) S[p] = G[p];
+    int n_blk = (n_pos + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    __syncthreads();
     float mx = -INFINITY;
     for (int p = tid; p < n_pos; p += ATT_THREADS) mx = fmaxf(mx, S[p]);
     mx = warp_max(mx);
@@ -644,6 +677,11 @@ template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(
     float *out = a.out + ((size_t)t * a.n_head + h) * hd;
     if (i0 < hd) out[i0] = o0;
     if (i1 < hd) out[i1] = o1;
+    if (a.xq) { /* whole warps: element blocks 32 w (o0) and 32 w + ATT_THREADS (o1) */
+        ps_xq32 *xb = a.xq + ((size_t)t * a.n_head + h) * hd / 32;
+        if (32 * warp < hd) quant_warp(o0, xb + warp);
+        if (32 * warp + ATT_THREADS < hd) quant_warp(o1, xb + warp + ATT_THREADS / 32);
+    }
 }
 
 /* Reads n 16-byte words (the bandwidth measure); a sum that is never zero in practice keeps

@@ -33,7 +33,7 @@ struct ps_cuda {
     cudaStream_t st;
     int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
     int att_rows;         /* rows per attention launch (the scores buffer's) */
-    bool att_smem_scores; /* attention keeps its scores in shared memory (else in g->scores) */
+    bool att_smem_scores; /* k_attention copies its scores from g->scores into shared memory */
     void *mem;            /* one allocation: everything below */
     dlayer *L;            /* host array of device pointers */
     const float *out_norm;
@@ -177,7 +177,7 @@ static void layout(ps_cuda *g, arena *a) {
     g->q = (float *)take(a, B * g->q_dim * 4), g->att = (float *)take(a, B * g->q_dim * 4);
     g->k = (float *)take(a, B * g->kv_dim * 4), g->v = (float *)take(a, B * g->kv_dim * 4);
     g->hb = (float *)take(a, B * hp->ffn_dim * 4), g->hb2 = (float *)take(a, B * hp->ffn_dim * 4);
-    if (!g->att_smem_scores) g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
+    g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
     g->xq = (uint8_t *)take(a, xq);
     size_t kv = (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     g->kc = (float *)take(a, kv * 4), g->vc = (float *)take(a, kv * 4);
@@ -192,8 +192,8 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     g->q_dim = m->hp.n_head * m->hp.head_dim, g->kv_dim = m->hp.n_head_kv * m->hp.head_dim;
     g->n_layer = m->layer_end - m->layer_begin;
     g->seq_blocks = (p->n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
-    /* scores of at most 256 MiB per attention launch */
-    size_t per_row = (size_t)m->hp.n_head * p->n_ctx * 4, rows = ((size_t)256 << 20) / per_row;
+    /* scores of at most 64 MiB per attention launch */
+    size_t per_row = (size_t)m->hp.n_head * p->n_ctx * 4, rows = ((size_t)64 << 20) / per_row;
     g->att_rows = rows < 1 ? 1 : rows > (size_t)p->max_batch ? p->max_batch : (int)rows;
     g->meta_ints = 3 * (size_t)p->max_batch + (size_t)p->max_batch * g->seq_blocks;
     int optin = 0; /* the most shared memory a thread block may have; 4 KiB kept for the static */
@@ -484,16 +484,19 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     k_qk<<<dim3(n, hp->n_head + hp->n_head_kv), 32, 0, g->st>>>(qa, ri);
     att_args aa = {};
     aa.q = g->q, aa.kc = kc, aa.vc = vc, aa.out = g->att, aa.scores = g->scores;
+    int have = xq_format(L->wo.type) == 32 && hp->head_dim % 32 == 0 ? 32 : 0; /* attention quantizes for wo */
+    aa.xq = have ? (ps_xq32 *)g->xq : NULL;
     aa.n_head = hp->n_head, aa.n_head_kv = hp->n_head_kv, aa.hd = hp->head_dim, aa.srow = g->n_ctx;
     aa.ring = att_ring_blocks(hp->head_dim), aa.scale = 1.0f / sqrtf((float)hp->head_dim);
     for (aa.row0 = 0; aa.row0 < n; aa.row0 += g->att_rows) {
         int rows = n - aa.row0 < g->att_rows ? n - aa.row0 : g->att_rows;
+        k_att_scores<<<dim3(rows, hp->n_head, att_scores_z(g->n_ctx)), ATT_THREADS, 0, g->st>>>(aa, ri);
         if (g->att_smem_scores)
             k_attention<true><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
         else
             k_attention<false><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
     }
-    mm(g, &L->wo, g->att, n, g->xb, hp->dim, 0);
+    mm(g, &L->wo, g->att, n, g->xb, hp->dim, have);
     *res = g->xb;
 }
 
