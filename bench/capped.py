@@ -30,20 +30,12 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.environ.get("PIPESHARD_BIN", os.path.join(ROOT, "build", "pipeshard"))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+from common import BIN, ROOT, sh  # noqa: E402 (also puts tests/ on the path)
 
 from psworker import Worker  # noqa: E402
 
 PROMPT = "1,450,4996,17354,1701,432,7063,278"  # 8 ids, below every preset's vocabulary
 
-
-def sh(args, **kw):
-    p = subprocess.run(args, capture_output=True, text=True, **kw)
-    if p.returncode:
-        sys.exit(f"{' '.join(args)}: {p.stderr}")
-    return p.stdout
 
 
 def size_arg(s):

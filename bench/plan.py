@@ -39,9 +39,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.environ.get("PIPESHARD_BIN", os.path.join(ROOT, "build", "pipeshard"))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+from common import BIN, ROOT, sh  # noqa: E402 (also puts tests/ on the path)
 
 import gguf  # noqa: E402
 from psworker import Worker  # noqa: E402
@@ -50,12 +48,6 @@ from test_plan_cli import model_sizes, predict, stage_extra  # noqa: E402
 DEFAULT_HOSTS = "big:2::0.55,small:1::0.45,tiny:1::0.45"
 BASE_RTT_MS = 0.2  # loopback, as hosts.json's default_link says without emulated latency
 
-
-def sh(args, **kw):
-    p = subprocess.run(args, capture_output=True, text=True, **kw)
-    if p.returncode:
-        sys.exit(f"{' '.join(args)}: {p.stderr}")
-    return p.stdout
 
 
 def parse_hosts(spec):

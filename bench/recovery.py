@@ -20,18 +20,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.environ.get("PIPESHARD_BIN", os.path.join(ROOT, "build", "pipeshard"))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+from common import BIN, ROOT, sh  # noqa: E402 (also puts tests/ on the path)
 
 from psworker import Worker  # noqa: E402
 
-
-def sh(args):
-    p = subprocess.run(args, capture_output=True, text=True)
-    if p.returncode:
-        sys.exit(f"{' '.join(args)}: {p.stderr}")
-    return p.stdout
 
 
 def generate(fleet, key, n_prompt, threads, standby=None, kill=None):
