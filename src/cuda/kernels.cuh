@@ -132,8 +132,9 @@ static inline bool split_type(uint32_t t) {
     return t == PS_TYPE_Q4_0 || t == PS_TYPE_Q4_1 || t == PS_TYPE_Q5_0 || t == PS_TYPE_Q5_1 || t == PS_TYPE_Q8_0;
 }
 static inline size_t split_row_bytes(size_t row_bytes) { return (row_bytes + 15) & ~(size_t)15; }
-static inline void split_row(const uint8_t *in, int n_blocks, int bytes, int head, uint8_t *out, size_t out_bytes) {
-    int quant = bytes - head;
+/* A row of n_blocks blocks of split type t into out (out_bytes: split_row_bytes of the row's). */
+static inline void split_row(const uint8_t *in, int n_blocks, uint32_t t, uint8_t *out, size_t out_bytes) {
+    int bytes = (int)ps_type_get(t)->type_size, quant = t == PS_TYPE_Q8_0 ? 32 : 16, head = bytes - quant;
     memset(out, 0, out_bytes);
     for (int b = 0; b < n_blocks; b++) {
         memcpy(out + (size_t)b * quant, in + (size_t)b * bytes + head, (size_t)quant);

@@ -225,12 +225,11 @@ static ps_status upload_mat(const dmat *d, const ps_mat *w, char *err, size_t er
     size_t in_row = ps_row_bytes(w->type, w->cols), per = ((size_t)8 << 20) / d->row_bytes + 1;
     uint8_t *buf = (uint8_t *)malloc(per * d->row_bytes);
     if (!buf) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
-    int bytes = (int)ps_type_get(w->type)->type_size, head = bytes - (w->type == PS_TYPE_Q8_0 ? 32 : 16);
     ps_status s = PS_OK;
     for (size_t r0 = 0; r0 < (size_t)w->rows && !s; r0 += per) {
         size_t n = (size_t)w->rows - r0 < per ? (size_t)w->rows - r0 : per;
         for (size_t r = 0; r < n; r++)
-            split_row((const uint8_t *)w->data + (r0 + r) * in_row, (int)(w->cols / 32), bytes, head,
+            split_row((const uint8_t *)w->data + (r0 + r) * in_row, (int)(w->cols / 32), w->type,
                       buf + r * d->row_bytes, d->row_bytes);
         s = upload(d->d + r0 * d->row_bytes, buf, n * d->row_bytes, err, errlen);
     }
