@@ -19,6 +19,9 @@ The small synthetic model (pstest.synth_small) is split into 3 stages. Cases:
      likewise; a probe hello that claims a stage is refused; the worker serves the next probe.
   5. a session undisturbed: `run --fleet` over two keyed workers prints the same tokens while
      probes measure both workers' links over and over during the generation.
+  6. the worker's own decode speed in its HOST_INFO: measured by an idle CPU worker on its shard
+     (a --cache worker on synthetic matrices), printed with the worker's hosts.json entry; not
+     measured where --max-mem leaves no room for it beside the shard.
 Every log and stderr is scanned for sanitizer reports. Exit 0 pass, 1 fail.
 """
 import json
@@ -323,6 +326,23 @@ def case_session_undisturbed(tmp, split, key):
             san_check(w.text(), f"worker {w.name}")
 
 
+def case_max_mem(tmp, shard):
+    """A worker whose --max-mem leaves no room for the speed measure beside its shard does not
+    take it (the probe says so); with room, it does."""
+    size = os.path.getsize(shard)
+    for cap, measured in ((size + (64 << 10), False), (size + (256 << 20), True)):
+        w = Worker(BIN, shard, os.path.join(tmp, f"cap{cap}.log"), f"cap{cap}", extra=["--max-mem", str(cap)])
+        try:
+            _, out = entry_of(probe(["--link", w.addr, "--name", "a", "--to", "b"]))
+        finally:
+            w.stop()
+            san_check(w.text(), w.name)
+        line = re.search(r"^decode\s+(.*)$", out, re.M).group(1)
+        check(("ms per GB" in line) == measured and (measured or "--max-mem" in line),
+              f"--max-mem {cap} beside a shard of {size} bytes: {line}")
+    print(f"  ok: --max-mem: no room beside the shard, no measure; room, a measure")
+
+
 def main():
     if not os.access(BIN, os.X_OK):
         print("PIPESHARD_BIN is not set (run through ctest)")
@@ -346,6 +366,7 @@ def main():
         case_refusals(tmp, key, plain, keyed)
         case_garbage(plain)
         case_cache_worker(tmp, key)
+        case_max_mem(tmp, shard)
     finally:
         for w in (plain, keyed):
             w.stop()

@@ -106,7 +106,8 @@ static int probe_link(const char *addr, const char *key_file, const char *name, 
                wh->n_layer ? "timed on its shard" : "timed on synthetic Q4_0 matrices");
     else
         printf("decode       not measured by the worker (%s)\n",
-               strcmp(lp.host.device, "cpu") ? "its layers run on a GPU" : "a session was running");
+               strcmp(lp.host.device, "cpu") ? "its layers run on a GPU"
+                                             : "a session was running, or its --max-mem leaves no room to");
     printf("round trip   %s ms (median of 20; %s to %s)\n", rtt, lo, hi);
     printf("upload       %s Mbit/s (best of 3 transfers of %s)\n", up, bulk);
     printf("download     %s Mbit/s (best of 3 transfers of %s)\n", down, bulk);

@@ -87,6 +87,8 @@ double ps_model_decode_weight_bytes(const ps_model *m);
  * synthetic Q4_0 matrices of a 1B model's feed-forward shape (2048 x 8192). 0 with err on
  * failure. (speed.c) */
 double ps_decode_ms_per_gb(const ps_model *m, int threads, char *err, size_t errlen);
+/* About the memory that measure takes beside the model (its context and buffers). */
+size_t ps_decode_ms_per_gb_bytes(const ps_model *m, int threads);
 /* Bytes of keys and values (f32) a decode step reads, averaged over n_gen steps after an
  * n_prompt-token prompt: step i attends to n_prompt + i + 1 positions. */
 double ps_model_decode_kv_bytes(const ps_model *m, long long n_prompt, long long n_gen);

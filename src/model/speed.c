@@ -34,24 +34,31 @@ static double time_matrices(const ps_mat *const *ws, int n, ps_pool *pool, char 
     return ok && reps > 1 ? ms / (reps - 1) / (bytes / 1e9) : 0;
 }
 
-/* Two Q4_0 matrices of a 1B layer's feed-forward shape (random bytes, tame scales), timed. */
+/* The synthetic matrices: two Q4_0 matrices of a 1B layer's feed-forward shape. */
+#define SYN_ROWS 8192
+#define SYN_COLS 2048
+
+/* The synthetic matrices (random bytes, tame scales), timed. */
 static double time_synthetic(ps_pool *pool, char *err, size_t errlen) {
-    size_t bytes = ps_row_bytes(PS_TYPE_Q4_0, 2048) * 8192;
+    size_t bytes = ps_row_bytes(PS_TYPE_Q4_0, SYN_COLS) * SYN_ROWS;
     uint8_t *p = malloc(2 * bytes);
     if (!p) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory"), 0;
     for (size_t i = 0; i < 2 * bytes; i++) p[i] = (uint8_t)(i * 2654435761u >> 13);
     for (size_t b = 0; b < 2 * bytes / 18; b++) p[b * 18] = 0, p[b * 18 + 1] = 0x2c; /* d = 1/16 */
-    ps_mat a = {PS_TYPE_Q4_0, 8192, 2048, p}, b = {PS_TYPE_Q4_0, 2048, 8192, p + bytes};
+    ps_mat a = {PS_TYPE_Q4_0, SYN_ROWS, SYN_COLS, p}, b = {PS_TYPE_Q4_0, SYN_COLS, SYN_ROWS, p + bytes};
     const ps_mat *ws[] = {&a, &b};
     double ms = time_matrices(ws, 2, pool, err, errlen);
     free(p);
     return ms;
 }
 
+/* The context a model's decode steps are timed in. */
+static const ps_ctx_params TIMED_CTX = {.n_ctx = 512, .max_batch = 16, .act = PS_ACT_Q8};
+
 /* Milliseconds per GB for decode steps of model m, after a 16-token prompt, timed for about
  * a second. */
 static double time_model(const ps_model *m, ps_pool *pool, char *err, size_t errlen) {
-    ps_ctx_params cp = {.n_ctx = 512, .max_batch = 16, .act = PS_ACT_Q8};
+    ps_ctx_params cp = TIMED_CTX;
     ps_ctx *c = NULL;
     int dim = m->hp.dim;
     float *x = calloc((size_t)16 * dim, sizeof *x),
@@ -81,4 +88,10 @@ double ps_decode_ms_per_gb(const ps_model *m, int threads, char *err, size_t err
     double ms = m ? time_model(m, pool, err, errlen) : time_synthetic(pool, err, errlen);
     ps_pool_free(pool);
     return ms;
+}
+
+size_t ps_decode_ms_per_gb_bytes(const ps_model *m, int threads) {
+    if (!m) return 2 * ps_row_bytes(PS_TYPE_Q4_0, SYN_COLS) * SYN_ROWS;
+    size_t wide = (size_t)(m->hp.dim > m->hp.vocab ? m->hp.dim : m->hp.vocab); /* time_model's x and out */
+    return ps_ctx_bytes(m, &TIMED_CTX, threads) + 16 * ((size_t)m->hp.dim + wide) * sizeof(float);
 }

@@ -720,15 +720,22 @@ static void plain_text(char *s) {
 /* This host's decode speed for HOST_INFO (ms per GB, 0: not measured): measured on the first
  * link probe that finds no session running (a session's passes would slow both), with our
  * threads on the CPU, on our shard (a --cache worker's shard may be replaced meanwhile: it
- * times synthetic Q4_0 matrices), then kept. A GPU worker's is not measured. */
+ * times synthetic Q4_0 matrices), then kept. Not measured on a GPU worker, nor where the
+ * measure's memory would pass --max-mem beside the shard (a --cache worker under --max-mem:
+ * its shard may change meanwhile, so never). A --shard worker's model is set before any
+ * handshake starts. */
 static float host_speed(worker *w) {
     pthread_mutex_lock(&w->mu);
     float ms = w->ms_per_gb;
     bool idle = !w->ctrl;
     pthread_mutex_unlock(&w->mu);
-    if (ms || !idle || w->o->device != PS_DEVICE_CPU) return ms;
+    const ps_worker_opts *o = w->o;
+    const ps_model *timed = o->cache ? NULL : w->m;
+    bool room = !o->max_mem ||
+                (timed && ps_gguf_file_size(timed->gguf) + ps_decode_ms_per_gb_bytes(timed, o->threads) <= o->max_mem);
+    if (ms || !idle || !room || o->device != PS_DEVICE_CPU) return ms;
     char err[256];
-    ms = (float)ps_decode_ms_per_gb(w->o->cache ? NULL : w->m, w->o->threads, err, sizeof err);
+    ms = (float)ps_decode_ms_per_gb(timed, w->o->threads, err, sizeof err);
     pthread_mutex_lock(&w->mu);
     w->ms_per_gb = ms;
     pthread_mutex_unlock(&w->mu);
