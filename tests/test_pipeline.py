@@ -273,6 +273,22 @@ def case_exact(m):
         same(p.stdout.split(), want, f"{m.name}: 3 stages --prefill-chunk 3")
         n_prompt = json.loads(p.stderr.strip().splitlines()[-1])["prompt_tokens"]
         check(n_prompt >= 20, f"{m.name}: the long prompt has only {n_prompt} tokens")
+    # stage 0 with the token embedding alone (--layers 0:0,...): every layer on the workers
+    L = load_json(fleet)["n_layer"]
+    lean = os.path.join(TMP, f"{m.name}-lean")
+    p = pipeshard(["split", "-m", m.path, "--layers", f"0:0,0:{L // 2},{L // 2}:{L}", "-o", lean, "--quiet"])
+    ws = []
+    if check(p.returncode == 0, f"{m.name}: split --layers 0:0,...: {p.stderr}"):
+        lean_fleet = os.path.join(lean, "fleet.json")
+        check(load_json(lean_fleet)["stages"][0]["layers"] == [0, 0], f"{m.name}: {load_json(lean_fleet)}")
+        try:
+            ws = start_workers(lean_fleet, f"lean-{m.name}")
+            f = write_fleet(lean_fleet, [w.addr for w in ws], "fleet-local.json")
+            for sampling, want in ((GREEDY, g), (SEEDED, s)):
+                same(ids(["--fleet", f] + m.prompt + GEN + sampling, f"{m.name} lean stage 0"), want,
+                     f"{m.name}: stage 0 with no layer + 2 workers {' '.join(sampling)}")
+        finally:
+            stop_all(ws)
     # f32 activations
     want = m.reference(GREEDY, extra=["--activations", "f32"])
     same(ids(["-m", m.path, "--local-stages", "3", "--activations", "f32"] + m.prompt + GEN + GREEDY,

@@ -379,8 +379,17 @@ def case_layers_workers():
     deep = os.path.join(TMP, "a", "b", "c")
     split(m, deep, ["--stages", "6"])
     verify_split(m, deep, list(range(7)))
+    # stage 0 with the embedding alone (0:0), the layers after it; also beside six one-layer stages
+    lean = os.path.join(TMP, "tied-lean")
+    split(m, lean, ["--layers", "0:0,0:4,4:6"])
+    fleet = verify_split(m, lean, [0, 0, 4, 6])
+    names = {t.name for t in gguf.GGUFReader(os.path.join(lean, "stage-0.gguf")).tensors}
+    require(names == {"token_embd.weight"} and fleet["stages"][0]["layers"] == [0, 0],
+            lambda: f"stage 0 with no layer holds {sorted(names)}: {fleet['stages'][0]}")
+    split(m, lean, ["--stages", "7", "--layers", "0:0,0:1,1:2,2:3,3:4,4:5,5:6"])
+    verify_split(m, lean, [0, 0, 1, 2, 3, 4, 5, 6])
     print("  ok: --layers with --workers, --stages + --layers, --stages 1 (tied copy), 6 one-layer stages, "
-          "nested -o")
+          "nested -o, an empty stage 0 (0:0)")
 
 
 def write_odd_model(path, names, block_count=3, alignment=None):
@@ -456,7 +465,9 @@ def bad_cases():
         (B + ["--layers", "1:3,3:6"], 2, ["--layers", "first range", "must start at 0"]),
         (B + ["--layers", "0:2,2:5"], 2, ["--layers", "ends at 5", "6 layers"]),
         (B + ["--layers", "0:2,2:7"], 2, ["--layers", "past", "6 layers"]),
-        (B + ["--layers", "0:2,2:2,2:6"], 2, ["--layers", "'2:2' is empty"]),
+        (B + ["--layers", "0:2,2:2,2:6"], 2, ["--layers", "'2:2' is empty", "only the first may be: 0:0"]),
+        (B + ["--layers", "0:0"], 2, ["--layers", "ends at 0", "6 layers"]),
+        (B + ["--layers", "0:0,0:0,0:6"], 2, ["--layers", "'0:0' is empty"]),
         (B + ["--stages", "3", "--layers", "0:3,3:6"], 2, ["2 ranges", "--stages is 3"]),
         (B + ["--stages", "2", "--layers", "0:2,2:4,4:6"], 2, ["more than the 2 ranges"]),
         (B + ["--layers", "0-3,3:6"], 2, ["--layers", "'0-3' is not BEGIN:END"]),
@@ -569,6 +580,8 @@ def case_fleet_lib():
 
     broken(lambda d: d["stages"][2].update(layers=[3, 6]), ["stages[2].layers must start at 4"])
     broken(lambda d: d["stages"][1].update(layers=[3, 3]), ["stages[1].layers must be [BEGIN, END]"])
+    broken(lambda d: d.update(stages=[dict(d["stages"][0], layers=[0, 0])]), ["stages[0].layers must be [BEGIN, END]",
+                                                                           "stage 0 of several may be [0, 0]"])
     broken(lambda d: d["stages"][1].update(layers=[2, 4.5]), ["stages[1].layers must be [BEGIN, END]"])
     broken(lambda d: d["stages"][2].update(layers=[4, 5]), ["stages[2].layers must end at n_layer (6), not 5"])
     broken(lambda d: d["stages"][0].update(address="127.0.0.1:7700"), ["stages[0].address must be \"local\""])
@@ -631,6 +644,11 @@ def case_meta_lib():
     st, m, _, err = LIB.meta(path)
     require(st == 0 and m.present and (m.stage_index, m.layer_begin, m.layer_end, m.vocab) == (1, 2, 4, 500),
             lambda: err)
+    for k, (b, e) in ((0, (0, 0)), (1, (0, 4))):  # an empty stage 0, and the stage after it
+        write_meta_gguf(path, {**good, "pipeshard.stage.index": (k, U), "pipeshard.layer_begin": (b, U),
+                               "pipeshard.layer_end": (e, U)})
+        st, m, _, err = LIB.meta(path)
+        require(st == 0 and (m.stage_index, m.layer_begin, m.layer_end) == (k, b, e), lambda: f"stage {k}: {err}")
     bad = [
         ({"pipeshard.layer_begin": (4, U)}, ["layers 4:4"]),
         ({"pipeshard.layer_end": (7, U)}, ["layers 2:7", "0:6"]),
@@ -643,6 +661,11 @@ def case_meta_lib():
         ({"pipeshard.model_fingerprint": (fp.upper(), S)}, ["pipeshard.model_fingerprint", "32 lowercase hex"]),
         ({"pipeshard.shard_fingerprint": (fp[:31], S)}, ["pipeshard.shard_fingerprint", "32 lowercase hex"]),
         ({"pipeshard.vocab_size": (0, U)}, ["vocab_size 0"]),
+        # no layer: only stage 0 of several; a stage after an empty stage 0 starts at 0, none later
+        ({"pipeshard.layer_begin": (0, U), "pipeshard.layer_end": (0, U)}, ["layers 0:0", "only stage 0"]),
+        ({"pipeshard.stage.index": (0, U), "pipeshard.stage.count": (1, U), "pipeshard.layer_begin": (0, U),
+          "pipeshard.layer_end": (0, U)}, ["layers 0:0", "only stage 0 of several"]),
+        ({"pipeshard.stage.index": (2, U), "pipeshard.layer_begin": (0, U)}, ["stage 2 of 3 cannot hold layers 0:4"]),
     ]
     for change, words in bad:
         write_meta_gguf(path, {**good, **change})

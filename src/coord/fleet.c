@@ -224,8 +224,9 @@ static ps_status resolve_shard(const fleet_rd *r, const char *shard, const char 
     return PS_OK;
 }
 
-/* Reads stages[k] into st; prev_end is where stage k - 1 ended (0 for k = 0). */
-static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n_layer, int prev_end,
+/* Reads stages[k] (of n) into st; prev_end is where stage k - 1 ended (0 for k = 0). Stage 0
+ * of several may hold no layer ([0, 0]: the embedding alone). */
+static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n, int n_layer, int prev_end,
                              ps_fleet_stage *st) {
     char where[48];
     snprintf(where, sizeof where, "stages[%d].", k);
@@ -246,9 +247,12 @@ static ps_status fleet_stage(const fleet_rd *r, const cJSON *obj, int k, int n_l
     const cJSON *b = cJSON_GetArrayItem(layers, 0), *e = cJSON_GetArrayItem(layers, 1);
     if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != 2 || !cJSON_IsNumber(b) || !cJSON_IsNumber(e) ||
         b->valuedouble != floor(b->valuedouble) || e->valuedouble != floor(e->valuedouble) || b->valuedouble < 0 ||
-        e->valuedouble > n_layer || b->valuedouble >= e->valuedouble)
+        e->valuedouble > n_layer || b->valuedouble > e->valuedouble ||
+        (b->valuedouble == e->valuedouble && (k > 0 || n < 2)))
         return ps_errf(r->err, r->errlen, PS_ERR_FORMAT,
-                       "%s: %slayers must be [BEGIN, END] with 0 <= BEGIN < END <= %d", r->path, where, n_layer);
+                       "%s: %slayers must be [BEGIN, END] with 0 <= BEGIN < END <= %d (stage 0 of several may be "
+                       "[0, 0])",
+                       r->path, where, n_layer);
     st->layer_begin = (int)b->valuedouble;
     st->layer_end = (int)e->valuedouble;
     if (st->layer_begin != prev_end)
@@ -288,13 +292,13 @@ static ps_status fleet_parse(const fleet_rd *r, const cJSON *root, ps_fleet *out
     const cJSON *stages = cJSON_GetObjectItemCaseSensitive(root, "stages");
     if (!stages) return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages is missing", r->path);
     int n = cJSON_GetArraySize(stages);
-    if (!cJSON_IsArray(stages) || n < 1 || n > PS_SHARD_MAX_STAGES || n > out->n_layer)
+    if (!cJSON_IsArray(stages) || n < 1 || n > PS_SHARD_MAX_STAGES || n > out->n_layer + 1)
         return ps_errf(r->err, r->errlen, PS_ERR_FORMAT, "%s: stages must be an array of 1 to %d stages", r->path,
-                       out->n_layer < PS_SHARD_MAX_STAGES ? out->n_layer : PS_SHARD_MAX_STAGES);
+                       out->n_layer < PS_SHARD_MAX_STAGES ? out->n_layer + 1 : PS_SHARD_MAX_STAGES);
     out->n_stages = n;
     int prev_end = 0, k = 0;
     for (const cJSON *it = stages->child; it; it = it->next, k++) {
-        if ((s = fleet_stage(r, it, k, out->n_layer, prev_end, &out->stages[k]))) return s;
+        if ((s = fleet_stage(r, it, k, n, out->n_layer, prev_end, &out->stages[k]))) return s;
         prev_end = out->stages[k].layer_end;
     }
     if (prev_end != out->n_layer)

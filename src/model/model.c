@@ -213,7 +213,7 @@ static ps_status bind_ends(binder *b) {
     const ps_gguf_tensor *emb = ps_gguf_find_tensor(m->gguf, "token_embd.weight");
     const ps_gguf_tensor *out = ps_gguf_find_tensor(m->gguf, "output.weight");
     const ps_gguf_tensor *shape = emb ? emb : out;
-    m->has_embed = m->layer_begin == 0;
+    m->has_embed = m->shard.present ? m->shard.stage_index == 0 : true; /* stage 1 may start at layer 0 too */
     m->has_head = m->layer_end == hp->n_layer;
     if (!shape && (m->has_embed || m->has_head))
         return ps_errf(b->err, b->errlen, PS_ERR_FORMAT, "model lacks tensor 'token_embd.weight'");
@@ -251,8 +251,8 @@ ps_status ps_model_load(const char *path, ps_gguf_load how, ps_model **out, char
     int nl = m->layer_end - m->layer_begin;
     binder b = {.m = m, .arena_cap = arena_floats(&m->hp, nl), .err = err, .errlen = errlen};
     m->owned = b.arena = ps_malloc(b.arena_cap * sizeof(float));
-    m->layers = ps_calloc((size_t)nl, sizeof *m->layers);
-    if (!m->owned || !m->layers) {
+    m->layers = nl ? ps_calloc((size_t)nl, sizeof *m->layers) : NULL; /* none: stage 0 with the embedding alone */
+    if (!m->owned || (nl && !m->layers)) {
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory binding %d layers", nl);
         goto err;
     }

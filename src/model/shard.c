@@ -358,7 +358,9 @@ ps_status ps_shard_parse_layers(const char *spec, int n_layer, int n_stages, int
         }
         if (n >= PS_SHARD_MAX_STAGES)
             return ps_errf(err, errlen, PS_ERR_RANGE, "more than %d ranges", PS_SHARD_MAX_STAGES);
-        if (b >= e) return ps_errf(err, errlen, PS_ERR_ARG, "range %d '%d:%d' is empty", n + 1, b, e);
+        if (b > e || (b == e && n > 0)) /* the first may be 0:0: stage 0 with the embedding alone */
+            return ps_errf(err, errlen, PS_ERR_ARG, "range %d '%d:%d' is empty (only the first may be: 0:0)", n + 1, b,
+                           e);
         if (n == 0 && b != 0) return ps_errf(err, errlen, PS_ERR_ARG, "the first range '%d:%d' must start at 0", b, e);
         if (n > 0 && b != prev_end)
             return ps_errf(err, errlen, PS_ERR_ARG, "range %d '%d:%d' must start at %d where range %d ends (%s)", n + 1,
@@ -509,13 +511,14 @@ static ps_status read_block_count(const ps_gguf *g, int *n, char *err, size_t er
     return PS_OK;
 }
 
-/* Checks bounds: 0 = bounds[0] < ... < bounds[n] = n_layer. */
+/* Checks bounds: 0 = bounds[0] < ... < bounds[n] = n_layer, but for stage 0 of several,
+ * which may hold no layer (bounds[1] = 0: the embedding alone). */
 static ps_status check_bounds(const int *bounds, int n, int n_layer, char *err, size_t errlen) {
     if (bounds[0] != 0 || bounds[n] != n_layer)
         return ps_errf(err, errlen, PS_ERR_ARG, "layer ranges must run from 0 to %d, not %d to %d", n_layer, bounds[0],
                        bounds[n]);
     for (int k = 0; k < n; k++)
-        if (bounds[k] >= bounds[k + 1])
+        if (bounds[k] > bounds[k + 1] || (bounds[k] == bounds[k + 1] && (k > 0 || n < 2)))
             return ps_errf(err, errlen, PS_ERR_ARG, "stage %d has no layers (%d:%d)", k, bounds[k], bounds[k + 1]);
     return PS_OK;
 }
@@ -532,7 +535,7 @@ static ps_status open_model(const char *model_path, int n_stages, const int *bou
         return ps_errf(err, errlen, PS_ERR_ARG, "'%s' is a shard (stage %d of %d), not a whole model", model_path,
                        meta.stage_index, meta.stage_count);
     if ((s = read_block_count(*g, &sc->n_layer, err, errlen))) return s;
-    if (n_stages > sc->n_layer)
+    if (n_stages > sc->n_layer + (bounds[1] == 0))
         return ps_errf(err, errlen, PS_ERR_RANGE,
                        "cannot cut %d layer%s into %d stages: every stage needs at least one layer", sc->n_layer,
                        sc->n_layer == 1 ? "" : "s", n_stages);
@@ -652,13 +655,16 @@ ps_status ps_shard_meta_read(const ps_gguf *g, ps_shard_meta *out, char *err, si
         memset(out, 0, sizeof *out);
         return s;
     }
-    if (cnt < 1 || cnt > PS_SHARD_MAX_STAGES || cnt > (uint32_t)n_layer || idx >= cnt)
+    if (cnt < 1 || cnt > PS_SHARD_MAX_STAGES || cnt > (uint32_t)n_layer + 1 || idx >= cnt)
         return ps_errf(err, errlen, PS_ERR_FORMAT, "shard metadata: stage %u of %u is out of range (count 1..%d)", idx,
-                       cnt, n_layer < PS_SHARD_MAX_STAGES ? n_layer : PS_SHARD_MAX_STAGES);
-    if (beg >= end || end > (uint32_t)n_layer)
-        return ps_errf(err, errlen, PS_ERR_FORMAT, "shard metadata: layers %u:%u are not a range within 0:%d", beg, end,
-                       n_layer);
-    if ((idx == 0) != (beg == 0) || (idx == cnt - 1) != (end == (uint32_t)n_layer))
+                       cnt, n_layer < PS_SHARD_MAX_STAGES ? n_layer + 1 : PS_SHARD_MAX_STAGES);
+    if (beg > end || end > (uint32_t)n_layer || (beg == end && (idx != 0 || cnt < 2)))
+        return ps_errf(err, errlen, PS_ERR_FORMAT,
+                       "shard metadata: layers %u:%u are not a range within 0:%d (only stage 0 of several may hold "
+                       "none)",
+                       beg, end, n_layer);
+    if ((idx == 0 && beg != 0) || (beg == 0 && idx > 1) || /* stage 1 starts at 0 after an empty stage 0 */
+        (idx == cnt - 1) != (end == (uint32_t)n_layer))
         return ps_errf(err, errlen, PS_ERR_FORMAT,
                        "shard metadata: stage %u of %u cannot hold layers %u:%u of %d (the first stage starts at 0, "
                        "the last ends at block_count)",

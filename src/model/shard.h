@@ -50,8 +50,9 @@ ps_status ps_shard_plan(const uint64_t *layer_bytes, int n_layer, uint64_t embed
                         int n_stages, int *bounds, char *err, size_t errlen);
 
 /* Parses --layers "0:8,8:16,16:30" into bounds (n_stages + 1 entries) and checks that the
- * ranges are non-empty, contiguous, start at 0, end at n_layer and number n_stages
- * (n_stages <= 0: take the count from the spec, returned in *n_out). */
+ * ranges are non-empty (but the first may be 0:0: stage 0 with the token embedding alone,
+ * every layer on the stages after it), contiguous, start at 0, end at n_layer and number
+ * n_stages (n_stages <= 0: take the count from the spec, returned in *n_out). */
 ps_status ps_shard_parse_layers(const char *spec, int n_layer, int n_stages, int *bounds, int *n_out, char *err,
                                 size_t errlen);
 

@@ -165,7 +165,8 @@ ps_status ps_stage_kv_load(ps_stage *s, const char *path, uint64_t id, const int
     size_t floats = ps_ctx_kv_block_floats(s->ctx), n_tok = (size_t)n * PS_KV_BLOCK;
     int layers = s->m->layer_end - s->m->layer_begin;
     int32_t *file_tok = ps_malloc(n_tok * sizeof *file_tok);
-    float *buf = ps_malloc(2 * floats * (size_t)layers * (size_t)n * sizeof *buf); /* all of it, checked first */
+    /* all of it, checked first (+ 1: stage 0 may hold no layer) */
+    float *buf = ps_malloc((2 * floats * (size_t)layers * (size_t)n + 1) * sizeof *buf);
     XXH3_state_t *xh = XXH3_createState();
     if (!file_tok || !buf || !xh || XXH3_64bits_reset(xh) != XXH_OK) {
         st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for %s", path);
