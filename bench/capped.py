@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import BIN, ROOT, sh  # noqa: E402 (also puts tests/ on the path)
+from common import BIN, CACHE, ROOT, sh, synth_model  # noqa: E402 (also puts tests/ on the path)
 
 from psworker import Worker  # noqa: E402
 
@@ -69,17 +69,12 @@ def main():
     ap.add_argument("--pin", action="store_true", help="--pin to run and the workers (see above)")
     a = ap.parse_args()
     shape, qtype = a.model.split(":")
-    cache = os.path.join(ROOT, ".cache", "bench")
-    os.makedirs(cache, exist_ok=True)
-    model = os.path.join(cache, f"{shape}-{qtype}.gguf")
-    if not os.path.exists(model):
-        print(f"writing {model} (synth)", flush=True)
-        sh([BIN, "synth", "--like", shape, "--type", qtype, "-o", model])
+    model = synth_model(a.model)
     size = os.path.getsize(model)
     cap = a.max_mem or f"{int(size * 0.45) >> 20}M"
     if size_arg(cap) * 2 >= size:
         print(f"note: --max-mem {cap} is not below half the model file ({size / 2**30:.2f} GiB)")
-    split_dir = os.path.join(cache, f"{shape}-{qtype}-split-{a.stages}")
+    split_dir = os.path.join(CACHE, f"{shape}-{qtype}-split-{a.stages}")
     fleet_path = os.path.join(split_dir, "fleet.json")
     if not os.path.exists(fleet_path) or os.path.getmtime(fleet_path) < os.path.getmtime(model):
         print(f"splitting into {split_dir}", flush=True)

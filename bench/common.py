@@ -16,3 +16,16 @@ def sh(args, **kw):
     if p.returncode:
         sys.exit(f"{' '.join(args)}: {p.stderr}")
     return p.stdout
+
+CACHE = os.path.join(ROOT, ".cache", "bench")  # models written by `synth` and their splits, reused
+
+
+def synth_model(spec):
+    """The path of `synth`'s preset SHAPE:TYPE in CACHE, written when absent."""
+    shape, qtype = spec.split(":")
+    os.makedirs(CACHE, exist_ok=True)
+    model = os.path.join(CACHE, f"{shape}-{qtype}.gguf")
+    if not os.path.exists(model):
+        print(f"writing {model} (synth)", flush=True)
+        sh([BIN, "synth", "--like", shape, "--type", qtype, "-o", model])
+    return model

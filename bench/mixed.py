@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import BIN, ROOT, sh  # noqa: E402 (also puts tests/ on the path)
+from common import BIN, CACHE, ROOT, sh, synth_model  # noqa: E402 (also puts tests/ on the path)
 
 from psworker import Worker  # noqa: E402
 
@@ -48,13 +48,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of the coordinator and the worker (2)")
     a = ap.parse_args()
     shape, qtype = a.model.split(":")
-    cache = os.path.join(ROOT, ".cache", "bench")
-    os.makedirs(cache, exist_ok=True)
-    model = os.path.join(cache, f"{shape}-{qtype}.gguf")
-    if not os.path.exists(model):
-        print(f"writing {model} (synth)", flush=True)
-        sh([BIN, "synth", "--like", shape, "--type", qtype, "-o", model])
-    lean = os.path.join(cache, f"{shape}-{qtype}-lean")
+    model = synth_model(a.model)
+    lean = os.path.join(CACHE, f"{shape}-{qtype}-lean")
     fleet_path = os.path.join(lean, "fleet.json")
     if not os.path.exists(fleet_path) or os.path.getmtime(fleet_path) < os.path.getmtime(model):
         n_layer = json.loads(sh([BIN, "inspect", model, "--json"]))["hparams"]["block_count"]

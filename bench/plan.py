@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import BIN, ROOT, sh  # noqa: E402 (also puts tests/ on the path)
+from common import BIN, ROOT, sh, synth_model  # noqa: E402 (also puts tests/ on the path)
 
 import gguf  # noqa: E402
 from psworker import Worker  # noqa: E402
@@ -145,12 +145,7 @@ def main():
     hosts = parse_hosts(a.hosts_spec)
     check_cpus(hosts)
     by_name = {h["name"]: h for h in hosts}
-    shape, qtype = a.model.split(":")
-    cache = os.path.join(ROOT, ".cache", "bench")
-    os.makedirs(cache, exist_ok=True)
-    model = os.path.join(cache, f"{shape}-{qtype}.gguf")
-    if not os.path.exists(model):
-        sh([BIN, "synth", "--like", shape, "--type", qtype, "-o", model])
+    model = synth_model(a.model)
     os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="plan_", dir=os.path.join(ROOT, "bench", "out"))
     key = os.path.join(tmp, "key")

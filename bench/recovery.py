@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from common import BIN, ROOT, sh  # noqa: E402 (also puts tests/ on the path)
+from common import BIN, ROOT, sh, synth_model  # noqa: E402 (also puts tests/ on the path)
 
 from psworker import Worker  # noqa: E402
 
@@ -63,11 +63,7 @@ def main():
     ap.add_argument("--contexts", default="64,256,1024")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
-    shape, qtype = a.model.split(":")
-    model = os.path.join(ROOT, ".cache", "bench", f"{shape}-{qtype}.gguf")
-    if not os.path.exists(model):
-        os.makedirs(os.path.dirname(model), exist_ok=True)
-        sh([BIN, "synth", "--like", shape, "--type", qtype, "-o", model])
+    model = synth_model(a.model)
     os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="recovery_", dir=os.path.join(ROOT, "bench", "out"))
     key = os.path.join(tmp, "key")
