@@ -823,11 +823,10 @@ ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos
             for (int i = 0; i < *n_out; i++) out[i] = c->res1[i].token;
             return PS_OK;
         }
-        /* A stage died, stalled or dropped the session: reconnect (the worker restarted at its
-           address, or a standby in the place of a stage that is gone) and replay the sequence:
-           its tokens are the coordinator's, and the same tokens give the same bits (DESIGN.md,
-           invariants 1 and 3). */
-        /* again while standbys last (without one: the failure's error, as it is) */
+        /* A stage died, stalled or dropped the session: while standbys last, reconnect (the
+           worker restarted at its address, or a standby in the place of a stage that is gone)
+           and replay the sequence: its tokens are the coordinator's, and the same tokens give
+           the same bits (DESIGN.md, invariants 1 and 3). Without one: the failure's error. */
         bool again = (s == PS_ERR_NET || s == PS_ERR_TIMEOUT) && c->n > 1 && c->next_standby < c->o.n_standby;
         if (!again && attempt) {
             char last[600];

@@ -38,9 +38,12 @@ static double time_matrices(const ps_mat *const *ws, int n, ps_pool *pool, char 
 #define SYN_ROWS 8192
 #define SYN_COLS 2048
 
+/* Bytes of one synthetic matrix. */
+static size_t syn_bytes(void) { return ps_row_bytes(PS_TYPE_Q4_0, SYN_COLS) * SYN_ROWS; }
+
 /* The synthetic matrices (random bytes, tame scales), timed. */
 static double time_synthetic(ps_pool *pool, char *err, size_t errlen) {
-    size_t bytes = ps_row_bytes(PS_TYPE_Q4_0, SYN_COLS) * SYN_ROWS;
+    size_t bytes = syn_bytes();
     uint8_t *p = malloc(2 * bytes);
     if (!p) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory"), 0;
     for (size_t i = 0; i < 2 * bytes; i++) p[i] = (uint8_t)(i * 2654435761u >> 13);
@@ -52,25 +55,30 @@ static double time_synthetic(ps_pool *pool, char *err, size_t errlen) {
     return ms;
 }
 
-/* The context a model's decode steps are timed in. */
-static const ps_ctx_params TIMED_CTX = {.n_ctx = 512, .max_batch = 16, .act = PS_ACT_Q8};
+/* The context a model's decode steps are timed in, after a prompt of PROMPT rows. */
+#define PROMPT 16
+static const ps_ctx_params TIMED_CTX = {.n_ctx = 512, .max_batch = PROMPT, .act = PS_ACT_Q8};
 
-/* Milliseconds per GB for decode steps of model m, after a 16-token prompt, timed for about
- * a second. */
+/* Floats of time_model's input rows and of its output rows (logits or activations). */
+static size_t x_floats(const ps_model *m) { return (size_t)PROMPT * m->hp.dim; }
+static size_t out_floats(const ps_model *m) {
+    return (size_t)PROMPT * (m->hp.dim > m->hp.vocab ? m->hp.dim : m->hp.vocab);
+}
+
+/* Milliseconds per GB for decode steps of model m, after a PROMPT-token prompt, timed for
+ * about a second. */
 static double time_model(const ps_model *m, ps_pool *pool, char *err, size_t errlen) {
     ps_ctx_params cp = TIMED_CTX;
     ps_ctx *c = NULL;
-    int dim = m->hp.dim;
-    float *x = calloc((size_t)16 * dim, sizeof *x),
-          *out = malloc((size_t)16 * (dim > m->hp.vocab ? dim : m->hp.vocab) * 4);
-    int32_t toks[16] = {1};
+    float *x = calloc(x_floats(m), sizeof *x), *out = malloc(out_floats(m) * sizeof *out);
+    int32_t toks[PROMPT] = {1};
     bool ok = x && out;
     if (!ok) ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     ok = ok && !ps_ctx_create(m, &cp, pool, &c, err, errlen);
-    for (int i = 0; i < dim * 16 && x; i++) x[i] = (float)((i * 37 % 101) - 50) / 500.0f;
+    for (size_t i = 0; x && i < x_floats(m); i++) x[i] = (float)((int)(i * 37 % 101) - 50) / 500.0f;
     double ms = 0;
-    int steps = 0, pos = 16;
-    if (ok) ok = !ps_forward_stage(c, toks, x, 16, 0, out, 1, err, errlen);
+    int steps = 0, pos = PROMPT;
+    if (ok) ok = !ps_forward_stage(c, toks, x, PROMPT, 0, out, 1, err, errlen);
     for (double t0 = ps_now(); ok && pos < cp.n_ctx && (steps < 4 || ps_now() - t0 < 1.0); steps++, pos++) {
         double a = ps_now();
         ok = !ps_forward_stage(c, toks, x, 1, pos, out, 1, err, errlen);
@@ -91,7 +99,6 @@ double ps_decode_ms_per_gb(const ps_model *m, int threads, char *err, size_t err
 }
 
 size_t ps_decode_ms_per_gb_bytes(const ps_model *m, int threads) {
-    if (!m) return 2 * ps_row_bytes(PS_TYPE_Q4_0, SYN_COLS) * SYN_ROWS;
-    size_t wide = (size_t)(m->hp.dim > m->hp.vocab ? m->hp.dim : m->hp.vocab); /* time_model's x and out */
-    return ps_ctx_bytes(m, &TIMED_CTX, threads) + 16 * ((size_t)m->hp.dim + wide) * sizeof(float);
+    if (!m) return 2 * syn_bytes();
+    return ps_ctx_bytes(m, &TIMED_CTX, threads) + (x_floats(m) + out_floats(m)) * sizeof(float);
 }

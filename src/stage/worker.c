@@ -730,12 +730,13 @@ static float host_speed(worker *w) {
     bool idle = !w->ctrl;
     pthread_mutex_unlock(&w->mu);
     const ps_worker_opts *o = w->o;
+    if (ms || !idle || o->device != PS_DEVICE_CPU) return ms;
     const ps_model *timed = o->cache ? NULL : w->m;
-    bool room = !o->max_mem ||
-                (timed && ps_gguf_file_size(timed->gguf) + ps_decode_ms_per_gb_bytes(timed, o->threads) <= o->max_mem);
-    if (ms || !idle || !room || o->device != PS_DEVICE_CPU) return ms;
+    if (o->max_mem &&
+        (!timed || ps_gguf_file_size(timed->gguf) + ps_decode_ms_per_gb_bytes(timed, o->threads) > o->max_mem))
+        return 0;
     char err[256];
-    ms = (float)ps_decode_ms_per_gb(timed, w->o->threads, err, sizeof err);
+    ms = (float)ps_decode_ms_per_gb(timed, o->threads, err, sizeof err);
     pthread_mutex_lock(&w->mu);
     w->ms_per_gb = ms;
     pthread_mutex_unlock(&w->mu);
