@@ -1349,6 +1349,10 @@ static void test_host_info_codec(void) {
         ps_host_info_encode(&b, &hi);
         PS_CHECK_EQ_INT(ps_host_info_decode(b.p, b.len, &got, err, sizeof err), PS_ERR_PROTOCOL);
         CHECK_HAS(err, "not plain printable ASCII");
+        ps_host_text_plain(hi.host); /* what a worker sends instead: each odd byte a '?' */
+        ps_host_info_encode(&b, &hi);
+        PS_CHECK_OK(ps_host_info_decode(b.p, b.len, &got, err, sizeof err));
+        PS_CHECK(strlen(got.host) == strlen(odd[i]) && got.host[0] == odd[i][0] && strchr(got.host, '?'));
     }
     ps_wbuf_free(&b);
 }

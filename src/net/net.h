@@ -274,6 +274,9 @@ typedef struct {
     float ms_per_gb;        /* its decode speed (ps_decode_ms_per_gb; 0: not measured) */
 } ps_host_info;
 void ps_host_info_encode(ps_wbuf *b, const ps_host_info *h); /* restarts b */
+/* Makes s text HOST_INFO takes (ps_host_info_decode refuses anything else): each character
+ * that is not printable ASCII, '"' or '\\' becomes '?'. */
+void ps_host_text_plain(char *s);
 /* Parses and checks a HOST_INFO payload (PS_ERR_PROTOCOL "malformed HOST_INFO ..."). */
 ps_status ps_host_info_decode(const uint8_t *p, size_t len, ps_host_info *out, char *err, size_t errlen);
 

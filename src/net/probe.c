@@ -60,11 +60,19 @@ void ps_host_info_encode(ps_wbuf *b, const ps_host_info *h) {
     ps_wbuf_f32(b, h->ms_per_gb);
 }
 
-/* Whether s is printable ASCII without '"' or '\\' (it goes into JSON and onto a terminal). */
+/* Whether c may stand in HOST_INFO's text: printable ASCII but '"' and '\\' (the text goes
+ * into JSON and onto a terminal). */
+static bool plain_char(char c) { return c >= ' ' && c <= '~' && c != '"' && c != '\\'; }
+
 static bool plain_text(const char *s) {
     for (; *s; s++)
-        if (*s < ' ' || *s > '~' || *s == '"' || *s == '\\') return false;
+        if (!plain_char(*s)) return false;
     return true;
+}
+
+void ps_host_text_plain(char *s) {
+    for (; *s; s++)
+        if (!plain_char(*s)) *s = '?';
 }
 
 ps_status ps_host_info_decode(const uint8_t *p, size_t len, ps_host_info *out, char *err, size_t errlen) {

@@ -711,12 +711,6 @@ static bool peer_line(worker *w) {
     return false;
 }
 
-/* Makes s plain printable ASCII without '"' or '\\' (HOST_INFO's text), in place. */
-static void plain_text(char *s) {
-    for (; *s; s++)
-        if (*s < ' ' || *s > '~' || *s == '"' || *s == '\\') *s = '?';
-}
-
 /* This host's decode speed for HOST_INFO (ms per GB, 0: not measured): measured on the first
  * link probe that finds no session running (a session's passes would slow both), with our
  * threads on the CPU, on our shard (a --cache worker's shard may be replaced meanwhile: it
@@ -751,8 +745,8 @@ static void answer_probe(handshake *h) {
     ps_host_info hi = {.mem_available = ps_mem_available(), .threads = w->o->threads, .ms_per_gb = host_speed(w)};
     gethostname(hi.host, sizeof hi.host - 1);
     snprintf(hi.device, sizeof hi.device, "%s", w->device);
-    plain_text(hi.host);
-    plain_text(hi.device);
+    ps_host_text_plain(hi.host);
+    ps_host_text_plain(hi.device);
     ps_echo_limits lim = {.max_s = PROBE_MAX_S, .max_bytes = PROBE_MAX_BYTES, .idle_ms = w->o->timeout_ms};
     h->probe_s = ps_net_echo_serve(h->c, &hi, &w->o->sim, &lim, &h->echo, h->err, sizeof h->err);
 }
