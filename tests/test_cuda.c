@@ -300,6 +300,8 @@ int main(void) {
         {"Q6_K", "qwen3", ""},
         {"Q4_K_M", "llama", ""},
         {"Q8_0", "llama", "--heads 8 --kv-heads 2 --head-dim 40"},
+        {"Q4_0", "llama", "--dim 320 --ffn 800"}, /* rows of 10 and 25 blocks: a chunk's tail */
+        {"Q5_1", "qwen2", "--dim 320 --ffn 800"},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(cases); i++)
         check_model(synth(cases[i][0], cases[i][1], cases[i][2]), 24, i == 9, false);

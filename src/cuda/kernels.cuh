@@ -128,7 +128,7 @@ template <int T> struct wtype {
  * bytes each, Q8_0's 32), then their heads (the block's first wtype::head bytes), the row
  * padded to 16 bytes. A lane then reads a block's quants with one 16-byte load, and a warp
  * 32 blocks' in 512 consecutive bytes. The K types keep GGUF's layout. */
-static inline bool split_type(uint32_t t) {
+__host__ __device__ constexpr bool split_type(uint32_t t) {
     return t == PS_TYPE_Q4_0 || t == PS_TYPE_Q4_1 || t == PS_TYPE_Q5_0 || t == PS_TYPE_Q5_1 || t == PS_TYPE_Q8_0;
 }
 static inline size_t split_row_bytes(size_t row_bytes) { return (row_bytes + 15) & ~(size_t)15; }
@@ -387,6 +387,144 @@ template <int T, int TT> static int mm_chunk(int n_units) {
 }
 template <int T, int TT> static size_t mm_smem(int chunk) {
     return ((size_t)MM_R * TT * mm_stride<T>(chunk) + (mm_xs<T, TT>() ? (size_t)TT * 10 * chunk : 0)) * 4;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Prefill matmuls on the tensor cores (split types). mma.sync.m16n8k32 gives a 32-element
+ * block's exact integer dot products for 16 rows × 8 tokens at once, and the lane that
+ * holds a (row, token) pair's dot adds its float term(s) in block order, as k_mm_q's chain
+ * does: the same bits. A thread block takes MMA_M rows (16 a warp) and MMA_N tokens; the
+ * rows' quants and heads and the tokens' blocks come MMA_CH blocks at a time through shared
+ * memory (asynchronous copies, two stages). Grid: (the group's tiles of MMA_M rows,
+ * nt / MMA_N), MMA_THREADS threads, mma_tile<T>::smem bytes of shared memory. */
+#define MMA_WARPS   4
+#define MMA_THREADS (MMA_WARPS * 32)
+#define MMA_M       (16 * MMA_WARPS)
+#define MMA_N       64
+#define MMA_CH      8
+#define MMA_MIN     16 /* the fewest tokens that take it */
+
+/* Shared memory of one stage: each row's quants (rows 4 banks apart: a lane group's four
+ * words of eight rows hit 32 banks), heads, each token's blocks (tokens 20 banks apart). */
+template <int T> struct mma_tile {
+    static constexpr int a = MMA_CH * wtype<T>::quant + 16, h = (MMA_CH * wtype<T>::head + 15) & ~15;
+    static constexpr int b = MMA_CH * (int)sizeof(ps_xq32) + 16;
+    static constexpr int stage = MMA_M * (a + h) + MMA_N * b, smem = 2 * stage;
+};
+
+/* c = the int8 products of A (16 × 32: a0, a2 row g's elements 4q.. and 16 + 4q.., a1, a3
+ * row g + 8's) and B (32 × 8: b0, b1 token g's); c0, c1 row g's tokens 2q, 2q + 1, c2, c3
+ * row g + 8's (lane = 4g + q). */
+__device__ __forceinline__ void mma_s8(int c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+/* Elements 4q..4q+3 (lo) and 16+4q.. (hi) of block j of a row's quants qa and heads ha in
+ * shared memory, as signed bytes whose dot with x's is term32's dot (Q4_0's q - 8 and
+ * Q5_0's q - 16 fold in its minus 8 or 16 times x's sum). */
+template <int T>
+__device__ __forceinline__ void mma_a(const uint8_t *qa, const uint8_t *ha, int j, int q, uint32_t &lo, uint32_t &hi) {
+    typedef wtype<T> ty;
+    if (T == PS_TYPE_Q8_0) {
+        lo = ld32(qa + 32 * j + 4 * q), hi = ld32(qa + 32 * j + 16 + 4 * q);
+        return;
+    }
+    uint32_t u = ld32(qa + 16 * j + 4 * q);
+    lo = u & 0x0f0f0f0fu, hi = (u >> 4) & 0x0f0f0f0fu;
+    if (T == PS_TYPE_Q5_0 || T == PS_TYPE_Q5_1) {
+        uint32_t h = T == PS_TYPE_Q5_0 ? ld2x16(ha + ty::head * j + 2) : ld32(ha + ty::head * j + 4);
+        lo |= spread4(h >> (4 * q)) << 4;
+        hi |= spread4(h >> (16 + 4 * q)) << 4;
+    }
+    if (T == PS_TYPE_Q4_0) lo = __vsub4(lo, 0x08080808u), hi = __vsub4(hi, 0x08080808u);
+    if (T == PS_TYPE_Q5_0) lo = __vsub4(lo, 0x10101010u), hi = __vsub4(hi, 0x10101010u);
+}
+
+template <int T>
+__global__ void __launch_bounds__(MMA_THREADS)
+    k_mm_mma(mm_group grp, size_t row_bytes, int n_units, const uint8_t *X, size_t x_row, int nt) {
+    typedef wtype<T> ty;
+    typedef mma_tile<T> tl;
+    int bx = blockIdx.x, mi = 0; /* the matrix, as in k_mm_q */
+    if (grp.n > 1 && bx >= grp.blocks[0]) bx -= grp.blocks[0], mi = 1;
+    if (grp.n > 2 && mi == 1 && bx >= grp.blocks[1]) bx -= grp.blocks[1], mi = 2;
+    const uint8_t *W = mi == 0 ? grp.W[0] : mi == 1 ? grp.W[1] : grp.W[2];
+    float *Y = mi == 0 ? grp.Y[0] : mi == 1 ? grp.Y[1] : grp.Y[2];
+    long long ys = mi == 0 ? grp.ys[0] : mi == 1 ? grp.ys[1] : grp.ys[2];
+    int rows = mi == 0 ? grp.rows[0] : mi == 1 ? grp.rows[1] : grp.rows[2];
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
+    const int r0 = bx * MMA_M, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_xq32);
+    const size_t heads = (size_t)n_units * ty::quant; /* where a row's heads start */
+    /* chunk c (blocks c * MMA_CH ..) into stage c & 1: rows and tokens past the end repeat the
+     * last (their results are not stored) */
+    auto load = [&](int c) {
+        uint8_t *A = sm + (c & 1) * tl::stage, *H = A + MMA_M * tl::a, *B = H + MMA_M * tl::h;
+        int c0 = c * MMA_CH, nc = min(MMA_CH, n_units - c0);
+        int qp = nc * ty::quant / 16, hp = (nc * ty::head + 15) / 16, bp = nc * XB / 8;
+        for (int i = tid; i < MMA_M * qp; i += MMA_THREADS) {
+            int r = i / qp, k = i - r * qp;
+            const uint8_t *row = W + (size_t)min(r0 + r, rows - 1) * row_bytes;
+            __pipeline_memcpy_async(A + r * tl::a + 16 * k, row + (size_t)c0 * ty::quant + 16 * k, 16);
+        }
+        for (int i = tid; i < MMA_M * hp; i += MMA_THREADS) {
+            int r = i / hp, k = i - r * hp;
+            const uint8_t *row = W + (size_t)min(r0 + r, rows - 1) * row_bytes;
+            __pipeline_memcpy_async(H + r * tl::h + 16 * k, row + heads + (size_t)c0 * ty::head + 16 * k, 16);
+        }
+        for (int i = tid; i < MMA_N * bp; i += MMA_THREADS) {
+            int t = i / bp, k = i - t * bp;
+            const uint8_t *src = X + (size_t)min(t0 + t, nt - 1) * x_row + (size_t)c0 * XB + 8 * k;
+            __pipeline_memcpy_async(B + t * tl::b + 8 * k, src, 8);
+        }
+        __pipeline_commit();
+    };
+    float acc[MMA_N / 8][4] = {};
+    const int n_chunks = (n_units + MMA_CH - 1) / MMA_CH, lo_row = warp * 16 + g;
+    load(0);
+    for (int c = 0; c < n_chunks; c++) {
+        if (c + 1 < n_chunks)
+            load(c + 1);
+        else
+            __pipeline_commit(); /* an empty group: wait_prior(1) below still means chunk c */
+        __pipeline_wait_prior(1);
+        __syncthreads();
+        const uint8_t *A = sm + (c & 1) * tl::stage, *H = A + MMA_M * tl::a, *B = H + MMA_M * tl::h;
+        const uint8_t *qa = A + lo_row * tl::a, *ha = H + lo_row * tl::h;
+        int nc = min(MMA_CH, n_units - c * MMA_CH);
+        for (int j = 0; j < nc; j++) {
+            uint32_t a0, a1, a2, a3;
+            mma_a<T>(qa, ha, j, q, a0, a2);
+            mma_a<T>(qa + 8 * tl::a, ha + 8 * tl::h, j, q, a1, a3);
+            float d0 = f16(ha + ty::head * j), d1 = f16(ha + 8 * tl::h + ty::head * j), m0 = 0, m1 = 0;
+            if (ty::terms == 2) m0 = f16(ha + ty::head * j + 2), m1 = f16(ha + 8 * tl::h + ty::head * j + 2);
+#pragma unroll
+            for (int i = 0; i < MMA_N / 8; i++) {
+                const uint8_t *bt = B + (8 * i + g) * tl::b + XB * j, *x0 = B + (8 * i + 2 * q) * tl::b + XB * j;
+                int dot[4];
+                mma_s8(dot, a0, a1, a2, a3, ld32(bt + 8 + 4 * q), ld32(bt + 24 + 4 * q));
+                const ps_xq32 *xa = (const ps_xq32 *)x0, *xb = (const ps_xq32 *)(x0 + tl::b);
+                acc[i][0] += (d0 * xa->d) * (float)dot[0];
+                if (ty::terms == 2) acc[i][0] += m0 * (xa->d * (float)xa->sum);
+                acc[i][1] += (d0 * xb->d) * (float)dot[1];
+                if (ty::terms == 2) acc[i][1] += m0 * (xb->d * (float)xb->sum);
+                acc[i][2] += (d1 * xa->d) * (float)dot[2];
+                if (ty::terms == 2) acc[i][2] += m1 * (xa->d * (float)xa->sum);
+                acc[i][3] += (d1 * xb->d) * (float)dot[3];
+                if (ty::terms == 2) acc[i][3] += m1 * (xb->d * (float)xb->sum);
+            }
+        }
+        __syncthreads(); /* the stage is free for chunk c + 2 */
+    }
+#pragma unroll
+    for (int i = 0; i < MMA_N / 8; i++)
+        for (int k = 0; k < 4; k++) {
+            int r = r0 + lo_row + (k >> 1) * 8, t = t0 + 8 * i + 2 * q + (k & 1);
+            if (r < rows && t < nt) Y[(size_t)t * ys + r] = acc[i][k];
+        }
 }
 
 /* Float weights against f32 activations (q8_ref.c's dot_f32 / dot_f16 / dot_bf16): eight

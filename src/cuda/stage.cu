@@ -333,6 +333,15 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
                                                      : (const void *)k_attention<false>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(g))) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
+    const void *mma_k[] = {(const void *)k_mm_mma<PS_TYPE_Q4_0>, (const void *)k_mm_mma<PS_TYPE_Q4_1>,
+                           (const void *)k_mm_mma<PS_TYPE_Q5_0>, (const void *)k_mm_mma<PS_TYPE_Q5_1>,
+                           (const void *)k_mm_mma<PS_TYPE_Q8_0>};
+    const int mma_smem[] = {mma_tile<PS_TYPE_Q4_0>::smem, mma_tile<PS_TYPE_Q4_1>::smem, mma_tile<PS_TYPE_Q5_0>::smem,
+                            mma_tile<PS_TYPE_Q5_1>::smem, mma_tile<PS_TYPE_Q8_0>::smem};
+    for (int i = 0; i < 5 && !s; i++)
+        if ((e = cudaFuncSetAttribute(mma_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem[i])) !=
+            cudaSuccess)
+            s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (the matmuls' shared memory)", cudaGetErrorString(e));
     if (!s && m->hp.dim * 4 > 48 * 1024 &&
         (e = cudaFuncSetAttribute(k_rmsnorm, cudaFuncAttributeMaxDynamicSharedMemorySize, m->hp.dim * 4)) !=
             cudaSuccess)
@@ -394,10 +403,28 @@ static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
         <<<grid, MM_THREADS, mm_smem<T, TT>(chunk), g->st>>>(grp, ws[0]->row_bytes, units, chunk, xq, x_row, n);
 }
 
-/* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32. */
+/* The same on the tensor cores (k_mm_mma: split types, MMA_MIN tokens or more). */
+template <int T>
+static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
+                       float *const *ys, const long long *strides) {
+    mm_group grp = {nw};
+    int blocks = 0;
+    for (int i = 0; i < nw; i++) {
+        grp.W[i] = ws[i]->d, grp.Y[i] = ys[i], grp.ys[i] = strides[i], grp.rows[i] = ws[i]->rows;
+        grp.blocks[i] = (int)blocks_for(ws[i]->rows, MMA_M);
+        blocks += grp.blocks[i];
+    }
+    dim3 grid(blocks, blocks_for(n, MMA_N));
+    k_mm_mma<T><<<grid, MMA_THREADS, mma_tile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 32, xq, x_row, n);
+}
+
+/* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32;
+ * prefill's on the tensor cores where the type has a kernel there. */
 template <int T>
 static void launch_q(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
                      float *const *ys, const long long *strides) {
+    if constexpr (split_type(T))
+        if (n >= MMA_MIN) return launch_mma<T>(g, ws, nw, xq, x_row, n, ys, strides);
     if (n <= 1)
         launch_qt<T, 1>(g, ws, nw, xq, x_row, n, ys, strides);
     else if (n <= 4)
