@@ -302,6 +302,8 @@ int main(void) {
         {"Q8_0", "llama", "--heads 8 --kv-heads 2 --head-dim 40"},
         {"Q4_0", "llama", "--dim 320 --ffn 800"}, /* rows of 10 and 25 blocks: a chunk's tail */
         {"Q5_1", "qwen2", "--dim 320 --ffn 800"},
+        {"Q6_K", "llama", "--dim 512 --heads 8 --kv-heads 2 --ffn 1280"}, /* 5 super-blocks: 1,050-byte rows */
+        {"Q4_K_M", "qwen2", "--dim 512 --heads 8 --kv-heads 2 --ffn 1280"},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(cases); i++)
         check_model(synth(cases[i][0], cases[i][1], cases[i][2]), 24, i == 9, false);

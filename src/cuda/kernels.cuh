@@ -122,23 +122,38 @@ template <int T> struct wtype {
                                                      : 210;
     /* a 32-element block's head (scale, minimum, Q5's fifth bits) and quants, as split_row splits it */
     static constexpr int head = bytes - (T == PS_TYPE_Q8_0 ? 32 : 16), quant = bytes - head;
+    static constexpr int stride = (bytes + 3) & ~3; /* a K type's super-blocks apart on the device */
 };
 
-/* The 32-element types as the GPU holds them: each row split into its blocks' quants (16
- * bytes each, Q8_0's 32), then their heads (the block's first wtype::head bytes), the row
- * padded to 16 bytes. A lane then reads a block's quants with one 16-byte load, and a warp
- * 32 blocks' in 512 consecutive bytes. The K types keep GGUF's layout. */
+/* The quantized types as the GPU holds them, each row padded to 16 bytes. The 32-element
+ * types: each row split into its blocks' quants (16 bytes each, Q8_0's 32), then their
+ * heads (the block's first wtype::head bytes). A lane then reads a block's quants with one
+ * 16-byte load, and a warp 32 blocks' in 512 consecutive bytes. The K types: GGUF's
+ * super-blocks, each 4-aligned (wtype::stride: Q6_K's 210 bytes take 212), so that they
+ * travel to shared memory in 4-byte copies. */
 __host__ __device__ constexpr bool split_type(uint32_t t) {
     return t == PS_TYPE_Q4_0 || t == PS_TYPE_Q4_1 || t == PS_TYPE_Q5_0 || t == PS_TYPE_Q5_1 || t == PS_TYPE_Q8_0;
 }
-static inline size_t split_row_bytes(size_t row_bytes) { return (row_bytes + 15) & ~(size_t)15; }
-/* A row of n_blocks blocks of split type t into out (out_bytes: split_row_bytes of the row's). */
-static inline void split_row(const uint8_t *in, int n_blocks, uint32_t t, uint8_t *out, size_t out_bytes) {
-    int bytes = (int)ps_type_get(t)->type_size, quant = t == PS_TYPE_Q8_0 ? 32 : 16, head = bytes - quant;
+static inline size_t pad16(size_t bytes) { return (bytes + 15) & ~(size_t)15; }
+/* Bytes of a row of cols elements of quantized type t on the device. */
+static inline size_t dev_row_bytes(uint32_t t, size_t cols) {
+    const ps_type_info *ti = ps_type_get(t);
+    size_t units = cols / ti->block_size;
+    return pad16(units * (split_type(t) ? ti->type_size : (ti->type_size + 3) & ~(size_t)3));
+}
+/* A row of cols elements of type t as the device holds it into out (out_bytes of them). */
+static inline void dev_row(const uint8_t *in, size_t cols, uint32_t t, uint8_t *out, size_t out_bytes) {
+    const ps_type_info *ti = ps_type_get(t);
+    size_t n = cols / ti->block_size, bytes = ti->type_size;
     memset(out, 0, out_bytes);
-    for (int b = 0; b < n_blocks; b++) {
-        memcpy(out + (size_t)b * quant, in + (size_t)b * bytes + head, (size_t)quant);
-        memcpy(out + (size_t)n_blocks * quant + (size_t)b * head, in + (size_t)b * bytes, (size_t)head);
+    if (!split_type(t)) { /* the K types: each super-block 4-aligned */
+        for (size_t b = 0; b < n; b++) memcpy(out + b * ((bytes + 3) & ~(size_t)3), in + b * bytes, bytes);
+        return;
+    }
+    size_t quant = t == PS_TYPE_Q8_0 ? 32 : 16, head = bytes - quant;
+    for (size_t b = 0; b < n; b++) {
+        memcpy(out + b * quant, in + b * bytes + head, quant);
+        memcpy(out + n * quant + b * head, in + b * bytes, head);
     }
 }
 
@@ -317,7 +332,7 @@ __global__ void __launch_bounds__(MM_THREADS, 4)
                 bool on = live && u < nc;
                 if (ty::k) {
                     wu[k] = wunit{};
-                    if (on) load_k<T>(row + (size_t)(c0 + u) * ty::bytes, sub, wu[k]);
+                    if (on) load_k<T>(row + (size_t)(c0 + u) * ty::stride, sub, wu[k]);
                 } else if (on) {
                     load_split<T>(row, n_units, c0 + u, wr[k]);
                 }
@@ -404,23 +419,36 @@ template <int T, int TT> static size_t mm_smem(int chunk) {
 #define MMA_CH      8
 #define MMA_MIN     16 /* the fewest tokens that take it */
 
-/* Shared memory of one stage: each row's quants (rows 4 banks apart: a lane group's four
- * words of eight rows hit 32 banks), heads, each token's blocks (tokens 20 banks apart). */
+/* Bytes of a row's (or token's) share of a stage in shared memory: 16-byte aligned, and 4
+ * times an odd number of words apart, so that a lane group's 4 words of 8 rows (tokens)
+ * fall in 32 different banks. */
+__host__ __device__ constexpr int mma_pad(int bytes) {
+    int words = (bytes + 15) / 16 * 4;
+    return (words % 8 ? words : words + 4) * 4;
+}
+
+/* A stage: each row's quants, heads, each token's blocks. */
 template <int T> struct mma_tile {
-    static constexpr int a = MMA_CH * wtype<T>::quant + 16, h = (MMA_CH * wtype<T>::head + 15) & ~15;
-    static constexpr int b = MMA_CH * (int)sizeof(ps_xq32) + 16;
+    static constexpr int a = mma_pad(MMA_CH * wtype<T>::quant), h = (MMA_CH * wtype<T>::head + 15) & ~15;
+    static constexpr int b = mma_pad(MMA_CH * (int)sizeof(ps_xq32));
     static constexpr int stage = MMA_M * (a + h) + MMA_N * b, smem = 2 * stage;
 };
 
-/* c = the int8 products of A (16 × 32: a0, a2 row g's elements 4q.. and 16 + 4q.., a1, a3
- * row g + 8's) and B (32 × 8: b0, b1 token g's); c0, c1 row g's tokens 2q, 2q + 1, c2, c3
- * row g + 8's (lane = 4g + q). */
-__device__ __forceinline__ void mma_s8(int c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+/* d = c + the int8 products of A (16 × 32: a0, a2 row g's elements 4q.. and 16 + 4q.., a1,
+ * a3 row g + 8's) and B (32 × 8: b0, b1 token g's); d0, d1 row g's tokens 2q, 2q + 1, d2, d3
+ * row g + 8's (lane = 4g + q). Exact. */
+__device__ __forceinline__ void mma_s8(int d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1, const int c[4] = nullptr) {
+    int c0 = c ? c[0] : 0, c1 = c ? c[1] : 0, c2 = c ? c[2] : 0, c3 = c ? c[3] : 0;
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c0), "r"(c1), "r"(c2), "r"(c3));
 }
+
+/* (float)v for |v| < 2^22 (a block's dot, an activation block's sum), exactly, by the
+ * integer and float pipes rather than the slower conversion unit: 1.5 * 2^23 + v is a float
+ * whose last mantissa bit is worth 1. */
+__device__ __forceinline__ float small_float(int v) { return __int_as_float(0x4b400000 + v) - 12582912.0f; }
 
 /* Elements 4q..4q+3 (lo) and 16+4q.. (hi) of block j of a row's quants qa and heads ha in
  * shared memory, as signed bytes whose dot with x's is term32's dot (Q4_0's q - 8 and
@@ -507,17 +535,156 @@ __global__ void __launch_bounds__(MMA_THREADS)
                 int dot[4];
                 mma_s8(dot, a0, a1, a2, a3, ld32(bt + 8 + 4 * q), ld32(bt + 24 + 4 * q));
                 const ps_xq32 *xa = (const ps_xq32 *)x0, *xb = (const ps_xq32 *)(x0 + tl::b);
-                acc[i][0] += (d0 * xa->d) * (float)dot[0];
-                if (ty::terms == 2) acc[i][0] += m0 * (xa->d * (float)xa->sum);
-                acc[i][1] += (d0 * xb->d) * (float)dot[1];
-                if (ty::terms == 2) acc[i][1] += m0 * (xb->d * (float)xb->sum);
-                acc[i][2] += (d1 * xa->d) * (float)dot[2];
-                if (ty::terms == 2) acc[i][2] += m1 * (xa->d * (float)xa->sum);
-                acc[i][3] += (d1 * xb->d) * (float)dot[3];
-                if (ty::terms == 2) acc[i][3] += m1 * (xb->d * (float)xb->sum);
+                acc[i][0] += (d0 * xa->d) * small_float(dot[0]);
+                if (ty::terms == 2) acc[i][0] += m0 * (xa->d * small_float(xa->sum));
+                acc[i][1] += (d0 * xb->d) * small_float(dot[1]);
+                if (ty::terms == 2) acc[i][1] += m0 * (xb->d * small_float(xb->sum));
+                acc[i][2] += (d1 * xa->d) * small_float(dot[2]);
+                if (ty::terms == 2) acc[i][2] += m1 * (xa->d * small_float(xa->sum));
+                acc[i][3] += (d1 * xb->d) * small_float(dot[3]);
+                if (ty::terms == 2) acc[i][3] += m1 * (xb->d * small_float(xb->sum));
             }
         }
         __syncthreads(); /* the stage is free for chunk c + 2 */
+    }
+#pragma unroll
+    for (int i = 0; i < MMA_N / 8; i++)
+        for (int k = 0; k < 4; k++) {
+            int r = r0 + lo_row + (k >> 1) * 8, t = t0 + 8 * i + 2 * q + (k & 1);
+            if (r < rows && t < nt) Y[(size_t)t * ys + r] = acc[i][k];
+        }
+}
+
+/* The K types on the tensor cores, a super-block a stage: each 32-element sub-block's dot
+ * is an mma (Q6_K's two 16-element halves one each), scaled by the sub-block's scale and
+ * summed as integers (term_k's isum); the minimums' sum (imin: each sub-block's minimum
+ * times its activations' sum) is an mma of the minimums against the same activations,
+ * accumulated in the tensor core; then each (row, token) adds term_k's float term. */
+template <int T> struct mma_ktile {
+    static constexpr int a = mma_pad(wtype<T>::stride), b = mma_pad((int)sizeof(ps_block_q8_K));
+    static constexpr int stage = MMA_M * a + MMA_N * b, smem = 2 * stage;
+};
+
+/* Sub-block s of a super-block blk in shared memory: elements 4q.. (lo) and 16 + 4q.. (hi),
+ * signed; its scale(s) (Q6_K: the halves' sc0, sc1) and minimum (as four equal bytes). */
+template <int T>
+__device__ __forceinline__ void mma_k_a(const uint8_t *blk, int s, int q, uint32_t &lo, uint32_t &hi, int &sc0,
+                                        int &sc1, uint32_t &mn) {
+    if (T == PS_TYPE_Q6_K) {
+        int h = s >> 2, kk = s & 3;
+        const uint8_t *ql = blk + 64 * h + (kk & 1) * 32, *qh = blk + 128 + 32 * h;
+        uint32_t v[2];
+        for (int k = 0; k < 2; k++) {
+            int w = 4 * q + 16 * k;
+            v[k] = __vsub4(((ld32(ql + w) >> ((kk >> 1) * 4)) & 0x0f0f0f0fu) |
+                               (((ld32(qh + w) >> (2 * kk)) & 0x03030303u) << 4),
+                           0x20202020u);
+        }
+        lo = v[0], hi = v[1];
+        sc0 = (int8_t)blk[192 + 2 * s], sc1 = (int8_t)blk[193 + 2 * s];
+        return;
+    }
+    const uint8_t *sc = blk + 4, *qs = blk + (T == PS_TYPE_Q5_K ? 48 : 16), *qh = blk + 16;
+    int m;
+    if (s < 4)
+        sc0 = sc[s] & 63, m = sc[s + 4] & 63;
+    else
+        sc0 = (sc[s + 4] & 0x0f) | ((sc[s - 4] >> 2) & 0x30), m = (sc[s + 4] >> 4) | ((sc[s] >> 2) & 0x30);
+    mn = (uint32_t)m * 0x01010101u;
+    int shift = (s & 1) * 4;
+    lo = (ld32(qs + 32 * (s >> 1) + 4 * q) >> shift) & 0x0f0f0f0fu;
+    hi = (ld32(qs + 32 * (s >> 1) + 16 + 4 * q) >> shift) & 0x0f0f0f0fu;
+    if (T == PS_TYPE_Q5_K) {
+        lo |= ((ld32(qh + 4 * q) >> s) & 0x01010101u) << 4;
+        hi |= ((ld32(qh + 16 + 4 * q) >> s) & 0x01010101u) << 4;
+    }
+}
+
+template <int T>
+__global__ void __launch_bounds__(MMA_THREADS)
+    k_mm_mma_k(mm_group grp, size_t row_bytes, int n_units, const uint8_t *X, size_t x_row, int nt) {
+    typedef wtype<T> ty;
+    typedef mma_ktile<T> tl;
+    int bx = blockIdx.x, mi = 0; /* the matrix, as in k_mm_q */
+    if (grp.n > 1 && bx >= grp.blocks[0]) bx -= grp.blocks[0], mi = 1;
+    if (grp.n > 2 && mi == 1 && bx >= grp.blocks[1]) bx -= grp.blocks[1], mi = 2;
+    const uint8_t *W = mi == 0 ? grp.W[0] : mi == 1 ? grp.W[1] : grp.W[2];
+    float *Y = mi == 0 ? grp.Y[0] : mi == 1 ? grp.Y[1] : grp.Y[2];
+    long long ys = mi == 0 ? grp.ys[0] : mi == 1 ? grp.ys[1] : grp.ys[2];
+    int rows = mi == 0 ? grp.rows[0] : mi == 1 ? grp.rows[1] : grp.rows[2];
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
+    const int r0 = bx * MMA_M, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_block_q8_K);
+    auto load = [&](int c) { /* super-block c into stage c & 1 (rows, tokens past the end: the last) */
+                             uint8_t *A = sm + (c & 1) * tl::stage, *B = A + MMA_M * tl::a;
+                             constexpr int AP = ty::stride % 16 ? ty::stride / 4 : ty::stride / 16,
+                                           AB = ty::stride / AP;
+                             for (int i = tid; i < MMA_M * AP; i += MMA_THREADS) {
+                                 int r = i / AP, k = i - r * AP;
+                                 const uint8_t *src =
+                                     W + (size_t)min(r0 + r, rows - 1) * row_bytes + (size_t)c * ty::stride + AB * k;
+                                 __pipeline_memcpy_async(A + r * tl::a + AB * k, src, AB);
+                             }
+                             for (int i = tid; i < MMA_N * (XB / 4); i += MMA_THREADS) {
+                                 int t = i / (XB / 4), k = i - t * (XB / 4);
+                                 const uint8_t *src = X + (size_t)min(t0 + t, nt - 1) * x_row + (size_t)c * XB + 4 * k;
+                                 __pipeline_memcpy_async(B + t * tl::b + 4 * k, src, 4);
+                             }
+                             __pipeline_commit();
+    };
+    float acc[MMA_N / 8][4] = {};
+    const int lo_row = warp * 16 + g;
+    load(0);
+    for (int c = 0; c < n_units; c++) {
+        if (c + 1 < n_units)
+            load(c + 1);
+        else
+            __pipeline_commit();
+        __pipeline_wait_prior(1);
+        __syncthreads();
+        const uint8_t *A = sm + (c & 1) * tl::stage, *B = A + MMA_M * tl::a;
+        const uint8_t *w0 = A + lo_row * tl::a, *w1 = w0 + 8 * tl::a;
+        int isum[MMA_N / 8][4] = {}, imin[MMA_N / 8][4] = {};
+        for (int s = 0; s < 8; s++) {
+            uint32_t a0, a1, a2, a3, m0 = 0, m1 = 0;
+            int s00, s01 = 0, s10, s11 = 0;
+            mma_k_a<T>(w0, s, q, a0, a2, s00, s01, m0);
+            mma_k_a<T>(w1, s, q, a1, a3, s10, s11, m1);
+#pragma unroll
+            for (int i = 0; i < MMA_N / 8; i++) {
+                const uint8_t *bt = B + (8 * i + g) * tl::b + 4 + 32 * s + 4 * q;
+                uint32_t b0 = ld32(bt), b1 = ld32(bt + 16);
+                int d[4];
+                if (T == PS_TYPE_Q6_K) {
+                    int e[4];
+                    mma_s8(d, a0, a1, 0, 0, b0, 0); /* the first half */
+                    mma_s8(e, 0, 0, a2, a3, 0, b1); /* the second half */
+                    isum[i][0] += s00 * d[0] + s01 * e[0], isum[i][1] += s00 * d[1] + s01 * e[1];
+                    isum[i][2] += s10 * d[2] + s11 * e[2], isum[i][3] += s10 * d[3] + s11 * e[3];
+                } else {
+                    mma_s8(d, a0, a1, a2, a3, b0, b1);
+                    isum[i][0] += s00 * d[0], isum[i][1] += s00 * d[1];
+                    isum[i][2] += s10 * d[2], isum[i][3] += s10 * d[3];
+                    mma_s8(imin[i], m0, m1, m0, m1, b0, b1, imin[i]);
+                }
+            }
+        }
+        float dw0 = f16(w0 + (T == PS_TYPE_Q6_K ? 208 : 0)), dw1 = f16(w1 + (T == PS_TYPE_Q6_K ? 208 : 0));
+        float mw0 = T == PS_TYPE_Q6_K ? 0.0f : f16(w0 + 2), mw1 = T == PS_TYPE_Q6_K ? 0.0f : f16(w1 + 2);
+#pragma unroll
+        for (int i = 0; i < MMA_N / 8; i++) {
+            float xd[2] = {*(const float *)(B + (8 * i + 2 * q) * tl::b),
+                           *(const float *)(B + (8 * i + 2 * q + 1) * tl::b)};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float dw = k < 2 ? dw0 : dw1, mw = k < 2 ? mw0 : mw1, x = xd[k & 1];
+                if (T == PS_TYPE_Q6_K)
+                    acc[i][k] += (dw * x) * (float)isum[i][k];
+                else
+                    acc[i][k] += (dw * x) * (float)isum[i][k] - (mw * x) * (float)imin[i][k];
+            }
+        }
+        __syncthreads(); /* the stage is free for super-block c + 2 */
     }
 #pragma unroll
     for (int i = 0; i < MMA_N / 8; i++)

@@ -8,8 +8,8 @@
 #include "cuda.h"
 #include "kernels.cuh"
 
-/* A matrix in device memory: the GGUF bytes as the file holds them, or (split_type) its
- * rows split as kernels.cuh's split_row splits them. */
+/* A matrix in device memory: a float type's bytes as the file holds them, a quantized
+ * type's rows as kernels.cuh's dev_row lays them. */
 struct dmat {
     uint32_t type;
     int rows, cols;
@@ -124,14 +124,6 @@ static void *take(arena *a, size_t bytes) {
     return a->base ? a->base + at : NULL;
 }
 
-static size_t mat_bytes(const ps_mat *w) { return (size_t)w->rows * ps_row_bytes(w->type, w->cols); }
-
-/* Bytes of a row of w on the device. */
-static size_t dev_row_bytes(const ps_mat *w) {
-    size_t b = ps_row_bytes(w->type, w->cols);
-    return split_type(w->type) ? split_row_bytes(b) : b;
-}
-
 /* Bytes of the quantized activations of n rows of cols against weights w. */
 static size_t xq_bytes(const ps_mat *w, int n) {
     if (is_float(w->type)) return 0;
@@ -140,7 +132,7 @@ static size_t xq_bytes(const ps_mat *w, int n) {
 
 static void lay_mat(arena *a, dmat *d, const ps_mat *w) {
     d->type = w->type, d->rows = (int)w->rows, d->cols = (int)w->cols;
-    d->row_bytes = dev_row_bytes(w);
+    d->row_bytes = is_float(w->type) ? ps_row_bytes(w->type, w->cols) : dev_row_bytes(w->type, w->cols);
     d->d = (const uint8_t *)take(a, (size_t)w->rows * d->row_bytes);
 }
 
@@ -219,9 +211,10 @@ static ps_status upload(const void *dst, const void *src, size_t bytes, char *er
     return PS_OK;
 }
 
-/* Matrix w into d: as it is, or its rows split (a few MiB at a time through host memory). */
+/* Matrix w into d: float types as they are, quantized ones a few MiB of rows at a time
+ * through host memory as kernels.cuh's dev_row lays them. */
 static ps_status upload_mat(const dmat *d, const ps_mat *w, char *err, size_t errlen) {
-    if (!split_type(w->type)) return upload(d->d, w->data, mat_bytes(w), err, errlen);
+    if (is_float(w->type)) return upload(d->d, w->data, (size_t)w->rows * d->row_bytes, err, errlen);
     size_t in_row = ps_row_bytes(w->type, w->cols), per = ((size_t)8 << 20) / d->row_bytes + 1;
     uint8_t *buf = (uint8_t *)malloc(per * d->row_bytes);
     if (!buf) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
@@ -229,8 +222,8 @@ static ps_status upload_mat(const dmat *d, const ps_mat *w, char *err, size_t er
     for (size_t r0 = 0; r0 < (size_t)w->rows && !s; r0 += per) {
         size_t n = (size_t)w->rows - r0 < per ? (size_t)w->rows - r0 : per;
         for (size_t r = 0; r < n; r++)
-            split_row((const uint8_t *)w->data + (r0 + r) * in_row, (int)(w->cols / 32), w->type,
-                      buf + r * d->row_bytes, d->row_bytes);
+            dev_row((const uint8_t *)w->data + (r0 + r) * in_row, (size_t)w->cols, w->type, buf + r * d->row_bytes,
+                    d->row_bytes);
         s = upload(d->d + r0 * d->row_bytes, buf, n * d->row_bytes, err, errlen);
     }
     free(buf);
@@ -333,12 +326,14 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
                                                      : (const void *)k_attention<false>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(g))) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
-    const void *mma_k[] = {(const void *)k_mm_mma<PS_TYPE_Q4_0>, (const void *)k_mm_mma<PS_TYPE_Q4_1>,
-                           (const void *)k_mm_mma<PS_TYPE_Q5_0>, (const void *)k_mm_mma<PS_TYPE_Q5_1>,
-                           (const void *)k_mm_mma<PS_TYPE_Q8_0>};
-    const int mma_smem[] = {mma_tile<PS_TYPE_Q4_0>::smem, mma_tile<PS_TYPE_Q4_1>::smem, mma_tile<PS_TYPE_Q5_0>::smem,
-                            mma_tile<PS_TYPE_Q5_1>::smem, mma_tile<PS_TYPE_Q8_0>::smem};
-    for (int i = 0; i < 5 && !s; i++)
+    const void *mma_k[] = {(const void *)k_mm_mma<PS_TYPE_Q4_0>,   (const void *)k_mm_mma<PS_TYPE_Q4_1>,
+                           (const void *)k_mm_mma<PS_TYPE_Q5_0>,   (const void *)k_mm_mma<PS_TYPE_Q5_1>,
+                           (const void *)k_mm_mma<PS_TYPE_Q8_0>,   (const void *)k_mm_mma_k<PS_TYPE_Q4_K>,
+                           (const void *)k_mm_mma_k<PS_TYPE_Q5_K>, (const void *)k_mm_mma_k<PS_TYPE_Q6_K>};
+    const int mma_smem[] = {mma_tile<PS_TYPE_Q4_0>::smem,  mma_tile<PS_TYPE_Q4_1>::smem, mma_tile<PS_TYPE_Q5_0>::smem,
+                            mma_tile<PS_TYPE_Q5_1>::smem,  mma_tile<PS_TYPE_Q8_0>::smem, mma_ktile<PS_TYPE_Q4_K>::smem,
+                            mma_ktile<PS_TYPE_Q5_K>::smem, mma_ktile<PS_TYPE_Q6_K>::smem};
+    for (int i = 0; i < 8 && !s; i++)
         if ((e = cudaFuncSetAttribute(mma_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem[i])) !=
             cudaSuccess)
             s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (the matmuls' shared memory)", cudaGetErrorString(e));
@@ -403,7 +398,7 @@ static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
         <<<grid, MM_THREADS, mm_smem<T, TT>(chunk), g->st>>>(grp, ws[0]->row_bytes, units, chunk, xq, x_row, n);
 }
 
-/* The same on the tensor cores (k_mm_mma: split types, MMA_MIN tokens or more). */
+/* The same on the tensor cores (k_mm_mma, k_mm_mma_k). */
 template <int T>
 static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
                        float *const *ys, const long long *strides) {
@@ -415,16 +410,20 @@ static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t 
         blocks += grp.blocks[i];
     }
     dim3 grid(blocks, blocks_for(n, MMA_N));
-    k_mm_mma<T><<<grid, MMA_THREADS, mma_tile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 32, xq, x_row, n);
+    if constexpr (split_type(T))
+        k_mm_mma<T>
+            <<<grid, MMA_THREADS, mma_tile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 32, xq, x_row, n);
+    else
+        k_mm_mma_k<T>
+            <<<grid, MMA_THREADS, mma_ktile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 256, xq, x_row, n);
 }
 
 /* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32;
- * prefill's on the tensor cores where the type has a kernel there. */
+ * MMA_MIN or more on the tensor cores. */
 template <int T>
 static void launch_q(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
                      float *const *ys, const long long *strides) {
-    if constexpr (split_type(T))
-        if (n >= MMA_MIN) return launch_mma<T>(g, ws, nw, xq, x_row, n, ys, strides);
+    if (n >= MMA_MIN) return launch_mma<T>(g, ws, nw, xq, x_row, n, ys, strides);
     if (n <= 1)
         launch_qt<T, 1>(g, ws, nw, xq, x_row, n, ys, strides);
     else if (n <= 4)
