@@ -859,8 +859,8 @@ struct att_args {
     float *out;           /* (n, n_head * hd) */
     float *scores;        /* (rows of this launch, n_head, srow): used when the scores are not in shared memory */
     ps_xq32 *xq;          /* NULL, or the output's ps_xq32 blocks too (hd % 32 == 0), for the o matmul */
-    int n_head, n_head_kv, hd, srow, row0;
-    int ring; /* KV blocks in the ring */
+    int n_head, n_head_kv, hd, srow, row0, n_rows; /* the launch's rows: row0 .. row0 + n_rows - 1 */
+    int ring;                                      /* KV blocks in the ring */
     float scale;
 };
 
@@ -900,34 +900,74 @@ __device__ __forceinline__ void ring_walk(float *ring, const float *cache, const
     }
 }
 
+/* Attention's thread blocks take AR rows of a launch each (ATT_ROWS in prefill, 1 for a few
+ * rows): the rows that share a sequence's KV blocks (the same table) read each block once
+ * for all of them. Rows of other tables in the same AR (a batch of several sequences) make
+ * groups of their own, taken in turn. */
+#define ATT_ROWS 8
+
+/* The rows of (the block's AR rows, n_rows of them from local row lr0) whose table is that
+ * of the first row in todo. */
+__device__ __forceinline__ unsigned att_group(rows_info ri, int row0, int lr0, int n_rows, unsigned todo) {
+    int off = ri.tab_off[row0 + lr0 + __ffs(todo) - 1];
+    unsigned grp = 0;
+    for (int r = 0; r < n_rows; r++)
+        if ((todo >> r & 1) && ri.tab_off[row0 + lr0 + r] == off) grp |= 1u << r;
+    return grp;
+}
+
+/* Floats apart of the keys of two positions in k_att_scores' shared memory: the two half
+ * warps of a warp, at consecutive positions, read different banks. */
+__host__ __device__ constexpr int att_key_stride(int hd) { return (hd + 31) / 32 * 32 + 16; }
+
 /* The scores of a launch's rows, into a.scores (rows of the launch, n_head, srow): a thread
- * block per (row, head, z), z taking the sequence's KV blocks z, z + gridDim.z, ...: the
+ * block per (AR rows, head, z), z taking the sequences' KV blocks z, z + gridDim.z, ...: the
  * positions spread over the device (a decode step's 32 heads alone would keep 32 SMs busy).
- * A half warp per position, lane l its elements l, l + 16, ..., then the tree and the scale
- * (attend_nv's). Both halves of a warp take the same number of positions (the shuffles name
- * the whole warp). */
-__global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a, rows_info ri) {
-    __shared__ float q[256];
-    int t = a.row0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, l = tid & 15;
-    int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1;
-    int n_blk = (n_pos + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
-    if ((int)blockIdx.z >= n_blk) return;
-    const int32_t *tab = ri.tabs + ri.tab_off[t];
-    float *S = a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow;
-    for (int i = tid; i < hd; i += ATT_THREADS) q[i] = a.q[((size_t)t * a.n_head + h) * hd + i];
-    __syncthreads();
-    for (int b = blockIdx.z; b < n_blk; b += gridDim.z) {
-        const float *keys = a.kc + ((size_t)tab[b] * a.n_head_kv + kvh) * PS_KV_BLOCK * hd;
+ * Each KV block's keys come to shared memory once for the rows that share it; a half warp
+ * per (row, position), lane l its elements l, l + 16, ..., then the tree and the scale
+ * (attend_nv's). Both halves of a warp take the same row (the shuffles name the whole
+ * warp). Shared memory: AR rows' q, then PS_KV_BLOCK keys att_key_stride(hd) apart. */
+template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a, rows_info ri) {
+    extern __shared__ float sh[];
+    int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, l = tid & 15, hd = a.hd;
+    int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv), kst = att_key_stride(hd);
+    float *qs = sh, *keys = sh + AR * hd;
+    for (int r = 0; r < nr; r++)
+        for (int i = tid; i < hd; i += ATT_THREADS)
+            qs[r * hd + i] = a.q[((size_t)(a.row0 + lr0 + r) * a.n_head + h) * hd + i];
+    for (unsigned todo = (1u << nr) - 1, grp; todo; todo &= ~grp) {
+        grp = att_group(ri, a.row0, lr0, nr, todo);
+        int n_pos[AR], n_blk = 0;
 #pragma unroll
-        for (int j = tid >> 4; j < PS_KV_BLOCK; j += ATT_THREADS / 16) {
-            const float *k = keys + (size_t)j * hd;
-            float acc = 0.0f;
-            for (int i = l; i < hd; i += 16) acc += q[i] * k[i];
-            acc = tree16(acc);
-            int p = b * PS_KV_BLOCK + j;
-            if (l == 0 && p < n_pos) S[p] = acc * a.scale;
+        for (int r = 0; r < AR; r++) {
+            n_pos[r] = r < nr ? ri.pos[a.row0 + lr0 + r] + 1 : 0;
+            if (grp >> r & 1) n_blk = max(n_blk, (n_pos[r] + PS_KV_BLOCK - 1) / PS_KV_BLOCK);
+        }
+        const int32_t *tab = ri.tabs + ri.tab_off[a.row0 + lr0 + __ffs(grp) - 1];
+        for (int b = blockIdx.z; b < n_blk; b += gridDim.z) {
+            __syncthreads(); /* the keys before are done with (and, first, the q's are in) */
+            const float4 *src = (const float4 *)(a.kc + ((size_t)tab[b] * a.n_head_kv + kvh) * PS_KV_BLOCK * hd);
+            for (int i = tid; i < PS_KV_BLOCK * hd / 4; i += ATT_THREADS) {
+                int j = i / (hd / 4), e = i - j * (hd / 4);
+                *(float4 *)(keys + j * kst + 4 * e) = src[i];
+            }
+            __syncthreads();
+            for (int pi = tid >> 4; pi < AR * PS_KV_BLOCK; pi += ATT_THREADS / 16) {
+                int r = pi / PS_KV_BLOCK, j = pi - r * PS_KV_BLOCK, p = b * PS_KV_BLOCK + j;
+                if (!(grp >> r & 1)) continue;
+                const float *q = qs + r * hd, *k = keys + j * kst;
+                float acc = 0.0f;
+                for (int i = l; i < hd; i += 16) acc += q[i] * k[i];
+                acc = tree16(acc);
+                if (l == 0 && p < n_pos[r]) a.scores[((size_t)(lr0 + r) * a.n_head + h) * a.srow + p] = acc * a.scale;
+            }
         }
     }
+}
+
+/* Shared memory of k_att_scores<AR>. */
+static inline size_t att_scores_smem(int ar, int hd) {
+    return ((size_t)ar * hd + PS_KV_BLOCK * att_key_stride(hd)) * 4;
 }
 
 /* Thread blocks along z for k_att_scores: enough for a context of n_ctx positions to spread
@@ -937,56 +977,94 @@ static inline int att_scores_z(int n_ctx) {
     return blocks < 32 ? blocks : 32;
 }
 
-/* The rest of attention for a (row, head) whose scores k_att_scores wrote: shared memory: the
- * ring (n_ring × PS_KV_BLOCK × hd floats), then (SMEM) the scores, copied in. */
-template <bool SMEM> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
+/* The rest of attention for AR rows and a head whose scores k_att_scores wrote. First each
+ * row's softmax, row after row (SMEM: its scores copied to shared memory and back); then,
+ * for the rows that share a table, the values: element i of each row sums over positions in
+ * order, a KV block of values at a time through the ring, with the rows' probabilities of
+ * that block staged beside it. Shared memory: the ring (n_ring × PS_KV_BLOCK × hd floats),
+ * the staged probabilities (AR × PS_KV_BLOCK), then (SMEM) a row's scores. */
+template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
     extern __shared__ float sh[];
     __shared__ float red[ATT_THREADS / 32];
-    int t = a.row0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int hd = a.hd, kvh = h / (a.n_head / a.n_head_kv), n_pos = ri.pos[t] + 1;
-    const int32_t *tab = ri.tabs + ri.tab_off[t];
-    float *ring = sh, *G = a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow,
-          *S = SMEM ? sh + a.ring * PS_KV_BLOCK * hd : G;
-    if (SMEM)
-        for (int p = tid; p < n_pos; p += ATT_THREADS) S[p] = G[p];
-    int n_blk = (n_pos + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int p = tid; p < n_pos; p += ATT_THREADS) mx = fmaxf(mx, S[p]);
-    mx = warp_max(mx);
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = red[0];
-    for (int i = 1; i < ATT_THREADS / 32; i++) mx = fmaxf(mx, red[i]);
-    for (int p = tid; p < n_pos; p += ATT_THREADS) S[p] = ps_exp_neg(S[p] - mx);
-    __syncthreads();
-    if (warp == 0) { /* lane l < 16: positions l, l + 16, ... in order */
-        float s = 0.0f;
-        if (lane < 16)
-            for (int p = lane; p < n_pos; p += 16) s += S[p];
-        s = __shfl_sync(FULL, tree16(s), 0);
-        if (lane == 0) red[0] = s;
+    int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hd = a.hd;
+    int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv);
+    float *ring = sh, *stage = sh + a.ring * PS_KV_BLOCK * hd, *S = stage + AR * PS_KV_BLOCK;
+    int n_pos[AR];
+    float *G[AR];
+#pragma unroll
+    for (int r = 0; r < AR; r++) {
+        n_pos[r] = r < nr ? ri.pos[a.row0 + lr0 + r] + 1 : 0;
+        G[r] = a.scores + ((size_t)(lr0 + (r < nr ? r : 0)) * a.n_head + h) * a.srow;
     }
-    __syncthreads();
-    float sum = red[0];
-    for (int p = tid; p < n_pos; p += ATT_THREADS) S[p] = S[p] / sum;
-    /* outputs: element i sums over positions in order, a KV block of values at a time */
-    float o0 = 0.0f, o1 = 0.0f; /* elements tid and tid + ATT_THREADS (hd <= 256) */
-    int i0 = tid, i1 = tid + ATT_THREADS;
-    ring_walk(ring, a.vc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *vals) {
-        int p0 = b * PS_KV_BLOCK, np = min(PS_KV_BLOCK, n_pos - p0);
-        if (i0 < hd)
-            for (int j = 0; j < np; j++) o0 += S[p0 + j] * vals[(size_t)j * hd + i0];
-        if (i1 < hd)
-            for (int j = 0; j < np; j++) o1 += S[p0 + j] * vals[(size_t)j * hd + i1];
-    });
-    float *out = a.out + ((size_t)t * a.n_head + h) * hd;
-    if (i0 < hd) out[i0] = o0;
-    if (i1 < hd) out[i1] = o1;
-    if (a.xq) { /* whole warps: element blocks 32 w (o0) and 32 w + ATT_THREADS (o1) */
-        ps_xq32 *xb = a.xq + ((size_t)t * a.n_head + h) * hd / 32;
-        if (32 * warp < hd) quant_warp(o0, xb + warp);
-        if (32 * warp + ATT_THREADS < hd) quant_warp(o1, xb + warp + ATT_THREADS / 32);
+    for (int r = 0; r < nr; r++) { /* softmax */
+        float *g = G[r], *s = SMEM ? S : g;
+        int np = n_pos[r];
+        if (SMEM)
+            for (int p = tid; p < np; p += ATT_THREADS) s[p] = g[p];
+        __syncthreads();
+        float mx = -INFINITY;
+        for (int p = tid; p < np; p += ATT_THREADS) mx = fmaxf(mx, s[p]);
+        mx = warp_max(mx);
+        if (lane == 0) red[warp] = mx;
+        __syncthreads();
+        mx = red[0];
+        for (int i = 1; i < ATT_THREADS / 32; i++) mx = fmaxf(mx, red[i]);
+        for (int p = tid; p < np; p += ATT_THREADS) s[p] = ps_exp_neg(s[p] - mx);
+        __syncthreads();
+        if (warp == 0) { /* lane l < 16: positions l, l + 16, ... in order */
+            float sum = 0.0f;
+            if (lane < 16)
+                for (int p = lane; p < np; p += 16) sum += s[p];
+            sum = __shfl_sync(FULL, tree16(sum), 0);
+            if (lane == 0) red[0] = sum;
+        }
+        __syncthreads();
+        float sum = red[0];
+        for (int p = tid; p < np; p += ATT_THREADS) g[p] = s[p] / sum;
+        __syncthreads();
+    }
+    int i0 = tid, i1 = tid + ATT_THREADS; /* this thread's elements (hd <= 256) */
+    for (unsigned todo = (1u << nr) - 1, grp; todo; todo &= ~grp) {
+        grp = att_group(ri, a.row0, lr0, nr, todo);
+        int n_blk = 0;
+#pragma unroll
+        for (int r = 0; r < AR; r++)
+            if (grp >> r & 1) n_blk = max(n_blk, (n_pos[r] + PS_KV_BLOCK - 1) / PS_KV_BLOCK);
+        const int32_t *tab = ri.tabs + ri.tab_off[a.row0 + lr0 + __ffs(grp) - 1];
+        float o0[AR], o1[AR];
+#pragma unroll
+        for (int r = 0; r < AR; r++) o0[r] = o1[r] = 0.0f;
+        ring_walk(ring, a.vc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *vals) {
+            int p0 = b * PS_KV_BLOCK;
+            for (int k = tid; k < AR * PS_KV_BLOCK; k += ATT_THREADS) {
+                int r = k / PS_KV_BLOCK, p = p0 + k - r * PS_KV_BLOCK;
+                if ((grp >> r & 1) && p < n_pos[r]) stage[k] = G[r][p];
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < AR; r++) {
+                if (!(grp >> r & 1)) continue;
+                const float *pr = stage + r * PS_KV_BLOCK;
+                int np = min(PS_KV_BLOCK, n_pos[r] - p0);
+                if (i0 < hd)
+                    for (int j = 0; j < np; j++) o0[r] += pr[j] * vals[(size_t)j * hd + i0];
+                if (i1 < hd)
+                    for (int j = 0; j < np; j++) o1[r] += pr[j] * vals[(size_t)j * hd + i1];
+            }
+        });
+#pragma unroll
+        for (int r = 0; r < AR; r++) {
+            if (!(grp >> r & 1)) continue;
+            size_t t = (size_t)(a.row0 + lr0 + r);
+            float *out = a.out + (t * a.n_head + h) * hd;
+            if (i0 < hd) out[i0] = o0[r];
+            if (i1 < hd) out[i1] = o1[r];
+            if (a.xq) { /* whole warps: element blocks 32 w (o0) and 32 w + ATT_THREADS (o1) */
+                ps_xq32 *xb = a.xq + (t * a.n_head + h) * hd / 32;
+                if (32 * warp < hd) quant_warp(o0[r], xb + warp);
+                if (32 * warp + ATT_THREADS < hd) quant_warp(o1[r], xb + warp + ATT_THREADS / 32);
+            }
+        }
     }
 }
 

@@ -191,7 +191,8 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     int optin = 0; /* the most shared memory a thread block may have; 4 KiB kept for the static */
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p->device) != cudaSuccess)
         cudaGetLastError(), optin = 48 * 1024;
-    g->att_smem_scores = att_ring_bytes(m->hp.head_dim) + (size_t)p->n_ctx * 4 + 4096 <= (size_t)optin;
+    g->att_smem_scores =
+        att_ring_bytes(m->hp.head_dim) + ATT_ROWS * PS_KV_BLOCK * 4 + (size_t)p->n_ctx * 4 + 4096 <= (size_t)optin;
 }
 
 size_t ps_cuda_bytes(const ps_model *m, const ps_cuda_params *p) {
@@ -258,7 +259,8 @@ static ps_status upload_weights(ps_cuda *g, const ps_cuda_params *p, char *err, 
 
 /* The attention kernel's shared memory. */
 static size_t att_smem(const ps_cuda *g) {
-    return att_ring_bytes(g->m->hp.head_dim) + (g->att_smem_scores ? (size_t)g->n_ctx * 4 : 0);
+    return att_ring_bytes(g->m->hp.head_dim) + ATT_ROWS * PS_KV_BLOCK * 4 +
+           (g->att_smem_scores ? (size_t)g->n_ctx * 4 : 0);
 }
 
 static bool type_ok(uint32_t t) {
@@ -321,11 +323,13 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     if (!s && e != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "CUDA: %s (allocating %.2f GiB on %s)", cudaGetErrorString(e),
                     need / 1073741824.0, name);
-    if (!s && att_smem(g) > 48 * 1024 &&
-        (e = cudaFuncSetAttribute(g->att_smem_scores ? (const void *)k_attention<true>
-                                                     : (const void *)k_attention<false>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(g))) != cudaSuccess)
-        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
+    const void *att_k[] = {
+        g->att_smem_scores ? (const void *)k_attention<true, 1> : (const void *)k_attention<false, 1>,
+        g->att_smem_scores ? (const void *)k_attention<true, ATT_ROWS> : (const void *)k_attention<false, ATT_ROWS>};
+    for (int i = 0; i < 2 && !s && att_smem(g) > 48 * 1024; i++)
+        if ((e = cudaFuncSetAttribute(att_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(g))) !=
+            cudaSuccess)
+            s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
     const void *mma_k[] = {(const void *)k_mm_mma<PS_TYPE_Q4_0>,   (const void *)k_mm_mma<PS_TYPE_Q4_1>,
                            (const void *)k_mm_mma<PS_TYPE_Q5_0>,   (const void *)k_mm_mma<PS_TYPE_Q5_1>,
                            (const void *)k_mm_mma<PS_TYPE_Q8_0>,   (const void *)k_mm_mma_k<PS_TYPE_Q4_K>,
@@ -494,6 +498,17 @@ static void add(ps_cuda *g, float *x, const float *y, size_t n) {
 
 /* The attention block of local layer li (forward.c's attention_block). *res: the residual
  * the block before left to add to x (NULL: none); on return, this block's. */
+/* Attention's two launches for rows aa.row0 .. + aa.n_rows, AR rows a thread block. */
+template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info ri) {
+    unsigned blocks = blocks_for(aa.n_rows, AR);
+    k_att_scores<AR>
+        <<<dim3(blocks, aa.n_head, att_scores_z(g->n_ctx)), ATT_THREADS, att_scores_smem(AR, aa.hd), g->st>>>(aa, ri);
+    if (g->att_smem_scores)
+        k_attention<true, AR><<<dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
+    else
+        k_attention<false, AR><<<dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
+}
+
 static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float **res) {
     const ps_hparams *hp = &g->m->hp;
     const dlayer *L = &g->L[li];
@@ -514,12 +529,11 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     aa.n_head = hp->n_head, aa.n_head_kv = hp->n_head_kv, aa.hd = hp->head_dim, aa.srow = g->n_ctx;
     aa.ring = att_ring_blocks(hp->head_dim), aa.scale = 1.0f / sqrtf((float)hp->head_dim);
     for (aa.row0 = 0; aa.row0 < n; aa.row0 += g->att_rows) {
-        int rows = n - aa.row0 < g->att_rows ? n - aa.row0 : g->att_rows;
-        k_att_scores<<<dim3(rows, hp->n_head, att_scores_z(g->n_ctx)), ATT_THREADS, 0, g->st>>>(aa, ri);
-        if (g->att_smem_scores)
-            k_attention<true><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
+        aa.n_rows = n - aa.row0 < g->att_rows ? n - aa.row0 : g->att_rows;
+        if (n > GRAPH_ROWS)
+            attend<ATT_ROWS>(g, aa, ri);
         else
-            k_attention<false><<<dim3(rows, hp->n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
+            attend<1>(g, aa, ri);
     }
     mm(g, &L->wo, g->att, n, g->xb, hp->dim, have);
     *res = g->xb;
