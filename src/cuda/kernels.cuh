@@ -412,7 +412,7 @@ template <int T, int TT> static size_t mm_smem(int chunk) {
  * rows' quants and heads and the tokens' blocks come MMA_CH blocks at a time through shared
  * memory (asynchronous copies, two stages). Grid: (the group's tiles of MMA_M rows,
  * nt / MMA_N), MMA_THREADS threads, mma_tile<T>::smem bytes of shared memory. */
-#define MMA_WARPS   4
+#define MMA_WARPS   8 /* 4: 8B Q4_0 pp512 17 % slower (1B 4 %) */
 #define MMA_THREADS (MMA_WARPS * 32)
 #define MMA_M       (16 * MMA_WARPS)
 #define MMA_N       64
@@ -560,9 +560,12 @@ __global__ void __launch_bounds__(MMA_THREADS)
  * summed as integers (term_k's isum); the minimums' sum (imin: each sub-block's minimum
  * times its activations' sum) is an mma of the minimums against the same activations,
  * accumulated in the tensor core; then each (row, token) adds term_k's float term. */
+#define MMA_KWARPS   4 /* the K kernel's 154 registers a thread */
+#define MMA_KTHREADS (MMA_KWARPS * 32)
+#define MMA_KM       (16 * MMA_KWARPS)
 template <int T> struct mma_ktile {
     static constexpr int a = mma_pad(wtype<T>::stride), b = mma_pad((int)sizeof(ps_block_q8_K));
-    static constexpr int stage = MMA_M * a + MMA_N * b, smem = 2 * stage;
+    static constexpr int stage = MMA_KM * a + MMA_N * b, smem = 2 * stage;
 };
 
 /* Sub-block s of a super-block blk in shared memory: elements 4q.. (lo) and 16 + 4q.. (hi),
@@ -601,7 +604,7 @@ __device__ __forceinline__ void mma_k_a(const uint8_t *blk, int s, int q, uint32
 }
 
 template <int T>
-__global__ void __launch_bounds__(MMA_THREADS)
+__global__ void __launch_bounds__(MMA_KTHREADS)
     k_mm_mma_k(mm_group grp, size_t row_bytes, int n_units, const uint8_t *X, size_t x_row, int nt) {
     typedef wtype<T> ty;
     typedef mma_ktile<T> tl;
@@ -614,18 +617,18 @@ __global__ void __launch_bounds__(MMA_THREADS)
     int rows = mi == 0 ? grp.rows[0] : mi == 1 ? grp.rows[1] : grp.rows[2];
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
-    const int r0 = bx * MMA_M, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_block_q8_K);
+    const int r0 = bx * MMA_KM, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_block_q8_K);
     auto load = [&](int c) { /* super-block c into stage c & 1 (rows, tokens past the end: the last) */
-                             uint8_t *A = sm + (c & 1) * tl::stage, *B = A + MMA_M * tl::a;
+                             uint8_t *A = sm + (c & 1) * tl::stage, *B = A + MMA_KM * tl::a;
                              constexpr int AP = ty::stride % 16 ? ty::stride / 4 : ty::stride / 16,
                                            AB = ty::stride / AP;
-                             for (int i = tid; i < MMA_M * AP; i += MMA_THREADS) {
+                             for (int i = tid; i < MMA_KM * AP; i += MMA_KTHREADS) {
                                  int r = i / AP, k = i - r * AP;
                                  const uint8_t *src =
                                      W + (size_t)min(r0 + r, rows - 1) * row_bytes + (size_t)c * ty::stride + AB * k;
                                  __pipeline_memcpy_async(A + r * tl::a + AB * k, src, AB);
                              }
-                             for (int i = tid; i < MMA_N * (XB / 4); i += MMA_THREADS) {
+                             for (int i = tid; i < MMA_N * (XB / 4); i += MMA_KTHREADS) {
                                  int t = i / (XB / 4), k = i - t * (XB / 4);
                                  const uint8_t *src = X + (size_t)min(t0 + t, nt - 1) * x_row + (size_t)c * XB + 4 * k;
                                  __pipeline_memcpy_async(B + t * tl::b + 4 * k, src, 4);
@@ -642,7 +645,7 @@ __global__ void __launch_bounds__(MMA_THREADS)
             __pipeline_commit();
         __pipeline_wait_prior(1);
         __syncthreads();
-        const uint8_t *A = sm + (c & 1) * tl::stage, *B = A + MMA_M * tl::a;
+        const uint8_t *A = sm + (c & 1) * tl::stage, *B = A + MMA_KM * tl::a;
         const uint8_t *w0 = A + lo_row * tl::a, *w1 = w0 + 8 * tl::a;
         int isum[MMA_N / 8][4] = {}, imin[MMA_N / 8][4] = {};
         for (int s = 0; s < 8; s++) {

@@ -410,7 +410,7 @@ static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t 
     int blocks = 0;
     for (int i = 0; i < nw; i++) {
         grp.W[i] = ws[i]->d, grp.Y[i] = ys[i], grp.ys[i] = strides[i], grp.rows[i] = ws[i]->rows;
-        grp.blocks[i] = (int)blocks_for(ws[i]->rows, MMA_M);
+        grp.blocks[i] = (int)blocks_for(ws[i]->rows, split_type(T) ? MMA_M : MMA_KM);
         blocks += grp.blocks[i];
     }
     dim3 grid(blocks, blocks_for(n, MMA_N));
@@ -419,7 +419,7 @@ static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t 
             <<<grid, MMA_THREADS, mma_tile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 32, xq, x_row, n);
     else
         k_mm_mma_k<T>
-            <<<grid, MMA_THREADS, mma_ktile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 256, xq, x_row, n);
+            <<<grid, MMA_KTHREADS, mma_ktile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 256, xq, x_row, n);
 }
 
 /* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32;
