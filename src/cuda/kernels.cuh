@@ -298,11 +298,38 @@ struct mm_group {
     int rows[MM_GROUP], blocks[MM_GROUP]; /* blocks: rows / MM_R, rounded up */
 };
 
+/* The matrix of a group that thread block blockIdx.x works on, and the block's index within
+ * it: by selects, not an index (that would copy grp to the stack). */
+struct mm_one {
+    const uint8_t *W;
+    float *Y;
+    long long ys;
+    int rows, bx;
+};
+__device__ __forceinline__ mm_one mm_pick(const mm_group &grp) {
+    int bx = blockIdx.x, mi = 0;
+    if (grp.n > 1 && bx >= grp.blocks[0]) bx -= grp.blocks[0], mi = 1;
+    if (grp.n > 2 && mi == 1 && bx >= grp.blocks[1]) bx -= grp.blocks[1], mi = 2;
+    return {mi == 0   ? grp.W[0]
+            : mi == 1 ? grp.W[1]
+                      : grp.W[2],
+            mi == 0   ? grp.Y[0]
+            : mi == 1 ? grp.Y[1]
+                      : grp.Y[2],
+            mi == 0   ? grp.ys[0]
+            : mi == 1 ? grp.ys[1]
+                      : grp.ys[2],
+            mi == 0   ? grp.rows[0]
+            : mi == 1 ? grp.rows[1]
+                      : grp.rows[2],
+            bx};
+}
+
 template <int T, int TT>
 __global__ void __launch_bounds__(MM_THREADS, 4)
     k_mm_q(mm_group grp, size_t row_bytes, int n_units, int chunk, const uint8_t *X, size_t x_row, int nt) {
     typedef wtype<T> ty;
-    int bx = blockIdx.x, mi = 0; /* the matrix: selects, not an index (that would copy grp to the stack) */
+    int bx = blockIdx.x, mi = 0; /* the matrix: selects (mm_pick's: through it the K types spill more here) */
     if (grp.n > 1 && bx >= grp.blocks[0]) bx -= grp.blocks[0], mi = 1;
     if (grp.n > 2 && mi == 1 && bx >= grp.blocks[1]) bx -= grp.blocks[1], mi = 2;
     const uint8_t *W = mi == 0 ? grp.W[0] : mi == 1 ? grp.W[1] : grp.W[2];
@@ -450,6 +477,17 @@ __device__ __forceinline__ void mma_s8(int d[4], uint32_t a0, uint32_t a1, uint3
  * whose last mantissa bit is worth 1. */
 __device__ __forceinline__ float small_float(int v) { return __int_as_float(0x4b400000 + v) - 12582912.0f; }
 
+/* A lane's results (acc[i]: rows row, row + 8 × tokens tok + 8 i, + 1) into Y. */
+__device__ __forceinline__ void mma_store(const float (*acc)[4], float *Y, long long ys, int rows, int row, int tok,
+                                          int nt) {
+#pragma unroll
+    for (int i = 0; i < MMA_N / 8; i++)
+        for (int k = 0; k < 4; k++) {
+            int r = row + (k >> 1) * 8, t = tok + 8 * i + (k & 1);
+            if (r < rows && t < nt) Y[(size_t)t * ys + r] = acc[i][k];
+        }
+}
+
 /* Elements 4q..4q+3 (lo) and 16+4q.. (hi) of block j of a row's quants qa and heads ha in
  * shared memory, as signed bytes whose dot with x's is term32's dot (Q4_0's q - 8 and
  * Q5_0's q - 16 fold in its minus 8 or 16 times x's sum). */
@@ -476,13 +514,11 @@ __global__ void __launch_bounds__(MMA_THREADS)
     k_mm_mma(mm_group grp, size_t row_bytes, int n_units, const uint8_t *X, size_t x_row, int nt) {
     typedef wtype<T> ty;
     typedef mma_tile<T> tl;
-    int bx = blockIdx.x, mi = 0; /* the matrix, as in k_mm_q */
-    if (grp.n > 1 && bx >= grp.blocks[0]) bx -= grp.blocks[0], mi = 1;
-    if (grp.n > 2 && mi == 1 && bx >= grp.blocks[1]) bx -= grp.blocks[1], mi = 2;
-    const uint8_t *W = mi == 0 ? grp.W[0] : mi == 1 ? grp.W[1] : grp.W[2];
-    float *Y = mi == 0 ? grp.Y[0] : mi == 1 ? grp.Y[1] : grp.Y[2];
-    long long ys = mi == 0 ? grp.ys[0] : mi == 1 ? grp.ys[1] : grp.ys[2];
-    int rows = mi == 0 ? grp.rows[0] : mi == 1 ? grp.rows[1] : grp.rows[2];
+    mm_one mo = mm_pick(grp);
+    const uint8_t *W = mo.W;
+    float *Y = mo.Y;
+    long long ys = mo.ys;
+    int rows = mo.rows, bx = mo.bx;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
     const int r0 = bx * MMA_M, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_xq32);
@@ -547,12 +583,7 @@ __global__ void __launch_bounds__(MMA_THREADS)
         }
         __syncthreads(); /* the stage is free for chunk c + 2 */
     }
-#pragma unroll
-    for (int i = 0; i < MMA_N / 8; i++)
-        for (int k = 0; k < 4; k++) {
-            int r = r0 + lo_row + (k >> 1) * 8, t = t0 + 8 * i + 2 * q + (k & 1);
-            if (r < rows && t < nt) Y[(size_t)t * ys + r] = acc[i][k];
-        }
+    mma_store(acc, Y, ys, rows, r0 + lo_row, t0 + 2 * q, nt);
 }
 
 /* The K types on the tensor cores, a super-block a stage: each 32-element sub-block's dot
@@ -608,13 +639,11 @@ __global__ void __launch_bounds__(MMA_KTHREADS)
     k_mm_mma_k(mm_group grp, size_t row_bytes, int n_units, const uint8_t *X, size_t x_row, int nt) {
     typedef wtype<T> ty;
     typedef mma_ktile<T> tl;
-    int bx = blockIdx.x, mi = 0; /* the matrix, as in k_mm_q */
-    if (grp.n > 1 && bx >= grp.blocks[0]) bx -= grp.blocks[0], mi = 1;
-    if (grp.n > 2 && mi == 1 && bx >= grp.blocks[1]) bx -= grp.blocks[1], mi = 2;
-    const uint8_t *W = mi == 0 ? grp.W[0] : mi == 1 ? grp.W[1] : grp.W[2];
-    float *Y = mi == 0 ? grp.Y[0] : mi == 1 ? grp.Y[1] : grp.Y[2];
-    long long ys = mi == 0 ? grp.ys[0] : mi == 1 ? grp.ys[1] : grp.ys[2];
-    int rows = mi == 0 ? grp.rows[0] : mi == 1 ? grp.rows[1] : grp.rows[2];
+    mm_one mo = mm_pick(grp);
+    const uint8_t *W = mo.W;
+    float *Y = mo.Y;
+    long long ys = mo.ys;
+    int rows = mo.rows, bx = mo.bx;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
     const int r0 = bx * MMA_KM, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_block_q8_K);
@@ -689,12 +718,7 @@ __global__ void __launch_bounds__(MMA_KTHREADS)
         }
         __syncthreads(); /* the stage is free for super-block c + 2 */
     }
-#pragma unroll
-    for (int i = 0; i < MMA_N / 8; i++)
-        for (int k = 0; k < 4; k++) {
-            int r = r0 + lo_row + (k >> 1) * 8, t = t0 + 8 * i + 2 * q + (k & 1);
-            if (r < rows && t < nt) Y[(size_t)t * ys + r] = acc[i][k];
-        }
+    mma_store(acc, Y, ys, rows, r0 + lo_row, t0 + 2 * q, nt);
 }
 
 /* Float weights against f32 activations (q8_ref.c's dot_f32 / dot_f16 / dot_bf16): eight
