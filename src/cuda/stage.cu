@@ -384,18 +384,26 @@ static unsigned blocks_for(size_t n, unsigned per) { return (unsigned)((n + per 
 /* The activation format a matmul of type t reads: f32 (0), ps_xq32 (32), ps_block_q8_K (256). */
 static int xq_format(uint32_t t) { return is_float(t) ? 0 : is_k(t) ? 256 : 32; }
 
+/* The group of matrices ws[0..nw) (outputs ys, strides) for a kernel that takes `per` rows
+ * a thread block; *blocks: the thread blocks of all of them. */
+static mm_group group(const dmat *const *ws, int nw, float *const *ys, const long long *strides, int per, int *blocks) {
+    mm_group grp = {nw};
+    *blocks = 0;
+    for (int i = 0; i < nw; i++) {
+        grp.W[i] = ws[i]->d, grp.Y[i] = ys[i], grp.ys[i] = strides[i], grp.rows[i] = ws[i]->rows;
+        grp.blocks[i] = (int)blocks_for(ws[i]->rows, per);
+        *blocks += grp.blocks[i];
+    }
+    return grp;
+}
+
 /* Launches the matmul kernel of type T for matrices ws[0..nw) (one type and width, nw <=
  * MM_GROUP): ys[i] (n rows, strides[i] apart) = x · ws[i]ᵀ, x in the type's format. */
 template <int T, int TT>
 static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
                       float *const *ys, const long long *strides) {
-    mm_group grp = {nw};
-    int blocks = 0;
-    for (int i = 0; i < nw; i++) {
-        grp.W[i] = ws[i]->d, grp.Y[i] = ys[i], grp.ys[i] = strides[i], grp.rows[i] = ws[i]->rows;
-        grp.blocks[i] = (int)blocks_for(ws[i]->rows, MM_R);
-        blocks += grp.blocks[i];
-    }
+    int blocks;
+    mm_group grp = group(ws, nw, ys, strides, MM_R, &blocks);
     int units = ws[0]->cols / (is_k(T) ? 256 : 32), chunk = mm_chunk<T, TT>(units);
     dim3 grid(blocks, blocks_for(n, TT));
     k_mm_q<T, TT>
@@ -406,13 +414,8 @@ static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
 template <int T>
 static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
                        float *const *ys, const long long *strides) {
-    mm_group grp = {nw};
-    int blocks = 0;
-    for (int i = 0; i < nw; i++) {
-        grp.W[i] = ws[i]->d, grp.Y[i] = ys[i], grp.ys[i] = strides[i], grp.rows[i] = ws[i]->rows;
-        grp.blocks[i] = (int)blocks_for(ws[i]->rows, split_type(T) ? MMA_M : MMA_KM);
-        blocks += grp.blocks[i];
-    }
+    int blocks;
+    mm_group grp = group(ws, nw, ys, strides, split_type(T) ? MMA_M : MMA_KM, &blocks);
     dim3 grid(blocks, blocks_for(n, MMA_N));
     if constexpr (split_type(T))
         k_mm_mma<T>
