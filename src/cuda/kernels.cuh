@@ -135,11 +135,14 @@ __host__ __device__ constexpr bool split_type(uint32_t t) {
     return t == PS_TYPE_Q4_0 || t == PS_TYPE_Q4_1 || t == PS_TYPE_Q5_0 || t == PS_TYPE_Q5_1 || t == PS_TYPE_Q8_0;
 }
 static inline size_t pad16(size_t bytes) { return (bytes + 15) & ~(size_t)15; }
+/* Bytes a block of quantized type t takes in a device row (a K type's stride: wtype::stride). */
+static inline size_t dev_block_bytes(uint32_t t) {
+    size_t b = ps_type_get(t)->type_size;
+    return split_type(t) ? b : (b + 3) & ~(size_t)3;
+}
 /* Bytes of a row of cols elements of quantized type t on the device. */
 static inline size_t dev_row_bytes(uint32_t t, size_t cols) {
-    const ps_type_info *ti = ps_type_get(t);
-    size_t units = cols / ti->block_size;
-    return pad16(units * (split_type(t) ? ti->type_size : (ti->type_size + 3) & ~(size_t)3));
+    return pad16(cols / ps_type_get(t)->block_size * dev_block_bytes(t));
 }
 /* A row of cols elements of type t as the device holds it into out (out_bytes of them). */
 static inline void dev_row(const uint8_t *in, size_t cols, uint32_t t, uint8_t *out, size_t out_bytes) {
@@ -147,7 +150,7 @@ static inline void dev_row(const uint8_t *in, size_t cols, uint32_t t, uint8_t *
     size_t n = cols / ti->block_size, bytes = ti->type_size;
     memset(out, 0, out_bytes);
     if (!split_type(t)) { /* the K types: each super-block 4-aligned */
-        for (size_t b = 0; b < n; b++) memcpy(out + b * ((bytes + 3) & ~(size_t)3), in + b * bytes, bytes);
+        for (size_t b = 0; b < n; b++) memcpy(out + b * dev_block_bytes(t), in + b * bytes, bytes);
         return;
     }
     size_t quant = t == PS_TYPE_Q8_0 ? 32 : 16, head = bytes - quant;
@@ -1093,6 +1096,11 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
             }
         }
     }
+}
+
+/* Shared memory of k_attention with n_scores scores in it (SMEM: the context's; else 0). */
+static inline size_t att_smem_bytes(int hd, size_t n_scores) {
+    return att_ring_bytes(hd) + ATT_ROWS * PS_KV_BLOCK * 4 + n_scores * 4;
 }
 
 /* Reads n 16-byte words (the bandwidth measure); a sum that is never zero in practice keeps

@@ -191,8 +191,7 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     int optin = 0; /* the most shared memory a thread block may have; 4 KiB kept for the static */
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p->device) != cudaSuccess)
         cudaGetLastError(), optin = 48 * 1024;
-    g->att_smem_scores =
-        att_ring_bytes(m->hp.head_dim) + ATT_ROWS * PS_KV_BLOCK * 4 + (size_t)p->n_ctx * 4 + 4096 <= (size_t)optin;
+    g->att_smem_scores = att_smem_bytes(m->hp.head_dim, (size_t)p->n_ctx) + 4096 <= (size_t)optin;
 }
 
 size_t ps_cuda_bytes(const ps_model *m, const ps_cuda_params *p) {
@@ -259,8 +258,7 @@ static ps_status upload_weights(ps_cuda *g, const ps_cuda_params *p, char *err, 
 
 /* The attention kernel's shared memory. */
 static size_t att_smem(const ps_cuda *g) {
-    return att_ring_bytes(g->m->hp.head_dim) + ATT_ROWS * PS_KV_BLOCK * 4 +
-           (g->att_smem_scores ? (size_t)g->n_ctx * 4 : 0);
+    return att_smem_bytes(g->m->hp.head_dim, g->att_smem_scores ? (size_t)g->n_ctx : 0);
 }
 
 static bool type_ok(uint32_t t) {
@@ -499,8 +497,6 @@ static void add(ps_cuda *g, float *x, const float *y, size_t n) {
     k_add<<<blocks_for(n, 256), 256, 0, g->st>>>(x, y, n);
 }
 
-/* The attention block of local layer li (forward.c's attention_block). *res: the residual
- * the block before left to add to x (NULL: none); on return, this block's. */
 /* Attention's two launches for rows aa.row0 .. + aa.n_rows, AR rows a thread block. */
 template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info ri) {
     unsigned blocks = blocks_for(aa.n_rows, AR);
@@ -512,6 +508,8 @@ template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info r
         k_attention<false, AR><<<dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
 }
 
+/* The attention block of local layer li (forward.c's attention_block). *res: the residual
+ * the block before left to add to x (NULL: none); on return, this block's. */
 static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float **res) {
     const ps_hparams *hp = &g->m->hp;
     const dlayer *L = &g->L[li];
