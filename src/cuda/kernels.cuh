@@ -8,6 +8,8 @@
 #include <cuda_pipeline.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 extern "C" {
 #include "../model/model.h"
 #include "../tensor/q8_kern.h"
@@ -85,23 +87,29 @@ __global__ void k_quant32(const float *x, int n_blocks, ps_xq32 *out) {
     if (b < n_blocks) quant_warp(x[(size_t)b * 32 + lane], out + b);
 }
 
-/* Rows into ps_block_q8_K (256 elements, bsums over each 16): lane l holds 8 elements. */
-__global__ void k_quant256(const float *x, int n_blocks, ps_block_q8_K *out) {
-    int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (b >= n_blocks) return;
-    const float *xb = x + (size_t)b * 256 + lane * 8;
+/* The ps_block_q8_K of 256 values (bsums over each 16): lane l quantizes 8 of them. Every
+ * lane calls it. */
+__device__ __forceinline__ void quant_warp256(const float *x, ps_block_q8_K *out) {
+    int lane = threadIdx.x & 31;
+    const float *xb = x + lane * 8;
     float amax = 0.0f, d;
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(xb[i]));
     float id = xq_scale(warp_max(amax), &d);
     int s = 0;
     for (int i = 0; i < 8; i++) {
         int8_t q = xq_round(xb[i], id);
-        out[b].qs[lane * 8 + i] = q;
+        out->qs[lane * 8 + i] = q;
         s += q;
     }
     s += __shfl_down_sync(FULL, s, 1);
-    if (!(lane & 1)) out[b].bsums[lane / 2] = (int16_t)s;
-    if (lane == 0) out[b].d = d;
+    if (!(lane & 1)) out->bsums[lane / 2] = (int16_t)s;
+    if (lane == 0) out->d = d;
+}
+
+/* Rows into ps_block_q8_K. */
+__global__ void k_quant256(const float *x, int n_blocks, ps_block_q8_K *out) {
+    int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b < n_blocks) quant_warp256(x + (size_t)b * 256, out + b);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -213,43 +221,72 @@ template <int T> __device__ __forceinline__ void unpack(const wraw &r, wunit &w)
     }
 }
 
-/* Sub-block s (0..7) of super-block blk (q8_ref.c's k4_scales, k4_quants, k6_quants). */
-template <int T> __device__ __forceinline__ void load_k(const uint8_t *blk, int s, wunit &w) {
+/* Sub-block s (0..7) of a K type's super-block as loaded: the words of its quants (q: Q4_K's
+ * and Q5_K's qs, Q6_K's ql; e: Q5_K's and Q6_K's high bits) and of its head (h: Q4_K's and
+ * Q5_K's d, dmin and scales; Q6_K's scale pair and d), unpacked when its term is computed. */
+template <int T> struct kraw { uint32_t q[8], e[8], h[4]; };
+
+__device__ __forceinline__ void words(uint4 v, uint32_t *w) { w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w; }
+
+/* Super-blocks lie 16-aligned for Q4_K and Q5_K (144 and 176 bytes), 4-aligned for Q6_K. */
+template <int T> __device__ __forceinline__ void load_kraw(const uint8_t *blk, int s, kraw<T> &r) {
     if (T == PS_TYPE_Q6_K) {
-        int h = s >> 2, kk = s & 3;
-        const uint8_t *ql = blk + 64 * h + (kk & 1) * 32, *qh = blk + 128 + 32 * h;
-        for (int k = 0; k < 8; k++) {
-            uint32_t v = ((ld2x16(ql + 4 * k) >> ((kk >> 1) * 4)) & 0x0f0f0f0fu) |
-                         (((ld2x16(qh + 4 * k) >> (2 * kk)) & 0x03030303u) << 4);
-            w.q[k] = (int)__vsub4(v, 0x20202020u); /* q - 32 in each byte */
-        }
-        w.sc0 = (int8_t)blk[192 + 2 * s], w.sc1 = (int8_t)blk[192 + 2 * s + 1];
-        w.d = f16(blk + 208);
+        const uint8_t *ql = blk + 64 * (s >> 2) + (s & 1) * 32, *qh = blk + 128 + 32 * (s >> 2);
+        for (int k = 0; k < 8; k++) r.q[k] = ld32(ql + 4 * k), r.e[k] = ld32(qh + 4 * k);
+        r.h[0] = ld32(blk + 192 + 4 * (s >> 1)), r.h[1] = ld32(blk + 208);
         return;
     }
-    const uint8_t *sc = blk + 4, *qs = blk + (T == PS_TYPE_Q5_K ? 48 : 16), *qh = blk + 16;
-    w.d = f16(blk), w.m = f16(blk + 2);
+    const uint4 *qs = (const uint4 *)(blk + (T == PS_TYPE_Q5_K ? 48 : 16) + 32 * (s >> 1));
+    words(*(const uint4 *)blk, r.h), words(qs[0], r.q), words(qs[1], r.q + 4);
+    if (T == PS_TYPE_Q5_K) words(*(const uint4 *)(blk + 16), r.e), words(*(const uint4 *)(blk + 32), r.e + 4);
+}
+
+/* q8_ref.c's k4_scales, k4_quants, k6_quants. Byte i of the scales is byte i & 3 of h[1 + i / 4]. */
+template <int T> __device__ __forceinline__ void unpack_k(const kraw<T> &r, int s, wunit &w) {
+    if (T == PS_TYPE_Q6_K) {
+        int kk = s & 3;
+        for (int k = 0; k < 8; k++) {
+            uint32_t v = ((r.q[k] >> ((kk >> 1) * 4)) & 0x0f0f0f0fu) | (((r.e[k] >> (2 * kk)) & 0x03030303u) << 4);
+            w.q[k] = (int)__vsub4(v, 0x20202020u); /* q - 32 in each byte */
+        }
+        uint32_t sc = r.h[0] >> (16 * (s & 1));
+        w.sc0 = (int8_t)(sc & 0xff), w.sc1 = (int8_t)(sc >> 8 & 0xff);
+        w.d = f16_bits(r.h[1] & 0xffff);
+        return;
+    }
+    w.d = f16_bits(r.h[0] & 0xffff), w.m = f16_bits(r.h[0] >> 16);
+    int sh = 8 * (s & 3);
+    uint32_t a = r.h[1] >> sh & 0xff, b = r.h[2] >> sh & 0xff, c = r.h[3] >> sh & 0xff; /* scales s&3, +4, +8 */
     if (s < 4)
-        w.sc0 = sc[s] & 63, w.mn = sc[s + 4] & 63;
+        w.sc0 = a & 63, w.mn = b & 63;
     else
-        w.sc0 = (sc[s + 4] & 0x0f) | ((sc[s - 4] >> 2) & 0x30), w.mn = (sc[s + 4] >> 4) | ((sc[s] >> 2) & 0x30);
-    int g = s >> 1, shift = (s & 1) * 4;
+        w.sc0 = (c & 0x0f) | ((a >> 2) & 0x30), w.mn = (c >> 4) | ((b >> 2) & 0x30);
+    int shift = (s & 1) * 4;
     for (int k = 0; k < 8; k++) {
-        uint32_t v = (ld32(qs + 32 * g + 4 * k) >> shift) & 0x0f0f0f0fu;
-        if (T == PS_TYPE_Q5_K) v |= ((ld32(qh + 4 * k) >> s) & 0x01010101u) << 4;
+        uint32_t v = (r.q[k] >> shift) & 0x0f0f0f0fu;
+        if (T == PS_TYPE_Q5_K) v |= ((r.e[k] >> s) & 0x01010101u) << 4;
         w.q[k] = (int)v;
     }
 }
 
+template <int T> __device__ __forceinline__ void load_k(const uint8_t *blk, int s, wunit &w) {
+    kraw<T> r;
+    load_kraw<T>(blk, s, r);
+    unpack_k<T>(r, s, w);
+}
+
 /* The float term(s) of one 32-element block against activation block x. */
 template <int T> __device__ __forceinline__ void term32(const wunit &w, const ps_xq32 *x, float *a, float *b) {
-    const int *xi = (const int *)x->qs;
-    int dot = 0;
-    for (int k = 0; k < 8; k++) dot = __dp4a(w.q[k], xi[k], dot);
-    if (T == PS_TYPE_Q4_0) dot -= 8 * x->sum;
-    if (T == PS_TYPE_Q5_0) dot -= 16 * x->sum;
-    *a = (w.d * x->d) * (float)dot;
-    if (T == PS_TYPE_Q4_1 || T == PS_TYPE_Q5_1) *b = w.m * (x->d * (float)x->sum);
+    const int2 *x2 = (const int2 *)x; /* 8-byte loads: in shared memory, lanes 40 bytes apart share no bank */
+    int2 head = x2[0], xi[4];         /* d, sum */
+    for (int k = 0; k < 4; k++) xi[k] = x2[1 + k];
+    int dot = 0, sum = head.y;
+    float d = __int_as_float(head.x);
+    for (int k = 0; k < 4; k++) dot = __dp4a(w.q[2 * k + 1], xi[k].y, __dp4a(w.q[2 * k], xi[k].x, dot));
+    if (T == PS_TYPE_Q4_0) dot -= 8 * sum;
+    if (T == PS_TYPE_Q5_0) dot -= 16 * sum;
+    *a = (w.d * d) * (float)dot;
+    if (T == PS_TYPE_Q4_1 || T == PS_TYPE_Q5_1) *b = w.m * (d * (float)sum);
 }
 
 /* The term of one super-block: each of 8 lanes (s = lane & 7) its sub-block's integer sums,
@@ -307,7 +344,7 @@ struct mm_one {
     const uint8_t *W;
     float *Y;
     long long ys;
-    int rows, bx;
+    int rows, bx, nbx; /* nbx: the matrix's thread blocks */
 };
 __device__ __forceinline__ mm_one mm_pick(const mm_group &grp) {
     int bx = blockIdx.x, mi = 0;
@@ -325,7 +362,10 @@ __device__ __forceinline__ mm_one mm_pick(const mm_group &grp) {
             mi == 0   ? grp.rows[0]
             : mi == 1 ? grp.rows[1]
                       : grp.rows[2],
-            bx};
+            bx,
+            mi == 0   ? grp.blocks[0]
+            : mi == 1 ? grp.blocks[1]
+                      : grp.blocks[2]};
 }
 
 template <int T, int TT>
@@ -432,6 +472,105 @@ template <int T, int TT> static int mm_chunk(int n_units) {
 }
 template <int T, int TT> static size_t mm_smem(int chunk) {
     return ((size_t)MM_R * TT * mm_stride<T>(chunk) + (mm_xs<T, TT>() ? (size_t)TT * 10 * chunk : 0)) * 4;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Decode's matmul (one token): Y[r] for the rows of the group's matrices. A warp takes
+ * 32 / G rows of a split type at a time, G lanes a row, and walks them from the first block
+ * to the last, G * mv_u blocks a step (lane s of a row the blocks s, s + G, ...: a row's
+ * lanes read G consecutive blocks at a time); each block's terms go round the row's lanes
+ * by shuffles, so that every lane adds them in block order, as q8_ref.c does. A K type: 4
+ * rows at a time, 8 lanes a super-block (term_k gives each of them the term), mv_u
+ * super-blocks a step. Then the warp takes the rows as many warps further on as the matrix
+ * has (one wave of thread blocks, no tail). The next step's weights are on their way while
+ * a step is worked, across rows too; the token's activations wait in shared memory. Grid:
+ * (the group's blocks), MV_THREADS threads, mv_smem<T>(units) bytes of shared memory. */
+#define MV_WARPS     4
+#define MV_THREADS   (MV_WARPS * 32)
+#define MV_MIN_UNITS 8
+#define MV_SMEM      (40 * 1024)
+
+template <int T> __host__ __device__ constexpr int mv_u() { return wtype<T>::k ? 2 : 4; } /* blocks a lane a step */
+template <int T, int G> __host__ __device__ constexpr int mv_rows() { return wtype<T>::k ? 4 : 32 / G; } /* a warp's */
+template <int T> static size_t mv_smem(int units) {
+    return (size_t)units * (wtype<T>::k ? sizeof(ps_block_q8_K) : sizeof(ps_xq32));
+}
+
+template <int T> using mv_raw = typename std::conditional<wtype<T>::k, kraw<T>, wraw>::type;
+
+/* The weights of a step from block u0 of a row (none when !live). */
+template <int T, int G>
+__device__ __forceinline__ void mv_load(const uint8_t *row, int units, int u0, int sub, bool live,
+                                        mv_raw<T> (&r)[mv_u<T>()]) {
+#pragma unroll
+    for (int k = 0; k < mv_u<T>(); k++) {
+        int u = wtype<T>::k ? u0 + k : u0 + k * G + sub;
+        if (!live || u >= units) continue;
+        if constexpr (wtype<T>::k)
+            load_kraw<T>(row + (size_t)u * wtype<T>::stride, sub, r[k]);
+        else
+            load_split<T>(row, units, u, r[k]);
+    }
+}
+
+template <int T, int G>
+__global__ void __launch_bounds__(MV_THREADS)
+    k_mv(mm_group grp, size_t row_bytes, int units, const uint8_t *__restrict__ X) {
+    typedef wtype<T> ty;
+    constexpr int U = mv_u<T>(), L = ty::k ? 8 : G, STEP = ty::k ? U : U * G; /* L: lanes a row */
+    constexpr int XB = ty::k ? (int)sizeof(ps_block_q8_K) : (int)sizeof(ps_xq32);
+    extern __shared__ int xs[];
+    mm_one m = mm_pick(grp);
+    int lane = threadIdx.x & 31, sub = lane % L, n_sets = (m.rows + 32 / L - 1) / (32 / L);
+    int set = m.bx * MV_WARPS + threadIdx.x / 32, stride = m.nbx * MV_WARPS; /* sets of 32 / L rows */
+    auto row_of = [&](int st) { return st * (32 / L) + lane / L; };
+    auto row_ptr = [&](int r) { return m.W + (size_t)(r < m.rows ? r : 0) * row_bytes; };
+    mv_raw<T> ra[U], rb[U]; /* two steps' weights: arrays indexed by constants only */
+    if (set < n_sets) mv_load<T, G>(row_ptr(row_of(set)), units, 0, sub, row_of(set) < m.rows, ra);
+    for (int i = threadIdx.x; i < units * XB / 4; i += MV_THREADS) xs[i] = ((const int *)X)[i];
+    __syncthreads();
+    float sum = 0.0f;
+    /* step (st, u0): this step's weights in raw, the next one's loaded into next */
+    auto step = [&](int &st, int &u0, const mv_raw<T>(&raw)[U], mv_raw<T>(&next)[U]) {
+        int nst = u0 + STEP < units ? st : st + stride, nu0 = u0 + STEP < units ? u0 + STEP : 0;
+        if (nst < n_sets) mv_load<T, G>(row_ptr(row_of(nst)), units, nu0, sub, row_of(nst) < m.rows, next);
+        int row = row_of(st);
+        bool live = row < m.rows;
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            wunit wu = {};
+            if constexpr (ty::k) { /* every lane: term_k's shuffles */
+                int u = u0 + k;
+                if (live && u < units) unpack_k<T>(raw[k], sub, wu);
+                float a = term_k<T>(wu, (const ps_block_q8_K *)xs + (u < units ? u : 0), sub);
+                if (u < units) sum += a;
+            } else {
+                int u = u0 + k * G + sub;
+                float a = 0.0f, c = 0.0f;
+                if (live && u < units) {
+                    unpack<T>(raw[k], wu);
+                    term32<T>(wu, (const ps_xq32 *)xs + u, &a, &c);
+                }
+#pragma unroll
+                for (int i = 0; i < G; i++) { /* block u0 + k * G + i, from the row's lane i */
+                    float ai = __shfl_sync(FULL, a, i, G), ci = ty::terms == 2 ? __shfl_sync(FULL, c, i, G) : 0.0f;
+                    if (u0 + k * G + i < units) {
+                        sum += ai;
+                        if (ty::terms == 2) sum += ci;
+                    }
+                }
+            }
+        }
+        if (nu0 == 0) { /* the rows' last step */
+            if (live && sub == 0) m.Y[row] = sum;
+            sum = 0.0f;
+        }
+        st = nst, u0 = nu0;
+    };
+    for (int st = set, u0 = 0; st < n_sets;) {
+        step(st, u0, ra, rb);
+        if (st < n_sets) step(st, u0, rb, ra);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -771,9 +910,14 @@ __device__ __forceinline__ float sumsq16(const float *x, int n) {
  * one sweep, then 16 threads sum it in dot_f32's order. out may be y: each thread writes
  * only the elements it read. (Quantizing the row here too was slower for decode: one
  * thread block's warps then quantize every block of the row, where k_quant32 spreads them.) */
-#define NORM_THREADS 256
-__global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(float *__restrict__ x, const float *y, const int32_t *rows,
-                                                          const float *__restrict__ w, float *out, int dim, float eps) {
+/* forward.c's rmsnorm of row r of x (rows[r], or r) into row r of out, after x += y on it
+ * when y is given; then the row quantized for the next matmul into xq when fmt is 32
+ * (ps_xq32) or 256 (ps_block_q8_K), a warp a block. Grid: rows, NORM_THREADS threads,
+ * dim * 4 bytes of shared memory. */
+#define NORM_THREADS 1024 /* 32 warps quantize the row */
+__global__ void __launch_bounds__(NORM_THREADS)
+    k_rmsnorm(float *__restrict__ x, const float *y, const int32_t *rows, const float *__restrict__ w, float *out,
+              int dim, float eps, int fmt, void *xq) {
     extern __shared__ float row[];
     __shared__ float scale;
     int r = blockIdx.x, tid = threadIdx.x;
@@ -797,7 +941,15 @@ __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(float *__restrict__ x,
         if (tid == 0) scale = 1.0f / sqrtf(acc / (float)dim + eps);
     }
     __syncthreads();
-    for (int i = tid; i < dim; i += NORM_THREADS) out[(size_t)r * dim + i] = row[i] * scale * w[i];
+    for (int i = tid; i < dim; i += NORM_THREADS) out[(size_t)r * dim + i] = row[i] = row[i] * scale * w[i];
+    if (!fmt) return;
+    __syncthreads();
+    int warp = tid / 32, lane = tid & 31, nb = dim / fmt;
+    for (int b = warp; b < nb; b += NORM_THREADS / 32)
+        if (fmt == 32)
+            quant_warp(row[b * 32 + lane], (ps_xq32 *)xq + (size_t)r * nb + b);
+        else
+            quant_warp256(row + b * 256, (ps_block_q8_K *)xq + (size_t)r * nb + b);
 }
 
 /* Where key/value head kvh of position p lives in a layer's pool (forward.c's kv_at). */

@@ -29,7 +29,7 @@ struct dlayer {
 
 struct ps_cuda {
     const ps_model *m;
-    int dev;
+    int dev, sms; /* sms: the device's multiprocessors */
     cudaStream_t st;
     int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
     int att_rows;         /* rows per attention launch (the scores buffer's) */
@@ -192,6 +192,8 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p->device) != cudaSuccess)
         cudaGetLastError(), optin = 48 * 1024;
     g->att_smem_scores = att_smem_bytes(m->hp.head_dim, (size_t)p->n_ctx) + 4096 <= (size_t)optin;
+    if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
+        cudaGetLastError(), g->sms = 1;
 }
 
 size_t ps_cuda_bytes(const ps_model *m, const ps_cuda_params *p) {
@@ -408,6 +410,40 @@ static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
         <<<grid, MM_THREADS, mm_smem<T, TT>(chunk), g->st>>>(grp, ws[0]->row_bytes, units, chunk, xq, x_row, n);
 }
 
+/* Decode's k_mv: G lanes a row, the fewest that give every warp the device holds rows to
+ * work; one wave of thread blocks, shared among the matrices by their rows. */
+template <int T, int G>
+static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
+                      const long long *strides, long long rows) {
+    int units = ws[0]->cols / (is_k(T) ? 256 : 32), per_sm = 1, blocks = 0;
+    size_t smem = mv_smem<T>(units);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv<T, G>, MV_THREADS, smem);
+    long long wave = (long long)per_sm * g->sms, set_rows = MV_WARPS * mv_rows<T, G>(); /* a block's rows at once */
+    mm_group grp = group(ws, nw, ys, strides, (int)set_rows, &blocks); /* blocks: each one's rows once */
+    if (blocks > wave) {
+        blocks = 0;
+        for (int i = 0; i < nw; i++) {
+            grp.blocks[i] = (int)((wave * ws[i]->rows + rows - 1) / rows);
+            blocks += grp.blocks[i];
+        }
+    }
+    k_mv<T, G><<<blocks, MV_THREADS, smem, g->st>>>(grp, ws[0]->row_bytes, units, xq);
+}
+template <int T>
+static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
+                      const long long *strides) {
+    long long rows = 0, want = 24LL * 32 * g->sms; /* rows * G: 24 warps a multiprocessor */
+    for (int i = 0; i < nw; i++) rows += ws[i]->rows;
+    if constexpr (wtype<T>::k) /* 8 lanes a super-block */
+        launch_mv<T, 8>(g, ws, nw, xq, ys, strides, rows);
+    else if (rows * 4 >= want)
+        launch_mv<T, 4>(g, ws, nw, xq, ys, strides, rows);
+    else if (rows * 8 >= want)
+        launch_mv<T, 8>(g, ws, nw, xq, ys, strides, rows);
+    else
+        launch_mv<T, 16>(g, ws, nw, xq, ys, strides, rows);
+}
+
 /* The same on the tensor cores (k_mm_mma, k_mm_mma_k). */
 template <int T>
 static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
@@ -429,7 +465,10 @@ template <int T>
 static void launch_q(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
                      float *const *ys, const long long *strides) {
     if (n >= MMA_MIN) return launch_mma<T>(g, ws, nw, xq, x_row, n, ys, strides);
-    if (n <= 1)
+    int units = ws[0]->cols / (is_k(T) ? 256 : 32);
+    if (n == 1 && units >= MV_MIN_UNITS && mv_smem<T>(units) <= MV_SMEM)
+        launch_mv<T>(g, ws, nw, xq, ys, strides);
+    else if (n <= 1)
         launch_qt<T, 1>(g, ws, nw, xq, x_row, n, ys, strides);
     else if (n <= 4)
         launch_qt<T, 4>(g, ws, nw, xq, x_row, n, ys, strides);
@@ -487,10 +526,14 @@ static void mm(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long 
 }
 
 /* out (n rows) = rmsnorm of x's rows (rows[r], or r), after x += y on them when y is given:
- * the residual add of the block before, put off to here. */
-static void rmsnorm(ps_cuda *g, float *x, const float *y, const int32_t *rows, const float *w, float *out, int n) {
+ * the residual add of the block before, put off to here. Returns the format it quantized
+ * out into g->xq for w's matmul (mm_multi's have). */
+static int rmsnorm(ps_cuda *g, float *x, const float *y, const int32_t *rows, const float *w, float *out, int n,
+                   const dmat *next) {
     const ps_hparams *hp = &g->m->hp;
-    k_rmsnorm<<<n, NORM_THREADS, hp->dim * 4, g->st>>>(x, y, rows, w, out, hp->dim, hp->rms_eps);
+    int fmt = xq_format(next->type);
+    k_rmsnorm<<<n, NORM_THREADS, hp->dim * 4, g->st>>>(x, y, rows, w, out, hp->dim, hp->rms_eps, fmt, g->xq);
+    return fmt;
 }
 
 static void add(ps_cuda *g, float *x, const float *y, size_t n) {
@@ -515,17 +558,17 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     const dlayer *L = &g->L[li];
     size_t layer = (size_t)g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     float *kc = g->kc + li * layer, *vc = g->vc + li * layer;
-    rmsnorm(g, g->x, *res, NULL, L->attn_norm, g->xb, n);
+    int have = rmsnorm(g, g->x, *res, NULL, L->attn_norm, g->xb, n, &L->wq);
     const dmat *qkv[] = {&L->wq, &L->wk, &L->wv};
     float *outs[] = {g->q, g->k, g->v};
     long long strides[] = {g->q_dim, g->kv_dim, g->kv_dim};
-    mm_multi(g, qkv, 3, g->xb, n, outs, strides, 0);
+    mm_multi(g, qkv, 3, g->xb, n, outs, strides, have);
     qk_args qa = {g->q, g->k, g->v,       L->bq,         L->bk,        L->bv,        L->q_norm,     L->k_norm,  g->rope,
                   kc,   vc,   hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim, hp->rope_neox, hp->rms_eps};
     k_qk<<<dim3(n, hp->n_head + hp->n_head_kv), 32, 0, g->st>>>(qa, ri);
     att_args aa = {};
     aa.q = g->q, aa.kc = kc, aa.vc = vc, aa.out = g->att, aa.scores = g->scores;
-    int have = xq_format(L->wo.type) == 32 && hp->head_dim % 32 == 0 ? 32 : 0; /* attention quantizes for wo */
+    have = xq_format(L->wo.type) == 32 && hp->head_dim % 32 == 0 ? 32 : 0; /* attention quantizes for wo */
     aa.xq = have ? (ps_xq32 *)g->xq : NULL;
     aa.n_head = hp->n_head, aa.n_head_kv = hp->n_head_kv, aa.hd = hp->head_dim, aa.srow = g->n_ctx;
     aa.ring = att_ring_blocks(hp->head_dim), aa.scale = 1.0f / sqrtf((float)hp->head_dim);
@@ -544,13 +587,13 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
 static void ffn_block(ps_cuda *g, int li, int n, const float **res) {
     const ps_hparams *hp = &g->m->hp;
     const dlayer *L = &g->L[li];
-    rmsnorm(g, g->x, *res, NULL, L->ffn_norm, g->xb, n);
+    int have = rmsnorm(g, g->x, *res, NULL, L->ffn_norm, g->xb, n, &L->gate);
     const dmat *gu[] = {&L->gate, &L->up};
     float *outs[] = {g->hb, g->hb2};
     long long strides[] = {hp->ffn_dim, hp->ffn_dim};
-    mm_multi(g, gu, 2, g->xb, n, outs, strides, 0);
+    mm_multi(g, gu, 2, g->xb, n, outs, strides, have);
     size_t e = (size_t)n * hp->ffn_dim;
-    int have = xq_format(L->down.type) == 32 ? 32 : 0; /* SwiGLU's output quantized as it is made */
+    have = xq_format(L->down.type) == 32 ? 32 : 0; /* SwiGLU's output quantized as it is made */
     k_swiglu<<<blocks_for(e, 256), 256, 0, g->st>>>(g->hb, g->hb2, e, have ? (ps_xq32 *)g->xq : NULL);
     mm(g, &L->down, g->hb, n, g->xb, hp->dim, have);
     *res = g->xb;
@@ -575,8 +618,8 @@ static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, 
         add(g, g->x, res, (size_t)n * dim);
         CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4, cudaMemcpyDeviceToHost, g->st));
     } else if (n_logits > 0) { /* the last residual only on the rows whose logits are asked for */
-        rmsnorm(g, g->x, res, g->meta + 2 * B, g->out_norm, g->xb, n_logits);
-        mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab, 0);
+        int have = rmsnorm(g, g->x, res, g->meta + 2 * B, g->out_norm, g->xb, n_logits, &g->output);
+        mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab, have);
         CK(cudaGetLastError());
         CK(cudaMemcpyAsync(out, g->logits, (size_t)n_logits * m->hp.vocab * 4, cudaMemcpyDeviceToHost, g->st));
     }
