@@ -239,6 +239,35 @@ static void long_context(const char *path) {
     ps_model_free(m);
 }
 
+/* Decode's matmul with 4 and 8 lanes a row (PS_CUDA_LANES; these small models' matrices
+ * take 16 by themselves): the GPU's logits and tokens equal to the CPU's (ref). */
+static void lanes(const char *path) {
+    char err[512], what[700];
+    ps_model *m = NULL;
+    PS_CHECK_OK(ps_model_load(path, PS_GGUF_MAP, &m, err, sizeof err));
+    if (!m) return;
+    enum { GEN = 12 };
+    int vocab = m->hp.vocab, rows = N_PROMPT + GEN;
+    int32_t prompt[N_PROMPT], gen_cpu[GEN], gen_gpu[GEN];
+    for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)(ps_test_rng_u32() % (uint32_t)vocab);
+    PS_CHECK_OK(ps_matmul_set_isa("ref"));
+    float *cpu = run(m, PS_DEVICE_CPU, 16, prompt, GEN, gen_cpu);
+    for (int g = 4; g <= 8; g *= 2) {
+        char v[4];
+        snprintf(v, sizeof v, "%d", g);
+        setenv("PS_CUDA_LANES", v, 1);
+        float *gpu = run(m, PS_DEVICE_CUDA(0), 16, prompt, GEN, gen_gpu);
+        snprintf(what, sizeof what, "%s: GPU with %d lanes a row vs CPU (ref)", path, g);
+        int bad = cpu && gpu ? differ(cpu, gpu, rows, vocab, what) : -1;
+        printf("%s: %d rows, %d differ\n", what, rows, bad);
+        PS_CHECK(bad == 0 && !memcmp(gen_cpu, gen_gpu, sizeof gen_cpu));
+        free(gpu);
+    }
+    unsetenv("PS_CUDA_LANES");
+    free(cpu);
+    ps_model_free(m);
+}
+
 /* What the GPU refuses, with the message. */
 static void refusals(const char *path) {
     ps_model *m = NULL;
@@ -308,7 +337,9 @@ int main(void) {
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(cases); i++)
         check_model(synth(cases[i][0], cases[i][1], cases[i][2]), 24, i == 9, false);
-    long_context(synth("Q4_0", "llama", ""));                                     /* head width 64 */
+    long_context(synth("Q4_0", "llama", ""));             /* head width 64 */
+    lanes(synth("Q4_1", "llama", "--dim 320 --ffn 800")); /* two terms a block; rows of 10 and 25 blocks */
+    lanes(synth("Q5_0", "qwen3", ""));
     long_context(synth("Q8_0", "qwen2", "--heads 2 --kv-heads 1"));               /* 128 */
     long_context(synth("Q4_1", "llama", "--heads 8 --kv-heads 4 --head-dim 40")); /* 40 */
     refusals(synth("Q8_0", "llama", ""));

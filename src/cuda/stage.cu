@@ -30,6 +30,7 @@ struct dlayer {
 struct ps_cuda {
     const ps_model *m;
     int dev, sms; /* sms: the device's multiprocessors */
+    int mv_lanes; /* PS_CUDA_LANES: k_mv's lanes a row of a 32-element type, for tests (0: by size) */
     cudaStream_t st;
     int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
     int att_rows;         /* rows per attention launch (the scores buffer's) */
@@ -194,6 +195,8 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     g->att_smem_scores = att_smem_bytes(m->hp.head_dim, (size_t)p->n_ctx) + 4096 <= (size_t)optin;
     if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         cudaGetLastError(), g->sms = 1;
+    const char *lanes = getenv("PS_CUDA_LANES");
+    g->mv_lanes = !lanes ? 0 : !strcmp(lanes, "4") ? 4 : !strcmp(lanes, "8") ? 8 : !strcmp(lanes, "16") ? 16 : 0;
 }
 
 size_t ps_cuda_bytes(const ps_model *m, const ps_cuda_params *p) {
@@ -434,11 +437,12 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
                       const long long *strides) {
     long long rows = 0, want = 24LL * 32 * g->sms; /* rows * G: 24 warps a multiprocessor */
     for (int i = 0; i < nw; i++) rows += ws[i]->rows;
+    int G = g->mv_lanes ? g->mv_lanes : rows * 4 >= want ? 4 : rows * 8 >= want ? 8 : 16;
     if constexpr (wtype<T>::k) /* 8 lanes a super-block */
         launch_mv<T, 8>(g, ws, nw, xq, ys, strides, rows);
-    else if (rows * 4 >= want)
+    else if (G == 4)
         launch_mv<T, 4>(g, ws, nw, xq, ys, strides, rows);
-    else if (rows * 8 >= want)
+    else if (G == 8)
         launch_mv<T, 8>(g, ws, nw, xq, ys, strides, rows);
     else
         launch_mv<T, 16>(g, ws, nw, xq, ys, strides, rows);
