@@ -26,7 +26,7 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 }
 
 #define AUTO_DECAY    0.75 /* weight of a K's trip times before its latest (a slow one fades fast) */
-#define AUTO_ACCEPT   0.9  /* ... and of the guesses before the latest trip's, for the acceptance */
+#define AUTO_ACCEPT   0.97 /* ... and of the guesses before the latest trip's, for the acceptance */
 #define AUTO_PROBE    2    /* trips that measure a K */
 #define AUTO_AROUND   16   /* trips at a K > 0 between measures of a neighbour */
 #define AUTO_WAIT     16   /* plain trips before guesses are measured again; 4 times more while they lose */

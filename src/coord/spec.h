@@ -37,8 +37,8 @@ typedef struct {
 /* --spec-k auto: K per trip from what the trips so far measured, per sequence.
  *
  * The rate of a K is the tokens its trips would give at the acceptance measured so far (each
- * guess checked kept with probability a: 1 + a + ... + a^K; a decays by 0.9 a trip, and starts
- * at 1/2) over the seconds its trips took (the mean of its first trips, then a moving average:
+ * guess checked kept with probability a: 1 + a + ... + a^K; the guesses before a trip weigh
+ * 0.97 against its own, and a starts at 1/2) over the seconds its trips took (the mean of its first trips, then a moving average:
  * the draft's cost, the overlap and the ring's latency all show in it). A K not measured yet is
  * given the time of the K > 0 measured nearest below it (a trip never gets faster with more
  * guesses), plus, above the largest measured when two K > 0 are measured, the time each guess
