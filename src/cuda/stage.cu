@@ -417,8 +417,8 @@ static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
  * work; one wave of thread blocks, shared among the matrices by their rows. */
 template <int T, int G>
 static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
-                      const long long *strides, long long rows) {
-    int units = ws[0]->cols / (is_k(T) ? 256 : 32), per_sm = 1, blocks = 0;
+                      const long long *strides, int units, long long rows) {
+    int per_sm = 1, blocks = 0;
     size_t smem = mv_smem<T>(units);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv<T, G>, MV_THREADS, smem);
     long long wave = (long long)per_sm * g->sms, set_rows = MV_WARPS * mv_rows<T, G>(); /* a block's rows at once */
@@ -434,18 +434,18 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
 }
 template <int T>
 static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
-                      const long long *strides) {
+                      const long long *strides, int units) {
     long long rows = 0, want = 24LL * 32 * g->sms; /* rows * G: 24 warps a multiprocessor */
     for (int i = 0; i < nw; i++) rows += ws[i]->rows;
     int G = g->mv_lanes ? g->mv_lanes : rows * 4 >= want ? 4 : rows * 8 >= want ? 8 : 16;
     if constexpr (wtype<T>::k) /* 8 lanes a super-block */
-        launch_mv<T, 8>(g, ws, nw, xq, ys, strides, rows);
+        launch_mv<T, 8>(g, ws, nw, xq, ys, strides, units, rows);
     else if (G == 4)
-        launch_mv<T, 4>(g, ws, nw, xq, ys, strides, rows);
+        launch_mv<T, 4>(g, ws, nw, xq, ys, strides, units, rows);
     else if (G == 8)
-        launch_mv<T, 8>(g, ws, nw, xq, ys, strides, rows);
+        launch_mv<T, 8>(g, ws, nw, xq, ys, strides, units, rows);
     else
-        launch_mv<T, 16>(g, ws, nw, xq, ys, strides, rows);
+        launch_mv<T, 16>(g, ws, nw, xq, ys, strides, units, rows);
 }
 
 /* The same on the tensor cores (k_mm_mma, k_mm_mma_k). */
@@ -471,7 +471,7 @@ static void launch_q(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *x
     if (n >= MMA_MIN) return launch_mma<T>(g, ws, nw, xq, x_row, n, ys, strides);
     int units = ws[0]->cols / (is_k(T) ? 256 : 32);
     if (n == 1 && units >= MV_MIN_UNITS && mv_smem<T>(units) <= MV_SMEM)
-        launch_mv<T>(g, ws, nw, xq, ys, strides);
+        launch_mv<T>(g, ws, nw, xq, ys, strides, units);
     else if (n <= 1)
         launch_qt<T, 1>(g, ws, nw, xq, x_row, n, ys, strides);
     else if (n <= 4)
