@@ -43,6 +43,21 @@ __device__ __forceinline__ float tree16(float a) {
     return a;
 }
 
+/* Programmatic dependent launch (sm_90 on): a matmul launched so (stage.cu's launch_after)
+ * starts while the kernel before it finishes, loads weights, and waits (pdl_wait) before it
+ * reads what that kernel wrote or writes anything. The kernels that come before a matmul
+ * let it start at once (pdl_start). Both are no-ops below sm_90. */
+__device__ __forceinline__ void pdl_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* ---------------------------------------------------------------------------------------
  * Activation quantization (q8_ref.c's quant_x32 / quant_x256 with ps_xq_scale and
  * ps_xq_round): one warp per block. */
@@ -83,6 +98,8 @@ __device__ __forceinline__ void quant_warp(float v, ps_xq32 *out) {
 
 /* Rows of floats into ps_xq32 blocks (a row of cols floats: cols / 32 blocks). */
 __global__ void k_quant32(const float *x, int n_blocks, ps_xq32 *out) {
+    pdl_start();
+    pdl_wait();
     int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (b < n_blocks) quant_warp(x[(size_t)b * 32 + lane], out + b);
 }
@@ -108,6 +125,8 @@ __device__ __forceinline__ void quant_warp256(const float *x, ps_block_q8_K *out
 
 /* Rows into ps_block_q8_K. */
 __global__ void k_quant256(const float *x, int n_blocks, ps_block_q8_K *out) {
+    pdl_start();
+    pdl_wait();
     int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (b < n_blocks) quant_warp256(x + (size_t)b * 256, out + b);
 }
@@ -527,6 +546,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     auto row_ptr = [&](int r) { return m.W + (size_t)(r < m.rows ? r : 0) * row_bytes; };
     mv_raw<T> ra[U], rb[U]; /* two steps' weights: arrays indexed by constants only */
     if (set < n_sets) mv_load<T, G>(row_ptr(row_of(set)), units, 0, sub, row_of(set) < m.rows, ra);
+    pdl_wait(); /* the activations are the kernel before's */
     for (int i = threadIdx.x; i < units * XB / 4; i += MV_THREADS) xs[i] = ((const int *)X)[i];
     __syncthreads();
     float sum = 0.0f;
@@ -921,6 +941,8 @@ __global__ void __launch_bounds__(NORM_THREADS)
     extern __shared__ float row[];
     __shared__ float scale;
     int r = blockIdx.x, tid = threadIdx.x;
+    pdl_start();
+    pdl_wait();
     float4 *x4 = (float4 *)(x + (size_t)(rows ? rows[r] : r) * dim);
     const float4 *y4 = y ? (const float4 *)(y + (size_t)(rows ? rows[r] : r) * dim) : NULL;
     for (int i = tid; i < dim / 4; i += NORM_THREADS) { /* dim % 4 == 0: the model's widths are */
@@ -977,6 +999,8 @@ struct qk_args {
  * (grid: rows × (n_head + n_head_kv), one warp): bias, per-head norm, rotation; a key
  * head also writes its key and value into the cache. */
 __global__ void k_qk(qk_args a, rows_info ri) {
+    pdl_start();
+    pdl_wait();
     int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd;
     bool isq = h < a.n_head;
     int hh = isq ? h : h - a.n_head, qd = a.n_head * hd, kd = a.n_head_kv * hd;
@@ -1010,6 +1034,8 @@ __global__ void k_qk(qk_args a, rows_info ri) {
 
 /* gate = ps_swiglu(gate, up), element-wise, and (xq given, n % 32 == 0) its ps_xq32 blocks. */
 __global__ void k_swiglu(float *gate, const float *up, size_t n, ps_xq32 *xq) {
+    pdl_start();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     float v = i < n ? ps_swiglu(gate[i], up[i]) : 0.0f;
     if (i < n) gate[i] = v;
@@ -1110,6 +1136,8 @@ __host__ __device__ constexpr int att_key_stride(int hd) { return (hd + 31) / 32
  * (attend_nv's). Both halves of a warp take the same row (the shuffles name the whole
  * warp). Shared memory: AR rows' q, then PS_KV_BLOCK keys att_key_stride(hd) apart. */
 template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a, rows_info ri) {
+    pdl_start();
+    pdl_wait();
     extern __shared__ float sh[];
     int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, l = tid & 15, hd = a.hd;
     int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv), kst = att_key_stride(hd);
@@ -1168,6 +1196,8 @@ static inline int att_scores_z(int n_ctx) {
 template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
     extern __shared__ float sh[];
     __shared__ float red[ATT_THREADS / 32];
+    pdl_start();
+    pdl_wait();
     int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hd = a.hd;
     int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv);
     float *ring = sh, *stage = sh + a.ring * PS_KV_BLOCK * hd, *S = stage + AR * PS_KV_BLOCK;

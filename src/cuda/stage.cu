@@ -31,6 +31,7 @@ struct ps_cuda {
     const ps_model *m;
     int dev, sms; /* sms: the device's multiprocessors */
     int mv_lanes; /* PS_CUDA_LANES: k_mv's lanes a row of a 32-element type, for tests (0: by size) */
+    int pdl;      /* kernels may start before the one they wait for ends (sm_90 on) */
     cudaStream_t st;
     int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
     int att_rows;         /* rows per attention launch (the scores buffer's) */
@@ -197,6 +198,12 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
         cudaGetLastError(), g->sms = 1;
     const char *lanes = getenv("PS_CUDA_LANES");
     g->mv_lanes = !lanes ? 0 : !strcmp(lanes, "4") ? 4 : !strcmp(lanes, "8") ? 8 : !strcmp(lanes, "16") ? 16 : 0;
+    /* the kernels wait for the one before (pdl_wait) where they were compiled for sm_90 on:
+     * not where the driver made them from the sm_80 PTX (a GPU this build has no code for) */
+    cudaFuncAttributes fa = {};
+    if (cudaSetDevice(p->device) != cudaSuccess || cudaFuncGetAttributes(&fa, k_rmsnorm) != cudaSuccess)
+        cudaGetLastError();
+    g->pdl = fa.ptxVersion >= 90;
 }
 
 size_t ps_cuda_bytes(const ps_model *m, const ps_cuda_params *p) {
@@ -413,6 +420,17 @@ static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
         <<<grid, MM_THREADS, mm_smem<T, TT>(chunk), g->st>>>(grp, ws[0]->row_bytes, units, chunk, xq, x_row, n);
 }
 
+/* Launches kernel k, which calls pdl_wait, so that it may start while the kernel before it
+ * on g's stream finishes (kernels.cuh's pdl_start). */
+template <typename... P, typename... A>
+static void launch_after(ps_cuda *g, void (*k)(P...), dim3 blocks, unsigned threads, size_t smem, A... args) {
+    cudaLaunchAttribute at = {};
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = g->pdl;
+    cudaLaunchConfig_t cfg = {blocks, dim3(threads), smem, g->st, &at, 1};
+    cudaLaunchKernelEx(&cfg, k, args...);
+}
+
 /* Decode's k_mv: G lanes a row, the fewest that give every warp the device holds rows to
  * work; one wave of thread blocks, shared among the matrices by their rows. */
 template <int T, int G>
@@ -430,7 +448,7 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
             blocks += grp.blocks[i];
         }
     }
-    k_mv<T, G><<<blocks, MV_THREADS, smem, g->st>>>(grp, ws[0]->row_bytes, units, xq);
+    launch_after(g, k_mv<T, G>, blocks, MV_THREADS, smem, grp, ws[0]->row_bytes, units, xq);
 }
 template <int T>
 static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
@@ -500,9 +518,9 @@ static void mm_multi(ps_cuda *g, const dmat *const *ws, int nw, const float *x, 
         if (want && want != fmt) {
             size_t nb = (size_t)n * cols / want;
             if (want == 32)
-                k_quant32<<<blocks_for(nb, 8), 256, 0, g->st>>>(x, (int)nb, (ps_xq32 *)g->xq);
+                launch_after(g, k_quant32, blocks_for(nb, 8), 256, 0, x, (int)nb, (ps_xq32 *)g->xq);
             else
-                k_quant256<<<blocks_for(nb, 8), 256, 0, g->st>>>(x, (int)nb, (ps_block_q8_K *)g->xq);
+                launch_after(g, k_quant256, blocks_for(nb, 8), 256, 0, x, (int)nb, (ps_block_q8_K *)g->xq);
             fmt = want;
         }
         size_t x32 = (size_t)cols / 32 * sizeof(ps_xq32), x256 = (size_t)cols / 256 * sizeof(ps_block_q8_K);
@@ -536,7 +554,7 @@ static int rmsnorm(ps_cuda *g, float *x, const float *y, const int32_t *rows, co
                    const dmat *next) {
     const ps_hparams *hp = &g->m->hp;
     int fmt = xq_format(next->type);
-    k_rmsnorm<<<n, NORM_THREADS, hp->dim * 4, g->st>>>(x, y, rows, w, out, hp->dim, hp->rms_eps, fmt, g->xq);
+    launch_after(g, k_rmsnorm, n, NORM_THREADS, hp->dim * 4, x, y, rows, w, out, hp->dim, hp->rms_eps, fmt, g->xq);
     return fmt;
 }
 
@@ -547,12 +565,12 @@ static void add(ps_cuda *g, float *x, const float *y, size_t n) {
 /* Attention's two launches for rows aa.row0 .. + aa.n_rows, AR rows a thread block. */
 template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info ri) {
     unsigned blocks = blocks_for(aa.n_rows, AR);
-    k_att_scores<AR>
-        <<<dim3(blocks, aa.n_head, att_scores_z(g->n_ctx)), ATT_THREADS, att_scores_smem(AR, aa.hd), g->st>>>(aa, ri);
+    launch_after(g, k_att_scores<AR>, dim3(blocks, aa.n_head, att_scores_z(g->n_ctx)), ATT_THREADS,
+                 att_scores_smem(AR, aa.hd), aa, ri);
     if (g->att_smem_scores)
-        k_attention<true, AR><<<dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
+        launch_after(g, k_attention<true, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), aa, ri);
     else
-        k_attention<false, AR><<<dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), g->st>>>(aa, ri);
+        launch_after(g, k_attention<false, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), aa, ri);
 }
 
 /* The attention block of local layer li (forward.c's attention_block). *res: the residual
@@ -569,7 +587,7 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     mm_multi(g, qkv, 3, g->xb, n, outs, strides, have);
     qk_args qa = {g->q, g->k, g->v,       L->bq,         L->bk,        L->bv,        L->q_norm,     L->k_norm,  g->rope,
                   kc,   vc,   hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim, hp->rope_neox, hp->rms_eps};
-    k_qk<<<dim3(n, hp->n_head + hp->n_head_kv), 32, 0, g->st>>>(qa, ri);
+    launch_after(g, k_qk, dim3(n, hp->n_head + hp->n_head_kv), 32, 0, qa, ri);
     att_args aa = {};
     aa.q = g->q, aa.kc = kc, aa.vc = vc, aa.out = g->att, aa.scores = g->scores;
     have = xq_format(L->wo.type) == 32 && hp->head_dim % 32 == 0 ? 32 : 0; /* attention quantizes for wo */
@@ -598,7 +616,7 @@ static void ffn_block(ps_cuda *g, int li, int n, const float **res) {
     mm_multi(g, gu, 2, g->xb, n, outs, strides, have);
     size_t e = (size_t)n * hp->ffn_dim;
     have = xq_format(L->down.type) == 32 ? 32 : 0; /* SwiGLU's output quantized as it is made */
-    k_swiglu<<<blocks_for(e, 256), 256, 0, g->st>>>(g->hb, g->hb2, e, have ? (ps_xq32 *)g->xq : NULL);
+    launch_after(g, k_swiglu, blocks_for(e, 256), 256, 0, g->hb, g->hb2, e, have ? (ps_xq32 *)g->xq : NULL);
     mm(g, &L->down, g->hb, n, g->xb, hp->dim, have);
     *res = g->xb;
 }
