@@ -4,7 +4,10 @@
  * does the CPU's floating-point operations in the CPU's order (the q8 matmuls' integer
  * block sums, then block after block; attention's 16-lane sums and trees; tensor/fmath.h
  * for exponentials; no fused multiply-adds), so a GPU stage gives the CPU's bits and a
- * fleet may mix the two freely. The embedding rows are looked up on the host (one row of
+ * fleet may mix the two freely. F16 and BF16 weights are the exception: they go through
+ * the tensor cores (kernels.cuh's k_mm_h), with the activations kept to 22 or 16 bits and
+ * only the f32 sums' order differing from the CPU's; their logits stay within 1e-4 of the
+ * CPU's and, on one GPU, do not depend on the batch. The embedding rows are looked up on the host (one row of
  * a token is a few KiB; the table stays out of GPU memory). Built when nvcc is found
  * (stage.cu); a build without it answers every call with "built without CUDA" (none.c). */
 #ifndef PS_CUDA_H

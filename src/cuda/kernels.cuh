@@ -1,9 +1,11 @@
 /* kernels.cuh - the CUDA backend's kernels (stage.cu launches them). Each one does what
  * the CPU does for the same output, operation for operation (cuda.h): the notes name the
- * CPU function it follows. Compiled with -fmad=false: a * b + c stays two roundings. */
+ * CPU function it follows; k_mm_h (F16 and BF16 weights) alone does not. Compiled with
+ * -fmad=false: a * b + c stays two roundings. */
 #ifndef PS_CUDA_KERNELS_CUH
 #define PS_CUDA_KERNELS_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 #include <stdint.h>
@@ -883,17 +885,10 @@ __global__ void __launch_bounds__(MMA_KTHREADS)
     mma_store(acc, Y, ys, rows, r0 + lo_row, t0 + 2 * q, nt);
 }
 
-/* Float weights against f32 activations (q8_ref.c's dot_f32 / dot_f16 / dot_bf16): eight
- * partial sums (element j into sum j % 8), combined ((0+4)+(2+6))+((1+5)+(3+7)). A warp
- * takes one row and 4 tokens: lane 8g + k holds token g's sum k. */
-template <int T> __device__ __forceinline__ float wval(const uint8_t *w, int j) {
-    if (T == PS_TYPE_F32) return ((const float *)w)[j];
-    if (T == PS_TYPE_F16) return __half2float(((const __half *)w)[j]);
-    return __uint_as_float((uint32_t)((const uint16_t *)w)[j] << 16);
-}
-
+/* F32 weights against f32 activations (q8_ref.c's dot_f32): eight partial sums (element j
+ * into sum j % 8), combined ((0+4)+(2+6))+((1+5)+(3+7)). A warp takes one row and 4
+ * tokens: lane 8g + k holds token g's sum k. */
 #define MMF_ROWS 4 /* rows (warps) per thread block */
-template <int T>
 __global__ void __launch_bounds__(MMF_ROWS * 32)
     k_mm_f(const uint8_t *W, size_t row_bytes, int cols, const float *X, int nt, float *Y, long long ys, int rows) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = blockIdx.x * MMF_ROWS + warp;
@@ -903,12 +898,161 @@ __global__ void __launch_bounds__(MMF_ROWS * 32)
     float s = 0.0f;
     if (t < nt) {
         const float *x = X + (size_t)t * cols;
-        for (int j = k; j < cols; j += 8) s += wval<T>(w, j) * x[j];
+        for (int j = k; j < cols; j += 8) s += ((const float *)w)[j] * x[j];
     }
     s += __shfl_down_sync(FULL, s, 4, 8);
     s += __shfl_down_sync(FULL, s, 2, 8);
     s += __shfl_down_sync(FULL, s, 1, 8);
     if (t < nt && k == 0) Y[(size_t)t * ys + row] = s;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * F16 and BF16 weights on the tensor cores (mma.sync m16n8k16, f32 accumulation). The one
+ * place the GPU does not give the CPU's bits: the CPU's eight sequential f32 sums per row
+ * (dot_f16) cannot be had from tensor cores, and on CUDA cores prefill would run at a
+ * tenth of llama.cpp's. What holds instead:
+ *  - precision: each activation is split into two halves of the weight's type, x = hi + lo
+ *    (k_halves), so that W·x is W·hi + W·lo with x kept to 22 (F16) or 16 (BF16) bits; the
+ *    products are exact in f32, only the order of the f32 sums differs from the CPU's (as
+ *    the CPU's kernel families differ among themselves). F16 rows are scaled by a power of
+ *    two first (exact) so that no half overflows or loses bits to subnormals.
+ *  - batch invariance: a row's K range is dealt in chunks of 64 round the MMH_KS warps of a
+ *    thread block, each warp sums its chunks in order, and the warps' sums are added in
+ *    warp order: the same operations for a (row, token) whatever the batch, the tile or the
+ *    token's place in it. */
+#define MMH_KS 8 /* warps a thread block: K-slices */
+
+/* Half activations of n rows of cols floats: hi and lo (n × hs each, hs = cols rounded up
+ * to 64, zeros past cols) and the exponent e of each row's scale (the row was multiplied by
+ * 2^-e before splitting; 0 for BF16). One thread block a row. */
+__host__ __device__ constexpr int half_stride(int cols) { return (cols + 63) & ~63; }
+
+template <int T> __device__ __forceinline__ uint16_t to_half(float v) {
+    if (T == PS_TYPE_F16) return __half_as_ushort(__float2half_rn(v));
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+template <int T> __device__ __forceinline__ float from_half(uint16_t h) {
+    if (T == PS_TYPE_F16) return __half2float(__ushort_as_half(h));
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+#define HALVES_THREADS 256
+template <int T>
+__global__ void __launch_bounds__(HALVES_THREADS)
+    k_halves(const float *x, int cols, uint16_t *hi, uint16_t *lo, int *ex) {
+    __shared__ float wmax[HALVES_THREADS / 32];
+    int r = blockIdx.x, tid = threadIdx.x, hs = half_stride(cols);
+    pdl_start();
+    pdl_wait();
+    const float *xr = x + (size_t)r * cols;
+    int e = 0;
+    if (T == PS_TYPE_F16) { /* the largest |x| to [2^14, 2^15) */
+        float m = 0.0f;
+        for (int i = tid; i < cols; i += HALVES_THREADS) m = fmaxf(m, fabsf(xr[i]));
+        m = warp_max(m);
+        if ((tid & 31) == 0) wmax[tid >> 5] = m;
+        __syncthreads();
+        m = 0.0f;
+        for (int w = 0; w < HALVES_THREADS / 32; w++) m = fmaxf(m, wmax[w]);
+        if (m > 0.0f && m <= 3.4e38f) frexpf(m, &e), e -= 15;
+    }
+    for (int i = tid; i < hs; i += HALVES_THREADS) {
+        float v = i < cols ? ldexpf(xr[i], -e) : 0.0f;
+        uint16_t h = to_half<T>(v);
+        hi[(size_t)r * hs + i] = h, lo[(size_t)r * hs + i] = to_half<T>(v - from_half<T>(h));
+    }
+    if (tid == 0) ex[r] = e;
+}
+
+template <int T>
+__device__ __forceinline__ void mma_h(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                      uint32_t b1) {
+    if (T == PS_TYPE_F16)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4 &u, int i) {
+    return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+/* Y (nt tokens, ys apart) = x · Wᵀ for F16 or BF16 W (rows × cols, row_bytes apart, cols % 8
+ * == 0); x as k_halves left it. A thread block: 16·MT rows × 8·NT tokens; warp w takes the
+ * K-chunks w, w + MMH_KS, ... (U of them loaded at once). Within a chunk of 64, lane (g, q) holds elements 8q..8q+7 and
+ * 32+8q.. of rows g and g + 8 and of token g's activations: MMA j (0..3) takes words 2j' and
+ * 2j'+1 of the first eight (j < 2) or the second, as its k 2q.. and 2q+8.. — one mapping for
+ * weights and activations, so the products are the right ones. */
+template <int T, int MT, int NT, int U>
+__global__ void __launch_bounds__(MMH_KS * 32)
+    k_mm_h(const uint8_t *W, size_t row_bytes, int cols, int rows, const uint16_t *xh, const uint16_t *xl,
+           const int *ex, int nt, float *Y, long long ys) {
+    __shared__ float part[MMH_KS][MT * 16][NT * 8 + 1];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int r0 = blockIdx.x * 16 * MT, t0 = blockIdx.y * 8 * NT, hs = half_stride(cols), chunks = hs / 64;
+    float acc[MT][NT][4] = {};
+    const uint4 zero = {0, 0, 0, 0};
+    pdl_start();
+    pdl_wait();
+    for (int c0 = warp; c0 < chunks; c0 += U * MMH_KS) {
+        uint4 a[U][MT][2][2]; /* chunk, m-tile, row g / g + 8, elements 8q.. / 32 + 8q.. */
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int r = r0 + 16 * m + 8 * h + g, k = 64 * (c0 + u * MMH_KS) + 8 * q;
+                    const uint4 *p = (const uint4 *)(W + (size_t)r * row_bytes + 2 * (size_t)k);
+                    a[u][m][h][0] = r < rows && k < cols ? __ldg(p) : zero;
+                    a[u][m][h][1] = r < rows && k + 32 < cols ? __ldg(p + 4) : zero;
+                }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + u * MMH_KS;
+            if (c >= chunks) break;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                int t = t0 + 8 * n + g;
+                size_t at = (size_t)t * hs + 64 * c + 8 * q;
+                uint4 bh[2], bl[2];
+                bh[0] = t < nt ? *(const uint4 *)(xh + at) : zero;
+                bh[1] = t < nt ? *(const uint4 *)(xh + at + 32) : zero;
+                bl[0] = t < nt ? *(const uint4 *)(xl + at) : zero;
+                bl[1] = t < nt ? *(const uint4 *)(xl + at + 32) : zero;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int s = j >> 1, w = 2 * (j & 1);
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        uint32_t a0 = word(a[u][m][0][s], w), a2 = word(a[u][m][0][s], w + 1);
+                        uint32_t a1 = word(a[u][m][1][s], w), a3 = word(a[u][m][1][s], w + 1);
+                        mma_h<T>(acc[m][n], a0, a1, a2, a3, word(bh[s], w), word(bh[s], w + 1));
+                        mma_h<T>(acc[m][n], a0, a1, a2, a3, word(bl[s], w), word(bl[s], w + 1));
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) part[warp][16 * m + g + 8 * (k >> 1)][8 * n + 2 * q + (k & 1)] = acc[m][n][k];
+    __syncthreads();
+    for (int i = threadIdx.x; i < MT * 16 * NT * 8; i += MMH_KS * 32) {
+        int rr = i / (NT * 8), tt = i % (NT * 8), r = r0 + rr, t = t0 + tt;
+        float s = part[0][rr][tt];
+        for (int w = 1; w < MMH_KS; w++) s += part[w][rr][tt];
+        if (r < rows && t < nt) Y[(size_t)t * ys + r] = ldexpf(s, ex[t]);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------

@@ -126,9 +126,11 @@ static void *take(arena *a, size_t bytes) {
     return a->base ? a->base + at : NULL;
 }
 
-/* Bytes of the quantized activations of n rows of cols against weights w. */
+/* Bytes of the quantized activations of n rows of cols against weights w (k_halves' for
+ * F16 and BF16). */
 static size_t xq_bytes(const ps_mat *w, int n) {
-    if (is_float(w->type)) return 0;
+    if (w->type == PS_TYPE_F32) return 0;
+    if (is_float(w->type)) return (size_t)n * ((size_t)half_stride((int)w->cols) * 4 + 4);
     return (size_t)n * (is_k(w->type) ? w->cols / 256 * sizeof(ps_block_q8_K) : w->cols / 32 * sizeof(ps_xq32));
 }
 
@@ -273,11 +275,17 @@ static size_t att_smem(const ps_cuda *g) {
     return att_smem_bytes(g->m->hp.head_dim, g->att_smem_scores ? (size_t)g->n_ctx : 0);
 }
 
-static bool type_ok(uint32_t t) {
-    switch (t) {
-    case PS_TYPE_F32:
+/* PS_OK if the GPU has a kernel for matrix w; else why not. */
+static ps_status mat_ok(const ps_mat *w, char *err, size_t errlen) {
+    switch (w->type) {
     case PS_TYPE_F16:
     case PS_TYPE_BF16:
+        if (w->cols % 8) /* k_mm_h's 16-byte loads */
+            return ps_errf(err, errlen, PS_ERR_UNSUPPORTED,
+                           "the GPU takes %s matrices whose width is a multiple of 8 (this one: %lld)",
+                           ps_type_name(w->type), (long long)w->cols);
+        return PS_OK;
+    case PS_TYPE_F32:
     case PS_TYPE_Q4_0:
     case PS_TYPE_Q4_1:
     case PS_TYPE_Q5_0:
@@ -285,8 +293,9 @@ static bool type_ok(uint32_t t) {
     case PS_TYPE_Q8_0:
     case PS_TYPE_Q4_K:
     case PS_TYPE_Q5_K:
-    case PS_TYPE_Q6_K: return true;
-    default: return false;
+    case PS_TYPE_Q6_K: return PS_OK;
+    default:
+        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "the GPU has no kernel for %s weights", ps_type_name(w->type));
     }
 }
 
@@ -303,14 +312,10 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     for (int i = 0; i < m->layer_end - m->layer_begin; i++) {
         const ps_layer *l = &m->layers[i];
         const ps_mat *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
-        for (int j = 0; j < 7; j++)
-            if (!type_ok(ws[j]->type))
-                return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "the GPU has no kernel for %s weights",
-                               ps_type_name(ws[j]->type));
+        for (int j = 0; j < 7 && !s; j++) s = mat_ok(ws[j], err, errlen);
     }
-    if (m->has_head && !type_ok(m->output.type))
-        return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "the GPU has no kernel for %s weights",
-                       ps_type_name(m->output.type));
+    if (!s && m->has_head) s = mat_ok(&m->output, err, errlen);
+    if (s) return s;
     size_t need = ps_cuda_bytes(m, p);
     if (need > free_b)
         return ps_errf(err, errlen, PS_ERR_NOMEM,
@@ -391,8 +396,13 @@ void ps_cuda_free(ps_cuda *g) {
 
 static unsigned blocks_for(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
-/* The activation format a matmul of type t reads: f32 (0), ps_xq32 (32), ps_block_q8_K (256). */
-static int xq_format(uint32_t t) { return is_float(t) ? 0 : is_k(t) ? 256 : 32; }
+/* The activation format a matmul of type t reads: f32 (0), ps_xq32 (32), ps_block_q8_K
+ * (256), k_halves' F16 (XQ_F16) or BF16 (XQ_BF16) pairs. */
+#define XQ_F16  16
+#define XQ_BF16 17
+static int xq_format(uint32_t t) {
+    return t == PS_TYPE_F32 ? 0 : t == PS_TYPE_F16 ? XQ_F16 : t == PS_TYPE_BF16 ? XQ_BF16 : is_k(t) ? 256 : 32;
+}
 
 /* The group of matrices ws[0..nw) (outputs ys, strides) for a kernel that takes `per` rows
  * a thread block; *blocks: the thread blocks of all of them. */
@@ -500,9 +510,31 @@ static void launch_q(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *x
         launch_qt<T, 32>(g, ws, nw, xq, x_row, n, ys, strides);
 }
 
-template <int T> static void launch_f(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long long ys) {
+static void launch_f32(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long long ys) {
     dim3 grid(blocks_for(w->rows, MMF_ROWS), blocks_for(n, 4));
-    k_mm_f<T><<<grid, MMF_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, w->cols, x, n, y, ys, w->rows);
+    k_mm_f<<<grid, MMF_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, w->cols, x, n, y, ys, w->rows);
+}
+
+/* F16 and BF16 on the tensor cores, x's halves in xq (k_halves): 16 rows × 8 tokens a
+ * thread block for a few tokens, 32 × 32 for more (the same sums either way). */
+struct halves {
+    uint16_t *hi, *lo;
+    int *ex;
+};
+static halves halves_in(uint8_t *xq, int n, int cols) {
+    uint16_t *hi = (uint16_t *)xq, *lo = hi + (size_t)n * half_stride(cols);
+    return {hi, lo, (int *)(lo + (size_t)n * half_stride(cols))};
+}
+
+template <int T> static void launch_h(ps_cuda *g, const dmat *w, int n, float *y, long long ys) {
+    halves h = halves_in(g->xq, n, w->cols);
+    if (n <= 8)
+        launch_after(g, k_mm_h<T, 1, 1, 4>, dim3(blocks_for(w->rows, 16), 1), MMH_KS * 32, 0, w->d, w->row_bytes,
+                     w->cols, w->rows, (const uint16_t *)h.hi, (const uint16_t *)h.lo, (const int *)h.ex, n, y, ys);
+    else
+        launch_after(g, k_mm_h<T, 2, 4, 1>, dim3(blocks_for(w->rows, 32), blocks_for(n, 32)), MMH_KS * 32, 0, w->d,
+                     w->row_bytes, w->cols, w->rows, (const uint16_t *)h.hi, (const uint16_t *)h.lo, (const int *)h.ex,
+                     n, y, ys);
 }
 
 /* forward.c's mm_multi: matrices sharing input x (n rows of ws[0]->cols), the input
@@ -516,11 +548,16 @@ static void mm_multi(ps_cuda *g, const dmat *const *ws, int nw, const float *x, 
         for (k = i + 1; k < nw && k - i < MM_GROUP && ws[k]->type == w->type; k++) {}
         int want = xq_format(w->type);
         if (want && want != fmt) {
-            size_t nb = (size_t)n * cols / want;
+            size_t nb = (size_t)n * cols / (want == 256 ? 256 : 32);
+            halves h = halves_in(g->xq, n, cols);
             if (want == 32)
                 launch_after(g, k_quant32, blocks_for(nb, 8), 256, 0, x, (int)nb, (ps_xq32 *)g->xq);
-            else
+            else if (want == 256)
                 launch_after(g, k_quant256, blocks_for(nb, 8), 256, 0, x, (int)nb, (ps_block_q8_K *)g->xq);
+            else if (want == XQ_F16)
+                launch_after(g, k_halves<PS_TYPE_F16>, n, HALVES_THREADS, 0, x, cols, h.hi, h.lo, h.ex);
+            else
+                launch_after(g, k_halves<PS_TYPE_BF16>, n, HALVES_THREADS, 0, x, cols, h.hi, h.lo, h.ex);
             fmt = want;
         }
         size_t x32 = (size_t)cols / 32 * sizeof(ps_xq32), x256 = (size_t)cols / 256 * sizeof(ps_block_q8_K);
@@ -528,9 +565,9 @@ static void mm_multi(ps_cuda *g, const dmat *const *ws, int nw, const float *x, 
         float *const *g_ys = ys + i;
         const long long *g_st = strides + i;
         switch (w->type) {
-        case PS_TYPE_F32: launch_f<PS_TYPE_F32>(g, w, x, n, ys[i], strides[i]), k = i + 1; break;
-        case PS_TYPE_F16: launch_f<PS_TYPE_F16>(g, w, x, n, ys[i], strides[i]), k = i + 1; break;
-        case PS_TYPE_BF16: launch_f<PS_TYPE_BF16>(g, w, x, n, ys[i], strides[i]), k = i + 1; break;
+        case PS_TYPE_F32: launch_f32(g, w, x, n, ys[i], strides[i]), k = i + 1; break;
+        case PS_TYPE_F16: launch_h<PS_TYPE_F16>(g, w, n, ys[i], strides[i]), k = i + 1; break;
+        case PS_TYPE_BF16: launch_h<PS_TYPE_BF16>(g, w, n, ys[i], strides[i]), k = i + 1; break;
         case PS_TYPE_Q4_0: launch_q<PS_TYPE_Q4_0>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
         case PS_TYPE_Q4_1: launch_q<PS_TYPE_Q4_1>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
         case PS_TYPE_Q5_0: launch_q<PS_TYPE_Q5_0>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
@@ -553,7 +590,7 @@ static void mm(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long 
 static int rmsnorm(ps_cuda *g, float *x, const float *y, const int32_t *rows, const float *w, float *out, int n,
                    const dmat *next) {
     const ps_hparams *hp = &g->m->hp;
-    int fmt = xq_format(next->type);
+    int fmt = xq_format(next->type) == 32 || xq_format(next->type) == 256 ? xq_format(next->type) : 0;
     launch_after(g, k_rmsnorm, n, NORM_THREADS, hp->dim * 4, x, y, rows, w, out, hp->dim, hp->rms_eps, fmt, g->xq);
     return fmt;
 }
