@@ -983,6 +983,25 @@ __device__ __forceinline__ uint32_t word(const uint4 &u, int i) {
     return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
 }
 
+/* One chunk of 64 for n-tile n of a warp's MT m-tiles: a[m][h][s] holds row (16m + 8h + g)'s
+ * elements 8q.. (s = 0) or 32 + 8q.. (s = 1), bh and bl token g's. k_mm_h and k_mm_hp both
+ * come here, so that a (row, token)'s MMAs are the same in either. */
+template <int T, int MT, int NT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], int n, const uint4 (&a)[MT][2][2],
+                                          const uint4 (&bh)[2], const uint4 (&bl)[2]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int s = j >> 1, w = 2 * (j & 1);
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            uint32_t a0 = word(a[m][0][s], w), a2 = word(a[m][0][s], w + 1);
+            uint32_t a1 = word(a[m][1][s], w), a3 = word(a[m][1][s], w + 1);
+            mma_h<T>(acc[m][n], a0, a1, a2, a3, word(bh[s], w), word(bh[s], w + 1));
+            mma_h<T>(acc[m][n], a0, a1, a2, a3, word(bl[s], w), word(bl[s], w + 1));
+        }
+    }
+}
+
 /* Y (nt tokens, ys apart) = x · Wᵀ for F16 or BF16 W (rows × cols, row_bytes apart, cols % 8
  * == 0); x as k_halves left it. A thread block: 16·MT rows × 8·NT tokens; warp w takes the
  * K-chunks w, w + MMH_KS, ... (U of them loaded at once). Within a chunk of 64, lane (g, q) holds elements 8q..8q+7 and
@@ -1026,17 +1045,7 @@ __global__ void __launch_bounds__(MMH_KS * 32)
                 bh[1] = t < nt ? *(const uint4 *)(xh + at + 32) : zero;
                 bl[0] = t < nt ? *(const uint4 *)(xl + at) : zero;
                 bl[1] = t < nt ? *(const uint4 *)(xl + at + 32) : zero;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    int s = j >> 1, w = 2 * (j & 1);
-#pragma unroll
-                    for (int m = 0; m < MT; m++) {
-                        uint32_t a0 = word(a[u][m][0][s], w), a2 = word(a[u][m][0][s], w + 1);
-                        uint32_t a1 = word(a[u][m][1][s], w), a3 = word(a[u][m][1][s], w + 1);
-                        mma_h<T>(acc[m][n], a0, a1, a2, a3, word(bh[s], w), word(bh[s], w + 1));
-                        mma_h<T>(acc[m][n], a0, a1, a2, a3, word(bl[s], w), word(bl[s], w + 1));
-                    }
-                }
+                mma_chunk<T, MT, NT>(acc, n, a[u], bh, bl);
             }
         }
     }
@@ -1053,6 +1062,113 @@ __global__ void __launch_bounds__(MMH_KS * 32)
         for (int w = 1; w < MMH_KS; w++) s += part[w][rr][tt];
         if (r < rows && t < nt) Y[(size_t)t * ys + r] = ldexpf(s, ex[t]);
     }
+}
+
+/* k_mm_h's sums for many tokens, through shared memory: a thread block takes 128 rows × 64
+ * tokens, every warp 32 × 32 of them; the chunks of 64 are walked slice by slice (k_mm_h's
+ * warp w's chunks w, w + MMH_KS, ..., then w + 1's), each slice's sum added to the total
+ * as k_mm_h adds its warps' — the same operations for every (row, token). Chunks reach
+ * shared memory by cp.async, MMHP_STAGES ahead; a row's 16-byte pieces p stored at
+ * p ^ 4 on odd rows, so that the 8 lanes of a load phase (rows g, g + 1, pieces q) find 8
+ * bank groups. */
+#define MMHP_M       128
+#define MMHP_N       64
+#define MMHP_STAGES  3
+#define MMHP_STAGE   (MMHP_M * 128 + 2 * MMHP_N * 128)
+#define MMHP_SMEM    (MMHP_STAGES * MMHP_STAGE)
+#define MMHP_THREADS 256
+
+/* The chunks of slice w among n (k_mm_h's warp w's). */
+__device__ __forceinline__ int slice_chunks(int w, int n) { return w < n ? (n - w + MMH_KS - 1) / MMH_KS : 0; }
+
+/* The next step of the slice-by-slice walk: chunk k of slice w, past empty slices. */
+__device__ __forceinline__ void next_chunk(int &w, int &k, int n) {
+    k++;
+    while (w < MMH_KS && k == slice_chunks(w, n)) w++, k = 0;
+}
+
+__device__ __forceinline__ uint4 ld_piece(const uint8_t *rows, int r, int p) {
+    return *(const uint4 *)(rows + r * 128 + 16 * (p ^ ((r & 1) << 2)));
+}
+
+template <int T>
+__global__ void __launch_bounds__(MMHP_THREADS)
+    k_mm_hp(const uint8_t *W, size_t row_bytes, int cols, int rows, const uint16_t *xh, const uint16_t *xl,
+            const int *ex, int nt, float *Y, long long ys) {
+    extern __shared__ __align__(16) uint8_t sm[];
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    int wm = warp & 3, wn = warp >> 2, r0 = blockIdx.x * MMHP_M, t0 = blockIdx.y * MMHP_N;
+    int hs = half_stride(cols), chunks = hs / 64;
+    float acc[2][4][4] = {}, tot[2][4][4];
+    pdl_start();
+    pdl_wait();
+    auto load = [&](int stage, int c) {
+        uint8_t *A = sm + stage * MMHP_STAGE, *Bh = A + MMHP_M * 128, *Bl = Bh + MMHP_N * 128;
+#pragma unroll
+        for (int i = 0; i < MMHP_M * 8 / MMHP_THREADS; i++) {
+            int at = tid + MMHP_THREADS * i, r = at >> 3, p = at & 7, k = 64 * c + 8 * p;
+            bool ok = r0 + r < rows && k < cols;
+            const uint8_t *src = ok ? W + (size_t)(r0 + r) * row_bytes + 2 * (size_t)k : W;
+            __pipeline_memcpy_async(A + r * 128 + 16 * (p ^ ((r & 1) << 2)), src, 16, ok ? 0 : 16);
+        }
+#pragma unroll
+        for (int i = 0; i < MMHP_N * 8 / MMHP_THREADS; i++) {
+            int at = tid + MMHP_THREADS * i, t = at >> 3, p = at & 7, d = t * 128 + 16 * (p ^ ((t & 1) << 2));
+            bool ok = t0 + t < nt;
+            size_t from = ok ? (size_t)(t0 + t) * hs + 64 * c + 8 * p : 0;
+            __pipeline_memcpy_async(Bh + d, xh + from, 16, ok ? 0 : 16);
+            __pipeline_memcpy_async(Bl + d, xl + from, 16, ok ? 0 : 16);
+        }
+    };
+    int lw = 0, lk = 0; /* the loads' walk */
+    for (int s = 0; s < MMHP_STAGES - 1; s++) {
+        if (lw < MMH_KS) load(s, lw + MMH_KS * lk), next_chunk(lw, lk, chunks);
+        __pipeline_commit();
+    }
+    int cw = 0, ck = 0; /* the sums' walk */
+    for (int i = 0; i < chunks; i++) {
+        if (lw < MMH_KS) load((i + MMHP_STAGES - 1) % MMHP_STAGES, lw + MMH_KS * lk), next_chunk(lw, lk, chunks);
+        __pipeline_commit();
+        __pipeline_wait_prior(MMHP_STAGES - 1);
+        __syncthreads();
+        const uint8_t *A = sm + (i % MMHP_STAGES) * MMHP_STAGE, *Bh = A + MMHP_M * 128, *Bl = Bh + MMHP_N * 128;
+        uint4 a[2][2][2];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int s = 0; s < 2; s++) a[m][h][s] = ld_piece(A, 32 * wm + 16 * m + 8 * h + g, 4 * s + q);
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            int t = 32 * wn + 8 * n + g;
+            uint4 bh[2] = {ld_piece(Bh, t, q), ld_piece(Bh, t, 4 + q)},
+                  bl[2] = {ld_piece(Bl, t, q), ld_piece(Bl, t, 4 + q)};
+            mma_chunk<T, 2, 4>(acc, n, a, bh, bl);
+        }
+        int w0 = cw;
+        next_chunk(cw, ck, chunks);
+        for (int w = w0; w < cw; w++) /* slices w0 .. cw - 1 ended: the last with chunks, then empty ones */
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        tot[m][n][k] = w ? tot[m][n][k] + acc[m][n][k] : acc[m][n][k];
+                        acc[m][n][k] = 0.0f;
+                    }
+        __syncthreads(); /* the stage is free for the load MMHP_STAGES - 1 ahead */
+    }
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int r = r0 + 32 * wm + 16 * m + g + 8 * (k >> 1), t = t0 + 32 * wn + 8 * n + 2 * q + (k & 1);
+                if (r < rows && t < nt) Y[(size_t)t * ys + r] = ldexpf(tot[m][n][k], ex[t]);
+            }
 }
 
 /* ---------------------------------------------------------------------------------------

@@ -345,14 +345,22 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
         if ((e = cudaFuncSetAttribute(att_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(g))) !=
             cudaSuccess)
             s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
-    const void *mma_k[] = {(const void *)k_mm_mma<PS_TYPE_Q4_0>,   (const void *)k_mm_mma<PS_TYPE_Q4_1>,
+    const void *mma_k[] = {(const void *)k_mm_hp<PS_TYPE_F16>,     (const void *)k_mm_hp<PS_TYPE_BF16>,
+                           (const void *)k_mm_mma<PS_TYPE_Q4_0>,   (const void *)k_mm_mma<PS_TYPE_Q4_1>,
                            (const void *)k_mm_mma<PS_TYPE_Q5_0>,   (const void *)k_mm_mma<PS_TYPE_Q5_1>,
                            (const void *)k_mm_mma<PS_TYPE_Q8_0>,   (const void *)k_mm_mma_k<PS_TYPE_Q4_K>,
                            (const void *)k_mm_mma_k<PS_TYPE_Q5_K>, (const void *)k_mm_mma_k<PS_TYPE_Q6_K>};
-    const int mma_smem[] = {mma_tile<PS_TYPE_Q4_0>::smem,  mma_tile<PS_TYPE_Q4_1>::smem, mma_tile<PS_TYPE_Q5_0>::smem,
-                            mma_tile<PS_TYPE_Q5_1>::smem,  mma_tile<PS_TYPE_Q8_0>::smem, mma_ktile<PS_TYPE_Q4_K>::smem,
-                            mma_ktile<PS_TYPE_Q5_K>::smem, mma_ktile<PS_TYPE_Q6_K>::smem};
-    for (int i = 0; i < 8 && !s; i++)
+    const int mma_smem[] = {MMHP_SMEM,
+                            MMHP_SMEM,
+                            mma_tile<PS_TYPE_Q4_0>::smem,
+                            mma_tile<PS_TYPE_Q4_1>::smem,
+                            mma_tile<PS_TYPE_Q5_0>::smem,
+                            mma_tile<PS_TYPE_Q5_1>::smem,
+                            mma_tile<PS_TYPE_Q8_0>::smem,
+                            mma_ktile<PS_TYPE_Q4_K>::smem,
+                            mma_ktile<PS_TYPE_Q5_K>::smem,
+                            mma_ktile<PS_TYPE_Q6_K>::smem};
+    for (size_t i = 0; i < sizeof mma_smem / sizeof *mma_smem && !s; i++)
         if ((e = cudaFuncSetAttribute(mma_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem[i])) !=
             cudaSuccess)
             s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (the matmuls' shared memory)", cudaGetErrorString(e));
@@ -515,8 +523,8 @@ static void launch_f32(ps_cuda *g, const dmat *w, const float *x, int n, float *
     k_mm_f<<<grid, MMF_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, w->cols, x, n, y, ys, w->rows);
 }
 
-/* F16 and BF16 on the tensor cores, x's halves in xq (k_halves): 16 rows × 8 tokens a
- * thread block for a few tokens, 32 × 32 for more (the same sums either way). */
+/* F16 and BF16 on the tensor cores, x's halves in xq (k_halves): k_mm_h for a few tokens,
+ * k_mm_hp for more (the same sums). */
 struct halves {
     uint16_t *hi, *lo;
     int *ex;
@@ -532,9 +540,9 @@ template <int T> static void launch_h(ps_cuda *g, const dmat *w, int n, float *y
         launch_after(g, k_mm_h<T, 1, 1, 4>, dim3(blocks_for(w->rows, 16), 1), MMH_KS * 32, 0, w->d, w->row_bytes,
                      w->cols, w->rows, (const uint16_t *)h.hi, (const uint16_t *)h.lo, (const int *)h.ex, n, y, ys);
     else
-        launch_after(g, k_mm_h<T, 2, 4, 1>, dim3(blocks_for(w->rows, 32), blocks_for(n, 32)), MMH_KS * 32, 0, w->d,
-                     w->row_bytes, w->cols, w->rows, (const uint16_t *)h.hi, (const uint16_t *)h.lo, (const int *)h.ex,
-                     n, y, ys);
+        launch_after(g, k_mm_hp<T>, dim3(blocks_for(w->rows, MMHP_M), blocks_for(n, MMHP_N)), MMHP_THREADS, MMHP_SMEM,
+                     w->d, w->row_bytes, w->cols, w->rows, (const uint16_t *)h.hi, (const uint16_t *)h.lo,
+                     (const int *)h.ex, n, y, ys);
 }
 
 /* forward.c's mm_multi: matrices sharing input x (n rows of ws[0]->cols), the input
