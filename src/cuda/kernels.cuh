@@ -922,9 +922,11 @@ __global__ void __launch_bounds__(MMF_ROWS * 32)
  *    token's place in it. */
 #define MMH_KS 8 /* warps a thread block: K-slices */
 
-/* Half activations of n rows of cols floats: hi and lo (n × hs each, hs = cols rounded up
- * to 64, zeros past cols) and the exponent e of each row's scale (the row was multiplied by
- * 2^-e before splitting; 0 for BF16). One thread block a row. */
+/* Half activations of n rows of cols floats (activation formats XQ_F16, XQ_BF16): hi and lo
+ * (n × hs each, hs = cols rounded up to 64, zeros past cols), then the exponent e of each
+ * row's scale (the row was multiplied by 2^-e before splitting; 0 for BF16). */
+#define XQ_F16  16
+#define XQ_BF16 17
 __host__ __device__ constexpr int half_stride(int cols) { return (cols + 63) & ~63; }
 
 template <int T> __device__ __forceinline__ uint16_t to_half(float v) {
@@ -936,32 +938,38 @@ template <int T> __device__ __forceinline__ float from_half(uint16_t h) {
     return __uint_as_float((uint32_t)h << 16);
 }
 
-#define HALVES_THREADS 256
+/* Row r of n (xr: cols floats) into the halves at xq. Every thread of the block calls it;
+ * wmax: blockDim.x / 32 floats of shared memory. */
 template <int T>
-__global__ void __launch_bounds__(HALVES_THREADS)
-    k_halves(const float *x, int cols, uint16_t *hi, uint16_t *lo, int *ex) {
-    __shared__ float wmax[HALVES_THREADS / 32];
-    int r = blockIdx.x, tid = threadIdx.x, hs = half_stride(cols);
-    pdl_start();
-    pdl_wait();
-    const float *xr = x + (size_t)r * cols;
+__device__ __forceinline__ void halves_row(const float *xr, int cols, int r, int n, void *xq, float *wmax) {
+    int tid = threadIdx.x, hs = half_stride(cols);
+    uint16_t *hi = (uint16_t *)xq + (size_t)r * hs, *lo = hi + (size_t)n * hs;
     int e = 0;
     if (T == PS_TYPE_F16) { /* the largest |x| to [2^14, 2^15) */
         float m = 0.0f;
-        for (int i = tid; i < cols; i += HALVES_THREADS) m = fmaxf(m, fabsf(xr[i]));
+        for (int i = tid; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
         m = warp_max(m);
         if ((tid & 31) == 0) wmax[tid >> 5] = m;
         __syncthreads();
         m = 0.0f;
-        for (int w = 0; w < HALVES_THREADS / 32; w++) m = fmaxf(m, wmax[w]);
-        if (m > 0.0f && m <= 3.4e38f) frexpf(m, &e), e -= 15;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, wmax[w]);
+        if (m > 0.0f && m <= 3.4e38f) e = (int)(__float_as_uint(m) >> 23) - 126 - 15; /* m < 2^(e + 15) */
     }
-    for (int i = tid; i < hs; i += HALVES_THREADS) {
+    for (int i = tid; i < hs; i += blockDim.x) {
         float v = i < cols ? ldexpf(xr[i], -e) : 0.0f;
         uint16_t h = to_half<T>(v);
-        hi[(size_t)r * hs + i] = h, lo[(size_t)r * hs + i] = to_half<T>(v - from_half<T>(h));
+        hi[i] = h, lo[i] = to_half<T>(v - from_half<T>(h));
     }
-    if (tid == 0) ex[r] = e;
+    if (tid == 0) ((int *)((uint16_t *)xq + 2 * (size_t)n * hs))[r] = e;
+}
+
+/* Rows of floats into halves: a thread block a row. */
+#define HALVES_THREADS 1024
+template <int T> __global__ void __launch_bounds__(HALVES_THREADS) k_halves(const float *x, int cols, void *xq) {
+    __shared__ float wmax[HALVES_THREADS / 32];
+    pdl_start();
+    pdl_wait();
+    halves_row<T>(x + (size_t)blockIdx.x * cols, cols, blockIdx.x, gridDim.x, xq, wmax);
 }
 
 template <int T>
@@ -1010,11 +1018,14 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], int n, const 
  * weights and activations, so the products are the right ones. */
 template <int T, int MT, int NT, int U>
 __global__ void __launch_bounds__(MMH_KS * 32)
-    k_mm_h(const uint8_t *W, size_t row_bytes, int cols, int rows, const uint16_t *xh, const uint16_t *xl,
-           const int *ex, int nt, float *Y, long long ys) {
+    k_mm_h(mm_group grp, size_t row_bytes, int cols, const uint16_t *xh, const uint16_t *xl, const int *ex, int nt) {
     __shared__ float part[MMH_KS][MT * 16][NT * 8 + 1];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    int r0 = blockIdx.x * 16 * MT, t0 = blockIdx.y * 8 * NT, hs = half_stride(cols), chunks = hs / 64;
+    mm_one mo = mm_pick(grp);
+    const uint8_t *W = mo.W;
+    float *Y = mo.Y;
+    long long ys = mo.ys;
+    int rows = mo.rows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int r0 = mo.bx * 16 * MT, t0 = blockIdx.y * 8 * NT, hs = half_stride(cols), chunks = hs / 64;
     float acc[MT][NT][4] = {};
     const uint4 zero = {0, 0, 0, 0};
     pdl_start();
@@ -1093,11 +1104,14 @@ __device__ __forceinline__ uint4 ld_piece(const uint8_t *rows, int r, int p) {
 
 template <int T>
 __global__ void __launch_bounds__(MMHP_THREADS)
-    k_mm_hp(const uint8_t *W, size_t row_bytes, int cols, int rows, const uint16_t *xh, const uint16_t *xl,
-            const int *ex, int nt, float *Y, long long ys) {
+    k_mm_hp(mm_group grp, size_t row_bytes, int cols, const uint16_t *xh, const uint16_t *xl, const int *ex, int nt) {
     extern __shared__ __align__(16) uint8_t sm[];
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-    int wm = warp & 3, wn = warp >> 2, r0 = blockIdx.x * MMHP_M, t0 = blockIdx.y * MMHP_N;
+    mm_one mo = mm_pick(grp);
+    const uint8_t *W = mo.W;
+    float *Y = mo.Y;
+    long long ys = mo.ys;
+    int rows = mo.rows, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    int wm = warp & 3, wn = warp >> 2, r0 = mo.bx * MMHP_M, t0 = blockIdx.y * MMHP_N;
     int hs = half_stride(cols), chunks = hs / 64;
     float acc[2][4][4] = {}, tot[2][4][4];
     pdl_start();
@@ -1195,7 +1209,7 @@ __device__ __forceinline__ float sumsq16(const float *x, int n) {
  * (ps_xq32) or 256 (ps_block_q8_K), a warp a block. Grid: rows, NORM_THREADS threads,
  * dim * 4 bytes of shared memory. */
 #define NORM_THREADS 1024 /* 32 warps quantize the row */
-__global__ void __launch_bounds__(NORM_THREADS)
+__global__ void __launch_bounds__(NORM_THREADS, 1)
     k_rmsnorm(float *__restrict__ x, const float *y, const int32_t *rows, const float *__restrict__ w, float *out,
               int dim, float eps, int fmt, void *xq) {
     extern __shared__ float row[];
@@ -1226,6 +1240,14 @@ __global__ void __launch_bounds__(NORM_THREADS)
     for (int i = tid; i < dim; i += NORM_THREADS) out[(size_t)r * dim + i] = row[i] = row[i] * scale * w[i];
     if (!fmt) return;
     __syncthreads();
+    if (fmt == XQ_F16 || fmt == XQ_BF16) {
+        __shared__ float wmax[NORM_THREADS / 32];
+        if (fmt == XQ_F16)
+            halves_row<PS_TYPE_F16>(row, dim, r, gridDim.x, xq, wmax);
+        else
+            halves_row<PS_TYPE_BF16>(row, dim, r, gridDim.x, xq, wmax);
+        return;
+    }
     int warp = tid / 32, lane = tid & 31, nb = dim / fmt;
     for (int b = warp; b < nb; b += NORM_THREADS / 32)
         if (fmt == 32)

@@ -405,9 +405,7 @@ void ps_cuda_free(ps_cuda *g) {
 static unsigned blocks_for(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
 /* The activation format a matmul of type t reads: f32 (0), ps_xq32 (32), ps_block_q8_K
- * (256), k_halves' F16 (XQ_F16) or BF16 (XQ_BF16) pairs. */
-#define XQ_F16  16
-#define XQ_BF16 17
+ * (256), F16 (XQ_F16) or BF16 (XQ_BF16) halves. */
 static int xq_format(uint32_t t) {
     return t == PS_TYPE_F32 ? 0 : t == PS_TYPE_F16 ? XQ_F16 : t == PS_TYPE_BF16 ? XQ_BF16 : is_k(t) ? 256 : 32;
 }
@@ -525,24 +523,22 @@ static void launch_f32(ps_cuda *g, const dmat *w, const float *x, int n, float *
 
 /* F16 and BF16 on the tensor cores, x's halves in xq (k_halves): k_mm_h for a few tokens,
  * k_mm_hp for more (the same sums). */
-struct halves {
-    uint16_t *hi, *lo;
-    int *ex;
-};
-static halves halves_in(uint8_t *xq, int n, int cols) {
-    uint16_t *hi = (uint16_t *)xq, *lo = hi + (size_t)n * half_stride(cols);
-    return {hi, lo, (int *)(lo + (size_t)n * half_stride(cols))};
-}
-
-template <int T> static void launch_h(ps_cuda *g, const dmat *w, int n, float *y, long long ys) {
-    halves h = halves_in(g->xq, n, w->cols);
-    if (n <= 8)
-        launch_after(g, k_mm_h<T, 1, 1, 4>, dim3(blocks_for(w->rows, 16), 1), MMH_KS * 32, 0, w->d, w->row_bytes,
-                     w->cols, w->rows, (const uint16_t *)h.hi, (const uint16_t *)h.lo, (const int *)h.ex, n, y, ys);
-    else
-        launch_after(g, k_mm_hp<T>, dim3(blocks_for(w->rows, MMHP_M), blocks_for(n, MMHP_N)), MMHP_THREADS, MMHP_SMEM,
-                     w->d, w->row_bytes, w->cols, w->rows, (const uint16_t *)h.hi, (const uint16_t *)h.lo,
-                     (const int *)h.ex, n, y, ys);
+/* F16 and BF16 on the tensor cores, x's halves in g->xq: k_mm_h for a few tokens, k_mm_hp
+ * for more (the same sums). */
+template <int T>
+static void launch_h(ps_cuda *g, const dmat *const *ws, int nw, int n, float *const *ys, const long long *strides) {
+    size_t hs = half_stride(ws[0]->cols);
+    const uint16_t *hi = (const uint16_t *)g->xq, *lo = hi + n * hs;
+    const int *ex = (const int *)(lo + n * hs);
+    int blocks;
+    if (n <= 8) {
+        mm_group grp = group(ws, nw, ys, strides, 16, &blocks);
+        launch_after(g, k_mm_h<T, 1, 1, 4>, blocks, MMH_KS * 32, 0, grp, ws[0]->row_bytes, ws[0]->cols, hi, lo, ex, n);
+    } else {
+        mm_group grp = group(ws, nw, ys, strides, MMHP_M, &blocks);
+        launch_after(g, k_mm_hp<T>, dim3(blocks, blocks_for(n, MMHP_N)), MMHP_THREADS, MMHP_SMEM, grp, ws[0]->row_bytes,
+                     ws[0]->cols, hi, lo, ex, n);
+    }
 }
 
 /* forward.c's mm_multi: matrices sharing input x (n rows of ws[0]->cols), the input
@@ -557,15 +553,14 @@ static void mm_multi(ps_cuda *g, const dmat *const *ws, int nw, const float *x, 
         int want = xq_format(w->type);
         if (want && want != fmt) {
             size_t nb = (size_t)n * cols / (want == 256 ? 256 : 32);
-            halves h = halves_in(g->xq, n, cols);
             if (want == 32)
                 launch_after(g, k_quant32, blocks_for(nb, 8), 256, 0, x, (int)nb, (ps_xq32 *)g->xq);
             else if (want == 256)
                 launch_after(g, k_quant256, blocks_for(nb, 8), 256, 0, x, (int)nb, (ps_block_q8_K *)g->xq);
             else if (want == XQ_F16)
-                launch_after(g, k_halves<PS_TYPE_F16>, n, HALVES_THREADS, 0, x, cols, h.hi, h.lo, h.ex);
+                launch_after(g, k_halves<PS_TYPE_F16>, n, HALVES_THREADS, 0, x, cols, (void *)g->xq);
             else
-                launch_after(g, k_halves<PS_TYPE_BF16>, n, HALVES_THREADS, 0, x, cols, h.hi, h.lo, h.ex);
+                launch_after(g, k_halves<PS_TYPE_BF16>, n, HALVES_THREADS, 0, x, cols, (void *)g->xq);
             fmt = want;
         }
         size_t x32 = (size_t)cols / 32 * sizeof(ps_xq32), x256 = (size_t)cols / 256 * sizeof(ps_block_q8_K);
@@ -574,8 +569,8 @@ static void mm_multi(ps_cuda *g, const dmat *const *ws, int nw, const float *x, 
         const long long *g_st = strides + i;
         switch (w->type) {
         case PS_TYPE_F32: launch_f32(g, w, x, n, ys[i], strides[i]), k = i + 1; break;
-        case PS_TYPE_F16: launch_h<PS_TYPE_F16>(g, w, n, ys[i], strides[i]), k = i + 1; break;
-        case PS_TYPE_BF16: launch_h<PS_TYPE_BF16>(g, w, n, ys[i], strides[i]), k = i + 1; break;
+        case PS_TYPE_F16: launch_h<PS_TYPE_F16>(g, g_ws, k - i, n, g_ys, g_st); break;
+        case PS_TYPE_BF16: launch_h<PS_TYPE_BF16>(g, g_ws, k - i, n, g_ys, g_st); break;
         case PS_TYPE_Q4_0: launch_q<PS_TYPE_Q4_0>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
         case PS_TYPE_Q4_1: launch_q<PS_TYPE_Q4_1>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
         case PS_TYPE_Q5_0: launch_q<PS_TYPE_Q5_0>(g, g_ws, k - i, g->xq, x32, n, g_ys, g_st); break;
@@ -598,7 +593,7 @@ static void mm(ps_cuda *g, const dmat *w, const float *x, int n, float *y, long 
 static int rmsnorm(ps_cuda *g, float *x, const float *y, const int32_t *rows, const float *w, float *out, int n,
                    const dmat *next) {
     const ps_hparams *hp = &g->m->hp;
-    int fmt = xq_format(next->type) == 32 || xq_format(next->type) == 256 ? xq_format(next->type) : 0;
+    int fmt = xq_format(next->type);
     launch_after(g, k_rmsnorm, n, NORM_THREADS, hp->dim * 4, x, y, rows, w, out, hp->dim, hp->rms_eps, fmt, g->xq);
     return fmt;
 }
