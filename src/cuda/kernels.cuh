@@ -1010,68 +1010,62 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], int n, const 
     }
 }
 
-/* Y (nt tokens, ys apart) = x · Wᵀ for F16 or BF16 W (rows × cols, row_bytes apart, cols % 8
- * == 0); x as k_halves left it. A thread block: 16·MT rows × 8·NT tokens; warp w takes the
- * K-chunks w, w + MMH_KS, ... (U of them loaded at once). Within a chunk of 64, lane (g, q) holds elements 8q..8q+7 and
- * 32+8q.. of rows g and g + 8 and of token g's activations: MMA j (0..3) takes words 2j' and
- * 2j'+1 of the first eight (j < 2) or the second, as its k 2q.. and 2q+8.. — one mapping for
- * weights and activations, so the products are the right ones. */
-template <int T, int MT, int NT, int U>
+/* Y (nt <= 8 tokens, ys apart) = x · Wᵀ for F16 or BF16 W (rows × cols, row_bytes apart, cols
+ * % 8 == 0); x as halves_row left it. A thread block: 16 rows; warp w takes the K-chunks w,
+ * w + MMH_KS, ..., U of them loaded at once (the first U before it waits for the kernel
+ * before: the weights are not that kernel's). Within a chunk of 64, lane (g, q) holds
+ * elements 8q..8q+7 and 32+8q.. of rows g and g + 8 and of token g's activations:
+ * mma_chunk's mapping. */
+#ifndef MMH_U
+#define MMH_U 2
+#endif
+template <int T, int U>
 __global__ void __launch_bounds__(MMH_KS * 32)
     k_mm_h(mm_group grp, size_t row_bytes, int cols, const uint16_t *xh, const uint16_t *xl, const int *ex, int nt) {
-    __shared__ float part[MMH_KS][MT * 16][NT * 8 + 1];
+    __shared__ float part[MMH_KS][16][9];
     mm_one mo = mm_pick(grp);
     const uint8_t *W = mo.W;
-    float *Y = mo.Y;
-    long long ys = mo.ys;
     int rows = mo.rows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    int r0 = mo.bx * 16 * MT, t0 = blockIdx.y * 8 * NT, hs = half_stride(cols), chunks = hs / 64;
-    float acc[MT][NT][4] = {};
+    int r0 = mo.bx * 16, hs = half_stride(cols), chunks = hs / 64;
+    float acc[1][1][4] = {};
     const uint4 zero = {0, 0, 0, 0};
     pdl_start();
-    pdl_wait();
     for (int c0 = warp; c0 < chunks; c0 += U * MMH_KS) {
-        uint4 a[U][MT][2][2]; /* chunk, m-tile, row g / g + 8, elements 8q.. / 32 + 8q.. */
+        uint4 a[U][1][2][2], bh[U][2], bl[U][2]; /* a: chunk, -, row g / g + 8, elements 8q.. / 32 + 8q.. */
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int r = r0 + 16 * m + 8 * h + g, k = 64 * (c0 + u * MMH_KS) + 8 * q;
-                    const uint4 *p = (const uint4 *)(W + (size_t)r * row_bytes + 2 * (size_t)k);
-                    a[u][m][h][0] = r < rows && k < cols ? __ldg(p) : zero;
-                    a[u][m][h][1] = r < rows && k + 32 < cols ? __ldg(p + 4) : zero;
-                }
+            for (int h = 0; h < 2; h++) {
+                int r = r0 + 8 * h + g, k = 64 * (c0 + u * MMH_KS) + 8 * q;
+                const uint4 *p = (const uint4 *)(W + (size_t)r * row_bytes + 2 * (size_t)k);
+                a[u][0][h][0] = r < rows && k < cols ? __ldg(p) : zero;
+                a[u][0][h][1] = r < rows && k + 32 < cols ? __ldg(p + 4) : zero;
+            }
+        if (c0 == warp) pdl_wait();
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int c = c0 + u * MMH_KS;
-            if (c >= chunks) break;
+            bool ok = g < nt && c < chunks;
+            const uint4 *h = (const uint4 *)(xh + (size_t)g * hs + 64 * c + 8 * q);
+            const uint4 *l = (const uint4 *)(xl + (size_t)g * hs + 64 * c + 8 * q);
+            bh[u][0] = ok ? h[0] : zero, bh[u][1] = ok ? h[4] : zero;
+            bl[u][0] = ok ? l[0] : zero, bl[u][1] = ok ? l[4] : zero;
+        }
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                int t = t0 + 8 * n + g;
-                size_t at = (size_t)t * hs + 64 * c + 8 * q;
-                uint4 bh[2], bl[2];
-                bh[0] = t < nt ? *(const uint4 *)(xh + at) : zero;
-                bh[1] = t < nt ? *(const uint4 *)(xh + at + 32) : zero;
-                bl[0] = t < nt ? *(const uint4 *)(xl + at) : zero;
-                bl[1] = t < nt ? *(const uint4 *)(xl + at + 32) : zero;
-                mma_chunk<T, MT, NT>(acc, n, a[u], bh, bl);
-            }
+        for (int u = 0; u < U; u++) {
+            if (c0 + u * MMH_KS >= chunks) break;
+            mma_chunk<T, 1, 1>(acc, 0, a[u], bh[u], bl[u]);
         }
     }
+    pdl_wait(); /* (for a warp without chunks) before ex and Y */
 #pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) part[warp][16 * m + g + 8 * (k >> 1)][8 * n + 2 * q + (k & 1)] = acc[m][n][k];
+    for (int k = 0; k < 4; k++) part[warp][g + 8 * (k >> 1)][2 * q + (k & 1)] = acc[0][0][k];
     __syncthreads();
-    for (int i = threadIdx.x; i < MT * 16 * NT * 8; i += MMH_KS * 32) {
-        int rr = i / (NT * 8), tt = i % (NT * 8), r = r0 + rr, t = t0 + tt;
-        float s = part[0][rr][tt];
-        for (int w = 1; w < MMH_KS; w++) s += part[w][rr][tt];
-        if (r < rows && t < nt) Y[(size_t)t * ys + r] = ldexpf(s, ex[t]);
+    if (threadIdx.x < 16 * 8) {
+        int rr = threadIdx.x / 8, t = threadIdx.x % 8, r = r0 + rr;
+        float s = part[0][rr][t];
+        for (int w = 1; w < MMH_KS; w++) s += part[w][rr][t];
+        if (r < rows && t < nt) mo.Y[(size_t)t * mo.ys + r] = ldexpf(s, ex[t]);
     }
 }
 

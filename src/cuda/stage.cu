@@ -533,7 +533,7 @@ static void launch_h(ps_cuda *g, const dmat *const *ws, int nw, int n, float *co
     int blocks;
     if (n <= 8) {
         mm_group grp = group(ws, nw, ys, strides, 16, &blocks);
-        launch_after(g, k_mm_h<T, 1, 1, 4>, blocks, MMH_KS * 32, 0, grp, ws[0]->row_bytes, ws[0]->cols, hi, lo, ex, n);
+        launch_after(g, k_mm_h<T, MMH_U>, blocks, MMH_KS * 32, 0, grp, ws[0]->row_bytes, ws[0]->cols, hi, lo, ex, n);
     } else {
         mm_group grp = group(ws, nw, ys, strides, MMHP_M, &blocks);
         launch_after(g, k_mm_hp<T>, dim3(blocks, blocks_for(n, MMHP_N)), MMHP_THREADS, MMHP_SMEM, grp, ws[0]->row_bytes,
