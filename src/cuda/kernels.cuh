@@ -929,6 +929,15 @@ __global__ void __launch_bounds__(MMF_ROWS * 32)
 #define XQ_BF16 17
 __host__ __device__ constexpr int half_stride(int cols) { return (cols + 63) & ~63; }
 
+struct halves {
+    uint16_t *hi, *lo;
+    int *ex;
+};
+__host__ __device__ inline halves halves_at(void *xq, int n, int cols) {
+    uint16_t *hi = (uint16_t *)xq, *lo = hi + (size_t)n * half_stride(cols);
+    return {hi, lo, (int *)(lo + (size_t)n * half_stride(cols))};
+}
+
 template <int T> __device__ __forceinline__ uint16_t to_half(float v) {
     if (T == PS_TYPE_F16) return __half_as_ushort(__float2half_rn(v));
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
@@ -943,7 +952,8 @@ template <int T> __device__ __forceinline__ float from_half(uint16_t h) {
 template <int T>
 __device__ __forceinline__ void halves_row(const float *xr, int cols, int r, int n, void *xq, float *wmax) {
     int tid = threadIdx.x, hs = half_stride(cols);
-    uint16_t *hi = (uint16_t *)xq + (size_t)r * hs, *lo = hi + (size_t)n * hs;
+    halves h = halves_at(xq, n, cols);
+    uint16_t *hi = h.hi + (size_t)r * hs, *lo = h.lo + (size_t)r * hs;
     int e = 0;
     if (T == PS_TYPE_F16) { /* the largest |x| to [2^14, 2^15) */
         float m = 0.0f;
@@ -960,7 +970,7 @@ __device__ __forceinline__ void halves_row(const float *xr, int cols, int r, int
         uint16_t h = to_half<T>(v);
         hi[i] = h, lo[i] = to_half<T>(v - from_half<T>(h));
     }
-    if (tid == 0) ((int *)((uint16_t *)xq + 2 * (size_t)n * hs))[r] = e;
+    if (tid == 0) h.ex[r] = e;
 }
 
 /* Rows of floats into halves: a thread block a row. */
@@ -1156,16 +1166,11 @@ __global__ void __launch_bounds__(MMHP_THREADS)
         }
         int w0 = cw;
         next_chunk(cw, ck, chunks);
-        for (int w = w0; w < cw; w++) /* slices w0 .. cw - 1 ended: the last with chunks, then empty ones */
+        for (int w = w0; w < cw; w++) { /* slices w0 .. cw - 1 ended: the last with chunks, then empty ones */
+            float *ac = &acc[0][0][0], *to = &tot[0][0][0];
 #pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int n = 0; n < 4; n++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        tot[m][n][k] = w ? tot[m][n][k] + acc[m][n][k] : acc[m][n][k];
-                        acc[m][n][k] = 0.0f;
-                    }
+            for (int i = 0; i < 2 * 4 * 4; i++) to[i] = w ? to[i] + ac[i] : ac[i], ac[i] = 0.0f;
+        }
         __syncthreads(); /* the stage is free for the load MMHP_STAGES - 1 ahead */
     }
 #pragma unroll

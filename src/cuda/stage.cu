@@ -521,15 +521,13 @@ static void launch_f32(ps_cuda *g, const dmat *w, const float *x, int n, float *
     k_mm_f<<<grid, MMF_ROWS * 32, 0, g->st>>>(w->d, w->row_bytes, w->cols, x, n, y, ys, w->rows);
 }
 
-/* F16 and BF16 on the tensor cores, x's halves in xq (k_halves): k_mm_h for a few tokens,
- * k_mm_hp for more (the same sums). */
 /* F16 and BF16 on the tensor cores, x's halves in g->xq: k_mm_h for a few tokens, k_mm_hp
  * for more (the same sums). */
 template <int T>
 static void launch_h(ps_cuda *g, const dmat *const *ws, int nw, int n, float *const *ys, const long long *strides) {
-    size_t hs = half_stride(ws[0]->cols);
-    const uint16_t *hi = (const uint16_t *)g->xq, *lo = hi + n * hs;
-    const int *ex = (const int *)(lo + n * hs);
+    halves h = halves_at(g->xq, n, ws[0]->cols);
+    const uint16_t *hi = h.hi, *lo = h.lo;
+    const int *ex = h.ex;
     int blocks;
     if (n <= 8) {
         mm_group grp = group(ws, nw, ys, strides, 16, &blocks);
