@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cuda/cuda.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
 #include "ps_test.h"
 #include "tensor/matmul.h"
@@ -330,6 +331,43 @@ static void refusals(const char *path) {
     ps_model_free(m);
 }
 
+/* A copy of the model at path (in the test directory) whose F32 tensors named *suffix are
+ * multiplied by k: ffn_norm × 1e5 puts F16 matmul inputs past the halves' 65,504 (gate and
+ * up about 1e5, down about 1e10), which the GPU's rows scaled by a power of two must absorb. */
+static const char *scaled(const char *path, const char *suffix, float k) {
+    static char out[600];
+    char err[512];
+    snprintf(out, sizeof out, "%s", path);
+    snprintf(out + strlen(out) - 5, sizeof out - strlen(out) + 5, "-scaled.gguf");
+    FILE *f = fopen(path, "rb");
+    PS_CHECK(f != NULL);
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    size_t len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc(len);
+    PS_CHECK(buf && fread(buf, 1, len, f) == len);
+    fclose(f);
+    ps_gguf *g = NULL;
+    PS_CHECK_OK(ps_gguf_open_mem(buf, len, &g, err, sizeof err));
+    int scaled = 0;
+    for (int64_t i = 0; g && i < ps_gguf_n_tensors(g); i++) {
+        const ps_gguf_tensor *t = ps_gguf_tensor_at(g, i);
+        size_t nl = strlen(t->name), sl = strlen(suffix);
+        if (t->type != PS_TYPE_F32 || nl < sl || strcmp(t->name + nl - sl, suffix)) continue;
+        float *v = (float *)(buf + ps_gguf_data_offset(g) + t->offset);
+        for (size_t j = 0; j < t->nbytes / 4; j++) v[j] *= k;
+        scaled++;
+    }
+    ps_gguf_close(g);
+    PS_CHECK(scaled > 0);
+    f = fopen(out, "wb");
+    PS_CHECK(f && fwrite(buf, 1, len, f) == len);
+    if (f) fclose(f);
+    free(buf);
+    return out;
+}
+
 /* A synthetic model of type type and architecture arch (written by `pipeshard synth`). */
 static const char *synth(const char *type, const char *arch, const char *extra) {
     static char path[600];
@@ -381,6 +419,7 @@ int main(void) {
         bool half = !strcmp(cases[i][0], "F16") || !strcmp(cases[i][0], "BF16");
         check_model(synth(cases[i][0], cases[i][1], cases[i][2]), 24, i == 9, false, half ? HALF_TOL : 0);
     }
+    check_model(scaled(synth("F16", "llama", ""), "ffn_norm.weight", 1e5f), 24, false, false, HALF_TOL);
     long_context(synth("Q4_0", "llama", ""));             /* head width 64 */
     lanes(synth("Q4_1", "llama", "--dim 320 --ffn 800")); /* two terms a block; rows of 10 and 25 blocks */
     lanes(synth("Q5_0", "qwen3", ""));
