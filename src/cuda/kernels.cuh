@@ -910,9 +910,9 @@ __global__ void __launch_bounds__(MMF_ROWS * 32)
  * F16 and BF16 weights on the tensor cores (mma.sync m16n8k16, f32 accumulation). The one
  * place the GPU does not give the CPU's bits: the CPU's eight sequential f32 sums per row
  * (dot_f16) cannot be had from tensor cores, and on CUDA cores prefill would run at a
- * tenth of llama.cpp's. What holds instead:
+ * tenth of llama.cpp's at best. What holds instead:
  *  - precision: each activation is split into two halves of the weight's type, x = hi + lo
- *    (k_halves), so that W·x is W·hi + W·lo with x kept to 22 (F16) or 16 (BF16) bits; the
+ *    (halves_row, in the RMSNorm or k_halves), so that W·x is W·hi + W·lo with x kept to 22 (F16) or 16 (BF16) bits; the
  *    products are exact in f32, only the order of the f32 sums differs from the CPU's (as
  *    the CPU's kernel families differ among themselves). F16 rows are scaled by a power of
  *    two first (exact) so that no half overflows or loses bits to subnormals.
