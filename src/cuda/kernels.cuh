@@ -963,7 +963,7 @@ __device__ __forceinline__ void halves_row(const float *xr, int cols, int r, int
         __syncthreads();
         m = 0.0f;
         for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, wmax[w]);
-        if (m > 0.0f && m <= 3.4e38f) e = (int)(__float_as_uint(m) >> 23) - 126 - 15; /* m < 2^(e + 15) */
+        if (m > 0.0f && isfinite(m)) e = (int)(__float_as_uint(m) >> 23) - 126 - 15; /* m < 2^(e + 15) */
     }
     for (int i = tid; i < hs; i += blockDim.x) {
         float v = i < cols ? ldexpf(xr[i], -e) : 0.0f;
@@ -1197,16 +1197,14 @@ __device__ __forceinline__ float sumsq16(const float *x, int n) {
     return __shfl_sync(FULL, tree16(acc), 0);
 }
 
-/* forward.c's rmsnorm of one row per thread block (NORM_THREADS threads, dim floats of
- * shared memory): row rows[r] (or r) of x, after x += y on that row when y is given (the
- * residual add the CPU does before), into row r of out. The row goes to shared memory in
- * one sweep, then 16 threads sum it in dot_f32's order. out may be y: each thread writes
- * only the elements it read. (Quantizing the row here too was slower for decode: one
- * thread block's warps then quantize every block of the row, where k_quant32 spreads them.) */
 /* forward.c's rmsnorm of row r of x (rows[r], or r) into row r of out, after x += y on it
- * when y is given; then the row quantized for the next matmul into xq when fmt is 32
- * (ps_xq32) or 256 (ps_block_q8_K), a warp a block. Grid: rows, NORM_THREADS threads,
- * dim * 4 bytes of shared memory. */
+ * when y is given (the residual add the CPU does before); then the row made into the next
+ * matmul's activations in xq: ps_xq32 (fmt 32) or ps_block_q8_K (256) blocks, a warp a
+ * block, or the halves (XQ_F16, XQ_BF16). The row goes to shared memory in one sweep, then
+ * 16 threads sum it in dot_f32's order. out may be y only without rows (a thread block then
+ * writes just the row it read; with rows, block r would write row r while the block of
+ * rows[r'] = r might still read it). Grid: rows, NORM_THREADS threads, dim * 4 bytes of
+ * shared memory. */
 #define NORM_THREADS 1024 /* 32 warps quantize the row */
 __global__ void __launch_bounds__(NORM_THREADS, 1)
     k_rmsnorm(float *__restrict__ x, const float *y, const int32_t *rows, const float *__restrict__ w, float *out,

@@ -42,11 +42,12 @@ struct ps_cuda {
     dmat output;
     float *rope;                                /* (n_ctx, rope_dim) */
     float *x, *xb, *q, *att, *k, *v, *hb, *hb2; /* as forward.c's */
-    float *logits, *scores;                     /* (max_batch, vocab), (att_rows, n_head, n_ctx) */
-    uint8_t *xq;                                /* quantized activations */
-    float *kc, *vc;                             /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, hd) */
-    int32_t *meta;                              /* pos, tab_off, logit rows (max_batch each), tables */
-    int32_t *hmeta;                             /* its host staging (pinned) */
+    float *xo;              /* the head's normed rows: apart from xb, whose rows they are made from */
+    float *logits, *scores; /* (max_batch, vocab), (att_rows, n_head, n_ctx) */
+    uint8_t *xq;            /* quantized activations */
+    float *kc, *vc;         /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, hd) */
+    int32_t *meta;          /* pos, tab_off, logit rows (max_batch each), tables */
+    int32_t *hmeta;         /* its host staging (pinned) */
     size_t meta_ints;
     float *hx, *hout;                                       /* pinned staging of a graph's input and output */
     cudaGraphExec_t graphs[GRAPH_ROWS + 1][GRAPH_ROWS + 1]; /* by rows and logits, made when first needed */
@@ -167,6 +168,7 @@ static void layout(ps_cuda *g, arena *a) {
         size_t b = xq_bytes(&m->output, g->max_batch);
         xq = b > xq ? b : xq;
         g->logits = (float *)take(a, B * hp->vocab * 4);
+        g->xo = (float *)take(a, B * hp->dim * 4);
     }
     g->rope = (float *)take(a, (size_t)g->n_ctx * hp->rope_dim * 4);
     g->x = (float *)take(a, B * hp->dim * 4), g->xb = (float *)take(a, B * hp->dim * 4);
@@ -678,8 +680,8 @@ static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, 
         add(g, g->x, res, (size_t)n * dim);
         CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4, cudaMemcpyDeviceToHost, g->st));
     } else if (n_logits > 0) { /* the last residual only on the rows whose logits are asked for */
-        int have = rmsnorm(g, g->x, res, g->meta + 2 * B, g->out_norm, g->xb, n_logits, &g->output);
-        mm(g, &g->output, g->xb, n_logits, g->logits, m->hp.vocab, have);
+        int have = rmsnorm(g, g->x, res, g->meta + 2 * B, g->out_norm, g->xo, n_logits, &g->output);
+        mm(g, &g->output, g->xo, n_logits, g->logits, m->hp.vocab, have);
         CK(cudaGetLastError());
         CK(cudaMemcpyAsync(out, g->logits, (size_t)n_logits * m->hp.vocab * 4, cudaMemcpyDeviceToHost, g->st));
     }
