@@ -66,8 +66,9 @@ static int differ(const float *a, const float *b, int rows, int vocab, const cha
     return bad;
 }
 
-/* Rows of logits where a and b differ by more than tol of the row's largest |a|; the
- * largest such share into *worst, printed for the first bad row. */
+/* Rows of logits where a and b differ by more than tol of the row's largest |a| (a NaN in
+ * one but not the other: by infinitely much), the first printed; the largest share of all
+ * rows into *worst (tol INFINITY: only that). */
 static int far(const float *a, const float *b, int rows, int vocab, double tol, double *worst, const char *what) {
     int bad = 0;
     *worst = 0;
@@ -76,8 +77,9 @@ static int far(const float *a, const float *b, int rows, int vocab, double tol, 
         int at = 0;
         for (int i = 0; i < vocab; i++) {
             double x = a[(size_t)r * vocab + i], y = b[(size_t)r * vocab + i];
+            double e = isnan(x) != isnan(y) ? INFINITY : fabs(x - y);
             top = fabs(x) > top ? fabs(x) : top;
-            if (isnan(x) != isnan(y) || fabs(x - y) > d) d = isnan(x) != isnan(y) ? INFINITY : fabs(x - y), at = i;
+            if (e > d) d = e, at = i;
         }
         d = top > 0 ? d / top : d;
         *worst = d > *worst ? d : *worst;
@@ -246,15 +248,7 @@ static void check_model(const char *path, int n_gen, bool split, bool real, doub
         int32_t gen_best[64];
         float *best = run(m, PS_DEVICE_CPU, 16, prompt, n_gen, gen_best);
         double worst = 0;
-        for (int r = 0; best && r < rows; r++) {
-            double top = 0, d = 0;
-            for (int i = 0; i < vocab; i++) {
-                double a = gpu[(size_t)r * vocab + i], b = best[(size_t)r * vocab + i];
-                top = fabs(a) > top ? fabs(a) : top;
-                d = fabs(a - b) > d ? fabs(a - b) : d;
-            }
-            worst = d / top > worst ? d / top : worst;
-        }
+        if (best) far(gpu, best, rows, vocab, INFINITY, &worst, path);
         printf("%s: GPU vs CPU (%s): largest logit difference %.2e of the row's largest, tokens %s\n", path, best_isa,
                worst, best && !memcmp(gen_best, gen_gpu, (size_t)n_gen * 4) ? "equal" : "DIFFER");
         free(best);

@@ -1,7 +1,7 @@
 /* kernels.cuh - the CUDA backend's kernels (stage.cu launches them). Each one does what
  * the CPU does for the same output, operation for operation (cuda.h): the notes name the
- * CPU function it follows; k_mm_h (F16 and BF16 weights) alone does not. Compiled with
- * -fmad=false: a * b + c stays two roundings. */
+ * CPU function it follows; k_mm_h and k_mm_hp (F16 and BF16 weights) alone do not.
+ * Compiled with -fmad=false: a * b + c stays two roundings. */
 #ifndef PS_CUDA_KERNELS_CUH
 #define PS_CUDA_KERNELS_CUH
 
@@ -912,9 +912,9 @@ __global__ void __launch_bounds__(MMF_ROWS * 32)
  * (dot_f16) cannot be had from tensor cores, and on CUDA cores prefill would run at a
  * tenth of llama.cpp's at best. What holds instead:
  *  - precision: each activation is split into two halves of the weight's type, x = hi + lo
- *    (halves_row, in the RMSNorm or k_halves), so that W·x is W·hi + W·lo with x kept to 22 (F16) or 16 (BF16) bits; the
- *    products are exact in f32, only the order of the f32 sums differs from the CPU's (as
- *    the CPU's kernel families differ among themselves). F16 rows are scaled by a power of
+ *    (halves_row, in the RMSNorm or k_halves), so that W·x is W·hi + W·lo with x kept to
+ *    22 (F16) or 16 (BF16) bits; the products are exact in f32, only the order of the f32
+ *    sums differs from the CPU's (as the CPU's kernel families differ among themselves). F16 rows are scaled by a power of
  *    two first (exact) so that no half overflows or loses bits to subnormals.
  *  - batch invariance: a row's K range is dealt in chunks of 64 round the MMH_KS warps of a
  *    thread block, each warp sums its chunks in order, and the warps' sums are added in
@@ -943,8 +943,7 @@ template <int T> __device__ __forceinline__ uint16_t to_half(float v) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 template <int T> __device__ __forceinline__ float from_half(uint16_t h) {
-    if (T == PS_TYPE_F16) return __half2float(__ushort_as_half(h));
-    return __uint_as_float((uint32_t)h << 16);
+    return T == PS_TYPE_F16 ? f16_bits(h) : __uint_as_float((uint32_t)h << 16);
 }
 
 /* Row r of n (xr: cols floats) into the halves at xq. Every thread of the block calls it;

@@ -127,8 +127,8 @@ static void *take(arena *a, size_t bytes) {
     return a->base ? a->base + at : NULL;
 }
 
-/* Bytes of the quantized activations of n rows of cols against weights w (k_halves' for
- * F16 and BF16). */
+/* Bytes of the quantized activations of n rows of cols against weights w (the halves for
+ * F16 and BF16: halves_at's layout). */
 static size_t xq_bytes(const ps_mat *w, int n) {
     if (w->type == PS_TYPE_F32) return 0;
     if (is_float(w->type)) return (size_t)n * ((size_t)half_stride((int)w->cols) * 4 + 4);
