@@ -60,6 +60,19 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+/* Copies bytes (a multiple of 4) from global to shared memory with every copy in flight at
+ * once (16-byte asynchronous copies where both ends allow, else 4-byte ones); the caller's
+ * threads 0 .. threads - 1 share them, and each has its own landed when this returns (a
+ * __syncthreads after it makes them everyone's). */
+__device__ __forceinline__ void stage(void *dst, const void *src, int bytes, int tid, int threads) {
+    int wide = ((uintptr_t)dst | (uintptr_t)src) % 16 == 0 ? bytes / 16 : 0;
+    for (int i = tid; i < wide; i += threads) __pipeline_memcpy_async((uint4 *)dst + i, (const uint4 *)src + i, 16);
+    for (int i = wide * 4 + tid; i < bytes / 4; i += threads)
+        __pipeline_memcpy_async((int *)dst + i, (const int *)src + i, 4);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+}
+
 /* ---------------------------------------------------------------------------------------
  * Activation quantization (q8_ref.c's quant_x32 / quant_x256 with ps_xq_scale and
  * ps_xq_round): one warp per block. */
@@ -429,10 +442,9 @@ __global__ void __launch_bounds__(MM_THREADS, 4)
                 }
             }
             if (XS && j0 == 0) { /* the activations, while the weights are on their way */
-                for (int t = 0; t < tt; t++) {
-                    const int *src = (const int *)(X + (size_t)(t0 + t) * x_row + (size_t)c0 * XB);
-                    for (int i = tid; i < nc * XB / 4; i += MM_THREADS) xs[t * nc * XB / 4 + i] = src[i];
-                }
+                for (int t = 0; t < tt; t++)
+                    stage(xs + t * nc * XB / 4, X + (size_t)(t0 + t) * x_row + (size_t)c0 * XB, nc * XB, tid,
+                          MM_THREADS);
                 __syncthreads();
             }
 #pragma unroll
@@ -549,7 +561,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     mv_raw<T> ra[U], rb[U]; /* two steps' weights: arrays indexed by constants only */
     if (set < n_sets) mv_load<T, G>(row_ptr(row_of(set)), units, 0, sub, row_of(set) < m.rows, ra);
     pdl_wait(); /* the activations are the kernel before's */
-    for (int i = threadIdx.x; i < units * XB / 4; i += MV_THREADS) xs[i] = ((const int *)X)[i];
+    stage(xs, X, units * XB, threadIdx.x, MV_THREADS);
     __syncthreads();
     float sum = 0.0f;
     /* step (st, u0): this step's weights in raw, the next one's loaded into next */
