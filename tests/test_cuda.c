@@ -418,6 +418,7 @@ int main(void) {
         {"Q5_1", "qwen2", "--dim 320 --ffn 800"},
         {"Q6_K", "llama", "--dim 512 --heads 8 --kv-heads 2 --ffn 1280"}, /* 5 super-blocks: 1,050-byte rows */
         {"Q4_K_M", "qwen2", "--dim 512 --heads 8 --kv-heads 2 --ffn 1280"},
+        {"Q4_K_M", "llama", "--dim 2048 --heads 16 --kv-heads 4 --ffn 2304"}, /* K types in decode's k_mv */
         {"F16", "llama", "--dim 320 --ffn 800"},                   /* 32 elements past the last chunk of 64 */
         {"BF16", "qwen2", "--heads 8 --kv-heads 2 --head-dim 40"}, /* 80 rows: half a tile */
     };
