@@ -1369,31 +1369,36 @@ static inline int att_ring_blocks(int hd) {
 }
 static inline size_t att_ring_bytes(int hd) { return (size_t)att_ring_blocks(hd) * PS_KV_BLOCK * hd * 4; }
 
-/* Starts the copy of the sequence's KV block b (head kvh) into ring slot b % ring. */
+/* Starts the copy of the sequence's KV block b (head kvh: all hd elements, or the 32 from
+ * c0 when cols is 32) into ring slot b % ring (PS_KV_BLOCK × cols floats). */
 __device__ __forceinline__ void ring_fetch(float *ring, const float *cache, const int32_t *tab, int b, int n_ring,
-                                           int n_head_kv, int hd, int kvh) {
-    int per = PS_KV_BLOCK * hd / 4; /* float4s per block (hd % 4 == 0) */
+                                           int n_head_kv, int hd, int kvh, int c0, int cols) {
     const float4 *src = (const float4 *)(cache + ((size_t)tab[b] * n_head_kv + kvh) * PS_KV_BLOCK * hd);
-    float4 *dst = (float4 *)(ring + (size_t)(b % n_ring) * PS_KV_BLOCK * hd);
-    for (int i = threadIdx.x; i < per; i += ATT_THREADS) __pipeline_memcpy_async(dst + i, src + i, 16);
+    float4 *dst = (float4 *)(ring + (size_t)(b % n_ring) * PS_KV_BLOCK * cols);
+    if (cols == hd) /* the block is one run of PS_KV_BLOCK × hd floats (hd % 4 == 0) */
+        for (int i = threadIdx.x; i < PS_KV_BLOCK * hd / 4; i += ATT_THREADS)
+            __pipeline_memcpy_async(dst + i, src + i, 16);
+    else /* 8 float4s a position */
+        for (int i = threadIdx.x; i < PS_KV_BLOCK * 8; i += ATT_THREADS)
+            __pipeline_memcpy_async(dst + i, src + (i >> 3) * (hd / 4) + c0 / 4 + (i & 7), 16);
 }
 
 /* work(b, rows) for the sequence's KV blocks b = 0 .. n_blk - 1 in order, rows = block b of
- * the cache (head kvh) in shared memory, with the next n_ring - 1 blocks' copies in flight.
- * Every thread of the block calls it. */
+ * the cache (head kvh, elements c0 .. c0 + cols - 1) in shared memory, with the next
+ * n_ring - 1 blocks' copies in flight. Every thread of the block calls it. */
 template <typename F>
 __device__ __forceinline__ void ring_walk(float *ring, const float *cache, const int32_t *tab, int n_blk, int n_ring,
-                                          int n_head_kv, int hd, int kvh, F work) {
+                                          int n_head_kv, int hd, int kvh, int c0, int cols, F work) {
     for (int b = 0; b < n_ring - 1; b++) {
-        if (b < n_blk) ring_fetch(ring, cache, tab, b, n_ring, n_head_kv, hd, kvh);
+        if (b < n_blk) ring_fetch(ring, cache, tab, b, n_ring, n_head_kv, hd, kvh, c0, cols);
         __pipeline_commit();
     }
     for (int b = 0; b < n_blk; b++) {
-        if (b + n_ring - 1 < n_blk) ring_fetch(ring, cache, tab, b + n_ring - 1, n_ring, n_head_kv, hd, kvh);
+        if (b + n_ring - 1 < n_blk) ring_fetch(ring, cache, tab, b + n_ring - 1, n_ring, n_head_kv, hd, kvh, c0, cols);
         __pipeline_commit();
         __pipeline_wait_prior(n_ring - 1); /* this thread's copies of block b have landed */
         __syncthreads();                   /* everyone's */
-        work(b, ring + (size_t)(b % n_ring) * PS_KV_BLOCK * hd);
+        work(b, ring + (size_t)(b % n_ring) * PS_KV_BLOCK * cols);
         __syncthreads(); /* block b's slot is free for block b + n_ring */
     }
 }
@@ -1478,11 +1483,15 @@ static inline int att_scores_z(int n_ctx) {
 }
 
 /* The rest of attention for AR rows and a head whose scores k_att_scores wrote. First each
- * row's softmax, row after row (SMEM: its scores copied to shared memory and back); then,
- * for the rows that share a table, the values: element i of each row sums over positions in
- * order, a KV block of values at a time through the ring, with the rows' probabilities of
- * that block staged beside it. Shared memory: the ring (n_ring × PS_KV_BLOCK × hd floats),
- * the staged probabilities (AR × PS_KV_BLOCK), then (SMEM) a row's scores. */
+ * row's softmax, row after row (SMEM: its scores copied to shared memory and back; with one
+ * row they stay there); then, for the rows that share a table, the values: element i of
+ * each row sums over positions in order, a KV block of values at a time through the ring,
+ * with the rows' probabilities of that block staged beside it. Thread block z takes the
+ * head's elements z·hd/Z .. (z + 1)·hd/Z - 1 of Z = gridDim.z slices: a decode step's few
+ * (row, head) blocks spread over the device, each slice making the softmax itself (the same
+ * numbers) and streaming only its share of the values (as many more KV blocks in flight
+ * as its slots are smaller). Z > 1: SMEM, AR 1, hd / Z = 32. Shared memory: the ring (n_ring × PS_KV_BLOCK × hd floats), the staged
+ * probabilities (AR × PS_KV_BLOCK), then (SMEM) a row's scores. */
 template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
     extern __shared__ float sh[];
     __shared__ float red[ATT_THREADS / 32];
@@ -1490,6 +1499,8 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
     pdl_wait();
     int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hd = a.hd;
     int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv);
+    int cols = hd / gridDim.z, c0 = blockIdx.z * cols; /* this block's slice of the head */
+    constexpr bool KEEP = SMEM && AR == 1;             /* the probabilities stay in S */
     float *ring = sh, *stage = sh + a.ring * PS_KV_BLOCK * hd, *S = stage + AR * PS_KV_BLOCK;
     int n_pos[AR];
     float *G[AR];
@@ -1522,10 +1533,10 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
         }
         __syncthreads();
         float sum = red[0];
-        for (int p = tid; p < np; p += ATT_THREADS) g[p] = s[p] / sum;
+        for (int p = tid; p < np; p += ATT_THREADS) (KEEP ? s : g)[p] = s[p] / sum;
         __syncthreads();
     }
-    int i0 = tid, i1 = tid + ATT_THREADS; /* this thread's elements (hd <= 256) */
+    int i0 = tid, i1 = tid + ATT_THREADS; /* this thread's elements of the slice (hd <= 256) */
     for (unsigned todo = (1u << nr) - 1, grp; todo; todo &= ~grp) {
         grp = att_group(ri, a.row0, lr0, nr, todo);
         int n_blk = 0;
@@ -1536,35 +1547,38 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
         float o0[AR], o1[AR];
 #pragma unroll
         for (int r = 0; r < AR; r++) o0[r] = o1[r] = 0.0f;
-        ring_walk(ring, a.vc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *vals) {
-            int p0 = b * PS_KV_BLOCK;
-            for (int k = tid; k < AR * PS_KV_BLOCK; k += ATT_THREADS) {
-                int r = k / PS_KV_BLOCK, p = p0 + k - r * PS_KV_BLOCK;
-                if ((grp >> r & 1) && p < n_pos[r]) stage[k] = G[r][p];
-            }
-            __syncthreads();
+        ring_walk(ring, a.vc, tab, n_blk, a.ring * (hd / cols), a.n_head_kv, hd, kvh, c0, cols,
+                  [&](int b, const float *vals) {
+                      int p0 = b * PS_KV_BLOCK;
+                      if (!KEEP) {
+                          for (int k = tid; k < AR * PS_KV_BLOCK; k += ATT_THREADS) {
+                              int r = k / PS_KV_BLOCK, p = p0 + k - r * PS_KV_BLOCK;
+                              if ((grp >> r & 1) && p < n_pos[r]) stage[k] = G[r][p];
+                          }
+                          __syncthreads();
+                      }
 #pragma unroll
-            for (int r = 0; r < AR; r++) {
-                if (!(grp >> r & 1)) continue;
-                const float *pr = stage + r * PS_KV_BLOCK;
-                int np = min(PS_KV_BLOCK, n_pos[r] - p0);
-                if (i0 < hd)
-                    for (int j = 0; j < np; j++) o0[r] += pr[j] * vals[(size_t)j * hd + i0];
-                if (i1 < hd)
-                    for (int j = 0; j < np; j++) o1[r] += pr[j] * vals[(size_t)j * hd + i1];
-            }
-        });
+                      for (int r = 0; r < AR; r++) {
+                          if (!(grp >> r & 1)) continue;
+                          const float *pr = KEEP ? S + p0 : stage + r * PS_KV_BLOCK;
+                          int np = min(PS_KV_BLOCK, n_pos[r] - p0);
+                          if (i0 < cols)
+                              for (int j = 0; j < np; j++) o0[r] += pr[j] * vals[(size_t)j * cols + i0];
+                          if (i1 < cols)
+                              for (int j = 0; j < np; j++) o1[r] += pr[j] * vals[(size_t)j * cols + i1];
+                      }
+                  });
 #pragma unroll
         for (int r = 0; r < AR; r++) {
             if (!(grp >> r & 1)) continue;
             size_t t = (size_t)(a.row0 + lr0 + r);
-            float *out = a.out + (t * a.n_head + h) * hd;
-            if (i0 < hd) out[i0] = o0[r];
-            if (i1 < hd) out[i1] = o1[r];
+            float *out = a.out + (t * a.n_head + h) * hd + c0;
+            if (i0 < cols) out[i0] = o0[r];
+            if (i1 < cols) out[i1] = o1[r];
             if (a.xq) { /* whole warps: element blocks 32 w (o0) and 32 w + ATT_THREADS (o1) */
-                ps_xq32 *xb = a.xq + (t * a.n_head + h) * hd / 32;
-                if (32 * warp < hd) quant_warp(o0[r], xb + warp);
-                if (32 * warp + ATT_THREADS < hd) quant_warp(o1[r], xb + warp + ATT_THREADS / 32);
+                ps_xq32 *xb = a.xq + ((t * a.n_head + h) * hd + c0) / 32;
+                if (32 * warp < cols) quant_warp(o0[r], xb + warp);
+                if (32 * warp + ATT_THREADS < cols) quant_warp(o1[r], xb + warp + ATT_THREADS / 32);
             }
         }
     }

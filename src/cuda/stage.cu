@@ -607,9 +607,10 @@ template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info r
     unsigned blocks = blocks_for(aa.n_rows, AR);
     launch_after(g, k_att_scores<AR>, dim3(blocks, aa.n_head, att_scores_z(g->n_ctx)), ATT_THREADS,
                  att_scores_smem(AR, aa.hd), aa, ri);
-    if (g->att_smem_scores)
-        launch_after(g, k_attention<true, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), aa, ri);
-    else
+    if (g->att_smem_scores) {
+        unsigned z = AR == 1 && aa.hd % 32 == 0 ? aa.hd / 32 : 1; /* k_attention's slices: a head's blocks of 32 */
+        launch_after(g, k_attention<true, AR>, dim3(blocks, aa.n_head, z), ATT_THREADS, att_smem(g), aa, ri);
+    } else
         launch_after(g, k_attention<false, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), aa, ri);
 }
 
