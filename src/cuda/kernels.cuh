@@ -1489,9 +1489,10 @@ static inline int att_scores_z(int n_ctx) {
  * with the rows' probabilities of that block staged beside it. Thread block z takes the
  * head's elements z·hd/Z .. (z + 1)·hd/Z - 1 of Z = gridDim.z slices: a decode step's few
  * (row, head) blocks spread over the device, each slice making the softmax itself (the same
- * numbers) and streaming only its share of the values (as many more KV blocks in flight
- * as its slots are smaller). Z > 1: SMEM, AR 1, hd / Z = 32. Shared memory: the ring (n_ring × PS_KV_BLOCK × hd floats), the staged
- * probabilities (AR × PS_KV_BLOCK), then (SMEM) a row's scores. */
+ * numbers) and streaming only its share of the values (as many more KV blocks in flight as
+ * its slots are smaller). Z > 1: SMEM, AR 1, hd / Z = 32. Shared memory: the ring
+ * (att_ring_bytes), the staged probabilities (AR × PS_KV_BLOCK), then (SMEM) a row's
+ * scores. */
 template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
     extern __shared__ float sh[];
     __shared__ float red[ATT_THREADS / 32];
