@@ -546,6 +546,13 @@ def case_version():
     require("kernels: ref" in forced.stdout, f"PS_ISA=ref pipeshard --version: {forced.stdout!r}")
     require(re.fullmatch(r"backends: cpu(, cuda \(\d+ GPUs? here\)| \(built without CUDA\))", lines[2]),
             f"--version line 3 {lines[2]!r}: expected 'backends: cpu, cuda (N GPUs here)' or 'cpu (built without CUDA)'")
+    # the commit is the checkout's as built, not as configured (a build after a commit, no re-configure)
+    head = shutil.which("git") and subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                                                  text=True, timeout=30, cwd=os.environ.get("PS_SOURCE_DIR", "."))
+    if head and head.returncode == 0 and head.stdout.strip():
+        clean = lambda c: re.sub(r"-dirty$", "", c)
+        require(clean(m.group(2)) == clean(head.stdout.strip()),
+                f"--version says git {m.group(2)}, the checkout is at {head.stdout.strip()}: a stale commit")
     print(f"  ok: {' | '.join(lines)}")
 
 

@@ -8,6 +8,9 @@
 #include "args.h"
 #include "cli.h"
 
+#if __has_include("ps_git_commit.h") /* the build's (CMakeLists.txt) */
+#include "ps_git_commit.h"
+#endif
 #ifndef PS_VERSION
 #define PS_VERSION "unknown"
 #endif
