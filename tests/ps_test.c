@@ -46,6 +46,18 @@ uint32_t ps_test_rng_u32(void) {
 
 float ps_test_rng_f(void) { return (float)ps_test_rng_u32() / 2147483648.0f - 1.0f; }
 
+uint8_t *ps_test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *p = malloc(*len ? *len : 1);
+    if (fread(p, 1, *len, f) != *len) *len = 0;
+    fclose(f);
+    return p;
+}
+
 const char *ps_test_tmp(const char *name) {
     static char buf[4096];
     const char *dir = getenv("PS_TEST_TMP");

@@ -54,6 +54,9 @@ void ps_test_skip_part(const char *why);
 void ps_test_rng_seed(uint64_t seed);
 uint32_t ps_test_rng_u32(void);
 float ps_test_rng_f(void); /* uniform in [-1, 1) */
+/* The whole file at path, malloc'd (*len bytes; *len 0 when it could not all be read), or
+ * NULL when it cannot be opened. */
+uint8_t *ps_test_read_file(const char *path, size_t *len);
 /* Path of a file under $PS_TEST_TMP (or /tmp), in a static buffer overwritten by the next call. */
 const char *ps_test_tmp(const char *name);
 /* Path of ../shared/models/<name> (via $PS_SHARED_MODELS) or NULL when the file is absent. */

@@ -341,17 +341,10 @@ static const char *scaled(const char *path, const char *suffix, float k) {
     char err[512];
     snprintf(out, sizeof out, "%s", path);
     snprintf(out + strlen(out) - 5, sizeof out - strlen(out) + 5, "-scaled.gguf");
-    FILE *f = fopen(path, "rb");
-    PS_CHECK(f != NULL);
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    size_t len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = malloc(len);
-    bool ok = buf && fread(buf, 1, len, f) == len;
-    PS_CHECK(ok);
-    fclose(f);
-    if (!ok) {
+    size_t len = 0;
+    uint8_t *buf = ps_test_read_file(path, &len);
+    PS_CHECK(buf && len > 0);
+    if (!buf || !len) {
         free(buf);
         return NULL;
     }
@@ -368,8 +361,8 @@ static const char *scaled(const char *path, const char *suffix, float k) {
     }
     ps_gguf_close(g);
     PS_CHECK(scaled > 0);
-    f = fopen(out, "wb");
-    ok = scaled > 0 && f && fwrite(buf, 1, len, f) == len;
+    FILE *f = fopen(out, "wb");
+    bool ok = scaled > 0 && f && fwrite(buf, 1, len, f) == len;
     PS_CHECK(ok);
     if (f) fclose(f);
     free(buf);

@@ -616,18 +616,6 @@ static void check_roundtrip(const ps_gguf *g, uint32_t version, uint32_t alignme
     PS_CHECK(ps_gguf_find_tensor(g, "nope") == NULL && ps_gguf_tensor_at(g, 99) == NULL);
 }
 
-static uint8_t *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(*len ? *len : 1);
-    if (fread(p, 1, *len, f) != *len) *len = 0;
-    fclose(f);
-    return p;
-}
-
 /* Touches every byte a reader hands out, so that ASan sees any pointer past the buffer. */
 static unsigned walk_value(const ps_gguf_value *v) {
     unsigned h = 0;
@@ -663,7 +651,7 @@ static unsigned walk(const ps_gguf *g) {
  * only drop trailing padding are still valid. */
 static void test_truncation(const char *path) {
     size_t len = 0;
-    uint8_t *file = read_file(path, &len);
+    uint8_t *file = ps_test_read_file(path, &len);
     PS_CHECK(file && len > 0);
     if (!file) return;
     ps_gguf *full = NULL;
@@ -698,7 +686,7 @@ static void test_truncation(const char *path) {
  * that still opens is walked completely. */
 static void test_corruption(const char *path) {
     size_t len = 0;
-    uint8_t *file = read_file(path, &len);
+    uint8_t *file = ps_test_read_file(path, &len);
     if (!file) return;
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     int opened = 0, iters = 20000;
@@ -817,7 +805,7 @@ static void test_writer_errors(void) {
     PS_CHECK_EQ_INT(ps_gguf_writer_write(w, path, NULL, NULL, err, sizeof err), PS_ERR_IO);
     PS_CHECK(strstr(err, "tensor 'u': disk says no (tensor 1)"));
     size_t len = 0;
-    uint8_t *old = read_file(path, &len);
+    uint8_t *old = ps_test_read_file(path, &len);
     PS_CHECK(old && len == 12 && !memcmp(old, "old contents", 12));
     free(old);
     PS_CHECK(access(tmp, F_OK) < 0);

@@ -37,16 +37,11 @@ static ps_status run(ps_stage *s, int pos, int n, const int32_t *table, int n_ta
 
 /* Writes a copy of src with the byte at off changed (or cut to off bytes when cut). */
 static void bent_copy(const char *src, const char *dst, long off, bool cut) {
-    FILE *f = fopen(src, "rb");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)n);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
+    size_t n = 0;
+    uint8_t *b = ps_test_read_file(src, &n);
     if (!cut) b[off] ^= 0x40;
-    f = fopen(dst, "wb");
-    fwrite(b, 1, cut ? (size_t)off : (size_t)n, f);
+    FILE *f = fopen(dst, "wb");
+    fwrite(b, 1, cut ? (size_t)off : n, f);
     fclose(f);
     free(b);
 }
