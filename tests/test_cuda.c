@@ -4,8 +4,8 @@
  * not a multiple of 16) and for the real models present, every logit of a chunked prompt
  * and of greedy decode steps equals the CPU's bit for bit, whatever the chunk size — but
  * for F16 and BF16 weights, which the GPU multiplies on its tensor cores in another order
- * of f32 sums (kernels.cuh's k_mm_h): there every logit is within F16_TOL (BF16_TOL) of the CPU's,
- * the tokens are the CPU's, and the GPU's logits do not depend on the chunk size;
+ * of f32 sums (kernels.cuh's k_mm_h): there every logit is within F16_TOL (BF16_TOL) of
+ * the CPU's, the tokens are the CPU's, and the GPU's logits do not depend on the chunk size;
  * sequences run together in mixed segments on the GPU give what each gives alone on the
  * CPU; a fleet of a CPU stage and a GPU stage (either way round) gives the whole model's
  * logits. Against this CPU's fastest family (another float summation order) it prints the
@@ -194,7 +194,7 @@ static float *two_stages(const char *dir, int dev0, int dev1, const int32_t *pro
 }
 
 /* Everything above for one model file; n_gen greedy steps. split: also the two-stage fleets;
- * real: also against this CPU's fastest family; tol: 0, or F16_TOL / BF16_TOL
+ * real: also against this CPU's fastest family; tol: 0, or F16_TOL / BF16_TOL for F16 / BF16
  * weights (then the mixed segments are held to the GPU's own logits, bit for bit). */
 static void check_model(const char *path, int n_gen, bool split, bool real, double tol) {
     char err[512], what[700];

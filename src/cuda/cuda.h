@@ -6,9 +6,10 @@
  * for exponentials; no fused multiply-adds), so a GPU stage gives the CPU's bits and a
  * fleet may mix the two freely. F16 and BF16 weights are the exception: they go through
  * the tensor cores (kernels.cuh's k_mm_h), with the activations kept to 22 or 16 bits and
- * only the f32 sums' order differing from the CPU's; their logits stay within 1e-4 of the
- * CPU's and, on one GPU, do not depend on the batch. The embedding rows are looked up on the host (one row of
- * a token is a few KiB; the table stays out of GPU memory). Built when nvcc is found
+ * only the f32 sums' order differing from the CPU's; their logits stay within 1e-5 (F16)
+ * and 1e-4 (BF16) of the CPU's and, on one GPU, do not depend on the batch. The embedding
+ * rows are looked up on the host (one row of a token is a few KiB; the table stays out of
+ * GPU memory). Built when nvcc is found
  * (stage.cu); a build without it answers every call with "built without CUDA" (none.c). */
 #ifndef PS_CUDA_H
 #define PS_CUDA_H

@@ -691,13 +691,9 @@ __global__ void __launch_bounds__(MMA_THREADS)
     typedef wtype<T> ty;
     typedef mma_tile<T> tl;
     mm_one mo = mm_pick(grp);
-    const uint8_t *W = mo.W;
-    float *Y = mo.Y;
-    long long ys = mo.ys;
-    int rows = mo.rows, bx = mo.bx;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
-    const int r0 = bx * MMA_M, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_xq32);
+    const int r0 = mo.bx * MMA_M, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_xq32);
     const size_t heads = (size_t)n_units * ty::quant; /* where a row's heads start */
     /* chunk c (blocks c * MMA_CH ..) into stage c & 1: rows and tokens past the end repeat the
      * last (their results are not stored) */
@@ -707,12 +703,12 @@ __global__ void __launch_bounds__(MMA_THREADS)
         int qp = nc * ty::quant / 16, hp = (nc * ty::head + 15) / 16, bp = nc * XB / 8;
         for (int i = tid; i < MMA_M * qp; i += MMA_THREADS) {
             int r = i / qp, k = i - r * qp;
-            const uint8_t *row = W + (size_t)min(r0 + r, rows - 1) * row_bytes;
+            const uint8_t *row = mo.W + (size_t)min(r0 + r, mo.rows - 1) * row_bytes;
             __pipeline_memcpy_async(A + r * tl::a + 16 * k, row + (size_t)c0 * ty::quant + 16 * k, 16);
         }
         for (int i = tid; i < MMA_M * hp; i += MMA_THREADS) {
             int r = i / hp, k = i - r * hp;
-            const uint8_t *row = W + (size_t)min(r0 + r, rows - 1) * row_bytes;
+            const uint8_t *row = mo.W + (size_t)min(r0 + r, mo.rows - 1) * row_bytes;
             __pipeline_memcpy_async(H + r * tl::h + 16 * k, row + heads + (size_t)c0 * ty::head + 16 * k, 16);
         }
         for (int i = tid; i < MMA_N * bp; i += MMA_THREADS) {
@@ -759,7 +755,7 @@ __global__ void __launch_bounds__(MMA_THREADS)
         }
         __syncthreads(); /* the stage is free for chunk c + 2 */
     }
-    mma_store(acc, Y, ys, rows, r0 + lo_row, t0 + 2 * q, nt);
+    mma_store(acc, mo.Y, mo.ys, mo.rows, r0 + lo_row, t0 + 2 * q, nt);
 }
 
 /* The K types on the tensor cores, a super-block a stage: each 32-element sub-block's dot
@@ -816,21 +812,17 @@ __global__ void __launch_bounds__(MMA_KTHREADS)
     typedef wtype<T> ty;
     typedef mma_ktile<T> tl;
     mm_one mo = mm_pick(grp);
-    const uint8_t *W = mo.W;
-    float *Y = mo.Y;
-    long long ys = mo.ys;
-    int rows = mo.rows, bx = mo.bx;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
-    const int r0 = bx * MMA_KM, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_block_q8_K);
+    const int r0 = mo.bx * MMA_KM, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_block_q8_K);
     auto load = [&](int c) { /* super-block c into stage c & 1 (rows, tokens past the end: the last) */
                              uint8_t *A = sm + (c & 1) * tl::stage, *B = A + MMA_KM * tl::a;
                              constexpr int AP = ty::stride % 16 ? ty::stride / 4 : ty::stride / 16,
                                            AB = ty::stride / AP;
                              for (int i = tid; i < MMA_KM * AP; i += MMA_KTHREADS) {
                                  int r = i / AP, k = i - r * AP;
-                                 const uint8_t *src =
-                                     W + (size_t)min(r0 + r, rows - 1) * row_bytes + (size_t)c * ty::stride + AB * k;
+                                 const uint8_t *src = mo.W + (size_t)min(r0 + r, mo.rows - 1) * row_bytes +
+                                                      (size_t)c * ty::stride + AB * k;
                                  __pipeline_memcpy_async(A + r * tl::a + AB * k, src, AB);
                              }
                              for (int i = tid; i < MMA_N * (XB / 4); i += MMA_KTHREADS) {
@@ -894,7 +886,7 @@ __global__ void __launch_bounds__(MMA_KTHREADS)
         }
         __syncthreads(); /* the stage is free for super-block c + 2 */
     }
-    mma_store(acc, Y, ys, rows, r0 + lo_row, t0 + 2 * q, nt);
+    mma_store(acc, mo.Y, mo.ys, mo.rows, r0 + lo_row, t0 + 2 * q, nt);
 }
 
 /* F32 weights against f32 activations (q8_ref.c's dot_f32): eight partial sums (element j
@@ -926,8 +918,9 @@ __global__ void __launch_bounds__(MMF_ROWS * 32)
  *  - precision: each activation is split into two halves of the weight's type, x = hi + lo
  *    (halves_row, in the RMSNorm or k_halves), so that W·x is W·hi + W·lo with x kept to
  *    22 (F16) or 16 (BF16) bits; the products are exact in f32, only the order of the f32
- *    sums differs from the CPU's (as the CPU's kernel families differ among themselves). F16 rows are scaled by a power of
- *    two first (exact) so that no half overflows or loses bits to subnormals.
+ *    sums differs from the CPU's (as the CPU's kernel families differ among themselves).
+ *    F16 rows are scaled by a power of two first (exact) so that no half overflows or
+ *    loses bits to subnormals.
  *  - batch invariance: a row's K range is dealt in chunks of 64 round the MMH_KS warps of a
  *    thread block, each warp sums its chunks in order, and the warps' sums are added in
  *    warp order: the same operations for a (row, token) whatever the batch, the tile or the
@@ -1045,8 +1038,7 @@ __global__ void __launch_bounds__(MMH_KS * 32)
     k_mm_h(mm_group grp, size_t row_bytes, int cols, const uint16_t *xh, const uint16_t *xl, const int *ex, int nt) {
     __shared__ float part[MMH_KS][16][9];
     mm_one mo = mm_pick(grp);
-    const uint8_t *W = mo.W;
-    int rows = mo.rows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int r0 = mo.bx * 16, hs = half_stride(cols), chunks = hs / 64;
     float acc[1][1][4] = {};
     const uint4 zero = {0, 0, 0, 0};
@@ -1058,9 +1050,9 @@ __global__ void __launch_bounds__(MMH_KS * 32)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int r = r0 + 8 * h + g, k = 64 * (c0 + u * MMH_KS) + 8 * q;
-                const uint4 *p = (const uint4 *)(W + (size_t)r * row_bytes + 2 * (size_t)k);
-                a[u][0][h][0] = r < rows && k < cols ? __ldg(p) : zero;
-                a[u][0][h][1] = r < rows && k + 32 < cols ? __ldg(p + 4) : zero;
+                const uint4 *p = (const uint4 *)(mo.W + (size_t)r * row_bytes + 2 * (size_t)k);
+                a[u][0][h][0] = r < mo.rows && k < cols ? __ldg(p) : zero;
+                a[u][0][h][1] = r < mo.rows && k + 32 < cols ? __ldg(p + 4) : zero;
             }
         if (c0 == warp) pdl_wait();
 #pragma unroll
@@ -1086,7 +1078,7 @@ __global__ void __launch_bounds__(MMH_KS * 32)
         int rr = threadIdx.x / 8, t = threadIdx.x % 8, r = r0 + rr;
         float s = part[0][rr][t];
         for (int w = 1; w < MMH_KS; w++) s += part[w][rr][t];
-        if (r < rows && t < nt) mo.Y[(size_t)t * mo.ys + r] = ldexpf(s, ex[t]);
+        if (r < mo.rows && t < nt) mo.Y[(size_t)t * mo.ys + r] = ldexpf(s, ex[t]);
     }
 }
 
@@ -1122,10 +1114,7 @@ __global__ void __launch_bounds__(MMHP_THREADS)
     k_mm_hp(mm_group grp, size_t row_bytes, int cols, const uint16_t *xh, const uint16_t *xl, const int *ex, int nt) {
     extern __shared__ __align__(16) uint8_t sm[];
     mm_one mo = mm_pick(grp);
-    const uint8_t *W = mo.W;
-    float *Y = mo.Y;
-    long long ys = mo.ys;
-    int rows = mo.rows, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     int wm = warp & 3, wn = warp >> 2, r0 = mo.bx * MMHP_M, t0 = blockIdx.y * MMHP_N;
     int hs = half_stride(cols), chunks = hs / 64;
     float acc[2][4][4] = {}, tot[2][4][4];
@@ -1136,8 +1125,8 @@ __global__ void __launch_bounds__(MMHP_THREADS)
 #pragma unroll
         for (int i = 0; i < MMHP_M * 8 / MMHP_THREADS; i++) {
             int at = tid + MMHP_THREADS * i, r = at >> 3, p = at & 7, k = 64 * c + 8 * p;
-            bool ok = r0 + r < rows && k < cols;
-            const uint8_t *src = ok ? W + (size_t)(r0 + r) * row_bytes + 2 * (size_t)k : W;
+            bool ok = r0 + r < mo.rows && k < cols;
+            const uint8_t *src = ok ? mo.W + (size_t)(r0 + r) * row_bytes + 2 * (size_t)k : mo.W;
             __pipeline_memcpy_async(A + r * 128 + 16 * (p ^ ((r & 1) << 2)), src, 16, ok ? 0 : 16);
         }
 #pragma unroll
@@ -1191,7 +1180,7 @@ __global__ void __launch_bounds__(MMHP_THREADS)
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 int r = r0 + 32 * wm + 16 * m + g + 8 * (k >> 1), t = t0 + 32 * wn + 8 * n + 2 * q + (k & 1);
-                if (r < rows && t < nt) Y[(size_t)t * ys + r] = ldexpf(tot[m][n][k], ex[t]);
+                if (r < mo.rows && t < nt) mo.Y[(size_t)t * mo.ys + r] = ldexpf(tot[m][n][k], ex[t]);
             }
 }
 
