@@ -64,7 +64,7 @@ __device__ __forceinline__ void pdl_wait() {
  * once (16-byte asynchronous copies where both ends allow, else 4-byte ones); the caller's
  * threads 0 .. threads - 1 share them, and each has its own landed when this returns (a
  * __syncthreads after it makes them everyone's). */
-__device__ __forceinline__ void stage(void *dst, const void *src, int bytes, int tid, int threads) {
+__device__ __forceinline__ void copy_to_shared(void *dst, const void *src, int bytes, int tid, int threads) {
     int wide = ((uintptr_t)dst | (uintptr_t)src) % 16 == 0 ? bytes / 16 : 0;
     for (int i = tid; i < wide; i += threads) __pipeline_memcpy_async((uint4 *)dst + i, (const uint4 *)src + i, 16);
     for (int i = wide * 4 + tid; i < bytes / 4; i += threads)
@@ -443,8 +443,8 @@ __global__ void __launch_bounds__(MM_THREADS, 4)
             }
             if (XS && j0 == 0) { /* the activations, while the weights are on their way */
                 for (int t = 0; t < tt; t++)
-                    stage(xs + t * nc * XB / 4, X + (size_t)(t0 + t) * x_row + (size_t)c0 * XB, nc * XB, tid,
-                          MM_THREADS);
+                    copy_to_shared(xs + t * nc * XB / 4, X + (size_t)(t0 + t) * x_row + (size_t)c0 * XB, nc * XB, tid,
+                                   MM_THREADS);
                 __syncthreads();
             }
 #pragma unroll
@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     mv_raw<T> ra[U], rb[U]; /* two steps' weights: arrays indexed by constants only */
     if (set < n_sets) mv_load<T, G>(row_ptr(row_of(set)), units, 0, sub, row_of(set) < m.rows, ra);
     pdl_wait(); /* the activations are the kernel before's */
-    stage(xs, X, units * XB, threadIdx.x, MV_THREADS);
+    copy_to_shared(xs, X, units * XB, threadIdx.x, MV_THREADS);
     __syncthreads();
     float sum = 0.0f;
     /* step (st, u0): this step's weights in raw, the next one's loaded into next */
