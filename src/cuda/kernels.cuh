@@ -60,16 +60,21 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-/* Copies bytes (a multiple of 4) from global to shared memory with every copy in flight at
- * once (16-byte asynchronous copies where both ends allow, else 4-byte ones); the caller's
- * threads 0 .. threads - 1 share them, and each has its own landed when this returns (a
- * __syncthreads after it makes them everyone's). */
-__device__ __forceinline__ void copy_to_shared(void *dst, const void *src, int bytes, int tid, int threads) {
+/* Starts copying bytes (a multiple of 4) from global to shared memory, every copy in flight
+ * at once (16-byte asynchronous copies where both ends allow, else 4-byte ones): one copy
+ * group, the caller's threads 0 .. threads - 1 sharing it. */
+__device__ __forceinline__ void copy_to_shared_async(void *dst, const void *src, int bytes, int tid, int threads) {
     int wide = ((uintptr_t)dst | (uintptr_t)src) % 16 == 0 ? bytes / 16 : 0;
     for (int i = tid; i < wide; i += threads) __pipeline_memcpy_async((uint4 *)dst + i, (const uint4 *)src + i, 16);
     for (int i = wide * 4 + tid; i < bytes / 4; i += threads)
         __pipeline_memcpy_async((int *)dst + i, (const int *)src + i, 4);
     __pipeline_commit();
+}
+
+/* The same, each thread's own copies landed when it returns (a __syncthreads after it makes
+ * them everyone's). */
+__device__ __forceinline__ void copy_to_shared(void *dst, const void *src, int bytes, int tid, int threads) {
+    copy_to_shared_async(dst, src, bytes, tid, threads);
     __pipeline_wait_prior(0);
 }
 
@@ -1197,22 +1202,29 @@ __device__ __forceinline__ float sumsq16(const float *x, int n) {
     return __shfl_sync(FULL, tree16(acc), 0);
 }
 
+#define NORM_THREADS 1024 /* 32 warps quantize the row */
+
+/* k_rmsnorm's shared memory: the row, the weights. */
+static inline size_t rmsnorm_smem(int dim) { return (size_t)dim * 8; }
+
 /* forward.c's rmsnorm of row r of x (rows[r], or r) into row r of out, after x += y on it
  * when y is given (the residual add the CPU does before); then the row made into the next
  * matmul's activations in xq: ps_xq32 (fmt 32) or ps_block_q8_K (256) blocks, a warp a
- * block, or the halves (XQ_F16, XQ_BF16). The row goes to shared memory in one sweep, then
- * 16 threads sum it in dot_f32's order. out may be y only without rows (a thread block then
- * writes just the row it read; with rows, block r would write row r while the block of
- * rows[r'] = r might still read it). Grid: rows, NORM_THREADS threads, dim * 4 bytes of
+ * block, or the halves (XQ_F16, XQ_BF16). The weights are on their way to shared memory
+ * before the kernel before is waited for; the row goes there in one sweep, then 16 threads
+ * sum it in dot_f32's order. out may be y only without rows (a thread block then writes
+ * just the row it read; with rows, block r would write row r while the block of rows[r'] =
+ * r might still read it). Grid: rows, NORM_THREADS threads, rmsnorm_smem(dim) bytes of
  * shared memory. */
-#define NORM_THREADS 1024 /* 32 warps quantize the row */
 __global__ void __launch_bounds__(NORM_THREADS, 1)
     k_rmsnorm(float *__restrict__ x, const float *y, const int32_t *rows, const float *__restrict__ w, float *out,
               int dim, float eps, int fmt, void *xq) {
     extern __shared__ float row[];
     __shared__ float scale;
+    float *ws = row + dim;
     int r = blockIdx.x, tid = threadIdx.x;
     pdl_start();
+    copy_to_shared_async(ws, w, dim * 4, tid, NORM_THREADS);
     pdl_wait();
     float4 *x4 = (float4 *)(x + (size_t)(rows ? rows[r] : r) * dim);
     const float4 *y4 = y ? (const float4 *)(y + (size_t)(rows ? rows[r] : r) * dim) : NULL;
@@ -1228,13 +1240,23 @@ __global__ void __launch_bounds__(NORM_THREADS, 1)
     __syncthreads();
     if (tid < 32) {
         float acc = 0.0f;
-        if (tid < 16)
-            for (int i = tid; i < dim; i += 16) acc += row[i] * row[i];
+        if (tid < 16) { /* 8 loads at a time, then their squares added in order */
+            int i = tid;
+            for (; i + 16 * 7 < dim; i += 16 * 8) {
+                float v[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = row[i + 16 * k];
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc += v[k] * v[k];
+            }
+            for (; i < dim; i += 16) acc += row[i] * row[i];
+        }
         acc = tree16(acc);
         if (tid == 0) scale = 1.0f / sqrtf(acc / (float)dim + eps);
     }
+    __pipeline_wait_prior(0); /* the weights */
     __syncthreads();
-    for (int i = tid; i < dim; i += NORM_THREADS) out[(size_t)r * dim + i] = row[i] = row[i] * scale * w[i];
+    for (int i = tid; i < dim; i += NORM_THREADS) out[(size_t)r * dim + i] = row[i] = row[i] * scale * ws[i];
     if (!fmt) return;
     __syncthreads();
     if (fmt == XQ_F16 || fmt == XQ_BF16) {
@@ -1277,12 +1299,22 @@ struct qk_args {
 /* attention_block's steps between the qkv matmuls and attention, for one head of one row
  * (grid: rows × (n_head + n_head_kv), one warp): bias, per-head norm, rotation; a key
  * head also writes its key and value into the cache. */
+#define QK_PAIRS 4 /* rotated pairs a lane: rope_dim <= head_dim <= 256 */
 __global__ void k_qk(qk_args a, rows_info ri) {
     pdl_start();
-    pdl_wait();
     int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd;
     bool isq = h < a.n_head;
     int hh = isq ? h : h - a.n_head, qd = a.n_head * hd, kd = a.n_head_kv * hd;
+    /* before the wait: what no kernel of the step writes (the row's position and table were
+     * copied before its first kernel; the rotation's table is the model's) */
+    int pos = ri.pos[t], half = a.rope_dim / 2;
+    const float *cs = a.rope + (size_t)pos * a.rope_dim;
+    float rc[QK_PAIRS], rs[QK_PAIRS]; /* cos, sin of this lane's pairs lane + 32 k */
+#pragma unroll
+    for (int k = 0; k < QK_PAIRS; k++)
+        if (lane + 32 * k < half) rc[k] = cs[2 * (lane + 32 * k)], rs[k] = cs[2 * (lane + 32 * k) + 1];
+    size_t at = isq ? 0 : kv_at(ri.tabs + ri.tab_off[t], a.n_head_kv, hd, hh, pos);
+    pdl_wait();
     float *vec = isq ? a.q + (size_t)t * qd + (size_t)hh * hd : a.k + (size_t)t * kd + (size_t)hh * hd;
     const float *bias = isq ? a.bq : a.bk, *norm = isq ? a.q_norm : a.k_norm;
     if (bias)
@@ -1294,11 +1326,12 @@ __global__ void k_qk(qk_args a, rows_info ri) {
         for (int i = lane; i < hd; i += 32) vec[i] = vec[i] * scale * norm[i];
         __syncwarp();
     }
-    int pos = ri.pos[t], half = a.rope_dim / 2;
-    const float *cs = a.rope + (size_t)pos * a.rope_dim;
-    for (int i = lane; i < half; i += 32) {
+#pragma unroll
+    for (int k = 0; k < QK_PAIRS; k++) {
+        int i = lane + 32 * k;
+        if (i >= half) break;
         int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
-        float c = cs[2 * i], s = cs[2 * i + 1], x0 = vec[ia], x1 = vec[ib];
+        float c = rc[k], s = rs[k], x0 = vec[ia], x1 = vec[ib];
         vec[ia] = x0 * c - x1 * s;
         vec[ib] = x0 * s + x1 * c;
     }
@@ -1307,7 +1340,6 @@ __global__ void k_qk(qk_args a, rows_info ri) {
     if (a.bv)
         for (int i = lane; i < hd; i += 32) v[i] += a.bv[hh * hd + i];
     __syncwarp();
-    size_t at = kv_at(ri.tabs + ri.tab_off[t], a.n_head_kv, hd, hh, pos);
     for (int i = lane; i < hd; i += 32) a.kc[at + i] = vec[i], a.vc[at + i] = v[i];
 }
 
@@ -1335,7 +1367,9 @@ __global__ void k_add(float *x, const float *y, size_t n) {
  * e / sum; then each output element sums weight × value over positions in order, the values
  * streaming through a ring of KV blocks in shared memory (ATT_RING_BYTES: while one block is
  * worked, the copies of the next ones are in flight, 16-byte asynchronous copies). Its scores
- * are copied into shared memory when att_smem_pos positions fit beside the ring. */
+ * are copied into shared memory when the context's positions fit beside the ring. Decode's
+ * rows take k_att_slice instead: the same sums, a thread block per 32 elements of a head,
+ * one warp walking its own ring of them. */
 
 #define ATT_THREADS    128
 #define ATT_RING_BYTES (64 * 1024)
@@ -1358,36 +1392,31 @@ static inline int att_ring_blocks(int hd) {
 }
 static inline size_t att_ring_bytes(int hd) { return (size_t)att_ring_blocks(hd) * PS_KV_BLOCK * hd * 4; }
 
-/* Starts the copy of the sequence's KV block b (head kvh: all hd elements, or the 32 from
- * c0 when cols is 32) into ring slot b % ring (PS_KV_BLOCK × cols floats). */
+/* Starts the copy of the sequence's KV block b (head kvh, one run of PS_KV_BLOCK × hd
+ * floats, hd % 4 == 0) into ring slot b % ring. */
 __device__ __forceinline__ void ring_fetch(float *ring, const float *cache, const int32_t *tab, int b, int n_ring,
-                                           int n_head_kv, int hd, int kvh, int c0, int cols) {
+                                           int n_head_kv, int hd, int kvh) {
     const float4 *src = (const float4 *)(cache + ((size_t)tab[b] * n_head_kv + kvh) * PS_KV_BLOCK * hd);
-    float4 *dst = (float4 *)(ring + (size_t)(b % n_ring) * PS_KV_BLOCK * cols);
-    if (cols == hd) /* the block is one run of PS_KV_BLOCK × hd floats (hd % 4 == 0) */
-        for (int i = threadIdx.x; i < PS_KV_BLOCK * hd / 4; i += ATT_THREADS)
-            __pipeline_memcpy_async(dst + i, src + i, 16);
-    else /* 8 float4s a position */
-        for (int i = threadIdx.x; i < PS_KV_BLOCK * 8; i += ATT_THREADS)
-            __pipeline_memcpy_async(dst + i, src + (i >> 3) * (hd / 4) + c0 / 4 + (i & 7), 16);
+    float4 *dst = (float4 *)(ring + (size_t)(b % n_ring) * PS_KV_BLOCK * hd);
+    for (int i = threadIdx.x; i < PS_KV_BLOCK * hd / 4; i += ATT_THREADS) __pipeline_memcpy_async(dst + i, src + i, 16);
 }
 
 /* work(b, rows) for the sequence's KV blocks b = 0 .. n_blk - 1 in order, rows = block b of
- * the cache (head kvh, elements c0 .. c0 + cols - 1) in shared memory, with the next
- * n_ring - 1 blocks' copies in flight. Every thread of the block calls it. */
+ * the cache (head kvh) in shared memory, with the next n_ring - 1 blocks' copies in flight.
+ * Every thread of the block calls it. */
 template <typename F>
 __device__ __forceinline__ void ring_walk(float *ring, const float *cache, const int32_t *tab, int n_blk, int n_ring,
-                                          int n_head_kv, int hd, int kvh, int c0, int cols, F work) {
+                                          int n_head_kv, int hd, int kvh, F work) {
     for (int b = 0; b < n_ring - 1; b++) {
-        if (b < n_blk) ring_fetch(ring, cache, tab, b, n_ring, n_head_kv, hd, kvh, c0, cols);
+        if (b < n_blk) ring_fetch(ring, cache, tab, b, n_ring, n_head_kv, hd, kvh);
         __pipeline_commit();
     }
     for (int b = 0; b < n_blk; b++) {
-        if (b + n_ring - 1 < n_blk) ring_fetch(ring, cache, tab, b + n_ring - 1, n_ring, n_head_kv, hd, kvh, c0, cols);
+        if (b + n_ring - 1 < n_blk) ring_fetch(ring, cache, tab, b + n_ring - 1, n_ring, n_head_kv, hd, kvh);
         __pipeline_commit();
         __pipeline_wait_prior(n_ring - 1); /* this thread's copies of block b have landed */
         __syncthreads();                   /* everyone's */
-        work(b, ring + (size_t)(b % n_ring) * PS_KV_BLOCK * cols);
+        work(b, ring + (size_t)(b % n_ring) * PS_KV_BLOCK * hd);
         __syncthreads(); /* block b's slot is free for block b + n_ring */
     }
 }
@@ -1412,18 +1441,42 @@ __device__ __forceinline__ unsigned att_group(rows_info ri, int row0, int lr0, i
  * warps of a warp, at consecutive positions, read different banks. */
 __host__ __device__ constexpr int att_key_stride(int hd) { return (hd + 31) / 32 * 32 + 16; }
 
+/* Starts the copy of KV block b's keys of head kvh (when b < n_blk) to dst, PS_KV_BLOCK
+ * positions att_key_stride(hd) apart: one copy group, the thread block's threads sharing it
+ * (copy i is position j's float4 e, i = j · hd / 4 + e, the pair stepped without dividing). */
+__device__ __forceinline__ void keys_fetch(float *dst, const float *kc, const int32_t *tab, int b, int n_blk,
+                                           int n_head_kv, int hd, int kvh) {
+    if (b < n_blk) {
+        const float4 *src = (const float4 *)(kc + ((size_t)tab[b] * n_head_kv + kvh) * PS_KV_BLOCK * hd);
+        int per = hd / 4, kst = att_key_stride(hd), tid = threadIdx.x;
+        for (int i = tid, j = tid / per, e = tid % per; i < PS_KV_BLOCK * per; i += ATT_THREADS) {
+            __pipeline_memcpy_async(dst + j * kst + 4 * e, src + i, 16);
+            j += ATT_THREADS / per, e += ATT_THREADS % per;
+            if (e >= per) j++, e -= per;
+        }
+    }
+    __pipeline_commit();
+}
+
+/* Key buffers of k_att_scores<AR>: decode's few rows keep the next KV block's copies in
+ * flight while one is worked; prefill's AR rows have work enough per block to hide them, and
+ * one buffer leaves room for more thread blocks a multiprocessor. */
+__host__ __device__ constexpr int att_scores_bufs(int ar) { return ar == 1 ? 2 : 1; }
+
 /* The scores of a launch's rows, into a.scores (rows of the launch, n_head, srow): a thread
  * block per (AR rows, head, z), z taking the sequences' KV blocks z, z + gridDim.z, ...: the
  * positions spread over the device (a decode step's 32 heads alone would keep 32 SMs busy).
- * Each KV block's keys come to shared memory once for the rows that share it; a half warp
- * per (row, position), lane l its elements l, l + 16, ..., then the tree and the scale
- * (attend_nv's). Both halves of a warp take the same row (the shuffles name the whole
- * warp). Shared memory: AR rows' q, then PS_KV_BLOCK keys att_key_stride(hd) apart. */
+ * Each KV block's keys come to shared memory once for the rows that share it (keys_fetch
+ * into att_scores_bufs buffers); a half warp per (row, position), lane l its elements
+ * l, l + 16, ..., then the tree and the scale (attend_nv's). Both halves of a warp take the
+ * same row (the shuffles name the whole warp). Shared memory: AR rows' q, then the buffers
+ * of PS_KV_BLOCK keys att_key_stride(hd) apart. */
 template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a, rows_info ri) {
     pdl_start();
     pdl_wait();
     extern __shared__ float sh[];
-    int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, l = tid & 15, hd = a.hd;
+    constexpr int NB = att_scores_bufs(AR);
+    int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, l = tid & 15, hd = a.hd, Z = gridDim.z;
     int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv), kst = att_key_stride(hd);
     float *qs = sh, *keys = sh + AR * hd;
     for (int r = 0; r < nr; r++)
@@ -1438,30 +1491,34 @@ template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(at
             if (grp >> r & 1) n_blk = max(n_blk, (n_pos[r] + PS_KV_BLOCK - 1) / PS_KV_BLOCK);
         }
         const int32_t *tab = ri.tabs + ri.tab_off[a.row0 + lr0 + __ffs(grp) - 1];
-        for (int b = blockIdx.z; b < n_blk; b += gridDim.z) {
-            __syncthreads(); /* the keys before are done with (and, first, the q's are in) */
-            const float4 *src = (const float4 *)(a.kc + ((size_t)tab[b] * a.n_head_kv + kvh) * PS_KV_BLOCK * hd);
-            for (int i = tid; i < PS_KV_BLOCK * hd / 4; i += ATT_THREADS) {
-                int j = i / (hd / 4), e = i - j * (hd / 4);
-                *(float4 *)(keys + j * kst + 4 * e) = src[i];
-            }
-            __syncthreads();
+        auto fetch = [&](int b, int k) {
+            keys_fetch(keys + (k % NB) * PS_KV_BLOCK * kst, a.kc, tab, b, n_blk, a.n_head_kv, hd, kvh);
+        };
+        fetch(blockIdx.z, 0);
+        for (int b = blockIdx.z, k = 0; b < n_blk; b += Z, k++) {
+            if (NB > 1) fetch(b + Z, k + 1); /* into the buffer the step before freed */
+            __pipeline_wait_prior(NB - 1);   /* this thread's copies of block b have landed */
+            __syncthreads();                 /* everyone's (and, first, the q's are in) */
+            const float *kb = keys + (k % NB) * PS_KV_BLOCK * kst;
             for (int pi = tid >> 4; pi < AR * PS_KV_BLOCK; pi += ATT_THREADS / 16) {
                 int r = pi / PS_KV_BLOCK, j = pi - r * PS_KV_BLOCK, p = b * PS_KV_BLOCK + j;
                 if (!(grp >> r & 1)) continue;
-                const float *q = qs + r * hd, *k = keys + j * kst;
+                const float *q = qs + r * hd, *kr = kb + j * kst;
                 float acc = 0.0f;
-                for (int i = l; i < hd; i += 16) acc += q[i] * k[i];
+                for (int i = l; i < hd; i += 16) acc += q[i] * kr[i];
                 acc = tree16(acc);
                 if (l == 0 && p < n_pos[r]) a.scores[((size_t)(lr0 + r) * a.n_head + h) * a.srow + p] = acc * a.scale;
             }
+            __syncthreads(); /* buffer k % NB is free */
+            if (NB == 1) fetch(b + Z, k + 1);
         }
+        __pipeline_wait_prior(0); /* the last copies, empty or unused */
     }
 }
 
 /* Shared memory of k_att_scores<AR>. */
 static inline size_t att_scores_smem(int ar, int hd) {
-    return ((size_t)ar * hd + PS_KV_BLOCK * att_key_stride(hd)) * 4;
+    return ((size_t)ar * hd + att_scores_bufs(ar) * PS_KV_BLOCK * att_key_stride(hd)) * 4;
 }
 
 /* Thread blocks along z for k_att_scores: enough for a context of n_ctx positions to spread
@@ -1471,15 +1528,47 @@ static inline int att_scores_z(int n_ctx) {
     return blocks < 32 ? blocks : 32;
 }
 
+/* One row's softmax (attend_nv's) over its np scores in s, by the whole thread block: the
+ * max, e = ps_exp_neg(score - max), the 16 lane sums over positions l, l + 16, ... in order
+ * (eight loads at a time) and their tree, then e / sum into dst (s itself, or elsewhere). */
+__device__ __forceinline__ void softmax(float *s, float *dst, int np, float *red) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float mx = -INFINITY;
+    for (int p = tid; p < np; p += ATT_THREADS) mx = fmaxf(mx, s[p]);
+    mx = warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int i = 1; i < ATT_THREADS / 32; i++) mx = fmaxf(mx, red[i]);
+    for (int p = tid; p < np; p += ATT_THREADS) s[p] = ps_exp_neg(s[p] - mx);
+    __syncthreads();
+    if (warp == 0) {
+        float sum = 0.0f;
+        if (lane < 16) {
+            int p = lane;
+            for (; p + 16 * 7 < np; p += 16 * 8) {
+                float e[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) e[k] = s[p + 16 * k];
+#pragma unroll
+                for (int k = 0; k < 8; k++) sum += e[k];
+            }
+            for (; p < np; p += 16) sum += s[p];
+        }
+        sum = __shfl_sync(FULL, tree16(sum), 0);
+        if (lane == 0) red[0] = sum;
+    }
+    __syncthreads();
+    float sum = red[0];
+    for (int p = tid; p < np; p += ATT_THREADS) dst[p] = s[p] / sum;
+    __syncthreads();
+}
+
 /* The rest of attention for AR rows and a head whose scores k_att_scores wrote. First each
  * row's softmax, row after row (SMEM: its scores copied to shared memory and back; with one
  * row they stay there); then, for the rows that share a table, the values: element i of
  * each row sums over positions in order, a KV block of values at a time through the ring,
- * with the rows' probabilities of that block staged beside it. Thread block z takes the
- * head's elements z·hd/Z .. (z + 1)·hd/Z - 1 of Z = gridDim.z slices: a decode step's few
- * (row, head) blocks spread over the device, each slice making the softmax itself (the same
- * numbers) and streaming only its share of the values (as many more KV blocks in flight as
- * its slots are smaller). Z > 1: SMEM, AR 1, hd / Z = 32. Shared memory: the ring
+ * with the rows' probabilities of that block staged beside it. Shared memory: the ring
  * (att_ring_bytes), the staged probabilities (AR × PS_KV_BLOCK), then (SMEM) a row's
  * scores. */
 template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
@@ -1487,10 +1576,9 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
     __shared__ float red[ATT_THREADS / 32];
     pdl_start();
     pdl_wait();
-    int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hd = a.hd;
+    int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, hd = a.hd;
     int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv);
-    int cols = hd / gridDim.z, c0 = blockIdx.z * cols; /* this block's slice of the head */
-    constexpr bool KEEP = SMEM && AR == 1;             /* the probabilities stay in S */
+    constexpr bool KEEP = SMEM && AR == 1; /* the probabilities stay in S */
     float *ring = sh, *stage = sh + a.ring * PS_KV_BLOCK * hd, *S = stage + AR * PS_KV_BLOCK;
     int n_pos[AR];
     float *G[AR];
@@ -1502,31 +1590,11 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
     for (int r = 0; r < nr; r++) { /* softmax */
         float *g = G[r], *s = SMEM ? S : g;
         int np = n_pos[r];
-        if (SMEM)
-            for (int p = tid; p < np; p += ATT_THREADS) s[p] = g[p];
+        if (SMEM) copy_to_shared(s, g, np * 4, tid, ATT_THREADS);
         __syncthreads();
-        float mx = -INFINITY;
-        for (int p = tid; p < np; p += ATT_THREADS) mx = fmaxf(mx, s[p]);
-        mx = warp_max(mx);
-        if (lane == 0) red[warp] = mx;
-        __syncthreads();
-        mx = red[0];
-        for (int i = 1; i < ATT_THREADS / 32; i++) mx = fmaxf(mx, red[i]);
-        for (int p = tid; p < np; p += ATT_THREADS) s[p] = ps_exp_neg(s[p] - mx);
-        __syncthreads();
-        if (warp == 0) { /* lane l < 16: positions l, l + 16, ... in order */
-            float sum = 0.0f;
-            if (lane < 16)
-                for (int p = lane; p < np; p += 16) sum += s[p];
-            sum = __shfl_sync(FULL, tree16(sum), 0);
-            if (lane == 0) red[0] = sum;
-        }
-        __syncthreads();
-        float sum = red[0];
-        for (int p = tid; p < np; p += ATT_THREADS) (KEEP ? s : g)[p] = s[p] / sum;
-        __syncthreads();
+        softmax(s, KEEP ? s : g, np, red);
     }
-    int i0 = tid, i1 = tid + ATT_THREADS; /* this thread's elements of the slice (hd <= 256) */
+    int i0 = tid, i1 = tid + ATT_THREADS; /* this thread's elements (hd <= 256) */
     for (unsigned todo = (1u << nr) - 1, grp; todo; todo &= ~grp) {
         grp = att_group(ri, a.row0, lr0, nr, todo);
         int n_blk = 0;
@@ -1537,38 +1605,37 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
         float o0[AR], o1[AR];
 #pragma unroll
         for (int r = 0; r < AR; r++) o0[r] = o1[r] = 0.0f;
-        ring_walk(ring, a.vc, tab, n_blk, a.ring * (hd / cols), a.n_head_kv, hd, kvh, c0, cols,
-                  [&](int b, const float *vals) {
-                      int p0 = b * PS_KV_BLOCK;
-                      if (!KEEP) {
-                          for (int k = tid; k < AR * PS_KV_BLOCK; k += ATT_THREADS) {
-                              int r = k / PS_KV_BLOCK, p = p0 + k - r * PS_KV_BLOCK;
-                              if ((grp >> r & 1) && p < n_pos[r]) stage[k] = G[r][p];
-                          }
-                          __syncthreads();
-                      }
+        ring_walk(ring, a.vc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *vals) {
+            int p0 = b * PS_KV_BLOCK;
+            if (!KEEP) {
+                for (int k = tid; k < AR * PS_KV_BLOCK; k += ATT_THREADS) {
+                    int r = k / PS_KV_BLOCK, p = p0 + k - r * PS_KV_BLOCK;
+                    if ((grp >> r & 1) && p < n_pos[r]) stage[k] = G[r][p];
+                }
+                __syncthreads();
+            }
 #pragma unroll
-                      for (int r = 0; r < AR; r++) {
-                          if (!(grp >> r & 1)) continue;
-                          const float *pr = KEEP ? S + p0 : stage + r * PS_KV_BLOCK;
-                          int np = min(PS_KV_BLOCK, n_pos[r] - p0);
-                          if (i0 < cols)
-                              for (int j = 0; j < np; j++) o0[r] += pr[j] * vals[(size_t)j * cols + i0];
-                          if (i1 < cols)
-                              for (int j = 0; j < np; j++) o1[r] += pr[j] * vals[(size_t)j * cols + i1];
-                      }
-                  });
+            for (int r = 0; r < AR; r++) {
+                if (!(grp >> r & 1)) continue;
+                const float *pr = KEEP ? S + p0 : stage + r * PS_KV_BLOCK;
+                int np = min(PS_KV_BLOCK, n_pos[r] - p0);
+                if (i0 < hd)
+                    for (int j = 0; j < np; j++) o0[r] += pr[j] * vals[(size_t)j * hd + i0];
+                if (i1 < hd)
+                    for (int j = 0; j < np; j++) o1[r] += pr[j] * vals[(size_t)j * hd + i1];
+            }
+        });
 #pragma unroll
         for (int r = 0; r < AR; r++) {
             if (!(grp >> r & 1)) continue;
             size_t t = (size_t)(a.row0 + lr0 + r);
-            float *out = a.out + (t * a.n_head + h) * hd + c0;
-            if (i0 < cols) out[i0] = o0[r];
-            if (i1 < cols) out[i1] = o1[r];
+            float *out = a.out + (t * a.n_head + h) * hd;
+            if (i0 < hd) out[i0] = o0[r];
+            if (i1 < hd) out[i1] = o1[r];
             if (a.xq) { /* whole warps: element blocks 32 w (o0) and 32 w + ATT_THREADS (o1) */
-                ps_xq32 *xb = a.xq + ((t * a.n_head + h) * hd + c0) / 32;
-                if (32 * warp < cols) quant_warp(o0[r], xb + warp);
-                if (32 * warp + ATT_THREADS < cols) quant_warp(o1[r], xb + warp + ATT_THREADS / 32);
+                ps_xq32 *xb = a.xq + (t * a.n_head + h) * hd / 32;
+                if (32 * warp < hd) quant_warp(o0[r], xb + warp);
+                if (32 * warp + ATT_THREADS < hd) quant_warp(o1[r], xb + warp + ATT_THREADS / 32);
             }
         }
     }
@@ -1578,6 +1645,96 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
 static inline size_t att_smem_bytes(int hd, size_t n_scores) {
     return att_ring_bytes(hd) + ATT_ROWS * PS_KV_BLOCK * 4 + n_scores * 4;
 }
+
+/* A warp's ring of SLICE_DEPTH KV blocks of one head's 32 elements c0 .. c0 + 31 of the
+ * values (PS_KV_BLOCK × 32 floats a slot), for a sequence of n_blk blocks. start() puts the
+ * first SLICE_DEPTH - 1 blocks' copies in flight; walk() adds weight × value position after
+ * position (lane i: element c0 + i; the weights in S), each block's copy issued
+ * SLICE_DEPTH - 1 blocks ahead and its table entry read one step before that. Only the
+ * warp's own barriers. */
+#define SLICE_DEPTH 8
+struct slice_ring {
+    float *ring;
+    const float *vc; /* the layer's value cache */
+    const int32_t *tab;
+    int n_blk, n_head_kv, hd, kvh, c0;
+
+    __device__ void fetch(int b, int t) { /* block b (table entry t): 8 float4s a position */
+        if (b < n_blk) {
+            const float4 *src = (const float4 *)(vc + ((size_t)t * n_head_kv + kvh) * PS_KV_BLOCK * hd + c0);
+            float4 *dst = (float4 *)(ring + (size_t)(b % SLICE_DEPTH) * PS_KV_BLOCK * 32);
+            for (int i = threadIdx.x & 31; i < PS_KV_BLOCK * 8; i += 32)
+                __pipeline_memcpy_async(dst + i, src + (i >> 3) * (hd / 4) + (i & 7), 16);
+        }
+        __pipeline_commit();
+    }
+    __device__ void start() {
+        for (int b = 0; b < SLICE_DEPTH - 1; b++) fetch(b, b < n_blk ? tab[b] : 0);
+    }
+    __device__ float walk(const float *S, int np) {
+        int lane = threadIdx.x & 31, next = SLICE_DEPTH - 1 < n_blk ? tab[SLICE_DEPTH - 1] : 0;
+        float o = 0.0f;
+        for (int b = 0; b < n_blk; b++) {
+            int t = next;
+            next = b + SLICE_DEPTH < n_blk ? tab[b + SLICE_DEPTH] : 0;
+            fetch(b + SLICE_DEPTH - 1, t); /* into the slot block b - 1 left */
+            __pipeline_wait_prior(SLICE_DEPTH - 1);
+            __syncwarp(); /* every lane's copies of block b */
+            const float *v = ring + (size_t)(b % SLICE_DEPTH) * PS_KV_BLOCK * 32 + lane, *pr = S + b * PS_KV_BLOCK;
+            int n = min(PS_KV_BLOCK, np - b * PS_KV_BLOCK);
+            if (n == PS_KV_BLOCK) { /* every load, every product, then the sums in order */
+                float w[PS_KV_BLOCK], x[PS_KV_BLOCK];
+#pragma unroll
+                for (int j = 0; j < PS_KV_BLOCK; j += 4) *(float4 *)(w + j) = *(const float4 *)(pr + j);
+#pragma unroll
+                for (int j = 0; j < PS_KV_BLOCK; j++) x[j] = v[j * 32];
+#pragma unroll
+                for (int j = 0; j < PS_KV_BLOCK; j++) x[j] = w[j] * x[j];
+#pragma unroll
+                for (int j = 0; j < PS_KV_BLOCK; j++) o += x[j];
+            } else
+                for (int j = 0; j < n; j++) o += pr[j] * v[j * 32];
+            __syncwarp(); /* block b's slot is free */
+        }
+        __pipeline_wait_prior(0); /* the last, empty, copy groups */
+        return o;
+    }
+};
+
+/* Decode's attention after k_att_scores, for rows of their own (AR 1) and hd % 32 == 0: a
+ * thread block per (row, head, slice z of 32 elements), so that a step's few (row, head)
+ * pairs spread over the device. Each block copies its row's scores to shared memory while
+ * warp 0 starts its values' ring, makes the softmax with all its warps (every slice the same
+ * numbers), then warp 0 alone walks the values (slice_ring) and writes the slice (and its
+ * ps_xq32 block for the o matmul). Shared memory: slice_smem(n_ctx). */
+__global__ void __launch_bounds__(ATT_THREADS) k_att_slice(att_args a, rows_info ri) {
+    extern __shared__ float sh[];
+    __shared__ float red[ATT_THREADS / 32];
+    pdl_start();
+    pdl_wait();
+    int h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, c0 = 32 * blockIdx.z;
+    size_t t = (size_t)(a.row0 + blockIdx.x);
+    int np = ri.pos[t] + 1;
+    float *S = sh + SLICE_DEPTH * PS_KV_BLOCK * 32;
+    slice_ring vr = {sh,          a.vc, ri.tabs + ri.tab_off[t],      (np + PS_KV_BLOCK - 1) / PS_KV_BLOCK,
+                     a.n_head_kv, a.hd, h / (a.n_head / a.n_head_kv), c0};
+    copy_to_shared_async(S, a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow, np * 4, tid, ATT_THREADS);
+    if (warp == 0) {
+        vr.start();
+        __pipeline_wait_prior(SLICE_DEPTH - 1); /* the scores, the oldest group */
+    } else
+        __pipeline_wait_prior(0);
+    __syncthreads();
+    softmax(S, S, np, red);
+    if (warp) return;
+    float o = vr.walk(S, np);
+    size_t at = (t * a.n_head + h) * a.hd + c0;
+    a.out[at + (tid & 31)] = o;
+    if (a.xq) quant_warp(o, a.xq + at / 32);
+}
+
+/* Shared memory of k_att_slice: the ring, a row's scores. */
+static inline size_t slice_smem(int n_ctx) { return ((size_t)SLICE_DEPTH * PS_KV_BLOCK * 32 + (size_t)n_ctx) * 4; }
 
 /* Reads n 16-byte words (the bandwidth measure); a sum that is never zero in practice keeps
  * the loads from being optimized away. */

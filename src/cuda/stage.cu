@@ -340,12 +340,16 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     if (!s && e != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "CUDA: %s (allocating %.2f GiB on %s)", cudaGetErrorString(e),
                     need / 1073741824.0, name);
+    /* attention's kernels and their shared memory (k_att_slice only where the scores fit) */
     const void *att_k[] = {
         g->att_smem_scores ? (const void *)k_attention<true, 1> : (const void *)k_attention<false, 1>,
-        g->att_smem_scores ? (const void *)k_attention<true, ATT_ROWS> : (const void *)k_attention<false, ATT_ROWS>};
-    for (int i = 0; i < 2 && !s && att_smem(g) > 48 * 1024; i++)
-        if ((e = cudaFuncSetAttribute(att_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(g))) !=
-            cudaSuccess)
+        g->att_smem_scores ? (const void *)k_attention<true, ATT_ROWS> : (const void *)k_attention<false, ATT_ROWS>,
+        (const void *)k_att_slice, (const void *)k_att_scores<1>, (const void *)k_att_scores<ATT_ROWS>};
+    const size_t att_b[] = {att_smem(g), att_smem(g), g->att_smem_scores ? slice_smem(g->n_ctx) : 0,
+                            att_scores_smem(1, m->hp.head_dim), att_scores_smem(ATT_ROWS, m->hp.head_dim)};
+    for (size_t i = 0; i < sizeof att_b / sizeof *att_b && !s; i++)
+        if (att_b[i] > 48 * 1024 && (e = cudaFuncSetAttribute(att_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              (int)att_b[i])) != cudaSuccess)
             s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
     const void *mma_k[] = {(const void *)k_mm_hp<PS_TYPE_F16>,     (const void *)k_mm_hp<PS_TYPE_BF16>,
                            (const void *)k_mm_mma<PS_TYPE_Q4_0>,   (const void *)k_mm_mma<PS_TYPE_Q4_1>,
@@ -366,9 +370,9 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
         if ((e = cudaFuncSetAttribute(mma_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem[i])) !=
             cudaSuccess)
             s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (the matmuls' shared memory)", cudaGetErrorString(e));
-    if (!s && m->hp.dim * 4 > 48 * 1024 &&
-        (e = cudaFuncSetAttribute(k_rmsnorm, cudaFuncAttributeMaxDynamicSharedMemorySize, m->hp.dim * 4)) !=
-            cudaSuccess)
+    if (!s && rmsnorm_smem(m->hp.dim) > 48 * 1024 &&
+        (e = cudaFuncSetAttribute(k_rmsnorm, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)rmsnorm_smem(m->hp.dim))) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (the norm's shared memory)", cudaGetErrorString(e));
     if (!s) {
         a.base = (uint8_t *)g->mem;
@@ -594,7 +598,8 @@ static int rmsnorm(ps_cuda *g, float *x, const float *y, const int32_t *rows, co
                    const dmat *next) {
     const ps_hparams *hp = &g->m->hp;
     int fmt = xq_format(next->type);
-    launch_after(g, k_rmsnorm, n, NORM_THREADS, hp->dim * 4, x, y, rows, w, out, hp->dim, hp->rms_eps, fmt, g->xq);
+    launch_after(g, k_rmsnorm, n, NORM_THREADS, rmsnorm_smem(hp->dim), x, y, rows, w, out, hp->dim, hp->rms_eps, fmt,
+                 g->xq);
     return fmt;
 }
 
@@ -607,10 +612,11 @@ template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info r
     unsigned blocks = blocks_for(aa.n_rows, AR);
     launch_after(g, k_att_scores<AR>, dim3(blocks, aa.n_head, att_scores_z(g->n_ctx)), ATT_THREADS,
                  att_scores_smem(AR, aa.hd), aa, ri);
-    if (g->att_smem_scores) {
-        unsigned z = AR == 1 && aa.hd % 32 == 0 ? aa.hd / 32 : 1; /* k_attention's slices: a head's blocks of 32 */
-        launch_after(g, k_attention<true, AR>, dim3(blocks, aa.n_head, z), ATT_THREADS, att_smem(g), aa, ri);
-    } else
+    if (g->att_smem_scores && AR == 1 && aa.hd % 32 == 0)
+        launch_after(g, k_att_slice, dim3(blocks, aa.n_head, aa.hd / 32), ATT_THREADS, slice_smem(g->n_ctx), aa, ri);
+    else if (g->att_smem_scores)
+        launch_after(g, k_attention<true, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), aa, ri);
+    else
         launch_after(g, k_attention<false, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), aa, ri);
 }
 
