@@ -1192,14 +1192,27 @@ __global__ void __launch_bounds__(MMHP_THREADS)
 /* ---------------------------------------------------------------------------------------
  * Norms, rotation, element-wise steps (forward.c) */
 
-/* The sum of x[i]^2 for i < n in dot_f32's order (lane i % 16, then the tree), in every
+/* Lane l < 16's share of a sum over x[0 .. n - 1] in dot_f32's order: x[l], x[l + 16], ...
+ * (squared when SQ) added in turn, eight loaded at a time; 0 in the other lanes. */
+template <bool SQ> __device__ __forceinline__ float lane_sum16(const float *x, int n) {
+    int l = threadIdx.x & 31, i = l;
+    float acc = 0.0f;
+    if (l >= 16) return acc;
+    for (; i + 16 * 7 < n; i += 16 * 8) {
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = x[i + 16 * k];
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc += SQ ? v[k] * v[k] : v[k];
+    }
+    for (; i < n; i += 16) acc += SQ ? x[i] * x[i] : x[i];
+    return acc;
+}
+
+/* The sum of x[i]^2 for i < n in dot_f32's order (the 16 lanes, then the tree), in every
  * lane of the warp. */
 __device__ __forceinline__ float sumsq16(const float *x, int n) {
-    int lane = threadIdx.x & 31;
-    float acc = 0.0f;
-    if (lane < 16)
-        for (int i = lane; i < n; i += 16) acc += x[i] * x[i];
-    return __shfl_sync(FULL, tree16(acc), 0);
+    return __shfl_sync(FULL, tree16(lane_sum16<true>(x, n)), 0);
 }
 
 #define NORM_THREADS 1024 /* 32 warps quantize the row */
@@ -1239,19 +1252,7 @@ __global__ void __launch_bounds__(NORM_THREADS, 1)
     }
     __syncthreads();
     if (tid < 32) {
-        float acc = 0.0f;
-        if (tid < 16) { /* 8 loads at a time, then their squares added in order */
-            int i = tid;
-            for (; i + 16 * 7 < dim; i += 16 * 8) {
-                float v[8];
-#pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = row[i + 16 * k];
-#pragma unroll
-                for (int k = 0; k < 8; k++) acc += v[k] * v[k];
-            }
-            for (; i < dim; i += 16) acc += row[i] * row[i];
-        }
-        acc = tree16(acc);
+        float acc = tree16(lane_sum16<true>(row, dim));
         if (tid == 0) scale = 1.0f / sqrtf(acc / (float)dim + eps);
     }
     __pipeline_wait_prior(0); /* the weights */
@@ -1543,19 +1544,7 @@ __device__ __forceinline__ void softmax(float *s, float *dst, int np, float *red
     for (int p = tid; p < np; p += ATT_THREADS) s[p] = ps_exp_neg(s[p] - mx);
     __syncthreads();
     if (warp == 0) {
-        float sum = 0.0f;
-        if (lane < 16) {
-            int p = lane;
-            for (; p + 16 * 7 < np; p += 16 * 8) {
-                float e[8];
-#pragma unroll
-                for (int k = 0; k < 8; k++) e[k] = s[p + 16 * k];
-#pragma unroll
-                for (int k = 0; k < 8; k++) sum += e[k];
-            }
-            for (; p < np; p += 16) sum += s[p];
-        }
-        sum = __shfl_sync(FULL, tree16(sum), 0);
+        float sum = tree16(lane_sum16<false>(s, np));
         if (lane == 0) red[0] = sum;
     }
     __syncthreads();
