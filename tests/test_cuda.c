@@ -1,20 +1,19 @@
 /* test_cuda.c - GPU stages (src/cuda) give the bits of the CPU's reference kernels (the
  * "ref" family, which the NEON kernels and AVX2's row tiles reproduce too): for synthetic
  * models of every weight type (llama, qwen2 biases, qwen3 head norms, a head width that is
- * not a multiple of 16) and for the real models present, every logit of a chunked prompt
- * and of greedy decode steps equals the CPU's bit for bit, whatever the chunk size — but
- * for F16 and BF16 weights, which the GPU multiplies on its tensor cores in another order
- * of f32 sums (kernels.cuh's k_mm_h): there every logit is within F16_TOL (BF16_TOL) of
- * the CPU's, the tokens are the CPU's, and the GPU's logits do not depend on the chunk size;
- * sequences run together in mixed segments on the GPU give what each gives alone on the
- * CPU; a fleet of a CPU stage and a GPU stage (either way round) gives the whole model's
- * logits. Against this CPU's fastest family (another float summation order) it prints the
- * largest logit difference, for the record (see family_gap). A
- * 708-position context (many more KV blocks than attention's ring holds) gives the CPU's bits
- * too, for head widths 64, 128 and 40. And
- * the GPU's refusals (f32 activations, a device that is not there, a stage too large for
- * the device's memory). Skipped where there is no CUDA device (CI): scripts/test-gpu.sh
- * runs it on a machine with one. */
+ * not a multiple of 16, the widest: 256) and for the real models present, every logit of a
+ * chunked prompt and of greedy decode steps equals the CPU's bit for bit, whatever the
+ * chunk size — but for F16 and BF16 weights, which the GPU multiplies on its tensor cores
+ * in another order of f32 sums (kernels.cuh's k_mm_h): there every logit is within F16_TOL
+ * (BF16_TOL) of the CPU's, the tokens are the CPU's, and the GPU's logits do not depend on
+ * the chunk size; sequences run together in mixed segments on the GPU give what each gives
+ * alone on the CPU; a fleet of a CPU stage and a GPU stage (either way round) gives the
+ * whole model's logits. Against this CPU's fastest family (another float summation order)
+ * it prints the largest logit difference, for the record (see family_gap). A 708-position
+ * context (many more KV blocks than attention's ring holds) gives the CPU's bits too, for
+ * head widths 64, 128 and 40. And the GPU's refusals (f32 activations, a device that is not
+ * there, a stage too large for the device's memory). Skipped where there is no CUDA device
+ * (CI): scripts/test-gpu.sh runs it on a machine with one. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -414,8 +413,9 @@ int main(void) {
         {"Q6_K", "llama", "--dim 512 --heads 8 --kv-heads 2 --ffn 1280"}, /* 5 super-blocks: 1,050-byte rows */
         {"Q4_K_M", "qwen2", "--dim 512 --heads 8 --kv-heads 2 --ffn 1280"},
         {"Q4_K_M", "llama", "--dim 2048 --heads 16 --kv-heads 4 --ffn 2304"}, /* K types in decode's k_mv */
-        {"F16", "llama", "--dim 320 --ffn 800"},                   /* 32 elements past the last chunk of 64 */
-        {"BF16", "qwen2", "--heads 8 --kv-heads 2 --head-dim 40"}, /* 80 rows: half a tile */
+        {"F16", "llama", "--dim 320 --ffn 800"},                    /* 32 elements past the last chunk of 64 */
+        {"BF16", "qwen2", "--heads 8 --kv-heads 2 --head-dim 40"},  /* 80 rows: half a tile */
+        {"Q8_0", "qwen3", "--heads 2 --kv-heads 1 --head-dim 256"}, /* the widest head: 69 KB for decode's scores */
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(cases); i++) {
         double tol = !strcmp(cases[i][0], "F16") ? F16_TOL : !strcmp(cases[i][0], "BF16") ? BF16_TOL : 0;
