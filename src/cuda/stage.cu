@@ -340,40 +340,37 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     if (!s && e != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "CUDA: %s (allocating %.2f GiB on %s)", cudaGetErrorString(e),
                     need / 1073741824.0, name);
-    /* attention's kernels and their shared memory (k_att_slice only where the scores fit) */
-    const void *att_k[] = {
-        g->att_smem_scores ? (const void *)k_attention<true, 1> : (const void *)k_attention<false, 1>,
-        g->att_smem_scores ? (const void *)k_attention<true, ATT_ROWS> : (const void *)k_attention<false, ATT_ROWS>,
-        (const void *)k_att_slice, (const void *)k_att_scores<1>, (const void *)k_att_scores<ATT_ROWS>};
-    const size_t att_b[] = {att_smem(g), att_smem(g), g->att_smem_scores ? slice_smem(g->n_ctx) : 0,
-                            att_scores_smem(1, m->hp.head_dim), att_scores_smem(ATT_ROWS, m->hp.head_dim)};
-    for (size_t i = 0; i < sizeof att_b / sizeof *att_b && !s; i++)
-        if (att_b[i] > 48 * 1024 && (e = cudaFuncSetAttribute(att_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                              (int)att_b[i])) != cudaSuccess)
-            s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (attention's shared memory)", cudaGetErrorString(e));
-    const void *mma_k[] = {(const void *)k_mm_hp<PS_TYPE_F16>,     (const void *)k_mm_hp<PS_TYPE_BF16>,
-                           (const void *)k_mm_mma<PS_TYPE_Q4_0>,   (const void *)k_mm_mma<PS_TYPE_Q4_1>,
-                           (const void *)k_mm_mma<PS_TYPE_Q5_0>,   (const void *)k_mm_mma<PS_TYPE_Q5_1>,
-                           (const void *)k_mm_mma<PS_TYPE_Q8_0>,   (const void *)k_mm_mma_k<PS_TYPE_Q4_K>,
-                           (const void *)k_mm_mma_k<PS_TYPE_Q5_K>, (const void *)k_mm_mma_k<PS_TYPE_Q6_K>};
-    const int mma_smem[] = {MMHP_SMEM,
-                            MMHP_SMEM,
-                            mma_tile<PS_TYPE_Q4_0>::smem,
-                            mma_tile<PS_TYPE_Q4_1>::smem,
-                            mma_tile<PS_TYPE_Q5_0>::smem,
-                            mma_tile<PS_TYPE_Q5_1>::smem,
-                            mma_tile<PS_TYPE_Q8_0>::smem,
-                            mma_ktile<PS_TYPE_Q4_K>::smem,
-                            mma_ktile<PS_TYPE_Q5_K>::smem,
-                            mma_ktile<PS_TYPE_Q6_K>::smem};
-    for (size_t i = 0; i < sizeof mma_smem / sizeof *mma_smem && !s; i++)
-        if ((e = cudaFuncSetAttribute(mma_k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem[i])) !=
-            cudaSuccess)
-            s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (the matmuls' shared memory)", cudaGetErrorString(e));
-    if (!s && rmsnorm_smem(m->hp.dim) > 48 * 1024 &&
-        (e = cudaFuncSetAttribute(k_rmsnorm, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)rmsnorm_smem(m->hp.dim))) != cudaSuccess)
-        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (the norm's shared memory)", cudaGetErrorString(e));
+    /* the kernels' shared memory, where more than the default 48 KB (k_att_slice only where the
+     * context's scores fit) */
+    const void *att1 = g->att_smem_scores ? (const void *)k_attention<true, 1> : (const void *)k_attention<false, 1>;
+    const void *att8 =
+        g->att_smem_scores ? (const void *)k_attention<true, ATT_ROWS> : (const void *)k_attention<false, ATT_ROWS>;
+    const char *att = "attention's", *mms = "the matmuls'";
+    const struct {
+        const void *k;
+        size_t bytes;
+        const char *of;
+    } smem[] = {{att1, att_smem(g), att},
+                {att8, att_smem(g), att},
+                {(const void *)k_att_slice, g->att_smem_scores ? slice_smem(g->n_ctx) : 0, att},
+                {(const void *)k_att_scores<1>, att_scores_smem(1, m->hp.head_dim), att},
+                {(const void *)k_att_scores<ATT_ROWS>, att_scores_smem(ATT_ROWS, m->hp.head_dim), att},
+                {(const void *)k_mm_hp<PS_TYPE_F16>, MMHP_SMEM, mms},
+                {(const void *)k_mm_hp<PS_TYPE_BF16>, MMHP_SMEM, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q4_0>, mma_tile<PS_TYPE_Q4_0>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q4_1>, mma_tile<PS_TYPE_Q4_1>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q5_0>, mma_tile<PS_TYPE_Q5_0>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q5_1>, mma_tile<PS_TYPE_Q5_1>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q8_0>, mma_tile<PS_TYPE_Q8_0>::smem, mms},
+                {(const void *)k_mm_mma_k<PS_TYPE_Q4_K>, mma_ktile<PS_TYPE_Q4_K>::smem, mms},
+                {(const void *)k_mm_mma_k<PS_TYPE_Q5_K>, mma_ktile<PS_TYPE_Q5_K>::smem, mms},
+                {(const void *)k_mm_mma_k<PS_TYPE_Q6_K>, mma_ktile<PS_TYPE_Q6_K>::smem, mms},
+                {(const void *)k_rmsnorm, rmsnorm_smem(m->hp.dim), "the norm's"}};
+    for (size_t i = 0; i < sizeof smem / sizeof *smem && !s; i++)
+        if (smem[i].bytes > 48 * 1024 &&
+            (e = cudaFuncSetAttribute(smem[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem[i].bytes)) !=
+                cudaSuccess)
+            s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (%s shared memory)", cudaGetErrorString(e), smem[i].of);
     if (!s) {
         a.base = (uint8_t *)g->mem;
         layout(g, &a);
