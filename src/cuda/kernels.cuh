@@ -1365,12 +1365,12 @@ __global__ void k_add(float *x, const float *y, size_t n) {
  * the tree, times 1/sqrt(hd), a thread block per (row, head, share of the positions), into a
  * buffer of scores. k_attention, a thread block per (row, head): the softmax's max,
  * e = ps_exp_neg(score - max), the 16 lane sums over positions p0 + lane and their tree,
- * e / sum; then each output element sums weight × value over positions in order, the values
+ * e / sum; then each output element sums weight × value over positions in order, in chunks
+ * of PS_ATT_CHUNK (each chunk's sum from zero, added to the total where it ends), the values
  * streaming through a ring of KV blocks in shared memory (ATT_RING_BYTES: while one block is
  * worked, the copies of the next ones are in flight, 16-byte asynchronous copies). Its scores
  * are copied into shared memory when the context's positions fit beside the ring. Decode's
- * rows take k_att_slice instead: the same sums, a thread block per 32 elements of a head,
- * one warp walking its own ring of them. */
+ * rows take k_att_chunks instead: the same sums, the chunks side by side. */
 
 #define ATT_THREADS    128
 #define ATT_RING_BYTES (64 * 1024)
@@ -1384,7 +1384,13 @@ struct att_args {
     int n_head, n_head_kv, hd, srow, row0, n_rows; /* the launch's rows: row0 .. row0 + n_rows - 1 */
     int ring;                                      /* KV blocks in the ring */
     float scale;
+    float *part;     /* k_att_chunks: (rows of the launch, n_head, max_chunks, hd) chunks' sums */
+    unsigned *count; /* k_att_chunks: (rows of the launch, n_head) blocks arrived, 0 between launches */
+    int max_chunks;  /* the context's chunks */
 };
+
+/* KV blocks a chunk of the values' sums (PS_ATT_CHUNK). */
+#define ATT_CB (PS_ATT_CHUNK / PS_KV_BLOCK)
 
 /* KV blocks in the ring for head width hd (at least 2), and its bytes. */
 static inline int att_ring_blocks(int hd) {
@@ -1506,6 +1512,7 @@ template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(at
                 if (!(grp >> r & 1)) continue;
                 const float *q = qs + r * hd, *kr = kb + j * kst;
                 float acc = 0.0f;
+#pragma unroll 8
                 for (int i = l; i < hd; i += 16) acc += q[i] * kr[i];
                 acc = tree16(acc);
                 if (l == 0 && p < n_pos[r]) a.scores[((size_t)(lr0 + r) * a.n_head + h) * a.srow + p] = acc * a.scale;
@@ -1522,11 +1529,13 @@ static inline size_t att_scores_smem(int ar, int hd) {
     return ((size_t)ar * hd + att_scores_bufs(ar) * PS_KV_BLOCK * att_key_stride(hd)) * 4;
 }
 
-/* Thread blocks along z for k_att_scores: enough for a context of n_ctx positions to spread
- * over the device, at most one per KV block. */
-static inline int att_scores_z(int n_ctx) {
-    int blocks = (n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
-    return blocks < 32 ? blocks : 32;
+/* Thread blocks along z for k_att_scores<AR>: enough for a context of n_ctx positions to
+ * spread over the device, at most one per KV block; at most 128 for decode's few rows, 32
+ * for prefill's (whose rows fill the device: more blocks, each reading the rows' q, cost it
+ * 5 % at 2,048 positions). */
+static inline int att_scores_z(int n_ctx, int ar) {
+    int blocks = (n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK, most = ar == 1 ? 128 : 32;
+    return blocks < most ? blocks : most;
 }
 
 /* One row's softmax (attend_nv's) over its np scores in s, by the whole thread block: the
@@ -1556,10 +1565,10 @@ __device__ __forceinline__ void softmax(float *s, float *dst, int np, float *red
 /* The rest of attention for AR rows and a head whose scores k_att_scores wrote. First each
  * row's softmax, row after row (SMEM: its scores copied to shared memory and back; with one
  * row they stay there); then, for the rows that share a table, the values: element i of
- * each row sums over positions in order, a KV block of values at a time through the ring,
- * with the rows' probabilities of that block staged beside it. Shared memory: the ring
- * (att_ring_bytes), the staged probabilities (AR × PS_KV_BLOCK), then (SMEM) a row's
- * scores. */
+ * each row sums over positions in order, chunk by chunk, a KV block of values at a time
+ * through the ring, with the rows' probabilities of that block staged beside it. Shared
+ * memory: the ring (att_ring_bytes), the staged probabilities (AR × PS_KV_BLOCK), then
+ * (SMEM) a row's scores. */
 template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
     extern __shared__ float sh[];
     __shared__ float red[ATT_THREADS / 32];
@@ -1591,9 +1600,9 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
         for (int r = 0; r < AR; r++)
             if (grp >> r & 1) n_blk = max(n_blk, (n_pos[r] + PS_KV_BLOCK - 1) / PS_KV_BLOCK);
         const int32_t *tab = ri.tabs + ri.tab_off[a.row0 + lr0 + __ffs(grp) - 1];
-        float o0[AR], o1[AR];
+        float o0[AR], o1[AR], c0[AR], c1[AR]; /* the totals, the chunk's sums */
 #pragma unroll
-        for (int r = 0; r < AR; r++) o0[r] = o1[r] = 0.0f;
+        for (int r = 0; r < AR; r++) o0[r] = o1[r] = c0[r] = c1[r] = 0.0f;
         ring_walk(ring, a.vc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *vals) {
             int p0 = b * PS_KV_BLOCK;
             if (!KEEP) {
@@ -1608,10 +1617,13 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
                 if (!(grp >> r & 1)) continue;
                 const float *pr = KEEP ? S + p0 : stage + r * PS_KV_BLOCK;
                 int np = min(PS_KV_BLOCK, n_pos[r] - p0);
+                if (np <= 0) continue;
                 if (i0 < hd)
-                    for (int j = 0; j < np; j++) o0[r] += pr[j] * vals[(size_t)j * hd + i0];
+                    for (int j = 0; j < np; j++) c0[r] += pr[j] * vals[(size_t)j * hd + i0];
                 if (i1 < hd)
-                    for (int j = 0; j < np; j++) o1[r] += pr[j] * vals[(size_t)j * hd + i1];
+                    for (int j = 0; j < np; j++) c1[r] += pr[j] * vals[(size_t)j * hd + i1];
+                if ((b + 1) % ATT_CB == 0 || np < PS_KV_BLOCK || p0 + PS_KV_BLOCK == n_pos[r]) /* a chunk ends */
+                    o0[r] += c0[r], o1[r] += c1[r], c0[r] = c1[r] = 0.0f;
             }
         });
 #pragma unroll
@@ -1635,95 +1647,113 @@ static inline size_t att_smem_bytes(int hd, size_t n_scores) {
     return att_ring_bytes(hd) + ATT_ROWS * PS_KV_BLOCK * 4 + n_scores * 4;
 }
 
-/* A warp's ring of SLICE_DEPTH KV blocks of one head's 32 elements c0 .. c0 + 31 of the
- * values (PS_KV_BLOCK × 32 floats a slot), for a sequence of n_blk blocks. start() puts the
- * first SLICE_DEPTH - 1 blocks' copies in flight; walk() adds weight × value position after
- * position (lane i: element c0 + i; the weights in S), each block's copy issued
- * SLICE_DEPTH - 1 blocks ahead and its table entry read one step before that. Only the
- * warp's own barriers. */
-#define SLICE_DEPTH 8
-struct slice_ring {
-    float *ring;
-    const float *vc; /* the layer's value cache */
-    const int32_t *tab;
-    int n_blk, n_head_kv, hd, kvh, c0;
+/* Decode's attention after k_att_scores, for rows of their own (AR 1), hd % 32 == 0: the
+ * values' chunks (PS_ATT_CHUNK positions) summed side by side, so that a step's few (row,
+ * head) pairs spread over the device. A thread block per (row, head, z) holds
+ * att_workers(hd) workers (hd threads, an element each; 128 threads, two, for hd > 128),
+ * worker w taking chunks z · W + w, then gridDim.z · W further on. Each block with a chunk
+ * makes the row's softmax (every block the same numbers); then each worker sums its chunks'
+ * weight × value in position order into a.part, and the block that arrives last (the count
+ * a.count) adds the chunks' sums in order and writes the head's output (and its ps_xq32
+ * blocks for the o matmul). Shared memory: att_chunks_smem(n_ctx). */
+__host__ __device__ constexpr int att_workers(int hd) { return hd < ATT_THREADS ? ATT_THREADS / hd : 1; }
 
-    __device__ void fetch(int b, int t) { /* block b (table entry t): 8 float4s a position */
-        if (b < n_blk) {
-            const float4 *src = (const float4 *)(vc + ((size_t)t * n_head_kv + kvh) * PS_KV_BLOCK * hd + c0);
-            float4 *dst = (float4 *)(ring + (size_t)(b % SLICE_DEPTH) * PS_KV_BLOCK * 32);
-            for (int i = threadIdx.x & 31; i < PS_KV_BLOCK * 8; i += 32)
-                __pipeline_memcpy_async(dst + i, src + (i >> 3) * (hd / 4) + (i & 7), 16);
-        }
-        __pipeline_commit();
-    }
-    __device__ void start() {
-        for (int b = 0; b < SLICE_DEPTH - 1; b++) fetch(b, b < n_blk ? tab[b] : 0);
-    }
-    __device__ float walk(const float *S, int np) {
-        int lane = threadIdx.x & 31, next = SLICE_DEPTH - 1 < n_blk ? tab[SLICE_DEPTH - 1] : 0;
-        float o = 0.0f;
-        for (int b = 0; b < n_blk; b++) {
-            int t = next;
-            next = b + SLICE_DEPTH < n_blk ? tab[b + SLICE_DEPTH] : 0;
-            fetch(b + SLICE_DEPTH - 1, t); /* into the slot block b - 1 left */
-            __pipeline_wait_prior(SLICE_DEPTH - 1);
-            __syncwarp(); /* every lane's copies of block b */
-            const float *v = ring + (size_t)(b % SLICE_DEPTH) * PS_KV_BLOCK * 32 + lane, *pr = S + b * PS_KV_BLOCK;
-            int n = min(PS_KV_BLOCK, np - b * PS_KV_BLOCK);
-            if (n == PS_KV_BLOCK) { /* every load, every product, then the sums in order */
-                float w[PS_KV_BLOCK], x[PS_KV_BLOCK];
+/* The table entries of chunk ch's KV blocks (0 past the sequence's n_blk). */
+__device__ __forceinline__ void chunk_tab(int (&tb)[ATT_CB], const int32_t *tab, int ch, int n_blk) {
 #pragma unroll
-                for (int j = 0; j < PS_KV_BLOCK; j += 4) *(float4 *)(w + j) = *(const float4 *)(pr + j);
-#pragma unroll
-                for (int j = 0; j < PS_KV_BLOCK; j++) x[j] = v[j * 32];
-#pragma unroll
-                for (int j = 0; j < PS_KV_BLOCK; j++) x[j] = w[j] * x[j];
-#pragma unroll
-                for (int j = 0; j < PS_KV_BLOCK; j++) o += x[j];
-            } else
-                for (int j = 0; j < n; j++) o += pr[j] * v[j * 32];
-            __syncwarp(); /* block b's slot is free */
-        }
-        __pipeline_wait_prior(0); /* the last, empty, copy groups */
-        return o;
-    }
-};
-
-/* Decode's attention after k_att_scores, for rows of their own (AR 1) and hd % 32 == 0: a
- * thread block per (row, head, slice z of 32 elements), so that a step's few (row, head)
- * pairs spread over the device. Each block copies its row's scores to shared memory while
- * warp 0 starts its values' ring, makes the softmax with all its warps (every slice the same
- * numbers), then warp 0 alone walks the values (slice_ring) and writes the slice (and its
- * ps_xq32 block for the o matmul). Shared memory: slice_smem(n_ctx). */
-__global__ void __launch_bounds__(ATT_THREADS) k_att_slice(att_args a, rows_info ri) {
-    extern __shared__ float sh[];
-    __shared__ float red[ATT_THREADS / 32];
-    pdl_start();
-    pdl_wait();
-    int h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, c0 = 32 * blockIdx.z;
-    size_t t = (size_t)(a.row0 + blockIdx.x);
-    int np = ri.pos[t] + 1;
-    float *S = sh + SLICE_DEPTH * PS_KV_BLOCK * 32;
-    slice_ring vr = {sh,          a.vc, ri.tabs + ri.tab_off[t],      (np + PS_KV_BLOCK - 1) / PS_KV_BLOCK,
-                     a.n_head_kv, a.hd, h / (a.n_head / a.n_head_kv), c0};
-    copy_to_shared_async(S, a.scores + ((size_t)blockIdx.x * a.n_head + h) * a.srow, np * 4, tid, ATT_THREADS);
-    if (warp == 0) {
-        vr.start();
-        __pipeline_wait_prior(SLICE_DEPTH - 1); /* the scores, the oldest group */
-    } else
-        __pipeline_wait_prior(0);
-    __syncthreads();
-    softmax(S, S, np, red);
-    if (warp) return;
-    float o = vr.walk(S, np);
-    size_t at = (t * a.n_head + h) * a.hd + c0;
-    a.out[at + (tid & 31)] = o;
-    if (a.xq) quant_warp(o, a.xq + at / 32);
+    for (int k = 0; k < ATT_CB; k++) tb[k] = ch * ATT_CB + k < n_blk ? tab[ch * ATT_CB + k] : 0;
 }
 
-/* Shared memory of k_att_slice: the ring, a row's scores. */
-static inline size_t slice_smem(int n_ctx) { return ((size_t)SLICE_DEPTH * PS_KV_BLOCK * 32 + (size_t)n_ctx) * 4; }
+/* Chunk ch's sum of weight (S) × value (element e) over its positions below np, in order,
+ * a KV block's values loaded at a time. (A partial block's later positions are selected
+ * away, not branched around: a branch a product would keep each weight's load waiting for
+ * the add before it.) */
+__device__ __forceinline__ float chunk_sum(const float *vc, const int (&tb)[ATT_CB], int n_head_kv, int hd, int kvh,
+                                           int e, int ch, int np, const float *S) {
+    float c = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ATT_CB; k++) {
+        int b = ch * ATT_CB + k, n = np - b * PS_KV_BLOCK;
+        if (n <= 0) break;
+        const float *v = vc + ((size_t)tb[k] * n_head_kv + kvh) * PS_KV_BLOCK * hd + e, *w = S + b * PS_KV_BLOCK;
+        float x[PS_KV_BLOCK];
+#pragma unroll
+        for (int j = 0; j < PS_KV_BLOCK; j++) x[j] = j < n ? v[j * hd] : 0.0f;
+        if (n >= PS_KV_BLOCK) {
+#pragma unroll
+            for (int j = 0; j < PS_KV_BLOCK; j++) c += w[j] * x[j];
+        } else {
+#pragma unroll
+            for (int j = 0; j < PS_KV_BLOCK; j++) {
+                float s = c + w[j] * x[j];
+                c = j < n ? s : c;
+            }
+        }
+    }
+    return c;
+}
+
+__global__ void __launch_bounds__(ATT_THREADS) k_att_chunks(att_args a, rows_info ri) {
+    extern __shared__ float S[];
+    __shared__ float red[ATT_THREADS / 32];
+    __shared__ bool last;
+    pdl_start();
+    int lr = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, hd = a.hd, W = att_workers(hd);
+    size_t t = (size_t)(a.row0 + lr), head = (size_t)lr * a.n_head + h;
+    int np = ri.pos[t] + 1, n_chunks = (np + PS_ATT_CHUNK - 1) / PS_ATT_CHUNK,
+        n_blk = (np + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    int e = W > 1 ? tid % hd : tid, ch0 = blockIdx.z * W + (W > 1 ? tid / hd : 0), kvh = h / (a.n_head / a.n_head_kv);
+    bool mine = e < hd && ch0 < n_chunks; /* a worker with a chunk (element e, and e + 128 when hd > 128) */
+    const int32_t *tab = ri.tabs + ri.tab_off[t];
+    float *part = a.part + head * a.max_chunks * hd;
+    int tb[ATT_CB];
+    if (mine) chunk_tab(tb, tab, ch0, n_blk); /* the tables are the chunk's input, not the kernel before's */
+    pdl_wait();
+    if ((int)blockIdx.z * W < n_chunks) {
+        copy_to_shared(S, a.scores + head * a.srow, np * 4, tid, ATT_THREADS);
+        __syncthreads();
+        softmax(S, S, np, red);
+        for (int ch = ch0; mine && ch < n_chunks; ch += gridDim.z * W) {
+            if (ch != ch0) chunk_tab(tb, tab, ch, n_blk);
+            for (int k = 0; e + k < hd; k += ATT_THREADS)
+                part[ch * hd + e + k] = chunk_sum(a.vc, tb, a.n_head_kv, hd, kvh, e + k, ch, np, S);
+        }
+    }
+    __threadfence(); /* the chunks' sums, seen by the last block */
+    __syncthreads();
+    if (tid == 0) {
+        last = atomicAdd(a.count + head, 1u) == gridDim.z - 1;
+        if (last) a.count[head] = 0; /* for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = tid; i < hd; i += ATT_THREADS) { /* whole warps (hd % 32 == 0) */
+        float o = 0.0f, y[8];
+        for (int c0 = 0; c0 < n_chunks; c0 += 8) {
+#pragma unroll
+            for (int c = 0; c < 8; c++) y[c] = c0 + c < n_chunks ? __ldcg(part + (c0 + c) * hd + i) : 0.0f;
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                if (c0 + c < n_chunks) o += y[c];
+        }
+        size_t at = (t * a.n_head + h) * hd + i;
+        a.out[at] = o;
+        if (a.xq) quant_warp(o, a.xq + at / 32);
+    }
+}
+
+/* Shared memory of k_att_chunks: the scores of whole chunks (the sums read a partial
+ * chunk's weights to its end, and select the products past the row away). */
+static inline size_t att_chunks_smem(int n_ctx) {
+    return (size_t)(n_ctx + PS_ATT_CHUNK - 1) / PS_ATT_CHUNK * PS_ATT_CHUNK * 4;
+}
+
+/* Thread blocks along z for k_att_chunks: a worker a chunk of an n_ctx context, at most 64. */
+static inline int att_chunks_z(int n_ctx, int hd) {
+    int chunks = (n_ctx + PS_ATT_CHUNK - 1) / PS_ATT_CHUNK, z = (chunks + att_workers(hd) - 1) / att_workers(hd);
+    return z < 64 ? z : 64;
+}
 
 /* Reads n 16-byte words (the bandwidth measure); a sum that is never zero in practice keeps
  * the loads from being optimized away. */

@@ -44,6 +44,9 @@ struct ps_cuda {
     float *x, *xb, *q, *att, *k, *v, *hb, *hb2; /* as forward.c's */
     float *xo;              /* the head's normed rows: apart from xb, whose rows they are made from */
     float *logits, *scores; /* (max_batch, vocab), (att_rows, n_head, n_ctx) */
+    float *att_part;        /* k_att_chunks' chunk sums: (GRAPH_ROWS, n_head, att_chunks, head_dim) */
+    unsigned *att_count;    /* k_att_chunks' arrivals: (GRAPH_ROWS, n_head), zero between launches */
+    int att_chunks;         /* chunks of the values' sums in a context (PS_ATT_CHUNK) */
     uint8_t *xq;            /* quantized activations */
     float *kc, *vc;         /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, hd) */
     int32_t *meta;          /* pos, tab_off, logit rows (max_batch each), tables */
@@ -176,6 +179,8 @@ static void layout(ps_cuda *g, arena *a) {
     g->k = (float *)take(a, B * g->kv_dim * 4), g->v = (float *)take(a, B * g->kv_dim * 4);
     g->hb = (float *)take(a, B * hp->ffn_dim * 4), g->hb2 = (float *)take(a, B * hp->ffn_dim * 4);
     g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
+    g->att_part = (float *)take(a, (size_t)GRAPH_ROWS * hp->n_head * g->att_chunks * hp->head_dim * 4);
+    g->att_count = (unsigned *)take(a, (size_t)GRAPH_ROWS * hp->n_head * 4);
     g->xq = (uint8_t *)take(a, xq);
     size_t kv = (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     g->kc = (float *)take(a, kv * 4), g->vc = (float *)take(a, kv * 4);
@@ -190,6 +195,7 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     g->q_dim = m->hp.n_head * m->hp.head_dim, g->kv_dim = m->hp.n_head_kv * m->hp.head_dim;
     g->n_layer = m->layer_end - m->layer_begin;
     g->seq_blocks = (p->n_ctx + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    g->att_chunks = (p->n_ctx + PS_ATT_CHUNK - 1) / PS_ATT_CHUNK;
     /* scores of at most 64 MiB per attention launch */
     size_t per_row = (size_t)m->hp.n_head * p->n_ctx * 4, rows = ((size_t)64 << 20) / per_row;
     g->att_rows = rows < 1 ? 1 : rows > (size_t)p->max_batch ? p->max_batch : (int)rows;
@@ -340,7 +346,7 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     if (!s && e != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_NOMEM, "CUDA: %s (allocating %.2f GiB on %s)", cudaGetErrorString(e),
                     need / 1073741824.0, name);
-    /* the kernels' shared memory, where more than the default 48 KB (k_att_slice only where the
+    /* the kernels' shared memory, where more than the default 48 KB (k_att_chunks only where the
      * context's scores fit) */
     const void *att1 = g->att_smem_scores ? (const void *)k_attention<true, 1> : (const void *)k_attention<false, 1>;
     const void *att8 =
@@ -352,7 +358,7 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
         const char *of;
     } smem[] = {{att1, att_smem(g), att},
                 {att8, att_smem(g), att},
-                {(const void *)k_att_slice, g->att_smem_scores ? slice_smem(g->n_ctx) : 0, att},
+                {(const void *)k_att_chunks, g->att_smem_scores ? att_chunks_smem(g->n_ctx) : 0, att},
                 {(const void *)k_att_scores<1>, att_scores_smem(1, m->hp.head_dim), att},
                 {(const void *)k_att_scores<ATT_ROWS>, att_scores_smem(ATT_ROWS, m->hp.head_dim), att},
                 {(const void *)k_mm_hp<PS_TYPE_F16>, MMHP_SMEM, mms},
@@ -378,6 +384,8 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     }
     if (!s &&
         (e = cudaMemset(g->kc, 0, 2 * (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim * 4)) != cudaSuccess)
+        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
+    if (!s && (e = cudaMemset(g->att_count, 0, (size_t)GRAPH_ROWS * m->hp.n_head * 4)) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
     if (s) {
         ps_cuda_free(g);
@@ -607,10 +615,11 @@ static void add(ps_cuda *g, float *x, const float *y, size_t n) {
 /* Attention's two launches for rows aa.row0 .. + aa.n_rows, AR rows a thread block. */
 template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info ri) {
     unsigned blocks = blocks_for(aa.n_rows, AR);
-    launch_after(g, k_att_scores<AR>, dim3(blocks, aa.n_head, att_scores_z(g->n_ctx)), ATT_THREADS,
+    launch_after(g, k_att_scores<AR>, dim3(blocks, aa.n_head, att_scores_z(g->n_ctx, AR)), ATT_THREADS,
                  att_scores_smem(AR, aa.hd), aa, ri);
     if (g->att_smem_scores && AR == 1 && aa.hd % 32 == 0)
-        launch_after(g, k_att_slice, dim3(blocks, aa.n_head, aa.hd / 32), ATT_THREADS, slice_smem(g->n_ctx), aa, ri);
+        launch_after(g, k_att_chunks, dim3(blocks, aa.n_head, att_chunks_z(g->n_ctx, aa.hd)), ATT_THREADS,
+                     att_chunks_smem(g->n_ctx), aa, ri);
     else if (g->att_smem_scores)
         launch_after(g, k_attention<true, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), aa, ri);
     else
@@ -638,6 +647,7 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     aa.xq = have ? (ps_xq32 *)g->xq : NULL;
     aa.n_head = hp->n_head, aa.n_head_kv = hp->n_head_kv, aa.hd = hp->head_dim, aa.srow = g->n_ctx;
     aa.ring = att_ring_blocks(hp->head_dim), aa.scale = 1.0f / sqrtf((float)hp->head_dim);
+    aa.part = g->att_part, aa.count = g->att_count, aa.max_chunks = g->att_chunks;
     for (aa.row0 = 0; aa.row0 < n; aa.row0 += g->att_rows) {
         aa.n_rows = n - aa.row0 < g->att_rows ? n - aa.row0 : g->att_rows;
         if (n > GRAPH_ROWS)

@@ -363,7 +363,8 @@ static ALWAYS_INLINE size_t kv_at(const ps_ctx *c, const int32_t *tab, int kvh, 
 
 /* Attention in 16-lane vectors (GCC vector extensions: AVX-512, two AVX2 or four SSE/NEON
  * registers, the same lane operations in each). The order of every sum is the one the
- * scalar definition gives (dot_f32's 16 lanes and tree for q·k, then positions in order),
+ * scalar definition gives (dot_f32's 16 lanes and tree for q·k, then positions in order in
+ * chunks of PS_ATT_CHUNK, the chunks' sums in order),
  * so the bits do not depend on the vector width; the vectors only let 16 positions'
  * scores share one reduction network instead of a tree each. */
 typedef float v16 __attribute__((vector_size(64)));
@@ -498,6 +499,12 @@ static ALWAYS_INLINE attn_pass attn_pass_of(const attn_job *j, int t, int h0, co
     return a;
 }
 
+/* The end of a chunk of positions: each head's chunk sums o added to its total, o zeroed. */
+static ALWAYS_INLINE void fold16(v16 (*o)[17], v16 (*tot)[17], int nh, int nacc) {
+    for (int k = 0; k < nh; k++)
+        for (int i = 0; i < nacc; i++) tot[k][i] += o[k][i], o[k][i] = (v16){0};
+}
+
 /* Causal attention of heads h0..h0+nh-1 of token t, all of one key/value group:
  * att = softmax(q·K / sqrt(hd)) V over positions 0..pos+t, each head's sums in position
  * order (the order does not depend on which heads share the pass). NV = hd / 16 when hd is
@@ -527,11 +534,13 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
             memcpy(scores + k * srow + p0, &sc, sizeof sc);
         }
     softmax_heads(scores, srow, nh, n_pos);
-    /* outputs: each head's accumulators over one block of positions at a time */
-    v16 o[ATT_HEADS][17];
+    /* outputs: each head's accumulators over one block of positions at a time, the sum of
+     * each chunk (PS_ATT_CHUNK) added to the head's total (tot) where the chunk ends */
+    v16 o[ATT_HEADS][17], tot[ATT_HEADS][17];
     for (int k = 0; k < nh; k++)
-        for (int i = 0; i < nacc; i++) o[k][i] = (v16){0};
+        for (int i = 0; i < nacc; i++) o[k][i] = tot[k][i] = (v16){0};
     for (int p0 = 0; p0 < n_pos; p0 += 16) {
+        if (p0 && p0 % PS_ATT_CHUNK == 0) fold16(o, tot, nh, nacc);
         int pe = p0 + 16 < n_pos ? p0 + 16 : n_pos;
         const float *vb = j->vc + kv_at(c, tab, kvh, p0); /* p0..pe-1: one block's rows */
         for (int k = 0; k < nh; k++) {
@@ -546,10 +555,11 @@ static ALWAYS_INLINE void attend_nv(const attn_job *j, int t, int h0, int nh, fl
             for (int i = 0; i < nacc; i++) o[k][i] = ok[i];
         }
     }
+    fold16(o, tot, nh, nacc);
     for (int k = 0; k < nh; k++) {
         float *out = c->att + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
-        for (int i = 0; i < nv; i++) memcpy(out + 16 * i, &o[k][i], sizeof o[k][i]);
-        if (tail) memcpy(out + 16 * nv, &o[k][nv], (size_t)tail * sizeof(float));
+        for (int i = 0; i < nv; i++) memcpy(out + 16 * i, &tot[k][i], sizeof tot[k][i]);
+        if (tail) memcpy(out + 16 * nv, &tot[k][nv], (size_t)tail * sizeof(float));
     }
 }
 
@@ -581,6 +591,12 @@ static ALWAYS_INLINE v8 tree8(const v8 s[8]) {
     /* w = 1 */
     return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14) +
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+/* fold16 on 8-lane halves. */
+static ALWAYS_INLINE void fold8(v8 (*o)[2 * 17], v8 (*tot)[2 * 17], int nh, int nacc) {
+    for (int k = 0; k < nh; k++)
+        for (int i = 0; i < 2 * nacc; i++) tot[k][i] += o[k][i], o[k][i] = (v8){0};
 }
 
 /* attend_nv in 8-lane vectors (its arguments; a head's 16-lane chunk i is lo[i], hi[i]). */
@@ -621,10 +637,11 @@ static ALWAYS_INLINE void attend_nv8(const attn_job *j, int t, int h0, int nh, f
     }
     softmax_heads(scores, srow, nh, n_pos);
     /* outputs, as attend_nv's */
-    v8 o[ATT_HEADS][2 * 17];
+    v8 o[ATT_HEADS][2 * 17], tot[ATT_HEADS][2 * 17];
     for (int k = 0; k < nh; k++)
-        for (int i = 0; i < 2 * nacc; i++) o[k][i] = (v8){0};
+        for (int i = 0; i < 2 * nacc; i++) o[k][i] = tot[k][i] = (v8){0};
     for (int p0 = 0; p0 < n_pos; p0 += 16) {
+        if (p0 && p0 % PS_ATT_CHUNK == 0) fold8(o, tot, nh, nacc);
         int pe = p0 + 16 < n_pos ? p0 + 16 : n_pos;
         const float *vb = j->vc + kv_at(c, tab, kvh, p0);
         for (int k = 0; k < nh; k++) {
@@ -645,10 +662,11 @@ static ALWAYS_INLINE void attend_nv8(const attn_job *j, int t, int h0, int nh, f
             for (int i = 0; i < nacc; i++) o[k][2 * i] = lo[i], o[k][2 * i + 1] = hi[i];
         }
     }
+    fold8(o, tot, nh, nacc);
     for (int k = 0; k < nh; k++) {
         float *out = c->att + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
-        for (int i = 0; i < nv; i++) memcpy(out + 16 * i, &o[k][2 * i], 2 * sizeof o[k][0]);
-        if (tail) memcpy(out + 16 * nv, &o[k][2 * nv], (size_t)tail * sizeof(float)); /* the halves adjoin */
+        for (int i = 0; i < nv; i++) memcpy(out + 16 * i, &tot[k][2 * i], 2 * sizeof tot[k][0]);
+        if (tail) memcpy(out + 16 * nv, &tot[k][2 * nv], (size_t)tail * sizeof(float)); /* the halves adjoin */
     }
 }
 

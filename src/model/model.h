@@ -103,6 +103,13 @@ typedef struct ps_ctx ps_ctx;
 /* Positions per KV block (a multiple of 16: attention reads 16 positions at a time). */
 #define PS_KV_BLOCK 32
 
+/* Attention's weighted sum of values goes in chunks of PS_ATT_CHUNK positions (a multiple
+ * of PS_KV_BLOCK): each chunk's sum over its positions in order, from zero, then the
+ * chunks' sums in order. Every backend keeps this order, so that a GPU's decode step can
+ * sum a long context's chunks side by side and still give the bits of any other chunking
+ * of the rows. */
+#define PS_ATT_CHUNK 128
+
 /* How activations meet the weights in every matmul. Both are batch-invariant; they give
  * different (each reproducible) numbers, so every stage of a fleet must use the same one. */
 typedef enum {
