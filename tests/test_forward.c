@@ -2,8 +2,9 @@
  * three sequences whose keys and values live in scattered blocks of one pool, run together
  * in mixed segments and chunks, give bit for bit the logits each sequence gives alone
  * (DESIGN.md invariant 1), with attention in 8-lane vectors (AVX2) and in 16-lane ones
- * alike; and the checks of segments and block tables. On stories260K (head width 8) and
- * SmolLM2-135M (head width 64), each skipped when absent. */
+ * alike, the longest sequence's attention crossing a chunk of its sums (PS_ATT_CHUNK) in
+ * the middle of a segment; and the checks of segments and block tables. On stories260K
+ * (head width 8) and SmolLM2-135M (head width 64), each skipped when absent. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,11 +12,12 @@
 #include "ps_test.h"
 #include "tensor/pool.h"
 
-enum { N_CTX = 96, MAX_BATCH = 16, N_SEQ = 3 };
+enum { N_CTX = 224, MAX_BATCH = 128, N_SEQ = 3, POOL = 16 };
 
 /* The three sequences: lengths, and their blocks in the shared pool (scattered, not in order). */
-static const int LEN[N_SEQ] = {40, 7, 70};
-static const int32_t TAB[N_SEQ][3] = {{5, 2, 9}, {0, -1, -1}, {11, 3, 7}};
+static const int LEN[N_SEQ] = {40, 7, 200};
+static const int32_t TAB[N_SEQ][7] = {{5, 2, 9}, {0, -1, -1}, {11, 3, 7, 14, 1, 12, 8}};
+static const int NB[N_SEQ] = {3, 3, 7};
 
 /* Logits of every row of each sequence run alone (ps_forward: blocks 0, 1, 2, ...). */
 static float *reference(const ps_model *m, ps_pool *pool, int32_t *const *toks) {
@@ -36,14 +38,14 @@ static float *reference(const ps_model *m, ps_pool *pool, int32_t *const *toks) 
 /* Runs the sequences together in steps: each step takes the next `take[step][s]` rows of
  * sequence s (0: none this step), and compares every row's logits with ref. */
 static void run_mixed(const ps_model *m, ps_pool *pool, int32_t *const *toks, const float *ref) {
-    static const int take[][N_SEQ] = {{20, 7, 30}, {19, 0, 1}, {1, 0, 39}};
+    static const int take[][N_SEQ] = {{20, 7, 30}, {19, 0, 99}, {1, 0, 71}}; /* 30..128: into chunk 2 */
     int vocab = m->hp.vocab, done[N_SEQ] = {0}, base[N_SEQ] = {0, LEN[0], LEN[0] + LEN[1]};
-    ps_ctx_params cp = {.n_ctx = N_CTX, .n_blocks = 12, .max_batch = MAX_BATCH};
+    ps_ctx_params cp = {.n_ctx = N_CTX, .n_blocks = POOL, .max_batch = MAX_BATCH};
     char err[256];
     ps_ctx *c = NULL;
     PS_CHECK_OK(ps_ctx_create(m, &cp, pool, &c, err, sizeof err));
     if (!c) return;
-    PS_CHECK_EQ_INT(ps_ctx_n_blocks(c), 12);
+    PS_CHECK_EQ_INT(ps_ctx_n_blocks(c), POOL);
     float *out = malloc((size_t)N_CTX * N_SEQ * vocab * sizeof(float));
     int32_t tokens[N_CTX * N_SEQ];
     for (size_t step = 0; step < PS_ARRAY_LEN(take); step++) {
@@ -52,7 +54,7 @@ static void run_mixed(const ps_model *m, ps_pool *pool, int32_t *const *toks, co
         for (int s = N_SEQ - 1; s >= 0; s--) { /* segment order differs from sequence order */
             int n = take[step][s];
             if (!n) continue;
-            segs[n_segs++] = (ps_seg){.pos = done[s], .n = n, .blocks = TAB[s], .n_blocks = 3, .n_logits = n};
+            segs[n_segs++] = (ps_seg){.pos = done[s], .n = n, .blocks = TAB[s], .n_blocks = NB[s], .n_logits = n};
             memcpy(tokens + rows, toks[s] + done[s], (size_t)n * sizeof(int32_t));
             rows += n;
         }
@@ -71,19 +73,19 @@ static void run_mixed(const ps_model *m, ps_pool *pool, int32_t *const *toks, co
     for (int s = 0; s < N_SEQ; s++) PS_CHECK_EQ_INT(done[s], LEN[s]);
 
     /* only the last row's logits: the same bits as the last row of the full run */
-    ps_seg last = {.pos = LEN[2] - 1, .n = 1, .blocks = TAB[2], .n_blocks = 3, .n_logits = 1};
+    ps_seg last = {.pos = LEN[2] - 1, .n = 1, .blocks = TAB[2], .n_blocks = NB[2], .n_logits = 1};
     PS_CHECK_OK(ps_forward_segs(c, &last, 1, toks[2] + LEN[2] - 1, NULL, out, err, sizeof err));
     PS_CHECK(!memcmp(out, ref + (size_t)(base[2] + LEN[2] - 1) * vocab, (size_t)vocab * sizeof(float)));
 
     /* what the segments are checked for */
-    int32_t bad_tab[3] = {1, 12, 2};
+    int32_t bad_tab[3] = {1, POOL, 2};
     ps_seg bad = {.pos = 0, .n = 40, .blocks = bad_tab, .n_blocks = 3};
     PS_CHECK_EQ_INT(ps_forward_segs(c, &bad, 1, tokens, NULL, out, err, sizeof err), PS_ERR_ARG);
-    PS_CHECK(strstr(err, "KV block 12 is outside the pool (0..11)") != NULL);
+    PS_CHECK(strstr(err, "KV block 16 is outside the pool (0..15)") != NULL);
     bad = (ps_seg){.pos = 30, .n = 40, .blocks = TAB[0], .n_blocks = 2};
     PS_CHECK_EQ_INT(ps_forward_segs(c, &bad, 1, tokens, NULL, out, err, sizeof err), PS_ERR_ARG);
     PS_CHECK(strstr(err, "70 positions need 3 KV blocks, the table has 2") != NULL);
-    bad = (ps_seg){.pos = 90, .n = 7, .blocks = TAB[0], .n_blocks = 3};
+    bad = (ps_seg){.pos = N_CTX - 6, .n = 7, .blocks = TAB[0], .n_blocks = 3};
     PS_CHECK_EQ_INT(ps_forward_segs(c, &bad, 1, tokens, NULL, out, err, sizeof err), PS_ERR_RANGE);
     bad = (ps_seg){.pos = 0, .n = 2, .blocks = TAB[0], .n_blocks = 3, .n_logits = 3};
     PS_CHECK_EQ_INT(ps_forward_segs(c, &bad, 1, tokens, NULL, out, err, sizeof err), PS_ERR_ARG);
