@@ -39,9 +39,14 @@ static ps_status run(ps_stage *s, int pos, int n, const int32_t *table, int n_ta
 static void bent_copy(const char *src, const char *dst, long off, bool cut) {
     size_t n = 0;
     uint8_t *b = ps_test_read_file(src, &n);
+    FILE *f = b && (size_t)off < n ? fopen(dst, "wb") : NULL;
+    PS_CHECK(f != NULL); /* the file written just before, longer than off */
+    if (!f) {
+        free(b);
+        return;
+    }
     if (!cut) b[off] ^= 0x40;
-    FILE *f = fopen(dst, "wb");
-    fwrite(b, 1, cut ? (size_t)off : n, f);
+    PS_CHECK_EQ_INT((long)fwrite(b, 1, cut ? (size_t)off : n, f), (long)(cut ? (size_t)off : n));
     fclose(f);
     free(b);
 }
