@@ -38,7 +38,7 @@ static float *reference(const ps_model *m, ps_pool *pool, int32_t *const *toks) 
 /* Runs the sequences together in steps: each step takes the next `take[step][s]` rows of
  * sequence s (0: none this step), and compares every row's logits with ref. */
 static void run_mixed(const ps_model *m, ps_pool *pool, int32_t *const *toks, const float *ref) {
-    static const int take[][N_SEQ] = {{20, 7, 30}, {19, 0, 99}, {1, 0, 71}}; /* 30..128: into chunk 2 */
+    static const int take[][N_SEQ] = {{20, 7, 30}, {19, 0, 99}, {1, 0, 71}}; /* rows 30..128: over the chunk edge */
     int vocab = m->hp.vocab, done[N_SEQ] = {0}, base[N_SEQ] = {0, LEN[0], LEN[0] + LEN[1]};
     ps_ctx_params cp = {.n_ctx = N_CTX, .n_blocks = POOL, .max_batch = MAX_BATCH};
     char err[256];

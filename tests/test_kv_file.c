@@ -46,7 +46,8 @@ static void bent_copy(const char *src, const char *dst, long off, bool cut) {
         return;
     }
     if (!cut) b[off] ^= 0x40;
-    PS_CHECK_EQ_INT((long)fwrite(b, 1, cut ? (size_t)off : n, f), (long)(cut ? (size_t)off : n));
+    size_t len = cut ? (size_t)off : n;
+    PS_CHECK_EQ_INT((long)fwrite(b, 1, len, f), (long)len);
     fclose(f);
     free(b);
 }
