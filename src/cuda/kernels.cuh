@@ -512,6 +512,77 @@ template <int T, int TT> static size_t mm_smem(int chunk) {
     return ((size_t)MM_R * TT * mm_stride<T>(chunk) + (mm_xs<T, TT>() ? (size_t)TT * 10 * chunk : 0)) * 4;
 }
 
+/* Where key/value head kvh of position p lives in a layer's pool (forward.c's kv_at). */
+__device__ __forceinline__ size_t kv_at(const int32_t *tab, int n_head_kv, int hd, int kvh, int p) {
+    return (((size_t)tab[p / PS_KV_BLOCK] * n_head_kv + (size_t)kvh) * PS_KV_BLOCK + (size_t)(p % PS_KV_BLOCK)) *
+           (size_t)hd;
+}
+
+/* The chunk's rows: position and block table (an offset into tabs) of each. */
+struct rows_info {
+    const int32_t *pos, *tab_off, *tabs;
+};
+
+struct qk_args {
+    float *q, *k, *v;             /* (n, q_dim), (n, kv_dim), (n, kv_dim) */
+    const float *bq, *bk, *bv;    /* biases or NULL */
+    const float *q_norm, *k_norm; /* per-head norms or NULL */
+    const float *rope;            /* (n_ctx, rope_dim) cos/sin */
+    float *kc, *vc;               /* this layer's cache */
+    int n_head, n_head_kv, hd, rope_dim, neox;
+    float eps;
+};
+
+/* k_qk's work done by decode's q/k/v matmul as it finishes each row (k_mv<T, G, MV_QK>), for
+ * a llama (pairs of adjacent elements rotated, no per-head norms): row of q, k or v (which
+ * one: by its output Y) gets its bias, q's and k's pairs their rotation, k's and v's rows go
+ * into the cache. The partner of a pair is the row L lanes away (a warp's rows come in
+ * pairs); every lane of the warp calls it, the writer lane of a live row stores. The same
+ * operations as k_qk's. */
+template <int L>
+__device__ __forceinline__ void qk_row(const qk_args &a, rows_info ri, float *Y, int row, bool live, bool writer,
+                                       float sum) {
+    int which = Y == a.q ? 0 : Y == a.k ? 1 : 2, hd = a.hd, i = row % hd;
+    const float *bias = which == 0 ? a.bq : which == 1 ? a.bk : a.bv;
+    if (bias && live) sum += bias[row];
+    float other = __shfl_xor_sync(FULL, sum, L);
+    int pos = ri.pos[0];
+    if (which < 2 && i < a.rope_dim) {
+        const float *cs = a.rope + (size_t)pos * a.rope_dim + (i & ~1);
+        float c = cs[0], s = cs[1], x0 = i & 1 ? other : sum, x1 = i & 1 ? sum : other;
+        sum = i & 1 ? x0 * s + x1 * c : x0 * c - x1 * s;
+    }
+    if (!live || !writer) return;
+    Y[row] = sum;
+    if (which) (which == 1 ? a.kc : a.vc)[kv_at(ri.tabs + ri.tab_off[0], a.n_head_kv, hd, row / hd, pos) + i] = sum;
+}
+
+/* Decode's gate/up matmul with the SwiGLU as its epilogue (k_mv<T, G, MV_SWIGLU>): the two
+ * matrices walked as one of interleaved rows (gate row r is row 2r, up's 2r + 1, the partner
+ * L lanes away), the gate's writer lane storing ps_swiglu(gate, up) into Y[r]; where xq is
+ * given, the last warp to finish a block of 32 such rows (count: arrivals, zero between
+ * launches) quantizes it, as k_swiglu does. */
+struct mv_ffn {
+    ps_xq32 *xq;
+    unsigned *count; /* (rows / 32) */
+};
+template <int L>
+__device__ __forceinline__ void swiglu_rows(const mv_ffn &f, float *Y, int row, bool live, bool writer, float sum) {
+    float up = __shfl_xor_sync(FULL, sum, L);
+    if (live && writer && !(row & 1)) Y[row >> 1] = ps_swiglu(sum, up);
+    if (!f.xq) return;
+    constexpr int per_set = 16 / L, arrivals = 32 / per_set; /* a set's rows of Y; a block's sets */
+    int b = (row >> 1) / 32, lane = threadIdx.x & 31;
+    __threadfence(); /* the rows stored before the count (threadFenceReduction's order) */
+    __syncwarp();
+    unsigned n = 0;
+    if (lane == 0) n = atomicAdd(f.count + b, 1u);
+    if (__shfl_sync(FULL, n, 0) != arrivals - 1) return;
+    __threadfence();
+    quant_warp(__ldcg(Y + (size_t)b * 32 + lane), f.xq + b);
+    if (lane == 0) f.count[b] = 0;
+}
+
 /* ---------------------------------------------------------------------------------------
  * Decode's matmul (one token): Y[r] for the rows of the group's matrices. A warp takes
  * 32 / G rows of a split type at a time, G lanes a row, and walks them from the first block
@@ -551,9 +622,11 @@ __device__ __forceinline__ void mv_load(const uint8_t *row, int units, int u0, i
     }
 }
 
-template <int T, int G>
+enum { MV_PLAIN, MV_QK, MV_SWIGLU }; /* k_mv's epilogues */
+template <int T, int G, int MODE>
 __global__ void __launch_bounds__(MV_THREADS)
-    k_mv(mm_group grp, size_t row_bytes, int units, const uint8_t *__restrict__ X) {
+    k_mv(mm_group grp, size_t row_bytes, int units, const uint8_t *__restrict__ X, qk_args qk, rows_info ri,
+         mv_ffn ffn) {
     typedef wtype<T> ty;
     constexpr int U = mv_u<T>(), L = ty::k ? 8 : G, STEP = ty::k ? U : U * G; /* L: lanes a row */
     constexpr int XB = ty::k ? (int)sizeof(ps_block_q8_K) : (int)sizeof(ps_xq32);
@@ -562,7 +635,11 @@ __global__ void __launch_bounds__(MV_THREADS)
     int lane = threadIdx.x & 31, sub = lane % L, n_sets = (m.rows + 32 / L - 1) / (32 / L);
     int set = m.bx * MV_WARPS + threadIdx.x / 32, stride = m.nbx * MV_WARPS; /* sets of 32 / L rows */
     auto row_of = [&](int st) { return st * (32 / L) + lane / L; };
-    auto row_ptr = [&](int r) { return m.W + (size_t)(r < m.rows ? r : 0) * row_bytes; };
+    auto row_ptr = [&](int r) {
+        r = r < m.rows ? r : 0;
+        if constexpr (MODE == MV_SWIGLU) return (r & 1 ? grp.W[1] : grp.W[0]) + (size_t)(r >> 1) * row_bytes;
+        return m.W + (size_t)r * row_bytes;
+    };
     mv_raw<T> ra[U], rb[U]; /* two steps' weights: arrays indexed by constants only */
     if (set < n_sets) mv_load<T, G>(row_ptr(row_of(set)), units, 0, sub, row_of(set) < m.rows, ra);
     pdl_wait(); /* the activations are the kernel before's */
@@ -601,7 +678,12 @@ __global__ void __launch_bounds__(MV_THREADS)
             }
         }
         if (nu0 == 0) { /* the rows' last step */
-            if (live && sub == 0) m.Y[row] = sum;
+            if constexpr (MODE == MV_QK)
+                qk_row<L>(qk, ri, m.Y, row, live, sub == 0, sum);
+            else if constexpr (MODE == MV_SWIGLU)
+                swiglu_rows<L>(ffn, m.Y, row, live, sub == 0, sum);
+            else if (live && sub == 0)
+                m.Y[row] = sum;
             sum = 0.0f;
         }
         st = nst, u0 = nu0;
@@ -1275,27 +1357,6 @@ __global__ void __launch_bounds__(NORM_THREADS, 1)
         else
             quant_warp256(row + b * 256, (ps_block_q8_K *)xq + (size_t)r * nb + b);
 }
-
-/* Where key/value head kvh of position p lives in a layer's pool (forward.c's kv_at). */
-__device__ __forceinline__ size_t kv_at(const int32_t *tab, int n_head_kv, int hd, int kvh, int p) {
-    return (((size_t)tab[p / PS_KV_BLOCK] * n_head_kv + (size_t)kvh) * PS_KV_BLOCK + (size_t)(p % PS_KV_BLOCK)) *
-           (size_t)hd;
-}
-
-/* The chunk's rows: position and block table (an offset into tabs) of each. */
-struct rows_info {
-    const int32_t *pos, *tab_off, *tabs;
-};
-
-struct qk_args {
-    float *q, *k, *v;             /* (n, q_dim), (n, kv_dim), (n, kv_dim) */
-    const float *bq, *bk, *bv;    /* biases or NULL */
-    const float *q_norm, *k_norm; /* per-head norms or NULL */
-    const float *rope;            /* (n_ctx, rope_dim) cos/sin */
-    float *kc, *vc;               /* this layer's cache */
-    int n_head, n_head_kv, hd, rope_dim, neox;
-    float eps;
-};
 
 /* attention_block's steps between the qkv matmuls and attention, for one head of one row
  * (grid: rows × (n_head + n_head_kv), one warp): bias, per-head norm, rotation; a key

@@ -29,9 +29,12 @@ struct dlayer {
 
 struct ps_cuda {
     const ps_model *m;
-    int dev, sms; /* sms: the device's multiprocessors */
-    int mv_lanes; /* PS_CUDA_LANES: k_mv's lanes a row of a 32-element type, for tests (0: by size) */
-    int pdl;      /* kernels may start before the one they wait for ends (sm_90 on) */
+    int dev, sms;      /* sms: the device's multiprocessors */
+    int mv_lanes;      /* PS_CUDA_LANES: k_mv's lanes a row of a 32-element type, for tests (0: by size) */
+    int pdl;           /* kernels may start before the one they wait for ends (sm_90 on) */
+    const qk_args *qk; /* while decode's q/k/v matmul is enqueued doing k_qk's work: its arguments */
+    rows_info qk_ri;
+    const mv_ffn *ffn; /* while decode's gate/up matmul is enqueued doing the SwiGLU: its arguments */
     cudaStream_t st;
     int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
     int att_rows;         /* rows per attention launch (the scores buffer's) */
@@ -48,6 +51,8 @@ struct ps_cuda {
     unsigned *att_count;    /* k_att_chunks' arrivals: (GRAPH_ROWS, n_head), zero between launches */
     int att_chunks;         /* chunks of the values' sums in a context (PS_ATT_CHUNK) */
     uint8_t *xq;            /* quantized activations */
+    uint8_t *xq2;           /* the fused SwiGLU's, swapped with xq after it (gate/up still read xq) */
+    unsigned *ffn_count;    /* its arrivals: (ffn_dim / 32), zero between launches */
     float *kc, *vc;         /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, hd) */
     int32_t *meta;          /* pos, tab_off, logit rows (max_batch each), tables */
     int32_t *hmeta;         /* its host staging (pinned) */
@@ -181,7 +186,8 @@ static void layout(ps_cuda *g, arena *a) {
     g->scores = (float *)take(a, (size_t)g->att_rows * hp->n_head * g->n_ctx * 4);
     g->att_part = (float *)take(a, (size_t)GRAPH_ROWS * hp->n_head * g->att_chunks * hp->head_dim * 4);
     g->att_count = (unsigned *)take(a, (size_t)GRAPH_ROWS * hp->n_head * 4);
-    g->xq = (uint8_t *)take(a, xq);
+    g->xq = (uint8_t *)take(a, xq), g->xq2 = (uint8_t *)take(a, xq);
+    g->ffn_count = (unsigned *)take(a, (size_t)hp->ffn_dim / 32 * 4);
     size_t kv = (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     g->kc = (float *)take(a, kv * 4), g->vc = (float *)take(a, kv * 4);
     g->meta = (int32_t *)take(a, g->meta_ints * 4);
@@ -385,6 +391,8 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     if (!s &&
         (e = cudaMemset(g->kc, 0, 2 * (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim * 4)) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
+    if (!s && (e = cudaMemset(g->ffn_count, 0, (size_t)m->hp.ffn_dim / 32 * 4)) != cudaSuccess)
+        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (cudaMemset)", cudaGetErrorString(e));
     if (!s && (e = cudaMemset(g->att_count, 0, (size_t)GRAPH_ROWS * m->hp.n_head * 4)) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
     if (s) {
@@ -460,22 +468,27 @@ static void launch_after(ps_cuda *g, void (*k)(P...), dim3 blocks, unsigned thre
 
 /* Decode's k_mv: G lanes a row, the fewest that give every warp the device holds rows to
  * work; one wave of thread blocks, shared among the matrices by their rows. */
-template <int T, int G>
+template <int T, int G, int MODE>
 static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
                       const long long *strides, int units, long long rows) {
-    int per_sm = 1, blocks = 0;
+    int per_sm = 1, blocks = 0, nm = MODE == MV_SWIGLU ? 1 : nw; /* SwiGLU: one matrix of gate's and up's rows */
     size_t smem = mv_smem<T>(units);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv<T, G>, MV_THREADS, smem);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv<T, G, MODE>, MV_THREADS, smem);
     long long wave = (long long)per_sm * g->sms, set_rows = MV_WARPS * mv_rows<T, G>(); /* a block's rows at once */
-    mm_group grp = group(ws, nw, ys, strides, (int)set_rows, &blocks); /* blocks: each one's rows once */
+    mm_group grp = group(ws, nm, ys, strides, (int)set_rows, &blocks); /* blocks: each one's rows once */
+    if (MODE == MV_SWIGLU)
+        grp.W[1] = ws[1]->d, grp.rows[0] = (int)rows, blocks = grp.blocks[0] = (int)blocks_for(rows, set_rows);
     if (blocks > wave) {
         blocks = 0;
-        for (int i = 0; i < nw; i++) {
-            grp.blocks[i] = (int)((wave * ws[i]->rows + rows - 1) / rows);
+        for (int i = 0; i < nm; i++) {
+            grp.blocks[i] = (int)((wave * grp.rows[i] + rows - 1) / rows);
             blocks += grp.blocks[i];
         }
     }
-    launch_after(g, k_mv<T, G>, blocks, MV_THREADS, smem, grp, ws[0]->row_bytes, units, xq);
+    qk_args no_qk = {};
+    mv_ffn no_ffn = {};
+    launch_after(g, k_mv<T, G, MODE>, blocks, MV_THREADS, smem, grp, ws[0]->row_bytes, units, xq,
+                 MODE == MV_QK ? *g->qk : no_qk, g->qk_ri, MODE == MV_SWIGLU ? *g->ffn : no_ffn);
 }
 template <int T>
 static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
@@ -483,14 +496,24 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
     long long rows = 0, want = 24LL * 32 * g->sms; /* rows * G: 24 warps a multiprocessor */
     for (int i = 0; i < nw; i++) rows += ws[i]->rows;
     int G = g->mv_lanes ? g->mv_lanes : rows * 4 >= want ? 4 : rows * 8 >= want ? 8 : 16;
-    if constexpr (wtype<T>::k) /* 8 lanes a super-block */
-        launch_mv<T, 8>(g, ws, nw, xq, ys, strides, units, rows);
-    else if (G == 4)
-        launch_mv<T, 4>(g, ws, nw, xq, ys, strides, units, rows);
-    else if (G == 8)
-        launch_mv<T, 8>(g, ws, nw, xq, ys, strides, units, rows);
+    /* mode: std::integral_constant of the epilogue */
+    auto go = [&](auto mode) {
+        constexpr int M = decltype(mode)::value;
+        if constexpr (wtype<T>::k) /* 8 lanes a super-block */
+            launch_mv<T, 8, M>(g, ws, nw, xq, ys, strides, units, rows);
+        else if (G == 4)
+            launch_mv<T, 4, M>(g, ws, nw, xq, ys, strides, units, rows);
+        else if (G == 8)
+            launch_mv<T, 8, M>(g, ws, nw, xq, ys, strides, units, rows);
+        else
+            launch_mv<T, 16, M>(g, ws, nw, xq, ys, strides, units, rows);
+    };
+    if (g->qk)
+        go(std::integral_constant<int, MV_QK>{});
+    else if (g->ffn)
+        go(std::integral_constant<int, MV_SWIGLU>{});
     else
-        launch_mv<T, 16>(g, ws, nw, xq, ys, strides, units, rows);
+        go(std::integral_constant<int, MV_PLAIN>{});
 }
 
 /* The same on the tensor cores (k_mm_mma, k_mm_mma_k). */
@@ -508,6 +531,14 @@ static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t 
             <<<grid, MMA_KTHREADS, mma_ktile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 256, xq, x_row, n);
 }
 
+/* Whether decode's k_mv takes the product of w with n tokens. */
+static bool takes_mv(const dmat *w, int n) {
+    if (n != 1 || is_float(w->type)) return false;
+    int units = w->cols / (is_k(w->type) ? 256 : 32);
+    size_t smem = (size_t)units * (is_k(w->type) ? sizeof(ps_block_q8_K) : sizeof(ps_xq32));
+    return units >= MV_MIN_UNITS && smem <= MV_SMEM;
+}
+
 /* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32;
  * MMA_MIN or more on the tensor cores. */
 template <int T>
@@ -515,7 +546,7 @@ static void launch_q(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *x
                      float *const *ys, const long long *strides) {
     if (n >= MMA_MIN) return launch_mma<T>(g, ws, nw, xq, x_row, n, ys, strides);
     int units = ws[0]->cols / (is_k(T) ? 256 : 32);
-    if (n == 1 && units >= MV_MIN_UNITS && mv_smem<T>(units) <= MV_SMEM)
+    if (takes_mv(ws[0], n))
         launch_mv<T>(g, ws, nw, xq, ys, strides, units);
     else if (n <= 1)
         launch_qt<T, 1>(g, ws, nw, xq, x_row, n, ys, strides);
@@ -633,14 +664,19 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     const dlayer *L = &g->L[li];
     size_t layer = (size_t)g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     float *kc = g->kc + li * layer, *vc = g->vc + li * layer;
-    int have = rmsnorm(g, g->x, *res, NULL, L->attn_norm, g->xb, n, &L->wq);
     const dmat *qkv[] = {&L->wq, &L->wk, &L->wv};
+    int have = rmsnorm(g, g->x, *res, NULL, L->attn_norm, g->xb, n, &L->wq);
     float *outs[] = {g->q, g->k, g->v};
     long long strides[] = {g->q_dim, g->kv_dim, g->kv_dim};
-    mm_multi(g, qkv, 3, g->xb, n, outs, strides, have);
     qk_args qa = {g->q, g->k, g->v,       L->bq,         L->bk,        L->bv,        L->q_norm,     L->k_norm,  g->rope,
                   kc,   vc,   hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim, hp->rope_neox, hp->rms_eps};
-    launch_after(g, k_qk, dim3(n, hp->n_head + hp->n_head_kv), 32, 0, qa, ri);
+    /* decode of a llama: the matmul's last steps rotate and store (k_mv's qk_row) */
+    bool fused =
+        !hp->rope_neox && !L->q_norm && !L->k_norm && takes_mv(&L->wq, n) && takes_mv(&L->wk, n) && takes_mv(&L->wv, n);
+    g->qk = fused ? &qa : NULL, g->qk_ri = ri;
+    mm_multi(g, qkv, 3, g->xb, n, outs, strides, have);
+    g->qk = NULL;
+    if (!fused) launch_after(g, k_qk, dim3(n, hp->n_head + hp->n_head_kv), 32, 0, qa, ri);
     att_args aa = {};
     aa.q = g->q, aa.kc = kc, aa.vc = vc, aa.out = g->att, aa.scores = g->scores;
     have = xq_format(L->wo.type) == 32 && hp->head_dim % 32 == 0 ? 32 : 0; /* attention quantizes for wo */
@@ -667,10 +703,21 @@ static void ffn_block(ps_cuda *g, int li, int n, const float **res) {
     const dmat *gu[] = {&L->gate, &L->up};
     float *outs[] = {g->hb, g->hb2};
     long long strides[] = {hp->ffn_dim, hp->ffn_dim};
+    int down_fmt = xq_format(L->down.type) == 32 ? 32 : 0; /* SwiGLU's output quantized as it is made */
+    /* decode: the gate/up matmul's last steps make the SwiGLU (k_mv's swiglu_rows) */
+    bool fused = L->gate.type == L->up.type && takes_mv(&L->gate, n) && takes_mv(&L->up, n);
+    mv_ffn ffn = {down_fmt ? (ps_xq32 *)g->xq2 : NULL, g->ffn_count};
+    g->ffn = fused ? &ffn : NULL;
     mm_multi(g, gu, 2, g->xb, n, outs, strides, have);
+    g->ffn = NULL;
     size_t e = (size_t)n * hp->ffn_dim;
-    have = xq_format(L->down.type) == 32 ? 32 : 0; /* SwiGLU's output quantized as it is made */
-    launch_after(g, k_swiglu, blocks_for(e, 256), 256, 0, g->hb, g->hb2, e, have ? (ps_xq32 *)g->xq : NULL);
+    have = down_fmt;
+    if (!fused)
+        launch_after(g, k_swiglu, blocks_for(e, 256), 256, 0, g->hb, g->hb2, e, have ? (ps_xq32 *)g->xq : NULL);
+    else if (have) { /* down reads the SwiGLU's blocks */
+        uint8_t *t = g->xq;
+        g->xq = g->xq2, g->xq2 = t;
+    }
     mm(g, &L->down, g->hb, n, g->xb, hp->dim, have);
     *res = g->xb;
 }
