@@ -593,7 +593,7 @@ __device__ __forceinline__ void swiglu_rows(const mv_ffn &f, float *Y, int row, 
  * super-blocks a step. Then the warp takes the rows as many warps further on as the matrix
  * has (one wave of thread blocks, no tail). The next step's weights are on their way while
  * a step is worked, across rows too; the token's activations wait in shared memory. Grid:
- * (the group's blocks), MV_THREADS threads, mv_smem<T>(units) bytes of shared memory. */
+ * (the group's blocks), MV_THREADS threads, mv_smem(wtype<T>::k, units) bytes of shared memory. */
 #define MV_WARPS     4
 #define MV_THREADS   (MV_WARPS * 32)
 #define MV_MIN_UNITS 8
@@ -601,8 +601,8 @@ __device__ __forceinline__ void swiglu_rows(const mv_ffn &f, float *Y, int row, 
 
 template <int T> __host__ __device__ constexpr int mv_u() { return wtype<T>::k ? 2 : 4; } /* blocks a lane a step */
 template <int T, int G> __host__ __device__ constexpr int mv_rows() { return wtype<T>::k ? 4 : 32 / G; } /* a warp's */
-template <int T> static size_t mv_smem(int units) {
-    return (size_t)units * (wtype<T>::k ? sizeof(ps_block_q8_K) : sizeof(ps_xq32));
+static inline size_t mv_smem(bool k_type, int units) { /* the token's activations */
+    return (size_t)units * (k_type ? sizeof(ps_block_q8_K) : sizeof(ps_xq32));
 }
 
 template <int T> using mv_raw = typename std::conditional<wtype<T>::k, kraw<T>, wraw>::type;

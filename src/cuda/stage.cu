@@ -392,7 +392,7 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
         (e = cudaMemset(g->kc, 0, 2 * (size_t)g->n_layer * g->n_blocks * PS_KV_BLOCK * g->kv_dim * 4)) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
     if (!s && (e = cudaMemset(g->ffn_count, 0, (size_t)m->hp.ffn_dim / 32 * 4)) != cudaSuccess)
-        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (cudaMemset)", cudaGetErrorString(e));
+        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
     if (!s && (e = cudaMemset(g->att_count, 0, (size_t)GRAPH_ROWS * m->hp.n_head * 4)) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
     if (s) {
@@ -472,7 +472,7 @@ template <int T, int G, int MODE>
 static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
                       const long long *strides, int units, long long rows) {
     int per_sm = 1, blocks = 0, nm = MODE == MV_SWIGLU ? 1 : nw; /* SwiGLU: one matrix of gate's and up's rows */
-    size_t smem = mv_smem<T>(units);
+    size_t smem = mv_smem(wtype<T>::k, units);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv<T, G, MODE>, MV_THREADS, smem);
     long long wave = (long long)per_sm * g->sms, set_rows = MV_WARPS * mv_rows<T, G>(); /* a block's rows at once */
     mm_group grp = group(ws, nm, ys, strides, (int)set_rows, &blocks); /* blocks: each one's rows once */
@@ -535,8 +535,7 @@ static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t 
 static bool takes_mv(const dmat *w, int n) {
     if (n != 1 || is_float(w->type)) return false;
     int units = w->cols / (is_k(w->type) ? 256 : 32);
-    size_t smem = (size_t)units * (is_k(w->type) ? sizeof(ps_block_q8_K) : sizeof(ps_xq32));
-    return units >= MV_MIN_UNITS && smem <= MV_SMEM;
+    return units >= MV_MIN_UNITS && mv_smem(is_k(w->type), units) <= MV_SMEM;
 }
 
 /* Tokens per thread block by batch: decode's 1, a few (speculation, several sequences), 32;
@@ -664,8 +663,8 @@ static void attention_block(ps_cuda *g, int li, int n, rows_info ri, const float
     const dlayer *L = &g->L[li];
     size_t layer = (size_t)g->n_blocks * PS_KV_BLOCK * g->kv_dim;
     float *kc = g->kc + li * layer, *vc = g->vc + li * layer;
-    const dmat *qkv[] = {&L->wq, &L->wk, &L->wv};
     int have = rmsnorm(g, g->x, *res, NULL, L->attn_norm, g->xb, n, &L->wq);
+    const dmat *qkv[] = {&L->wq, &L->wk, &L->wv};
     float *outs[] = {g->q, g->k, g->v};
     long long strides[] = {g->q_dim, g->kv_dim, g->kv_dim};
     qk_args qa = {g->q, g->k, g->v,       L->bq,         L->bk,        L->bv,        L->q_norm,     L->k_norm,  g->rope,
