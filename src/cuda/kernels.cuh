@@ -694,6 +694,82 @@ __global__ void __launch_bounds__(MV_THREADS)
     }
 }
 
+/* Decode's matmul for the matrices with few rows (a split type but Q8_0): k_mv at 16 lanes a
+ * row spends its time passing terms round by shuffles and adding every term in every lane.
+ * Here a thread block takes MVS_R rows and walks them in slices of MVS_S blocks: compute warp
+ * w makes rows 2w and 2w + 1's terms as k_mv<T, 16> would (lane s the blocks s, s + 16, ...;
+ * 16-byte loads, the next slice's on their way) and writes them to shared memory; after one
+ * barrier, lane r of the last warp (which reads no weights) adds row r's terms in block order:
+ * k_mv's chain, each term added once, while the compute warps make the next slice's (two
+ * buffers). Then the plain epilogue or k_qk's (qk_row, the partner row one lane away). Grid:
+ * rows / MVS_R, MVS_THREADS threads, mvs_smem<T>(units) bytes of shared memory.
+ * Measured on the H200 (docs/bench/2026-12-03-cuda-mvs.md): the 8B's decode +4.5 % (Q4_0) to
+ * +12 % (Q4_1); Q8_0's 34-byte blocks already keep k_mv's lanes busy, and k_mvs loses 6 %. */
+#define MVS_R       16
+#define MVS_S       64 /* 16 lanes × mv_u blocks */
+#define MVS_THREADS ((MVS_R / 2 + 1) * 32)
+#define MVS_SMEM    (48 * 1024) /* a launch's shared memory without opting in */
+template <int T> __host__ __device__ constexpr bool mvs_type() { return split_type(T) && T != PS_TYPE_Q8_0; }
+template <int T> __host__ __device__ constexpr int mvs_stride() { return MVS_S * wtype<T>::terms + 1; } /* odd */
+template <int T> static size_t mvs_smem(int units) {
+    return (size_t)2 * MVS_R * mvs_stride<T>() * 4 + (size_t)units * sizeof(ps_xq32);
+}
+
+template <int T, int MODE>
+__global__ void __launch_bounds__(MVS_THREADS)
+    k_mvs(mm_group grp, size_t row_bytes, int units, const uint8_t *__restrict__ X, qk_args qk, rows_info ri) {
+    typedef wtype<T> ty;
+    constexpr int U = mv_u<T>(), G = 16, TS = mvs_stride<T>();
+    static_assert(U * G == MVS_S, "a slice is one step of 16 lanes");
+    extern __shared__ float terms[]; /* [2][MVS_R][TS], then the activations */
+    ps_xq32 *xs = (ps_xq32 *)(terms + 2 * MVS_R * TS);
+    mm_one m = mm_pick(grp);
+    int lane = threadIdx.x & 31, sub = lane % G, n_slices = (units + MVS_S - 1) / MVS_S;
+    bool adder = threadIdx.x / 32 == MVS_THREADS / 32 - 1;
+    int r = adder ? lane % MVS_R : threadIdx.x / 32 * 2 + lane / G; /* the row this lane works for */
+    int row = m.bx * MVS_R + r;
+    bool live = row < m.rows && !(adder && lane >= MVS_R);
+    const uint8_t *w = m.W + (size_t)(live ? row : 0) * row_bytes;
+    wraw ra[U], rb[U];
+    if (!adder) mv_load<T, G>(w, units, 0, sub, live, ra);
+    pdl_wait(); /* the activations are the kernel before's */
+    copy_to_shared((int *)xs, X, units * (int)sizeof(ps_xq32), threadIdx.x, MVS_THREADS);
+    __syncthreads();
+    float sum = 0.0f; /* the adder's: row r's chain */
+    auto slice = [&](int sl, const wraw(&raw)[U], wraw(&next)[U]) {
+        int u0 = sl * MVS_S;
+        float *t = terms + (sl & 1) * MVS_R * TS + r * TS;
+        if (!adder) {
+            if (sl + 1 < n_slices) mv_load<T, G>(w, units, u0 + MVS_S, sub, live, next);
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                int u = u0 + k * G + sub;
+                float a = 0.0f, c = 0.0f;
+                if (live && u < units) {
+                    wunit wu;
+                    unpack<T>(raw[k], wu);
+                    term32<T>(wu, xs + u, &a, &c);
+                }
+                t[(k * G + sub) * ty::terms] = a;
+                if (ty::terms == 2) t[(k * G + sub) * 2 + 1] = c;
+            }
+        }
+        __syncthreads(); /* this slice's terms made; the adder is done with the buffer's last */
+        if (!adder) return;
+        int nb = units - u0 < MVS_S ? units - u0 : MVS_S;
+        for (int b = 0; b < nb * ty::terms; b++) sum += t[b];
+        if (sl < n_slices - 1) return;
+        if constexpr (MODE == MV_QK)
+            qk_row<1>(qk, ri, m.Y, row, live, true, sum);
+        else if (live)
+            m.Y[row] = sum;
+    };
+    for (int sl = 0; sl < n_slices; sl += 2) {
+        slice(sl, ra, rb);
+        if (sl + 1 < n_slices) slice(sl + 1, rb, ra);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------
  * Prefill matmuls on the tensor cores (split types). mma.sync.m16n8k32 gives a 32-element
  * block's exact integer dot products for 16 rows × 8 tokens at once, and the lane that

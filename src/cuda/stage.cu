@@ -490,6 +490,20 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
     launch_after(g, k_mv<T, G, MODE>, blocks, MV_THREADS, smem, grp, ws[0]->row_bytes, units, xq,
                  MODE == MV_QK ? *g->qk : no_qk, g->qk_ri, MODE == MV_SWIGLU ? *g->ffn : no_ffn);
 }
+/* k_mvs: MVS_R rows a thread block, the plain or the q/k/v epilogue. */
+template <int T>
+static void launch_mvs(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
+                       const long long *strides, int units) {
+    int blocks;
+    mm_group grp = group(ws, nw, ys, strides, MVS_R, &blocks);
+    size_t smem = mvs_smem<T>(units);
+    qk_args no_qk = {};
+    if (g->qk)
+        launch_after(g, k_mvs<T, MV_QK>, blocks, MVS_THREADS, smem, grp, ws[0]->row_bytes, units, xq, *g->qk, g->qk_ri);
+    else
+        launch_after(g, k_mvs<T, MV_PLAIN>, blocks, MVS_THREADS, smem, grp, ws[0]->row_bytes, units, xq, no_qk,
+                     g->qk_ri);
+}
 template <int T>
 static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, float *const *ys,
                       const long long *strides, int units) {
@@ -508,6 +522,9 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
         else
             launch_mv<T, 16, M>(g, ws, nw, xq, ys, strides, units, rows);
     };
+    if constexpr (mvs_type<T>())
+        if (G == 16 && !g->ffn && mvs_smem<T>(units) <= MVS_SMEM)
+            return launch_mvs<T>(g, ws, nw, xq, ys, strides, units);
     if (g->qk)
         go(std::integral_constant<int, MV_QK>{});
     else if (g->ffn)
