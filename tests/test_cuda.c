@@ -281,9 +281,10 @@ static void long_context(const char *path) {
     ps_model_free(m);
 }
 
-/* Decode's matmul with 4 and 8 lanes a row (PS_CUDA_LANES; these small models' matrices
- * take 16 by themselves): the GPU's logits and tokens equal to the CPU's (ref). */
-static void lanes(const char *path) {
+/* Decode's matmul with g and 2g lanes a row (PS_CUDA_LANES; these small models' matrices
+ * take 16 by themselves, the K types' 32 and 16 with an epilogue): the GPU's logits and
+ * tokens equal to the CPU's (ref). */
+static void lanes(const char *path, int g0) {
     char err[512], what[700];
     ps_model *m = NULL;
     PS_CHECK_OK(ps_model_load(path, PS_GGUF_MAP, &m, err, sizeof err));
@@ -294,7 +295,7 @@ static void lanes(const char *path) {
     for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)(ps_test_rng_u32() % (uint32_t)vocab);
     PS_CHECK_OK(ps_matmul_set_isa("ref"));
     float *cpu = run(m, PS_DEVICE_CPU, 16, prompt, GEN, gen_cpu);
-    for (int g = 4; g <= 8; g *= 2) {
+    for (int g = g0; g <= 2 * g0; g *= 2) {
         char v[4];
         snprintf(v, sizeof v, "%d", g);
         setenv("PS_CUDA_LANES", v, 1);
@@ -423,11 +424,12 @@ int main(void) {
     }
     const char *big = scaled(synth("F16", "llama", ""), "ffn_norm.weight", 1e5f);
     if (big) check_model(big, 24, false, false, F16_TOL);
-    long_context(synth("Q4_0", "llama", ""));             /* head width 64 */
-    lanes(synth("Q4_1", "llama", "--dim 320 --ffn 800")); /* two terms a block; rows of 10 and 25 blocks */
-    lanes(synth("Q5_0", "qwen3", ""));
-    long_context(synth("Q8_0", "qwen2", "--heads 2 --kv-heads 1"));               /* 128 */
-    long_context(synth("Q4_1", "llama", "--heads 8 --kv-heads 4 --head-dim 40")); /* 40 */
+    long_context(synth("Q4_0", "llama", ""));                /* head width 64 */
+    lanes(synth("Q4_1", "llama", "--dim 320 --ffn 800"), 4); /* two terms a block; rows of 10 and 25 blocks */
+    lanes(synth("Q5_0", "qwen3", ""), 4);
+    lanes(synth("Q4_K_M", "llama", "--dim 2048 --heads 16 --kv-heads 4 --ffn 2304"), 8); /* 8 and 9 super-blocks */
+    long_context(synth("Q8_0", "qwen2", "--heads 2 --kv-heads 1"));                      /* 128 */
+    long_context(synth("Q4_1", "llama", "--heads 8 --kv-heads 4 --head-dim 40"));        /* 40 */
     refusals(synth("Q8_0", "llama", ""));
     const char *stories = ps_test_shared_model("stories260K.gguf");
     if (stories)

@@ -588,8 +588,9 @@ __device__ __forceinline__ void swiglu_rows(const mv_ffn &f, float *Y, int row, 
  * 32 / G rows of a split type at a time, G lanes a row, and walks them from the first block
  * to the last, G * mv_u blocks a step (lane s of a row the blocks s, s + G, ...: a row's
  * lanes read G consecutive blocks at a time); each block's terms go round the row's lanes
- * by shuffles, so that every lane adds them in block order, as q8_ref.c does. A K type: 4
- * rows at a time, 8 lanes a super-block (term_k gives each of them the term), mv_u
+ * by shuffles, so that every lane adds them in block order, as q8_ref.c does. A K type:
+ * 8 lanes a super-block (term_k gives each of them the term), G / 8 super-blocks of a row
+ * side by side, their terms passed round the row's lanes in order; G / 8 * mv_u
  * super-blocks a step. Then the warp takes the rows as many warps further on as the matrix
  * has (one wave of thread blocks, no tail). The next step's weights are on their way while
  * a step is worked, across rows too; the token's activations wait in shared memory. Grid:
@@ -600,23 +601,28 @@ __device__ __forceinline__ void swiglu_rows(const mv_ffn &f, float *Y, int row, 
 #define MV_SMEM      (40 * 1024)
 
 template <int T> __host__ __device__ constexpr int mv_u() { return wtype<T>::k ? 2 : 4; } /* blocks a lane a step */
-template <int T, int G> __host__ __device__ constexpr int mv_rows() { return wtype<T>::k ? 4 : 32 / G; } /* a warp's */
+/* The most lanes a row: 32-element blocks lost at 32 (8B Q4_0 357 -> 346); the K types take
+ * 32 where rows are few (8B Q6_K 231 against 228 at 16 at most, docs/bench/2026-12-03-cuda-mvs.md). */
+template <int T> __host__ __device__ constexpr int mv_max_lanes() { return wtype<T>::k ? 32 : 16; }
+/* Units a row's G lanes take side by side (a K type's super-block takes 8 lanes). */
+template <int T, int G> __host__ __device__ constexpr int mv_p() { return wtype<T>::k ? G / 8 : G; }
 static inline size_t mv_smem(bool k_type, int units) { /* the token's activations */
     return (size_t)units * (k_type ? sizeof(ps_block_q8_K) : sizeof(ps_xq32));
 }
 
 template <int T> using mv_raw = typename std::conditional<wtype<T>::k, kraw<T>, wraw>::type;
 
-/* The weights of a step from block u0 of a row (none when !live). */
+/* The weights of a step from block u0 of a row (none when !live): lane sub of the row's G
+ * takes blocks u0 + k * G + sub, or sub-block sub % 8 of super-blocks u0 + k * G / 8 + sub / 8. */
 template <int T, int G>
 __device__ __forceinline__ void mv_load(const uint8_t *row, int units, int u0, int sub, bool live,
                                         mv_raw<T> (&r)[mv_u<T>()]) {
 #pragma unroll
     for (int k = 0; k < mv_u<T>(); k++) {
-        int u = wtype<T>::k ? u0 + k : u0 + k * G + sub;
+        int u = u0 + k * mv_p<T, G>() + (wtype<T>::k ? sub / 8 : sub);
         if (!live || u >= units) continue;
         if constexpr (wtype<T>::k)
-            load_kraw<T>(row + (size_t)u * wtype<T>::stride, sub, r[k]);
+            load_kraw<T>(row + (size_t)u * wtype<T>::stride, sub % 8, r[k]);
         else
             load_split<T>(row, units, u, r[k]);
     }
@@ -628,7 +634,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     k_mv(mm_group grp, size_t row_bytes, int units, const uint8_t *__restrict__ X, qk_args qk, rows_info ri,
          mv_ffn ffn) {
     typedef wtype<T> ty;
-    constexpr int U = mv_u<T>(), L = ty::k ? 8 : G, STEP = ty::k ? U : U * G; /* L: lanes a row */
+    constexpr int U = mv_u<T>(), L = G, P = mv_p<T, G>(), STEP = U * P; /* L: lanes a row */
     constexpr int XB = ty::k ? (int)sizeof(ps_block_q8_K) : (int)sizeof(ps_xq32);
     extern __shared__ int xs[];
     mm_one m = mm_pick(grp);
@@ -655,11 +661,15 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
         for (int k = 0; k < U; k++) {
             wunit wu = {};
-            if constexpr (ty::k) { /* every lane: term_k's shuffles */
-                int u = u0 + k;
-                if (live && u < units) unpack_k<T>(raw[k], sub, wu);
-                float a = term_k<T>(wu, (const ps_block_q8_K *)xs + (u < units ? u : 0), sub);
-                if (u < units) sum += a;
+            if constexpr (ty::k) { /* every lane of 8: term_k's shuffles; then the P super-blocks in order */
+                int u = u0 + k * P + sub / 8;
+                if (live && u < units) unpack_k<T>(raw[k], sub % 8, wu);
+                float a = term_k<T>(wu, (const ps_block_q8_K *)xs + (u < units ? u : 0), sub % 8);
+#pragma unroll
+                for (int p = 0; p < P; p++) {
+                    float ap = P == 1 ? a : __shfl_sync(FULL, a, 8 * p, G);
+                    if (u0 + k * P + p < units) sum += ap;
+                }
             } else {
                 int u = u0 + k * G + sub;
                 float a = 0.0f, c = 0.0f;

@@ -1,6 +1,8 @@
 /* stage.cu - the CUDA backend (cuda.h): a stage's weights, KV cache and buffers in one
  * device's memory, and the forward pass of a chunk as forward.c's forward_chunk runs it. */
 #include <cuda_runtime.h>
+
+#include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,7 @@ struct dlayer {
 struct ps_cuda {
     const ps_model *m;
     int dev, sms;      /* sms: the device's multiprocessors */
-    int mv_lanes;      /* PS_CUDA_LANES: k_mv's lanes a row of a 32-element type, for tests (0: by size) */
+    int mv_lanes;      /* PS_CUDA_LANES: k_mv's lanes a row, for tests (0: by size) */
     int pdl;           /* kernels may start before the one they wait for ends (sm_90 on) */
     const qk_args *qk; /* while decode's q/k/v matmul is enqueued doing k_qk's work: its arguments */
     rows_info qk_ri;
@@ -213,7 +215,12 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         cudaGetLastError(), g->sms = 1;
     const char *lanes = getenv("PS_CUDA_LANES");
-    g->mv_lanes = !lanes ? 0 : !strcmp(lanes, "4") ? 4 : !strcmp(lanes, "8") ? 8 : !strcmp(lanes, "16") ? 16 : 0;
+    g->mv_lanes = !lanes                 ? 0
+                  : !strcmp(lanes, "4")  ? 4
+                  : !strcmp(lanes, "8")  ? 8
+                  : !strcmp(lanes, "16") ? 16
+                  : !strcmp(lanes, "32") ? 32
+                                         : 0;
     /* the kernels wait for the one before (pdl_wait) where they were compiled for sm_90 on:
      * not where the driver made them from the sm_80 PTX (a GPU this build has no code for) */
     cudaFuncAttributes fa = {};
@@ -474,8 +481,8 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
     int per_sm = 1, blocks = 0, nm = MODE == MV_SWIGLU ? 1 : nw; /* SwiGLU: one matrix of gate's and up's rows */
     size_t smem = mv_smem(wtype<T>::k, units);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv<T, G, MODE>, MV_THREADS, smem);
-    long long wave = (long long)per_sm * g->sms, set_rows = MV_WARPS * mv_rows<T, G>(); /* a block's rows at once */
-    mm_group grp = group(ws, nm, ys, strides, (int)set_rows, &blocks); /* blocks: each one's rows once */
+    long long wave = (long long)per_sm * g->sms, set_rows = MV_WARPS * (32 / G); /* a block's rows at once */
+    mm_group grp = group(ws, nm, ys, strides, (int)set_rows, &blocks);           /* blocks: each one's rows once */
     if (MODE == MV_SWIGLU)
         grp.W[1] = ws[1]->d, grp.rows[0] = (int)rows, blocks = grp.blocks[0] = (int)blocks_for(rows, set_rows);
     if (blocks > wave) {
@@ -509,18 +516,18 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
                       const long long *strides, int units) {
     long long rows = 0, want = 24LL * 32 * g->sms; /* rows * G: 24 warps a multiprocessor */
     for (int i = 0; i < nw; i++) rows += ws[i]->rows;
-    int G = g->mv_lanes ? g->mv_lanes : rows * 4 >= want ? 4 : rows * 8 >= want ? 8 : 16;
+    int G = g->mv_lanes ? g->mv_lanes : rows * 4 >= want ? 4 : rows * 8 >= want ? 8 : rows * 16 >= want ? 16 : 32;
+    G = std::min(std::max(G, wtype<T>::k ? 8 : 4), mv_max_lanes<T>());
+    if (g->qk || g->ffn) G = std::min(G, 16); /* the epilogues' partner row G lanes away */
     /* mode: std::integral_constant of the epilogue */
     auto go = [&](auto mode) {
         constexpr int M = decltype(mode)::value;
-        if constexpr (wtype<T>::k) /* 8 lanes a super-block */
-            launch_mv<T, 8, M>(g, ws, nw, xq, ys, strides, units, rows);
-        else if (G == 4)
-            launch_mv<T, 4, M>(g, ws, nw, xq, ys, strides, units, rows);
-        else if (G == 8)
-            launch_mv<T, 8, M>(g, ws, nw, xq, ys, strides, units, rows);
-        else
-            launch_mv<T, 16, M>(g, ws, nw, xq, ys, strides, units, rows);
+        if constexpr (!wtype<T>::k)
+            if (G == 4) return launch_mv<T, 4, M>(g, ws, nw, xq, ys, strides, units, rows);
+        if constexpr (mv_max_lanes<T>() == 32 && M == MV_PLAIN)
+            if (G == 32) return launch_mv<T, 32, M>(g, ws, nw, xq, ys, strides, units, rows);
+        if (G == 8) return launch_mv<T, 8, M>(g, ws, nw, xq, ys, strides, units, rows);
+        launch_mv<T, 16, M>(g, ws, nw, xq, ys, strides, units, rows);
     };
     if constexpr (mvs_type<T>())
         if (G == 16 && !g->ffn && mvs_smem<T>(units) <= MVS_SMEM)
