@@ -402,6 +402,10 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
     if (!s && (e = cudaMemset(g->att_count, 0, (size_t)GRAPH_ROWS * m->hp.n_head * 4)) != cudaSuccess)
         s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s", cudaGetErrorString(e));
+    /* cudaMemset returns before it is done, and cudaMemcpy from pageable memory (the weights)
+     * before its last DMA lands; g->st, a non-blocking stream, waits for neither */
+    if (!s && (e = cudaDeviceSynchronize()) != cudaSuccess)
+        s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (uploading the weights)", cudaGetErrorString(e));
     if (s) {
         ps_cuda_free(g);
         return s;
@@ -830,8 +834,12 @@ static ps_status kv_copy(ps_cuda *g, int li, int32_t b, float *k, float *v, bool
     size_t n = (size_t)PS_KV_BLOCK * g->kv_dim, at = ((size_t)li * g->n_blocks + (size_t)b) * n;
     CK(cudaSetDevice(g->dev));
     cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
-    CK(cudaMemcpy(to_host ? (void *)k : (void *)(g->kc + at), to_host ? (void *)(g->kc + at) : (void *)k, n * 4, kind));
-    CK(cudaMemcpy(to_host ? (void *)v : (void *)(g->vc + at), to_host ? (void *)(g->vc + at) : (void *)v, n * 4, kind));
+    /* on g->st, after its kernels and before the next (cudaMemcpy would be ordered with neither) */
+    CK(cudaMemcpyAsync(to_host ? (void *)k : (void *)(g->kc + at), to_host ? (void *)(g->kc + at) : (void *)k, n * 4,
+                       kind, g->st));
+    CK(cudaMemcpyAsync(to_host ? (void *)v : (void *)(g->vc + at), to_host ? (void *)(g->vc + at) : (void *)v, n * 4,
+                       kind, g->st));
+    CK(cudaStreamSynchronize(g->st));
     return PS_OK;
 }
 
