@@ -282,8 +282,8 @@ static void long_context(const char *path) {
 }
 
 /* Decode's matmul with g and 2g lanes a row (PS_CUDA_LANES; these small models' matrices
- * take 16 by themselves, the K types' 32 and 16 with an epilogue): the GPU's logits and
- * tokens equal to the CPU's (ref). */
+ * take 16 by themselves, k_mvs where the type has it, and a K type's 32, or 16 with an
+ * epilogue): the GPU's logits and tokens equal to the CPU's (ref). */
 static void lanes(const char *path, int g0) {
     char err[512], what[700];
     ps_model *m = NULL;
