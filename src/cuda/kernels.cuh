@@ -328,6 +328,16 @@ template <int T> __device__ __forceinline__ void term32(const wunit &w, const ps
     if (T == PS_TYPE_Q4_1 || T == PS_TYPE_Q5_1) *b = w.m * (d * (float)sum);
 }
 
+/* The term(s) of a split row's block as loaded (raw) against activation block x, unpacked
+ * into w; 0 where !on. */
+template <int T>
+__device__ __forceinline__ void raw_terms(const wraw &raw, const ps_xq32 *x, bool on, wunit &w, float *a, float *b) {
+    *a = 0.0f, *b = 0.0f;
+    if (!on) return;
+    unpack<T>(raw, w);
+    term32<T>(w, x, a, b);
+}
+
 /* The term of one super-block: each of 8 lanes (s = lane & 7) its sub-block's integer sums,
  * added over the 8 lanes (exact), the float step in every lane. All 32 lanes call it. */
 template <int T> __device__ __forceinline__ float term_k(const wunit &w, const ps_block_q8_K *x, int s) {
@@ -672,11 +682,8 @@ __global__ void __launch_bounds__(MV_THREADS)
                 }
             } else {
                 int u = u0 + k * G + sub;
-                float a = 0.0f, c = 0.0f;
-                if (live && u < units) {
-                    unpack<T>(raw[k], wu);
-                    term32<T>(wu, (const ps_xq32 *)xs + u, &a, &c);
-                }
+                float a, c;
+                raw_terms<T>(raw[k], (const ps_xq32 *)xs + u, live && u < units, wu, &a, &c);
 #pragma unroll
                 for (int i = 0; i < G; i++) { /* block u0 + k * G + i, from the row's lane i */
                     float ai = __shfl_sync(FULL, a, i, G), ci = ty::terms == 2 ? __shfl_sync(FULL, c, i, G) : 0.0f;
@@ -754,12 +761,9 @@ __global__ void __launch_bounds__(MVS_THREADS)
 #pragma unroll
             for (int k = 0; k < U; k++) {
                 int u = u0 + k * G + sub;
-                float a = 0.0f, c = 0.0f;
-                if (live && u < units) {
-                    wunit wu;
-                    unpack<T>(raw[k], wu);
-                    term32<T>(wu, xs + u, &a, &c);
-                }
+                float a, c;
+                wunit wu;
+                raw_terms<T>(raw[k], xs + u, live && u < units, wu, &a, &c);
                 t[(k * G + sub) * ty::terms] = a;
                 if (ty::terms == 2) t[(k * G + sub) * 2 + 1] = c;
             }
