@@ -21,7 +21,7 @@ SAN_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
 
 # net.h: 24-byte little-endian header: magic u32, version u16, type u16, flags u32, len u32, XXH3-64 u64
 MAGIC = 0x3144534E
-VERSION = 7  # PS_NET_VERSION
+VERSION = 8  # PS_NET_VERSION
 HDR = struct.Struct("<IHHIIQ")
 
 _prctl = ctypes.CDLL(None).prctl

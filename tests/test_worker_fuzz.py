@@ -77,10 +77,12 @@ GEN = ["-n", "12", "--ignore-eos", "--print-ids", "-t", "1", "--temp", "0"]
 HELLO, HELLO_REPLY, AUTH, WELCOME, REFUSE = 1, 2, 3, 4, 5
 SETUP, READY, FORWARD, TOKENS, STATS, ERROR, BYE, PROBE = 16, 17, 18, 19, 20, 21, 22, 23
 PLACE, PLACED, SEND_SHARD, SHARD_DATA, KV_SAVE, KV_LOAD, KV_DONE = 24, 25, 26, 27, 28, 29, 30
+DHOP, DHOP_REPLY = 33, 34
+MB_X_RING = 1  # a FORWARD header's flags: the activations are in the receiver's GPU memory
 ROLE_COORD, ROLE_PREV, ROLE_WORKER = 1, 2, 3
 MB_SAMPLE, MB_DRAFT_DIST = 1, 4
 KV_BLOCK = 32  # PS_KV_BLOCK
-# stage.c: a FORWARD's 24-byte header (mb, n_segs, n, xdim, n_stats, 0), then per segment 72 fixed
+# stage.c: a FORWARD's 24-byte header (mb, n_segs, n, xdim, n_stats, flags), then per segment 72 fixed
 # bytes: seq, pos, n, flags, n_top, the sampling parameters temperature, top_k, top_p, min_p,
 # repetition_penalty, penalty_last_n, presence, frequency, seed, then n_blocks, 0; its block table
 MB_HDR = struct.Struct("<IiiIiI")
@@ -278,7 +280,7 @@ def draft_dist(ids, probs, n=None):
 
 
 def mb_payload(mb=0, n=4, xdim=DIM, n_stats=1, tokens=None, x=None, stats=None, rng=None, segs=None, n_segs=None,
-               **seg):
+               hflags=0, **seg):
     """A FORWARD payload: one segment of n positions (seg's fields: seq, pos, flags, sampling,
     blocks), or the segments segs (pairs of (bytes, n))."""
     seq, pos = seg.get("seq", 1), seg.get("pos", 0)
@@ -290,7 +292,7 @@ def mb_payload(mb=0, n=4, xdim=DIM, n_stats=1, tokens=None, x=None, stats=None, 
     if x is None:
         x = [rng.gauss(0.0, 1.0) for _ in range(rows * xdim)] if xdim else []
     stats = [STAT.pack(0, 0, 0.5, 1, 1000, 0.1)] * n_stats if stats is None else stats
-    return (MB_HDR.pack(mb, len(segs) if n_segs is None else n_segs, rows, xdim, n_stats, 0) +
+    return (MB_HDR.pack(mb, len(segs) if n_segs is None else n_segs, rows, xdim, n_stats, hflags) +
             b"".join(b for b, _ in segs) + struct.pack(f"<{len(tokens)}i", *tokens) + b"".join(stats) +
             struct.pack(f"<{len(x)}f", *x))
 
@@ -715,6 +717,10 @@ def forward_attacks():
            ("n_stats 2^31-1", at(mb_payload(n_stats=0), 16, "i", 0x7FFFFFFF), "stage stats"),
            ("n_stats 3 with 1 present", at(mb_payload(n_stats=1), 16, "i", 3), "expected"),
            ("flags 0x80", mb_payload(flags=0x80), "unknown flags 0x80"),
+           ("header flags 0x2", mb_payload(hflags=2), "micro-batch header has unknown flags 0x2"),
+           ("activations in a ring never offered", mb_payload(hflags=MB_X_RING, x=[]),
+            "a micro-batch whose activations are in a ring never offered"),
+           ("in the ring, 0 wide", mb_payload(hflags=MB_X_RING, xdim=0), "micro-batch in the ring with activations 0 wide"),
            ("empty", b"", "micro-batch header truncated"),
            ("header only", mb_payload()[:24], "segment 0 truncated"),
            ("a trailing byte", mb_payload() + b"\0", "expected"),
@@ -847,6 +853,51 @@ def case_draft_dists():
         prev.close()
         healthy(f"w2: draft distribution: {what}")
     print(f"  draft distributions: ok in {time.time() - t0:.1f} s")
+
+
+def case_dhop():
+    """Device hops (DHOP): a CPU stage declines the offer, saying why, and the session goes on
+    with activations in the FORWARD messages; an offer before SETUP, from the wrong peer, or
+    malformed ends the session with an ERROR that names it."""
+    t0 = time.time()
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    for w in (W1, W2):
+        if w is W1:
+            c1, c2, _ = setup_chain()
+            prev, out = c1, c2
+        else:
+            s = new_session()
+            out = setup_last(s)
+            prev = handshake(W2.addr, ROLE_PREV, 1, s)
+        prev.send(DHOP, pstr(boot))
+        p = expect_frame(prev, DHOP_REPLY, f"{w.name}: a device hop's offer")
+        check(p == b"\0" + pstr("runs on the CPU"), f"{w.name}: DHOP_REPLY {p!r}, want a refusal: runs on the CPU")
+        prev.send(FORWARD, mb_payload())
+        p = expect_frame(out, TOKENS, f"{w.name}: the session after a declined device hop")
+        check(p is not None and parse_tokens(p)[:3] == (1, 0, 4), f"{w.name}: after DHOP: {p and parse_tokens(p)}")
+        prev.close(), out.close()
+        healthy(f"{w.name}: a declined device hop")
+    attack("w1: DHOP before SETUP", W1, lambda c: c.send(DHOP, pstr(boot)), says="unexpected message type 33",
+           log="unexpected message type 33")
+    for what, payload, why in (("malformed DHOP", b"\1\2", "malformed DHOP message"),
+                               ("DHOP with a trailing byte", pstr(boot) + b"\0", "malformed DHOP message")):
+        s = new_session()
+        c2 = setup_last(s)
+        prev = handshake(W2.addr, ROLE_PREV, 1, s)
+        mark = len(W2.text())
+        half_close(prev, frame(DHOP, payload))
+        reasons, _ = dropped(c2, f"w2: {what}")
+        check(any(why in r for r in reasons), f"w2: {what}: no ERROR saying '{why}' ({reasons})")
+        logged(W2, why, f"w2: {what}", mark)
+        prev.close()
+        healthy(f"w2: {what}")
+    # the coordinator is not stage 2's previous stage: its DHOP is an unexpected message
+    s = new_session()
+    c2 = setup_last(s)
+    half_close(c2, frame(DHOP, pstr(boot)))
+    dropped(c2, "w2: DHOP from the coordinator", says="unexpected message type 33")
+    healthy("w2: DHOP from the coordinator")
+    print(f"  device hops: ok in {time.time() - t0:.1f} s")
 
 
 def case_frames():
@@ -1293,6 +1344,7 @@ def main():
         real_run("after the SETUP attacks")
         case_forward()
         case_draft_dists()
+        case_dhop()
         case_frames()
         real_run("after the FORWARD and frame attacks")
         case_sessions(want)

@@ -71,7 +71,10 @@ void ps_run_usage_compute(FILE *f) {
           "  --device D              where the layers run: cpu (default), cuda (GPU 0) or cuda:N, in\n"
           "                          this process (stage 0 of a fleet; with --local-stages, every\n"
           "                          stage); a GPU holds the layers and the KV cache in its memory and\n"
-          "                          gives the bits of the CPU's reference kernels (q8 only)\n",
+          "                          gives the bits of the CPU's reference kernels (q8 only)\n"
+          "  --host-hops             send activations between GPU stages of this host by TCP, as between\n"
+          "                          hosts (by default they go device to device; with --local-stages, the\n"
+          "                          workers' too)\n",
           f);
 }
 
@@ -308,16 +311,17 @@ static bool run_switch(run_opts *o, const char *a) {
               : !strcmp(a, "--pin")          ? &o->pin
               : !strcmp(a, "--mmap")         ? &o->mmap
               : !strcmp(a, "--plain-frames") ? &o->plain
+              : !strcmp(a, "--host-hops")    ? &o->host_hops
                                              : NULL;
     if (!b) return false;
-    if (b != &o->pin && b != &o->mmap && b != &o->plain && !o->given) o->given = a;
+    if (b != &o->pin && b != &o->mmap && b != &o->plain && b != &o->host_hops && !o->given) o->given = a;
     return *b = true;
 }
 
 /* Reports an argument no parser takes (a typo is matched against every flag) and returns 2. */
 static int unknown_arg(const char *a, ps_run_mode mode, const ps_run_extra *extra) {
-    static const char *const switches[] = {"--help",      "--ignore-eos", "--chat", "--stats",
-                                           "--print-ids", "--pin",        "--mmap", "--plain-frames"};
+    static const char *const switches[] = {"--help", "--ignore-eos", "--chat",         "--stats",    "--print-ids",
+                                           "--pin",  "--mmap",       "--plain-frames", "--host-hops"};
     const char *known[PS_ARRAY_LEN(switches) + 2 * PS_ARRAY_LEN(value_flags) + 32];
     size_t n = 0;
     for (size_t j = 0; j < PS_ARRAY_LEN(switches); j++) known[n++] = switches[j];
@@ -528,6 +532,7 @@ ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char
                          .local_unix = o->local_unix,
                          .key_file = o->key_file,
                          .plain = o->plain,
+                         .host_hops = o->host_hops,
                          .sim = o->sim,
                          .timeout_ms = (int)o->timeout_ms,
                          .standby = o->standby,
@@ -767,6 +772,7 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
         cJSON_AddNumberToObject(h, "frames", (double)cs.hop[k].frames);
         cJSON_AddNumberToObject(h, "bytes", (double)cs.hop[k].bytes);
         cJSON_AddNumberToObject(h, "ms", cs.hop[k].send_ms);
+        if (k == 0) cJSON_AddStringToObject(h, "path", ps_coord_hop0(coord));
         cJSON_AddItemToArray(hops, h);
     }
 }

@@ -21,7 +21,7 @@ typedef struct {
     int kv_blocks;          /* KV blocks on every stage (serve's --kv-blocks; 0: parallel contexts) */
     const char *prefix_dir; /* local workers' --prefix-dir (serve's), or NULL */
     ps_link_sim sim;
-    bool chat, stats, print_ids, seeded, pin, mmap, plain, local_unix, local_transport, threads_given, n_set;
+    bool chat, stats, print_ids, seeded, pin, mmap, plain, host_hops, local_unix, local_transport, threads_given, n_set;
     ps_act act;
     int device;                               /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
     char standby_list[1024];                  /* --standby's value */

@@ -36,6 +36,8 @@ static void worker_usage(FILE *f) {
         "  --device D                where the shard's layers run: cpu (default), cuda (GPU 0) or cuda:N; on\n"
         "                            a GPU it holds the layers and the KV cache in GPU memory (see pipeshard\n"
         "                            run --help)\n"
+        "  --host-hops               send activations to a next stage on a GPU of this host by TCP too (by\n"
+        "                            default two GPU stages of one host pass them device to device)\n"
         "  --pin                     pin thread i to the i-th CPU this process may use (see pipeshard run --help)\n"
         "  --mmap                    map the shard instead of reading it into huge pages (see pipeshard run --help)\n"
         "  --key-file F              shared key (`pipeshard keygen -o F` writes one): peers must prove they\n"
@@ -115,7 +117,8 @@ int ps_cli_worker(int argc, char **argv) {
         } switches[] = {{"--no-verify", &o.verify, false},
                         {"--pin", &o.pin, true},
                         {"--mmap", &o.mmap, true},
-                        {"--plain-frames", &o.plain, true}};
+                        {"--plain-frames", &o.plain, true},
+                        {"--host-hops", &o.host_hops, true}};
         size_t k = 0;
         while (k < PS_ARRAY_LEN(switches) && strcmp(a, switches[k].flag)) k++;
         if (k < PS_ARRAY_LEN(switches)) {

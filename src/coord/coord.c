@@ -40,6 +40,8 @@ struct ps_coord {
     ps_fleet fleet; /* a copy (one stage when running a whole model) */
     int n;          /* stages */
     ps_stage *stage0;
+    ps_dhop hop;       /* stage 0's activations into stage 1's GPU memory (DHOP, stage.h) */
+    char hop_why[300]; /* what that hop is: "device to device, ..." or why it is not */
     ps_hello me;
     bool connected;
     uint32_t mb;                   /* micro-batches sent in this session */
@@ -130,12 +132,14 @@ static void disconnect(ps_coord *c, bool bye) {
     }
     c->connected = false;
     c->n_pending = 0, c->got = false; /* what was in flight is lost */
+    ps_dhop_end(&c->hop);
 }
 
 /* Drops the connection to stage k (a standby is about to take its place). */
 static void disconnect_stage(ps_coord *c, int k) {
     ps_conn_free(c->st[k].conn);
     c->st[k].conn = NULL;
+    if (k == 1) ps_dhop_end(&c->hop);
 }
 
 /* Names stage k in messages: "stage 2 (10.0.0.3:7702)". */
@@ -299,6 +303,10 @@ static ps_status connect_stage(ps_coord *c, int k) {
     }
     if (type != PS_MSG_READY)
         return ps_errf(c->err, sizeof c->err, PS_ERR_PROTOCOL, "%s answered SETUP with message type %u", name, type);
+    if (k == 1 && c->o.host_hops) snprintf(c->hop_why, sizeof c->hop_why, "by TCP (--host-hops)");
+    if (k == 1 && !c->o.host_hops &&
+        (s = ps_dhop_offer(&c->hop, v->conn, c->stage0, c->o.timeout_ms, c->hop_why, sizeof c->hop_why, e, sizeof e)))
+        return ps_errf(c->err, sizeof c->err, s, "%s: %s", name, e);
     v->fail = FAIL_NONE, v->why[0] = 0;
     memset(&v->cur, 0, sizeof v->cur), memset(&v->base, 0, sizeof v->base);
     return PS_OK;
@@ -636,6 +644,7 @@ int ps_coord_max_results(const ps_coord *c) { return c->max_res; }
 int ps_coord_max_draft(const ps_coord *c) { return c->o.max_draft; }
 int ps_coord_n_blocks(const ps_coord *c) { return c->n_blocks; }
 int ps_coord_pending(const ps_coord *c) { return c->n_pending; }
+const char *ps_coord_hop0(const ps_coord *c) { return c->n > 1 && c->connected ? c->hop_why : ""; }
 bool ps_coord_connected(const ps_coord *c) { return c->n == 1 || c->connected; }
 const float *ps_coord_logits(const ps_coord *c) { return c->n == 1 ? ps_stage_logits(c->stage0) : NULL; }
 
@@ -645,8 +654,9 @@ static ps_status run_and_send(ps_coord *c, int n_segs, int rows, bool sample) {
     ps_mb mb = {.mb = c->mb++, .n_segs = n_segs, .segs = c->segs, .n = rows, .tokens = c->toks};
     const float *x = NULL;
     double t0 = now_ms();
-    int n_res;
-    ps_status s = ps_stage_run(c->stage0, &mb, &x, c->res, &n_res, c->err, sizeof c->err);
+    int n_res = 0;
+    ps_status s = c->hop.ring ? ps_dhop_run(&c->hop, c->stage0, &mb, c->o.timeout_ms, c->err, sizeof c->err)
+                              : ps_stage_run(c->stage0, &mb, &x, c->res, &n_res, c->err, sizeof c->err);
     if (s) return s;
     double t1 = now_ms();
     c->st[0].cur.compute_ms += t1 - t0;
@@ -657,7 +667,7 @@ static ps_status run_and_send(ps_coord *c, int n_segs, int rows, bool sample) {
     }
     if (sample) ps_pool_park(ps_stage_pool(c->stage0)); /* before the send: see worker.c */
     struct iovec iov[2];
-    mb.x = x;
+    if (!c->hop.ring) mb.x = x;
     ps_mb_encode(&c->wb, &mb, ps_stage_model(c->stage0)->hp.dim, iov);
     if (c->wb.oom) return ps_errf(c->err, sizeof c->err, PS_ERR_NOMEM, "out of memory");
     char e[400];

@@ -37,6 +37,8 @@ typedef struct {
     ps_act act;                 /* matmul arithmetic of every stage */
     const uint8_t *key;         /* 32-byte shared key, or NULL */
     bool plain;                 /* with a key: ask for frames in the clear (ps_hello.plain) */
+    bool host_hops;             /* activations to stage 1 on a GPU of this host by TCP too, not device to
+                                   device (DHOP, stage.h) */
     ps_link_sim sim;            /* emulation of the coordinator's outgoing hop */
     int timeout_ms;             /* a stage silent for this long is reported as stalled */
     const char *const *standby; /* addresses of workers started with --cache, each to take the place of a
@@ -103,6 +105,9 @@ ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool 
 ps_status ps_coord_recv(ps_coord *c, ps_result *res, int *n_res, char *err, size_t errlen);
 /* Micro-batches sent whose tokens have not been received. */
 int ps_coord_pending(const ps_coord *c);
+/* How stage 0's activations reach stage 1 in the fleet's session: "device to device, ..." or
+ * why not ("the next stage: it is on another host"); "" with one stage or before connecting. */
+const char *ps_coord_hop0(const ps_coord *c);
 /* Whether the workers hold a session (always, on one stage). After a failure they do not:
  * the next send or ps_coord_connect starts a new one, whose KV cache is empty. */
 bool ps_coord_connected(const ps_coord *c);

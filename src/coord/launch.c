@@ -28,6 +28,7 @@ static ps_status start_fleet(ps_launch *l, const ps_launch_opts *o, uint8_t key[
                                   .sim = &o->sim,
                                   .key_file = o->key_file,
                                   .unix_sockets = o->local_unix,
+                                  .host_hops = o->host_hops,
                                   .prefix_dir = o->prefix_dir,
                                   .progress = &o->progress};
         s = ps_local_fleet_start(o->model, o->local_stages, &lo, l->local, err, errlen);
@@ -70,6 +71,7 @@ ps_status ps_launch_start(const ps_launch_opts *o, ps_launch **out, char *err, s
                         .mmap = o->stage.mmap,
                         .device = o->stage.device,
                         .plain = o->plain || o->local_stages > 1,
+                        .host_hops = o->host_hops,
                         .n_ctx = o->n_ctx,
                         .max_batch = o->max_batch,
                         .prefill_chunk = o->prefill_chunk,

@@ -20,6 +20,8 @@ typedef struct {
     bool local_unix;            /* their connections on Unix sockets instead of loopback TCP */
     const char *key_file;       /* the workers' shared key, or NULL (local fleets: a fresh one) */
     bool plain;                 /* with a key: ask for frames in the clear (local fleets always do) */
+    bool host_hops;             /* activations between GPU stages of this host by TCP (ps_coord_opts'; and
+                                   local workers', --host-hops) */
     ps_link_sim sim;            /* link emulation of the coordinator's hop (and local workers') */
     int timeout_ms;             /* a stage silent for this long is reported as stalled */
     const char *const *standby; /* ps_coord_opts' (--standby) */

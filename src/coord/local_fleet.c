@@ -149,12 +149,14 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_local_fleet_opts *o, 
                         NULL,
                         NULL,
                         NULL,
+                        NULL,
                         NULL};
         char **flag = args;
         while (*flag) flag++;
         if (o->prefix_dir) *flag++ = "--prefix-dir", *flag++ = (char *)o->prefix_dir;
         if (so->pin) *flag++ = "--pin";
         if (so->mmap) *flag++ = "--mmap";
+        if (o->host_hops) *flag++ = "--host-hops";
         char dev[16];
         if (so->device != PS_DEVICE_CPU)
             *flag++ = "--device", *flag++ = (char *)ps_device_name(so->device, dev, sizeof dev);

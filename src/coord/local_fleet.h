@@ -25,6 +25,7 @@ typedef struct {
     const ps_link_sim *sim;      /* link emulation of their outgoing hops */
     const char *key_file;        /* NULL: a fresh random key */
     bool unix_sockets;           /* listen on Unix sockets instead of loopback TCP */
+    bool host_hops;              /* their --host-hops */
     const char *prefix_dir;      /* their --prefix-dir, or NULL */
     const ps_progress *progress; /* the split and the start are reported here (may be NULL) */
 } ps_local_fleet_opts;

@@ -59,12 +59,48 @@ size_t ps_cuda_bytes(const struct ps_model *m, const ps_cuda_params *p);
 ps_status ps_cuda_create(const struct ps_model *m, const ps_cuda_params *p, ps_cuda **out, char *err, size_t errlen);
 void ps_cuda_free(ps_cuda *g); /* NULL is a no-op */
 
+/* Where ps_cuda_chunk's x and out are: host memory unless these bits say device memory of
+ * this host (a device hop's ring, below). */
+enum { PS_CUDA_X_DEV = 1, PS_CUDA_OUT_DEV = 2 };
+
 /* One chunk of n <= max_batch rows through the stage's layers, as forward.c's forward_chunk:
- * x (n × dim, host) the embedded tokens or the previous stage's activations; row_pos and
- * row_tab each row's position and block table. Out (host): with the head, the logits of
- * rows logit_rows[0..n_logits) (n_logits × vocab); else the n rows' activations. */
+ * x (n × dim) the embedded tokens or the previous stage's activations; row_pos and row_tab
+ * each row's position and block table. Out: with the head, the logits of rows
+ * logit_rows[0..n_logits) (n_logits × vocab, host); else the n rows' activations. */
 ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_pos, const int32_t *const *row_tab,
-                        const int32_t *logit_rows, int n_logits, float *out, char *err, size_t errlen);
+                        const int32_t *logit_rows, int n_logits, float *out, unsigned io, char *err, size_t errlen);
+
+/* Device hops: activations between GPU stages of one host go device to device (CUDA IPC),
+ * not through the host. The receiving stage keeps a ring of slots in its GPU memory and
+ * gives its handle to the stage before, which opens it, writes each micro-batch's
+ * activations into the next slot and sends the micro-batch without them. The ring's
+ * counter says how many micro-batches the receiver has taken out of it; the sender waits for
+ * it before it overwrites a slot, so no slot is written before it was read. */
+#define PS_CUDA_IPC_BYTES 64 /* a cudaIpcMemHandle_t */
+typedef struct ps_cuda_ring ps_cuda_ring;
+
+/* The receiver's side: n_slots slots of slot_bytes on g's device, their handle in handle. */
+ps_status ps_cuda_ring_create(ps_cuda *g, int n_slots, size_t slot_bytes, uint8_t handle[PS_CUDA_IPC_BYTES],
+                              ps_cuda_ring **out, char *err, size_t errlen);
+/* The sender's side: another process's ring, opened from g's device (the same device or
+ * another of this host). */
+ps_status ps_cuda_ring_open(ps_cuda *g, const uint8_t handle[PS_CUDA_IPC_BYTES], int n_slots, size_t slot_bytes,
+                            ps_cuda_ring **out, char *err, size_t errlen);
+void ps_cuda_ring_free(ps_cuda_ring *r); /* NULL is a no-op */
+/* Slot i's device memory (i mod the ring's slots). */
+float *ps_cuda_ring_slot(ps_cuda_ring *r, uint64_t i);
+/* The receiver: checks the count activations of slot i for non-finite values once the work
+ * queued on its stage's stream so far is done (as a stage checks those that arrive by TCP);
+ * after the stream has next been waited for, ps_cuda_ring_bad says whether one was found:
+ * the first one's index and value. */
+ps_status ps_cuda_ring_check(ps_cuda_ring *r, uint64_t i, size_t count, char *err, size_t errlen);
+bool ps_cuda_ring_bad(const ps_cuda_ring *r, size_t *index, float *value);
+/* The receiver: `taken` micro-batches have been read out of the ring once the work queued on
+ * its stage's stream so far is done (the counter is set after it, without waiting). */
+ps_status ps_cuda_ring_taken(ps_cuda_ring *r, uint64_t taken, char *err, size_t errlen);
+/* The sender: waits until micro-batch i's slot is free (the receiver has taken i - slots + 1
+ * or more), at most timeout_ms. */
+ps_status ps_cuda_ring_wait(ps_cuda_ring *r, uint64_t i, int timeout_ms, char *err, size_t errlen);
 
 /* Copies block b of local layer li out of (k, v: PS_KV_BLOCK × kv_dim floats each, host)
  * or into the device's cache. */

@@ -1917,4 +1917,21 @@ __global__ void k_read(const uint4 *p, size_t n, unsigned *sink) {
     if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+/* The first non-finite of x[0..n) into *first (set to ~0 before) as (index << 32 | its
+ * bits): each thread's first in its stride, the smallest of them by atomicMin, so the first
+ * of all. */
+__global__ void k_nonfinite(const float *x, unsigned n, unsigned long long *first) {
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (!isfinite(x[i])) {
+            atomicMin(first, (unsigned long long)i << 32 | __float_as_uint(x[i]));
+            return;
+        }
+}
+
+/* A device hop's ring counter (cuda.h): set after the work before it on the stream. */
+__global__ void k_ring_set(unsigned long long *counter, unsigned long long v) {
+    *(volatile unsigned long long *)counter = v;
+    __threadfence_system();
+}
+
 #endif

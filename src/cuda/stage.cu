@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda.h"
 #include "kernels.cuh"
@@ -59,8 +60,9 @@ struct ps_cuda {
     int32_t *meta;          /* pos, tab_off, logit rows (max_batch each), tables */
     int32_t *hmeta;         /* its host staging (pinned) */
     size_t meta_ints;
-    float *hx, *hout;                                       /* pinned staging of a graph's input and output */
-    cudaGraphExec_t graphs[GRAPH_ROWS + 1][GRAPH_ROWS + 1]; /* by rows and logits, made when first needed */
+    float *hx, *hout; /* pinned staging of a graph's input and output */
+    /* by where x and out are (PS_CUDA_X_DEV, PS_CUDA_OUT_DEV), rows and logits, made when first needed */
+    cudaGraphExec_t graphs[4][GRAPH_ROWS + 1][GRAPH_ROWS + 1];
 };
 
 #define CK(call)                                                                                                       \
@@ -418,9 +420,10 @@ void ps_cuda_free(ps_cuda *g) {
     if (!g) return;
     cudaSetDevice(g->dev);
     if (g->mem) cudaFree(g->mem);
-    for (int i = 0; i <= GRAPH_ROWS; i++)
-        for (int j = 0; j <= GRAPH_ROWS; j++)
-            if (g->graphs[i][j]) cudaGraphExecDestroy(g->graphs[i][j]);
+    for (int io = 0; io < 4; io++)
+        for (int i = 0; i <= GRAPH_ROWS; i++)
+            for (int j = 0; j <= GRAPH_ROWS; j++)
+                if (g->graphs[io][i][j]) cudaGraphExecDestroy(g->graphs[io][i][j]);
     if (g->hmeta) cudaFreeHost(g->hmeta);
     if (g->hx) cudaFreeHost(g->hx);
     if (g->hout) cudaFreeHost(g->hout);
@@ -752,11 +755,13 @@ static void ffn_block(ps_cuda *g, int li, int n, const float **res) {
 /* Enqueues a chunk on g's stream: its rows' positions and tables (meta_bytes of g->hmeta),
  * x (n × dim) in, the layers, the head's logits or the activations out. */
 static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, size_t meta_bytes, float *out,
-                               char *err, size_t errlen) {
+                               unsigned io, char *err, size_t errlen) {
     const ps_model *m = g->m;
     int dim = m->hp.dim, B = g->max_batch;
     CK(cudaMemcpyAsync(g->meta, g->hmeta, meta_bytes, cudaMemcpyHostToDevice, g->st));
-    CK(cudaMemcpyAsync(g->x, x, (size_t)n * dim * 4, cudaMemcpyHostToDevice, g->st));
+    if (x != g->x) /* (a graph's device input is copied in before it) */
+        CK(cudaMemcpyAsync(g->x, x, (size_t)n * dim * 4,
+                           io & PS_CUDA_X_DEV ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice, g->st));
     rows_info ri = {g->meta, g->meta + B, g->meta + 3 * B};
     const float *res = NULL; /* each block's residual, added where the next norm reads x */
     for (int li = 0; li < g->n_layer; li++) {
@@ -766,7 +771,9 @@ static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, 
     CK(cudaGetLastError());
     if (!m->has_head) {
         add(g, g->x, res, (size_t)n * dim);
-        CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4, cudaMemcpyDeviceToHost, g->st));
+        if (out) /* (a graph's device output is copied out after it) */
+            CK(cudaMemcpyAsync(out, g->x, (size_t)n * dim * 4,
+                               io & PS_CUDA_OUT_DEV ? cudaMemcpyDefault : cudaMemcpyDeviceToHost, g->st));
     } else if (n_logits > 0) { /* the last residual only on the rows whose logits are asked for */
         int have = rmsnorm(g, g->x, res, g->meta + 2 * B, g->out_norm, g->xo, n_logits, &g->output);
         mm(g, &g->output, g->xo, n_logits, g->logits, m->hp.vocab, have);
@@ -777,11 +784,11 @@ static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, 
 }
 
 ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_pos, const int32_t *const *row_tab,
-                        const int32_t *logit_rows, int n_logits, float *out, char *err, size_t errlen) {
+                        const int32_t *logit_rows, int n_logits, float *out, unsigned io, char *err, size_t errlen) {
     const ps_model *m = g->m;
     int dim = m->hp.dim, B = g->max_batch;
-    if (n < 1 || n > B || n_logits < 0 || n_logits > n)
-        return ps_errf(err, errlen, PS_ERR_ARG, "bad chunk (%d rows, %d logits)", n, n_logits);
+    if (n < 1 || n > B || n_logits < 0 || n_logits > n || io > 3 || (m->has_head && (io & PS_CUDA_OUT_DEV)))
+        return ps_errf(err, errlen, PS_ERR_ARG, "bad chunk (%d rows, %d logits, io %u)", n, n_logits, io);
     CK(cudaSetDevice(g->dev));
     /* rows' positions and tables: a sequence's table once for its consecutive rows */
     int32_t *pos = g->hmeta, *off = pos + B, *lr = off + B, *tabs = lr + B;
@@ -804,18 +811,20 @@ ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_po
     for (int i = 0; i < n_logits; i++) lr[i] = logit_rows[i];
     size_t out_bytes = (size_t)(m->has_head ? n_logits * m->hp.vocab : n * dim) * 4;
     if (n > GRAPH_ROWS) { /* prefill: straight from and to the caller's memory */
-        ps_status s = enqueue_chunk(g, x, n, n_logits, (3 * (size_t)B + nt) * 4, out, err, errlen);
+        ps_status s = enqueue_chunk(g, x, n, n_logits, (3 * (size_t)B + nt) * 4, out, io, err, errlen);
         if (s) return s;
         CK(cudaStreamSynchronize(g->st));
         return PS_OK;
     }
-    /* decode and small batches: one CUDA graph per (rows, logits), through pinned buffers */
-    cudaGraphExec_t *ge = &g->graphs[n][n_logits];
+    /* decode and small batches: one CUDA graph per (io, rows, logits), through pinned buffers
+     * (device memory is copied in and out around the graph: a ring's slot changes) */
+    cudaGraphExec_t *ge = &g->graphs[io][n][n_logits];
     if (!*ge) {
         cudaGraph_t graph;
         CK(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
         size_t meta = (3 * (size_t)B + (size_t)n * g->seq_blocks) * 4;
-        ps_status s = enqueue_chunk(g, g->hx, n, n_logits, meta, g->hout, err, errlen);
+        ps_status s = enqueue_chunk(g, io & PS_CUDA_X_DEV ? g->x : g->hx, n, n_logits, meta,
+                                    io & PS_CUDA_OUT_DEV ? NULL : g->hout, io, err, errlen);
         cudaError_t e = cudaStreamEndCapture(g->st, &graph);
         if (s) return s;
         CK(e);
@@ -823,10 +832,14 @@ ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_po
         cudaGraphDestroy(graph);
         CK(e);
     }
-    memcpy(g->hx, x, (size_t)n * dim * 4);
+    if (io & PS_CUDA_X_DEV)
+        CK(cudaMemcpyAsync(g->x, x, (size_t)n * dim * 4, cudaMemcpyDeviceToDevice, g->st));
+    else
+        memcpy(g->hx, x, (size_t)n * dim * 4);
     CK(cudaGraphLaunch(*ge, g->st));
+    if (io & PS_CUDA_OUT_DEV) CK(cudaMemcpyAsync(out, g->x, out_bytes, cudaMemcpyDefault, g->st));
     CK(cudaStreamSynchronize(g->st));
-    memcpy(out, g->hout, out_bytes);
+    if (!(io & PS_CUDA_OUT_DEV)) memcpy(out, g->hout, out_bytes);
     return PS_OK;
 }
 
@@ -851,4 +864,130 @@ ps_status ps_cuda_kv_read(ps_cuda *g, int li, int32_t b, float *k, float *v) {
 ps_status ps_cuda_kv_write(ps_cuda *g, int li, int32_t b, const float *k, const float *v) {
     char err[16];
     return kv_copy(g, li, b, (float *)k, (float *)v, false, err, sizeof err);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Device hops (cuda.h) */
+
+/* A ring's memory: the counter (u64), the receiver's first non-finite value (u64), then the
+ * slots from byte RING_HEAD. */
+#define RING_HEAD 256
+
+struct ps_cuda_ring {
+    ps_cuda *g;
+    int dev;
+    uint8_t *base;
+    bool opened; /* another process's (cudaIpcOpenMemHandle), else ours (cudaMalloc) */
+    int n_slots;
+    size_t slot_bytes;
+    uint64_t seen;  /* the sender: the counter as last read */
+    uint64_t *hbad; /* the receiver: pinned copy of the first non-finite value's word */
+};
+
+ps_status ps_cuda_ring_create(ps_cuda *g, int n_slots, size_t slot_bytes, uint8_t handle[PS_CUDA_IPC_BYTES],
+                              ps_cuda_ring **out, char *err, size_t errlen) {
+    static_assert(sizeof(cudaIpcMemHandle_t) == PS_CUDA_IPC_BYTES, "an IPC handle is 64 bytes");
+    *out = NULL;
+    if (n_slots < 1 || slot_bytes < 1 || slot_bytes % 256 || (uint64_t)n_slots * slot_bytes > ((uint64_t)1 << 40))
+        return ps_errf(err, errlen, PS_ERR_ARG, "a ring of %d slots of %zu bytes", n_slots, slot_bytes);
+    CK(cudaSetDevice(g->dev));
+    ps_cuda_ring *r = (ps_cuda_ring *)calloc(1, sizeof *r);
+    if (!r) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    *r = (ps_cuda_ring){g, g->dev, NULL, false, n_slots, slot_bytes, 0, NULL};
+    cudaIpcMemHandle_t h;
+    cudaError_t e = cudaMalloc((void **)&r->base, RING_HEAD + (size_t)n_slots * slot_bytes);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&r->hbad, sizeof *r->hbad);
+    if (e == cudaSuccess) e = cudaMemsetAsync(r->base, 0, RING_HEAD, g->st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+    if (e == cudaSuccess) e = cudaIpcGetMemHandle(&h, r->base);
+    if (e != cudaSuccess) {
+        ps_cuda_ring_free(r);
+        return ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (a ring of %d slots of %.1f MiB for the stage's input)",
+                       cudaGetErrorString(e), n_slots, slot_bytes / 1048576.0);
+    }
+    memcpy(handle, &h, sizeof h);
+    *out = r;
+    return PS_OK;
+}
+
+ps_status ps_cuda_ring_open(ps_cuda *g, const uint8_t handle[PS_CUDA_IPC_BYTES], int n_slots, size_t slot_bytes,
+                            ps_cuda_ring **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (n_slots < 1 || slot_bytes < 1 || slot_bytes % 256)
+        return ps_errf(err, errlen, PS_ERR_ARG, "a ring of %d slots of %zu bytes", n_slots, slot_bytes);
+    CK(cudaSetDevice(g->dev));
+    ps_cuda_ring *r = (ps_cuda_ring *)calloc(1, sizeof *r);
+    if (!r) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+    *r = (ps_cuda_ring){g, g->dev, NULL, true, n_slots, slot_bytes, 0, NULL};
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof h);
+    cudaError_t e = cudaIpcOpenMemHandle((void **)&r->base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        free(r);
+        return ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (opening the next stage's ring)", cudaGetErrorString(e));
+    }
+    *out = r;
+    return PS_OK;
+}
+
+void ps_cuda_ring_free(ps_cuda_ring *r) {
+    if (!r) return;
+    cudaSetDevice(r->dev);
+    if (r->base && r->opened) cudaIpcCloseMemHandle(r->base);
+    if (r->base && !r->opened) cudaFree(r->base);
+    if (r->hbad) cudaFreeHost(r->hbad);
+    free(r);
+}
+
+float *ps_cuda_ring_slot(ps_cuda_ring *r, uint64_t i) {
+    return (float *)(r->base + RING_HEAD + (size_t)(i % (uint64_t)r->n_slots) * r->slot_bytes);
+}
+
+ps_status ps_cuda_ring_check(ps_cuda_ring *r, uint64_t i, size_t count, char *err, size_t errlen) {
+    if (count > r->slot_bytes / 4 || count >= ((size_t)1 << 32))
+        return ps_errf(err, errlen, PS_ERR_ARG, "%zu activations in a slot of %zu bytes", count, r->slot_bytes);
+    CK(cudaSetDevice(r->dev));
+    unsigned long long *bad = (unsigned long long *)(r->base + 8);
+    CK(cudaMemsetAsync(bad, 0xff, sizeof *bad, r->g->st));
+    k_nonfinite<<<std::min(blocks_for(count, 256), 1024u), 256, 0, r->g->st>>>(ps_cuda_ring_slot(r, i), (unsigned)count,
+                                                                               bad);
+    CK(cudaMemcpyAsync(r->hbad, bad, sizeof *bad, cudaMemcpyDeviceToHost, r->g->st));
+    return PS_OK;
+}
+
+bool ps_cuda_ring_bad(const ps_cuda_ring *r, size_t *index, float *value) {
+    uint64_t w = *(volatile uint64_t *)r->hbad;
+    if (w == ~(uint64_t)0) return false;
+    uint32_t bits = (uint32_t)w;
+    *index = (size_t)(w >> 32);
+    memcpy(value, &bits, sizeof bits);
+    return true;
+}
+
+ps_status ps_cuda_ring_taken(ps_cuda_ring *r, uint64_t taken, char *err, size_t errlen) {
+    CK(cudaSetDevice(r->dev));
+    k_ring_set<<<1, 1, 0, r->g->st>>>((unsigned long long *)r->base, taken);
+    CK(cudaGetLastError());
+    return PS_OK;
+}
+
+ps_status ps_cuda_ring_wait(ps_cuda_ring *r, uint64_t i, int timeout_ms, char *err, size_t errlen) {
+    if (i < (uint64_t)r->n_slots) return PS_OK;
+    uint64_t need = i - (uint64_t)r->n_slots + 1;
+    CK(cudaSetDevice(r->dev));
+    double t0 = ps_now();
+    while (r->seen < need) {
+        unsigned long long v;
+        CK(cudaMemcpy(&v, r->base, sizeof v, cudaMemcpyDeviceToHost));
+        r->seen = v;
+        if (r->seen >= need) break;
+        if ((ps_now() - t0) * 1e3 > timeout_ms)
+            return ps_errf(err, errlen, PS_ERR_TIMEOUT,
+                           "the next stage has not read micro-batch %llu out of its ring in %d ms (it has read %llu)",
+                           (unsigned long long)need - 1, timeout_ms, (unsigned long long)r->seen);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    return PS_OK;
 }

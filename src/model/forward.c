@@ -329,6 +329,10 @@ int ps_ctx_n_blocks(const ps_ctx *c) { return c->n_blocks; }
 
 size_t ps_ctx_kv_block_floats(const ps_ctx *c) { return (size_t)PS_KV_BLOCK * c->kv_dim; }
 
+struct ps_cuda *ps_ctx_cuda(ps_ctx *c) {
+    return c->gpu;
+}
+
 ps_status ps_ctx_kv_read(ps_ctx *c, int li, int32_t b, float *k, float *v) {
     if (c->gpu) return ps_cuda_kv_read(c->gpu, li, b, k, v);
     size_t at = ((size_t)li * c->n_blocks + (size_t)b) * PS_KV_BLOCK * c->kv_dim, n = ps_ctx_kv_block_floats(c);
@@ -823,7 +827,7 @@ static void ffn_block(ps_ctx *c, int li, int n) {
  * x_in rows. Out: the logits of rows c->logit_rows[0..n_logits) when the model holds the
  * head, else all n rows of the residual stream. */
 static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, float *out, int n_logits,
-                               char *err, size_t errlen) {
+                               unsigned io, char *err, size_t errlen) {
     const ps_model *m = c->m;
     int dim = m->hp.dim;
     if (!m->has_embed && !c->gpu) memcpy(c->x, x_in, (size_t)n * dim * sizeof(float));
@@ -835,7 +839,7 @@ static ps_status forward_chunk(ps_ctx *c, const int32_t *tokens, const float *x_
     }
     if (c->gpu)
         return ps_cuda_chunk(c->gpu, m->has_embed ? c->x : x_in, n, c->row_pos, c->row_tab, c->logit_rows, n_logits,
-                             out, err, errlen);
+                             out, io, err, errlen);
     rope_rows(c, c->row_pos, n, c->rope_cs);
     for (int li = 0; li < m->layer_end - m->layer_begin; li++) {
         attention_block(c, li, n);
@@ -879,10 +883,12 @@ static ps_status check_segs(const ps_ctx *c, const ps_seg *segs, int n_segs, con
     return PS_OK;
 }
 
-ps_status ps_forward_segs(ps_ctx *c, const ps_seg *segs, int n_segs, const int32_t *tokens, const float *x_in,
-                          float *out, char *err, size_t errlen) {
+ps_status ps_forward_segs_io(ps_ctx *c, const ps_seg *segs, int n_segs, const int32_t *tokens, const float *x_in,
+                             float *out, unsigned io, char *err, size_t errlen) {
     const ps_model *m = c->m;
     int dim = m->hp.dim;
+    if (io && (!c->gpu || io > 3 || (m->has_embed && (io & PS_CUDA_X_DEV)) || (m->has_head && (io & PS_CUDA_OUT_DEV))))
+        return ps_errf(err, errlen, PS_ERR_ARG, "activations in GPU memory need a GPU stage between two others");
     ps_status s = check_segs(c, segs, n_segs, tokens, x_in, err, errlen);
     if (s) return s;
     long long rows = 0;
@@ -904,12 +910,17 @@ ps_status ps_forward_segs(ps_ctx *c, const ps_seg *segs, int n_segs, const int32
         if (n < c->max_batch && g < n_segs) continue;
         float *o = m->has_head ? out + logits_done * m->hp.vocab : out + done * dim;
         s = forward_chunk(c, m->has_embed ? tokens + done : NULL, m->has_embed ? NULL : x_in + done * dim, n, o,
-                          n_logits, err, errlen);
+                          n_logits, io, err, errlen);
         if (s) return s;
         done += (size_t)n, logits_done += (size_t)n_logits;
         n = 0, n_logits = 0;
     }
     return PS_OK;
+}
+
+ps_status ps_forward_segs(ps_ctx *c, const ps_seg *segs, int n_segs, const int32_t *tokens, const float *x_in,
+                          float *out, char *err, size_t errlen) {
+    return ps_forward_segs_io(c, segs, n_segs, tokens, x_in, out, 0, err, errlen);
 }
 
 ps_status ps_forward_stage(ps_ctx *c, const int32_t *tokens, const float *x_in, int n, int pos, float *out,

@@ -160,6 +160,8 @@ int ps_ctx_n_blocks(const ps_ctx *c);
  * and restoring prefixes (stage/kv_file.c); b must lie in the pool. */
 size_t ps_ctx_kv_block_floats(const ps_ctx *c);
 ps_status ps_ctx_kv_read(ps_ctx *c, int li, int32_t b, float *k, float *v);
+/* The GPU a context runs on (cuda.h), or NULL on the CPU. */
+struct ps_cuda *ps_ctx_cuda(ps_ctx *c);
 ps_status ps_ctx_kv_write(ps_ctx *c, int li, int32_t b, const float *k, const float *v);
 
 /* One sequence's rows in a forward pass over several sequences: positions [pos, pos + n)
@@ -184,6 +186,10 @@ typedef struct {
  * a table too short or a token id out of range. */
 ps_status ps_forward_segs(ps_ctx *c, const ps_seg *segs, int n_segs, const int32_t *tokens, const float *x_in,
                           float *out, char *err, size_t errlen);
+/* The same with x_in or out in the GPU's memory (io: PS_CUDA_X_DEV, PS_CUDA_OUT_DEV of
+ * cuda.h; a device hop's ring) on a context that runs on a GPU. */
+ps_status ps_forward_segs_io(ps_ctx *c, const ps_seg *segs, int n_segs, const int32_t *tokens, const float *x_in,
+                             float *out, unsigned io, char *err, size_t errlen);
 
 /* Runs tokens[0..n) at positions pos..pos+n-1 through the whole model, overwriting the KV
  * cache from pos on (so rewinding is writing at an earlier pos), and writes the logits of

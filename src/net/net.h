@@ -22,9 +22,9 @@
 
 #define PS_NET_MAGIC 0x3144534eu /* "NSD1" read as little-endian bytes 'N' 'S' 'D' '1' */
 #define PS_NET_VERSION                                                                                                 \
-    7 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel;        \
+    8 /* bump on any incompatible change of a message (2: sealed frames; 3: hello flags, shards that travel;        \
        4: prefixes saved and restored; 5: draft tokens verified; 6: draft distributions; 7: link probes, the        \
-       role PS_ROLE_PROBE and the messages ECHO and HOST_INFO) */
+       role PS_ROLE_PROBE and the messages ECHO and HOST_INFO; 8: device hops, DHOP and FORWARD's flags) */
 #define PS_NET_HDR_BYTES 24
 
 /* The header as it travels (little-endian, no padding; encoded/decoded field by field). */
@@ -39,8 +39,8 @@ typedef struct {
 _Static_assert(sizeof(ps_frame_hdr) == PS_NET_HDR_BYTES, "frame header is 24 bytes");
 
 /* Message types. Never renumbered; new ones at the end. 1..15 belong to the handshake
- * (this module), 16..30 to the stage protocol (src/stage), 31 and 32 to link probes (this
- * module, probe.c). */
+ * (this module), 16..30 and 33, 34 to the stage protocol (src/stage), 31 and 32 to link
+ * probes (this module, probe.c). */
 typedef enum {
     PS_MSG_HELLO = 1,       /* client → server: who I am, my nonce */
     PS_MSG_HELLO_REPLY = 2, /* server → client: who I am, my nonce, my proof */
@@ -65,6 +65,8 @@ typedef enum {
     PS_MSG_ECHO = 31,       /* link probe → worker: u32 reply_bytes, then any padding; the worker
                                answers an ECHO of reply_bytes bytes (or ERROR, and closes) */
     PS_MSG_HOST_INFO = 32,  /* worker → link probe, right after the handshake: its host (ps_host_info) */
+    PS_MSG_DHOP = 33,       /* GPU stage → next stage: may I write activations into your GPU memory? */
+    PS_MSG_DHOP_REPLY = 34, /* next stage → GPU stage: here is a ring there, or why not (stage.h) */
 } ps_msg_type;
 
 /* Encodes h into 24 bytes / decodes 24 bytes (no validation on decode). */

@@ -1,6 +1,8 @@
 /* stage.c - the stage executor and the micro-batch message. */
 #include "stage_internal.h"
 
+#include "../cuda/cuda.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +42,7 @@ void ps_stage_stat_decode(ps_rbuf *r, ps_stage_stat *st) {
  * tokens and activations after them stay 4-byte aligned in a malloc'd receive buffer). */
 #define MB_HDR_BYTES 24
 #define MB_SEG_BYTES 72
+#define MB_X_RING    1u /* header flags: the activations are in the next stage's ring, not here */
 _Static_assert(sizeof(ps_draft_dist) == 132, "a draft distribution travels as it lies in memory");
 
 static void sp_encode(ps_wbuf *b, const ps_sample_params *sp) {
@@ -73,7 +76,7 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
     ps_wbuf_i32(b, mb->n);
     ps_wbuf_u32(b, mb->x ? (uint32_t)dim : 0);
     ps_wbuf_i32(b, mb->n_stats);
-    ps_wbuf_u32(b, 0);
+    ps_wbuf_u32(b, mb->x_ring ? MB_X_RING : 0);
     for (int i = 0; i < mb->n_segs; i++) {
         const ps_mb_seg *g = &mb->segs[i];
         ps_wbuf_u64(b, g->seq);
@@ -89,7 +92,7 @@ void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]) {
     }
     ps_wbuf_bytes(b, mb->tokens, (size_t)mb->n * sizeof(int32_t));
     for (int i = 0; i < mb->n_stats; i++) ps_stage_stat_encode(b, &mb->stats[i]);
-    size_t xbytes = mb->x ? (size_t)mb->n * dim * sizeof(float) : 0;
+    size_t xbytes = mb->x && !mb->x_ring ? (size_t)mb->n * dim * sizeof(float) : 0;
     if (iov) {
         iov[0] = (struct iovec){b->p, b->len};
         iov[1] = (struct iovec){(void *)mb->x, xbytes};
@@ -158,8 +161,13 @@ ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, int max
     out->n = ps_rbuf_i32(&r);
     uint32_t xdim = ps_rbuf_u32(&r);
     out->n_stats = ps_rbuf_i32(&r);
-    ps_rbuf_u32(&r);
+    uint32_t flags = ps_rbuf_u32(&r);
     if (r.bad) return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch header truncated");
+    if (flags & ~(uint32_t)MB_X_RING)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch header has unknown flags 0x%x", flags);
+    out->x_ring = flags & MB_X_RING;
+    if (out->x_ring && xdim != (uint32_t)dim)
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch in the ring with activations %u wide", xdim);
     if (out->n < 1 || out->n > max_n)
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d positions (this stage takes 1..%d)", out->n,
                        max_n);
@@ -180,8 +188,9 @@ ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, int max
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d positions has segments of %lld", out->n, rows);
     out->tokens = ps_rbuf_bytes(&r, (size_t)out->n * sizeof(int32_t));
     for (int i = 0; i < out->n_stats; i++) ps_stage_stat_decode(&r, &out->stats[i]);
-    size_t want = r.off + (xdim ? (size_t)out->n * dim * 4 : 0);
-    out->x = xdim ? ps_rbuf_bytes(&r, (size_t)out->n * dim * sizeof(float)) : NULL;
+    bool x_here = xdim && !out->x_ring;
+    size_t want = r.off + (x_here ? (size_t)out->n * dim * 4 : 0);
+    out->x = x_here ? ps_rbuf_bytes(&r, (size_t)out->n * dim * sizeof(float)) : NULL;
     if (r.bad || r.off != len)
         return ps_errf(err, errlen, PS_ERR_PROTOCOL, "micro-batch of %d positions has %zu bytes, expected %zu", out->n,
                        len, r.bad ? want : r.off);
@@ -451,8 +460,9 @@ static ps_status sample_seg(ps_stage *s, const ps_mb_seg *g, const int32_t *toke
     return PS_OK;
 }
 
-ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_result *res, int *n_res, char *err,
-                       size_t errlen) {
+/* ps_stage_run, with the activations for the next stage to x_dev (GPU memory) when not NULL. */
+static ps_status run(ps_stage *s, const ps_mb *mb, float *x_dev, const float **x_out, ps_result *res, int *n_res,
+                     char *err, size_t errlen) {
     *n_res = 0;
     if (!s->ctx) return ps_errf(err, errlen, PS_ERR_INTERNAL, "stage run before its session began");
     if (mb->n < 1 || mb->n > s->max_mb || mb->n_segs < 1 || mb->n_segs > s->max_segs)
@@ -472,13 +482,14 @@ ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_res
         segs[i] =
             (ps_seg){.pos = g->pos, .n = g->n, .blocks = g->blocks, .n_blocks = g->n_blocks, .n_logits = n_logits};
     }
-    float *out = m->has_head ? s->logits : s->x_out;
-    ps_status st = ps_forward_segs(s->ctx, segs, mb->n_segs, mb->tokens, mb->x, out, err, errlen);
+    float *out = m->has_head ? s->logits : x_dev ? x_dev : s->x_out;
+    unsigned io = (mb->x_ring ? PS_CUDA_X_DEV : 0) | (x_dev ? PS_CUDA_OUT_DEV : 0);
+    ps_status st = ps_forward_segs_io(s->ctx, segs, mb->n_segs, mb->tokens, mb->x, out, io, err, errlen);
     if (st) return st;
     const int32_t *tokens = mb->tokens;
     for (int i = 0; i < mb->n_segs; tokens += mb->segs[i].n, i++) mark_written(s, &mb->segs[i], tokens);
     if (!m->has_head) {
-        *x_out = s->x_out;
+        if (x_out) *x_out = s->x_out;
         return PS_OK;
     }
     const float *logits = s->logits;
@@ -490,6 +501,22 @@ ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_res
         *n_res += n;
     }
     return PS_OK;
+}
+
+ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_result *res, int *n_res, char *err,
+                       size_t errlen) {
+    return run(s, mb, NULL, x_out, res, n_res, err, errlen);
+}
+
+ps_status ps_stage_run_into(ps_stage *s, const ps_mb *mb, float *x_dev, char *err, size_t errlen) {
+    int n_res;
+    if (s->m->has_head || !x_dev)
+        return ps_errf(err, errlen, PS_ERR_INTERNAL, "activations into GPU memory from a stage with the head");
+    return run(s, mb, x_dev, NULL, NULL, &n_res, err, errlen);
+}
+
+struct ps_cuda *ps_stage_cuda(ps_stage *s) {
+    return s->ctx ? ps_ctx_cuda(s->ctx) : NULL;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -19,6 +19,12 @@
  *           latest micro-batch it finished)
  *   ERROR   worker → coordinator: u8 kind (ps_err_kind), str reason
  *   BYE     coordinator → worker: end of the session
+ *   DHOP    stage k → stage k+1, before the first FORWARD, from a GPU stage: str host (this
+ *           boot's id, /proc/sys/kernel/random/boot_id)
+ *   DHOP_REPLY stage k+1 → stage k: u8 1, i32 slots, u64 slot bytes, 64 bytes of a CUDA IPC
+ *           handle (its ring: cuda.h's device hops), or u8 0, str why not (another host, a CPU
+ *           stage, no memory); stage k then writes each micro-batch's activations into the ring
+ *           and sends the FORWARD without them (x_ring), or, refused, sends them as before
  *
  * A session's KV cache is a pool of n_blocks blocks of PS_KV_BLOCK positions on every
  * stage; the coordinator alone decides which blocks each sequence uses and sends the block
@@ -118,17 +124,19 @@ typedef struct {
     const int32_t *tokens; /* (n) token ids: every stage sees them, the last keeps them as
                               the history the penalties look at */
     const float *x;        /* (n, dim) activations entering the stage; NULL into stage 0 */
+    bool x_ring;           /* x is not in the FORWARD message: the stage before wrote it into this
+                              stage's ring in GPU memory (a device hop: DHOP below), where x points */
     int32_t n_stats;       /* stats of the stages it went through */
     ps_stage_stat stats[PS_SHARD_MAX_STAGES];
 } ps_mb;
 
 /* Builds a FORWARD payload in b (restarted): a header (u32 mb, i32 n_segs, i32 n, u32 dim
- * of x or 0, i32 n_stats, u32 0), per segment u64 seq, i32 pos, i32 n, u32 flags, u32 n_top,
+ * of x or 0, i32 n_stats, u32 flags: 1 = x_ring), per segment u64 seq, i32 pos, i32 n, u32 flags, u32 n_top,
  * the sample parameters (f32 temperature, i32 top_k, f32 top_p, f32 min_p, f32
  * repetition_penalty, i32 penalty_last_n, f32 presence, f32 frequency, u64 seed), i32
  * n_blocks, u32 n_draft and the block table, and with PS_MB_DRAFT_DIST its n_draft
  * ps_draft_dist (i32 n, 16 × i32 id, 16 × f32 p), then the tokens, the stage stats, then x (n ×
- * dim f32) when x is non-NULL. The x bytes are not copied when iov is given: iov[0] gets b's
+ * dim f32) when x is non-NULL and not in the ring. The x bytes are not copied when iov is given: iov[0] gets b's
  * bytes, iov[1] the activations, for ps_conn_send_async. */
 void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]);
 /* The largest payload of a session's frames: a FORWARD of max_mb rows of dim-wide
@@ -140,8 +148,8 @@ uint32_t ps_mb_max_bytes(int dim, int max_mb, int max_segs, int max_draft, int n
  * guesses each may have. */
 int ps_mb_max_results(int max_mb, int max_segs, int max_draft);
 /* Parses a FORWARD payload into *out, whose segs must have room for max_segs entries;
- * tokens, x, the block tables and the draft distributions point into the payload. Every count
- * is checked against len, dim, max_n rows and max_segs. */
+ * tokens, x, the block tables and the draft distributions point into the payload (x is NULL
+ * when x_ring). Every count is checked against len, dim, max_n rows and max_segs. */
 ps_status ps_mb_decode(const uint8_t *p, size_t len, int dim, int max_n, int max_segs, ps_mb *out, char *err,
                        size_t errlen);
 
@@ -249,6 +257,11 @@ int ps_stage_max_draft(const ps_stage *s);
  * refused (PS_ERR_PROTOCOL), as is a block outside the pool. */
 ps_status ps_stage_run(ps_stage *s, const ps_mb *mb, const float **x_out, ps_result *res, int *n_res, char *err,
                        size_t errlen);
+/* As ps_stage_run on a GPU stage without the head whose next stage reads its activations
+ * from GPU memory (a device hop): they go to x_dev (n × dim floats of this host's GPU memory). */
+ps_status ps_stage_run_into(ps_stage *s, const ps_mb *mb, float *x_dev, char *err, size_t errlen);
+/* The GPU a stage's session runs on (cuda.h), or NULL (the CPU, or before ps_stage_begin). */
+struct ps_cuda *ps_stage_cuda(ps_stage *s);
 /* The logits of the latest sampled segment (vocab floats) on the last stage. */
 const float *ps_stage_logits(const ps_stage *s);
 /* Row i of the latest run's logits on the last stage: the sampling segments' rows in order,
@@ -270,5 +283,42 @@ ps_status ps_stage_kv_save(ps_stage *s, const char *path, uint64_t id, const int
  * is damaged (checksum). Nothing is written to the pool unless the whole file checks out. */
 ps_status ps_stage_kv_load(ps_stage *s, const char *path, uint64_t id, const int32_t *blocks, int n,
                            const int32_t *tokens, char *err, size_t errlen);
+
+// ---------------------------------------------------------------------------------------
+// Device hops (DHOP: dhop.c)
+
+#define PS_DHOP_SLOTS     4  /* slots of a receiver's ring: micro-batches the sender may be ahead */
+#define PS_DHOP_MAX_SLOTS 64 /* a reply offering more is refused */
+
+/* One end of a device hop: the ring (NULL: activations travel in the FORWARD messages) and
+ * the micro-batches through it so far. Zero-initialized; ps_dhop_end frees. */
+typedef struct {
+    struct ps_cuda_ring *ring;
+    uint64_t n;
+} ps_dhop;
+
+/* The sending stage s, on its connection c to the next stage, before the first FORWARD:
+ * when s runs on a GPU, offers a device hop and, accepted, opens the next stage's ring. Why
+ * says what the hop will be: "device to device, ..." or why not (a CPU stage, another host,
+ * a ring that could not be made or opened); then activations travel by TCP as before. An
+ * error only when c fails or the answer is malformed. */
+ps_status ps_dhop_offer(ps_dhop *h, ps_conn *c, ps_stage *s, int timeout_ms, char *why, size_t whylen, char *err,
+                        size_t errlen);
+/* The receiving stage s, given a DHOP payload on c: answers with a ring of PS_DHOP_SLOTS
+ * slots of its largest micro-batch in its GPU's memory when s runs on a GPU of the sender's
+ * host, else with why not (also written to why). */
+ps_status ps_dhop_answer(ps_dhop *h, ps_conn *c, ps_stage *s, const uint8_t *p, uint32_t len, int timeout_ms, char *why,
+                         size_t whylen, char *err, size_t errlen);
+/* The sender: runs mb on s (as ps_stage_run) with its activations into the ring's next slot,
+ * once the receiver has read what was there (waiting at most timeout_ms), and marks mb
+ * x_ring for ps_mb_encode. */
+ps_status ps_dhop_run(ps_dhop *h, ps_stage *s, ps_mb *mb, int timeout_ms, char *err, size_t errlen);
+/* The receiver, given a FORWARD with x_ring (refused without a ring): points mb->x at the
+ * ring's next slot and has its n × dim values checked while the stage runs them. */
+ps_status ps_dhop_take(ps_dhop *h, ps_mb *mb, int dim, char *err, size_t errlen);
+/* The receiver, after ps_stage_run of that micro-batch: frees its slot for the sender; *bad
+ * is the index of its first non-finite activation (its value in *value), or -1. */
+ps_status ps_dhop_done(ps_dhop *h, long long *bad, float *value, char *err, size_t errlen);
+void ps_dhop_end(ps_dhop *h);
 
 #endif

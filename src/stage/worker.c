@@ -95,6 +95,7 @@ struct worker {
     double ctrl_since;              /* when it connected (ps_now): SETUP must follow within --timeout-ms */
     ps_conn *in;                    /* the previous stage's connection (stage 1: ctrl) */
     ps_conn *out;                   /* the next stage's connection (last stage: ctrl) */
+    ps_dhop hop_in, hop_out;        /* device hops from the previous stage and to the next (DHOP) */
     bool out_failed;                /* the last error came from the next stage's connection */
     double compute_ms;              /* in forward passes, this session */
     bool done;                      /* done_mb is valid */
@@ -183,6 +184,7 @@ static void end_session_line(worker *w, int kind, const char *why, const char *l
     if (in != ctrl) ps_conn_free(in);
     if (out != ctrl) ps_conn_free(out);
     ps_conn_free(ctrl);
+    ps_dhop_end(&w->hop_in), ps_dhop_end(&w->hop_out);
 }
 
 static void end_session(worker *w, int kind, const char *why) { end_session_line(w, kind, why, NULL); }
@@ -368,6 +370,7 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     uint32_t limit = ps_mb_max_bytes(w->m->hp.dim, max_mb, max_segs, max_draft, cp.n_ctx);
     ps_conn_set_max_payload(w->ctrl, limit);
     ps_conn *out = w->ctrl;
+    char hop[300] = "by TCP (--host-hops)";
     if (!last) {
         ps_hello me = w->me, peer;
         me.role = PS_ROLE_PREV_STAGE;
@@ -376,6 +379,8 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
         if (!s)
             s = ps_net_handshake_client(out, w->o->key, &me, check_next, w, limit, w->o->timeout_ms, &peer, w->err,
                                         sizeof w->err);
+        if (!s && !w->o->host_hops)
+            s = ps_dhop_offer(&w->hop_out, out, w->stage, w->o->timeout_ms, hop, sizeof hop, w->err, sizeof w->err);
     }
     if (!s) s = ps_conn_start_sender(out, &w->o->sim, w->err, sizeof w->err);
     if (s) {
@@ -389,13 +394,36 @@ static ps_status setup(worker *w, const uint8_t *p, uint32_t len) {
     ps_conn_reset_stats(w->out);
     say(w,
         "session %016llx: %d positions per sequence, %d KV blocks, activations %s, micro-batches of up to %d "
-        "positions in %d sequences, next %s, frames %s",
+        "positions in %d sequences, next %s%s%s%s, frames %s",
         (unsigned long long)session, cp.n_ctx, cp.n_blocks, ps_act_name(cp.act), max_mb, max_segs,
-        last ? "the coordinator" : next,
+        last ? "the coordinator" : next, last ? "" : " (", last ? "" : hop, last ? "" : ")",
         ps_conn_sealed(w->ctrl) ? "sealed"
         : w->o->key             ? "in the clear (both ends asked)"
                                 : "in the clear (no key)");
     return ctrl_send(w, PS_MSG_READY, NULL, 0);
+}
+
+/* The error for the micro-batch's non-finite activation i (of value v): it names the stage
+ * that made them, not the sampler. */
+static ps_status nonfinite(worker *w, const ps_mb *mb, long long i, float v) {
+    int dim = w->m->hp.dim, row = (int)(i / dim), g = 0;
+    while (row >= mb->segs[g].n) row -= mb->segs[g++].n;
+    return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
+                   "the micro-batch from stage %d carries a non-finite activation (%g at position %d, element %d, of "
+                   "sequence %llu)",
+                   w->me.stage - 1, (double)v, mb->segs[g].pos + row, (int)(i % dim),
+                   (unsigned long long)mb->segs[g].seq);
+}
+
+/* DHOP: the previous stage offers to write its activations into our GPU's memory. */
+static ps_status dhop(worker *w, const uint8_t *p, uint32_t len) {
+    if (!w->out) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "a device hop's offer before SETUP");
+    char why[300];
+    ps_status s =
+        ps_dhop_answer(&w->hop_in, w->in, w->stage, p, len, w->o->timeout_ms, why, sizeof why, w->err, sizeof w->err);
+    if (!s)
+        say(w, "activations from stage %d: %s%s", w->me.stage - 1, w->hop_in.ring ? "" : "by TCP: this stage ", why);
+    return s;
 }
 
 /* FORWARD: runs a micro-batch and passes it on with our stats appended; the last stage
@@ -408,22 +436,26 @@ static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
     ps_status s =
         ps_mb_decode(p, len, dim, ps_stage_max_mb(w->stage), ps_stage_max_segs(w->stage), mb, w->err, sizeof w->err);
     if (s) return s;
+    bool in_ring = mb->x_ring; /* (checked on the GPU while the stage runs) */
+    if (in_ring && (s = ps_dhop_take(&w->hop_in, mb, dim, w->err, sizeof w->err))) return s;
     if (!mb->x) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "micro-batch without activations");
-    for (size_t i = 0; i < (size_t)mb->n * dim; i++) /* name the stage that made them, not the sampler */
-        if (!isfinite(mb->x[i])) {
-            int row = (int)(i / (size_t)dim), g = 0;
-            while (row >= mb->segs[g].n) row -= mb->segs[g++].n;
-            return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL,
-                           "the micro-batch from stage %d carries a non-finite activation (%g at position %d, "
-                           "element %d, of sequence %llu)",
-                           w->me.stage - 1, (double)mb->x[i], mb->segs[g].pos + row, (int)(i % (size_t)dim),
-                           (unsigned long long)mb->segs[g].seq);
-        }
+    for (size_t i = 0; !in_ring && i < (size_t)mb->n * dim; i++)
+        if (!isfinite(mb->x[i])) return nonfinite(w, mb, (long long)i, mb->x[i]);
     double t0 = now_ms();
     const float *x = NULL;
-    int n_res;
-    if ((s = ps_stage_run(w->stage, mb, &x, w->res, &n_res, w->err, sizeof w->err))) return s;
+    int n_res = 0;
+    if (w->hop_out.ring)
+        s = ps_dhop_run(&w->hop_out, w->stage, mb, w->o->timeout_ms, w->err, sizeof w->err);
+    else
+        s = ps_stage_run(w->stage, mb, &x, w->res, &n_res, w->err, sizeof w->err);
+    if (s) return s;
     w->compute_ms += now_ms() - t0;
+    if (in_ring) {
+        long long bad;
+        float v;
+        if ((s = ps_dhop_done(&w->hop_in, &bad, &v, w->err, sizeof w->err))) return s;
+        if (bad >= 0) return nonfinite(w, mb, bad, v);
+    }
     /* idle threads sleep before the send: on a shared host, the receiver may run on this core */
     ps_pool_park(ps_stage_pool(w->stage));
     w->done_mb = mb->mb, w->done = true;
@@ -432,7 +464,7 @@ static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
     ps_conn_get_stats(w->out, &me->hop);
     if (!w->m->has_head) {
         struct iovec iov[2];
-        mb->x = x;
+        if (!w->hop_out.ring) mb->x = x, mb->x_ring = false;
         ps_mb_encode(&w->wb, mb, dim, iov);
         if (w->wb.oom) return ps_errf(w->err, sizeof w->err, PS_ERR_NOMEM, "out of memory");
         s = ps_conn_send_async(w->out, PS_MSG_FORWARD, iov, 2, w->o->timeout_ms, w->err, sizeof w->err);
@@ -945,6 +977,8 @@ static void on_frame(worker *w, ps_conn *c) {
         s = kv_file(w, type == PS_MSG_KV_SAVE, p, len);
     else if (!s && c == w->in && type == PS_MSG_FORWARD)
         s = forward(w, p, len);
+    else if (!s && c == w->in && type == PS_MSG_DHOP)
+        s = dhop(w, p, len);
     else if (!s)
         s = ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "unexpected message type %u from %s", type,
                     ps_conn_peer(c));

@@ -31,6 +31,8 @@ typedef struct {
     bool mmap;                   /* map the shard rather than read it into huge pages */
     int device;                  /* PS_DEVICE_CPU or PS_DEVICE_CUDA(i): where the stage's layers run */
     bool plain;                  /* with a key: ask for frames in the clear (ps_hello.plain) */
+    bool host_hops;              /* activations to a next stage on a GPU of this host by TCP too, not
+                                    device to device (DHOP, stage.h) */
     const uint8_t *key;          /* 32-byte shared key, or NULL for none */
     ps_link_sim sim;             /* emulation of the outgoing hop */
     int timeout_ms;              /* handshakes, and a frame once it has begun to arrive */
