@@ -199,13 +199,27 @@ ps_status ps_pool_create(int n_threads, ps_pool **out) {
     pthread_cond_init(&p->cv, NULL);
 #endif
     if (n_threads > 1 && !(p->workers = ps_calloc((size_t)n_threads - 1, sizeof *p->workers))) goto err;
+    /* every CPU the process may use, not the creator's: a pool made by a pinned thread (a
+       draft model's, on the coordinator's thread 0) would otherwise have all its workers on
+       that thread's one CPU */
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr)) goto err;
+#ifdef __linux__
+    int cpus[CPU_SETSIZE], m = ps_first_cpus(cpus, CPU_SETSIZE);
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int i = 0; i < m; i++) CPU_SET(cpus[i], &all);
+    if (m > 0) pthread_attr_setaffinity_np(&attr, sizeof all, &all);
+#endif
     for (int i = 1; i < n_threads; i++) {
         worker *w = &p->workers[i - 1];
         w->pool = p;
         w->ith = i;
-        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) goto err;
+        if (pthread_create(&w->thread, &attr, worker_main, w) != 0) break;
         p->n = i + 1;
     }
+    pthread_attr_destroy(&attr);
+    if (p->n < n_threads) goto err;
     *out = p;
     return PS_OK;
 err:

@@ -10,7 +10,8 @@
 typedef struct ps_pool ps_pool;
 
 /* A pool of n_threads workers in all (the calling thread is one of them, so n_threads == 1
- * starts no thread). */
+ * starts no thread). The workers may run on every CPU the process may use (ps_first_cpus),
+ * whatever CPUs the calling thread is pinned to. */
 ps_status ps_pool_create(int n_threads, ps_pool **out);
 void ps_pool_free(ps_pool *p); /* NULL is a no-op */
 /* Pins thread i of the pool to the i-th CPU (mod their count) of those this process could
