@@ -169,15 +169,16 @@ template <int T> struct wtype {
                                                      : 210;
     /* a 32-element block's head (scale, minimum, Q5's fifth bits) and quants, as split_row splits it */
     static constexpr int head = bytes - (T == PS_TYPE_Q8_0 ? 32 : 16), quant = bytes - head;
-    static constexpr int stride = (bytes + 3) & ~3; /* a K type's super-blocks apart on the device */
+    static constexpr int stride = (bytes + 15) & ~15; /* a K type's super-blocks apart on the device */
 };
 
 /* The quantized types as the GPU holds them, each row padded to 16 bytes. The 32-element
  * types: each row split into its blocks' quants (16 bytes each, Q8_0's 32), then their
  * heads (the block's first wtype::head bytes). A lane then reads a block's quants with one
  * 16-byte load, and a warp 32 blocks' in 512 consecutive bytes. The K types: GGUF's
- * super-blocks, each 4-aligned (wtype::stride: Q6_K's 210 bytes take 212), so that they
- * travel to shared memory in 4-byte copies. */
+ * super-blocks, each 16-aligned (wtype::stride: Q6_K's 210 bytes take 224), so that a lane
+ * reads a sub-block's quants in 16-byte loads and they travel to shared memory in 16-byte
+ * copies. */
 __host__ __device__ constexpr bool split_type(uint32_t t) {
     return t == PS_TYPE_Q4_0 || t == PS_TYPE_Q4_1 || t == PS_TYPE_Q5_0 || t == PS_TYPE_Q5_1 || t == PS_TYPE_Q8_0;
 }
@@ -185,7 +186,7 @@ static inline size_t pad16(size_t bytes) { return (bytes + 15) & ~(size_t)15; }
 /* Bytes a block of quantized type t takes in a device row (a K type's stride: wtype::stride). */
 static inline size_t dev_block_bytes(uint32_t t) {
     size_t b = ps_type_get(t)->type_size;
-    return split_type(t) ? b : (b + 3) & ~(size_t)3;
+    return split_type(t) ? b : (b + 15) & ~(size_t)15;
 }
 /* Bytes of a row of cols elements of quantized type t on the device. */
 static inline size_t dev_row_bytes(uint32_t t, size_t cols) {
@@ -196,7 +197,7 @@ static inline void dev_row(const uint8_t *in, size_t cols, uint32_t t, uint8_t *
     const ps_type_info *ti = ps_type_get(t);
     size_t n = cols / ti->block_size, bytes = ti->type_size;
     memset(out, 0, out_bytes);
-    if (!split_type(t)) { /* the K types: each super-block 4-aligned */
+    if (!split_type(t)) { /* the K types: each super-block 16-aligned */
         for (size_t b = 0; b < n; b++) memcpy(out + b * dev_block_bytes(t), in + b * bytes, bytes);
         return;
     }
@@ -267,11 +268,12 @@ template <int T> struct kraw { uint32_t q[8], e[8], h[4]; };
 
 __device__ __forceinline__ void words(uint4 v, uint32_t *w) { w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w; }
 
-/* Super-blocks lie 16-aligned for Q4_K and Q5_K (144 and 176 bytes), 4-aligned for Q6_K. */
+/* Super-blocks lie 16-aligned (Q6_K's 210 bytes padded to 224). */
 template <int T> __device__ __forceinline__ void load_kraw(const uint8_t *blk, int s, kraw<T> &r) {
     if (T == PS_TYPE_Q6_K) {
-        const uint8_t *ql = blk + 64 * (s >> 2) + (s & 1) * 32, *qh = blk + 128 + 32 * (s >> 2);
-        for (int k = 0; k < 8; k++) r.q[k] = ld32(ql + 4 * k), r.e[k] = ld32(qh + 4 * k);
+        const uint4 *ql = (const uint4 *)(blk + 64 * (s >> 2) + (s & 1) * 32),
+                    *qh = (const uint4 *)(blk + 128 + 32 * (s >> 2));
+        words(ql[0], r.q), words(ql[1], r.q + 4), words(qh[0], r.e), words(qh[1], r.e + 4);
         r.h[0] = ld32(blk + 192 + 4 * (s >> 1)), r.h[1] = ld32(blk + 208);
         return;
     }
