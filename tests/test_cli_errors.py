@@ -172,6 +172,16 @@ def case_device():
                  one_line=False, status=2)
     line = expect_error(base + ["--device", "cuda:63"], ["--device"], one_line=False, status=2)
     require("no CUDA device 63" in line or "built without CUDA" in line, f"--device cuda:63: {line!r}")
+    # a list: one device a local stage, each checked; no more than the stages
+    expect_error(base + ["--device", "cpu,gpu", "--local-stages", "2"], ["--device", "unknown device 'gpu'"],
+                 one_line=False, status=2)
+    expect_error(base + ["--device", "cpu,cpu"], ["--device with several devices gives one to each of --local-stages"],
+                 status=2)
+    expect_error(base + ["--device", "cpu,cpu,cpu", "--local-stages", "2"],
+                 ["--device lists more devices than --local-stages has stages"], status=2)
+    p = pipeshard(["bench", "-m", GOOD, "--device", "cpu,cpu"])
+    require(p.returncode == 2 and "--device with several devices goes with --stages" in p.stderr,
+            f"bench --device cpu,cpu: exit {p.returncode}, {p.stderr!r}")
     for cmd in (["worker", "--shard", GOOD, "--listen", "127.0.0.1:0"], ["bench", "-m", GOOD]):
         p = pipeshard(cmd + ["--device", "cuda:63"])
         first = (p.stderr.strip().splitlines() or [""])[0]

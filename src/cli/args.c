@@ -94,6 +94,23 @@ bool ps_arg_device(const char *cmd, const char *flag, const char *s, int *out) {
     return !st;
 }
 
+bool ps_arg_devices(const char *cmd, const char *flag, const char *s, int *devs, int cap, int *n) {
+    char one[64];
+    *n = 0;
+    for (const char *p = s;; p++) {
+        size_t len = strcspn(p, ",");
+        if (*n == cap || len >= sizeof one) {
+            fprintf(stderr, "pipeshard %s: %s: %s\n", cmd, flag,
+                    *n == cap ? "more devices than stages a fleet may have" : "a device name too long");
+            return false;
+        }
+        memcpy(one, p, len), one[len] = 0;
+        if (!ps_arg_device(cmd, flag, one, &devs[(*n)++])) return false;
+        p += len;
+        if (!*p) return true;
+    }
+}
+
 /* Optimal string alignment distance between a[0..na) and b[0..nb) (Damerau-Levenshtein with
  * adjacent transpositions), or a value over 64 when either is longer than 64. */
 static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {

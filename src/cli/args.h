@@ -23,6 +23,9 @@ bool ps_arg_transport(const char *cmd, const char *flag, const char *s, bool *un
 /* --device: "cpu", "cuda" or "cuda:N" into *out (model.h's PS_DEVICE_*); a GPU must be there
  * (this build has CUDA, the driver sees device N). */
 bool ps_arg_device(const char *cmd, const char *flag, const char *s, int *out);
+/* A comma-separated list of devices (each as ps_arg_device takes it; at most cap) into
+ * devs[0..*n): one per local stage. */
+bool ps_arg_devices(const char *cmd, const char *flag, const char *s, int *devs, int cap, int *n);
 /* The word in known (NULL-terminated) nearest to word by Damerau-Levenshtein distance (an
  * '=VALUE' tail of word is ignored), or NULL when none is near enough to be a typo of it. */
 const char *ps_arg_suggest(const char *word, const char *const *known);

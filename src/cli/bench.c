@@ -22,7 +22,8 @@ static void bench_usage(FILE *f) {
             "usage: pipeshard bench -m MODEL [-p N] [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS]\n"
             "                       [--activations q8|f32] [--device cpu|cuda[:N]] [--mem-bw GBS] [--json]\n"
             "       pipeshard bench -m MODEL --stages 2,3 [--segment N] [--local-transport tcp|unix] [-p N]\n"
-            "                       [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS] [--activations q8|f32] [--json]\n"
+            "                       [-n N] [-t THREADS] [--pin] [--mmap] [-r REPS] [--activations q8|f32]\n"
+            "                       [--device D[,D...]] [--host-hops] [--json]\n"
             "  -p N        prompt tokens for the prefill measurement (default 128)\n"
             "  -n N        generated tokens for the decode measurement (default 64)\n"
             "  -t THREADS  threads (default: all cores)\n"
@@ -42,7 +43,11 @@ static void bench_usage(FILE *f) {
             "              unsplit model's tokens. Ratio = split decode tok/s / unsplit's\n"
             "  --segment N decode tokens per turn with --stages (default 8)\n"
             "  --local-transport tcp|unix  the local fleets' connections with --stages (default tcp:\n"
-            "              loopback; see pipeshard run --help)\n",
+            "              loopback; see pipeshard run --help)\n"
+            "  --device D[,D...]  with --stages: stage k of each split on the k-th device (the last\n"
+            "              for the stages after it), the unsplit model on the first: cuda:0,cuda:1\n"
+            "              measures two GPUs against one\n"
+            "  --host-hops with --stages: activations between GPU stages by TCP, not device to device\n",
             PS_SHARD_MAX_STAGES);
 }
 
@@ -82,6 +87,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
             o->json = true;
         } else if (!strcmp(a, "--pin")) {
             o->pin = true;
+        } else if (!strcmp(a, "--host-hops")) {
+            o->host_hops = true;
         } else if (!strcmp(a, "--mmap")) {
             o->mmap = true;
         } else if (!strcmp(a, "--mem-bw")) {
@@ -98,7 +105,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
                 return 2;
             transport = true;
         } else if (!strcmp(a, "--device")) {
-            if (!(v = ps_arg_value("bench", argc, argv, &i)) || !ps_arg_device("bench", a, v, &o->device)) return 2;
+            if (!(v = ps_arg_value("bench", argc, argv, &i)) ||
+                !ps_arg_devices("bench", a, v, o->devices, PS_SHARD_MAX_STAGES, &o->n_devices))
+                return 2;
+            o->device = o->devices[0];
         } else if (!strcmp(a, "--activations")) {
             if (!(v = ps_arg_value("bench", argc, argv, &i))) return 2;
             if (ps_act_from_name(v, &o->act)) {
@@ -124,6 +134,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
                                                 "--json",
                                                 "--pin",
                                                 "--mmap",
+                                                "--host-hops",
                                                 "--mem-bw",
                                                 "--stages",
                                                 "--segment",
@@ -147,8 +158,12 @@ static int bench_parse(int argc, char **argv, bench_opts *o, bool *done) {
         fprintf(stderr, "pipeshard bench: --mem-bw is for the engine's figures, not with --stages\n");
         return 2;
     }
-    if (o->device != PS_DEVICE_CPU && o->n_split) {
-        fprintf(stderr, "pipeshard bench: --device is for the engine's figures, not with --stages\n");
+    if (o->n_devices > 1 && !o->n_split) {
+        fprintf(stderr, "pipeshard bench: --device with several devices goes with --stages (one per stage)\n");
+        return 2;
+    }
+    if (o->host_hops && !o->n_split) {
+        fprintf(stderr, "pipeshard bench: --host-hops goes with --stages\n");
         return 2;
     }
     if ((segment || transport) && !o->n_split) {

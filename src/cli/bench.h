@@ -14,8 +14,10 @@ typedef struct {
     long long n_prompt, n_gen, threads, reps;
     double mem_bw; /* GB/s given by --mem-bw, or 0: measure */
     ps_act act;
-    int device; /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
-    bool json, pin, mmap;
+    int device;                       /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) (the first) */
+    int devices[PS_SHARD_MAX_STAGES]; /* --device's list: with --stages, one per stage */
+    int n_devices;
+    bool json, pin, mmap, host_hops;
     bool unix_sockets;              /* --local-transport unix */
     int n_split;                    /* --stages: how many stage counts (0: engine mode) */
     int split[PS_SHARD_MAX_STAGES]; /* the stage counts, each 2.. */

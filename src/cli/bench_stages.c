@@ -33,8 +33,11 @@ static ps_status config_start(config *c, const bench_opts *o, char *err, size_t 
     ps_launch_opts lo = {.model = o->model,
                          .local_stages = c->stages,
                          .local_unix = o->unix_sockets,
+                         .devices = o->devices,
+                         .n_devices = o->n_devices,
+                         .host_hops = o->host_hops,
                          .timeout_ms = 30000,
-                         .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap},
+                         .stage = {.threads = (int)o->threads, .pin = o->pin, .mmap = o->mmap, .device = o->device},
                          .n_ctx = (int)(o->n_prompt + o->n_gen + 1),
                          .max_batch = (int)o->n_prompt,
                          .act = o->act};
@@ -140,6 +143,14 @@ static void report(const bench_opts *o, config *cs, int nc, int n_rounds, double
     } else {
         printf("model      %s, %lld threads per stage, %s, %s activations\n", o->model, o->threads, ps_matmul_isa(),
                ps_act_name(o->act));
+        if (o->device != PS_DEVICE_CPU) {
+            char d[16];
+            printf("devices    unsplit on %s, stage k of a split on the k-th of",
+                   ps_device_name(o->device, d, sizeof d));
+            for (int i = 0; i < o->n_devices; i++)
+                printf("%s %s", i ? "," : "", ps_device_name(o->devices[i], d, sizeof d));
+            printf(" (the last for the rest), hops %s\n", o->host_hops ? "by TCP (--host-hops)" : "device to device");
+        }
         printf("decode     %lld tokens per configuration after a %lld-token prompt, x %lld repetitions, in turns of "
                "%lld tokens (%d rounds, order rotating); every configuration's tokens equal the unsplit model's\n",
                o->n_gen, o->n_prompt, o->reps, o->segment, n_rounds);

@@ -71,7 +71,9 @@ void ps_run_usage_compute(FILE *f) {
           "  --device D              where the layers run: cpu (default), cuda (GPU 0) or cuda:N, in\n"
           "                          this process (stage 0 of a fleet; with --local-stages, every\n"
           "                          stage); a GPU holds the layers and the KV cache in its memory and\n"
-          "                          gives the bits of the CPU's reference kernels (q8 only)\n"
+          "                          gives the bits of the CPU's reference kernels (q8 only). With\n"
+          "                          --local-stages, a list gives each stage its own: cuda:0,cuda:1\n"
+          "                          (the last for the stages after it)\n"
           "  --host-hops             send activations between GPU stages of this host by TCP, as between\n"
           "                          hosts (by default they go device to device; with --local-stages, the\n"
           "                          workers' too)\n",
@@ -257,7 +259,10 @@ static bool run_set(run_opts *o, int id, const char *flag, const char *v) {
         return false;
     }
     case O_DRAFT: o->draft = v; return true;
-    case O_DEVICE: return ps_arg_device(cmd, flag, v, &o->device);
+    case O_DEVICE:
+        if (!ps_arg_devices(cmd, flag, v, o->devices, PS_SHARD_MAX_STAGES, &o->n_devices)) return false;
+        o->device = o->devices[0];
+        return true;
     case O_STANDBY: return parse_standby(o, flag, v);
     case O_OVERLAP: o->overlap_set = true; return ps_arg_on_off(cmd, flag, v, &o->spec.overlap);
     case O_DRAFT_THREADS: return ps_arg_int(cmd, flag, v, 1, 1024, &o->draft_threads);
@@ -385,6 +390,9 @@ int ps_run_parse(int argc, char **argv, run_opts *o, ps_run_mode mode, const ps_
         why = "--local-stages splits -m MODEL; --fleet runs a fleet already split";
     else if (o->local_transport && o->local_stages < 2)
         why = "--local-transport applies to --local-stages N (N >= 2)";
+    else if (o->n_devices > 1 && o->n_devices > o->local_stages)
+        why = o->local_stages > 1 ? "--device lists more devices than --local-stages has stages"
+                                  : "--device with several devices gives one to each of --local-stages N";
     else if (o->dump_logits && (o->fleet || o->local_stages > 1))
         why = "--dump-logits needs the whole model in this process (logits never cross the network)";
     else if (o->draft && o->spec.kind)
@@ -530,6 +538,8 @@ ps_status ps_run_launch(const run_opts *o, bool tokenizer, ps_launch **out, char
                          .fleet = o->fleet,
                          .local_stages = (int)o->local_stages,
                          .local_unix = o->local_unix,
+                         .devices = o->devices,
+                         .n_devices = o->n_devices,
                          .key_file = o->key_file,
                          .plain = o->plain,
                          .host_hops = o->host_hops,

@@ -23,7 +23,9 @@ typedef struct {
     ps_link_sim sim;
     bool chat, stats, print_ids, seeded, pin, mmap, plain, host_hops, local_unix, local_transport, threads_given, n_set;
     ps_act act;
-    int device;                               /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) */
+    int device;                       /* --device: PS_DEVICE_CPU or PS_DEVICE_CUDA(i) (stage 0's) */
+    int devices[PS_SHARD_MAX_STAGES]; /* --device's list: one per local stage */
+    int n_devices;
     char standby_list[1024];                  /* --standby's value */
     const char *standby[PS_SHARD_MAX_STAGES]; /* its addresses */
     int n_standby;

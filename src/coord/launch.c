@@ -29,6 +29,8 @@ static ps_status start_fleet(ps_launch *l, const ps_launch_opts *o, uint8_t key[
                                   .key_file = o->key_file,
                                   .unix_sockets = o->local_unix,
                                   .host_hops = o->host_hops,
+                                  .devices = o->devices,
+                                  .n_devices = o->n_devices,
                                   .prefix_dir = o->prefix_dir,
                                   .progress = &o->progress};
         s = ps_local_fleet_start(o->model, o->local_stages, &lo, l->local, err, errlen);

@@ -158,8 +158,8 @@ static ps_status spawn(ps_local_fleet *lf, int k, const ps_local_fleet_opts *o, 
         if (so->mmap) *flag++ = "--mmap";
         if (o->host_hops) *flag++ = "--host-hops";
         char dev[16];
-        if (so->device != PS_DEVICE_CPU)
-            *flag++ = "--device", *flag++ = (char *)ps_device_name(so->device, dev, sizeof dev);
+        int device = o->n_devices ? o->devices[k < o->n_devices ? k : o->n_devices - 1] : so->device;
+        if (device != PS_DEVICE_CPU) *flag++ = "--device", *flag++ = (char *)ps_device_name(device, dev, sizeof dev);
         execv("/proc/self/exe", args);
         _exit(127);
     }
