@@ -4,7 +4,8 @@ inter-token latency for 1, 2, 4, ... concurrent streams, measured side by side i
 
   bench/serve.py [--models "smollm2-135m:Q8_0 llama-3.2-1b:Q4_0" | --model FILE] [--stages 1,2]
                  [--streams 1,2,4,8,16,32] [--tokens 64] [--prompt-tokens 32] [--threads 2]
-                 [--llama-server PATH] [--prefix 1000] [--mmap on|off] [--pp] [--json FILE]
+                 [--llama-server PATH] [--prefix 1000] [--mmap on|off] [--pp] [--device D[,D...]]
+                 [--host-hops] [--json FILE]
 
 Each configuration is a server on loopback: `pipeshard serve -m MODEL --parallel S --pin`, with
 --threads threads unsplit, and with --local-stages N one pinned core per stage (each stage as if
@@ -30,6 +31,10 @@ here): mapped files decode at speeds that depend on where their pages lie, so a 
 shards and the original file are not comparable (docs/notes/huge-pages.md).
 --pp: in each turn, also the unsplit model's prefill rate (`pipeshard bench -p 128 -t THREADS`),
 the compute ceiling of batched decode; each row of that turn then shows its decode over it.
+--device: the servers' layers on GPUs: the unsplit model on the first device, stage k of a
+fleet on the k-th (the last for the rest; `serve --device LIST`); `--device cuda:0,cuda:1
+--stages 1,2` measures one GPU against two (no `1 core` row then). --host-hops: the fleets'
+activations by TCP instead of device to device.
 Models given as shape:type are written by `pipeshard synth` into .cache/bench.
 """
 import argparse
@@ -190,6 +195,8 @@ def main():
     ap.add_argument("--prefix", type=int, default=0)
     ap.add_argument("--mmap", choices=("on", "off"), default="off")
     ap.add_argument("--pp", action="store_true")
+    ap.add_argument("--device")
+    ap.add_argument("--host-hops", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
     mmap = ["--mmap"] if a.mmap == "on" else []
@@ -202,13 +209,16 @@ def main():
         path = model_path(spec)
         configs = []
         stages = [int(x) for x in a.stages.split(",")]
-        if max(stages) > 1 and a.threads > 1:  # the fleet's own yardstick: the unsplit model on one core
+        if max(stages) > 1 and a.threads > 1 and not a.device:  # a CPU fleet: the unsplit model on one core too
             configs.append(("pipeshard 1 core", [BIN, "serve", "-m", path, "--parallel", str(max(streams)), "-c",
                                                  str(a.ctx), "--pin", *mmap, "--queue-size", "256", "-t", "1"]))
         for n in stages:
             cmd = [BIN, "serve", "-m", path, "--parallel", str(max(streams)), "-c", str(a.ctx), "--pin", *mmap,
                    "--queue-size", "256"]
             cmd += ["-t", str(a.threads)] if n == 1 else ["--local-stages", str(n), "-t", "1"]
+            if a.device:
+                devs = a.device.split(",")[:n]
+                cmd += ["--device", ",".join(devs)] + (["--host-hops"] if a.host_hops and n > 1 else [])
             configs.append((f"pipeshard {n} stage{'s' if n > 1 else ''}", cmd))
         if a.llama_server:
             configs.append(("llama-server", [a.llama_server, "-m", path, "-np", str(max(streams)), "-cb", "-t",
