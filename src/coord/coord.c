@@ -41,7 +41,7 @@ struct ps_coord {
     int n;          /* stages */
     ps_stage *stage0;
     ps_dhop hop;       /* stage 0's activations into stage 1's GPU memory (DHOP, stage.h) */
-    char hop_why[300]; /* what that hop is: "device to device, ..." or why it is not */
+    char hop_why[300]; /* what that hop is: "device to device: ..." or "by TCP: " and why */
     ps_hello me;
     bool connected;
     uint32_t mb;                   /* micro-batches sent in this session */

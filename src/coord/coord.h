@@ -105,8 +105,9 @@ ps_status ps_coord_send(ps_coord *c, const ps_coord_seg *segs, int n_segs, bool 
 ps_status ps_coord_recv(ps_coord *c, ps_result *res, int *n_res, char *err, size_t errlen);
 /* Micro-batches sent whose tokens have not been received. */
 int ps_coord_pending(const ps_coord *c);
-/* How stage 0's activations reach stage 1 in the fleet's session: "device to device, ..." or
- * why not ("the next stage: it is on another host"); "" with one stage or before connecting. */
+/* How stage 0's activations reach stage 1 in the fleet's session: "device to device: ..." or
+ * "by TCP: " and why ("the next stage is on another host"); "" with one stage or before
+ * connecting. */
 const char *ps_coord_hop0(const ps_coord *c);
 /* Whether the workers hold a session (always, on one stage). After a failure they do not:
  * the next send or ps_coord_connect starts a new one, whose KV cache is empty. */

@@ -910,6 +910,20 @@ ps_status ps_cuda_ring_create(ps_cuda *g, int n_slots, size_t slot_bytes, uint8_
     return PS_OK;
 }
 
+/* The size of the allocation that holds p (the driver's cuMemGetAddressRange, reached through
+ * the runtime), or 0 when it cannot be had. */
+static size_t allocation_bytes(const void *p) {
+    typedef int (*range_fn)(unsigned long long *base, size_t *size, unsigned long long ptr);
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    unsigned long long base;
+    size_t size = 0;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn || ((range_fn)fn)(&base, &size, (unsigned long long)p) != 0)
+        return 0;
+    return size;
+}
+
 ps_status ps_cuda_ring_open(ps_cuda *g, const uint8_t handle[PS_CUDA_IPC_BYTES], int n_slots, size_t slot_bytes,
                             ps_cuda_ring **out, char *err, size_t errlen) {
     *out = NULL;
@@ -926,6 +940,13 @@ ps_status ps_cuda_ring_open(ps_cuda *g, const uint8_t handle[PS_CUDA_IPC_BYTES],
         cudaGetLastError();
         free(r);
         return ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (opening the next stage's ring)", cudaGetErrorString(e));
+    }
+    /* a ring smaller than its offer would have our copies write past it */
+    size_t need = RING_HEAD + (size_t)n_slots * slot_bytes, have = allocation_bytes(r->base);
+    if (have < need) {
+        ps_cuda_ring_free(r);
+        return ps_errf(err, errlen, PS_ERR_PROTOCOL, "the next stage's ring holds %zu bytes, not the %zu it offered",
+                       have, need);
     }
     *out = r;
     return PS_OK;

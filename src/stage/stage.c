@@ -1,11 +1,11 @@
 /* stage.c - the stage executor and the micro-batch message. */
 #include "stage_internal.h"
 
-#include "../cuda/cuda.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../cuda/cuda.h"
 
 // ---------------------------------------------------------------------------------------
 // Micro-batch encoding

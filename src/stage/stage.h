@@ -131,13 +131,13 @@ typedef struct {
 } ps_mb;
 
 /* Builds a FORWARD payload in b (restarted): a header (u32 mb, i32 n_segs, i32 n, u32 dim
- * of x or 0, i32 n_stats, u32 flags: 1 = x_ring), per segment u64 seq, i32 pos, i32 n, u32 flags, u32 n_top,
- * the sample parameters (f32 temperature, i32 top_k, f32 top_p, f32 min_p, f32
- * repetition_penalty, i32 penalty_last_n, f32 presence, f32 frequency, u64 seed), i32
+ * of x or 0, i32 n_stats, u32 flags: 1 = x_ring), per segment u64 seq, i32 pos, i32 n, u32
+ * flags, u32 n_top, the sample parameters (f32 temperature, i32 top_k, f32 top_p, f32 min_p,
+ * f32 repetition_penalty, i32 penalty_last_n, f32 presence, f32 frequency, u64 seed), i32
  * n_blocks, u32 n_draft and the block table, and with PS_MB_DRAFT_DIST its n_draft
  * ps_draft_dist (i32 n, 16 × i32 id, 16 × f32 p), then the tokens, the stage stats, then x (n ×
- * dim f32) when x is non-NULL and not in the ring. The x bytes are not copied when iov is given: iov[0] gets b's
- * bytes, iov[1] the activations, for ps_conn_send_async. */
+ * dim f32) when x is non-NULL and not in the ring. The x bytes are not copied when iov is
+ * given: iov[0] gets b's bytes, iov[1] the activations, for ps_conn_send_async. */
 void ps_mb_encode(ps_wbuf *b, const ps_mb *mb, int dim, struct iovec iov[2]);
 /* The largest payload of a session's frames: a FORWARD of max_mb rows of dim-wide
  * activations in max_segs segments whose tables cover n_ctx positions, or the TOKENS of
@@ -299,7 +299,7 @@ typedef struct {
 
 /* The sending stage s, on its connection c to the next stage, before the first FORWARD:
  * when s runs on a GPU, offers a device hop and, accepted, opens the next stage's ring. Why
- * says what the hop will be: "device to device, ..." or why not (a CPU stage, another host,
+ * says what the hop will be: "device to device: ..." or "by TCP: " and why (a CPU stage, another host,
  * a ring that could not be made or opened); then activations travel by TCP as before. An
  * error only when c fails or the answer is malformed. */
 ps_status ps_dhop_offer(ps_dhop *h, ps_conn *c, ps_stage *s, int timeout_ms, char *why, size_t whylen, char *err,
