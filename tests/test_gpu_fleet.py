@@ -12,7 +12,8 @@ speculation (rows rolled back); each prints the unsplit model's ids, says its fi
 them). With --host-hops the same ids, the hop "by TCP (--host-hops)" and a row's bytes a frame.
 And `serve --parallel 4` on 2 and 3 GPU stages, four requests at once (greedy and seeded, each
 its own prompt: micro-batches of several sequences, several in flight) answers each as the
-unsplit server does.
+unsplit server does. On a machine with two GPUs or more, also 2 stages on GPUs 0 and 1
+(`--device cuda:0,cuda:1`, device to device across them) against the unsplit model on GPU 0.
 Skipped (77) where pipeshard has no CUDA device; scripts/test-gpu.sh runs it on a machine with one.
 """
 import http.client
@@ -115,6 +116,16 @@ def main():
         ids, st = run(model, ["--temp", "0", "--local-stages", "2", "--spec", "ngram", "--spec-k", "4"],
                       f"{kind} prompt lookup, 2 stages")
         check(ids is None or ids == ref, f"{kind} prompt lookup, 2 stages: ids {ids} differ from {ref}")
+    two = pipeshard(["run", "-m", models[0][1], "--device", "cuda:1", "--prompt-ids", "5,6", "-n", "1"])
+    for kind, model, dim in models if two.returncode == 0 else []:
+        for mode, sampling in modes:
+            ref, _ = run(model, sampling, f"{kind} {mode} unsplit on GPU 0")
+            ids, st = run(model, sampling + ["--local-stages", "2", "--device", "cuda:0,cuda:1"],
+                          f"{kind} {mode}, stages on GPUs 0 and 1")
+            check(ids is not None and ids == ref and st["hops"][0]["path"].startswith("device to device"),
+                  f"{kind} {mode}, GPUs 0 and 1: ids {ids} (unsplit {ref}), hop {st and st['hops'][0]}")
+    print("two GPUs: stages on GPUs 0 and 1 checked" if two.returncode == 0 else
+          f"one GPU here ({(two.stderr.strip().splitlines() or [''])[-1]}): the two-GPU fleet not run")
     ref = serve_answers(models[1][1], [], "serve, unsplit")
     for stages in ("2", "3"):
         got = serve_answers(models[1][1], ["--local-stages", stages], f"serve, {stages} stages")
