@@ -807,6 +807,22 @@ def case_forward():
     print(f"  FORWARD attacks: ok in {time.time() - t0:.1f} s")
 
 
+def refused_by_last(typ, payload, what, why, **setup):
+    """A frame of typ from stage 1 into the last stage of a fresh session (SETUP fields setup),
+    then end of file: the session ends with an ERROR to the coordinator and a log line saying
+    why."""
+    s = new_session()
+    c2 = setup_last(s, **setup)
+    prev = handshake(W2.addr, ROLE_PREV, 1, s)
+    mark = len(W2.text())
+    half_close(prev, frame(typ, payload))
+    reasons, _ = dropped(c2, f"w2: {what}")
+    check(any(why in r for r in reasons), f"w2: {what}: no ERROR saying '{why}' ({reasons})")
+    logged(W2, why, f"w2: {what}", mark)
+    prev.close()
+    healthy(f"w2: {what}")
+
+
 def case_draft_dists():
     """Guesses drawn from a distribution the micro-batch carries, into the last stage of a session
     that takes 2 per segment: a valid one is answered, the rest end the session with an ERROR
@@ -842,16 +858,7 @@ def case_draft_dists():
            ("probabilities summing to 0.5", seg(draft_dist([10, 11], [0.25, 0.25])), "sums to 0.5"),
            ("the guess not in it", seg(draft_dist([11, 12], [0.5, 0.5])), "the guess 10 is not in its draft distribution")]
     for what, payload, why in bad:
-        s = new_session()
-        c2 = setup_last(s, max_draft=2)
-        prev = handshake(W2.addr, ROLE_PREV, 1, s)
-        mark = len(W2.text())
-        half_close(prev, frame(FORWARD, payload))
-        reasons, _ = dropped(c2, f"w2: draft distribution: {what}")
-        check(any(why in r for r in reasons), f"w2: draft distribution: {what}: no ERROR saying '{why}' ({reasons})")
-        logged(W2, why, f"w2: draft distribution: {what}", mark)
-        prev.close()
-        healthy(f"w2: draft distribution: {what}")
+        refused_by_last(FORWARD, payload, f"draft distribution: {what}", why, max_draft=2)
     print(f"  draft distributions: ok in {time.time() - t0:.1f} s")
 
 
@@ -879,18 +886,8 @@ def case_dhop():
         healthy(f"{w.name}: a declined device hop")
     attack("w1: DHOP before SETUP", W1, lambda c: c.send(DHOP, pstr(boot)), says="unexpected message type 33",
            log="unexpected message type 33")
-    for what, payload, why in (("malformed DHOP", b"\1\2", "malformed DHOP message"),
-                               ("DHOP with a trailing byte", pstr(boot) + b"\0", "malformed DHOP message")):
-        s = new_session()
-        c2 = setup_last(s)
-        prev = handshake(W2.addr, ROLE_PREV, 1, s)
-        mark = len(W2.text())
-        half_close(prev, frame(DHOP, payload))
-        reasons, _ = dropped(c2, f"w2: {what}")
-        check(any(why in r for r in reasons), f"w2: {what}: no ERROR saying '{why}' ({reasons})")
-        logged(W2, why, f"w2: {what}", mark)
-        prev.close()
-        healthy(f"w2: {what}")
+    refused_by_last(DHOP, b"\1\2", "a malformed DHOP", "malformed DHOP message")
+    refused_by_last(DHOP, pstr(boot) + b"\0", "DHOP with a trailing byte", "malformed DHOP message")
     # the coordinator is not stage 2's previous stage: its DHOP is an unexpected message
     s = new_session()
     c2 = setup_last(s)

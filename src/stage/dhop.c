@@ -22,6 +22,15 @@ static size_t slot_bytes(ps_stage *s) {
     return (b + 255) / 256 * 256;
 }
 
+/* Sends b's bytes on c as one frame of type and frees b. */
+static ps_status send_free(ps_conn *c, uint16_t type, ps_wbuf *b, int timeout_ms, char *err, size_t errlen) {
+    struct iovec iov = {b->p, b->len};
+    ps_status st = b->oom ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory")
+                          : ps_conn_send(c, type, &iov, 1, timeout_ms, err, errlen);
+    ps_wbuf_free(b);
+    return st;
+}
+
 void ps_dhop_end(ps_dhop *h) {
     ps_cuda_ring_free(h->ring);
     *h = (ps_dhop){0};
@@ -37,10 +46,7 @@ ps_status ps_dhop_offer(ps_dhop *h, ps_conn *c, ps_stage *s, int timeout_ms, cha
     if (!g || !id[0]) return PS_OK;
     ps_wbuf b = {0};
     ps_wbuf_str(&b, id);
-    struct iovec iov = {b.p, b.len};
-    ps_status st = b.oom ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory")
-                         : ps_conn_send(c, PS_MSG_DHOP, &iov, 1, timeout_ms, err, errlen);
-    ps_wbuf_free(&b);
+    ps_status st = send_free(c, PS_MSG_DHOP, &b, timeout_ms, err, errlen);
     uint16_t type;
     const uint8_t *p;
     uint32_t len;
@@ -102,11 +108,7 @@ ps_status ps_dhop_answer(ps_dhop *h, ps_conn *c, ps_stage *s, const uint8_t *p, 
     } else {
         ps_wbuf_str(&b, why);
     }
-    struct iovec iov = {b.p, b.len};
-    ps_status st = b.oom ? ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory")
-                         : ps_conn_send(c, PS_MSG_DHOP_REPLY, &iov, 1, timeout_ms, err, errlen);
-    ps_wbuf_free(&b);
-    return st;
+    return send_free(c, PS_MSG_DHOP_REPLY, &b, timeout_ms, err, errlen);
 }
 
 ps_status ps_dhop_run(ps_dhop *h, ps_stage *s, ps_mb *mb, int timeout_ms, char *err, size_t errlen) {
