@@ -657,6 +657,11 @@ static ps_status run_and_send(ps_coord *c, int n_segs, int rows, bool sample) {
     int n_res = 0;
     ps_status s = c->hop.ring ? ps_dhop_run(&c->hop, c->stage0, &mb, c->o.timeout_ms, c->err, sizeof c->err)
                               : ps_stage_run(c->stage0, &mb, &x, c->res, &n_res, c->err, sizeof c->err);
+    if (s == PS_ERR_NET && c->hop.ring) { /* stage 1's process has exited: a failure of stage 1 */
+        c->st[1].fail = FAIL_DEAD;
+        snprintf(c->st[1].why, sizeof c->st[1].why, "its process has exited");
+        return blame(c);
+    }
     if (s) return s;
     double t1 = now_ms();
     c->st[0].cur.compute_ms += t1 - t0;

@@ -22,9 +22,11 @@
  *   DHOP    stage k → stage k+1, before the first FORWARD, from a GPU stage: str host (this
  *           boot's id, /proc/sys/kernel/random/boot_id)
  *   DHOP_REPLY stage k+1 → stage k: u8 1, i32 slots, u64 slot bytes, 64 bytes of a CUDA IPC
- *           handle (its ring: cuda.h's device hops), or u8 0, str why not (another host, a CPU
- *           stage, no memory); stage k then writes each micro-batch's activations into the ring
- *           and sends the FORWARD without them (x_ring), or, refused, sends them as before
+ *           handle (its ring: cuda.h's device hops), u64 its pid, u64 its start time (field 22
+ *           of /proc/PID/stat), or u8 0, str why not (another host, a CPU stage, no memory);
+ *           stage k then writes each micro-batch's activations into the ring, after checking
+ *           that stage k+1's process lives (a pidfd), and sends the FORWARD without them
+ *           (x_ring), or, refused, sends them as before
  *
  * A session's KV cache is a pool of n_blocks blocks of PS_KV_BLOCK positions on every
  * stage; the coordinator alone decides which blocks each sequence uses and sends the block
@@ -295,6 +297,8 @@ ps_status ps_stage_kv_load(ps_stage *s, const char *path, uint64_t id, const int
 typedef struct {
     struct ps_cuda_ring *ring;
     uint64_t n;
+    int peer_fd; /* the sender: a pidfd of the receiver's process, readable once it has exited
+                    (0: none; with stdin open, no pidfd is 0) */
 } ps_dhop;
 
 /* The sending stage s, on its connection c to the next stage, before the first FORWARD:
@@ -311,7 +315,8 @@ ps_status ps_dhop_answer(ps_dhop *h, ps_conn *c, ps_stage *s, const uint8_t *p, 
                          size_t whylen, char *err, size_t errlen);
 /* The sender: runs mb on s (as ps_stage_run) with its activations into the ring's next slot,
  * once the receiver has read what was there (waiting at most timeout_ms), and marks mb
- * x_ring for ps_mb_encode. */
+ * x_ring for ps_mb_encode. PS_ERR_NET when the receiver's process has exited (its ring is
+ * then not touched). */
 ps_status ps_dhop_run(ps_dhop *h, ps_stage *s, ps_mb *mb, int timeout_ms, char *err, size_t errlen);
 /* The receiver, given a FORWARD with x_ring (refused without a ring): points mb->x at the
  * ring's next slot and has its n × dim values checked while the stage runs them. */

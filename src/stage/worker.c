@@ -444,9 +444,10 @@ static ps_status forward(worker *w, const uint8_t *p, uint32_t len) {
     double t0 = now_ms();
     const float *x = NULL;
     int n_res = 0;
-    if (w->hop_out.ring)
+    if (w->hop_out.ring) {
         s = ps_dhop_run(&w->hop_out, w->stage, mb, w->o->timeout_ms, w->err, sizeof w->err);
-    else
+        w->out_failed = s == PS_ERR_NET; /* the next stage is gone */
+    } else
         s = ps_stage_run(w->stage, mb, &x, w->res, &n_res, w->err, sizeof w->err);
     if (s) return s;
     w->compute_ms += now_ms() - t0;
