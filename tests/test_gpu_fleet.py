@@ -12,7 +12,9 @@ speculation (rows rolled back); each prints the unsplit model's ids, says its fi
 them). With --host-hops the same ids, the hop "by TCP (--host-hops)" and a row's bytes a frame.
 And `serve --parallel 4` on 2 and 3 GPU stages, four requests at once (greedy and seeded, each
 its own prompt: micro-batches of several sequences, several in flight) answers each as the
-unsplit server does. On a machine with two GPUs or more, also 2 stages on GPUs 0 and 1
+unsplit server does. A worker killed mid-run (kill -9) ends the run with an error naming stage
+1, not a crash of the coordinator, whose ring writes stop at the receiver's exit. On a machine
+with two GPUs or more, also 2 stages on GPUs 0 and 1
 (`--device cuda:0,cuda:1`, device to device across them) against the unsplit model on GPU 0.
 Skipped (77) where pipeshard has no CUDA device; scripts/test-gpu.sh runs it on a machine with one.
 """
@@ -83,6 +85,21 @@ def serve_answers(model, extra, what):
     return out
 
 
+def killed_worker(model):
+    """`run --local-stages 2 --device cuda` (each hop slowed to 20 ms) with its worker killed
+    after 2 s: exit 1 and a message naming stage 1."""
+    p = subprocess.Popen([BIN, "run", "-m", model, "--device", "cuda", "--local-stages", "2", "--prompt-ids",
+                          ",".join(map(str, PROMPT)), "-n", "150", "--ignore-eos", "--print-ids", "-c", "256",
+                          "--sim-latency-ms", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    for k in kids:
+        os.kill(int(k), 9)
+    out, err = p.communicate(timeout=120)
+    check(kids and p.returncode == 1 and "stage 1" in err,
+          f"a killed GPU worker: workers {kids}, exit {p.returncode}, stderr {err[-800:]!r}")
+
+
 def main():
     t0 = time.time()
     tmp = tmpdir("gpu-fleet-")
@@ -126,6 +143,7 @@ def main():
                   f"{kind} {mode}, GPUs 0 and 1: ids {ids} (unsplit {ref}), hop {st and st['hops'][0]}")
     print("two GPUs: stages on GPUs 0 and 1 checked" if two.returncode == 0 else
           f"one GPU here ({(two.stderr.strip().splitlines() or [''])[-1]}): the two-GPU fleet not run")
+    killed_worker(models[0][1])
     ref = serve_answers(models[1][1], [], "serve, unsplit")
     for stages in ("2", "3"):
         got = serve_answers(models[1][1], ["--local-stages", stages], f"serve, {stages} stages")
