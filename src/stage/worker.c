@@ -418,6 +418,8 @@ static ps_status nonfinite(worker *w, const ps_mb *mb, long long i, float v) {
 /* DHOP: the previous stage offers to write its activations into our GPU's memory. */
 static ps_status dhop(worker *w, const uint8_t *p, uint32_t len) {
     if (!w->out) return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "a device hop's offer before SETUP");
+    if (w->hop_in.ring) /* the stage before may be writing into the ring: it stays */
+        return ps_errf(w->err, sizeof w->err, PS_ERR_PROTOCOL, "a second device hop's offer in one session");
     char why[300];
     ps_status s =
         ps_dhop_answer(&w->hop_in, w->in, w->stage, p, len, w->o->timeout_ms, why, sizeof why, w->err, sizeof w->err);
