@@ -175,6 +175,8 @@ def case_device():
     # a list: one device a local stage, each checked; no more than the stages
     expect_error(base + ["--device", "cpu,gpu", "--local-stages", "2"], ["--device", "unknown device 'gpu'"],
                  one_line=False, status=2)
+    expect_error(base + ["--device", "cpu,", "--local-stages", "2"], ["--device", "unknown device ''"],
+                 one_line=False, status=2)
     expect_error(base + ["--device", "cpu,cpu"], ["--device with several devices gives one to each of --local-stages"],
                  status=2)
     expect_error(base + ["--device", "cpu,cpu,cpu", "--local-stages", "2"],
