@@ -55,7 +55,8 @@ void ps_run_usage_launch(FILE *f) {
 void ps_run_usage_compute(FILE *f) {
     fputs("  -t, --threads N         threads (default: all cores; more is allowed, with a warning)\n"
           "  --pin                   pin thread i to the i-th CPU this process may use (with\n"
-          "                          --local-stages, the workers' threads too): steadier, faster decode\n"
+          "                          --local-stages, the workers' threads too; --draft's on the CPUs\n"
+          "                          after the stages' where there are enough): steadier, faster decode\n"
           "                          when the cores are this run's alone or its stages share them; not\n"
           "                          for processes that share cores with others (taskset them apart)\n"
           "  --mmap                  map the model file (pages read on first use, shared with the page\n"
@@ -529,6 +530,10 @@ ps_status ps_run_draft_open(const run_opts *o, ps_launch *l, int slots, ps_spec_
     ps_status s =
         ps_draft_open(o->draft, threads, ps_coord_n_ctx(ps_launch_coord(l)), slots, ps_launch_tok(l), out, err, errlen);
     if (!s) spec->kind = PS_SPEC_DRAFT, spec->draft = *out;
+    char e[200]; /* pinned: the draft's threads on the cores after the stages' here, where there are enough (else
+                    they go where the system puts them) */
+    if (!s && o->pin)
+        ps_draft_pin(*out, (o->local_stages > 1 ? (int)o->local_stages : 1) * (int)o->threads, e, sizeof e);
     return s;
 }
 

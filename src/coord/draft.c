@@ -100,6 +100,10 @@ void ps_draft_free(ps_draft *d) {
     free(d);
 }
 
+ps_status ps_draft_pin(ps_draft *d, int first, char *err, size_t errlen) {
+    return ps_pool_pin_workers(ps_stage_pool(d->stage), first, err, errlen);
+}
+
 double ps_draft_seconds(const ps_draft *d) { return d->seconds; }
 int ps_draft_slots(const ps_draft *d) { return d->n_slots; }
 

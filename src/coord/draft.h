@@ -25,6 +25,9 @@ typedef struct ps_draft ps_draft;
 ps_status ps_draft_open(const char *path, int threads, int n_ctx, int slots, const ps_tok *target, ps_draft **out,
                         char *err, size_t errlen);
 void ps_draft_free(ps_draft *d); /* NULL is a no-op */
+/* Pins the draft's threads but the caller's to the CPUs from first (ps_pool_pin_workers): the
+ * cores after a pinned fleet's stages. PS_ERR_RANGE when there are not enough. */
+ps_status ps_draft_pin(ps_draft *d, int first, char *err, size_t errlen);
 
 /* Up to k guesses of the tokens after toks[0..n) into out (*n_out of them: fewer only when a
  * greedy guess is not one of the target's tokens, or the context ends), in slot 0: greedy when

@@ -267,6 +267,28 @@ ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen) {
 #endif
 }
 
+ps_status ps_pool_pin_workers(ps_pool *p, int first, char *err, size_t errlen) {
+#ifdef __linux__
+    int cpus[CPU_SETSIZE], m = ps_first_cpus(cpus, CPU_SETSIZE), n = ps_pool_size(p) - 1;
+    if (first < 0 || m < 0 || first + n > m)
+        return ps_errf(err, errlen, PS_ERR_RANGE, "%d threads after the first %d of %d CPUs", n, first, m);
+    for (int i = 0; i < n; i++) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[first + i], &one);
+        int e = pthread_setaffinity_np(p->workers[i].thread, sizeof one, &one);
+        if (e)
+            return ps_errf(err, errlen, PS_ERR_IO, "cannot pin thread %d to CPU %d: %s", i + 1, cpus[first + i],
+                           strerror(e));
+    }
+    ps_pool_set_park_yield(p, PARK_YIELD_NS);
+    return PS_OK;
+#else
+    (void)p, (void)first;
+    return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "pinning threads to CPUs is supported on Linux only");
+#endif
+}
+
 void ps_pool_set_park_yield(ps_pool *p, long long ns) {
     if (p) atomic_store_explicit(&p->park_yield_ns, ns > 0 ? ns : 0, memory_order_relaxed);
 }

@@ -21,6 +21,11 @@ void ps_pool_free(ps_pool *p); /* NULL is a no-op */
  * on one core, or moving them, when other processes (the other stages of a split model on
  * one host) wake and sleep beside it. Linux only; elsewhere PS_ERR_UNSUPPORTED. */
 ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen);
+/* Pins the pool's workers (threads 1..) to the CPUs first, first + 1, ... of those
+ * ps_first_cpus lists, leaving the calling thread's alone: PS_ERR_RANGE, nothing pinned, when
+ * there are not that many. For a pool that works beside pinned ones (a draft model's, on the
+ * CPUs after the stages'). */
+ps_status ps_pool_pin_workers(ps_pool *p, int first, char *err, size_t errlen);
 int ps_pool_size(const ps_pool *p);
 /* Runs fn(ctx, ith, nth) for ith in [0, nth) on the pool's threads (the caller runs ith 0)
  * and returns when all have returned. Not reentrant: fn must not call ps_pool_run. */
