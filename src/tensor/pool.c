@@ -244,49 +244,38 @@ void ps_pool_free(ps_pool *p) {
 
 int ps_pool_size(const ps_pool *p) { return p ? p->n : 1; }
 
-ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen) {
+/* Pins the pool's threads i0, i0 + 1, ... (thread 0: the calling one) to the CPUs first,
+ * first + 1, ... of ps_first_cpus, mod their count when wrap, else PS_ERR_RANGE (nothing pinned)
+ * when there are not that many; pinned, parked workers yield before they sleep. */
+static ps_status pin_from(ps_pool *p, int i0, int first, bool wrap, char *err, size_t errlen) {
 #ifdef __linux__
-    int cpus[CPU_SETSIZE], m = ps_first_cpus(cpus, CPU_SETSIZE);
+    int cpus[CPU_SETSIZE], m = ps_first_cpus(cpus, CPU_SETSIZE), n = ps_pool_size(p) - i0;
     if (m <= 0)
         return ps_errf(err, errlen, PS_ERR_IO, "cannot read the CPUs this process may use: %s",
                        m ? strerror(-m) : "none");
-    for (int i = 0; i < ps_pool_size(p); i++) {
+    if (!wrap && (first < 0 || first + n > m))
+        return ps_errf(err, errlen, PS_ERR_RANGE, "%d threads after the first %d of %d CPUs", n, first, m);
+    for (int i = i0; i < ps_pool_size(p); i++) {
+        int cpu = cpus[(first + i - i0) % m];
         cpu_set_t one;
         CPU_ZERO(&one);
-        CPU_SET(cpus[i % m], &one);
+        CPU_SET(cpu, &one);
         int e = i == 0 ? (sched_setaffinity(0, sizeof one, &one) ? errno : 0)
                        : pthread_setaffinity_np(p->workers[i - 1].thread, sizeof one, &one);
-        if (e)
-            return ps_errf(err, errlen, PS_ERR_IO, "cannot pin thread %d to CPU %d: %s", i, cpus[i % m], strerror(e));
+        if (e) return ps_errf(err, errlen, PS_ERR_IO, "cannot pin thread %d to CPU %d: %s", i, cpu, strerror(e));
     }
     ps_pool_set_park_yield(p, PARK_YIELD_NS);
     return PS_OK;
 #else
-    (void)p;
+    (void)p, (void)i0, (void)first, (void)wrap;
     return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "pinning threads to CPUs is supported on Linux only");
 #endif
 }
 
+ps_status ps_pool_pin(ps_pool *p, char *err, size_t errlen) { return pin_from(p, 0, 0, true, err, errlen); }
+
 ps_status ps_pool_pin_workers(ps_pool *p, int first, char *err, size_t errlen) {
-#ifdef __linux__
-    int cpus[CPU_SETSIZE], m = ps_first_cpus(cpus, CPU_SETSIZE), n = ps_pool_size(p) - 1;
-    if (first < 0 || m < 0 || first + n > m)
-        return ps_errf(err, errlen, PS_ERR_RANGE, "%d threads after the first %d of %d CPUs", n, first, m);
-    for (int i = 0; i < n; i++) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(cpus[first + i], &one);
-        int e = pthread_setaffinity_np(p->workers[i].thread, sizeof one, &one);
-        if (e)
-            return ps_errf(err, errlen, PS_ERR_IO, "cannot pin thread %d to CPU %d: %s", i + 1, cpus[first + i],
-                           strerror(e));
-    }
-    ps_pool_set_park_yield(p, PARK_YIELD_NS);
-    return PS_OK;
-#else
-    (void)p, (void)first;
-    return ps_errf(err, errlen, PS_ERR_UNSUPPORTED, "pinning threads to CPUs is supported on Linux only");
-#endif
+    return pin_from(p, 1, first, false, err, errlen);
 }
 
 void ps_pool_set_park_yield(ps_pool *p, long long ns) {
