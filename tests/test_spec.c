@@ -56,78 +56,98 @@ static void test_random(void) {
     }
 }
 
-/* A ring where a plain trip takes plain_s and one of k guesses base_s + k per_s (per_s more for
- * each guess beyond the trip before's: those the draft could not make while it waited), each
- * guess kept with probability accept (accept2 from trip switch_at on; 2 % less for each one
- * before it) while those before it were (a pseudo-random sequence from rng). */
+/* A ring where a plain trip waits plain_s for its answer and one of k guesses base_s + k per_s;
+ * the draft takes guess_s a guess, before the trip is sent, or, with overlap, while the trip
+ * before was out: the next k + 1 guesses (the answer waits for them), which serve when that trip
+ * kept every guess and its last token was the one guessed. Each guess is kept with probability
+ * accept (accept2 from trip switch_at on; 2 % less for each one before it) while those before it
+ * were (a pseudo-random sequence from rng). */
 typedef struct {
-    double plain_s, base_s, per_s, accept, accept2;
+    double plain_s, base_s, per_s, guess_s;
+    bool overlap;
+    double accept, accept2;
     int switch_at;
     uint64_t rng;
-    int last_k, trips;
+    int ready, trips;
 } ring;
 
-/* One trip of k guesses: how many were kept, and its time into *s. */
-static int trip(ring *r, int k, double *s) {
-    int kept = 0;
+static ring ring_of(double plain_s, double base_s, double per_s, double guess_s, bool overlap, double accept,
+                    double accept2, int switch_at) {
+    return (ring){plain_s, base_s, per_s, guess_s, overlap, accept, accept2, switch_at, 0, 0, 0};
+}
+
+static bool draw(ring *r, double p) {
+    r->rng = r->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(r->rng >> 11) * 0x1p-53 < p;
+}
+
+/* One trip of k guesses: what it cost and kept. */
+static ps_spec_trip trip(ring *r, int k) {
+    ps_spec_trip t = {.k = k, .drafted = k > r->ready ? k - r->ready : 0};
     double acc = r->trips++ < r->switch_at ? r->accept : r->accept2;
-    while (kept < k) {
-        r->rng = r->rng * 6364136223846793005ull + 1442695040888963407ull;
-        if ((double)(r->rng >> 11) * 0x1p-53 >= acc) break;
-        kept++, acc *= 0.98;
-    }
-    *s = (k ? r->base_s + k * r->per_s : r->plain_s) + (k > r->last_k ? (k - r->last_k) * r->per_s : 0);
-    r->last_k = k;
-    return kept;
+    while (t.kept < k && draw(r, acc)) t.kept++, acc *= 0.98;
+    t.draft_s = t.drafted * r->guess_s;
+    t.wait_s = k ? r->base_s + k * r->per_s : r->plain_s;
+    if (k && r->overlap && t.wait_s < (k + 1) * r->guess_s) t.wait_s = (k + 1) * r->guess_s;
+    r->ready = k && r->overlap && t.kept == k && draw(r, acc) ? k : 0;
+    return t;
 }
 
 /* Tokens per second over n trips of ring r: K fixed (0..10), or auto's (k < 0; its trips by K
  * added into by_k). */
 static double drive(ring r, int n, int k, int by_k[11]) {
-    ps_spec_auto a = {0};
+    ps_spec_auto a = {.overlap = r.overlap};
     double tokens = 0, time = 0;
     for (int i = 0; i < n; i++) {
-        int kk = k >= 0 ? k : ps_spec_auto_k(&a, 10);
-        double s;
-        int kept = trip(&r, kk, &s);
-        ps_spec_auto_add(&a, kk, kept, s);
-        tokens += kept + 1, time += s;
-        if (by_k) by_k[kk]++;
+        ps_spec_trip t = trip(&r, k >= 0 ? k : ps_spec_auto_k(&a, 10));
+        ps_spec_auto_add(&a, &t);
+        tokens += t.kept + 1, time += t.draft_s + t.wait_s;
+        if (by_k) by_k[t.k]++;
     }
     return tokens / time;
 }
 
 /* --spec-k auto: plain first, then 2 guesses, then the K the measurements favour. On each
- * simulated ring, over 20 draws of its guesses, auto must give on average at least 85 % of the
- * best fixed K's tokens per second (plain decoding among them) over 300 trips and over 40 (a
- * short answer: measuring is a larger share), and at least 70 % on every draw of 300 trips. */
+ * simulated ring, over 20 draws of its guesses, auto must give on average at least 92 % of the
+ * best fixed K's tokens per second (plain decoding among them) over 300 trips and 85 % over 40
+ * (a short answer: measuring is a larger share), and at least 75 % on every draw of 300 trips. */
 static void test_auto(void) {
     ps_spec_auto a = {0};
     PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 10), 0); /* nothing measured: a plain trip */
-    ps_spec_auto_add(&a, 0, 0, 0.100);
+    ps_spec_auto_add(&a, &(ps_spec_trip){.wait_s = 0.100});
     PS_CHECK(ps_spec_auto_k(&a, 10) >= 2); /* no guess tried yet: as many as might pay at 1 in 2 kept */
     PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 1), 1);
+    ps_spec_auto_add(&a, &(ps_spec_trip){.k = 2, .kept = 3, .wait_s = 0.1}); /* out of range: ignored */
+    ps_spec_auto_add(&a, &(ps_spec_trip){.k = 2, .drafted = 3, .wait_s = 0.1});
+    ps_spec_auto_add(&a, &(ps_spec_trip){.k = 2, .wait_s = 0});
+    PS_CHECK_EQ_INT(a.n[2], 0);
     struct {
         const char *what;
         ring r;
     } rings[] = {
-        /* hop-bound: guesses cost 1 ms each on a 100 ms trip, 9 in 10 kept: many */
-        {"hop-bound", {0.100, 0.100, 0.001, 0.9, 0.9, 0, 0, 0, 0}},
+        /* prompt lookup over 100 ms hops: a guess costs 1 ms to check, 9 in 10 kept: many */
+        {"hop-bound", ring_of(0.100, 0.100, 0.001, 0, false, 0.9, 0.9, 0)},
         /* guesses never kept: plain, but for the trials */
-        {"never kept", {0.100, 0.110, 0.001, 0.0, 0.0, 0, 0, 0, 0}},
-        /* compute-bound: each guess costs as much as the trip, half kept: no K pays */
-        {"compute-bound", {0.100, 0.100, 0.100, 0.5, 0.5, 0, 0, 0, 0}},
-        /* a trip of guesses costs 3 plain ones (a draft and verification on the same cores):
-           2 guesses lose, 4 win, more win more */
-        {"dear trips", {0.100, 0.300, 0.030, 0.97, 0.97, 0, 0, 0, 0}},
+        {"never kept", ring_of(0.100, 0.110, 0.001, 0.001, true, 0.0, 0.0, 0)},
+        /* compute-bound: each guess costs as much as the trip to check, half kept: no K pays */
+        {"compute-bound", ring_of(0.100, 0.100, 0.100, 0, false, 0.5, 0.5, 0)},
+        /* a trip of guesses costs 3 plain ones (verification on the same cores): 2 guesses lose,
+           4 win, more win more */
+        {"dear trips", ring_of(0.100, 0.300, 0.010, 0.020, false, 0.97, 0.97, 0)},
         /* a LAN: 10 ms hops, guesses 5 ms, 7 in 10 kept: a middling K */
-        {"middling", {0.030, 0.030, 0.005, 0.7, 0.7, 0, 0, 0, 0}},
-        /* this VM's Qwen2.5-Coder pair on 2 stages at 0 ms: 0.17 s plain, 0.35 s + 75 ms a guess */
-        {"qwen at 0 ms", {0.170, 0.350, 0.075, 0.93, 0.93, 0, 0, 0, 0}},
+        {"middling", ring_of(0.030, 0.030, 0.001, 0.004, true, 0.7, 0.7, 0)},
+        /* the device machine's Qwen2.5-Coder pair on 2 stages of 4 cores, code: 100 ms hops and 0 */
+        {"qwen, 100 ms", ring_of(0.236, 0.236, 0.004, 0.026, true, 0.92, 0.92, 0)},
+        {"qwen, 0 ms", ring_of(0.038, 0.045, 0.002, 0.026, true, 0.92, 0.92, 0)},
+        /* ... prose at 0 ms: a guess costs most of a trip and few are kept, plain wins */
+        {"qwen prose, 0 ms", ring_of(0.031, 0.038, 0.002, 0.026, true, 0.6, 0.6, 0)},
+        /* this VM's pair at 0 ms on 2 stages: 0.17 s plain, 0.30 s + 30 ms to check a guess, 45 ms
+           to draft one */
+        {"this VM, 0 ms", ring_of(0.170, 0.300, 0.030, 0.045, true, 0.93, 0.93, 0)},
         /* prose with that pair: guesses kept 9 in 10 for 8 trips, then 1 in 2, at 0 and 100 ms
            a hop (at 0 ms plain wins once the guesses fail) */
-        {"drifting, 0 ms", {0.170, 0.300, 0.075, 0.9, 0.5, 8, 0, 0, 0}},
-        {"drifting, 100 ms", {0.370, 0.400, 0.075, 0.9, 0.5, 8, 0, 0, 0}},
+        {"drifting, 0 ms", ring_of(0.170, 0.300, 0.030, 0.045, true, 0.9, 0.5, 8)},
+        {"drifting, 100 ms", ring_of(0.370, 0.400, 0.030, 0.045, true, 0.9, 0.5, 8)},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(rings); i++) {
         static const int horizons[] = {300, 40};
@@ -150,8 +170,8 @@ static void test_auto(void) {
                    rings[i].what, horizons[h], sum / 20, worst);
             for (int k = 0; k <= 10; k++) printf(" %d", by_k[k]);
             printf("\n");
-            PS_CHECK(sum / 20 >= 0.85);
-            if (horizons[h] == 300) PS_CHECK(worst >= 0.70);
+            PS_CHECK(sum / 20 >= (horizons[h] == 300 ? 0.92 : 0.85));
+            if (horizons[h] == 300) PS_CHECK(worst >= 0.75);
         }
     }
 }

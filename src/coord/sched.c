@@ -71,6 +71,7 @@ typedef struct seq {
     ps_draft_dist dist[PS_MAX_DRAFT]; /* ... drawn by a draft model at a temperature: from these */
     int n_guess, guess_pos;           /* how many guesses, and the position of the first */
     double t_sent;                    /* when its latest trip was sent (ps_now) */
+    double draft_s;                   /* the seconds its guesses' drafting took (with the others') */
     int slot;                         /* with a draft model: its slot there, while it runs (else -1) */
     ps_spec_auto auto_k;              /* --spec-k auto's measurements */
     ps_sched_cb cb;
@@ -492,17 +493,20 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
         room -= q->n_guess + (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT ? k : 0);
     }
     char err[300];
+    double t0 = ps_now();
     if (n_req && ps_draft_guess_many(s->o.spec.draft, req, n_req, err, sizeof err)) {
         fprintf(stderr, "pipeshard: the draft model failed (these trips go without guesses): %s\n", err);
         return;
     }
-    for (int r = 0; r < n_req; r++) of[r]->n_guess = req[r].n_out;
+    for (int r = 0; r < n_req; r++) of[r]->n_guess = req[r].n_out, of[r]->draft_s = ps_now() - t0;
 }
 
 /* A trip of q's came back with n tokens: --spec-k auto learns from it, the metrics count it. */
 static void note_trip(ps_sched *s, seq *q, int n) {
     if (!s->o.spec.kind) return;
-    ps_spec_auto_add(&q->auto_k, q->n_guess, n - 1, ps_now() - q->t_sent);
+    ps_spec_trip t = {.k = q->n_guess, .kept = n - 1, .wait_s = ps_now() - q->t_sent};
+    if (s->o.spec.kind == PS_SPEC_DRAFT) t.drafted = q->n_guess, t.draft_s = q->draft_s; /* prompt lookup's: nothing */
+    ps_spec_auto_add(&q->auto_k, &t);
     if (!q->n_guess) return;
     pthread_mutex_lock(&s->mu);
     s->m.spec_trips++, s->m.spec_drafted += (uint64_t)q->n_guess, s->m.spec_kept += (uint64_t)(n - 1);

@@ -206,15 +206,16 @@ ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, s
 
 /* How many guesses the next trip carries: what the draft source finds, at most spec.k (with
  * auto, the K it picks), within the context and the tokens still to generate; into d (a
- * sampling draft model's distributions into q). */
-static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, char *err, size_t errlen) {
+ * sampling draft model's distributions into q). *fresh: how many of them were drafted now (the
+ * others while the trip before was out). */
+static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int *fresh, char *err, size_t errlen) {
     int k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
     int room = s->n_ctx - s->n_toks; /* the last guess at position n_toks - 1 + k */
     int64_t left = s->gp.n_predict < 0 ? k : s->gp.n_predict - (s->n_toks - s->n_prompt) - 1;
     if (k > room) k = room;
     if (k > left) k = (int)left;
     int ready = s->n_ready; /* drafted while the trip before was out: for this trip only */
-    s->n_ready = 0, *n = 0;
+    s->n_ready = 0, *n = *fresh = 0;
     if (k <= 0) return PS_OK;
     if (ready) { /* the draft goes on after them if k asks more */
         *n = k < ready ? k : ready;
@@ -226,13 +227,17 @@ static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, char
         int more;
         ps_status st = ps_draft_guess(s->spec.draft, s->toks, s->n_toks + *n, k - *n, &s->gp.sp, d + *n, q + *n, &more,
                                       err, errlen);
-        *n += st ? 0 : more;
+        *fresh = st ? 0 : more;
+        *n += *fresh;
         return st;
     }
+    ps_status st = PS_OK;
     if (s->spec.kind == PS_SPEC_DRAFT)
-        return ps_draft_guess(s->spec.draft, s->toks, s->n_toks, k, &s->gp.sp, d, q, n, err, errlen);
-    *n = ps_spec_ngram(s->toks, s->n_toks, k, d);
-    return PS_OK;
+        st = ps_draft_guess(s->spec.draft, s->toks, s->n_toks, k, &s->gp.sp, d, q, n, err, errlen);
+    else
+        *n = ps_spec_ngram(s->toks, s->n_toks, k, d);
+    *fresh = *n;
+    return st;
 }
 
 /* While trip s->trip is out: the draft's next guesses as if it keeps every guess, into s->pre
@@ -272,13 +277,15 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         return PS_OK;
     }
     double t0 = ps_now();
-    int from = s->started ? s->n_toks - 1 : s->n_fed, n_draft = 0;
+    int from = s->started ? s->n_toks - 1 : s->n_fed, n_draft = 0, fresh = 0;
     ps_status st = PS_OK;
-    if (s->started && s->spec.kind != PS_SPEC_OFF && (st = draft(s, s->trip + 1, s->trip_q, &n_draft, err, errlen)))
+    if (s->started && s->spec.kind != PS_SPEC_OFF &&
+        (st = draft(s, s->trip + 1, s->trip_q, &n_draft, &fresh, err, errlen)))
         return st;
+    double t_sent = ps_now();
+    bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1;
     s->n_fed = 0;
     if (n_draft) {
-        bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1;
         s->trip[0] = s->toks[from], s->n_trip = n_draft, s->n_pre = 0;
         bool sampled = s->spec.kind == PS_SPEC_DRAFT && s->gp.sp.temperature > 0;
         st = ps_coord_next_draft(s->coord, s->trip, n_draft + 1, from, n_draft, sampled ? s->trip_q : NULL, &s->gp.sp,
@@ -300,7 +307,12 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         double t = ps_now() - t0;
         s->decode_s += t;
         s->n_decode += s->n_got;
-        ps_spec_auto_add(&s->auto_k, n_draft, s->n_got - 1, t);
+        s->auto_k.overlap = overlap;
+        ps_spec_auto_add(&s->auto_k, &(ps_spec_trip){.k = n_draft,
+                                                     .kept = s->n_got - 1,
+                                                     .drafted = fresh,
+                                                     .draft_s = t_sent - t0,
+                                                     .wait_s = ps_now() - t_sent});
         s->by_k[n_draft]++;
     }
     return sample_next(s, tok, err, errlen);

@@ -25,49 +25,49 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
     return ps_errf(err, errlen, PS_ERR_ARG, "unknown draft source '%s' (ngram: prompt lookup)", s);
 }
 
-#define AUTO_DECAY    0.75 /* weight of a K's trip times before its latest (a slow one fades fast) */
-#define AUTO_ACCEPT   0.97 /* ... and of the guesses before the latest trip's, for the acceptance */
+#define AUTO_DECAY    0.75 /* weight of a K's waits before its latest (a slow one fades fast) */
+#define AUTO_ACCEPT   0.97 /* ... and of the guesses before the latest trip's, for the acceptance and drafting */
 #define AUTO_PROBE    2    /* trips that measure a K */
 #define AUTO_AROUND   16   /* trips at a K > 0 between measures of a neighbour */
 #define AUTO_WAIT     16   /* plain trips before guesses are measured again; 4 times more while they lose */
 #define AUTO_WAIT_MAX 256
 
-/* The rate of K (spec.h): its tokens per trip at the acceptance measured so far, in its trips'
- * time: measured, else that of the K > 0 measured nearest below it (a trip never gets faster
- * with more guesses) plus, when a second K > 0 is measured below that, the cost of each guess
- * between the two (a draft that costs much a guess does not double K on a bound alone), or of
- * the one above (what a trip of guesses costs at least, mostly), or plain decoding's before any. */
-static double rate(const ps_spec_auto *a, int k) {
-    double acc = (a->kept + 0.5) / (a->tested + 1), tokens = 1, p = 1; /* 1/2 before any guess */
-    for (int i = 0; i < k; i++) tokens += p *= acc;
-    if (a->n[k] > 0) return tokens / a->sec[k];
+/* The wait for an answer to k guesses (spec.h): measured, else between the two K > 0 measured
+ * around it, else beyond the largest at the pace of the two largest, else (below the smallest)
+ * plain decoding's; at least the draft's time for its next k + 1 guesses while the trip is out. */
+static double wait_at(const ps_spec_auto *a, int k, double guess_s) {
+    if (a->n[k] > 0) return a->wait[k];
     int lo = k - 1, hi = k + 1;
     while (lo > 0 && a->n[lo] == 0) lo--;
     while (hi <= PS_SPEC_AUTO_MAX && a->n[hi] == 0) hi++;
-    double t = lo > 0 ? a->sec[lo] : hi <= PS_SPEC_AUTO_MAX ? a->sec[hi] : a->sec[0];
-    if (lo > 0 && hi > PS_SPEC_AUTO_MAX) {
+    double w = a->wait[lo];
+    if (lo > 0 && hi <= PS_SPEC_AUTO_MAX) {
+        w += (k - lo) * (a->wait[hi] - a->wait[lo]) / (hi - lo);
+    } else if (lo > 0) {
         int lo2 = lo - 1;
         while (lo2 > 0 && a->n[lo2] == 0) lo2--;
-        if (lo2 > 0 && a->sec[lo] > a->sec[lo2]) t += (k - lo) * (a->sec[lo] - a->sec[lo2]) / (lo - lo2);
+        if (lo2 > 0 && a->wait[lo] > a->wait[lo2]) w += (k - lo) * (a->wait[lo] - a->wait[lo2]) / (lo - lo2);
     }
-    return tokens / t;
+    double meanwhile = a->overlap ? (k + 1) * guess_s : 0;
+    return w > meanwhile ? w : meanwhile;
+}
+
+/* The rate of K: its tokens per trip at the acceptance measured so far over its trip's seconds
+ * (spec.h). Plain decoding's (K 0) is measured before any other is asked. */
+static double rate(const ps_spec_auto *a, int k) {
+    double acc = (a->kept + 0.5) / (a->tested + 1), tokens = 1, p = 1; /* 1/2 before any guess */
+    for (int i = 0; i < k; i++) tokens += p *= acc;
+    double guess_s = a->drafted > 0 ? a->draft_s / a->drafted : 0;
+    double before = k * guess_s * (a->overlap ? 1 - p * acc : 1); /* p * acc: a^(k+1) */
+    return tokens / (wait_at(a, k, guess_s) + before);
 }
 
 /* The K of the highest rate among 0..k_max, 2 % above the others (a tie takes fewer guesses):
- * among those measured, or also those that may be tried next: the neighbours of the best one
- * measured, and twice the most measured (K doubles while guesses would pay, then settles by
- * steps). */
+ * among those measured, or among all. */
 static int best_k(const ps_spec_auto *a, int k_max, bool measured_only) {
-    int best = 0, most = 0;
-    for (int k = 1; k <= k_max; k++) {
-        if (a->n[k] > 0 && rate(a, k) > rate(a, best) * 1.02) best = k;
-        if (a->n[k] > 0) most = k;
-    }
-    if (measured_only) return best;
-    int next[3] = {best - 1, best + 1, most ? (2 * most < k_max ? 2 * most : k_max) : 2};
-    for (int i = 0; i < 3; i++)
-        if (next[i] >= 1 && next[i] <= k_max && a->n[next[i]] == 0 && rate(a, next[i]) > rate(a, best) * 1.02)
-            best = next[i];
+    int best = 0;
+    for (int k = 1; k <= k_max; k++)
+        if ((a->n[k] > 0 || !measured_only) && rate(a, k) > rate(a, best) * 1.02) best = k;
     return best;
 }
 
@@ -77,37 +77,41 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     int last = a->last_k;
     if (last > 0 && last <= k_max && a->n[last] < AUTO_PROBE) return last; /* a measure runs on */
     bool measured = false;                                                 /* any K > 0 */
-    for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->sec[k] > 0;
+    for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
     if (best > 0 && a->n[best] == 0) return best; /* it may pay: measure it */
     if (best == 0) {
-        if (a->plain_run < (a->wait ? a->wait : AUTO_WAIT)) return 0;
-        for (int k = 1; k <= k_max; k++) /* again, the K measured that came closest */
-            if (a->n[k] > 0 && (best == 0 || rate(a, k) > rate(a, best))) best = k;
-        return best ? best : 1;
+        if (a->plain_run < (a->wait_plain ? a->wait_plain : AUTO_WAIT)) return 0;
+        for (int k = 1; k <= k_max; k++) /* again, the K that comes closest */
+            if (best == 0 || rate(a, k) > rate(a, best)) best = k;
+        return best;
     }
     if (a->since_probe < AUTO_AROUND) return best;
     int side = a->side < 0 ? -1 : 1, k = best + side;
     return k >= 1 && k <= k_max ? k : best - side >= 1 && best - side <= k_max ? best - side : best;
 }
 
-void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds) {
-    if (k < 0 || k > PS_SPEC_AUTO_MAX || kept < 0 || kept > k || !(seconds > 0)) return;
+void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
+    int k = t->k;
+    if (k < 0 || k > PS_SPEC_AUTO_MAX || t->kept < 0 || t->kept > k || t->drafted < 0 || t->drafted > k ||
+        !(t->wait_s > 0) || !(t->draft_s >= 0))
+        return;
     if (k > 0) { /* each guess checked: kept, or the one that ended the trip */
-        a->tested = AUTO_ACCEPT * a->tested + kept + (kept < k);
-        a->kept = AUTO_ACCEPT * a->kept + kept;
+        a->tested = AUTO_ACCEPT * a->tested + t->kept + (t->kept < k);
+        a->kept = AUTO_ACCEPT * a->kept + t->kept;
     }
-    if (k > a->last_k && a->n[0] > 0) { /* more guesses than the trip before: drafted while it waited, */
-        a->n[k] = 0;                    /* the draft catching up: measured afresh, from the next trip */
-    } else {
-        a->n[k]++; /* the mean of the first trips, then a moving average */
-        double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
-        a->sec[k] += (seconds - a->sec[k]) * w;
+    if (t->drafted > 0) {
+        a->draft_s = AUTO_ACCEPT * a->draft_s + t->draft_s;
+        a->drafted = AUTO_ACCEPT * a->drafted + t->drafted;
     }
+    a->n[k]++; /* the mean of the first trips, then a moving average */
+    double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
+    a->wait[k] += (t->wait_s - a->wait[k]) * w;
     if (k == 0 && a->last_k > 0) /* back to plain: after guesses that did not pay from the start, wait longer */
-        a->wait = a->spec_run <= 2 * (AUTO_PROBE + 1) ? (a->wait ? 4 * a->wait : 4 * AUTO_WAIT) : AUTO_WAIT;
-    if (a->wait > AUTO_WAIT_MAX) a->wait = AUTO_WAIT_MAX;
+        a->wait_plain =
+            a->spec_run <= 2 * (AUTO_PROBE + 1) ? (a->wait_plain ? 4 * a->wait_plain : 4 * AUTO_WAIT) : AUTO_WAIT;
+    if (a->wait_plain > AUTO_WAIT_MAX) a->wait_plain = AUTO_WAIT_MAX;
     a->plain_run = k ? 0 : a->plain_run + 1;
     a->spec_run = k ? a->spec_run + 1 : 0;
     if (k > 0 && k != best_k(a, PS_SPEC_AUTO_MAX, true) && a->n[k] >= AUTO_PROBE && a->last_k == k) {

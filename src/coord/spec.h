@@ -36,36 +36,48 @@ typedef struct {
 
 /* --spec-k auto: K per trip from what the trips so far measured, per sequence.
  *
- * The rate of a K is the tokens its trips would give at the acceptance measured so far (each
- * guess checked kept with probability a: 1 + a + ... + a^K; the guesses before a trip weigh
- * 0.97 against its own, and a starts at 1/2) over the seconds its trips took (the mean of its first trips, then a moving average:
- * the draft's cost, the overlap and the ring's latency all show in it). A K not measured yet is
- * given the time of the K > 0 measured nearest below it (a trip never gets faster with more
- * guesses), plus, above the largest measured when two K > 0 are measured, the time each guess
- * added between the two nearest below; or the time of the one above, or plain decoding's
- * before any: an optimistic rate until the cost of a guess is known. The next
- * trip takes the K of the highest rate (2 % above the others, so that a tie takes fewer
- * guesses) among those measured, twice the largest measured and the best one's neighbours; one
- * not measured yet is then measured, 2 trips. So K doubles (2, 4, 8, the most) while guesses
- * would pay, then settles by steps where they do; plain decoding (K 0) is measured first and
- * wins when no K does. A trip with more guesses than the one before is not measured (the draft
- * could not make them while that trip was out). Every 16th trip at a K > 0 measures a
- * neighbour again (either side in turn); after 16 plain trips in a row the K measured that came
- * closest is measured again, then after 64 and 256 while guesses never pay. */
+ * A trip of K guesses costs the drafting done before it is sent (the guesses the draft had not
+ * made while the trip before was out) and the wait for its answer (the ring's latency, the
+ * stages' work on K + 1 positions, and the drafting done meanwhile). The rate of a K is the
+ * tokens its trips would give at the acceptance measured so far (each guess checked kept with
+ * probability a: 1 + a + ... + a^K; the guesses before a trip weigh 0.97 against its own, and a
+ * starts at 1/2) over that cost: the wait measured at K (the mean of its first trips, then a
+ * moving average), plus K guesses at the draft's measured seconds a guess, of which, when the
+ * draft works while a trip is out, only those after a trip that did not keep every guess and
+ * the next token's guess (1 - a^(K+1) of them). A K not measured yet waits as the two measured
+ * around it say (linearly), or, above the largest, as the largest plus what each guess added
+ * between the two largest K > 0 measured (nothing with one: optimistic), and at least as long
+ * as the draft takes to make its K + 1 next guesses while it is out. The next trip takes the K
+ * of the highest rate (2 % above the others, so that a tie takes fewer guesses); one not
+ * measured yet is then measured, 2 trips. Plain decoding (K 0) is measured first, then 2
+ * guesses, and plain wins when no K beats it. Every 16th trip at a K > 0 measures a neighbour
+ * again (either side in turn); after 16 plain trips in a row the K measured that came closest
+ * is measured again, then after 64 and 256 while guesses never pay. */
 typedef struct {
-    double sec[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds a trip */
-    int n[PS_SPEC_AUTO_MAX + 1];      /* per K: trips measured */
-    double tested, kept;              /* guesses checked, kept (decaying) */
-    int last_k;                       /* the latest trip's K */
-    int plain_run, wait;              /* plain trips in a row; how many before guesses are measured again */
-    int spec_run;                     /* trips with guesses in a row */
-    int since_probe, side;            /* trips at a K > 0 since a neighbour was measured; its side (+1, -1) */
+    double wait[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds from sending a trip to its answer */
+    int n[PS_SPEC_AUTO_MAX + 1];       /* per K: trips measured */
+    double tested, kept;               /* guesses checked, kept (decaying) */
+    double draft_s, drafted;           /* seconds drafting before sending, guesses drafted then (decaying) */
+    bool overlap;                      /* the draft works while a trip is out (set by the caller) */
+    int last_k;                        /* the latest trip's K */
+    int plain_run, wait_plain;         /* plain trips in a row; how many before guesses are measured again */
+    int spec_run;                      /* trips with guesses in a row */
+    int since_probe, side;             /* trips at a K > 0 since a neighbour was measured; its side (+1, -1) */
 } ps_spec_auto;
+
+/* What one trip cost (ps_spec_auto_add). */
+typedef struct {
+    int k;          /* guesses it carried (0: plain) */
+    int kept;       /* of them kept */
+    int drafted;    /* of them drafted before it was sent (the others while the trip before was out) */
+    double draft_s; /* seconds drafting those */
+    double wait_s;  /* seconds from sending it to its answer */
+} ps_spec_trip;
 
 /* The K for the next trip (0..k_max; 0: plain). */
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max);
-/* Records a trip of k guesses (0: plain) that kept `kept` of them in `seconds`. */
-void ps_spec_auto_add(ps_spec_auto *a, int k, int kept, double seconds);
+/* Records a trip (ignored when out of range). */
+void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t);
 
 /* Prompt lookup: finds the latest earlier occurrence of the sequence's last n tokens (n from
  * PS_SPEC_NGRAM_MAX down to 1; the longest that occurred wins) and copies up to k of the
