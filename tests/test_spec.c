@@ -121,6 +121,10 @@ static void test_auto(void) {
     ps_spec_auto_add(&a, &(ps_spec_trip){.k = 2, .drafted = 3, .wait_s = 0.1});
     ps_spec_auto_add(&a, &(ps_spec_trip){.k = 2, .wait_s = 0});
     PS_CHECK_EQ_INT(a.n[2], 0);
+    ps_spec_auto fixed = {0}; /* a fixed K's trips, no plain one (rated without reading out of bounds) */
+    ps_spec_auto_add(&fixed, &(ps_spec_trip){.k = 1, .kept = 1, .drafted = 1, .draft_s = 0.01, .wait_s = 0.1});
+    ps_spec_auto_add(&fixed, &(ps_spec_trip){.k = 1, .kept = 0, .drafted = 1, .draft_s = 0.01, .wait_s = 0.1});
+    PS_CHECK_EQ_INT(fixed.n[1], 2);
     struct {
         const char *what;
         ring r;

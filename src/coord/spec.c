@@ -38,9 +38,9 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 static double wait_at(const ps_spec_auto *a, int k, double guess_s) {
     if (a->n[k] > 0) return a->wait[k];
     int lo = k - 1, hi = k + 1;
-    while (lo > 0 && a->n[lo] == 0) lo--;
+    while (lo >= 0 && a->n[lo] == 0) lo--;
     while (hi <= PS_SPEC_AUTO_MAX && a->n[hi] == 0) hi++;
-    double w = a->wait[lo];
+    double w = lo >= 0 ? a->wait[lo] : hi <= PS_SPEC_AUTO_MAX ? a->wait[hi] : 0; /* none: fixed K only */
     if (lo > 0 && hi <= PS_SPEC_AUTO_MAX) {
         w += (k - lo) * (a->wait[hi] - a->wait[lo]) / (hi - lo);
     } else if (lo > 0) {
@@ -53,13 +53,15 @@ static double wait_at(const ps_spec_auto *a, int k, double guess_s) {
 }
 
 /* The rate of K: its tokens per trip at the acceptance measured so far over its trip's seconds
- * (spec.h). Plain decoding's (K 0) is measured before any other is asked. */
+ * (spec.h). Plain decoding's (K 0) is measured before auto asks any other (a fixed K's trips
+ * are recorded too, with no plain one). */
 static double rate(const ps_spec_auto *a, int k) {
     double acc = (a->kept + 0.5) / (a->tested + 1), tokens = 1, p = 1; /* 1/2 before any guess */
     for (int i = 0; i < k; i++) tokens += p *= acc;
     double guess_s = a->drafted > 0 ? a->draft_s / a->drafted : 0;
     double before = k * guess_s * (a->overlap ? 1 - p * acc : 1); /* p * acc: a^(k+1) */
-    return tokens / (wait_at(a, k, guess_s) + before);
+    double s = wait_at(a, k, guess_s) + before;
+    return s > 0 ? tokens / s : 0;
 }
 
 /* The K of the highest rate among 0..k_max, 2 % above the others (a tie takes fewer guesses):
