@@ -13,14 +13,14 @@
 #include "coord.h"
 
 typedef struct {
-    const char *model;  /* a whole model (-m), also the one to split with local_stages */
-    const char *fleet;  /* or fleet.json (--fleet): stage 0 here, the rest on its workers */
-    int local_stages;   /* > 1: split model and start stages 1.. as local worker processes
-                             of this binary (coord/local_fleet.h) */
-    bool local_unix;    /* their connections on Unix sockets instead of loopback TCP */
-    const int *devices; /* with local_stages: stage k's device is devices[k] (the last for
+    const char *model;          /* a whole model (-m), also the one to split with local_stages */
+    const char *fleet;          /* or fleet.json (--fleet): stage 0 here, the rest on its workers */
+    int local_stages;           /* > 1: split model and start stages 1.. as local worker processes
+                                   of this binary (coord/local_fleet.h) */
+    bool local_unix;            /* their connections on Unix sockets instead of loopback TCP */
+    const int *devices;         /* with local_stages: stage k's device is devices[k] (the last for
                                    the stages past n_devices); NULL: stage.device for every stage */
-    int n_devices;
+    int n_devices;              /* how many devices */
     const char *key_file;       /* the workers' shared key, or NULL (local fleets: a fresh one) */
     bool plain;                 /* with a key: ask for frames in the clear (local fleets always do) */
     bool host_hops;             /* activations between GPU stages of this host by TCP (ps_coord_opts'; and

@@ -21,14 +21,14 @@ typedef struct {
 
 /* How the workers run. */
 typedef struct {
-    const ps_stage_opts *stage; /* threads, --pin, --mmap, --device */
-    const ps_link_sim *sim;     /* link emulation of their outgoing hops */
-    const char *key_file;       /* NULL: a fresh random key */
-    bool unix_sockets;          /* listen on Unix sockets instead of loopback TCP */
-    bool host_hops;             /* their --host-hops */
-    const int *devices;         /* stage k's --device: devices[k] (the last past n_devices); NULL:
+    const ps_stage_opts *stage;  /* threads, --pin, --mmap, --device */
+    const ps_link_sim *sim;      /* link emulation of their outgoing hops */
+    const char *key_file;        /* NULL: a fresh random key */
+    bool unix_sockets;           /* listen on Unix sockets instead of loopback TCP */
+    bool host_hops;              /* their --host-hops */
+    const int *devices;          /* stage k's --device: devices[k] (the last past n_devices); NULL:
                                     stage->device */
-    int n_devices;
+    int n_devices;               /* how many devices */
     const char *prefix_dir;      /* their --prefix-dir, or NULL */
     const ps_progress *progress; /* the split and the start are reported here (may be NULL) */
 } ps_local_fleet_opts;

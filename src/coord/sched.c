@@ -498,7 +498,8 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
         fprintf(stderr, "pipeshard: the draft model failed (these trips go without guesses): %s\n", err);
         return;
     }
-    for (int r = 0; r < n_req; r++) of[r]->n_guess = req[r].n_out, of[r]->draft_s = ps_now() - t0;
+    double took = ps_now() - t0; /* each waited for all the guesses */
+    for (int r = 0; r < n_req; r++) of[r]->n_guess = req[r].n_out, of[r]->draft_s = took;
 }
 
 /* A trip of q's came back with n tokens: --spec-k auto learns from it, the metrics count it. */
