@@ -56,7 +56,7 @@ static double wait_at(const ps_spec_auto *a, int k, double guess_s) {
  * (spec.h). Plain decoding's (K 0) is measured before auto asks any other (a fixed K's trips
  * are recorded too, with no plain one). */
 static double rate(const ps_spec_auto *a, int k) {
-    double acc = (a->kept + 0.5) / (a->tested + 1), tokens = 1, p = 1; /* 1/2 before any guess */
+    double acc = (a->kept + 0.8) / (a->tested + 1), tokens = 1, p = 1; /* 0.8 before any guess */
     for (int i = 0; i < k; i++) tokens += p *= acc;
     double guess_s = a->drafted > 0 ? a->draft_s / a->drafted : 0;
     double before = k * guess_s * (a->overlap ? 1 - p * acc : 1); /* p * acc: a^(k+1) */
@@ -77,8 +77,9 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (k_max > PS_SPEC_AUTO_MAX) k_max = PS_SPEC_AUTO_MAX;
     if (k_max < 1 || a->n[0] == 0) return 0; /* a plain trip first: the yardstick */
     int last = a->last_k;
-    if (last > 0 && last <= k_max && a->n[last] < AUTO_PROBE) return last; /* a measure runs on */
-    bool measured = false;                                                 /* any K > 0 */
+    if (last > 0 && last <= k_max && a->n[last] < AUTO_PROBE && a->spec_run > 1)
+        return last;       /* a measure runs on (but one trip after plain ones says what guesses get) */
+    bool measured = false; /* any K > 0 */
     for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
@@ -99,10 +100,9 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     if (k < 0 || k > PS_SPEC_AUTO_MAX || t->kept < 0 || t->kept > k || t->drafted < 0 || t->drafted > k ||
         !(t->wait_s > 0) || !(t->draft_s >= 0))
         return;
-    if (k > 0) { /* each guess checked: kept, or the one that ended the trip */
-        a->tested = AUTO_ACCEPT * a->tested + t->kept + (t->kept < k);
-        a->kept = AUTO_ACCEPT * a->kept + t->kept;
-    }
+    /* each guess checked: kept, or the one that ended the trip; older ones fade, also while plain */
+    a->tested = AUTO_ACCEPT * a->tested + t->kept + (t->kept < k);
+    a->kept = AUTO_ACCEPT * a->kept + t->kept;
     if (t->drafted > 0) {
         a->draft_s = AUTO_ACCEPT * a->draft_s + t->draft_s;
         a->drafted = AUTO_ACCEPT * a->drafted + t->drafted;
@@ -110,9 +110,9 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     a->n[k]++; /* the mean of the first trips, then a moving average */
     double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
     a->wait[k] += (t->wait_s - a->wait[k]) * w;
-    if (k == 0 && a->last_k > 0) /* back to plain: after guesses that did not pay from the start, wait longer */
+    if (k == 0 && a->last_k > 0) /* back to plain: after guesses that did not pay from the start, twice longer */
         a->wait_plain =
-            a->spec_run <= 2 * (AUTO_PROBE + 1) ? (a->wait_plain ? 4 * a->wait_plain : 4 * AUTO_WAIT) : AUTO_WAIT;
+            a->spec_run <= 2 * (AUTO_PROBE + 1) ? (a->wait_plain ? 2 * a->wait_plain : 2 * AUTO_WAIT) : AUTO_WAIT;
     if (a->wait_plain > AUTO_WAIT_MAX) a->wait_plain = AUTO_WAIT_MAX;
     a->plain_run = k ? 0 : a->plain_run + 1;
     a->spec_run = k ? a->spec_run + 1 : 0;

@@ -40,19 +40,20 @@ typedef struct {
  * made while the trip before was out) and the wait for its answer (the ring's latency, the
  * stages' work on K + 1 positions, and the drafting done meanwhile). The rate of a K is the
  * tokens its trips would give at the acceptance measured so far (each guess checked kept with
- * probability a: 1 + a + ... + a^K; the guesses before a trip weigh 0.97 against its own, and a
- * starts at 1/2) over that cost: the wait measured at K (the mean of its first trips, then a
- * moving average), plus K guesses at the draft's measured seconds a guess, of which, when the
- * draft works while a trip is out, only those after a trip that did not keep every guess and
- * the next token's guess (1 - a^(K+1) of them). A K not measured yet waits as the two measured
- * around it say (linearly), or, above the largest, as the largest plus what each guess added
- * between the two largest K > 0 measured (nothing with one: optimistic), and at least as long
- * as the draft takes to make its K + 1 next guesses while it is out. The next trip takes the K
- * of the highest rate (2 % above the others, so that a tie takes fewer guesses); one not
- * measured yet is then measured, 2 trips. Plain decoding (K 0) is measured first, then 2
- * guesses, and plain wins when no K beats it. Every 16th trip at a K > 0 measures a neighbour
- * again (either side in turn); after 16 plain trips in a row the K measured that came closest
- * is measured again, then after 64 and 256 while guesses never pay. */
+ * probability a: 1 + a + ... + a^K; the guesses before a trip weigh 0.97 against its own, also
+ * when it is plain, so that the old ones fade while guesses are not tried; a starts at 0.8) over
+ * that cost: the wait measured at K (the mean of its first trips, then a moving average), plus K
+ * guesses at the draft's measured seconds a guess, of which, when the draft works while a trip
+ * is out, only those after a trip that did not keep every guess and the next token's guess
+ * (1 - a^(K+1) of them). A K not measured yet waits as the two measured around it say
+ * (linearly), or, above the largest, as the largest plus what each guess added between the two
+ * largest K > 0 measured (nothing with one: optimistic), and at least as long as the draft takes
+ * to make its K + 1 next guesses while it is out. The next trip takes the K of the highest rate
+ * (2 % above the others, so that a tie takes fewer guesses); one not measured yet is then
+ * measured, 2 trips (1 when it is the first after plain ones). Plain decoding (K 0) is measured
+ * first, then 2 guesses, and plain wins when no K beats it. Every 16th trip at a K > 0 measures
+ * a neighbour again (either side in turn); after 16 plain trips in a row the K that comes
+ * closest is measured again, then after 32, 64, ... 256 while guesses never pay. */
 typedef struct {
     double wait[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds from sending a trip to its answer */
     int n[PS_SPEC_AUTO_MAX + 1];       /* per K: trips measured */
