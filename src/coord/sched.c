@@ -117,6 +117,7 @@ struct ps_sched {
     ps_result *res;     /* (parallel) the tokens of one */
     char *tail_text;    /* (tail_cap) the text a DONE carries */
     size_t tail_cap;
+    ps_spec_auto ring_auto; /* --spec-k auto: the ring and the draft as the latest sequence measured them */
 };
 
 // ---------------------------------------------------------------------------------------
@@ -281,6 +282,7 @@ static void retire(ps_sched *s, seq *q) {
  * memory for the held-back text is one too. */
 static void finish(ps_sched *s, seq *q, ps_stop_reason stop, ps_status status, const char *msg) {
     retire(s, q);
+    ps_spec_auto_carry(&s->ring_auto, &q->auto_k); /* the next sequences start from it */
     size_t len = 0;
     const char *t;
     size_t n;
@@ -416,6 +418,7 @@ static void admit_queued(ps_sched *s) {
         q->next = NULL;
         s->queued--;
         s->run[s->n_run++] = q;
+        q->auto_k = s->ring_auto;
         for (int k = 0; s->o.spec.kind == PS_SPEC_DRAFT && q->slot < 0; k++) /* a slot is free: n_run <= parallel */
             if (!s->slot_used[k]) s->slot_used[k] = true, q->slot = k;
     }

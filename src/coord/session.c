@@ -94,7 +94,7 @@ static ps_status start(ps_session *s, int n_prompt, const ps_gen_params *gp, cha
     s->n_trips = s->n_drafted = s->n_kept = 0;
     memset(s->by_k, 0, sizeof s->by_k);
     s->n_pre = s->n_ready = s->n_overlap = 0;
-    s->auto_k = (ps_spec_auto){0};
+    ps_spec_auto_carry(&s->auto_k, &s->auto_k); /* the ring and the draft as the generation before measured them */
     if (s->stream) ps_tok_stream_reset(s->stream);
     return PS_OK;
 }
@@ -201,6 +201,7 @@ ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, s
     if (o->kind != PS_SPEC_OFF && (o->k < 1 || o->k > most))
         return ps_errf(err, errlen, PS_ERR_ARG, "%d guesses per trip: the coordinator takes 1 to %d", o->k, most);
     s->spec = *o;
+    s->auto_k = (ps_spec_auto){0};
     return PS_OK;
 }
 

@@ -95,6 +95,17 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     return k >= 1 && k <= k_max ? k : best - side >= 1 && best - side <= k_max ? best - side : best;
 }
 
+void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
+    int trips = 0;
+    for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++) trips += from->n[k];
+    if (!trips) return;
+    ps_spec_auto c = {.overlap = from->overlap};
+    for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++) c.wait[k] = from->wait[k], c.n[k] = from->n[k] > 0;
+    if (from->drafted > 0) c.draft_s = from->draft_s / from->drafted, c.drafted = 1;
+    if (from->tested > 0) c.tested = 8, c.kept = 8 * from->kept / from->tested;
+    *to = c;
+}
+
 void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     int k = t->k;
     if (k < 0 || k > PS_SPEC_AUTO_MAX || t->kept < 0 || t->kept > k || t->drafted < 0 || t->drafted > k ||

@@ -77,6 +77,12 @@ typedef struct {
 
 /* The K for the next trip (0..k_max; 0: plain). */
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max);
+/* For a new generation over the same ring and draft, into to: what from (a generation's,
+ * possibly to itself) measured of them (the wait at each K, the draft's seconds a guess) as one
+ * trip's worth each and its acceptance as eight guesses' worth, so that the new text's trips
+ * soon outweigh them; nothing else. Its first trip then takes the best K at once, neither the
+ * plain yardstick nor 2 guesses. to stays as it is when from measured no trip. */
+void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from);
 /* Records a trip (ignored when out of range). */
 void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t);
 
