@@ -65,7 +65,11 @@ static void test_random(void) {
  * draft knows a line, or not at all): a guess is kept with probability accept in an easy
  * stretch, accept2 in a hard one, and after each token an easy stretch turns hard with
  * probability to_hard, a hard one easy with to_easy. The text is drawn once for all K (rng), as
- * a greedy answer is the same whatever K: a uniform number for each token and its stretch. */
+ * a greedy answer is the same whatever K: a uniform number for each token and its stretch. The
+ * draft reads the tokens of plain trips, a quarter of a guess's time each, before the next trip
+ * with guesses is sent, or with the overlap (auto) during each plain trip, guessing its token
+ * (which auto counts) and, when auto will ask guesses next, those too (ready when it guessed
+ * the plain token). */
 #define TEXT_MAX 4096 /* tokens of a ring's text: 300 trips of 10 guesses and more */
 
 typedef struct {
@@ -76,6 +80,7 @@ typedef struct {
     double to_hard, to_easy; /* bursty when to_hard > 0 */
     uint64_t rng;
     int ready, trips, at; /* guesses drafted meanwhile; trips so far; tokens written */
+    int behind;           /* tokens of plain trips the draft has not read */
     float u[TEXT_MAX + 1];
     bool hard[TEXT_MAX + 1];
 } ring;
@@ -130,16 +135,23 @@ static bool keep(const ring *r, int place) {
     return r->u[at] < acc;
 }
 
-/* One trip of k guesses: what it cost and kept. */
-static ps_spec_trip trip(ring *r, int k) {
+/* One trip of k guesses, or a plain one, during which (next >= 0: auto, with the overlap) the
+ * draft reads its token and guesses the next, and next guesses after it: what it cost and kept. */
+static ps_spec_trip trip(ring *r, int k, int next) {
     ps_spec_trip t = {.k = k, .drafted = k > r->ready ? k - r->ready : 0};
+    bool shadow = !k && next >= 0;
     r->trips++;
     while (t.kept < k && keep(r, t.kept)) t.kept++;
-    r->ready = k && r->overlap && t.kept == k && keep(r, k) ? k : 0;
-    r->at += t.kept + 1;
-    t.draft_s = t.drafted * r->guess_s;
+    double reading = r->behind * r->guess_s / 4;
+    t.draft_s = k ? t.drafted * r->guess_s + reading : 0;
     t.wait_s = k ? r->base_s + k * r->per_s : r->plain_s;
-    if (k && r->overlap && t.wait_s < (k + 1) * r->guess_s) t.wait_s = (k + 1) * r->guess_s;
+    double meanwhile = k ? (r->overlap ? (k + 1) * r->guess_s : 0) : shadow ? reading + (next + 1) * r->guess_s : 0;
+    if (t.wait_s < meanwhile) t.wait_s = meanwhile;
+    t.predrafted = shadow && next > 0;
+    t.shadow = shadow ? (keep(r, 0) ? 1 : -1) : 0;
+    r->ready = k ? (r->overlap && t.kept == k && keep(r, k) ? k : 0) : t.predrafted && t.shadow > 0 ? next : 0;
+    r->behind = k || shadow ? 0 : r->behind + 1;
+    r->at += t.kept + 1;
     return t;
 }
 
@@ -148,7 +160,8 @@ static ps_spec_trip trip(ring *r, int k) {
 static double drive(ring *r, ps_spec_auto *a, int n, int k, int by_k[11]) {
     double tokens = 0, time = 0;
     for (int i = 0; i < n; i++) {
-        ps_spec_trip t = trip(r, k >= 0 ? k : ps_spec_auto_k(a, 10));
+        int kt = k >= 0 ? k : ps_spec_auto_k(a, 10);
+        ps_spec_trip t = trip(r, kt, k < 0 && !kt && r->overlap ? ps_spec_auto_k_after_plain(a, 10) : -1);
         ps_spec_auto_add(a, &t);
         tokens += t.kept + 1, time += t.draft_s + t.wait_s;
         if (by_k) by_k[t.k]++;

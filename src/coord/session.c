@@ -38,6 +38,7 @@ struct ps_session {
     int32_t pre[PS_MAX_DRAFT + 2];         /* overlap: the draft's next tokens had every guess been kept */
     ps_draft_dist pre_q[PS_MAX_DRAFT + 2]; /* ... their distributions */
     int n_pre;                             /* ... how many; pre[0] is its guess of the trip's last token */
+    int pre_k;                             /* ... the guesses the next trip asks (the draft makes 1 more) */
     int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
     int n_overlap;                         /* trips whose guesses the overlap had drafted */
 };
@@ -242,12 +243,11 @@ static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int 
 }
 
 /* While trip s->trip is out: the draft's next guesses as if it keeps every guess, into s->pre
- * (its guess of the trip's last token, then up to as many guesses as the trip's after it). A
- * failure only leaves nothing drafted: the next trip drafts as usual. */
+ * (its guess of the trip's last token, then up to as many guesses as the trip's or the next
+ * one's after it). A failure only leaves nothing drafted: the next trip drafts as usual. */
 static void predraft(void *arg) {
     ps_session *s = arg;
-    int next = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k; /* what the next trip asks */
-    int n = s->n_toks + s->n_trip, k = 1 + (next > s->n_trip ? next : s->n_trip);
+    int n = s->n_toks + s->n_trip, k = 1 + (s->pre_k > s->n_trip ? s->pre_k : s->n_trip);
     char err[256];
     s->n_pre = 0;
     if (n + k > s->n_ctx) return;
@@ -284,21 +284,29 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         (st = draft(s, s->trip + 1, s->trip_q, &n_draft, &fresh, err, errlen)))
         return st;
     double t_sent = ps_now();
-    bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1;
+    bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1, shadow = false;
     s->n_fed = 0;
+    s->n_trip = n_draft, s->n_pre = 0;
     if (n_draft) {
-        s->trip[0] = s->toks[from], s->n_trip = n_draft, s->n_pre = 0;
+        s->trip[0] = s->toks[from];
+        s->pre_k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
         bool sampled = s->spec.kind == PS_SPEC_DRAFT && s->gp.sp.temperature > 0;
         st = ps_coord_next_draft(s->coord, s->trip, n_draft + 1, from, n_draft, sampled ? s->trip_q : NULL, &s->gp.sp,
                                  overlap ? predraft : NULL, s, s->got, &s->n_got, err, errlen);
         s->n_trips++, s->n_drafted += n_draft, s->n_kept += s->n_got - 1;
-        if (!st && s->n_got == n_draft + 1 && s->n_pre > 1 && s->got[n_draft] == s->pre[0]) s->n_ready = s->n_pre - 1;
-    } else { /* the prompt's trip gives the draft model time to read the prompt (not the next trip's) */
+    } else { /* the prompt's trip gives the draft model time to read the prompt; a plain one (auto, with the
+                overlap) to read its token and guess the next, and the next trip's guesses if auto will ask some */
         bool prime = !s->started && s->spec.kind == PS_SPEC_DRAFT;
+        shadow = overlap && s->started && s->spec.auto_k;
+        s->pre_k = shadow ? ps_spec_auto_k_after_plain(&s->auto_k, s->spec.k) : 0;
         st = ps_coord_next_draft(s->coord, s->toks + from, s->n_toks - from, from, 0, NULL, &s->gp.sp,
-                                 prime ? prime_draft : NULL, s, s->got, &s->n_got, err, errlen);
+                                 prime    ? prime_draft
+                                 : shadow ? predraft
+                                          : NULL,
+                                 s, s->got, &s->n_got, err, errlen);
     }
     if (st) return st;
+    if (s->n_got == n_draft + 1 && s->n_pre > 1 && s->got[n_draft] == s->pre[0]) s->n_ready = s->n_pre - 1;
     s->n_fed = s->n_toks;
     s->i_got = 0;
     if (!s->started) {
@@ -309,11 +317,14 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         s->decode_s += t;
         s->n_decode += s->n_got;
         s->auto_k.overlap = overlap;
-        ps_spec_auto_add(&s->auto_k, &(ps_spec_trip){.k = n_draft,
-                                                     .kept = s->n_got - 1,
-                                                     .drafted = fresh,
-                                                     .draft_s = t_sent - t0,
-                                                     .wait_s = ps_now() - t_sent});
+        ps_spec_auto_add(&s->auto_k,
+                         &(ps_spec_trip){.k = n_draft,
+                                         .kept = s->n_got - 1,
+                                         .drafted = fresh,
+                                         .draft_s = t_sent - t0,
+                                         .wait_s = ps_now() - t_sent,
+                                         .predrafted = shadow && s->pre_k > 0,
+                                         .shadow = shadow && s->n_pre ? (s->got[0] == s->pre[0] ? 1 : -1) : 0});
         s->by_k[n_draft]++;
     }
     return sample_next(s, tok, err, errlen);

@@ -83,6 +83,12 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
+    if (best == 0 && a->last_k > 0) { /* guesses give way to plain decoding only 5 % behind it */
+        int k = 1;
+        for (int j = 2; j <= k_max; j++)
+            if (rate(a, j) > rate(a, k)) k = j;
+        if (rate(a, k) > 0.95 * rate(a, 0)) best = k;
+    }
     if (best > 0 && a->n[best] == 0) return best; /* it may pay: measure it */
     if (best == 0) {
         if (a->plain_run < (a->wait_plain ? a->wait_plain : AUTO_WAIT)) return 0;
@@ -93,6 +99,13 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (a->since_probe < AUTO_AROUND) return best;
     int side = a->side < 0 ? -1 : 1, k = best + side;
     return k >= 1 && k <= k_max ? k : best - side >= 1 && best - side <= k_max ? best - side : best;
+}
+
+int ps_spec_auto_k_after_plain(const ps_spec_auto *a, int k_max) {
+    if (a->n[0] == 0) return 0; /* the yardstick: its wait measured */
+    ps_spec_auto after = *a;
+    ps_spec_auto_add(&after, &(ps_spec_trip){.wait_s = a->wait[0], .predrafted = true});
+    return ps_spec_auto_k(&after, k_max);
 }
 
 void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
@@ -109,18 +122,20 @@ void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
 void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     int k = t->k;
     if (k < 0 || k > PS_SPEC_AUTO_MAX || t->kept < 0 || t->kept > k || t->drafted < 0 || t->drafted > k ||
-        !(t->wait_s > 0) || !(t->draft_s >= 0))
+        !(t->wait_s > 0) || !(t->draft_s >= 0) || t->shadow < -1 || t->shadow > 1)
         return;
     /* each guess checked: kept, or the one that ended the trip; older ones fade, also while plain */
-    a->tested = AUTO_ACCEPT * a->tested + t->kept + (t->kept < k);
-    a->kept = AUTO_ACCEPT * a->kept + t->kept;
+    a->tested = AUTO_ACCEPT * a->tested + t->kept + (t->kept < k) + (!k && t->shadow);
+    a->kept = AUTO_ACCEPT * a->kept + t->kept + (!k && t->shadow > 0);
     if (t->drafted > 0) {
         a->draft_s = AUTO_ACCEPT * a->draft_s + t->draft_s;
         a->drafted = AUTO_ACCEPT * a->drafted + t->drafted;
     }
-    a->n[k]++; /* the mean of the first trips, then a moving average */
-    double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
-    a->wait[k] += (t->wait_s - a->wait[k]) * w;
+    if (k > 0 || !t->predrafted) { /* the mean of the first trips, then a moving average */
+        a->n[k]++;
+        double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
+        a->wait[k] += (t->wait_s - a->wait[k]) * w;
+    }
     if (k == 0 && a->last_k > 0) /* back to plain: after guesses that did not pay from the start, twice longer */
         a->wait_plain =
             a->spec_run <= 2 * (AUTO_PROBE + 1) ? (a->wait_plain ? 2 * a->wait_plain : 2 * AUTO_WAIT) : AUTO_WAIT;

@@ -41,19 +41,22 @@ typedef struct {
  * stages' work on K + 1 positions, and the drafting done meanwhile). The rate of a K is the
  * tokens its trips would give at the acceptance measured so far (each guess checked kept with
  * probability a: 1 + a + ... + a^K; the guesses before a trip weigh 0.97 against its own, also
- * when it is plain, so that the old ones fade while guesses are not tried; a starts at 0.8) over
- * that cost: the wait measured at K (the mean of its first trips, then a moving average), plus K
- * guesses at the draft's measured seconds a guess, of which, when the draft works while a trip
- * is out, only those after a trip that did not keep every guess and the next token's guess
- * (1 - a^(K+1) of them). A K not measured yet waits as the two measured around it say
- * (linearly), or, above the largest, as the largest plus what each guess added between the two
- * largest K > 0 measured (nothing with one: optimistic), and at least as long as the draft takes
- * to make its K + 1 next guesses while it is out. The next trip takes the K of the highest rate
- * (2 % above the others, so that a tie takes fewer guesses); one not measured yet is then
- * measured, 2 trips (1 when it is the first after plain ones). Plain decoding (K 0) is measured
- * first, then 2 guesses, and plain wins when no K beats it. Every 16th trip at a K > 0 measures
- * a neighbour again (either side in turn); after 16 plain trips in a row the K that comes
- * closest is measured again, then after 32, 64, ... 256 while guesses never pay. */
+ * when it is plain, so that the old ones fade while guesses are not tried; a starts at 0.8; a
+ * plain trip during which the draft guessed its token counts that guess) over that cost: the
+ * wait measured at K (the mean of its first trips, then a moving average; not a plain trip's
+ * during which the draft also made the next trip's guesses), plus K guesses at the draft's
+ * measured seconds a guess, of which, when the draft works while a trip is out, only those after
+ * a trip that did not keep every guess and the next token's guess (1 - a^(K+1) of them). A K not
+ * measured yet waits as the two measured around it say (linearly), or, above the largest, as the
+ * largest plus what each guess added between the two largest K > 0 measured (nothing with one:
+ * optimistic), and at least as long as the draft takes to make its K + 1 next guesses while it
+ * is out. The next trip takes the K of the highest rate (2 % above the others, so that a tie
+ * takes fewer guesses; after guesses, plain decoding only when it is 5 % above every K); one not
+ * measured yet is then measured, 2 trips (1 when it is the first after plain ones). Plain
+ * decoding (K 0) is measured first, then 2 guesses, and plain wins when no K beats it. Every
+ * 16th trip at a K > 0 measures a neighbour again (either side in turn); after 16 plain trips in
+ * a row the K that comes closest is measured again, then after 32, 64, ... 256 while guesses
+ * never pay. */
 typedef struct {
     double wait[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds from sending a trip to its answer */
     int n[PS_SPEC_AUTO_MAX + 1];       /* per K: trips measured */
@@ -68,15 +71,21 @@ typedef struct {
 
 /* What one trip cost (ps_spec_auto_add). */
 typedef struct {
-    int k;          /* guesses it carried (0: plain) */
-    int kept;       /* of them kept */
-    int drafted;    /* of them drafted before it was sent (the others while the trip before was out) */
-    double draft_s; /* seconds drafting those */
-    double wait_s;  /* seconds from sending it to its answer */
+    int k;           /* guesses it carried (0: plain) */
+    int kept;        /* of them kept */
+    int drafted;     /* of them drafted before it was sent (the others while the trip before was out) */
+    double draft_s;  /* seconds drafting those */
+    double wait_s;   /* seconds from sending it to its answer */
+    bool predrafted; /* plain, and the draft made the next trip's guesses meanwhile (the answer may have
+                        waited for them: not plain decoding's wait) */
+    int shadow;      /* plain: the draft's guess of its token, made meanwhile: 1 right, -1 wrong, 0 none */
 } ps_spec_trip;
 
 /* The K for the next trip (0..k_max; 0: plain). */
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max);
+/* ... and for the trip after a plain one now out, so that the draft can guess them while it is
+ * out (0 after plain decoding's first). */
+int ps_spec_auto_k_after_plain(const ps_spec_auto *a, int k_max);
 /* For a new generation over the same ring and draft, into to: what from (a generation's,
  * possibly to itself) measured of them (the wait at each K, the draft's seconds a guess) as one
  * trip's worth each and its acceptance as eight guesses' worth, so that the new text's trips
