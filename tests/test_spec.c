@@ -186,7 +186,7 @@ static double best_fixed(const ring *r, int n) {
  * best fixed K's tokens per second (plain decoding among them) over 300 trips and 85 % over 40
  * (a short answer: measuring is a larger share), and at least 75 % on every draw of 300 trips;
  * a second answer of 12 trips that starts from what the first 40 measured (ps_spec_auto_carry),
- * at least 78 % on average (from nothing: 72–76 % on three rings). */
+ * at least 82 % on average (from nothing: 72 % and 79 % on two rings). */
 static void test_auto(void) {
     ps_spec_auto a = {0};
     PS_CHECK_EQ_INT(ps_spec_auto_k(&a, 10), 0); /* nothing measured: a plain trip */
@@ -271,7 +271,7 @@ static void test_auto(void) {
             printf("\n");
             PS_CHECK(sum / 20 >= (horizons[h] == 300 ? 0.92 : 0.85));
             if (horizons[h] == 300) PS_CHECK(worst >= 0.75);
-            if (horizons[h] == 40) PS_CHECK(second / 20 >= 0.78);
+            if (horizons[h] == 40) PS_CHECK(second / 20 >= 0.82);
         }
     }
 }

@@ -83,7 +83,7 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
-    if (best == 0 && a->last_k > 0) { /* guesses give way to plain decoding only 5 % behind it */
+    if (best == 0 && last > 0) { /* guesses give way to plain decoding only 5 % behind it */
         int k = 1;
         for (int j = 2; j <= k_max; j++)
             if (rate(a, j) > rate(a, k)) k = j;
