@@ -99,15 +99,9 @@ static ring ring_of(double plain_s, double base_s, double per_s, double guess_s,
 
 static ring bursty_of(double plain_s, double base_s, double per_s, double guess_s, double easy, double hard,
                       double to_hard, double to_easy) {
-    return (ring){.plain_s = plain_s,
-                  .base_s = base_s,
-                  .per_s = per_s,
-                  .guess_s = guess_s,
-                  .overlap = true,
-                  .accept = easy,
-                  .accept2 = hard,
-                  .to_hard = to_hard,
-                  .to_easy = to_easy};
+    ring r = ring_of(plain_s, base_s, per_s, guess_s, true, easy, hard, 0);
+    r.to_hard = to_hard, r.to_easy = to_easy;
+    return r;
 }
 
 static double uniform(uint64_t *rng) {
