@@ -7,6 +7,10 @@
 2. Through a pseudo-terminal (libedit): the "> " prompt, Ctrl-C stops an answer ("[stopped]") and
    the chat goes on, Ctrl-D ends it with status 0.
 3. Options that belong to `run` are refused with status 2.
+4. Speculation (the model drafting for itself, 2 stages, 20 ms a hop, --spec-k auto): the same
+   answers as without it, every guess kept, and the --stats line of each turn carries it; turn 1
+   starts with a plain trip (auto's yardstick), turn 2 with guesses (it starts from what turn 1
+   measured of the ring and the draft).
 """
 import json
 import os
@@ -47,6 +51,25 @@ def case_lines():
     print(f"  ok: turn 2 prefilled {turns[1]['prompt_tokens'] - turns[1]['reused_tokens']} of "
           f"{turns[1]['prompt_tokens']} tokens (ttft {turns[1]['ttft_ms']:.0f} ms; turn 1: "
           f"{turns[0]['prompt_tokens']} tokens, {turns[0]['ttft_ms']:.0f} ms)")
+
+
+def case_spec():
+    plain = subprocess.run([BIN, "chat", *ARGS], input=f"{Q1}\n{Q2}\n", text=True, capture_output=True, timeout=300)
+    p = subprocess.run([BIN, "chat", *ARGS, "--local-stages", "2", "--sim-latency-ms", "20", "--draft", MODEL,
+                        "--stats"], input=f"{Q1}\n{Q2}\n", text=True, capture_output=True, timeout=300)
+    require(plain.returncode == 0 and p.returncode == 0, lambda: f"chat exited {plain.returncode}, {p.returncode}: "
+            f"{plain.stderr}{p.stderr}")
+    check(p.stdout == plain.stdout, f"with speculation the answers were {p.stdout!r}, without {plain.stdout!r}")
+    turns = [json.loads(line) for line in p.stderr.splitlines() if line.startswith("{")]
+    require(len(turns) == 2 and all("spec" in t for t in turns), lambda: f"2 lines with 'spec' expected: {p.stderr}")
+    spec = [t["spec"] for t in turns]
+    check(all(s["k"] == "auto" and s["drafted"] > 0 and s["kept"] == s["drafted"] for s in spec),
+          f"guesses kept: {[(s['kept'], s['drafted']) for s in spec]} (the draft is the model itself)")
+    check(spec[0]["trips_by_k"][0] >= 1, f"turn 1's trips by K {spec[0]['trips_by_k']}: no plain yardstick")
+    check(spec[1]["trips_by_k"][0] == 0, f"turn 2's trips by K {spec[1]['trips_by_k']}: a plain trip, as if "
+          "nothing had been measured")
+    print(f"  ok: chat with a draft: the same answers, every guess kept; trips by K {spec[0]['trips_by_k']} "
+          f"then {spec[1]['trips_by_k']}")
 
 
 class Pty:
@@ -127,7 +150,7 @@ def case_run_options():
 
 def main():
     require(os.path.exists(MODEL), f"{MODEL} is absent (scripts/setup.sh fetches it)")
-    for case in (case_lines, case_terminal, case_run_options):
+    for case in (case_lines, case_terminal, case_run_options, case_spec):
         try:
             case()
         except AssertionError:

@@ -99,11 +99,18 @@ static ps_status answer(conversation *cv, ps_session *s, const ps_repl_opts *o, 
     if (!st && o->stats) {
         ps_session_stats ss;
         ps_session_get_stats(s, &ss);
-        fprintf(stderr,
-                "{\"prompt_tokens\":%d,\"reused_tokens\":%d,\"generated_tokens\":%d,\"ttft_ms\":%.3f,"
-                "\"decode_tok_s\":%.3f,\"stop\":\"%s\"}\n",
-                ss.n_prompt, ss.n_reused, ss.n_generated, ss.ttft_s * 1e3,
-                ss.decode_s > 0 ? ss.n_decode / ss.decode_s : 0, ps_stop_reason_name(step.stop));
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "prompt_tokens", ss.n_prompt);
+        cJSON_AddNumberToObject(j, "reused_tokens", ss.n_reused);
+        cJSON_AddNumberToObject(j, "generated_tokens", ss.n_generated);
+        cJSON_AddNumberToObject(j, "ttft_ms", ss.ttft_s * 1e3);
+        cJSON_AddNumberToObject(j, "decode_tok_s", ss.decode_s > 0 ? ss.n_decode / ss.decode_s : 0);
+        cJSON_AddStringToObject(j, "stop", ps_stop_reason_name(step.stop));
+        if (o->more_stats) o->more_stats(o->more_ctx, j);
+        char *line = cJSON_PrintUnformatted(j);
+        if (line) fprintf(stderr, "%s\n", line);
+        free(line);
+        cJSON_Delete(j);
     }
     return st;
 }

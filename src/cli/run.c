@@ -792,6 +792,36 @@ static void add_fleet_stats(const run_state *st, cJSON *j) {
     }
 }
 
+/* With speculation, how the guesses fared into j's "spec" (the session's latest generation; the
+ * draft model's seconds since it was loaded). */
+static void add_spec_stats(const run_state *st, const ps_session_stats *ss, cJSON *j) {
+    if (!st->o->spec.kind && !st->draft) return;
+    cJSON *sp = cJSON_AddObjectToObject(j, "spec");
+    cJSON_AddStringToObject(sp, "draft", st->draft ? "model" : ps_spec_kind_name(st->o->spec.kind));
+    if (st->draft) cJSON_AddNumberToObject(sp, "draft_ms", ps_draft_seconds(st->draft) * 1e3);
+    if (st->draft) cJSON_AddNumberToObject(sp, "overlapped", ss->n_overlap);
+    if (st->o->spec.auto_k)
+        cJSON_AddStringToObject(sp, "k", "auto");
+    else
+        cJSON_AddNumberToObject(sp, "k", st->o->spec.k);
+    cJSON_AddNumberToObject(sp, "trips", ss->n_trips);
+    cJSON_AddNumberToObject(sp, "drafted", ss->n_drafted);
+    cJSON_AddNumberToObject(sp, "kept", ss->n_kept);
+    cJSON_AddNumberToObject(sp, "acceptance", ss->n_drafted ? (double)ss->n_kept / ss->n_drafted : 0);
+    cJSON_AddNumberToObject(sp, "tokens_per_trip", ss->n_trips ? (double)(ss->n_kept + ss->n_trips) / ss->n_trips : 0);
+    int top = PS_MAX_DRAFT;
+    while (top > 0 && !ss->by_k[top]) top--;
+    cJSON_AddItemToObject(sp, "trips_by_k", cJSON_CreateIntArray(ss->by_k, top + 1));
+}
+
+/* `pipeshard chat --stats`: each turn's line gets the speculation's figures too. */
+static void add_turn_stats(void *ctx, cJSON *j) {
+    const run_state *st = ctx;
+    ps_session_stats ss;
+    ps_session_get_stats(st->session, &ss);
+    add_spec_stats(st, &ss, j);
+}
+
 /* The --stats JSON line. */
 static void print_stats(const run_state *st) {
     ps_session_stats ss;
@@ -804,24 +834,7 @@ static void print_stats(const run_state *st) {
     cJSON_AddNumberToObject(j, "ttft_ms", ss.ttft_s * 1e3);
     cJSON_AddNumberToObject(j, "prefill_tok_s", ss.ttft_s > 0 ? ss.n_prompt / ss.ttft_s : 0);
     cJSON_AddNumberToObject(j, "decode_tok_s", ss.decode_s > 0 ? ss.n_decode / ss.decode_s : 0);
-    if (st->o->spec.kind || st->draft) { /* speculation: how the guesses fared */
-        cJSON *sp = cJSON_AddObjectToObject(j, "spec");
-        cJSON_AddStringToObject(sp, "draft", st->draft ? "model" : ps_spec_kind_name(st->o->spec.kind));
-        if (st->draft) cJSON_AddNumberToObject(sp, "draft_ms", ps_draft_seconds(st->draft) * 1e3);
-        if (st->draft) cJSON_AddNumberToObject(sp, "overlapped", ss.n_overlap);
-        if (st->o->spec.auto_k)
-            cJSON_AddStringToObject(sp, "k", "auto");
-        else
-            cJSON_AddNumberToObject(sp, "k", st->o->spec.k);
-        cJSON_AddNumberToObject(sp, "trips", ss.n_trips);
-        cJSON_AddNumberToObject(sp, "drafted", ss.n_drafted);
-        cJSON_AddNumberToObject(sp, "kept", ss.n_kept);
-        cJSON_AddNumberToObject(sp, "acceptance", ss.n_drafted ? (double)ss.n_kept / ss.n_drafted : 0);
-        cJSON_AddNumberToObject(sp, "tokens_per_trip", ss.n_trips ? (double)(ss.n_kept + ss.n_trips) / ss.n_trips : 0);
-        int top = PS_MAX_DRAFT;
-        while (top > 0 && !ss.by_k[top]) top--;
-        cJSON_AddItemToObject(sp, "trips_by_k", cJSON_CreateIntArray(ss.by_k, top + 1));
-    }
+    add_spec_stats(st, &ss, j);
     cJSON_AddNumberToObject(j, "threads", (double)st->o->threads);
     cJSON_AddNumberToObject(j, "n_ctx", ps_coord_n_ctx(ps_launch_coord(st->launch)));
     char seed[24];
@@ -889,7 +902,12 @@ int ps_cli_chat(int argc, char **argv) {
     run_state st = {.o = &o, .interactive = true};
     ps_status s = run_setup(&st);
     if (s) fprintf(stderr, "pipeshard chat: %s\n", st.err[0] ? st.err : ps_strerror(s));
-    ps_repl_opts ro = {.gp = o.gp, .system = o.system, .template_name = o.chat_template, .stats = o.stats};
+    ps_repl_opts ro = {.gp = o.gp,
+                       .system = o.system,
+                       .template_name = o.chat_template,
+                       .stats = o.stats,
+                       .more_stats = add_turn_stats,
+                       .more_ctx = &st};
     if (!s) rc = ps_repl_run(st.session, &ro);
     ps_session_free(st.session);
     ps_draft_free(st.draft);
