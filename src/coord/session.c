@@ -38,7 +38,8 @@ struct ps_session {
     int32_t pre[PS_MAX_DRAFT + 2];         /* overlap: the draft's next tokens had every guess been kept */
     ps_draft_dist pre_q[PS_MAX_DRAFT + 2]; /* ... their distributions */
     int n_pre;                             /* ... how many; pre[0] is its guess of the trip's last token */
-    int pre_k;                             /* ... the guesses the next trip asks (the draft makes 1 more) */
+    int pre_k;                             /* ... the guesses the next trip asks (draft(): this trip's K, which
+                                              holds until its answer; a plain trip: auto's next) */
     int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
     int n_overlap;                         /* trips whose guesses the overlap had drafted */
 };
@@ -211,7 +212,7 @@ ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, s
  * sampling draft model's distributions into q). *fresh: how many of them were drafted now (the
  * others while the trip before was out). */
 static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int *fresh, char *err, size_t errlen) {
-    int k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
+    int k = s->pre_k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
     int room = s->n_ctx - s->n_toks; /* the last guess at position n_toks - 1 + k */
     int64_t left = s->gp.n_predict < 0 ? k : s->gp.n_predict - (s->n_toks - s->n_prompt) - 1;
     if (k > room) k = room;
@@ -289,7 +290,6 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     s->n_trip = n_draft, s->n_pre = 0;
     if (n_draft) {
         s->trip[0] = s->toks[from];
-        s->pre_k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
         bool sampled = s->spec.kind == PS_SPEC_DRAFT && s->gp.sp.temperature > 0;
         st = ps_coord_next_draft(s->coord, s->trip, n_draft + 1, from, n_draft, sampled ? s->trip_q : NULL, &s->gp.sp,
                                  overlap ? predraft : NULL, s, s->got, &s->n_got, err, errlen);

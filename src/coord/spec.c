@@ -29,7 +29,7 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 #define AUTO_ACCEPT   0.97 /* ... and of the guesses before the latest trip's, for the acceptance and drafting */
 #define AUTO_PROBE    2    /* trips that measure a K */
 #define AUTO_AROUND   16   /* trips at a K > 0 between measures of a neighbour */
-#define AUTO_WAIT     16   /* plain trips before guesses are measured again; 4 times more while they lose */
+#define AUTO_WAIT     16   /* plain trips before guesses are measured again; twice more while they lose */
 #define AUTO_WAIT_MAX 256
 
 /* The wait for an answer to k guesses (spec.h): measured, else between the two K > 0 measured
@@ -73,6 +73,14 @@ static int best_k(const ps_spec_auto *a, int k_max, bool measured_only) {
     return best;
 }
 
+/* The K > 0 of the highest rate among 1..k_max (a tie takes fewer guesses). */
+static int best_guessing(const ps_spec_auto *a, int k_max) {
+    int best = 1;
+    for (int k = 2; k <= k_max; k++)
+        if (rate(a, k) > rate(a, best)) best = k;
+    return best;
+}
+
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (k_max > PS_SPEC_AUTO_MAX) k_max = PS_SPEC_AUTO_MAX;
     if (k_max < 1 || a->n[0] == 0) return 0; /* a plain trip first: the yardstick */
@@ -84,17 +92,13 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
     if (best == 0 && last > 0) { /* guesses give way to plain decoding only 5 % behind it */
-        int k = 1;
-        for (int j = 2; j <= k_max; j++)
-            if (rate(a, j) > rate(a, k)) k = j;
+        int k = best_guessing(a, k_max);
         if (rate(a, k) > 0.95 * rate(a, 0)) best = k;
     }
     if (best > 0 && a->n[best] == 0) return best; /* it may pay: measure it */
     if (best == 0) {
         if (a->plain_run < (a->wait_plain ? a->wait_plain : AUTO_WAIT)) return 0;
-        for (int k = 1; k <= k_max; k++) /* again, the K that comes closest */
-            if (best == 0 || rate(a, k) > rate(a, best)) best = k;
-        return best;
+        return best_guessing(a, k_max); /* again, the K that comes closest */
     }
     if (a->since_probe < AUTO_AROUND) return best;
     int side = a->side < 0 ? -1 : 1, k = best + side;
