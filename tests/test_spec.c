@@ -205,6 +205,20 @@ static void test_auto(void) {
     PS_CHECK(ps_spec_auto_k(&second, 10) >= 8);
     ps_spec_auto_carry(&second, &(ps_spec_auto){0});
     PS_CHECK_EQ_INT(second.n[8], 1);
+    /* plain after guesses that did not pay: guesses measured again (the acceptance fading to its
+       prior), but with the overlap not while the draft's guesses of the plain tokens are wrong */
+    for (int overlap = 0; overlap <= 1; overlap++) {
+        ps_spec_auto p = {.overlap = overlap};
+        ps_spec_auto_add(&p, &(ps_spec_trip){.wait_s = 0.1});
+        ps_spec_auto_add(&p, &(ps_spec_trip){.k = 2, .drafted = 2, .draft_s = 0.02, .wait_s = 0.12});
+        int guessed = 0;
+        for (int i = 0; i < 40; i++) {
+            int k = ps_spec_auto_k(&p, 10);
+            guessed += i >= 4 && k > 0; /* the first: K=1 measured, then plain */
+            ps_spec_auto_add(&p, &(ps_spec_trip){.k = k, .wait_s = k ? 0.12 : 0.1, .shadow = overlap ? -1 : 0});
+        }
+        PS_CHECK(overlap ? guessed == 0 : guessed > 0);
+    }
     struct {
         const char *what;
         ring r;

@@ -31,6 +31,7 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 #define AUTO_AROUND   16   /* trips at a K > 0 between measures of a neighbour */
 #define AUTO_WAIT     16   /* plain trips before guesses are measured again; twice more while they lose */
 #define AUTO_WAIT_MAX 256
+#define AUTO_AGAIN    0.9 /* with the overlap, guesses are measured again when within 10 % of plain decoding */
 
 /* The wait for an answer to k guesses (spec.h): measured, else between the two K > 0 measured
  * around it, else beyond the largest at the pace of the two largest, else (below the smallest)
@@ -96,9 +97,10 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
         if (rate(a, k) > 0.95 * rate(a, 0)) best = k;
     }
     if (best > 0 && a->n[best] == 0) return best; /* it may pay: measure it */
-    if (best == 0) {
+    if (best == 0) { /* again, the K that comes closest, unless its acceptance is still measured too low */
         if (a->plain_run < (a->wait_plain ? a->wait_plain : AUTO_WAIT)) return 0;
-        return best_guessing(a, k_max); /* again, the K that comes closest */
+        int k = best_guessing(a, k_max);
+        return !a->overlap || a->plain_run >= AUTO_WAIT_MAX || rate(a, k) >= AUTO_AGAIN * rate(a, 0) ? k : 0;
     }
     if (a->since_probe < AUTO_AROUND) return best;
     int side = a->side < 0 ? -1 : 1, k = best + side;

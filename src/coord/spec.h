@@ -56,7 +56,8 @@ typedef struct {
  * decoding (K 0) is measured first, then 2 guesses, and plain wins when no K beats it. Every
  * 16th trip at a K > 0 measures a neighbour again (either side in turn); after 16 plain trips in
  * a row the K that comes closest is measured again, then after 32, 64, ... 256 while guesses
- * never pay. */
+ * never pay (with the overlap, where plain trips measure the acceptance, only when that K comes
+ * within 10 % of plain decoding, or after 256). */
 typedef struct {
     double wait[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds from sending a trip to its answer */
     int n[PS_SPEC_AUTO_MAX + 1];       /* per K: trips measured */
