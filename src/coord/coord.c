@@ -728,6 +728,14 @@ out:
     return s;
 }
 
+bool ps_coord_heard(ps_coord *c) {
+    struct pollfd fds[PS_SHARD_MAX_STAGES];
+    int m = 0;
+    for (int k = 1; c->connected && k < c->n; k++) /* frames are read whole (frame.c): nothing waits in a buffer */
+        if (!c->st[k].fail && c->st[k].conn) fds[m++] = (struct pollfd){ps_conn_fd(c->st[k].conn), POLLIN, 0};
+    return m && poll(fds, (nfds_t)m, 0) > 0;
+}
+
 ps_status ps_coord_recv(ps_coord *c, ps_result *res, int *n_res, char *err, size_t errlen) {
     *n_res = 0;
     c->err[0] = 0;

@@ -140,6 +140,9 @@ ps_status ps_coord_next(ps_coord *c, const int32_t *tokens, int n, int pos, cons
 ps_status ps_coord_next_draft(ps_coord *c, const int32_t *tokens, int n, int pos, int n_draft,
                               const ps_draft_dist *dist, const ps_sample_params *sp, void (*meanwhile)(void *arg),
                               void *arg, int32_t *out, int *n_out, char *err, size_t errlen);
+/* Whether a worker has written to the coordinator since it last read (while a trip is out: its
+ * answer, most likely, or a failure's report), without waiting. False on one stage. */
+bool ps_coord_heard(ps_coord *c);
 /* The address stage k is served from now ("local" for stage 0): fleet.json's, or the standby's
  * that took its place. */
 const char *ps_coord_stage_address(const ps_coord *c, int k);

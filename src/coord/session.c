@@ -41,6 +41,8 @@ struct ps_session {
     int pre_k;                             /* ... the guesses the next trip asks (draft(): this trip's K, which
                                               holds until its answer; a plain trip: auto's next) */
     int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
+    int n_meanwhile;                       /* ... of them, made after pre[0] (auto's seconds a guess) */
+    double meanwhile_s;                    /* ... their seconds */
     int n_overlap;                         /* trips whose guesses the overlap had drafted */
 };
 
@@ -244,17 +246,28 @@ static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int 
 }
 
 /* While trip s->trip is out: the draft's next guesses as if it keeps every guess, into s->pre
- * (its guess of the trip's last token, then up to as many guesses as the trip's or the next
- * one's after it). A failure only leaves nothing drafted: the next trip drafts as usual. */
+ * (its guess of the trip's last token, which reads the trip's tokens, then up to as many
+ * guesses as the trip's or the next one's after it, one at a time while the answer has not come:
+ * it waits for one guess at most). A failure only leaves fewer drafted: the next trip drafts the
+ * rest as usual. */
 static void predraft(void *arg) {
     ps_session *s = arg;
-    int n = s->n_toks + s->n_trip, k = 1 + (s->pre_k > s->n_trip ? s->pre_k : s->n_trip);
+    int n = s->n_toks + s->n_trip, k = 1 + (s->pre_k > s->n_trip ? s->pre_k : s->n_trip), got;
     char err[256];
     s->n_pre = 0;
     if (n + k > s->n_ctx) return;
     memcpy(s->toks + s->n_toks, s->trip + 1, (size_t)s->n_trip * sizeof *s->toks); /* beyond n_toks: scratch */
-    if (ps_draft_guess(s->spec.draft, s->toks, n, k, &s->gp.sp, s->pre, s->pre_q, &s->n_pre, err, sizeof err))
+    if (ps_draft_guess(s->spec.draft, s->toks, n, 1, &s->gp.sp, s->pre, s->pre_q, &s->n_pre, err, sizeof err))
         s->n_pre = 0;
+    while (s->n_pre > 0 && s->n_pre < k && !ps_coord_heard(s->coord)) {
+        s->toks[n + s->n_pre - 1] = s->pre[s->n_pre - 1];
+        double t0 = ps_now();
+        if (ps_draft_guess(s->spec.draft, s->toks, n + s->n_pre, 1, &s->gp.sp, s->pre + s->n_pre, s->pre_q + s->n_pre,
+                           &got, err, sizeof err) ||
+            got < 1)
+            return;
+        s->n_pre++, s->n_meanwhile++, s->meanwhile_s += ps_now() - t0;
+    }
 }
 
 /* While the prompt is out: the draft model reads it (its first guess is thrown away), so that the
@@ -279,7 +292,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         return PS_OK;
     }
     double t0 = ps_now();
-    int from = s->started ? s->n_toks - 1 : s->n_fed, n_draft = 0, fresh = 0;
+    int from = s->started ? s->n_toks - 1 : s->n_fed, n_sent = s->n_toks - from, n_draft = 0, fresh = 0;
     ps_status st = PS_OK;
     if (s->started && s->spec.kind != PS_SPEC_OFF &&
         (st = draft(s, s->trip + 1, s->trip_q, &n_draft, &fresh, err, errlen)))
@@ -287,7 +300,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     double t_sent = ps_now();
     bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1, shadow = false;
     s->n_fed = 0;
-    s->n_trip = n_draft, s->n_pre = 0;
+    s->n_trip = n_draft, s->n_pre = s->n_meanwhile = 0, s->meanwhile_s = 0;
     if (n_draft) {
         s->trip[0] = s->toks[from];
         bool sampled = s->spec.kind == PS_SPEC_DRAFT && s->gp.sp.temperature > 0;
@@ -299,7 +312,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         bool prime = !s->started && s->spec.kind == PS_SPEC_DRAFT;
         shadow = overlap && s->started && s->spec.auto_k;
         s->pre_k = shadow ? ps_spec_auto_k_after_plain(&s->auto_k, s->spec.k) : 0;
-        st = ps_coord_next_draft(s->coord, s->toks + from, s->n_toks - from, from, 0, NULL, &s->gp.sp,
+        st = ps_coord_next_draft(s->coord, s->toks + from, n_sent, from, 0, NULL, &s->gp.sp,
                                  prime    ? prime_draft
                                  : shadow ? predraft
                                           : NULL,
@@ -312,6 +325,8 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     if (!s->started) {
         s->ttft_s = ps_now() - t0;
         s->started = true;
+        if (s->spec.auto_k) /* a measure of the ring: auto may start with guesses */
+            ps_spec_auto_add(&s->auto_k, &(ps_spec_trip){.prompt = n_sent, .wait_s = ps_now() - t_sent});
     } else {
         double t = ps_now() - t0;
         s->decode_s += t;
@@ -324,7 +339,9 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
                                          .draft_s = t_sent - t0,
                                          .wait_s = ps_now() - t_sent,
                                          .predrafted = shadow && s->pre_k > 0,
-                                         .shadow = shadow && s->n_pre ? (s->got[0] == s->pre[0] ? 1 : -1) : 0});
+                                         .shadow = shadow && s->n_pre ? (s->got[0] == s->pre[0] ? 1 : -1) : 0,
+                                         .meanwhile = s->n_meanwhile,
+                                         .meanwhile_s = s->meanwhile_s});
         s->by_k[n_draft]++;
     }
     return sample_next(s, tok, err, errlen);
