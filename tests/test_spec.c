@@ -80,8 +80,6 @@ typedef struct {
     int switch_at;
     double to_hard, to_easy; /* bursty when to_hard > 0 */
     uint64_t rng;
-    int prompt_n;         /* positions of the prompt's trip (0: auto does not know it) */
-    double prompt_s;      /* ... and its wait */
     int ready, trips, at; /* guesses drafted meanwhile; trips so far; tokens written */
     int behind;           /* tokens of plain trips the draft has not read */
     float u[TEXT_MAX + 1];
@@ -160,8 +158,6 @@ static ps_spec_trip trip(ring *r, int k, int next) {
  * from what a measured (which goes on too; its trips by K added into by_k). */
 static double drive(ring *r, ps_spec_auto *a, int n, int k, int by_k[11]) {
     double tokens = 0, time = 0;
-    if (r->prompt_n && k < 0) /* the prompt's trip (the same for every K) */
-        ps_spec_auto_add(a, &(ps_spec_trip){.prompt = r->prompt_n, .wait_s = r->prompt_s});
     for (int i = 0; i < n; i++) {
         int kt = k >= 0 ? k : ps_spec_auto_k(a, 10);
         ps_spec_trip t = trip(r, kt, k < 0 && !kt && r->overlap ? ps_spec_auto_k_after_plain(a, 10) : -1);
@@ -214,21 +210,6 @@ static void test_auto(void) {
     PS_CHECK(ps_spec_auto_k(&second, 10) >= 8);
     ps_spec_auto_carry(&second, &(ps_spec_auto){0});
     PS_CHECK_EQ_INT(second.n[8], 1);
-    /* the prompt's trip measured (40 positions and the token before, 0.5 s): 4 guesses first, no
-       yardstick; then plain decoding is measured when the line through the two trips puts it
-       within reach of the guesses, or when their wait was mostly the draft's */
-    ps_spec_auto q = {0};
-    ps_spec_auto_add(&q, &(ps_spec_trip){.prompt = 41, .wait_s = 0.5});
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&q, 10), 4);
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&q, 2), 2);
-    ps_spec_auto hop = q, cpu = q, busy = q; /* 0.2 s of hops and 7.5 ms a position; 12 ms a position */
-    ps_spec_auto_add(&hop, &(ps_spec_trip){.k = 4, .kept = 4, .drafted = 4, .draft_s = 0.02, .wait_s = 0.23});
-    PS_CHECK(ps_spec_auto_k(&hop, 10) > 0);
-    ps_spec_auto_add(&cpu, &(ps_spec_trip){.k = 4, .kept = 1, .drafted = 4, .draft_s = 0.02, .wait_s = 0.0625});
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&cpu, 10), 0);
-    busy.overlap = true; /* as hop, but the draft took 40 ms a guess while the trip was out */
-    ps_spec_auto_add(&busy, &(ps_spec_trip){.k = 4, .kept = 4, .meanwhile = 2, .meanwhile_s = 0.08, .wait_s = 0.23});
-    PS_CHECK_EQ_INT(ps_spec_auto_k(&busy, 10), 0);
     /* plain after guesses that did not pay: guesses measured again (the acceptance fading to its
        prior), but with the overlap not while the draft's guesses of the plain tokens are wrong */
     for (int overlap = 0; overlap <= 1; overlap++) {
@@ -277,38 +258,33 @@ static void test_auto(void) {
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(rings); i++) {
         static const int horizons[] = {300, 40};
-        for (int prompt = 0; prompt <= 1; prompt++) {
-            for (size_t h = 0; h < PS_ARRAY_LEN(horizons); h++) {
-                int by_k[11] = {0};
-                double sum = 0, worst = 1e9, second = 0;
-                for (int seed = 1; seed <= 20; seed++) {
-                    ring r = rings[i].r;
-                    if (prompt) /* 40 positions, each as dear as two guesses checked */
-                        r.prompt_n = 40, r.prompt_s = r.base_s + 39 * 2 * r.per_s;
-                    r.rng = (uint64_t)seed * 7919;
-                    write_text(&r);
-                    double best = best_fixed(&r, horizons[h]);
-                    ps_spec_auto a = {.overlap = r.overlap};
-                    double got = drive(&r, &a, horizons[h], -1, by_k) / best;
-                    sum += got;
-                    if (got < worst) worst = got;
-                    if (horizons[h] != 40) continue;
-                    ps_spec_auto next = {0}; /* a second answer of 12 trips, from what the first measured */
-                    ps_spec_auto_carry(&next, &a);
-                    r.ready = 0;
-                    best = best_fixed(&r, 12);
-                    second += drive(&r, &next, 12, -1, NULL) / best;
-                }
-                printf("auto, %s, %s, %d trips: %.3f x the best fixed K on average (worst draw %.2f); trips by K",
-                       rings[i].what, prompt ? "prompt's trip measured" : "no prompt's trip", horizons[h], sum / 20,
-                       worst);
-                for (int k = 0; k <= 10; k++) printf(" %d", by_k[k]);
-                if (horizons[h] == 40) printf("; a second answer of 12 trips %.3f", second / 20);
-                printf("\n");
-                PS_CHECK(sum / 20 >= (horizons[h] == 300 ? 0.92 : 0.85));
-                if (horizons[h] == 300) PS_CHECK(worst >= 0.75);
-                if (horizons[h] == 40) PS_CHECK(second / 20 >= 0.82);
+        for (size_t h = 0; h < PS_ARRAY_LEN(horizons); h++) {
+            int by_k[11] = {0};
+            double sum = 0, worst = 1e9, second = 0;
+            for (int seed = 1; seed <= 20; seed++) {
+                ring r = rings[i].r;
+                r.rng = (uint64_t)seed * 7919;
+                write_text(&r);
+                double best = best_fixed(&r, horizons[h]);
+                ps_spec_auto a = {.overlap = r.overlap};
+                double got = drive(&r, &a, horizons[h], -1, by_k) / best;
+                sum += got;
+                if (got < worst) worst = got;
+                if (horizons[h] != 40) continue;
+                ps_spec_auto next = {0}; /* a second answer of 12 trips, from what the first measured */
+                ps_spec_auto_carry(&next, &a);
+                r.ready = 0;
+                best = best_fixed(&r, 12);
+                second += drive(&r, &next, 12, -1, NULL) / best;
             }
+            printf("auto, %s, %d trips: %.3f x the best fixed K on average (worst draw %.2f); trips by K",
+                   rings[i].what, horizons[h], sum / 20, worst);
+            for (int k = 0; k <= 10; k++) printf(" %d", by_k[k]);
+            if (horizons[h] == 40) printf("; a second answer of 12 trips %.3f", second / 20);
+            printf("\n");
+            PS_CHECK(sum / 20 >= (horizons[h] == 300 ? 0.92 : 0.85));
+            if (horizons[h] == 300) PS_CHECK(worst >= 0.75);
+            if (horizons[h] == 40) PS_CHECK(second / 20 >= 0.82);
         }
     }
 }

@@ -292,7 +292,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         return PS_OK;
     }
     double t0 = ps_now();
-    int from = s->started ? s->n_toks - 1 : s->n_fed, n_sent = s->n_toks - from, n_draft = 0, fresh = 0;
+    int from = s->started ? s->n_toks - 1 : s->n_fed, n_draft = 0, fresh = 0;
     ps_status st = PS_OK;
     if (s->started && s->spec.kind != PS_SPEC_OFF &&
         (st = draft(s, s->trip + 1, s->trip_q, &n_draft, &fresh, err, errlen)))
@@ -312,7 +312,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         bool prime = !s->started && s->spec.kind == PS_SPEC_DRAFT;
         shadow = overlap && s->started && s->spec.auto_k;
         s->pre_k = shadow ? ps_spec_auto_k_after_plain(&s->auto_k, s->spec.k) : 0;
-        st = ps_coord_next_draft(s->coord, s->toks + from, n_sent, from, 0, NULL, &s->gp.sp,
+        st = ps_coord_next_draft(s->coord, s->toks + from, s->n_toks - from, from, 0, NULL, &s->gp.sp,
                                  prime    ? prime_draft
                                  : shadow ? predraft
                                           : NULL,
@@ -325,8 +325,6 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     if (!s->started) {
         s->ttft_s = ps_now() - t0;
         s->started = true;
-        if (s->spec.auto_k) /* a measure of the ring: auto may start with guesses */
-            ps_spec_auto_add(&s->auto_k, &(ps_spec_trip){.prompt = n_sent, .wait_s = ps_now() - t_sent});
     } else {
         double t = ps_now() - t0;
         s->decode_s += t;

@@ -33,60 +33,22 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 #define AUTO_WAIT     16   /* plain trips before guesses are measured again; twice more while they lose */
 #define AUTO_WAIT_MAX 256
 #define AUTO_AGAIN    0.9 /* with the overlap, guesses are measured again when within 10 % of plain decoding */
-#define AUTO_FIRST    4   /* guesses on the first trip when the prompt's trip was measured */
-#define AUTO_YARD     0.5 /* ... after which plain decoding is measured unless predicted below half the best K */
-
-/* Plain decoding's wait predicted before it is measured: on the line through the smallest K > 0
- * measured and the next (or, with one, the prompt's trip of n positions as K = n - 1), at most
- * that K's wait, at least a hundredth of it. */
-static double plain_wait(const ps_spec_auto *a) {
-    int k1 = 1, k2;
-    while (k1 <= PS_SPEC_AUTO_MAX && a->n[k1] == 0) k1++;
-    if (k1 > PS_SPEC_AUTO_MAX) return 0;
-    for (k2 = k1 + 1; k2 <= PS_SPEC_AUTO_MAX && a->n[k2] == 0;) k2++;
-    double w1 = a->wait[k1], x2 = k2, w2 = k2 <= PS_SPEC_AUTO_MAX ? a->wait[k2] : 0;
-    if (k2 > PS_SPEC_AUTO_MAX) {
-        if (a->prompt_n - 1 <= k1) return w1;
-        x2 = a->prompt_n - 1, w2 = a->prompt_wait;
-    }
-    double w = w1 - k1 * (w2 - w1) / (x2 - k1);
-    return w > w1 ? w1 : w < 0.01 * w1 ? 0.01 * w1 : w;
-}
-
-/* Whether the smallest K > 0 measured waited mostly for the draft's guesses made while it was
- * out (the overlap): then its wait says little of the ring's, and plain decoding's is not
- * predicted from it. */
-static bool drafting_bound(const ps_spec_auto *a) {
-    int k = 1;
-    while (k <= PS_SPEC_AUTO_MAX && a->n[k] == 0) k++;
-    return a->overlap && a->drafted > 0 && k <= PS_SPEC_AUTO_MAX &&
-           a->wait[k] < 1.5 * (k + 1) * a->draft_s / a->drafted;
-}
 
 /* The wait for an answer to k guesses (spec.h): measured, else between the two K > 0 measured
- * around it, else beyond the largest at the pace of the two largest (or toward the prompt's
- * trip), else (below the smallest) plain decoding's, or with the prompt's trip measured on the
- * line toward it, measured or predicted. */
+ * around it, else beyond the largest at the pace of the two largest, else (below the smallest)
+ * plain decoding's. */
 static double wait_at(const ps_spec_auto *a, int k) {
     if (a->n[k] > 0) return a->wait[k];
-    if (k == 0 && a->prompt_n) return plain_wait(a);
     int lo = k - 1, hi = k + 1;
     while (lo >= 0 && a->n[lo] == 0) lo--;
     while (hi <= PS_SPEC_AUTO_MAX && a->n[hi] == 0) hi++;
-    if (lo <= 0 && a->prompt_n && hi <= PS_SPEC_AUTO_MAX) { /* toward plain decoding's wait, predicted or not */
-        double p = wait_at(a, 0);
-        return p + k * (a->wait[hi] - p) / hi;
-    }
     double w = lo >= 0 ? a->wait[lo] : hi <= PS_SPEC_AUTO_MAX ? a->wait[hi] : 0; /* none: fixed K only */
     if (lo > 0 && hi <= PS_SPEC_AUTO_MAX) {
         w += (k - lo) * (a->wait[hi] - a->wait[lo]) / (hi - lo);
     } else if (lo > 0) {
         int lo2 = lo - 1;
         while (lo2 > 0 && a->n[lo2] == 0) lo2--;
-        if (lo2 > 0 && a->wait[lo] > a->wait[lo2])
-            w += (k - lo) * (a->wait[lo] - a->wait[lo2]) / (lo - lo2);
-        else if (lo2 <= 0 && a->prompt_n - 1 > lo && a->prompt_wait > w) /* toward the prompt's trip */
-            w += (k - lo) * (a->prompt_wait - w) / (a->prompt_n - 1 - lo);
+        if (lo2 > 0 && a->wait[lo] > a->wait[lo2]) w += (k - lo) * (a->wait[lo] - a->wait[lo2]) / (lo - lo2);
     }
     return w;
 }
@@ -122,17 +84,12 @@ static int best_guessing(const ps_spec_auto *a, int k_max) {
 
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (k_max > PS_SPEC_AUTO_MAX) k_max = PS_SPEC_AUTO_MAX;
-    if (k_max < 1) return 0;
-    bool measured = false; /* any K > 0 */
-    for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
-    if (a->n[0] == 0) { /* plain decoding not measured: a plain trip first (the yardstick), or guesses */
-        if (!measured) return !a->prompt_n ? 0 : k_max < AUTO_FIRST ? k_max : AUTO_FIRST;
-        if (rate(a, 0) >= AUTO_YARD * rate(a, best_guessing(a, k_max)) || drafting_bound(a))
-            return 0; /* it may pay, or the guesses' waits say little of the ring's: measure it */
-    }
+    if (k_max < 1 || a->n[0] == 0) return 0; /* a plain trip first: the yardstick */
     int last = a->last_k;
     if (last > 0 && last <= k_max && a->n[last] < AUTO_PROBE && a->spec_run > 1)
-        return last; /* a measure runs on (but one trip after plain ones says what guesses get) */
+        return last;       /* a measure runs on (but one trip after plain ones says what guesses get) */
+    bool measured = false; /* any K > 0 */
+    for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
     if (best == 0 && last > 0) { /* guesses give way to plain decoding only 5 % behind it */
@@ -172,15 +129,11 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     int k = t->k;
     if (k < 0 || k > PS_SPEC_AUTO_MAX || t->kept < 0 || t->kept > k || t->drafted < 0 || t->drafted > k ||
         !(t->wait_s > 0) || !(t->draft_s >= 0) || t->shadow < -1 || t->shadow > 1 || t->meanwhile < 0 ||
-        !(t->meanwhile_s >= 0) || t->prompt < 0 || (t->prompt && k))
+        !(t->meanwhile_s >= 0))
         return;
     if (t->drafted > 0 || t->meanwhile > 0) { /* the draft's seconds a guess: before sending and while out */
         a->draft_s = AUTO_ACCEPT * a->draft_s + (t->drafted > 0 ? t->draft_s : 0) + t->meanwhile_s;
         a->drafted = AUTO_ACCEPT * a->drafted + t->drafted + t->meanwhile;
-    }
-    if (t->prompt) { /* the prompt's trip: a point of the line plain decoding's wait is predicted on */
-        if (t->prompt >= 2) a->prompt_n = t->prompt, a->prompt_wait = t->wait_s;
-        return;
     }
     /* each guess checked: kept, or the one that ended the trip; older ones fade, also while plain */
     a->tested = AUTO_ACCEPT * a->tested + t->kept + (t->kept < k) + (!k && t->shadow);

@@ -50,20 +50,15 @@ typedef struct {
  * (a^(K+1) of them) costs instead the longer of its wait and its K + 1 guesses, the others their
  * wait (at least a guess) and K guesses. A K not measured yet waits as the two measured around it
  * say (linearly), or, above the largest, as the largest plus what each guess added between the two
- * largest K > 0 measured (with one, on the line toward the prompt's trip of n positions taken as
- * K = n - 1; without it nothing: optimistic); below the smallest, plain decoding's (with the
- * prompt's trip measured, on the line toward it). The next trip takes the K of the highest rate
- * (2 % above the others, so that a tie takes fewer guesses; after guesses, plain decoding only
- * when it is 5 % above every K); one not measured yet is then measured, 2 trips (1 when it is the
- * first after plain ones). When the prompt's trip was measured, the first trip carries 4 guesses
- * and plain decoding's wait is predicted on the line through them and the prompt's trip (or
- * through the two smallest K measured); plain decoding is then measured only when that puts it
- * above half the best K's rate, or when the guesses' wait was mostly the draft's. Otherwise plain
- * decoding (K 0) is measured first, then 2 guesses. Plain wins when no K beats it. Every 16th trip
- * at a K > 0 measures a neighbour again (either side in turn); after 16 plain trips in a row the K
- * that comes closest is measured again, then after 32, 64, ... 256 while guesses never pay (with
- * the overlap, where plain trips measure the acceptance, only when that K comes within 10 % of
- * plain decoding, or after 256). */
+ * largest K > 0 measured (nothing with one: optimistic), or, below the smallest, as plain
+ * decoding. The next trip takes the K of the highest rate (2 % above the others, so that a tie
+ * takes fewer guesses; after guesses, plain decoding only when it is 5 % above every K); one not
+ * measured yet is then measured, 2 trips (1 when it is the first after plain ones). Plain decoding
+ * (K 0) is measured first, then 2 guesses, and plain wins when no K beats it. Every 16th trip at a
+ * K > 0 measures a neighbour again (either side in turn); after 16 plain trips in a row the K that
+ * comes closest is measured again, then after 32, 64, ... 256 while guesses never pay (with the
+ * overlap, where plain trips measure the acceptance, only when that K comes within 10 % of plain
+ * decoding, or after 256). */
 typedef struct {
     double wait[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds from sending a trip to its answer */
     int n[PS_SPEC_AUTO_MAX + 1];       /* per K: trips measured */
@@ -74,8 +69,6 @@ typedef struct {
     int plain_run, wait_plain;         /* plain trips in a row; how many before guesses are measured again */
     int spec_run;                      /* trips with guesses in a row */
     int since_probe, side;             /* trips at a K > 0 since a neighbour was measured; its side (+1, -1) */
-    int prompt_n;                      /* positions of the prompt's trip (0: not measured) */
-    double prompt_wait;                /* ... and its seconds from sending to the answer */
 } ps_spec_auto;
 
 /* What one trip cost (ps_spec_auto_add). */
@@ -90,7 +83,6 @@ typedef struct {
     int shadow;         /* plain: the draft's guess of its token, made meanwhile: 1 right, -1 wrong, 0 none */
     int meanwhile;      /* guesses the draft made while it was out, beyond the one reading its tokens ... */
     double meanwhile_s; /* ... and their seconds */
-    int prompt;         /* the prompt's trip: its positions (k 0; not a decoding trip) */
 } ps_spec_trip;
 
 /* The K for the next trip (0..k_max; 0: plain). */
