@@ -4,7 +4,7 @@ acceptance and tokens per trip for each K at each emulated hop latency.
 
   bench/spec.py --model FILE [--draft FILE [--draft-threads N]] [--stages 2,3] [--latency 0,10,50,100]
                 [--k 1,2,4,6,8,10] [--tokens 96] [--threads 1] [--prompts code,prose] [--rounds 2]
-                [--llama-speculative PATH] [--json FILE]
+                [--turns 1] [--llama-speculative PATH] [--json FILE]
 
 For each stage count and latency, `pipeshard run -m FILE --local-stages N --pin -t THREADS
 --sim-latency-ms L --temp 0 -n TOKENS --stats` runs plain and with `--spec ngram --spec-k K`
@@ -16,6 +16,10 @@ per decoding trip of any kind ('all'), the speedup's share of the latter ('eff':
 of guesses costs what a plain one does) and the mean K of the decoding trips. Greedy, so every
 configuration must print the same ids: a row whose ids differ from plain's is marked WRONG.
 Needs stages x threads cores (one pinned core per stage thread).
+With --turns N (2 to 5), each configuration is a conversation instead (`pipeshard chat`, N turns
+on the prompt's theme, each answer --tokens long, --ignore-eos): rows '1st' give its first answer,
+rows 'later' the others taken together, where `--spec-k auto` starts from what the answers before
+measured (the same text for every configuration: greedy; a row whose text differs is WRONG).
 With --draft and --llama-speculative PATH (llama.cpp's `llama-speculative`, built by the user), the
 unsplit rows at 0 ms also run `PATH -m MODEL -md DRAFT --draft-max K -t THREADS -td DRAFT_THREADS
 --temp 0` on the same prompt, in the same turns, for each K: its decode tok/s beside ours.
@@ -39,18 +43,49 @@ PROMPTS = {
               "and the lamp turned all night. Every morning he climbed the stairs again and put out the lamp. "
               "One evening, when the keeper climbed the stairs,"),
 }
+# --turns N: the turns of a conversation (`pipeshard chat`, each answer --tokens long)
+TURNS = {
+    "code": ["Write a Python class for a bank account with deposit, withdraw and a history of operations.",
+             "Add type hints and docstrings to it.", "Now write unit tests for it with unittest.",
+             "Add a transfer method between two accounts, with its tests.", "Go on."],
+    "prose": ["Tell me a story about a lighthouse keeper who finds a message in a bottle.", "Go on.",
+              "What happens next?", "Go on.", "How does it end?"],
+}
 
 
 def run(a, model, stages, latency, prompt, extra):
-    cmd = [BIN, "run", "-m", model, "--mmap", "--pin", "-t", str(a.threads), "-c", "1024", "-n", str(a.tokens),
-           "--temp", "0", "--ignore-eos", "--print-ids", "--stats", "-p", prompt,
-           "--sim-latency-ms", str(latency), *extra]
+    """One configuration's answers: what it printed (ids, or with --turns the chat's text) and the
+    --stats of each answer."""
+    common = ["-m", model, "--mmap", "--pin", "-t", str(a.threads), "-n", str(a.tokens), "--temp", "0",
+              "--ignore-eos", "--stats", "--sim-latency-ms", str(latency), *extra]
     if stages > 1:
-        cmd += ["--local-stages", str(stages)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        common += ["--local-stages", str(stages)]
+    if a.turns > 1:
+        cmd = [BIN, "chat", "-c", str(a.turns * (a.tokens + 160)), *common]
+        turns = TURNS[prompt][:a.turns]
+        stdin = "".join(t + "\n" for t in turns)
+    else:
+        cmd, stdin = [BIN, "run", "-c", "1024", "--print-ids", "-p", PROMPTS[prompt], *common], None
+    p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=900)
     if p.returncode:
         sys.exit(f"spec.py: {' '.join(cmd)}: exit {p.returncode}: {p.stderr[-600:]}")
-    return p.stdout.split(), json.loads(p.stderr.strip().splitlines()[-1])
+    stats = [json.loads(line) for line in p.stderr.splitlines() if line.startswith("{")]
+    return p.stdout.split(), stats[-a.turns:]
+
+
+def pooled(stats):
+    """The decode tok/s and --stats 'spec' figures of several answers taken together."""
+    if len(stats) == 1:
+        return stats[0]
+    n = sum(st["generated_tokens"] - 1 for st in stats)
+    secs = sum((st["generated_tokens"] - 1) / st["decode_tok_s"] for st in stats if st["decode_tok_s"] > 0)
+    specs = [st.get("spec", {}) for st in stats]
+    by_k = [sum(t) for t in zip(*[s.get("trips_by_k", []) + [0] * 11 for s in specs])] if specs[0] else []
+    drafted, kept = sum(s.get("drafted", 0) for s in specs), sum(s.get("kept", 0) for s in specs)
+    trips = sum(s.get("trips", 0) for s in specs)
+    spec = dict(acceptance=kept / drafted if drafted else 0, tokens_per_trip=(kept + trips) / trips if trips else 1,
+                trips_by_k=by_k) if specs[0] else {}
+    return dict(decode_tok_s=n / secs if secs else 0, generated_tokens=n + 1, spec=spec)
 
 
 def llama_speculative(a, prompt, k):
@@ -76,10 +111,14 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompts", default="code,prose")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=1)
     ap.add_argument("--llama-speculative")
     ap.add_argument("--json")
     a = ap.parse_args()
     ks = [int(k) for k in a.k.split(",") if k != "auto"]
+    if not 1 <= a.turns <= len(TURNS["code"]) or (a.turns > 1 and a.llama_speculative):
+        sys.exit(f"spec.py: --turns {a.turns}: 1 to {len(TURNS['code'])}, and 1 with --llama-speculative")
+    answers = [("", slice(None))] if a.turns == 1 else [("1st", slice(0, 1)), ("later", slice(1, None))]
     rows = []
     print(f"{'prompt':6} {'stages':>6} {'ms/hop':>6} {'config':>10} {'tok/s':>8} {'ratio':>6} {'min..max':>12} "
           f"{'accept':>7} {'tok/trip':>8} {'all':>5} {'eff':>5}  K used")
@@ -94,35 +133,37 @@ def main():
                 peer = a.llama_speculative and a.draft and stages == 1 and latency == 0
                 for _ in range(a.rounds):
                     for name, extra in configs:
-                        ids, st = run(a, a.model, stages, latency, PROMPTS[prompt], extra)
+                        ids, stats = run(a, a.model, stages, latency, prompt, extra)
                         ids0 = ids0 or ids
-                        got[name].append((st, ids == ids0))
+                        got[name].append((stats, ids == ids0))
                         if peer and name.startswith("K="):
                             got.setdefault("llama " + name, []).append(
-                                ({"decode_tok_s": llama_speculative(a, PROMPTS[prompt], int(name[2:]))}, True))
-                plain = [st["decode_tok_s"] for st, _ in got["plain"]]
+                                ([{"decode_tok_s": llama_speculative(a, PROMPTS[prompt], int(name[2:]))}], True))
                 names = [name for name, _ in configs] + [n for n in got if n.startswith("llama ")]
-                for name in names:
-                    tps = [st["decode_tok_s"] for st, _ in got[name]]
+                for (which, part), name in [(w, n) for w in answers for n in names]:
+                    runs = [(pooled(stats[part]), same) for stats, same in got[name]]
+                    plain = [pooled(stats[part])["decode_tok_s"] for stats, _ in got["plain"]]
+                    tps = [st["decode_tok_s"] for st, _ in runs]
                     ratios = [t / p for t, p in zip(tps, plain)]
-                    sp = [st.get("spec", {}) for st, _ in got[name]]
+                    sp = [st.get("spec", {}) for st, _ in runs]
                     ours = name != "plain" and not name.startswith("llama ")
                     acc = statistics.median([s.get("acceptance", 0) for s in sp]) if ours else float("nan")
                     tpt = statistics.median([s.get("tokens_per_trip", 1) for s in sp]) if ours else float("nan")
                     # every decoding trip, those that carried no guess too: what a trip yields on average
                     # (decoded tokens: all but the prompt trip's), and the speedup's share of it
                     by_k = [s.get("trips_by_k", []) for s in sp]
-                    per = [(st["generated_tokens"] - 1) / sum(b) for (st, _), b in zip(got[name], by_k) if sum(b)]
+                    per = [(st["generated_tokens"] - 1) / sum(b) for (st, _), b in zip(runs, by_k) if sum(b)]
                     tall = statistics.median(per) if ours and per else float("nan")
                     k_used = [sum(k * n for k, n in enumerate(b)) / sum(b) for b in by_k if sum(b)]
                     ok = all(same for _, same in got[name])
-                    row = dict(prompt=prompt, stages=stages, latency_ms=latency, config=name,
+                    label = f"{name} {which}".strip()
+                    row = dict(prompt=prompt, stages=stages, latency_ms=latency, config=label,
                                tok_s=statistics.median(tps), ratio=statistics.median(ratios), ratio_min=min(ratios),
                                ratio_max=max(ratios), acceptance=acc, tokens_per_trip=tpt, tokens_per_any_trip=tall,
                                efficiency=statistics.median(ratios) / tall if tall == tall else float("nan"),
                                mean_k=statistics.median(k_used) if ours and k_used else float("nan"), same_ids=ok)
                     rows.append(row)
-                    print(f"{prompt:6} {stages:>6} {latency:>6g} {name:>10} {row['tok_s']:>8.2f} {row['ratio']:>6.2f} "
+                    print(f"{prompt:6} {stages:>6} {latency:>6g} {label:>10} {row['tok_s']:>8.2f} {row['ratio']:>6.2f} "
                           f"{row['ratio_min']:>5.2f}..{row['ratio_max']:<5.2f} {acc:>7.2f} {tpt:>8.2f} {tall:>5.2f} "
                           f"{row['efficiency']:>5.2f}  {row['mean_k']:.1f}"
                           f"{'' if ok else '  WRONG: ids differ from plain'}", flush=True)
