@@ -41,8 +41,8 @@ struct ps_session {
     int pre_k;                             /* ... the guesses the next trip asks (draft(): this trip's K, which
                                               holds until its answer; a plain trip: auto's next) */
     int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
-    int n_meanwhile;                       /* ... of them, made after pre[0] (auto's seconds a guess) */
-    double meanwhile_s;                    /* ... their seconds */
+    int n_meanwhile;                       /* overlap: guesses made after pre[0] while the trip was out */
+    double meanwhile_s;                    /* ... their seconds (auto's seconds a guess) */
     int n_overlap;                         /* trips whose guesses the overlap had drafted */
 };
 
