@@ -79,7 +79,7 @@ typedef struct {
     double draft_s;     /* seconds drafting those */
     double wait_s;      /* seconds from sending it to its answer */
     bool predrafted;    /* plain, and the draft made the next trip's guesses meanwhile (the answer may have
-                        waited for them: not plain decoding's wait) */
+                           waited for them: not plain decoding's wait) */
     int shadow;         /* plain: the draft's guess of its token, made meanwhile: 1 right, -1 wrong, 0 none */
     int meanwhile;      /* guesses the draft made while it was out, beyond the one reading its tokens ... */
     double meanwhile_s; /* ... and their seconds */
