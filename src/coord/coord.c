@@ -409,6 +409,18 @@ static bool never(const ps_coord *c) {
     return false;
 }
 
+/* The connections of the workers that have not failed, to poll for reading, into fds (and their
+ * stages into ks, when not NULL); returns how many. */
+static int live_fds(const ps_coord *c, struct pollfd *fds, int *ks) {
+    int m = 0;
+    for (int k = 1; k < c->n; k++) {
+        if (c->st[k].fail) continue;
+        if (ks) ks[m] = k;
+        fds[m++] = (struct pollfd){ps_conn_fd(c->st[k].conn), POLLIN, 0};
+    }
+    return m;
+}
+
 /* Polls the connections of the workers that have not failed for up to ms, handling what
  * arrives; stops early when done(c) holds, or (unless done is `never`: the grace period
  * after a failure, when the others' reports are collected) when a worker fails. A failed
@@ -418,9 +430,7 @@ static bool pump(ps_coord *c, double ms, uint32_t want_mb, bool (*done)(const ps
     double end = now_ms() + ms;
     for (double left; (left = end - now_ms()) > 0 && !done(c);) {
         struct pollfd fds[PS_SHARD_MAX_STAGES];
-        int ks[PS_SHARD_MAX_STAGES], m = 0;
-        for (int k = 1; k < c->n; k++)
-            if (!c->st[k].fail) fds[m] = (struct pollfd){ps_conn_fd(c->st[k].conn), POLLIN, 0}, ks[m++] = k;
+        int ks[PS_SHARD_MAX_STAGES], m = live_fds(c, fds, ks);
         int r = m ? poll(fds, (nfds_t)m, (int)left + 1) : 0;
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
@@ -729,10 +739,9 @@ out:
 }
 
 bool ps_coord_heard(ps_coord *c) {
+    if (!c->connected) return false;
     struct pollfd fds[PS_SHARD_MAX_STAGES];
-    int m = 0;
-    for (int k = 1; c->connected && k < c->n; k++) /* frames are read whole (frame.c): nothing waits in a buffer */
-        if (!c->st[k].fail && c->st[k].conn) fds[m++] = (struct pollfd){ps_conn_fd(c->st[k].conn), POLLIN, 0};
+    int m = live_fds(c, fds, NULL); /* frames are read whole (frame.c): nothing waits in a buffer */
     return m && poll(fds, (nfds_t)m, 0) > 0;
 }
 

@@ -257,16 +257,14 @@ static void predraft(void *arg) {
     s->n_pre = 0;
     if (n + k > s->n_ctx) return;
     memcpy(s->toks + s->n_toks, s->trip + 1, (size_t)s->n_trip * sizeof *s->toks); /* beyond n_toks: scratch */
-    if (ps_draft_guess(s->spec.draft, s->toks, n, 1, &s->gp.sp, s->pre, s->pre_q, &s->n_pre, err, sizeof err))
-        s->n_pre = 0;
-    while (s->n_pre > 0 && s->n_pre < k && !ps_coord_heard(s->coord)) {
-        s->toks[n + s->n_pre - 1] = s->pre[s->n_pre - 1];
+    while (s->n_pre < k && (!s->n_pre || !ps_coord_heard(s->coord))) { /* the first (reading) whatever comes */
+        if (s->n_pre) s->toks[n + s->n_pre - 1] = s->pre[s->n_pre - 1];
         double t0 = ps_now();
         if (ps_draft_guess(s->spec.draft, s->toks, n + s->n_pre, 1, &s->gp.sp, s->pre + s->n_pre, s->pre_q + s->n_pre,
                            &got, err, sizeof err) ||
             got < 1)
             return;
-        s->n_pre++, s->n_meanwhile++, s->meanwhile_s += ps_now() - t0;
+        if (s->n_pre++) s->n_meanwhile++, s->meanwhile_s += ps_now() - t0; /* the others time a guess */
     }
 }
 
