@@ -26,6 +26,7 @@ unsplit rows at 0 ms also run `PATH -m MODEL -md DRAFT --draft-max K -t THREADS 
 """
 import re
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -80,10 +81,10 @@ def pooled(stats):
     n = sum(st["generated_tokens"] - 1 for st in stats)
     secs = sum((st["generated_tokens"] - 1) / st["decode_tok_s"] for st in stats if st["decode_tok_s"] > 0)
     specs = [st.get("spec", {}) for st in stats]
-    by_k = [sum(t) for t in zip(*[s.get("trips_by_k", []) + [0] * 11 for s in specs])] if specs[0] else []
+    by_k = [sum(t) for t in itertools.zip_longest(*[s.get("trips_by_k", []) for s in specs], fillvalue=0)]
     drafted, kept = sum(s.get("drafted", 0) for s in specs), sum(s.get("kept", 0) for s in specs)
     trips = sum(s.get("trips", 0) for s in specs)
-    spec = dict(acceptance=kept / drafted if drafted else 0, tokens_per_trip=(kept + trips) / trips if trips else 1,
+    spec = dict(acceptance=kept / drafted if drafted else 0, tokens_per_trip=(kept + trips) / trips if trips else 0,
                 trips_by_k=by_k) if specs[0] else {}
     return dict(decode_tok_s=n / secs if secs else 0, generated_tokens=n + 1, spec=spec)
 
@@ -140,9 +141,11 @@ def main():
                             got.setdefault("llama " + name, []).append(
                                 ([{"decode_tok_s": llama_speculative(a, PROMPTS[prompt], int(name[2:]))}], True))
                 names = [name for name, _ in configs] + [n for n in got if n.startswith("llama ")]
+                plain_of = {which: [pooled(stats[part])["decode_tok_s"] for stats, _ in got["plain"]]
+                            for which, part in answers}
                 for (which, part), name in [(w, n) for w in answers for n in names]:
                     runs = [(pooled(stats[part]), same) for stats, same in got[name]]
-                    plain = [pooled(stats[part])["decode_tok_s"] for stats, _ in got["plain"]]
+                    plain = plain_of[which]
                     tps = [st["decode_tok_s"] for st, _ in runs]
                     ratios = [t / p for t, p in zip(tps, plain)]
                     sp = [st.get("spec", {}) for st, _ in runs]
