@@ -5,7 +5,7 @@ Python client and raw HTTP, on SmolLM2-135M-Instruct (.cache/models, from script
 Server A (one stage, an API key, queue 64):
   1. openai client: chat and completions, streaming and not, usage (cached_tokens on a repeat),
      max_tokens -> "length", stop strings (text cut before the stop string, "stop"), seeds (the same
-     seed, the same text), greedy text equal to `pipeshard run` with the same prompt (exact).
+     seed, the same text), ignore_eos (past the end of text to max_tokens), greedy text equal to `pipeshard run` with the same prompt (exact).
   2. logprobs: completions' top-5 equal to an independent NumPy log-softmax of the logits
      `pipeshard run --dump-logits` writes for the same greedy prompt; chat's top-20: the top-1 is
      the token, descending, <= 0, sum of exp <= 1.
@@ -143,6 +143,13 @@ def case_client(s):
                                    max_completion_tokens=5, temperature=0)
     check(ch.usage.completion_tokens == 5 and ch.choices[0].finish_reason == "length",
           f"max_completion_tokens 5: {ch.usage}")
+    # ignore_eos (as llama.cpp's server and vLLM take it): past the end of text, up to max_tokens
+    kw = dict(model="m", messages=[{"role": "user", "content": Q}], max_tokens=40, temperature=0)
+    ends, past = c.chat.completions.create(**kw), c.chat.completions.create(extra_body={"ignore_eos": True}, **kw)
+    check(ends.choices[0].finish_reason == "stop" and ends.usage.completion_tokens < 40 and
+          past.choices[0].finish_reason == "length" and past.usage.completion_tokens == 40 and
+          past.choices[0].message.content.startswith(ends.choices[0].message.content),
+          f"ignore_eos: {past.choices[0]} {past.usage} after {ends.choices[0]} {ends.usage}")
 
 
 # ---- 2. logprobs ---------------------------------------------------------------------------------
@@ -230,7 +237,7 @@ def case_errors(s):
                          ("min_p", [0.1]), ("seed", "x"), ("max_tokens", 0), ("max_tokens", "5"),
                          ("max_completion_tokens", -1), ("stream", "yes"), ("stop", 5), ("stop", ["a"] * 5),
                          ("n", 2), ("logprobs", 1), ("top_logprobs", 21), ("presence_penalty", 9),
-                         ("model", 5), ("stream_options", 1)):
+                         ("model", 5), ("stream_options", 1), ("ignore_eos", "yes")):
         expect(s, "POST", chat, {"messages": msg, field: value}, 400, param=field)
     expect(s, "POST", comp, {"prompt": 5}, 400, param="prompt")
     expect(s, "POST", comp, {"prompt": ["a", "b"]}, 400, param="prompt")
