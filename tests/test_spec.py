@@ -9,10 +9,12 @@ ring, which must never change the tokens of greedy decoding nor the distribution
      SmolLM2-135M-Instruct (.cache/models). A repetitive prompt makes the guesses land: the
      --stats line's spec figures must show guesses kept (more than one token per trip) and add
      up (kept <= drafted <= K x trips).
-  2. `serve --spec ngram` and `serve --draft` (SmolLM2 drafting for itself, K 3) on 2 stages: 8
-     requests at once, greedy and seeded, each with the top-2 log-probabilities of every token, get
-     exactly the answers of a server without --spec (the draft's seeded ones, whose guesses are
-     sampled: the answers they get alone); /metrics counts the trips, the guesses sent and kept.
+  2. `serve --spec ngram` and `serve --draft` (SmolLM2 drafting for itself, K 3, hops of 20 ms) with
+     and without --spec-overlap on 2 stages: 8 requests at once, greedy and seeded, each with the
+     top-2 log-probabilities of every token, get exactly the answers of a server without --spec
+     (the draft's seeded ones, whose guesses are sampled: the answers they get alone, the same with
+     the overlap as without); /metrics counts the trips, the guesses sent and kept, and the trips
+     whose guesses the overlap drafted (some with it, none without).
   3. A draft model (--draft): stories260K drafting for itself keeps every greedy guess, and a
      synthetic model with the target's vocabulary but other weights keeps almost none; for K = 1,
      3, 10 and auto on 1, 2 and 3 stages, with and without --spec-overlap, greedy runs give plain
@@ -240,8 +242,11 @@ def case_serve(tmp, model):
     common = ["-m", model, "--mmap", "-c", "512", "--parallel", "8", "--local-stages", "2", "-t", "1"]
     with Server(common, "plain", tmp) as s:
         want = [ask(s, i) for i in range(8)]
-    for name, extra in (("--spec ngram", ["--spec", "ngram"]), ("--draft (itself)", ["--draft", model, "--spec-k", "3"])):
-        with Server(common + extra, "spec-" + extra[0].strip("-"), tmp) as s:
+    draft = ["--draft", model, "--spec-k", "3", "--sim-latency-ms", "20"]  # trips long enough to draft during
+    seeded = {}
+    for name, extra in (("--spec ngram", ["--spec", "ngram"]), ("--draft (itself)", draft),
+                        ("--draft (itself), --spec-overlap off", draft + ["--spec-overlap", "off"])):
+        with Server(common + extra, "spec-" + name.split()[0].strip("-") + str(len(extra)), tmp) as s:
             with concurrent.futures.ThreadPoolExecutor(8) as ex:
                 got = list(ex.map(lambda i: ask(s, i), range(8)))
             again = [ask(s, i) for i in range(1, 8, 2)]  # the seeded ones alone, one after another
@@ -254,10 +259,16 @@ def case_serve(tmp, model):
                 check(got[i] == again[i // 2], f"serve {name}: seeded request {i}: {got[i][0]!r} among 8, "
                       f"{again[i // 2][0]!r} alone")
         trips, kept = m["pipeshard_spec_trips_total"], m["pipeshard_spec_kept_tokens_total"]
+        overlapped = m["pipeshard_spec_overlapped_trips_total"]
         check(trips > 0 and 0 < kept <= m["pipeshard_spec_drafted_tokens_total"], f"serve {name}: metrics {m}")
+        check((overlapped > 0) == (name == "--draft (itself)"), f"serve {name}: {overlapped} trips' guesses drafted "
+              "while the trip before was out")
+        if "draft" in name:  # a fixed K: the same sampled guesses with the overlap as without
+            seeded.setdefault("answers", again)
+            check(again == seeded["answers"], f"serve {name}: seeded answers {again} differ from {seeded['answers']}")
         print(f"  ok: serve {name} on 2 stages: 8 requests at once got plain decoding's answers and log-probabilities "
               f"({'seeded ones with sampled guesses the same as alone; ' if 'draft' in name else ''}"
-              f"{trips:.0f} trips, {kept:.0f} guesses kept)")
+              f"{trips:.0f} trips, {kept:.0f} guesses kept, {overlapped:.0f} trips drafted by the overlap)")
 
 
 def sanitized():

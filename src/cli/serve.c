@@ -57,6 +57,9 @@ static void serve_usage(FILE *f) {
                "  --draft-threads N       the draft model's compute threads (default 1)\n"
                "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (default: per sequence, the K up\n"
                "                          to 10 that pays most, or none)\n"
+               "  --spec-overlap on|off   with --draft: while trips are out, the draft guesses the next ones\n"
+               "                          of their sequences as if every guess is kept, until an answer comes\n"
+               "                          (default on)\n"
                "  --chat-template NAME    chat template family for every chat request (chatml, llama2, llama3,\n"
                "                          mistral, gemma, phi3, zephyr; default: the model's own)\n");
     ps_run_usage_launch(f);

@@ -62,18 +62,26 @@ typedef struct seq {
     bool in_flight; /* its next token is on the way */
     ps_tok_stream *stream;
     ps_gen_params gp;
-    ps_stop *stop;                    /* the stop strings' matcher */
-    int top_n;                        /* -1: no log-probabilities */
-    bool capture;                     /* a capture (ps_sched_request.capture) */
-    bool saving;                      /* ... whose prompt has run: its blocks are to be saved */
-    uint64_t prefix;                  /* ... the id of the prefix it saved */
-    int32_t guess[PS_MAX_DRAFT + 1];  /* speculating: the token before, then the guesses in flight */
-    ps_draft_dist dist[PS_MAX_DRAFT]; /* ... drawn by a draft model at a temperature: from these */
-    int n_guess, guess_pos;           /* how many guesses, and the position of the first */
-    double t_sent;                    /* when its latest trip was sent (ps_now) */
-    double draft_s;                   /* the seconds its guesses' drafting took (with the others') */
-    int slot;                         /* with a draft model: its slot there, while it runs (else -1) */
-    ps_spec_auto auto_k;              /* --spec-k auto's measurements */
+    ps_stop *stop;                         /* the stop strings' matcher */
+    int top_n;                             /* -1: no log-probabilities */
+    bool capture;                          /* a capture (ps_sched_request.capture) */
+    bool saving;                           /* ... whose prompt has run: its blocks are to be saved */
+    uint64_t prefix;                       /* ... the id of the prefix it saved */
+    int32_t guess[PS_MAX_DRAFT + 1];       /* speculating: the token before, then the guesses in flight */
+    ps_draft_dist dist[PS_MAX_DRAFT];      /* ... drawn by a draft model at a temperature: from these */
+    int n_guess, guess_pos;                /* how many guesses, and the position of the first */
+    double t_sent;                         /* when its latest trip was sent (ps_now) */
+    int fresh;                             /* of them, those drafted before the trip left (the others meanwhile) */
+    double draft_s;                        /* the seconds their drafting took (with the others') */
+    bool decoding;                         /* the trip out is a decoding one (not a prompt's) */
+    int slot;                              /* with a draft model: its slot there, while it runs (else -1) */
+    ps_spec_auto auto_k;                   /* --spec-k auto's measurements */
+    int32_t pre[PS_MAX_DRAFT + 2];         /* overlap: the draft's next tokens had every guess in flight been kept */
+    ps_draft_dist pre_q[PS_MAX_DRAFT + 2]; /* ... their distributions */
+    int n_pre, pre_max;                    /* ... how many (pre[0]: its guess of the trip's last token), the most */
+    int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
+    int n_meanwhile;                       /* guesses made after pre[0] while the trip was out ... */
+    double meanwhile_s;                    /* ... and their seconds (auto's seconds a guess) */
     ps_sched_cb cb;
     void *ctx;
     atomic_bool cancelled;
@@ -435,7 +443,7 @@ static void lose_kv(ps_sched *s) {
     s->kv_lost = s->n_pfx > 0;           /* the captured prefixes are restored once the fleet is back */
     for (int i = 0; i < s->n_run; i++) { /* a capture saves what the new session computes */
         seq *q = s->run[i];
-        q->n_table = q->n_guess = 0, q->in_flight = q->saving = false;
+        q->n_table = q->n_guess = q->n_pre = q->pre_max = q->n_ready = 0, q->in_flight = q->saving = false;
     }
     for (int i = 0; i < s->n_run; i++) admit(s, s->run[i]); /* the book is empty: they all fit again */
 }
@@ -458,6 +466,11 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
     s->fails = 0;
 }
 
+/* Whether the draft model guesses on while trips are out (--spec-overlap; over a ring). */
+static bool overlap(const ps_sched *s) {
+    return s->o.spec.kind == PS_SPEC_DRAFT && s->o.spec.overlap && ps_coord_n_stages(s->coord) > 1;
+}
+
 /* How many guesses q's next trip may carry: the K of --spec-k (or auto's), within room, q's
  * blocks and the tokens it may still generate. */
 static int guess_room(const ps_sched *s, seq *q, int room) {
@@ -472,49 +485,86 @@ static int guess_room(const ps_sched *s, seq *q, int room) {
 }
 
 /* The guesses of the n decoding sequences qs[0..n) into their q->guess (after the token before)
- * and q->n_guess, sharing room rows: prompt lookup's, or the draft model's, made together. A
- * draft that fails costs the guesses, never a request. */
+ * and q->n_guess, sharing room rows: prompt lookup's, or the draft model's, made together (after
+ * those the overlap made while the trip before was out). A draft that fails costs the guesses
+ * it had to make now, never a request. */
 static void guess_all(ps_sched *s, seq **qs, int n, int room) {
     ps_draft_req req[PS_MB_MAX_SEGS];
     seq *of[PS_MB_MAX_SEGS]; /* the sequence of each request */
     int n_req = 0;
     for (int i = 0; i < n; i++) {
         seq *q = qs[i];
-        int k = guess_room(s, q, room);
-        q->guess[0] = q->toks[q->n_done], q->n_guess = 0, q->guess_pos = q->n_done + 1;
-        if (k > 0 && s->o.spec.kind == PS_SPEC_NGRAM) q->n_guess = ps_spec_ngram(q->toks, q->n_toks, k, q->guess + 1);
+        int k = guess_room(s, q, room), ready = q->n_ready < k ? q->n_ready : k;
+        q->guess[0] = q->toks[q->n_done], q->n_guess = q->fresh = 0, q->guess_pos = q->n_done + 1, q->draft_s = 0;
+        q->n_ready = 0;
+        if (k > 0 && s->o.spec.kind == PS_SPEC_NGRAM)
+            q->n_guess = q->fresh = ps_spec_ngram(q->toks, q->n_toks, k, q->guess + 1);
         if (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT) {
-            of[n_req] = q;
-            req[n_req++] = (ps_draft_req){.slot = q->slot,
-                                          .toks = q->toks,
-                                          .n = q->n_toks,
-                                          .k = k,
-                                          .sp = &q->gp.sp,
-                                          .out = q->guess + 1,
-                                          .dist = q->dist};
+            memcpy(q->guess + 1, q->pre + 1, (size_t)ready * sizeof *q->guess); /* the overlap's */
+            memcpy(q->dist, q->pre_q + 1, (size_t)ready * sizeof *q->dist);
+            memcpy(q->toks + q->n_toks, q->pre + 1, (size_t)ready * sizeof *q->toks); /* beyond n_toks: scratch */
+            q->n_guess = ready;
+            if (ready < k) {
+                of[n_req] = q;
+                req[n_req++] = (ps_draft_req){.slot = q->slot,
+                                              .toks = q->toks,
+                                              .n = q->n_toks + ready,
+                                              .k = k - ready,
+                                              .sp = &q->gp.sp,
+                                              .out = q->guess + 1 + ready,
+                                              .dist = q->dist + ready};
+            }
         }
-        room -= q->n_guess + (k > 0 && s->o.spec.kind == PS_SPEC_DRAFT ? k : 0);
+        room -= s->o.spec.kind == PS_SPEC_DRAFT && k > 0 ? k : q->n_guess;
     }
     char err[300];
     double t0 = ps_now();
     if (n_req && ps_draft_guess_many(s->o.spec.draft, req, n_req, err, sizeof err)) {
-        fprintf(stderr, "pipeshard: the draft model failed (these trips go without guesses): %s\n", err);
+        fprintf(stderr, "pipeshard: the draft model failed (these trips go without its new guesses): %s\n", err);
         return;
     }
     double took = ps_now() - t0; /* each waited for all the guesses */
-    for (int r = 0; r < n_req; r++) of[r]->n_guess = req[r].n_out, of[r]->draft_s = took;
+    for (int r = 0; r < n_req; r++) of[r]->n_guess += of[r]->fresh = req[r].n_out, of[r]->draft_s = took;
 }
 
-/* A trip of q's came back with n tokens: --spec-k auto learns from it, the metrics count it. */
-static void note_trip(ps_sched *s, seq *q, int n) {
+/* A trip of q's came back with the n tokens at got: the overlap's guesses hold when it kept
+ * every guess and pre[0] was its last token; --spec-k auto learns from a decoding trip, the
+ * metrics count it. */
+static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
     if (!s->o.spec.kind) return;
+    q->n_ready = n == q->n_guess + 1 && q->n_pre > 1 && got[n - 1].token == q->pre[0] ? q->n_pre - 1 : 0;
+    if (!q->decoding) return;                  /* a prompt's trip: not what a token's costs */
+    bool shadow = !q->n_guess && q->n_pre > 0; /* plain: the draft guessed its token meanwhile */
     ps_spec_trip t = {.k = q->n_guess, .kept = n - 1, .wait_s = ps_now() - q->t_sent};
-    if (s->o.spec.kind == PS_SPEC_DRAFT) t.drafted = q->n_guess, t.draft_s = q->draft_s; /* prompt lookup's: nothing */
+    if (s->o.spec.kind == PS_SPEC_DRAFT) /* prompt lookup's cost nothing */
+        t = (ps_spec_trip){.k = q->n_guess,
+                           .kept = n - 1,
+                           .drafted = q->fresh,
+                           .draft_s = q->draft_s,
+                           .wait_s = t.wait_s,
+                           .predrafted = shadow && q->pre_max > 1,
+                           .shadow = shadow ? (got[0].token == q->pre[0] ? 1 : -1) : 0,
+                           .meanwhile = q->n_meanwhile,
+                           .meanwhile_s = q->meanwhile_s};
+    q->auto_k.overlap = overlap(s);
     ps_spec_auto_add(&q->auto_k, &t);
     if (!q->n_guess) return;
     pthread_mutex_lock(&s->mu);
     s->m.spec_trips++, s->m.spec_drafted += (uint64_t)q->n_guess, s->m.spec_kept += (uint64_t)(n - 1);
+    s->m.spec_overlapped += q->n_guess > q->fresh;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* With the overlap, the guesses q's next trip asks if this one (just sent) keeps every guess:
+ * as many as this one's K (which holds until its answer); after a plain trip, auto's next (so
+ * that the draft guesses the token meanwhile: auto's acceptance), and after the prompt's, the
+ * first decoding trip's. The draft makes them while the trip is out (predraft). */
+static int pre_k(const ps_sched *s, seq *q) {
+    int k = s->o.spec.k;
+    if (q->decoding && !q->n_guess)
+        return s->o.spec.auto_k ? ps_spec_auto_k_after_plain(&q->auto_k, k) : 0; /* fixed K: no room, or the end */
+    k = s->o.spec.auto_k ? ps_spec_auto_k(&q->auto_k, k) : k;
+    return k > q->n_guess ? k : q->n_guess;
 }
 
 /* Whether q rides in group g's next micro-batch: admitted, not waiting for a token, with
@@ -590,9 +640,12 @@ static bool send_group(ps_sched *s, int g) {
     double now = ps_now();
     for (int k = 0; k < n_segs; k++) {
         seq *q = s->sent[k];
+        q->decoding = k < n_dec;
         q->n_done += s->segs[k].n - s->segs[k].n_draft; /* a guess counts once the last stage keeps it */
         q->t_sent = now;
         q->in_flight = s->segs[k].sample;
+        q->n_pre = q->n_meanwhile = 0, q->meanwhile_s = 0;
+        q->pre_max = q->in_flight && overlap(s) ? 1 + pre_k(s, q) : 0;
         ps_kv_seq_publish(s->kv, q->table, q->toks, q->n_done);
     }
     if (sample) s->group_busy[g] = true, s->pend_group[s->n_pend++] = g;
@@ -606,10 +659,56 @@ static seq *running(ps_sched *s, uint64_t id) {
     return NULL;
 }
 
-/* Receives the tokens of the oldest micro-batch in flight and hands them to their sequences. */
+/* While micro-batches are out (the overlap): for each sequence whose trip is out, the draft's
+ * next tokens as if the trip keeps every guess, into q->pre, one pass a guess for all of them:
+ * its guess of the trip's last token (which reads the trip's tokens) whatever comes, then up to
+ * q->pre_max while no answer has come (it waits for one pass at most). A failure only leaves
+ * fewer drafted: the next trips draft the rest as usual. */
+static void predraft(ps_sched *s) {
+    ps_draft_req req[PS_MB_MAX_SEGS];
+    seq *of[PS_MB_MAX_SEGS];
+    char err[300];
+    for (;;) {
+        bool heard = ps_coord_heard(s->coord);
+        int n = 0;
+        for (int i = 0; i < s->n_run; i++) {
+            seq *q = s->run[i];
+            int at = q->n_toks + q->n_guess + q->n_pre; /* the tokens it reads: the trip's, then its own */
+            if (!q->in_flight || q->n_pre >= q->pre_max || (q->n_pre && heard) || at >= s->n_ctx) continue;
+            memcpy(q->toks + q->n_toks, q->guess + 1, (size_t)q->n_guess * sizeof *q->toks); /* scratch */
+            memcpy(q->toks + q->n_toks + q->n_guess, q->pre, (size_t)q->n_pre * sizeof *q->toks);
+            of[n] = q;
+            req[n++] = (ps_draft_req){.slot = q->slot,
+                                      .toks = q->toks,
+                                      .n = at,
+                                      .k = 1,
+                                      .sp = &q->gp.sp,
+                                      .out = q->pre + q->n_pre,
+                                      .dist = q->pre_q + q->n_pre};
+        }
+        if (!n) return;
+        double t0 = ps_now();
+        if (ps_draft_guess_many(s->o.spec.draft, req, n, err, sizeof err)) {
+            for (int r = 0; r < n; r++) of[r]->pre_max = of[r]->n_pre;
+            return;
+        }
+        double took = ps_now() - t0;
+        for (int r = 0; r < n; r++) {
+            seq *q = of[r];
+            if (req[r].n_out < 1)
+                q->pre_max = q->n_pre; /* not one of the target's tokens */
+            else if (q->n_pre++)
+                q->n_meanwhile++, q->meanwhile_s += took; /* the others time a guess */
+        }
+    }
+}
+
+/* Receives the tokens of the oldest micro-batch in flight and hands them to their sequences
+ * (with the overlap, the draft guesses on until they come). */
 static void receive(ps_sched *s) {
     int n_res;
     char err[600];
+    if (overlap(s)) predraft(s);
     ps_status st = ps_coord_recv(s->coord, s->res, &n_res, err, sizeof err);
     if (st) return fleet_failed(s, st, err);
     s->fails = 0;
@@ -618,7 +717,7 @@ static void receive(ps_sched *s) {
     for (int k = 0, e; k < n_res; k = e) { /* a sequence's results in a row: a trip's tokens, in order */
         for (e = k + 1; e < n_res && s->res[e].seq == s->res[k].seq;) e++;
         seq *q = running(s, s->res[k].seq);
-        if (q) note_trip(s, q, e - k);
+        if (q) note_trip(s, q, s->res + k, e - k);
         for (int j = k; j < e && (q = running(s, s->res[k].seq)); j++) on_token(s, q, &s->res[j]);
     }
 }

@@ -145,17 +145,18 @@ typedef struct {
     uint64_t rejected;                    /* PS_ERR_BUSY at submit */
     uint64_t ended[PS_STOP_REASON_COUNT]; /* requests done, by stop reason; [PS_STOP_NONE]: failed */
     uint64_t prompt_tokens, generated_tokens;
-    uint64_t cached_tokens; /* prompt tokens the prefix cache saved */
-    uint64_t spec_trips;    /* speculating: trips that carried guesses */
-    uint64_t spec_drafted;  /* ... the guesses they carried */
-    uint64_t spec_kept;     /* ... and those the last stage kept */
-    uint64_t prefix_hits;   /* requests that reused at least one token */
-    ps_sched_hist ttft;     /* submit to first token */
-    ps_sched_hist itl;      /* between consecutive tokens of a sequence */
-    int kv_blocks_used;     /* KV blocks (PS_KV_BLOCK positions on every stage) held by running sequences */
-    int kv_blocks_cached;   /* ... kept for the prefix cache, held by none (evictable) */
-    int kv_blocks_total;    /* ... in the pool */
-    ps_coord_stats coord;   /* per-stage compute and per-hop traffic since start */
+    uint64_t cached_tokens;   /* prompt tokens the prefix cache saved */
+    uint64_t spec_trips;      /* speculating: trips that carried guesses */
+    uint64_t spec_drafted;    /* ... the guesses they carried */
+    uint64_t spec_kept;       /* ... and those the last stage kept */
+    uint64_t spec_overlapped; /* ... trips whose guesses the draft had made while the trip before was out */
+    uint64_t prefix_hits;     /* requests that reused at least one token */
+    ps_sched_hist ttft;       /* submit to first token */
+    ps_sched_hist itl;        /* between consecutive tokens of a sequence */
+    int kv_blocks_used;       /* KV blocks (PS_KV_BLOCK positions on every stage) held by running sequences */
+    int kv_blocks_cached;     /* ... kept for the prefix cache, held by none (evictable) */
+    int kv_blocks_total;      /* ... in the pool */
+    ps_coord_stats coord;     /* per-stage compute and per-hop traffic since start */
 } ps_sched_metrics;
 
 /* A snapshot of the figures (coord as of the engine's last step). Thread-safe. */

@@ -224,7 +224,8 @@ static bool get_sampling(const cJSON *body, sv_request *r, sv_error *e) {
         !get_number(body, "frequency_penalty", -2, 2, &fp, e) || !get_int(body, "top_k", 0, 1 << 30, &tk, e) ||
         !get_int(body, "n", -1e15, 1e15, &n, e) || !get_int(body, "seed", -9.2e18, 9.2e18, &seed, e) ||
         !get_int(body, "max_tokens", 1, 1 << 30, &max, e) ||
-        !get_int(body, "max_completion_tokens", 1, 1 << 30, &maxc, e) || !get_bool(body, "ignore_eos", &gp->ignore_eos, e))
+        !get_int(body, "max_completion_tokens", 1, 1 << 30, &maxc, e) ||
+        !get_bool(body, "ignore_eos", &gp->ignore_eos, e))
         return false;
     if (n != 1) return sv_fail(e, 400, "n", "invalid_value", "'n' is %lld; this server makes one choice (n = 1)", n);
     if (tp == 0) return sv_fail(e, 400, "top_p", "invalid_value", "'top_p' must be more than 0 (1 keeps every token)");

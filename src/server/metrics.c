@@ -97,6 +97,9 @@ void sv_metrics_text(ps_server *sv, sv_buf *b) {
            (double)m.spec_trips);
     single(b, "pipeshard_spec_drafted_tokens_total", "counter", "Guesses sent", (double)m.spec_drafted);
     single(b, "pipeshard_spec_kept_tokens_total", "counter", "Guesses the last stage kept", (double)m.spec_kept);
+    single(b, "pipeshard_spec_overlapped_trips_total", "counter",
+           "Trips whose guesses the draft had made while the trip before was out (--spec-overlap)",
+           (double)m.spec_overlapped);
     double trips = (double)m.spec_trips;
     single(b, "pipeshard_spec_acceptance", "gauge", "Guesses kept / guesses sent, since the start",
            m.spec_drafted ? (double)m.spec_kept / (double)m.spec_drafted : 0);
