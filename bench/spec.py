@@ -4,7 +4,7 @@ acceptance and tokens per trip for each K at each emulated hop latency.
 
   bench/spec.py --model FILE [--draft FILE [--draft-threads N]] [--stages 2,3] [--latency 0,10,50,100]
                 [--k 1,2,4,6,8,10] [--tokens 96] [--threads 1] [--prompts code,prose] [--rounds 2]
-                [--turns 1] [--llama-speculative PATH] [--json FILE]
+                [--turns 1] [--serve] [--overlap] [--llama-speculative PATH] [--json FILE]
 
 For each stage count and latency, `pipeshard run -m FILE --local-stages N --pin -t THREADS
 --sim-latency-ms L --temp 0 -n TOKENS --stats` runs plain and with `--spec ngram --spec-k K`
@@ -20,6 +20,13 @@ With --turns N (2 to 5), each configuration is a conversation instead (`pipeshar
 on the prompt's theme, each answer --tokens long, --ignore-eos): rows '1st' give its first answer,
 rows 'later' the others taken together, where `--spec-k auto` starts from what the answers before
 measured (the same text for every configuration: greedy; a row whose text differs is WRONG).
+With --serve, each configuration is a `pipeshard serve --parallel 1` with the same flags instead, and
+its answers streamed /v1/completions requests of --tokens tokens (with --turns, /v1/chat/completions
+turns of one conversation) at temperature 0 with ignore_eos: decode tok/s from the arrival of the
+first token's chunk to the last one's, the spec figures from /metrics ('all' is not known there;
+K is the mean of the trips that carried guesses).
+With --draft and --overlap, each K and auto also runs with `--spec-overlap off` (rows 'no-ov'), in
+the same turns: what the overlap gains.
 With --draft and --llama-speculative PATH (llama.cpp's `llama-speculative`, built by the user), the
 unsplit rows at 0 ms also run `PATH -m MODEL -md DRAFT --draft-max K -t THREADS -td DRAFT_THREADS
 --temp 0` on the same prompt, in the same turns, for each K: its decode tok/s beside ours.
@@ -29,9 +36,13 @@ import argparse
 import itertools
 import json
 import os
+import http.client
 import statistics
 import subprocess
 import sys
+import time
+
+from serve import Server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("PIPESHARD_BIN", os.path.join(ROOT, "build", "pipeshard"))
@@ -57,10 +68,12 @@ TURNS = {
 def run(a, model, stages, latency, prompt, extra):
     """One configuration's answers: what it printed (ids, or with --turns the chat's text) and the
     --stats of each answer."""
-    common = ["-m", model, "--mmap", "--pin", "-t", str(a.threads), "-n", str(a.tokens), "--temp", "0",
-              "--ignore-eos", "--stats", "--sim-latency-ms", str(latency), *extra]
+    common = ["-m", model, "--mmap", "--pin", "-t", str(a.threads), "--sim-latency-ms", str(latency), *extra]
     if stages > 1:
         common += ["--local-stages", str(stages)]
+    if a.serve:
+        return serve_run(a, ["-c", str(a.turns * (a.tokens + 160) + 256), *common], prompt)
+    common += ["-n", str(a.tokens), "--temp", "0", "--ignore-eos", "--stats"]
     if a.turns > 1:
         cmd = [BIN, "chat", "-c", str(a.turns * (a.tokens + 160)), *common]
         turns = TURNS[prompt][:a.turns]
@@ -74,6 +87,65 @@ def run(a, model, stages, latency, prompt, extra):
     return p.stdout.split(), stats[-a.turns:]
 
 
+def metrics(port):
+    """/metrics' speculation counters."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    out = {}
+    for line in c.getresponse().read().decode().splitlines():
+        if line.startswith("pipeshard_spec_") and line.split()[0].endswith("_total"):
+            out[line.split()[0][len("pipeshard_spec_"):-len("_total")]] = float(line.split()[1])
+    return out
+
+
+def ask(port, path, body):
+    """One streamed request: (its text, completion tokens, first and last text chunks' times)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
+    c.request("POST", path, json.dumps({**body, "temperature": 0, "ignore_eos": True, "stream": True,
+                                        "stream_options": {"include_usage": True}}),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        sys.exit(f"spec.py: POST {path}: {r.status} {r.read()[:300]!r}")
+    text, times, n = [], [], 0
+    for line in r:
+        if not line.startswith(b"data: {"):
+            continue
+        d = json.loads(line[6:])
+        n = d["usage"]["completion_tokens"] if d.get("usage") else n
+        ch = d.get("choices") or [{}]
+        part = ch[0].get("text") or (ch[0].get("delta") or {}).get("content")
+        if part:
+            text.append(part), times.append(time.perf_counter())
+    return "".join(text), n, times[0], times[-1]
+
+
+def serve_run(a, cmd, prompt):
+    """run() through `pipeshard serve`: one answer per turn, its stats from the chunks and /metrics."""
+    os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
+    srv = Server([BIN, "serve", "--parallel", "1", *cmd], "spec")  # its log: bench/out/serve-spec.log
+    try:
+        texts, stats, messages = [], [], []
+        for turn in (TURNS[prompt][:a.turns] if a.turns > 1 else [None]):
+            before = metrics(srv.port)
+            if turn is None:
+                text, n, t0, t1 = ask(srv.port, "/v1/completions", {"prompt": PROMPTS[prompt], "max_tokens": a.tokens})
+            else:
+                messages.append({"role": "user", "content": turn})
+                text, n, t0, t1 = ask(srv.port, "/v1/chat/completions", {"messages": messages, "max_tokens": a.tokens})
+                messages.append({"role": "assistant", "content": text})
+            d = {k: v - before.get(k, 0) for k, v in metrics(srv.port).items()}
+            trips, drafted, kept = d.get("trips", 0), d.get("drafted_tokens", 0), d.get("kept_tokens", 0)
+            spec = dict(trips=trips, drafted=drafted, kept=kept, acceptance=kept / drafted if drafted else 0,
+                        tokens_per_trip=(kept + trips) / trips if trips else 0,
+                        k_mean=drafted / trips if trips else 0) if "--draft" in cmd or "--spec" in cmd else {}
+            texts.append(text)
+            stats.append(dict(decode_tok_s=(n - 1) / (t1 - t0) if t1 > t0 else 0, generated_tokens=n, spec=spec))
+        return texts, stats
+    finally:
+        srv.stop()
+
+
 def pooled(stats):
     """The decode tok/s and --stats 'spec' figures of several answers taken together."""
     if len(stats) == 1:
@@ -85,7 +157,7 @@ def pooled(stats):
     drafted, kept = sum(s.get("drafted", 0) for s in specs), sum(s.get("kept", 0) for s in specs)
     trips = sum(s.get("trips", 0) for s in specs)
     spec = dict(acceptance=kept / drafted if drafted else 0, tokens_per_trip=(kept + trips) / trips if trips else 0,
-                trips_by_k=by_k) if specs[0] else {}
+                trips_by_k=by_k, k_mean=drafted / trips if trips else 0) if specs[0] else {}
     return dict(decode_tok_s=n / secs if secs else 0, generated_tokens=n + 1, spec=spec)
 
 
@@ -113,6 +185,8 @@ def main():
     ap.add_argument("--prompts", default="code,prose")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--turns", type=int, default=1)
+    ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--llama-speculative")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -129,6 +203,8 @@ def main():
                 src = (["--draft", a.draft, "--draft-threads", str(a.draft_threads)] if a.draft else
                        ["--spec", "ngram"])
                 configs = [("plain", [])] + [(f"K={k}", src + ["--spec-k", str(k)]) for k in ks] + [("auto", src)]
+                if a.overlap and a.draft:  # each draft configuration again without the overlap
+                    configs += [(n + " no-ov", x + ["--spec-overlap", "off"]) for n, x in configs[1:]]
                 got = {name: [] for name, _ in configs}
                 ids0 = None
                 peer = a.llama_speculative and a.draft and stages == 1 and latency == 0
@@ -157,7 +233,8 @@ def main():
                     by_k = [s.get("trips_by_k", []) for s in sp]
                     per = [(st["generated_tokens"] - 1) / sum(b) for (st, _), b in zip(runs, by_k) if sum(b)]
                     tall = statistics.median(per) if ours and per else float("nan")
-                    k_used = [sum(k * n for k, n in enumerate(b)) / sum(b) for b in by_k if sum(b)]
+                    k_used = [sum(k * n for k, n in enumerate(b)) / sum(b) for b in by_k if sum(b)] or \
+                        [s["k_mean"] for s in sp if "k_mean" in s]  # serve: of the trips with guesses
                     ok = all(same for _, same in got[name])
                     label = f"{name} {which}".strip()
                     row = dict(prompt=prompt, stages=stages, latency_ms=latency, config=label,
