@@ -466,10 +466,10 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
     s->fails = 0;
 }
 
-/* Whether the draft model guesses on while trips are out (--spec-overlap; over a ring). */
-static bool overlap(const ps_sched *s) {
-    return s->o.spec.kind == PS_SPEC_DRAFT && s->o.spec.overlap && ps_coord_n_stages(s->coord) > 1;
-}
+/* Whether the draft model works while trips are out (over a ring): it reads a prompt then, so
+ * that the first guesses do not pay for it; with the overlap (--spec-overlap) it guesses on. */
+static bool reads(const ps_sched *s) { return s->o.spec.kind == PS_SPEC_DRAFT && ps_coord_n_stages(s->coord) > 1; }
+static bool overlap(const ps_sched *s) { return reads(s) && s->o.spec.overlap; }
 
 /* How many guesses q's next trip may carry: the K of --spec-k (or auto's), within room, q's
  * blocks and the tokens it may still generate. */
@@ -645,7 +645,7 @@ static bool send_group(ps_sched *s, int g) {
         q->t_sent = now;
         q->in_flight = s->segs[k].sample;
         q->n_pre = q->n_meanwhile = 0, q->meanwhile_s = 0;
-        q->pre_max = q->in_flight && overlap(s) ? 1 + pre_k(s, q) : 0;
+        q->pre_max = !q->in_flight || !reads(s) ? 0 : overlap(s) ? 1 + pre_k(s, q) : !q->decoding; /* 1: reads */
         ps_kv_seq_publish(s->kv, q->table, q->toks, q->n_done);
     }
     if (sample) s->group_busy[g] = true, s->pend_group[s->n_pend++] = g;
@@ -659,11 +659,11 @@ static seq *running(ps_sched *s, uint64_t id) {
     return NULL;
 }
 
-/* While micro-batches are out (the overlap): for each sequence whose trip is out, the draft's
- * next tokens as if the trip keeps every guess, into q->pre, one pass a guess for all of them:
- * its guess of the trip's last token (which reads the trip's tokens) whatever comes, then up to
- * q->pre_max while no answer has come (it waits for one pass at most). A failure only leaves
- * fewer drafted: the next trips draft the rest as usual. */
+/* While micro-batches are out: for each sequence whose trip is out (a prompt's, or with the
+ * overlap any), the draft's next tokens as if the trip keeps every guess, into q->pre, one pass
+ * a guess for all of them: its guess of the trip's last token (which reads the trip's tokens)
+ * whatever comes, then up to q->pre_max while no answer has come (it waits for one pass at
+ * most). A failure only leaves fewer drafted: the next trips draft the rest as usual. */
 static void predraft(ps_sched *s) {
     ps_draft_req req[PS_MB_MAX_SEGS];
     seq *of[PS_MB_MAX_SEGS];
@@ -704,11 +704,11 @@ static void predraft(ps_sched *s) {
 }
 
 /* Receives the tokens of the oldest micro-batch in flight and hands them to their sequences
- * (with the overlap, the draft guesses on until they come). */
+ * (meanwhile the draft reads the prompts out, and with the overlap guesses on). */
 static void receive(ps_sched *s) {
     int n_res;
     char err[600];
-    if (overlap(s)) predraft(s);
+    if (reads(s)) predraft(s);
     ps_status st = ps_coord_recv(s->coord, s->res, &n_res, err, sizeof err);
     if (st) return fleet_failed(s, st, err);
     s->fails = 0;
