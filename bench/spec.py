@@ -4,7 +4,7 @@ acceptance and tokens per trip for each K at each emulated hop latency.
 
   bench/spec.py --model FILE [--draft FILE [--draft-threads N]] [--stages 2,3] [--latency 0,10,50,100]
                 [--k 1,2,4,6,8,10] [--tokens 96] [--threads 1] [--prompts code,prose] [--rounds 2]
-                [--turns 1] [--serve] [--overlap] [--llama-speculative PATH] [--json FILE]
+                [--turns 1] [--serve [--streams 1]] [--overlap] [--llama-speculative PATH] [--json FILE]
 
 For each stage count and latency, `pipeshard run -m FILE --local-stages N --pin -t THREADS
 --sim-latency-ms L --temp 0 -n TOKENS --stats` runs plain and with `--spec ngram --spec-k K`
@@ -24,7 +24,10 @@ With --serve, each configuration is a `pipeshard serve --parallel 1` with the sa
 its answers streamed /v1/completions requests of --tokens tokens (with --turns, /v1/chat/completions
 turns of one conversation) at temperature 0 with ignore_eos: decode tok/s from the arrival of the
 first token's chunk to the last one's, the spec figures from /metrics ('all' is not known there;
-K is the mean of the trips that carried guesses).
+K is the mean of the trips that carried guesses). --streams S (with --serve, one turn): S requests
+at once (`--parallel S`), each prompt after a first line of its own; tok/s is then the aggregate
+decode rate: every stream's tokens after its first over the time from the first stream's first
+token to the last stream's last.
 With --draft and --overlap, each K and auto also runs with `--spec-overlap off` (rows 'no-ov'), in
 the same turns: what the overlap gains.
 With --draft and --llama-speculative PATH (llama.cpp's `llama-speculative`, built by the user), the
@@ -33,6 +36,7 @@ unsplit rows at 0 ms also run `PATH -m MODEL -md DRAFT --draft-max K -t THREADS 
 """
 import re
 import argparse
+import concurrent.futures
 import itertools
 import json
 import os
@@ -63,6 +67,10 @@ TURNS = {
     "prose": ["Tell me a story about a lighthouse keeper who finds a message in a bottle.", "Go on.",
               "What happens next?", "Go on.", "How does it end?"],
 }
+
+
+# --streams S: the first line of stream i's prompt (then i + 1)
+STREAM_LINE = {"code": "# module ", "prose": "Chapter "}
 
 
 def run(a, model, stages, latency, prompt, extra):
@@ -123,13 +131,19 @@ def ask(port, path, body):
 def serve_run(a, cmd, prompt):
     """run() through `pipeshard serve`: one answer per turn, its stats from the chunks and /metrics."""
     os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
-    srv = Server([BIN, "serve", "--parallel", "1", *cmd], "spec")  # its log: bench/out/serve-spec.log
+    srv = Server([BIN, "serve", "--parallel", str(a.streams), *cmd], "spec")  # its log: bench/out/serve-spec.log
     try:
         texts, stats, messages = [], [], []
         for turn in (TURNS[prompt][:a.turns] if a.turns > 1 else [None]):
             before = metrics(srv.port)
-            if turn is None:
-                text, n, t0, t1 = ask(srv.port, "/v1/completions", {"prompt": PROMPTS[prompt], "max_tokens": a.tokens})
+            if turn is None:  # each stream its own first line before the prompt
+                with concurrent.futures.ThreadPoolExecutor(a.streams) as ex:
+                    got = list(ex.map(lambda i: ask(srv.port, "/v1/completions", {
+                        "prompt": (f"{STREAM_LINE[prompt]}{i + 1}\n" if a.streams > 1 else "") + PROMPTS[prompt],
+                        "max_tokens": a.tokens}), range(a.streams)))
+                text = "\n".join(g[0] for g in got)
+                n = sum(g[1] - 1 for g in got) + 1  # decoded tokens, all streams: from the first first token
+                t0, t1 = min(g[2] for g in got), max(g[3] for g in got)
             else:
                 messages.append({"role": "user", "content": turn})
                 text, n, t0, t1 = ask(srv.port, "/v1/chat/completions", {"messages": messages, "max_tokens": a.tokens})
@@ -187,12 +201,15 @@ def main():
     ap.add_argument("--turns", type=int, default=1)
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--overlap", action="store_true")
+    ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--llama-speculative")
     ap.add_argument("--json")
     a = ap.parse_args()
     ks = [int(k) for k in a.k.split(",") if k != "auto"]
     if not 1 <= a.turns <= len(TURNS["code"]) or (a.turns > 1 and a.llama_speculative):
         sys.exit(f"spec.py: --turns {a.turns}: 1 to {len(TURNS['code'])}, and 1 with --llama-speculative")
+    if not 1 <= a.streams <= 64 or (a.streams > 1 and (not a.serve or a.turns > 1)):
+        sys.exit(f"spec.py: --streams {a.streams}: 1 to 64, more than 1 only with --serve and one turn")
     answers = [("", slice(None))] if a.turns == 1 else [("1st", slice(0, 1)), ("later", slice(1, None))]
     rows = []
     print(f"{'prompt':6} {'stages':>6} {'ms/hop':>6} {'config':>10} {'tok/s':>8} {'ratio':>6} {'min..max':>12} "
