@@ -1,6 +1,7 @@
 /* test_spec.c - prompt lookup (coord/spec.h): the longest n-gram wins, the latest occurrence
  * of it, at most k tokens, never past the end; nothing when no n-gram recurs; and a
  * comparison with a plain search over random short sequences. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,6 +211,20 @@ static void test_auto(void) {
     PS_CHECK(ps_spec_auto_k(&second, 10) >= 8);
     ps_spec_auto_carry(&second, &(ps_spec_auto){0});
     PS_CHECK_EQ_INT(second.n[8], 1);
+    /* serve: a crowded trip's wait (prompt rows beside) stands only until a clear one comes */
+    ps_spec_auto c = {0};
+    ps_spec_auto_add(&c, &(ps_spec_trip){.wait_s = 0.5, .crowded = true});
+    PS_CHECK_EQ_INT(c.n[0], 1); /* nothing better yet: auto is not stuck without a yardstick */
+    ps_spec_auto_add(&c, &(ps_spec_trip){.wait_s = 0.3, .crowded = true});
+    PS_CHECK(c.n[0] == 2 && fabs(c.wait[0] - 0.4) < 1e-12);
+    ps_spec_auto_add(&c, &(ps_spec_trip){.wait_s = 0.1});
+    PS_CHECK(c.n[0] == 1 && fabs(c.wait[0] - 0.1) < 1e-12 && !c.rough[0]);
+    ps_spec_auto_add(&c, &(ps_spec_trip){.wait_s = 0.9, .crowded = true}); /* ignored now */
+    PS_CHECK(c.n[0] == 1 && fabs(c.wait[0] - 0.1) < 1e-12);
+    ps_spec_auto d = {0}; /* a crowded yardstick, then guesses in a clear trip: plain decoding again */
+    ps_spec_auto_add(&d, &(ps_spec_trip){.wait_s = 0.5, .crowded = true});
+    ps_spec_auto_add(&d, &(ps_spec_trip){.k = 2, .kept = 1, .drafted = 2, .draft_s = 0.01, .wait_s = 0.1});
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&d, 10), 0);
     /* plain after guesses that did not pay: guesses measured again (the acceptance fading to its
        prior), but with the overlap not while the draft's guesses of the plain tokens are wrong */
     for (int overlap = 0; overlap <= 1; overlap++) {

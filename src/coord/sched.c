@@ -73,7 +73,8 @@ typedef struct seq {
     double t_sent;                         /* when its latest trip was sent (ps_now) */
     int fresh;                             /* of them, those drafted before the trip left (the others meanwhile) */
     double draft_s;                        /* the seconds their drafting took (with the others') */
-    bool decoding;                         /* the trip out is a decoding one (not a prompt's) */
+    bool decoding;                         /* the trip out is a decoding one (not a prompt's) ... */
+    uint64_t crowd;                        /* ... s->crowd before it left (its own prompt rows crowd it) */
     int slot;                              /* with a draft model: its slot there, while it runs (else -1) */
     ps_spec_auto auto_k;                   /* --spec-k auto's measurements */
     int32_t pre[PS_MAX_DRAFT + 2];         /* overlap: the draft's next tokens had every guess in flight been kept */
@@ -126,6 +127,8 @@ struct ps_sched {
     char *tail_text;    /* (tail_cap) the text a DONE carries */
     size_t tail_cap;
     ps_spec_auto ring_auto; /* --spec-k auto: the ring and the draft as the latest sequence measured them */
+    uint64_t crowd;         /* micro-batches sent with prompt rows, and prompts the draft read: a trip out meanwhile
+                       waited for them too (ps_spec_trip.crowded) */
 };
 
 // ---------------------------------------------------------------------------------------
@@ -535,7 +538,7 @@ static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
     q->n_ready = n == q->n_guess + 1 && q->n_pre > 1 && got[n - 1].token == q->pre[0] ? q->n_pre - 1 : 0;
     if (!q->decoding) return;                  /* a prompt's trip: not what a token's costs */
     bool shadow = !q->n_guess && q->n_pre > 0; /* plain: the draft guessed its token meanwhile */
-    ps_spec_trip t = {.k = q->n_guess, .kept = n - 1, .wait_s = ps_now() - q->t_sent};
+    ps_spec_trip t = {.k = q->n_guess, .kept = n - 1, .wait_s = ps_now() - q->t_sent, .crowded = s->crowd != q->crowd};
     if (s->o.spec.kind == PS_SPEC_DRAFT) /* prompt lookup's cost nothing */
         t = (ps_spec_trip){.k = q->n_guess,
                            .kept = n - 1,
@@ -545,9 +548,17 @@ static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
                            .predrafted = shadow && q->pre_max > 1,
                            .shadow = shadow ? (got[0].token == q->pre[0] ? 1 : -1) : 0,
                            .meanwhile = q->n_meanwhile,
-                           .meanwhile_s = q->meanwhile_s};
+                           .meanwhile_s = q->meanwhile_s,
+                           .crowded = t.crowded};
     q->auto_k.overlap = overlap(s);
     ps_spec_auto_add(&q->auto_k, &t);
+        fprintf(
+            stderr,
+            "DBG seq %llu k %d kept %d wait %.3f draft %.3f fresh %d crowded %d next %d w0 %.3f n0 %d acc %.2f g %.3f\n",
+            (unsigned long long)q->id, t.k, t.kept, t.wait_s, t.draft_s, t.drafted, t.crowded,
+            ps_spec_auto_k(&q->auto_k, 10), q->auto_k.wait[0], q->auto_k.n[0],
+            (q->auto_k.kept + 0.8) / (q->auto_k.tested + 1),
+            q->auto_k.drafted > 0 ? q->auto_k.draft_s / q->auto_k.drafted : 0);
     if (!q->n_guess) return;
     pthread_mutex_lock(&s->mu);
     s->m.spec_trips++, s->m.spec_drafted += (uint64_t)q->n_guess, s->m.spec_kept += (uint64_t)(n - 1);
@@ -638,9 +649,10 @@ static bool send_group(ps_sched *s, int g) {
         return true;
     }
     double now = ps_now();
+    s->crowd += n_segs > n_dec;
     for (int k = 0; k < n_segs; k++) {
         seq *q = s->sent[k];
-        q->decoding = k < n_dec;
+        q->decoding = k < n_dec, q->crowd = s->crowd - (n_segs > n_dec);
         q->n_done += s->segs[k].n - s->segs[k].n_draft; /* a guess counts once the last stage keeps it */
         q->t_sent = now;
         q->in_flight = s->segs[k].sample;
@@ -677,6 +689,7 @@ static void predraft(ps_sched *s) {
             if (!q->in_flight || q->n_pre >= q->pre_max || (q->n_pre && heard) || at >= s->n_ctx) continue;
             memcpy(q->toks + q->n_toks, q->guess + 1, (size_t)q->n_guess * sizeof *q->toks); /* scratch */
             memcpy(q->toks + q->n_toks + q->n_guess, q->pre, (size_t)q->n_pre * sizeof *q->toks);
+            s->crowd += !q->decoding && !q->n_pre; /* reading a prompt: the trips out wait for it */
             of[n] = q;
             req[n++] = (ps_draft_req){.slot = q->slot,
                                       .toks = q->toks,

@@ -119,7 +119,8 @@ void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
     for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++) trips += from->n[k];
     if (!trips) return;
     ps_spec_auto c = {.overlap = from->overlap};
-    for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++) c.wait[k] = from->wait[k], c.n[k] = from->n[k] > 0;
+    for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++)
+        c.wait[k] = from->wait[k], c.n[k] = from->n[k] > 0, c.rough[k] = from->rough[k];
     if (from->drafted > 0) c.draft_s = from->draft_s / from->drafted, c.drafted = 1;
     if (from->tested > 0) c.tested = 8, c.kept = 8 * from->kept / from->tested;
     *to = c;
@@ -138,7 +139,9 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     /* each guess checked: kept, or the one that ended the trip; older ones fade, also while plain */
     a->tested = AUTO_ACCEPT * a->tested + t->kept + (t->kept < k) + (!k && t->shadow);
     a->kept = AUTO_ACCEPT * a->kept + t->kept + (!k && t->shadow > 0);
-    if (k > 0 || !t->predrafted) { /* the mean of the first trips, then a moving average */
+    if ((k > 0 || !t->predrafted) && (!t->crowded || !a->n[k] || a->rough[k])) {
+        if (a->rough[k] && !t->crowded) a->n[k] = 0; /* a clear wait at last: it alone */
+        a->rough[k] = t->crowded;                    /* the mean of the first trips, then a moving average */
         a->n[k]++;
         double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
         a->wait[k] += (t->wait_s - a->wait[k]) * w;
@@ -155,5 +158,7 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     } else if (k > 0) {
         a->since_probe++;
     }
+    if (k > 0 && !t->crowded && a->rough[0]) /* the crowd has gone: plain decoding's wait measured again */
+        a->n[0] = 0, a->rough[0] = false;
     a->last_k = k;
 }
