@@ -552,13 +552,6 @@ static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
                            .crowded = t.crowded};
     q->auto_k.overlap = overlap(s);
     ps_spec_auto_add(&q->auto_k, &t);
-        fprintf(
-            stderr,
-            "DBG seq %llu k %d kept %d wait %.3f draft %.3f fresh %d crowded %d next %d w0 %.3f n0 %d acc %.2f g %.3f\n",
-            (unsigned long long)q->id, t.k, t.kept, t.wait_s, t.draft_s, t.drafted, t.crowded,
-            ps_spec_auto_k(&q->auto_k, 10), q->auto_k.wait[0], q->auto_k.n[0],
-            (q->auto_k.kept + 0.8) / (q->auto_k.tested + 1),
-            q->auto_k.drafted > 0 ? q->auto_k.draft_s / q->auto_k.drafted : 0);
     if (!q->n_guess) return;
     pthread_mutex_lock(&s->mu);
     s->m.spec_trips++, s->m.spec_drafted += (uint64_t)q->n_guess, s->m.spec_kept += (uint64_t)(n - 1);
