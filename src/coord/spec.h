@@ -45,9 +45,9 @@ typedef struct {
  * fade while guesses are not tried; a starts at 0.8; a plain trip during which the draft guessed
  * its token counts that guess) over that cost: the wait measured at K (the mean of its first
  * trips, then a moving average; not a plain trip's during which the draft also made the next
- * trip's guesses, nor in serve one whose micro-batch carried prompt rows while K has a clearer
- * measure; plain decoding's is measured again once a trip of guesses comes without them), plus K guesses at the draft's measured seconds a guess (before sending and
- * while trips are out); with the overlap, a trip that kept every guess and guessed its last token
+ * trip's guesses, nor in serve one crowded by prompts while K has a clearer measure: plain
+ * decoding's is measured again once a trip of guesses comes back uncrowded), plus K guesses at
+ * the draft's measured seconds a guess (before sending and while trips are out); with the overlap, a trip that kept every guess and guessed its last token
  * (a^(K+1) of them) costs instead the longer of its wait and its K + 1 guesses, the others their
  * wait (at least a guess) and K guesses. A K not measured yet waits as the two measured around it
  * say (linearly), or, above the largest, as the largest plus what each guess added between the two
@@ -85,8 +85,9 @@ typedef struct {
     int shadow;         /* plain: the draft's guess of its token, made meanwhile: 1 right, -1 wrong, 0 none */
     int meanwhile;      /* guesses the draft made while it was out, beyond the one reading its tokens ... */
     double meanwhile_s; /* ... and their seconds */
-    bool crowded;       /* serve: its micro-batch carried prompt rows too, so its wait is not a token's: it
-                           counts only while K has no other (and gives way to the first that is not) */
+    bool crowded;       /* serve: prompt rows went round (or the draft read a prompt) while it was out, so its
+                           wait is not a token's: it counts only while K has no other measure, and gives way
+                           to the first that is not crowded */
 } ps_spec_trip;
 
 /* The K for the next trip (0..k_max; 0: plain). */
