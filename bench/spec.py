@@ -101,8 +101,9 @@ def metrics(port):
     c.request("GET", "/metrics")
     out = {}
     for line in c.getresponse().read().decode().splitlines():
-        if line.startswith("pipeshard_spec_") and line.split()[0].endswith("_total"):
-            out[line.split()[0][len("pipeshard_spec_"):-len("_total")]] = float(line.split()[1])
+        name, _, value = line.partition(" ")
+        if name.startswith("pipeshard_spec_") and name.endswith("_total"):
+            out[name[len("pipeshard_spec_"):-len("_total")]] = float(value)
     return out
 
 

@@ -5,7 +5,8 @@ Python client and raw HTTP, on SmolLM2-135M-Instruct (.cache/models, from script
 Server A (one stage, an API key, queue 64):
   1. openai client: chat and completions, streaming and not, usage (cached_tokens on a repeat),
      max_tokens -> "length", stop strings (text cut before the stop string, "stop"), seeds (the same
-     seed, the same text), ignore_eos (past the end of text to max_tokens), greedy text equal to `pipeshard run` with the same prompt (exact).
+     seed, the same text), ignore_eos (past the end of text to max_tokens), greedy text equal to
+     `pipeshard run` with the same prompt (exact).
   2. logprobs: completions' top-5 equal to an independent NumPy log-softmax of the logits
      `pipeshard run --dump-logits` writes for the same greedy prompt; chat's top-20: the top-1 is
      the token, descending, <= 0, sum of exp <= 1.

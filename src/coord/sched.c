@@ -538,18 +538,16 @@ static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
     q->n_ready = n == q->n_guess + 1 && q->n_pre > 1 && got[n - 1].token == q->pre[0] ? q->n_pre - 1 : 0;
     if (!q->decoding) return;                  /* a prompt's trip: not what a token's costs */
     bool shadow = !q->n_guess && q->n_pre > 0; /* plain: the draft guessed its token meanwhile */
-    ps_spec_trip t = {.k = q->n_guess, .kept = n - 1, .wait_s = ps_now() - q->t_sent, .crowded = s->crowd != q->crowd};
-    if (s->o.spec.kind == PS_SPEC_DRAFT) /* prompt lookup's cost nothing */
-        t = (ps_spec_trip){.k = q->n_guess,
-                           .kept = n - 1,
-                           .drafted = q->fresh,
-                           .draft_s = q->draft_s,
-                           .wait_s = t.wait_s,
-                           .predrafted = shadow && q->pre_max > 1,
-                           .shadow = shadow ? (got[0].token == q->pre[0] ? 1 : -1) : 0,
-                           .meanwhile = q->n_meanwhile,
-                           .meanwhile_s = q->meanwhile_s,
-                           .crowded = t.crowded};
+    ps_spec_trip t = {.k = q->n_guess,
+                      .kept = n - 1,
+                      .drafted = s->o.spec.kind == PS_SPEC_DRAFT ? q->fresh : 0, /* prompt lookup's cost nothing */
+                      .draft_s = q->draft_s,
+                      .wait_s = ps_now() - q->t_sent,
+                      .predrafted = shadow && q->pre_max > 1,
+                      .shadow = shadow ? (got[0].token == q->pre[0] ? 1 : -1) : 0,
+                      .meanwhile = q->n_meanwhile,
+                      .meanwhile_s = q->meanwhile_s,
+                      .crowded = s->crowd != q->crowd};
     q->auto_k.overlap = overlap(s);
     ps_spec_auto_add(&q->auto_k, &t);
     if (!q->n_guess) return;
