@@ -1233,6 +1233,7 @@ def case_mutations(want_last):
                           rep=rng.choice((1.0, 1.1)), rng=rng)
         payload = mutate(rng, base, MB_FIELDS)
         into_last = i % 2 == 0
+        since = (len(W1.text()), len(W2.text()))
         s = new_session()
         c2 = setup_last(s)
         if into_last:
@@ -1243,7 +1244,8 @@ def case_mutations(want_last):
             expect_frame(c, READY, f"FORWARD mutation {i}: SETUP of stage 1")
         half_close(c, b"".join(frame(FORWARD, p) for p in prefix) + mutated_frame(rng, FORWARD, payload))
         frames, closed, _ = c2.drain(TIMEOUT_MS / 1e3 + 3)
-        check(closed, f"FORWARD mutation {i}: stage 2 did not end the session once its input closed")
+        check(closed, lambda: f"FORWARD mutation {i}: stage 2 did not end the session once its input closed "
+              f"({payload.hex()}); w1 since:\n{W1.text()[since[0]:][-1500:]}\nw2 since:\n{W2.text()[since[1]:][-1500:]}")
         types = [t for t, _ in frames]
         kind = "TOKENS" if TOKENS in types else "ERROR" if ERROR in types else "nothing"
         outcomes[f"forward {kind}"] = outcomes.get(f"forward {kind}", 0) + 1

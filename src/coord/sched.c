@@ -547,6 +547,7 @@ static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
                       .shadow = shadow ? (got[0].token == q->pre[0] ? 1 : -1) : 0,
                       .meanwhile = q->n_meanwhile,
                       .meanwhile_s = q->meanwhile_s,
+                      .cut = q->n_pre > 0 && q->n_pre < q->pre_max, /* the answer came first */
                       .crowded = s->crowd != q->crowd};
     q->auto_k.overlap = overlap(s);
     ps_spec_auto_add(&q->auto_k, &t);

@@ -42,6 +42,7 @@ struct ps_session {
                                               holds until its answer; a plain trip: auto's next) */
     int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
     int n_meanwhile;                       /* overlap: guesses made after pre[0] while the trip was out */
+    bool pre_cut;                          /* ... fewer than it meant to: the answer came first */
     double meanwhile_s;                    /* ... their seconds (auto's seconds a guess) */
     int n_overlap;                         /* trips whose guesses the overlap had drafted */
 };
@@ -266,6 +267,7 @@ static void predraft(void *arg) {
             return;
         if (s->n_pre++) s->n_meanwhile++, s->meanwhile_s += ps_now() - t0; /* the others time a guess */
     }
+    s->pre_cut = s->n_pre < k;
 }
 
 /* While the prompt is out: the draft model reads it (its first guess is thrown away), so that the
@@ -298,7 +300,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     double t_sent = ps_now();
     bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1, shadow = false;
     s->n_fed = 0;
-    s->n_trip = n_draft, s->n_pre = s->n_meanwhile = 0, s->meanwhile_s = 0;
+    s->n_trip = n_draft, s->n_pre = s->n_meanwhile = 0, s->meanwhile_s = 0, s->pre_cut = false;
     if (n_draft) {
         s->trip[0] = s->toks[from];
         bool sampled = s->spec.kind == PS_SPEC_DRAFT && s->gp.sp.temperature > 0;
@@ -337,7 +339,8 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
                                          .predrafted = shadow && s->pre_k > 0,
                                          .shadow = shadow && s->n_pre ? (s->got[0] == s->pre[0] ? 1 : -1) : 0,
                                          .meanwhile = s->n_meanwhile,
-                                         .meanwhile_s = s->meanwhile_s});
+                                         .meanwhile_s = s->meanwhile_s,
+                                         .cut = s->pre_cut});
         s->by_k[n_draft]++;
     }
     return sample_next(s, tok, err, errlen);

@@ -32,7 +32,8 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 #define AUTO_AROUND   16   /* trips at a K > 0 between measures of a neighbour */
 #define AUTO_WAIT     16   /* plain trips before guesses are measured again; twice more while they lose */
 #define AUTO_WAIT_MAX 256
-#define AUTO_AGAIN    0.9 /* with the overlap, guesses are measured again when within 10 % of plain decoding */
+#define AUTO_AGAIN    0.9  /* with the overlap, guesses are measured again when within 10 % of plain decoding */
+#define AUTO_CLOSE    1.25 /* plain decoding is measured twice before a K less than 25 % faster wins over it */
 
 /* The wait for an answer to k guesses (spec.h): measured, else between the two K > 0 measured
  * around it, else beyond the largest at the pace of the two largest, else (below the smallest)
@@ -60,8 +61,8 @@ static double rate(const ps_spec_auto *a, int k) {
     double acc = (a->kept + 0.8) / (a->tested + 1), tokens = 1, p = 1; /* 0.8 before any guess */
     for (int i = 0; i < k; i++) tokens += p *= acc;
     double g = a->drafted > 0 ? a->draft_s / a->drafted : 0, w = wait_at(a, k), all = p * acc; /* a^(k+1) */
-    double s = !k || !a->overlap ? w + k * g /* with the overlap: after a trip that kept all, its K + 1 guesses */
-                                 : all * fmax(w, (k + 1) * g) + (1 - all) * (fmax(w, g) + k * g);
+    double fit = a->cut > 0 ? a->cut_made / a->cut : g > 0 ? w / g - 1 : k;    /* guesses drafted in a wait */
+    double s = w + k * g - (a->overlap ? all * fmin(k, fmax(fit, 0)) * g : 0); /* the drafting before sending */
     return s > 0 ? tokens / s : 0;
 }
 
@@ -92,6 +93,7 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
+    if (best > 0 && a->n[0] < AUTO_PROBE && rate(a, best) < AUTO_CLOSE * rate(a, 0)) return 0;
     if (best == 0 && last > 0) { /* guesses give way to plain decoding only 5 % behind it */
         int k = best_guessing(a, k_max);
         if (rate(a, k) > 0.95 * rate(a, 0)) best = k;
@@ -122,6 +124,7 @@ void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
     for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++)
         c.wait[k] = from->wait[k], c.n[k] = from->n[k] > 0, c.rough[k] = from->rough[k];
     if (from->drafted > 0) c.draft_s = from->draft_s / from->drafted, c.drafted = 1;
+    if (from->cut > 0) c.cut_made = from->cut_made / from->cut, c.cut = 1;
     if (from->tested > 0) c.tested = 8, c.kept = 8 * from->kept / from->tested;
     *to = c;
 }
@@ -136,6 +139,8 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
         a->draft_s = AUTO_ACCEPT * a->draft_s + (t->drafted > 0 ? t->draft_s : 0) + t->meanwhile_s;
         a->drafted = AUTO_ACCEPT * a->drafted + t->drafted + t->meanwhile;
     }
+    if (t->cut) /* the guesses a wait holds */
+        a->cut = AUTO_ACCEPT * a->cut + 1, a->cut_made = AUTO_ACCEPT * a->cut_made + t->meanwhile;
     /* each guess checked: kept, or the one that ended the trip; older ones fade, also while plain */
     a->tested = AUTO_ACCEPT * a->tested + t->kept + (t->kept < k) + (!k && t->shadow);
     a->kept = AUTO_ACCEPT * a->kept + t->kept + (!k && t->shadow > 0);

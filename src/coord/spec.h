@@ -47,15 +47,18 @@ typedef struct {
  * trips, then a moving average; not a plain trip's during which the draft also made the next
  * trip's guesses, nor in serve one crowded by prompts while K has a clearer measure: plain
  * decoding's is measured again once a trip of guesses comes back uncrowded), plus K guesses at
- * the draft's measured seconds a guess (before sending and while trips are out); with the overlap, a trip that kept every guess and guessed its last token
- * (a^(K+1) of them) costs instead the longer of its wait and its K + 1 guesses, the others their
- * wait (at least a guess) and K guesses. A K not measured yet waits as the two measured around it
+ * the draft's measured seconds a guess (before sending and while trips are out); with the overlap,
+ * a trip that kept every guess and guessed its last token (a^(K+1) of them) has the next trip's
+ * guesses drafted meanwhile, as many as fit in a wait (the mean made in the trips whose answer cut
+ * the draft short; none cut yet: the wait's seconds over a guess's, less one for reading the
+ * trip's tokens), so that only the rest are drafted before sending. A K not measured yet waits as the two measured around it
  * say (linearly), or, above the largest, as the largest plus what each guess added between the two
  * largest K > 0 measured (nothing with one: optimistic), or, below the smallest, as plain
  * decoding. The next trip takes the K of the highest rate (2 % above the others, so that a tie
  * takes fewer guesses; after guesses, plain decoding only when it is 5 % above every K); one not
  * measured yet is then measured, 2 trips (1 when it is the first after plain ones). Plain decoding
- * (K 0) is measured first, then 2 guesses, and plain wins when no K beats it. Every 16th trip at a
+ * (K 0) is measured first, then 2 guesses, and plain wins when no K beats it; while plain decoding
+ * has one measure, a K that beats it by less than 25 % waits for a second. Every 16th trip at a
  * K > 0 measures a neighbour again (either side in turn); after 16 plain trips in a row the K that
  * comes closest is measured again, then after 32, 64, ... 256 while guesses never pay (with the
  * overlap, where plain trips measure the acceptance, only when that K comes within 10 % of plain
@@ -66,6 +69,8 @@ typedef struct {
     bool rough[PS_SPEC_AUTO_MAX + 1];  /* per K: measured by crowded trips only (ps_spec_trip.crowded) */
     double tested, kept;               /* guesses checked, kept (decaying) */
     double draft_s, drafted;           /* the draft's seconds guessing, its guesses (decaying) */
+    double cut, cut_made;              /* trips whose answer came before the draft made the guesses it meant to
+                                          make meanwhile, and the guesses it had made (decaying) */
     bool overlap;                      /* the draft works while a trip is out (set by the caller) */
     int last_k;                        /* the latest trip's K */
     int plain_run, wait_plain;         /* plain trips in a row; how many before guesses are measured again */
@@ -85,6 +90,7 @@ typedef struct {
     int shadow;         /* plain: the draft's guess of its token, made meanwhile: 1 right, -1 wrong, 0 none */
     int meanwhile;      /* guesses the draft made while it was out, beyond the one reading its tokens ... */
     double meanwhile_s; /* ... and their seconds */
+    bool cut;           /* the answer came before the draft made every guess it meant to make meanwhile */
     bool crowded;       /* serve: prompt rows went round (or the draft read a prompt) while it was out, so its
                            wait is not a token's: it counts only while K has no other measure, and gives way
                            to the first that is not crowded */
@@ -96,7 +102,8 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max);
  * out (0 after plain decoding's first). */
 int ps_spec_auto_k_after_plain(const ps_spec_auto *a, int k_max);
 /* For a new generation over the same ring and draft, into to: what from (a generation's,
- * possibly to itself) measured of them (the wait at each K, the draft's seconds a guess) as one
+ * possibly to itself) measured of them (the wait at each K, the draft's seconds a guess, the
+ * guesses a wait holds) as one
  * trip's worth each and its acceptance as eight guesses' worth, so that the new text's trips
  * soon outweigh them; nothing else. Its first trip then takes the best K at once, neither the
  * plain yardstick nor 2 guesses. to stays as it is when from measured no trip. */
