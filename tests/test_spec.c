@@ -300,6 +300,10 @@ static void test_auto(void) {
         {"qwen bursty, 0 ms", bursty_of(0.038, 0.045, 0.002, 0.026, 0.99, 0.3, 0.03, 0.3)},
         /* ... prose at 0 ms: a guess costs most of a trip and few are kept, plain wins */
         {"qwen prose, 0 ms", ring_of(0.031, 0.038, 0.002, 0.026, true, 0.6, 0.6, 0)},
+        /* ... as measured in session 29 (the draft's 4 cores apart, 18 ms a guess; 32 ms a plain
+           trip, 48 + 3 a guess with guesses): code, prose */
+        {"qwen bursty, 0 ms, 18 ms a guess", bursty_of(0.032, 0.048, 0.003, 0.018, 0.99, 0.3, 0.03, 0.3)},
+        {"qwen prose, 0 ms, 18 ms a guess", ring_of(0.032, 0.048, 0.003, 0.018, true, 0.6, 0.6, 0)},
         /* this VM's pair at 0 ms on 2 stages: 0.17 s plain, 0.30 s + 30 ms to check a guess, 45 ms
            to draft one */
         {"this VM, 0 ms", ring_of(0.170, 0.300, 0.030, 0.045, true, 0.93, 0.93, 0)},
