@@ -37,6 +37,7 @@ import concurrent.futures
 import math
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -167,6 +168,23 @@ def case_draft(tmp):
     return target, bad
 
 
+def case_trace(target, draft):
+    """PS_SPEC_TRACE=1: a line on stderr for each decoding trip, with its K; none without it."""
+    args = [BIN, "run", "-m", target, "--mmap", "-p", PROMPT, "-n", "30", "--stats", "-c", "256", "-t", "1", "--temp",
+            "0", "--local-stages", "2", "--draft", draft]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "PS_SPEC_TRACE": "1"})
+    require(p.returncode == 0, lambda: f"PS_SPEC_TRACE=1 run: exit {p.returncode}: {p.stderr[-800:]}")
+    by_k = json.loads(p.stderr.strip().splitlines()[-1])["spec"]["trips_by_k"]
+    ks = [int(re.search(r" k (\d+) ", line).group(1)) for line in p.stderr.splitlines() if line.startswith("spec trace:")]
+    got = [ks.count(k) for k in range(len(by_k))]
+    check(got == by_k and all(re.search(r"\| next \d+$", line) for line in p.stderr.splitlines()
+                              if line.startswith("spec trace:")),
+          f"PS_SPEC_TRACE=1: trips by K {got} in the trace, {by_k} in --stats:\n{p.stderr[-1500:]}")
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "PS_SPEC_TRACE": "0"})
+    check(p.returncode == 0 and "spec trace:" not in p.stderr, f"PS_SPEC_TRACE=0: {p.stderr[-800:]}")
+    print(f"  ok: PS_SPEC_TRACE=1 traces every decoding trip ({sum(by_k)}), PS_SPEC_TRACE=0 none")
+
+
 def chi2_p(observed, expected):
     """The chi-square statistic of counts against expected counts (bins under 5 merged) and its
     p-value (Wilson-Hilferty's normal approximation)."""
@@ -295,6 +313,7 @@ def main():
     else:
         skip(f"stories260K: {STORIES} is absent")
     target, bad = case_draft(tmp)
+    case_trace(target, bad)
     case_distribution(tmp, target, bad, "a bad draft")
     case_distribution(tmp, target, target, "a good draft (the model itself)")
     if os.path.exists(SMOL):

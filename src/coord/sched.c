@@ -551,6 +551,7 @@ static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
                       .crowded = s->crowd != q->crowd};
     q->auto_k.overlap = overlap(s);
     ps_spec_auto_add(&q->auto_k, &t);
+    ps_spec_auto_trace(&q->auto_k, &t, q->id, s->o.spec.k);
     if (!q->n_guess) return;
     pthread_mutex_lock(&s->mu);
     s->m.spec_trips++, s->m.spec_drafted += (uint64_t)q->n_guess, s->m.spec_kept += (uint64_t)(n - 1);

@@ -330,17 +330,18 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
         s->decode_s += t;
         s->n_decode += s->n_got;
         s->auto_k.overlap = overlap;
-        ps_spec_auto_add(&s->auto_k,
-                         &(ps_spec_trip){.k = n_draft,
-                                         .kept = s->n_got - 1,
-                                         .drafted = fresh,
-                                         .draft_s = t_sent - t0,
-                                         .wait_s = ps_now() - t_sent,
-                                         .predrafted = shadow && s->pre_k > 0,
-                                         .shadow = shadow && s->n_pre ? (s->got[0] == s->pre[0] ? 1 : -1) : 0,
-                                         .meanwhile = s->n_meanwhile,
-                                         .meanwhile_s = s->meanwhile_s,
-                                         .cut = s->pre_cut});
+        ps_spec_trip trip = {.k = n_draft,
+                             .kept = s->n_got - 1,
+                             .drafted = fresh,
+                             .draft_s = t_sent - t0,
+                             .wait_s = ps_now() - t_sent,
+                             .predrafted = shadow && s->pre_k > 0,
+                             .shadow = shadow && s->n_pre ? (s->got[0] == s->pre[0] ? 1 : -1) : 0,
+                             .meanwhile = s->n_meanwhile,
+                             .meanwhile_s = s->meanwhile_s,
+                             .cut = s->pre_cut};
+        ps_spec_auto_add(&s->auto_k, &trip);
+        if (s->spec.kind) ps_spec_auto_trace(&s->auto_k, &trip, 0, s->spec.k);
         s->by_k[n_draft]++;
     }
     return sample_next(s, tok, err, errlen);

@@ -1,7 +1,11 @@
 /* spec.c - drafting for speculative decoding (spec.h). */
 #include "spec.h"
 
+#include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int ps_spec_ngram(const int32_t *toks, int n_toks, int k, int32_t *out) {
@@ -166,4 +170,24 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     if (k > 0 && !t->crowded && a->rough[0]) /* the crowd has gone: plain decoding's wait measured again */
         a->n[0] = 0, a->rough[0] = false;
     a->last_k = k;
+}
+
+void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t seq, int k_max) {
+    static atomic_int on = -1;
+    if (atomic_load(&on) < 0) {
+        const char *e = getenv("PS_SPEC_TRACE");
+        atomic_store(&on, e && !strcmp(e, "1"));
+    }
+    if (!atomic_load(&on)) return;
+    char line[1024];
+    int n = snprintf(line, sizeof line,
+                     "spec trace: seq %" PRIu64 " k %d kept %d drafted %d draft_ms %.1f wait_ms %.1f shadow %d "
+                     "meanwhile %d cut %d crowded %d | accept %.2f guess_ms %.1f holds %.1f | k:wait_ms/tok_s",
+                     seq, t->k, t->kept, t->drafted, t->draft_s * 1e3, t->wait_s * 1e3, t->shadow, t->meanwhile, t->cut,
+                     t->crowded, (a->kept + 0.8) / (a->tested + 1), a->drafted > 0 ? a->draft_s / a->drafted * 1e3 : 0,
+                     a->cut > 0 ? a->cut_made / a->cut : -1);
+    for (int k = 0; k <= PS_SPEC_AUTO_MAX && k <= k_max && n < (int)sizeof line; k++)
+        n += snprintf(line + n, sizeof line - (size_t)n, " %d:%.1f/%.1f", k, wait_at(a, k) * 1e3, rate(a, k));
+    if (n < (int)sizeof line) snprintf(line + n, sizeof line - (size_t)n, " | next %d", ps_spec_auto_k(a, k_max));
+    fprintf(stderr, "%s\n", line);
 }

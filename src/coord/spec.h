@@ -111,6 +111,11 @@ void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from);
 /* Records a trip (ignored when out of range). */
 void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t);
 
+/* With PS_SPEC_TRACE=1 in the environment, one line on stderr for trip t of sequence seq just
+ * recorded into a: the trip, then what auto now believes (acceptance, seconds a guess, the
+ * guesses a wait holds, each K's wait and rate) and the K it takes next (of at most k_max). */
+void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t seq, int k_max);
+
 /* Prompt lookup: finds the latest earlier occurrence of the sequence's last n tokens (n from
  * PS_SPEC_NGRAM_MAX down to 1; the longest that occurred wins) and copies up to k of the
  * tokens that followed it to out. Returns how many (0: no n-gram recurs). */
