@@ -42,8 +42,8 @@ struct ps_session {
                                               holds until its answer; a plain trip: auto's next) */
     int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
     int n_meanwhile;                       /* overlap: guesses made after pre[0] while the trip was out */
-    bool pre_cut;                          /* ... fewer than it meant to: the answer came first */
     double meanwhile_s;                    /* ... their seconds (auto's seconds a guess) */
+    bool pre_cut;                          /* ... fewer than it meant to make: the answer came first */
     int n_overlap;                         /* trips whose guesses the overlap had drafted */
 };
 
