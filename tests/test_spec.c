@@ -232,6 +232,9 @@ static void test_auto(void) {
     for (int i = 0; i < 2; i++)
         ps_spec_auto_add(&y, &(ps_spec_trip){.k = 1, .kept = 1, .drafted = 1, .draft_s = 0.017, .wait_s = 0.056});
     PS_CHECK_EQ_INT(ps_spec_auto_k(&y, 1), 0);
+    ps_spec_auto z = {0}; /* ... but the next answer starts from it at the best K */
+    ps_spec_auto_carry(&z, &y);
+    PS_CHECK_EQ_INT(ps_spec_auto_k(&z, 1), 1);
     ps_spec_auto_add(&y, &(ps_spec_trip){.wait_s = 0.040});
     PS_CHECK_EQ_INT(ps_spec_auto_k(&y, 1), 1);
     /* with the overlap, what a trip that kept every guess saves is the guesses a wait holds: the

@@ -127,6 +127,7 @@ void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
     ps_spec_auto c = {.overlap = from->overlap};
     for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++)
         c.wait[k] = from->wait[k], c.n[k] = from->n[k] > 0, c.rough[k] = from->rough[k];
+    c.n[0] *= AUTO_PROBE; /* a yardstick trusted as measured twice: the new answer starts at the best K */
     if (from->drafted > 0) c.draft_s = from->draft_s / from->drafted, c.drafted = 1;
     if (from->cut > 0) c.cut_made = from->cut_made / from->cut, c.cut = 1;
     if (from->tested > 0) c.tested = 8, c.kept = 8 * from->kept / from->tested;

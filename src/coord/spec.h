@@ -103,10 +103,11 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max);
 int ps_spec_auto_k_after_plain(const ps_spec_auto *a, int k_max);
 /* For a new generation over the same ring and draft, into to: what from (a generation's,
  * possibly to itself) measured of them (the wait at each K, the draft's seconds a guess, the
- * guesses a wait holds) as one
- * trip's worth each and its acceptance as eight guesses' worth, so that the new text's trips
- * soon outweigh them; nothing else. Its first trip then takes the best K at once, neither the
- * plain yardstick nor 2 guesses. to stays as it is when from measured no trip. */
+ * guesses a wait holds) as one trip's worth each (plain decoding's wait as two, so that it is
+ * not measured again first) and its acceptance as eight
+ * guesses' worth, so that the new text's trips soon outweigh them; nothing else. Its first
+ * trip then takes the best K at once, neither the plain yardstick nor 2 guesses. to stays as
+ * it is when from measured no trip. */
 void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from);
 /* Records a trip (ignored when out of range). */
 void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t);
