@@ -175,10 +175,10 @@ def case_trace(target, draft):
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "PS_SPEC_TRACE": "1"})
     require(p.returncode == 0, lambda: f"PS_SPEC_TRACE=1 run: exit {p.returncode}: {p.stderr[-800:]}")
     by_k = json.loads(p.stderr.strip().splitlines()[-1])["spec"]["trips_by_k"]
-    ks = [int(re.search(r" k (\d+) ", line).group(1)) for line in p.stderr.splitlines() if line.startswith("spec trace:")]
+    lines = [line for line in p.stderr.splitlines() if line.startswith("spec trace:")]
+    ks = [int(re.search(r" k (\d+) ", line).group(1)) for line in lines]
     got = [ks.count(k) for k in range(len(by_k))]
-    check(got == by_k and all(re.search(r"\| next \d+$", line) for line in p.stderr.splitlines()
-                              if line.startswith("spec trace:")),
+    check(got == by_k and all(re.search(r"\| next \d+$", line) for line in lines),
           f"PS_SPEC_TRACE=1: trips by K {got} in the trace, {by_k} in --stats:\n{p.stderr[-1500:]}")
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "PS_SPEC_TRACE": "0"})
     check(p.returncode == 0 and "spec trace:" not in p.stderr, f"PS_SPEC_TRACE=0: {p.stderr[-800:]}")
