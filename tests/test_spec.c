@@ -244,22 +244,17 @@ static void test_auto(void) {
     for (int cut = 0; cut <= 1; cut++) {
         ps_spec_auto o = {.overlap = true};
         for (int i = 0; i < 2; i++) ps_spec_auto_add(&o, &(ps_spec_trip){.wait_s = 0.027});
-        for (int i = 0; i < 2; i++)
-            ps_spec_auto_add(&o, &(ps_spec_trip){.k = 1,
-                                                 .kept = 1,
-                                                 .drafted = 1,
-                                                 .draft_s = 0.017,
-                                                 .wait_s = 0.056,
-                                                 .meanwhile = 1,
-                                                 .meanwhile_s = 0.017,
-                                                 .cut = cut});
-        static const int kept[] = {2, 2, 1, 2, 2, 2};
-        for (int i = 0; i < 6; i++)
-            ps_spec_auto_add(&o, &(ps_spec_trip){.k = 2,
-                                                 .kept = kept[i],
-                                                 .drafted = 2,
-                                                 .draft_s = 0.034,
-                                                 .wait_s = 0.059,
+        static const struct {
+            int k, kept;
+            double wait_s;
+        } trips[] = {{1, 1, 0.056}, {1, 1, 0.056}, {2, 2, 0.059}, {2, 2, 0.059},
+                     {2, 1, 0.059}, {2, 2, 0.059}, {2, 2, 0.059}, {2, 2, 0.059}};
+        for (size_t i = 0; i < PS_ARRAY_LEN(trips); i++)
+            ps_spec_auto_add(&o, &(ps_spec_trip){.k = trips[i].k,
+                                                 .kept = trips[i].kept,
+                                                 .drafted = trips[i].k,
+                                                 .draft_s = 0.017 * trips[i].k,
+                                                 .wait_s = trips[i].wait_s,
                                                  .meanwhile = 1,
                                                  .meanwhile_s = 0.017,
                                                  .cut = cut});

@@ -58,14 +58,20 @@ static double wait_at(const ps_spec_auto *a, int k) {
     return w;
 }
 
+/* The acceptance measured so far (0.8 before any guess), the draft's seconds a guess, and the
+ * guesses a wait holds (-1: no trip cut short yet). */
+static double accept(const ps_spec_auto *a) { return (a->kept + 0.8) / (a->tested + 1); }
+static double guess_s(const ps_spec_auto *a) { return a->drafted > 0 ? a->draft_s / a->drafted : 0; }
+static double holds(const ps_spec_auto *a) { return a->cut > 0 ? a->cut_made / a->cut : -1; }
+
 /* The rate of K: its tokens per trip at the acceptance measured so far over its trip's seconds
  * (spec.h). Plain decoding's (K 0) is measured before auto asks any other (a fixed K's trips
  * are recorded too, with no plain one). */
 static double rate(const ps_spec_auto *a, int k) {
-    double acc = (a->kept + 0.8) / (a->tested + 1), tokens = 1, p = 1; /* 0.8 before any guess */
+    double acc = accept(a), tokens = 1, p = 1;
     for (int i = 0; i < k; i++) tokens += p *= acc;
-    double g = a->drafted > 0 ? a->draft_s / a->drafted : 0, w = wait_at(a, k), all = p * acc; /* a^(k+1) */
-    double fit = a->cut > 0 ? a->cut_made / a->cut : g > 0 ? w / g - 1 : k;    /* guesses drafted in a wait */
+    double g = guess_s(a), w = wait_at(a, k), all = p * acc;                   /* a^(k+1) */
+    double fit = a->cut > 0 ? holds(a) : g > 0 ? w / g - 1 : k;                /* guesses drafted in a wait */
     double s = w + k * g - (a->overlap ? all * fmin(k, fmax(fit, 0)) * g : 0); /* the drafting before sending */
     return s > 0 ? tokens / s : 0;
 }
@@ -128,8 +134,8 @@ void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
     for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++)
         c.wait[k] = from->wait[k], c.n[k] = from->n[k] > 0, c.rough[k] = from->rough[k];
     c.n[0] *= AUTO_PROBE; /* a yardstick trusted as measured twice: the new answer starts at the best K */
-    if (from->drafted > 0) c.draft_s = from->draft_s / from->drafted, c.drafted = 1;
-    if (from->cut > 0) c.cut_made = from->cut_made / from->cut, c.cut = 1;
+    if (from->drafted > 0) c.draft_s = guess_s(from), c.drafted = 1;
+    if (from->cut > 0) c.cut_made = holds(from), c.cut = 1;
     if (from->tested > 0) c.tested = 8, c.kept = 8 * from->kept / from->tested;
     *to = c;
 }
@@ -185,8 +191,7 @@ void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t s
                      "spec trace: seq %" PRIu64 " k %d kept %d drafted %d draft_ms %.1f wait_ms %.1f shadow %d "
                      "meanwhile %d cut %d crowded %d | accept %.2f guess_ms %.1f holds %.1f | k:wait_ms/tok_s",
                      seq, t->k, t->kept, t->drafted, t->draft_s * 1e3, t->wait_s * 1e3, t->shadow, t->meanwhile, t->cut,
-                     t->crowded, (a->kept + 0.8) / (a->tested + 1), a->drafted > 0 ? a->draft_s / a->drafted * 1e3 : 0,
-                     a->cut > 0 ? a->cut_made / a->cut : -1);
+                     t->crowded, accept(a), guess_s(a) * 1e3, holds(a));
     for (int k = 0; k <= PS_SPEC_AUTO_MAX && k <= k_max && n < (int)sizeof line; k++)
         n += snprintf(line + n, sizeof line - (size_t)n, " %d:%.1f/%.1f", k, wait_at(a, k) * 1e3, rate(a, k));
     if (n < (int)sizeof line) snprintf(line + n, sizeof line - (size_t)n, " | next %d", ps_spec_auto_k(a, k_max));

@@ -51,10 +51,10 @@ typedef struct {
  * a trip that kept every guess and guessed its last token (a^(K+1) of them) has the next trip's
  * guesses drafted meanwhile, as many as fit in a wait (the mean made in the trips whose answer cut
  * the draft short; none cut yet: the wait's seconds over a guess's, less one for reading the
- * trip's tokens), so that only the rest are drafted before sending. A K not measured yet waits as the two measured around it
- * say (linearly), or, above the largest, as the largest plus what each guess added between the two
- * largest K > 0 measured (nothing with one: optimistic), or, below the smallest, as plain
- * decoding. The next trip takes the K of the highest rate (2 % above the others, so that a tie
+ * trip's tokens), so that only the rest are drafted before sending. A K not measured yet waits as
+ * the two measured around it say (linearly), or, above the largest, as the largest plus what each
+ * guess added between the two largest K > 0 measured (nothing with one: optimistic), or, below
+ * the smallest, as plain decoding. The next trip takes the K of the highest rate (2 % above the others, so that a tie
  * takes fewer guesses; after guesses, plain decoding only when it is 5 % above every K); one not
  * measured yet is then measured, 2 trips (1 when it is the first after plain ones). Plain decoding
  * (K 0) is measured first, then 2 guesses, and plain wins when no K beats it; while plain decoding
@@ -104,10 +104,9 @@ int ps_spec_auto_k_after_plain(const ps_spec_auto *a, int k_max);
 /* For a new generation over the same ring and draft, into to: what from (a generation's,
  * possibly to itself) measured of them (the wait at each K, the draft's seconds a guess, the
  * guesses a wait holds) as one trip's worth each (plain decoding's wait as two, so that it is
- * not measured again first) and its acceptance as eight
- * guesses' worth, so that the new text's trips soon outweigh them; nothing else. Its first
- * trip then takes the best K at once, neither the plain yardstick nor 2 guesses. to stays as
- * it is when from measured no trip. */
+ * not measured again first) and its acceptance as eight guesses' worth, so that the new text's
+ * trips soon outweigh them; nothing else. Its first trip then takes the best K at once, neither
+ * the plain yardstick nor 2 guesses. to stays as it is when from measured no trip. */
 void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from);
 /* Records a trip (ignored when out of range). */
 void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t);
