@@ -117,7 +117,8 @@ KI void k_transpose8(const uint8_t *p, int bsize, int off, int bcast, __m512i P[
 /* Scales and minimums of 4 q4_K / q5_K super-blocks, per lane (s = m % 4, k = m / 4):
  * sc[2k], sc[2k + 1] as int32 (scl, sch), (m[2k], m[2k + 1]) as an int16 pair, d, dmin. */
 typedef struct {
-    __m512i scl, sch, mins;
+    __m512 scl, sch;
+    __m512i mins;
     __m512 d, dmin;
 } k4_scales;
 
@@ -152,8 +153,8 @@ KI k4_scales k4_scales_load(const uint8_t *p, int bsize, const kctx *cx) {
         _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(e, _mm512_set1_epi32(4 << 16)), _mm512_set1_epi8(0x0f)),
                         _mm512_and_si512(_mm512_srli_epi16(f, 2), _mm512_set1_epi8(0x30)));
     __m512i r = _mm512_mask_blend_epi32(0xff00, lo, hi); /* bytes sc0, sc1, m0, m1 */
-    ks.scl = _mm512_and_si512(r, _mm512_set1_epi32(0xff));
-    ks.sch = _mm512_and_si512(_mm512_srli_epi32(r, 8), _mm512_set1_epi32(0xff));
+    ks.scl = _mm512_cvtepi32_ps(_mm512_and_si512(r, _mm512_set1_epi32(0xff)));
+    ks.sch = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(r, 8), _mm512_set1_epi32(0xff)));
     __m512i t = _mm512_srli_epi32(r, 16);
     ks.mins = _mm512_or_si512(_mm512_and_si512(t, _mm512_set1_epi32(0xff)),
                               _mm512_slli_epi32(_mm512_and_si512(t, _mm512_set1_epi32(0xff00)), 8));
@@ -226,11 +227,10 @@ KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint
         __m512 dx = _mm512_load_ps(x + t * xs + K4_DX);
         UNROLL
         for (int r = 0; r < R; r++) {
-            __m512i a =
-                _mm512_add_epi32(_mm512_mullo_epi32(lo[r][t], ks[r].scl), _mm512_mullo_epi32(hi[r][t], ks[r].sch));
+            __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[r][t]), ks[r].sch,
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(lo[r][t]), ks[r].scl));
             __m512i i = _mm512_madd_epi16(ks[r].mins, bs);
-            __m512 f =
-                _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), ks[r].dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(a), ks[r].d));
+            __m512 f = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), ks[r].dmin, _mm512_mul_ps(a, ks[r].d));
             facc[r][t] = _mm512_fmadd_ps(f, dx, facc[r][t]);
         }
     }
