@@ -180,9 +180,14 @@ def case_trace(target, draft):
     got = [ks.count(k) for k in range(len(by_k))]
     check(got == by_k and all(re.search(r"\| next \d+$", line) for line in lines),
           f"PS_SPEC_TRACE=1: trips by K {got} in the trace, {by_k} in --stats:\n{p.stderr[-1500:]}")
+    waits = [(float(re.search(r" wait_ms ([\d.]+) ", line).group(1)),
+              float(re.search(r" compute_ms ([\d.]+) ", line).group(1))) for line in lines]
+    check(all(0 < c <= w + 0.001 for w, c in waits),
+          f"PS_SPEC_TRACE=1: each trip's stages' compute is within its wait, not {waits}")
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "PS_SPEC_TRACE": "0"})
     check(p.returncode == 0 and "spec trace:" not in p.stderr, f"PS_SPEC_TRACE=0: {p.stderr[-800:]}")
-    print(f"  ok: PS_SPEC_TRACE=1 traces every decoding trip ({sum(by_k)}), PS_SPEC_TRACE=0 none")
+    print(f"  ok: PS_SPEC_TRACE=1 traces every decoding trip ({sum(by_k)}, each one's compute within its wait), "
+          "PS_SPEC_TRACE=0 none")
 
 
 def chi2_p(observed, expected):

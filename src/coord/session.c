@@ -306,7 +306,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     if (s->started && s->spec.kind != PS_SPEC_OFF &&
         (st = draft(s, s->trip + 1, s->trip_q, &n_draft, &fresh, err, errlen)))
         return st;
-    double t_sent = ps_now(), computed = s->spec.auto_k ? stages_compute_s(s->coord) : 0;
+    double t_sent = ps_now(), computed = s->spec.kind ? stages_compute_s(s->coord) : 0;
     bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1, shadow = false;
     s->n_fed = 0;
     s->n_trip = n_draft, s->n_pre = s->n_meanwhile = 0, s->meanwhile_s = 0, s->pre_cut = false;
@@ -349,7 +349,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
                              .meanwhile = s->n_meanwhile,
                              .meanwhile_s = s->meanwhile_s,
                              .cut = s->pre_cut,
-                             .compute_s = s->spec.auto_k ? stages_compute_s(s->coord) - computed : 0};
+                             .compute_s = s->spec.kind ? stages_compute_s(s->coord) - computed : 0};
         ps_spec_auto_add(&s->auto_k, &trip);
         if (s->spec.kind) ps_spec_auto_trace(&s->auto_k, &trip, 0, s->spec.k);
         s->by_k[n_draft]++;

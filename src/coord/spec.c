@@ -93,16 +93,6 @@ static int best_guessing(const ps_spec_auto *a, int k_max) {
     return best;
 }
 
-/* The first guesses (spec.h): the best K were each guess to add a plain trip's compute to the wait,
- * else 2. */
-static int first_k(const ps_spec_auto *a, int k_max) {
-    if (!(a->compute > 0)) return k_max < 2 ? k_max : 2;
-    ps_spec_auto bound = *a;
-    for (int k = 1; k <= k_max; k++) bound.wait[k] = a->wait[0] + k * fmin(a->compute, a->wait[0]), bound.n[k] = 1;
-    int k = best_guessing(&bound, k_max);
-    return k > 2 ? k : k_max < 2 ? k_max : 2;
-}
-
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (k_max > PS_SPEC_AUTO_MAX) k_max = PS_SPEC_AUTO_MAX;
     if (k_max < 1 || a->n[0] == 0) return 0; /* a plain trip first: the yardstick */
@@ -111,7 +101,7 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
         return last;       /* a measure runs on (but one trip after plain ones says what guesses get) */
     bool measured = false; /* any K > 0 */
     for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
-    if (!measured) return first_k(a, k_max);
+    if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
     if (best > 0 && a->n[0] < AUTO_PROBE && rate(a, best) < AUTO_CLOSE * rate(a, 0)) return 0;
     if (best == 0 && last > 0) { /* guesses give way to plain decoding only 5 % behind it */
@@ -140,7 +130,7 @@ void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
     int trips = 0;
     for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++) trips += from->n[k];
     if (!trips) return;
-    ps_spec_auto c = {.overlap = from->overlap, .compute = from->compute};
+    ps_spec_auto c = {.overlap = from->overlap};
     for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++)
         c.wait[k] = from->wait[k], c.n[k] = from->n[k] > 0, c.rough[k] = from->rough[k];
     c.n[0] *= AUTO_PROBE; /* a yardstick trusted as measured twice: the new answer starts at the best K */
@@ -171,8 +161,6 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
         a->n[k]++;
         double w = 1.0 / a->n[k] > 1 - AUTO_DECAY ? 1.0 / a->n[k] : 1 - AUTO_DECAY;
         a->wait[k] += (t->wait_s - a->wait[k]) * w;
-        if (!k && t->compute_s > 0 && t->compute_s <= t->wait_s)
-            a->compute = a->compute > 0 ? a->compute + (t->compute_s - a->compute) * w : t->compute_s;
     }
     if (k == 0 && a->last_k > 0) /* back to plain: after guesses that did not pay from the start, twice longer */
         a->wait_plain =
@@ -199,12 +187,12 @@ void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t s
     }
     if (!atomic_load(&on)) return;
     char line[1024];
-    int n = snprintf(line, sizeof line,
-                     "spec trace: seq %" PRIu64 " k %d kept %d drafted %d draft_ms %.1f wait_ms %.1f compute_ms %.1f "
-                     "shadow %d meanwhile %d cut %d crowded %d | accept %.2f guess_ms %.1f holds %.1f plain_compute_ms "
-                     "%.1f | k:wait_ms/tok_s",
-                     seq, t->k, t->kept, t->drafted, t->draft_s * 1e3, t->wait_s * 1e3, t->compute_s * 1e3, t->shadow,
-                     t->meanwhile, t->cut, t->crowded, accept(a), guess_s(a) * 1e3, holds(a), a->compute * 1e3);
+    int n =
+        snprintf(line, sizeof line,
+                 "spec trace: seq %" PRIu64 " k %d kept %d drafted %d draft_ms %.1f wait_ms %.3f compute_ms %.3f "
+                 "shadow %d meanwhile %d cut %d crowded %d | accept %.2f guess_ms %.1f holds %.1f | k:wait_ms/tok_s",
+                 seq, t->k, t->kept, t->drafted, t->draft_s * 1e3, t->wait_s * 1e3, t->compute_s * 1e3, t->shadow,
+                 t->meanwhile, t->cut, t->crowded, accept(a), guess_s(a) * 1e3, holds(a));
     for (int k = 0; k <= PS_SPEC_AUTO_MAX && k <= k_max && n < (int)sizeof line; k++)
         n += snprintf(line + n, sizeof line - (size_t)n, " %d:%.1f/%.1f", k, wait_at(a, k) * 1e3, rate(a, k));
     if (n < (int)sizeof line) snprintf(line + n, sizeof line - (size_t)n, " | next %d", ps_spec_auto_k(a, k_max));

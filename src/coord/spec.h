@@ -57,10 +57,7 @@ typedef struct {
  * the smallest, as plain decoding. The next trip takes the K of the highest rate (2 % above the others, so that a tie
  * takes fewer guesses; after guesses, plain decoding only when it is 5 % above every K); one not
  * measured yet is then measured, 2 trips (1 when it is the first after plain ones). Plain decoding
- * (K 0) is measured first, then the first guesses: the K of the highest rate were each guess to
- * add the stages' compute of a plain trip to the wait (a bound: the stages check the K + 1 rows in
- * one pass), so that a ring whose wait is mostly latency starts with many, or 2 guesses where
- * that compute is not known; plain wins when no K beats it; while plain decoding
+ * (K 0) is measured first, then 2 guesses, and plain wins when no K beats it; while plain decoding
  * has one measure, a K that beats it by less than 25 % waits for a second. Every 16th trip at a
  * K > 0 measures a neighbour again (either side in turn); after 16 plain trips in a row the K that
  * comes closest is measured again, then after 32, 64, ... 256 while guesses never pay (with the
@@ -68,7 +65,6 @@ typedef struct {
  * decoding, or after 256). */
 typedef struct {
     double wait[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds from sending a trip to its answer */
-    double compute;                    /* of plain decoding's wait, the stages' compute (0: not known) */
     int n[PS_SPEC_AUTO_MAX + 1];       /* per K: trips measured */
     bool rough[PS_SPEC_AUTO_MAX + 1];  /* per K: measured by crowded trips only (ps_spec_trip.crowded) */
     double tested, kept;               /* guesses checked, kept (decaying) */
@@ -95,7 +91,7 @@ typedef struct {
     int meanwhile;      /* guesses the draft made while it was out, beyond the one reading its tokens ... */
     double meanwhile_s; /* ... and their seconds */
     bool cut;           /* the answer came before the draft made every guess it meant to make meanwhile */
-    double compute_s;   /* of wait_s, the stages' compute (0: not known) */
+    double compute_s;   /* of wait_s, the stages' compute (PS_SPEC_TRACE; 0: not known, as in serve) */
     bool crowded;       /* serve: prompt rows went round (or the draft read a prompt) while it was out, so its
                            wait is not a token's: it counts only while K has no other measure, and gives way
                            to the first that is not crowded */
