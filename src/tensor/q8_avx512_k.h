@@ -115,7 +115,7 @@ KI void k_transpose8(const uint8_t *p, int bsize, int off, int bcast, __m512i P[
 }
 
 /* Scales and minimums of 4 q4_K / q5_K super-blocks, per lane (s = m % 4, k = m / 4):
- * sc[2k], sc[2k + 1] as int32 (scl, sch), (m[2k], m[2k + 1]) as an int16 pair, d, dmin. */
+ * sc[2k], sc[2k + 1] as floats (scl, sch), (m[2k], m[2k + 1]) as an int16 pair, d, dmin. */
 typedef struct {
     __m512 scl, sch;
     __m512i mins;
@@ -163,7 +163,8 @@ KI k4_scales k4_scales_load(const uint8_t *p, int bsize, const kctx *cx) {
 
 /* One q4_K / q5_K group for a 1 x T tile (R must be 1):
  *     lo = sum_c dpbusd(sub-block 2k quants, x_c), hi likewise for 2k + 1 (exact ints)
- *     a = lo * sc[2k] + hi * sc[2k + 1];  i = m[2k] bs[2k] + m[2k + 1] bs[2k + 1]
+ *     a = lo * sc[2k] + hi * sc[2k + 1]  (in floats, exact: |a| <= 2 * 32 * 31 * 127 * 63 < 2^24)
+ *     i = m[2k] bs[2k] + m[2k + 1] bs[2k + 1]
  *     facc += (float(a) ⊙ d - float(i) ⊙ dmin) ⊙ dx */
 KI void k4_group(int R, int T, int five, const uint8_t *w, size_t wb, const uint8_t *x, size_t xs, const kctx *cx,
                  __m512 facc[RMAX][TMAX]) {
