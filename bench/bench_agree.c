@@ -46,12 +46,18 @@ int main(int argc, char **argv) {
             target = NULL;
             break;
         }
-        if (!strcmp(argv[i], "-m")) target = v;
-        else if (!strcmp(argv[i], "-d")) draft = v;
-        else if (!strcmp(argv[i], "-p")) prompt = v;
-        else if (!strcmp(argv[i], "-f")) file = v;
-        else if (!strcmp(argv[i], "-n")) n = atoi(v);
-        else if (!strcmp(argv[i], "-t")) threads = atoi(v);
+        if (!strcmp(argv[i], "-m"))
+            target = v;
+        else if (!strcmp(argv[i], "-d"))
+            draft = v;
+        else if (!strcmp(argv[i], "-p"))
+            prompt = v;
+        else if (!strcmp(argv[i], "-f"))
+            file = v;
+        else if (!strcmp(argv[i], "-n"))
+            n = atoi(v);
+        else if (!strcmp(argv[i], "-t"))
+            threads = atoi(v);
         else {
             target = NULL;
             break;
@@ -89,7 +95,8 @@ int main(int argc, char **argv) {
     float *logits = malloc(sizeof(float) * (size_t)vocab * (size_t)n);
     if (!ids || !logits) return fail("out of memory");
     size_t n_prompt = 0;
-    if (ps_tok_encode(tok, text, len, true, false, ids, (size_t)(cap - n), &n_prompt, err, sizeof err)) return fail(err);
+    if (ps_tok_encode(tok, text, len, true, false, ids, (size_t)(cap - n), &n_prompt, err, sizeof err))
+        return fail(err);
     if (n_prompt == 0) return fail("the prompt is empty");
     int L = (int)n_prompt;
     ps_ctx_params cp = {.n_ctx = L + n, .max_batch = 128};

@@ -76,6 +76,7 @@ static void test_random(void) {
 
 typedef struct {
     double plain_s, base_s, per_s, guess_s;
+    double hop_s; /* of a trip's wait, the hops' (the rest the stages' compute; 0: compute not reported) */
     bool overlap;
     double accept, accept2;
     int switch_at;
@@ -150,6 +151,7 @@ static ps_spec_trip trip(ring *r, int k, int next) {
         t.meanwhile_s = t.meanwhile * r->guess_s;
         if (t.wait_s < first + t.meanwhile_s) t.wait_s = first + t.meanwhile_s;
     }
+    if (r->hop_s > 0) t.compute_s = (k ? r->base_s + k * r->per_s : r->plain_s) - r->hop_s;
     t.predrafted = shadow && next > 0;
     t.shadow = shadow ? (keep(r, 0) ? 1 : -1) : 0;
     r->ready = (k ? r->overlap && t.kept == k && keep(r, k) : t.predrafted && t.shadow > 0) ? t.meanwhile : 0;
@@ -187,8 +189,10 @@ static double best_fixed(const ring *r, int n, double rates[11]) {
     return best;
 }
 
-/* --spec-k auto: plain first, then 2 guesses, then the K the measurements favour. On each
- * simulated ring, over 20 draws of its guesses, auto must give on average at least 92 % of the
+/* --spec-k auto: plain first, then 2 guesses, then the K the measurements favour; or, timed
+ * (run and chat, where the stages report their compute), 2 guesses first, plain decoding then
+ * only where they do not beat by 25 % what the hops take. Each simulated ring is driven both
+ * ways (serve, run), over 20 draws of its guesses; auto must give on average at least 92 % of the
  * best fixed K's tokens per second (plain decoding among them) over 300 trips and 85 % over 40
  * (a short answer: measuring is a larger share), and at least 75 % on every draw of 300 trips;
  * a second answer of 12 trips that starts from what the first 40 measured (ps_spec_auto_carry),
@@ -284,77 +288,81 @@ static void test_auto(void) {
     struct {
         const char *what;
         ring r;
+        double hop_s; /* of a trip's wait, the hops' (in run, where the stages report their compute) */
     } rings[] = {
         /* prompt lookup over 100 ms hops: a guess costs 1 ms to check, 9 in 10 kept: many */
-        {"hop-bound", ring_of(0.100, 0.100, 0.001, 0, false, 0.9, 0.9, 0)},
+        {"hop-bound", ring_of(0.100, 0.100, 0.001, 0, false, 0.9, 0.9, 0), 0.095},
         /* guesses never kept: plain, but for the trials */
-        {"never kept", ring_of(0.100, 0.110, 0.001, 0.001, true, 0.0, 0.0, 0)},
+        {"never kept", ring_of(0.100, 0.110, 0.001, 0.001, true, 0.0, 0.0, 0), 0.095},
         /* compute-bound: each guess costs as much as the trip to check, half kept: no K pays */
-        {"compute-bound", ring_of(0.100, 0.100, 0.100, 0, false, 0.5, 0.5, 0)},
+        {"compute-bound", ring_of(0.100, 0.100, 0.100, 0, false, 0.5, 0.5, 0), 0.05},
         /* a trip of guesses costs 3 plain ones (verification on the same cores): 2 guesses lose,
            4 win, more win more */
-        {"dear trips", ring_of(0.100, 0.300, 0.010, 0.020, false, 0.97, 0.97, 0)},
+        {"dear trips", ring_of(0.100, 0.300, 0.010, 0.020, false, 0.97, 0.97, 0), 0.05},
         /* a LAN: 10 ms hops, guesses 5 ms, 7 in 10 kept: a middling K */
-        {"middling", ring_of(0.030, 0.030, 0.001, 0.004, true, 0.7, 0.7, 0)},
+        {"middling", ring_of(0.030, 0.030, 0.001, 0.004, true, 0.7, 0.7, 0), 0.02},
         /* the device machine's Qwen2.5-Coder pair on 2 stages of 4 cores, code: 100 ms hops and 0 */
-        {"qwen, 100 ms", ring_of(0.236, 0.236, 0.004, 0.026, true, 0.92, 0.92, 0)},
-        {"qwen, 0 ms", ring_of(0.038, 0.045, 0.002, 0.026, true, 0.92, 0.92, 0)},
+        {"qwen, 100 ms", ring_of(0.236, 0.236, 0.004, 0.026, true, 0.92, 0.92, 0), 0.2},
+        {"qwen, 0 ms", ring_of(0.038, 0.045, 0.002, 0.026, true, 0.92, 0.92, 0), 0.001},
         /* ... with code's guesses kept in runs (99 % in a stretch the draft knows, 30 % out of it):
            its fixed K's tokens per second as on the device, K=8 best at 100 ms */
-        {"qwen bursty, 100 ms", bursty_of(0.236, 0.236, 0.004, 0.026, 0.99, 0.3, 0.03, 0.3)},
-        {"qwen bursty, 0 ms", bursty_of(0.038, 0.045, 0.002, 0.026, 0.99, 0.3, 0.03, 0.3)},
+        {"qwen bursty, 100 ms", bursty_of(0.236, 0.236, 0.004, 0.026, 0.99, 0.3, 0.03, 0.3), 0.2},
+        {"qwen bursty, 0 ms", bursty_of(0.038, 0.045, 0.002, 0.026, 0.99, 0.3, 0.03, 0.3), 0.001},
         /* ... prose at 0 ms: a guess costs most of a trip and few are kept, plain wins */
-        {"qwen prose, 0 ms", ring_of(0.031, 0.038, 0.002, 0.026, true, 0.6, 0.6, 0)},
+        {"qwen prose, 0 ms", ring_of(0.031, 0.038, 0.002, 0.026, true, 0.6, 0.6, 0), 0.001},
         /* ... as measured in session 29 (the draft's 4 cores apart, 18 ms a guess; 32 ms a plain
            trip, 48 + 3 a guess with guesses): code, prose */
-        {"qwen bursty, 0 ms, 18 ms a guess", bursty_of(0.032, 0.048, 0.003, 0.018, 0.99, 0.3, 0.03, 0.3)},
-        {"qwen prose, 0 ms, 18 ms a guess", ring_of(0.032, 0.048, 0.003, 0.018, true, 0.6, 0.6, 0)},
+        {"qwen bursty, 0 ms, 18 ms a guess", bursty_of(0.032, 0.048, 0.003, 0.018, 0.99, 0.3, 0.03, 0.3), 0.001},
+        {"qwen prose, 0 ms, 18 ms a guess", ring_of(0.032, 0.048, 0.003, 0.018, true, 0.6, 0.6, 0), 0.001},
         /* ... as measured in session 31 at 100 ms (234 ms a plain trip, 232 + 8.5 a guess with
            guesses, 18.5 ms a guess): code, prose */
-        {"qwen bursty, 100 ms, session 31", bursty_of(0.234, 0.232, 0.0085, 0.0185, 0.99, 0.3, 0.03, 0.3)},
-        {"qwen prose, 100 ms, session 31", ring_of(0.234, 0.232, 0.0085, 0.0185, true, 0.8, 0.8, 0)},
+        {"qwen bursty, 100 ms, session 31", bursty_of(0.234, 0.232, 0.0085, 0.0185, 0.99, 0.3, 0.03, 0.3), 0.2},
+        {"qwen prose, 100 ms, session 31", ring_of(0.234, 0.232, 0.0085, 0.0185, true, 0.8, 0.8, 0), 0.2},
         /* this VM's pair at 0 ms on 2 stages: 0.17 s plain, 0.30 s + 30 ms to check a guess, 45 ms
            to draft one */
-        {"this VM, 0 ms", ring_of(0.170, 0.300, 0.030, 0.045, true, 0.93, 0.93, 0)},
+        {"this VM, 0 ms", ring_of(0.170, 0.300, 0.030, 0.045, true, 0.93, 0.93, 0), 0.001},
         /* prose with that pair: guesses kept 9 in 10 for 8 trips, then 1 in 2, at 0 and 100 ms
            a hop (at 0 ms plain wins once the guesses fail) */
-        {"drifting, 0 ms", ring_of(0.170, 0.300, 0.030, 0.045, true, 0.9, 0.5, 8)},
-        {"drifting, 100 ms", ring_of(0.370, 0.400, 0.030, 0.045, true, 0.9, 0.5, 8)},
+        {"drifting, 0 ms", ring_of(0.170, 0.300, 0.030, 0.045, true, 0.9, 0.5, 8), 0.001},
+        {"drifting, 100 ms", ring_of(0.370, 0.400, 0.030, 0.045, true, 0.9, 0.5, 8), 0.2},
     };
     for (size_t i = 0; i < PS_ARRAY_LEN(rings); i++) {
-        static const int horizons[] = {300, 40};
-        for (size_t h = 0; h < PS_ARRAY_LEN(horizons); h++) {
-            int by_k[11] = {0};
-            double sum = 0, worst = 1e9, second = 0, share[11] = {0}; /* each fixed K's of the best */
-            for (int seed = 1; seed <= 20; seed++) {
-                ring r = rings[i].r;
-                r.rng = (uint64_t)seed * 7919;
-                write_text(&r);
-                double rates[11], best = best_fixed(&r, horizons[h], rates);
-                for (int k = 0; k <= 10; k++) share[k] += rates[k] / best / 20;
-                ps_spec_auto a = {.overlap = r.overlap};
-                double got = drive(&r, &a, horizons[h], 0, -1, by_k) / best;
-                sum += got;
-                if (got < worst) worst = got;
-                if (horizons[h] != 40) continue;
-                ps_spec_auto next = {0}; /* a second answer of 12 trips, from what the first measured */
-                ps_spec_auto_carry(&next, &a);
-                r.ready = 0;
-                best = best_fixed(&r, 12, NULL);
-                second += drive(&r, &next, 12, 0, -1, NULL) / best;
+        for (int in_run = 0; in_run <= 1; in_run++) {
+            static const int horizons[] = {300, 40};
+            for (size_t h = 0; h < PS_ARRAY_LEN(horizons); h++) {
+                int by_k[11] = {0};
+                double sum = 0, worst = 1e9, second = 0, share[11] = {0}; /* each fixed K's of the best */
+                for (int seed = 1; seed <= 20; seed++) {
+                    ring r = rings[i].r;
+                    r.hop_s = in_run ? rings[i].hop_s : 0;
+                    r.rng = (uint64_t)seed * 7919;
+                    write_text(&r);
+                    double rates[11], best = best_fixed(&r, horizons[h], rates);
+                    for (int k = 0; k <= 10; k++) share[k] += rates[k] / best / 20;
+                    ps_spec_auto a = {.overlap = r.overlap, .timed = r.hop_s > 0};
+                    double got = drive(&r, &a, horizons[h], 0, -1, by_k) / best;
+                    sum += got;
+                    if (got < worst) worst = got;
+                    if (horizons[h] != 40) continue;
+                    ps_spec_auto next = {0}; /* a second answer of 12 trips, from what the first measured */
+                    ps_spec_auto_carry(&next, &a);
+                    r.ready = 0;
+                    best = best_fixed(&r, 12, NULL);
+                    second += drive(&r, &next, 12, 0, -1, NULL) / best;
+                }
+                int ahead = 0; /* the K best on average: what a K fixed in advance gets of each draw's best */
+                for (int k = 1; k <= 10; k++)
+                    if (share[k] > share[ahead]) ahead = k;
+                printf("auto (%s), %s, %d trips: %.3f x the best fixed K on average (worst draw %.2f; K=%d, the best "
+                       "fixed in advance, %.3f); trips by K",
+                       in_run ? "run" : "serve", rings[i].what, horizons[h], sum / 20, worst, ahead, share[ahead]);
+                for (int k = 0; k <= 10; k++) printf(" %d", by_k[k]);
+                if (horizons[h] == 40) printf("; a second answer of 12 trips %.3f", second / 20);
+                printf("\n");
+                PS_CHECK(sum / 20 >= (horizons[h] == 300 ? 0.92 : 0.85));
+                if (horizons[h] == 300) PS_CHECK(worst >= 0.75);
+                if (horizons[h] == 40) PS_CHECK(second / 20 >= 0.82);
             }
-            int ahead = 0; /* the K best on average: what a K fixed in advance gets of each draw's best */
-            for (int k = 1; k <= 10; k++)
-                if (share[k] > share[ahead]) ahead = k;
-            printf("auto, %s, %d trips: %.3f x the best fixed K on average (worst draw %.2f; K=%d, the best fixed "
-                   "in advance, %.3f); trips by K",
-                   rings[i].what, horizons[h], sum / 20, worst, ahead, share[ahead]);
-            for (int k = 0; k <= 10; k++) printf(" %d", by_k[k]);
-            if (horizons[h] == 40) printf("; a second answer of 12 trips %.3f", second / 20);
-            printf("\n");
-            PS_CHECK(sum / 20 >= (horizons[h] == 300 ? 0.92 : 0.85));
-            if (horizons[h] == 300) PS_CHECK(worst >= 0.75);
-            if (horizons[h] == 40) PS_CHECK(second / 20 >= 0.82);
         }
     }
 }
@@ -429,23 +437,24 @@ static const struct {
  * of 4 cores, the 0.5B draft on 4 more, 0 to 100 ms a hop): a plain trip's wait from session
  * 31's plain tok/s, a trip of K guesses' wait and the draft's seconds a guess fitted to its
  * fixed K's tok/s on both of bench/spec.py's prompts (docs/bench/2026-12-04-session31.md; 1.4
- * to 4.6 % rms). Over answers of 128 and 256 tokens, auto must give on average at least 92 %
- * and 95 % of each answer's best fixed K (plain decoding among them), and at least what the
- * K best on average over the answers gives (a K fixed in advance, knowing the ring but not the
- * text). */
+ * to 4.6 % rms), auto timed as in run (bench/spec.py's runs). Over answers of 128 and 256
+ * tokens, auto must give on average at least 95 % and 97.5 % of each answer's best fixed K (plain
+ * decoding among them), and within 1 % of what the K best on average over the answers gives (a
+ * K fixed in advance, knowing the ring but not the text), or more. */
 static void test_real(void) {
     const struct {
         const char *what;
         ring r;
+        double hop_s; /* the emulated latency of its 2 or 3 hops */
     } rings[] = {
-        {"0 ms, 2 stages", ring_of(0.0348, 0.0390, 0.0130, 0.0185, true, 0, 0, 0)},
-        {"0 ms, 3 stages", ring_of(0.0380, 0.0380, 0.0105, 0.0175, true, 0, 0, 0)},
-        {"10 ms, 2 stages", ring_of(0.0550, 0.0605, 0.0015, 0.0235, true, 0, 0, 0)},
-        {"10 ms, 3 stages", ring_of(0.0660, 0.0700, 0.0020, 0.0210, true, 0, 0, 0)},
-        {"50 ms, 2 stages", ring_of(0.1360, 0.1360, 0.0040, 0.0240, true, 0, 0, 0)},
-        {"50 ms, 3 stages", ring_of(0.1850, 0.1850, 0.0090, 0.0140, true, 0, 0, 0)},
-        {"100 ms, 2 stages", ring_of(0.2350, 0.2491, 0.0035, 0.0215, true, 0, 0, 0)},
-        {"100 ms, 3 stages", ring_of(0.3380, 0.3380, 0.0105, 0.0145, true, 0, 0, 0)},
+        {"0 ms, 2 stages", ring_of(0.0348, 0.0390, 0.0130, 0.0185, true, 0, 0, 0), 0.0005},
+        {"0 ms, 3 stages", ring_of(0.0380, 0.0380, 0.0105, 0.0175, true, 0, 0, 0), 0.0005},
+        {"10 ms, 2 stages", ring_of(0.0550, 0.0605, 0.0015, 0.0235, true, 0, 0, 0), 0.02},
+        {"10 ms, 3 stages", ring_of(0.0660, 0.0700, 0.0020, 0.0210, true, 0, 0, 0), 0.03},
+        {"50 ms, 2 stages", ring_of(0.1360, 0.1360, 0.0040, 0.0240, true, 0, 0, 0), 0.1},
+        {"50 ms, 3 stages", ring_of(0.1850, 0.1850, 0.0090, 0.0140, true, 0, 0, 0), 0.15},
+        {"100 ms, 2 stages", ring_of(0.2350, 0.2491, 0.0035, 0.0215, true, 0, 0, 0), 0.2},
+        {"100 ms, 3 stages", ring_of(0.3380, 0.3380, 0.0105, 0.0145, true, 0, 0, 0), 0.3},
     };
     static const int lengths[] = {128, 256};
     const int n_texts = (int)PS_ARRAY_LEN(REAL_TEXTS);
@@ -454,7 +463,8 @@ static void test_real(void) {
             double sum = 0, worst = 1e9, share[11] = {0};
             for (int j = 0; j < n_texts; j++) {
                 ring r = rings[i].r;
-                r.text = REAL_TEXTS[j].text, r.at = 1; /* token 0 came from the prompt's trip */
+                r.hop_s = rings[i].hop_s, r.text = REAL_TEXTS[j].text,
+                r.at = 1; /* token 0 came from the prompt's trip */
                 double rates[11], best = 0;
                 for (int k = 0; k <= 10; k++) {
                     ring c = r;
@@ -463,7 +473,7 @@ static void test_real(void) {
                     if (rates[k] > best) best = rates[k];
                 }
                 for (int k = 0; k <= 10; k++) share[k] += rates[k] / best / n_texts;
-                ps_spec_auto a = {.overlap = r.overlap};
+                ps_spec_auto a = {.overlap = r.overlap, .timed = r.hop_s > 0};
                 double got = drive(&r, &a, TEXT_MAX, lengths[h], -1, NULL) / best;
                 sum += got / n_texts;
                 if (got < worst) worst = got;
@@ -474,8 +484,8 @@ static void test_real(void) {
             printf("auto on real answers, %s, %d tokens: %.3f x each answer's best fixed K on average (worst "
                    "%.2f); K=%d, the best fixed in advance, %.3f\n",
                    rings[i].what, lengths[h], sum, worst, ahead, share[ahead]);
-            PS_CHECK(sum >= (lengths[h] == 128 ? 0.92 : 0.95));
-            PS_CHECK(sum >= share[ahead]);
+            PS_CHECK(sum >= (lengths[h] == 128 ? 0.95 : 0.975));
+            PS_CHECK(sum >= share[ahead] - 0.01);
         }
     }
 }

@@ -126,8 +126,7 @@ static void run_usage(FILE *f) {
           "                          that came true (default on)\n"
           "  --spec-k K|auto         guesses per trip, 1 to 16, or auto (the default): per sequence, the K\n"
           "                          (up to 10) whose measured trip time and acceptance give the most\n"
-          "                          tokens per second (doubling 2, 4, 8 while more might pay, then by\n"
-          "                          steps); plain decoding when none beats it\n",
+          "                          tokens per second; plain decoding when none beats it\n",
           f);
 }
 

@@ -206,7 +206,7 @@ ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, s
     if (o->kind != PS_SPEC_OFF && (o->k < 1 || o->k > most))
         return ps_errf(err, errlen, PS_ERR_ARG, "%d guesses per trip: the coordinator takes 1 to %d", o->k, most);
     s->spec = *o;
-    s->auto_k = (ps_spec_auto){0};
+    s->auto_k = (ps_spec_auto){.timed = true}; /* the stages report their compute: sample_next's trips */
     return PS_OK;
 }
 

@@ -44,6 +44,7 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
  * plain decoding's. */
 static double wait_at(const ps_spec_auto *a, int k) {
     if (a->n[k] > 0) return a->wait[k];
+    if (k == 0) return a->floor_s; /* plain decoding not measured yet: at least the hops' */
     int lo = k - 1, hi = k + 1;
     while (lo >= 0 && a->n[lo] == 0) lo--;
     while (hi <= PS_SPEC_AUTO_MAX && a->n[hi] == 0) hi++;
@@ -95,12 +96,13 @@ static int best_guessing(const ps_spec_auto *a, int k_max) {
 
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (k_max > PS_SPEC_AUTO_MAX) k_max = PS_SPEC_AUTO_MAX;
-    if (k_max < 1 || a->n[0] == 0) return 0; /* a plain trip first: the yardstick */
-    int last = a->last_k;
-    if (last > 0 && last <= k_max && a->n[last] < AUTO_PROBE && a->spec_run > 1)
-        return last;       /* a measure runs on (but one trip after plain ones says what guesses get) */
     bool measured = false; /* any K > 0 */
     for (int k = 1; k <= PS_SPEC_AUTO_MAX; k++) measured |= a->n[k] > 0;
+    /* plain decoding's yardstick first, or (timed) once guesses have given the hops' floor */
+    if (k_max < 1 || (a->n[0] == 0 && (!a->timed || (measured && !(a->floor_s > 0))))) return 0;
+    int last = a->last_k;
+    if (last > 0 && last <= k_max && a->n[last] < AUTO_PROBE && a->spec_run > 1)
+        return last; /* a measure runs on (but one trip after plain ones says what guesses get) */
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
     if (best > 0 && a->n[0] < AUTO_PROBE && rate(a, best) < AUTO_CLOSE * rate(a, 0)) return 0;
@@ -130,7 +132,7 @@ void ps_spec_auto_carry(ps_spec_auto *to, const ps_spec_auto *from) {
     int trips = 0;
     for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++) trips += from->n[k];
     if (!trips) return;
-    ps_spec_auto c = {.overlap = from->overlap};
+    ps_spec_auto c = {.overlap = from->overlap, .timed = from->timed, .floor_s = from->floor_s};
     for (int k = 0; k <= PS_SPEC_AUTO_MAX; k++)
         c.wait[k] = from->wait[k], c.n[k] = from->n[k] > 0, c.rough[k] = from->rough[k];
     c.n[0] *= AUTO_PROBE; /* a yardstick trusted as measured twice: the new answer starts at the best K */
@@ -150,6 +152,8 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
         a->draft_s = AUTO_ACCEPT * a->draft_s + (t->drafted > 0 ? t->draft_s : 0) + t->meanwhile_s;
         a->drafted = AUTO_ACCEPT * a->drafted + t->drafted + t->meanwhile;
     }
+    if (t->compute_s > 0 && t->wait_s > t->compute_s) /* the hops' part of a wait: plain decoding's floor */
+        a->floor_s += (t->wait_s - t->compute_s - a->floor_s) * (a->floor_s > 0 ? 1 - AUTO_DECAY : 1);
     if (t->cut) /* the guesses a wait holds */
         a->cut = AUTO_ACCEPT * a->cut + 1, a->cut_made = AUTO_ACCEPT * a->cut_made + t->meanwhile;
     /* each guess checked: kept, or the one that ended the trip; older ones fade, also while plain */

@@ -58,11 +58,14 @@ typedef struct {
  * takes fewer guesses; after guesses, plain decoding only when it is 5 % above every K); one not
  * measured yet is then measured, 2 trips (1 when it is the first after plain ones). Plain decoding
  * (K 0) is measured first, then 2 guesses, and plain wins when no K beats it; while plain decoding
- * has one measure, a K that beats it by less than 25 % waits for a second. Every 16th trip at a
- * K > 0 measures a neighbour again (either side in turn); after 16 plain trips in a row the K that
- * comes closest is measured again, then after 32, 64, ... 256 while guesses never pay (with the
- * overlap, where plain trips measure the acceptance, only when that K comes within 10 % of plain
- * decoding, or after 256). */
+ * has one measure, a K that beats it by less than 25 % waits for a second. Where the caller
+ * reports each trip's compute (timed: run and chat), 2 guesses go first and plain decoding waits,
+ * until measured, what the hops take of the trips' waits (a wait less the stages' compute): it is
+ * measured when guesses do not beat that by 25 %, and a ring of slow hops loses no trip to it.
+ * Every 16th trip at a K > 0 measures a neighbour again (either side in turn); after 16 plain
+ * trips in a row the K that comes closest is measured again, then after 32, 64, ... 256 while
+ * guesses never pay (with the overlap, where plain trips measure the acceptance, only when that K
+ * comes within 10 % of plain decoding, or after 256). */
 typedef struct {
     double wait[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds from sending a trip to its answer */
     int n[PS_SPEC_AUTO_MAX + 1];       /* per K: trips measured */
@@ -72,6 +75,9 @@ typedef struct {
     double cut, cut_made;              /* trips whose answer came before the draft made the guesses it meant to
                                           make meanwhile, and the guesses it had made (decaying) */
     bool overlap;                      /* the draft works while a trip is out (set by the caller) */
+    bool timed;                        /* the caller reports each trip's compute (set by it): the first trip carries
+                                          guesses, and plain decoding waits at least the hops' part until measured */
+    double floor_s;                    /* the hops' part of a wait (its less the stages' compute; moving average) */
     int last_k;                        /* the latest trip's K */
     int plain_run, wait_plain;         /* plain trips in a row; how many before guesses are measured again */
     int spec_run;                      /* trips with guesses in a row */
@@ -91,7 +97,7 @@ typedef struct {
     int meanwhile;      /* guesses the draft made while it was out, beyond the one reading its tokens ... */
     double meanwhile_s; /* ... and their seconds */
     bool cut;           /* the answer came before the draft made every guess it meant to make meanwhile */
-    double compute_s;   /* of wait_s, the stages' compute (PS_SPEC_TRACE; 0: not known, as in serve) */
+    double compute_s;   /* of wait_s, the stages' compute (0: not known, as in serve) */
     bool crowded;       /* serve: prompt rows went round (or the draft read a prompt) while it was out, so its
                            wait is not a token's: it counts only while K has no other measure, and gives way
                            to the first that is not crowded */
