@@ -9,8 +9,9 @@
 3. Options that belong to `run` are refused with status 2.
 4. Speculation (the model drafting for itself, 2 stages, 20 ms a hop, --spec-k auto): the same
    answers as without it, every guess kept, and the --stats line of each turn carries it; turn 1
-   starts with a plain trip (auto's yardstick), turn 2 with guesses (it starts from what turn 1
-   measured of the ring and the draft).
+   starts with 2 guesses (where the stages report their compute, auto's first trip carries
+   guesses and gives the hops' time; PS_SPEC_TRACE shows it), turn 2 with no plain trip (it starts
+   from what turn 1 measured of the ring and the draft).
 """
 import json
 import os
@@ -58,7 +59,8 @@ def case_spec():
     # 100 ms hops: guesses pay clearly also in a sanitizer build, where the draft (the model itself) takes half
     # a second a guess and a trip at 20 ms hops not much longer (auto then rightly decodes plain at times)
     p = subprocess.run([BIN, "chat", *ARGS, "--local-stages", "2", "--sim-latency-ms", "100", "--draft", MODEL,
-                        "--stats"], input=f"{Q1}\n{Q2}\n", text=True, capture_output=True, timeout=300)
+                        "--stats"], input=f"{Q1}\n{Q2}\n", text=True, capture_output=True, timeout=300,
+                       env={**os.environ, "PS_SPEC_TRACE": "1"})
     require(plain.returncode == 0 and p.returncode == 0, lambda: f"chat exited {plain.returncode}, {p.returncode}: "
             f"{plain.stderr}{p.stderr}")
     check(p.stdout == plain.stdout, f"with speculation the answers were {p.stdout!r}, without {plain.stdout!r}")
@@ -67,7 +69,11 @@ def case_spec():
     spec = [t["spec"] for t in turns]
     check(all(s["k"] == "auto" and s["drafted"] > 0 and s["kept"] == s["drafted"] for s in spec),
           f"guesses kept: {[(s['kept'], s['drafted']) for s in spec]} (the draft is the model itself)")
-    check(spec[0]["trips_by_k"][0] >= 1, f"turn 1's trips by K {spec[0]['trips_by_k']}: no plain yardstick")
+    trace = [line.split() for line in p.stderr.splitlines() if line.startswith("spec trace: ")]
+    first = dict(zip(trace[0][4:20:2], trace[0][5:21:2])) if trace else {}
+    check(first.get("k") == "2" and float(first.get("compute_ms", 0)) > 0 and
+          float(first.get("wait_ms", 0)) > float(first.get("compute_ms", 0)) + 150,
+          f"turn 1's first trip (2 guesses, its wait 200 ms of hops beyond the stages' compute): {trace[:1]}")
     check(spec[1]["trips_by_k"][0] == 0, f"turn 2's trips by K {spec[1]['trips_by_k']}: a plain trip, as if "
           "nothing had been measured")
     print(f"  ok: chat with a draft: the same answers, every guess kept; trips by K {spec[0]['trips_by_k']} "
