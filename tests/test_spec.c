@@ -223,6 +223,30 @@ static void test_auto(void) {
     PS_CHECK(ps_spec_auto_k(&second, 10) >= 8);
     ps_spec_auto_carry(&second, &(ps_spec_auto){0});
     PS_CHECK_EQ_INT(second.n[8], 1);
+    /* timed (the stages' compute reported): 2 guesses first; their wait less the compute is a floor
+       under plain decoding's wait, which is measured next only where guesses do not beat the floor
+       by 25 %: at 0 ms a hop (floor 1 ms) always, at 100 ms (floor 200 ms) not after 2 kept */
+    for (int slow = 0; slow <= 1; slow++) {
+        ps_spec_auto t = {.timed = true};
+        PS_CHECK_EQ_INT(ps_spec_auto_k(&t, 10), 2);
+        double hops = slow ? 0.200 : 0.001, compute = 0.030;
+        ps_spec_auto_add(
+            &t, &(ps_spec_trip){
+                    .k = 2, .kept = 2, .drafted = 2, .draft_s = 0.02, .wait_s = hops + compute, .compute_s = compute});
+        PS_CHECK(fabs(t.floor_s - hops) < 1e-9);
+        PS_CHECK(slow ? ps_spec_auto_k(&t, 10) > 2 : ps_spec_auto_k(&t, 10) == 0);
+        ps_spec_auto no_compute = {.timed = true}; /* no floor from a trip: plain decoding measured next */
+        ps_spec_auto_add(&no_compute, &(ps_spec_trip){.k = 2, .kept = 2, .drafted = 2, .draft_s = 0.02, .wait_s = 0.2});
+        PS_CHECK_EQ_INT(ps_spec_auto_k(&no_compute, 10), 0);
+        if (!slow) continue;
+        for (int i = 0; i < 3; i++) /* ... then K=8, every guess kept, plain decoding never measured */
+            ps_spec_auto_add(
+                &t,
+                &(ps_spec_trip){.k = 8, .kept = 8, .drafted = 8, .draft_s = 0.08, .wait_s = 0.25, .compute_s = 0.05});
+        ps_spec_auto next = {0}; /* the next answer: the floor and the waits carried, the best K at once */
+        ps_spec_auto_carry(&next, &t);
+        PS_CHECK(next.timed && fabs(next.floor_s - 0.2) < 1e-9 && ps_spec_auto_k(&next, 10) >= 8);
+    }
     /* serve: a crowded trip's wait (prompt rows beside) stands only until a clear one comes */
     ps_spec_auto c = {0};
     ps_spec_auto_add(&c, &(ps_spec_trip){.wait_s = 0.5, .crowded = true});
