@@ -106,7 +106,7 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     if (!measured) return k_max < 2 ? k_max : 2; /* the first guesses: a few */
     int best = best_k(a, k_max, false);
     if (best > 0 && a->n[0] < AUTO_PROBE && rate(a, best) < AUTO_CLOSE * rate(a, 0)) return 0;
-    if (best == 0 && last > 0) { /* guesses give way to plain decoding only 5 % behind it */
+    if (best == 0 && last > 0 && a->last_kept) { /* guesses that keep some give way to plain only 5 % behind it */
         int k = best_guessing(a, k_max);
         if (rate(a, k) > 0.95 * rate(a, 0)) best = k;
     }
@@ -181,6 +181,7 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t) {
     if (k > 0 && !t->crowded && a->rough[0]) /* the crowd has gone: plain decoding's wait measured again */
         a->n[0] = 0, a->rough[0] = false;
     a->last_k = k;
+    a->last_kept = t->kept > 0;
 }
 
 void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t seq, int k_max) {

@@ -54,9 +54,10 @@ typedef struct {
  * trip's tokens), so that only the rest are drafted before sending. A K not measured yet waits as
  * the two measured around it say (linearly), or, above the largest, as the largest plus what each
  * guess added between the two largest K > 0 measured (nothing with one: optimistic), or, below
- * the smallest, as plain decoding. The next trip takes the K of the highest rate (2 % above the others, so that a tie
- * takes fewer guesses; after guesses, plain decoding only when it is 5 % above every K); one not
- * measured yet is then measured, 2 trips (1 when it is the first after plain ones). Plain decoding
+ * the smallest, as plain decoding. The next trip takes the K of the highest rate (2 % above the
+ * others, so that a tie takes fewer guesses; after a trip that kept a guess, plain decoding only
+ * when it is 5 % above every K); one not measured yet is then measured, 2 trips (1 when it is the
+ * first after plain ones). Plain decoding
  * (K 0) is measured first, then 2 guesses, and plain wins when no K beats it; while plain decoding
  * has one measure, a K that beats it by less than 25 % waits for a second. Where the caller
  * reports each trip's compute (timed: run and chat), 2 guesses go first and plain decoding waits,
@@ -79,6 +80,7 @@ typedef struct {
                                           guesses, and plain decoding waits at least the hops' part until measured */
     double floor_s;                    /* the hops' part of a wait (its less the stages' compute; moving average) */
     int last_k;                        /* the latest trip's K */
+    bool last_kept;                    /* ... kept a guess */
     int plain_run, wait_plain;         /* plain trips in a row; how many before guesses are measured again */
     int spec_run;                      /* trips with guesses in a row */
     int since_probe, side;             /* trips at a K > 0 since a neighbour was measured; its side (+1, -1) */
