@@ -14,6 +14,7 @@
 """
 import os
 import pty
+import re
 import select
 import shutil
 import subprocess
@@ -103,6 +104,20 @@ def synth_small(path):
                         "--type", "Q8_0", "--seed", "1", "-o", path], capture_output=True, text=True)
     require(p.returncode == 0, f"synth: {p.stderr}")
     return path
+
+
+def spec_trace(line):
+    """A PS_SPEC_TRACE=1 line ("spec trace: seq 0 k 2 kept 2 ... | accept 0.93 ... | k:wait_ms/tok_s
+    ... | next 4") as {field: number}: each "name value" pair before the per-K list, and next;
+    None for any other line."""
+    if not line.startswith("spec trace: "):
+        return None
+    head, _, tail = line.partition("| k:")
+    fields = {key: float(value) for key, value in re.findall(r"(\w+) (-?[\d.]+)\b", head)}
+    m = re.search(r"\| next (\d+)$", tail)
+    if m:
+        fields["next"] = int(m.group(1))
+    return fields
 
 
 def conclude(tmp, t0):

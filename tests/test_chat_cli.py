@@ -16,7 +16,6 @@
 import json
 import os
 import pty
-import re
 import select
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import termios
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pstest import check, require, verdict  # noqa: E402
+from pstest import check, require, spec_trace, verdict  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
 MODEL = os.path.join(os.environ.get("PS_MODEL_CACHE", ".cache/models"), "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -74,20 +73,16 @@ def case_spec():
     for line in p.stderr.splitlines():
         if line.startswith("{"):
             turn += 1
-        elif line.startswith("spec trace: ") and turn < 2:
-            fields = {}
-            for key, value in re.findall(r"(\w+) (-?[\d.]+)\b", line.split("| k:")[0]):
-                fields.setdefault(key, value)
-            traces[turn].append(fields)
+        elif spec_trace(line) and turn < 2:
+            traces[turn].append(spec_trace(line))
     require(traces[0] and traces[1], lambda: f"no PS_SPEC_TRACE lines for both turns: {p.stderr[-2000:]}")
     first = traces[0][0]
-    check(first["k"] == "2" and float(first["compute_ms"]) > 0 and
-          float(first["wait_ms"]) > float(first["compute_ms"]) + 150,
+    check(first["k"] == 2 and first["compute_ms"] > 0 and first["wait_ms"] > first["compute_ms"] + 150,
           f"turn 1's first trip (2 guesses, its wait 200 ms of hops beyond the stages' compute): {first}")
     # turn 2 starts from turn 1's measures: the acceptance counts turn 1's kept guesses as eight (above
     # 0.95 after its first trip, where a fresh start's 2 kept guesses give 0.93), and a plain trip
     # measured in turn 1 is not measured again
-    check(float(traces[1][0]["accept"]) > 0.95, f"turn 2's first trip: {traces[1][0]}, as if nothing was measured")
+    check(traces[1][0]["accept"] > 0.95, f"turn 2's first trip: {traces[1][0]}, as if nothing was measured")
     check(spec[0]["trips_by_k"][0] == 0 or spec[1]["trips_by_k"][0] == 0,
           f"trips by K {spec[0]['trips_by_k']} then {spec[1]['trips_by_k']}: plain decoding measured again")
     print(f"  ok: chat with a draft: the same answers, every guess kept; trips by K {spec[0]['trips_by_k']} "

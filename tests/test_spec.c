@@ -175,14 +175,22 @@ static double drive(ring *r, ps_spec_auto *a, int n, int until, int k, int by_k[
     return tokens / time;
 }
 
-/* The best fixed K's tokens per second (plain decoding among them) over the next n trips of r;
- * each K's into rates (unless NULL). */
-static double best_fixed(const ring *r, int n, double rates[11]) {
+/* The K (0..10) of the largest share: the one best on average, a K fixed in advance. */
+static int best_on_average(const double share[11]) {
+    int ahead = 0;
+    for (int k = 1; k <= 10; k++)
+        if (share[k] > share[ahead]) ahead = k;
+    return ahead;
+}
+
+/* The best fixed K's tokens per second (plain decoding among them) over the next n trips of r
+ * (fewer where its text reaches until tokens; 0: no end); each K's into rates (unless NULL). */
+static double best_fixed(const ring *r, int n, int until, double rates[11]) {
     double best = 0;
     for (int k = 0; k <= 10; k++) {
         ring c = *r;
         ps_spec_auto a = {0};
-        double v = drive(&c, &a, n, 0, k, NULL);
+        double v = drive(&c, &a, n, until, k, NULL);
         if (rates) rates[k] = v;
         if (v > best) best = v;
     }
@@ -361,7 +369,7 @@ static void test_auto(void) {
                     r.hop_s = in_run ? rings[i].hop_s : 0;
                     r.rng = (uint64_t)seed * 7919;
                     write_text(&r);
-                    double rates[11], best = best_fixed(&r, horizons[h], rates);
+                    double rates[11], best = best_fixed(&r, horizons[h], 0, rates);
                     for (int k = 0; k <= 10; k++) share[k] += rates[k] / best / 20;
                     ps_spec_auto a = {.overlap = r.overlap, .timed = r.hop_s > 0};
                     double got = drive(&r, &a, horizons[h], 0, -1, by_k) / best;
@@ -371,12 +379,10 @@ static void test_auto(void) {
                     ps_spec_auto next = {0}; /* a second answer of 12 trips, from what the first measured */
                     ps_spec_auto_carry(&next, &a);
                     r.ready = 0;
-                    best = best_fixed(&r, 12, NULL);
+                    best = best_fixed(&r, 12, 0, NULL);
                     second += drive(&r, &next, 12, 0, -1, NULL) / best;
                 }
-                int ahead = 0; /* the K best on average: what a K fixed in advance gets of each draw's best */
-                for (int k = 1; k <= 10; k++)
-                    if (share[k] > share[ahead]) ahead = k;
+                int ahead = best_on_average(share); /* what a K fixed in advance gets of each draw's best */
                 printf("auto (%s), %s, %d trips: %.3f x the best fixed K on average (worst draw %.2f; K=%d, the best "
                        "fixed in advance, %.3f); trips by K",
                        in_run ? "run" : "serve", rings[i].what, horizons[h], sum / 20, worst, ahead, share[ahead]);
@@ -489,22 +495,14 @@ static void test_real(void) {
                 ring r = rings[i].r;
                 r.hop_s = rings[i].hop_s, r.text = REAL_TEXTS[j].text,
                 r.at = 1; /* token 0 came from the prompt's trip */
-                double rates[11], best = 0;
-                for (int k = 0; k <= 10; k++) {
-                    ring c = r;
-                    ps_spec_auto a = {0};
-                    rates[k] = drive(&c, &a, TEXT_MAX, lengths[h], k, NULL);
-                    if (rates[k] > best) best = rates[k];
-                }
+                double rates[11], best = best_fixed(&r, TEXT_MAX, lengths[h], rates);
                 for (int k = 0; k <= 10; k++) share[k] += rates[k] / best / n_texts;
                 ps_spec_auto a = {.overlap = r.overlap, .timed = r.hop_s > 0};
                 double got = drive(&r, &a, TEXT_MAX, lengths[h], -1, NULL) / best;
                 sum += got / n_texts;
                 if (got < worst) worst = got;
             }
-            int ahead = 0;
-            for (int k = 1; k <= 10; k++)
-                if (share[k] > share[ahead]) ahead = k;
+            int ahead = best_on_average(share);
             printf("auto on real answers, %s, %d tokens: %.3f x each answer's best fixed K on average (worst "
                    "%.2f); K=%d, the best fixed in advance, %.3f\n",
                    rings[i].what, lengths[h], sum, worst, ahead, share[ahead]);

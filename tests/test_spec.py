@@ -37,13 +37,12 @@ import concurrent.futures
 import math
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pstest import check, conclude, require, skip, tmpdir  # noqa: E402
+from pstest import check, conclude, require, skip, spec_trace, tmpdir  # noqa: E402
 from psserve import Server  # noqa: E402
 
 BIN = os.environ.get("PIPESHARD_BIN", "build/pipeshard")
@@ -175,13 +174,11 @@ def case_trace(target, draft):
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "PS_SPEC_TRACE": "1"})
     require(p.returncode == 0, lambda: f"PS_SPEC_TRACE=1 run: exit {p.returncode}: {p.stderr[-800:]}")
     by_k = json.loads(p.stderr.strip().splitlines()[-1])["spec"]["trips_by_k"]
-    lines = [line for line in p.stderr.splitlines() if line.startswith("spec trace:")]
-    ks = [int(re.search(r" k (\d+) ", line).group(1)) for line in lines]
-    got = [ks.count(k) for k in range(len(by_k))]
-    check(got == by_k and all(re.search(r"\| next \d+$", line) for line in lines),
+    trips = [t for t in map(spec_trace, p.stderr.splitlines()) if t]
+    got = [[t["k"] for t in trips].count(k) for k in range(len(by_k))]
+    check(got == by_k and all("next" in t for t in trips),
           f"PS_SPEC_TRACE=1: trips by K {got} in the trace, {by_k} in --stats:\n{p.stderr[-1500:]}")
-    waits = [(float(re.search(r" wait_ms ([\d.]+) ", line).group(1)),
-              float(re.search(r" compute_ms ([\d.]+) ", line).group(1))) for line in lines]
+    waits = [(t["wait_ms"], t["compute_ms"]) for t in trips]
     check(all(0 < c <= w + 0.001 for w, c in waits),
           f"PS_SPEC_TRACE=1: each trip's stages' compute is within its wait, not {waits}")
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "PS_SPEC_TRACE": "0"})

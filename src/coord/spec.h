@@ -57,9 +57,9 @@ typedef struct {
  * the smallest, as plain decoding. The next trip takes the K of the highest rate (2 % above the
  * others, so that a tie takes fewer guesses; after a trip that kept a guess, plain decoding only
  * when it is 5 % above every K); one not measured yet is then measured, 2 trips (1 when it is the
- * first after plain ones). Plain decoding
- * (K 0) is measured first, then 2 guesses, and plain wins when no K beats it; while plain decoding
- * has one measure, a K that beats it by less than 25 % waits for a second. Where the caller
+ * first after plain ones). Plain decoding (K 0) is measured first, then 2 guesses, and plain wins
+ * when no K beats it; while plain decoding has one measure, a K that beats it by less than 25 %
+ * waits for a second. Where the caller
  * reports each trip's compute (timed: run and chat), 2 guesses go first and plain decoding waits,
  * until measured, what the hops take of the trips' waits (a wait less the stages' compute): it is
  * measured when guesses do not beat that by 25 %, and a ring of slow hops loses no trip to it.
