@@ -4,7 +4,8 @@ acceptance and tokens per trip for each K at each emulated hop latency.
 
   bench/spec.py --model FILE [--draft FILE [--draft-threads N]] [--stages 2,3] [--latency 0,10,50,100]
                 [--k 1,2,4,6,8,10] [--tokens 96] [--threads 1] [--prompts code,prose] [--rounds 2]
-                [--turns 1] [--serve [--streams 1]] [--overlap] [--llama-speculative PATH] [--json FILE]
+                [--turns 1] [--serve [--streams 1]] [--overlap] [--llama-speculative PATH] [--no-plain]
+                [--json FILE]
 
 For each stage count and latency, `pipeshard run -m FILE --local-stages N --pin -t THREADS
 --sim-latency-ms L --temp 0 -n TOKENS --stats` runs plain and with `--spec ngram --spec-k K`
@@ -33,6 +34,9 @@ the same turns: what the overlap gains.
 With --draft and --llama-speculative PATH (llama.cpp's `llama-speculative`, built by the user), the
 unsplit rows at 0 ms also run `PATH -m MODEL -md DRAFT --draft-max K -t THREADS -td DRAFT_THREADS
 --temp 0` on the same prompt, in the same turns, for each K: its decode tok/s beside ours.
+With --no-plain, plain decoding does not run (at 100 ms a hop it is the slowest run by far) and each
+ratio is to the round's best fixed K instead: what `auto` reaches of the best K in hindsight; the ids
+are then checked against the first configuration's.
 """
 import re
 import argparse
@@ -204,6 +208,7 @@ def main():
     ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--llama-speculative")
+    ap.add_argument("--no-plain", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
     ks = [int(k) for k in a.k.split(",") if k != "auto"]
@@ -211,6 +216,8 @@ def main():
         sys.exit(f"spec.py: --turns {a.turns}: 1 to {len(TURNS['code'])}, and 1 with --llama-speculative")
     if not 1 <= a.streams <= 64 or (a.streams > 1 and (not a.serve or a.turns > 1)):
         sys.exit(f"spec.py: --streams {a.streams}: 1 to 64, more than 1 only with --serve and one turn")
+    if a.no_plain and not ks:
+        sys.exit("spec.py: --no-plain needs a fixed K in --k: the ratios are to the best of them")
     answers = [("", slice(None))] if a.turns == 1 else [("1st", slice(0, 1)), ("later", slice(1, None))]
     rows = []
     print(f"{'prompt':6} {'stages':>6} {'ms/hop':>6} {'config':>10} {'tok/s':>8} {'ratio':>6} {'min..max':>12} "
@@ -220,7 +227,8 @@ def main():
             for latency in [float(x) for x in a.latency.split(",")]:
                 src = (["--draft", a.draft, "--draft-threads", str(a.draft_threads)] if a.draft else
                        ["--spec", "ngram"])
-                configs = [("plain", [])] + [(f"K={k}", src + ["--spec-k", str(k)]) for k in ks] + [("auto", src)]
+                configs = [("plain", [])] * (not a.no_plain) + \
+                    [(f"K={k}", src + ["--spec-k", str(k)]) for k in ks] + [("auto", src)]
                 if a.overlap and a.draft:  # each draft configuration again without the overlap
                     configs += [(n + " no-ov", x + ["--spec-overlap", "off"]) for n, x in configs[1:]]
                 got = {name: [] for name, _ in configs}
@@ -235,8 +243,10 @@ def main():
                             got.setdefault("llama " + name, []).append(
                                 ([{"decode_tok_s": llama_speculative(a, PROMPTS[prompt], int(name[2:]))}], True))
                 names = [name for name, _ in configs] + [n for n in got if n.startswith("llama ")]
-                plain_of = {which: [pooled(stats[part])["decode_tok_s"] for stats, _ in got["plain"]]
-                            for which, part in answers}
+                # the yardstick of each round: plain decoding, or with --no-plain the best fixed K
+                yard = ["plain"] if not a.no_plain else [n for n in names if n.startswith("K=")]
+                plain_of = {which: [max(pooled(got[n][r][0][part])["decode_tok_s"] for n in yard)
+                                    for r in range(a.rounds)] for which, part in answers}
                 for (which, part), name in [(w, n) for w in answers for n in names]:
                     runs = [(pooled(stats[part]), same) for stats, same in got[name]]
                     plain = plain_of[which]
