@@ -7,13 +7,15 @@
  * reply); then the draft reads the prompt and the answer in one pass, and for each answer
  * token j says whether its greedy guess from the true prefix (the prompt and tokens 0..j-1)
  * is token j. Prints the answer's token ids on one line, then one character per token, 1 for
- * a right guess and 0 for a wrong one. In greedy speculation a trip of K guesses sent after
+ * a right guess and 0 for a wrong one, then the draft's probability of each guess (its softmax's
+ * largest, three decimals: how sure the draft was, right or wrong). In greedy speculation a trip of K guesses sent after
  * token j - 1 keeps the run of 1s from j, at most K (its guesses are the draft's from the true
  * prefix while they are kept), so the line is all a trip-by-trip replay needs: tests/test_spec.c
  * replays such lines of the Qwen2.5-Coder pair through --spec-k auto. The prompt is tokenized
  * as `pipeshard run -p` does (BOS as the model asks, no special tokens parsed).
  *
  * Build (CMake): bench/bench_*.c are linked with pscore. */
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +32,13 @@ static int argmax(const float *v, int n) {
     for (int i = 1; i < n; i++)
         if (v[i] > v[best]) best = i;
     return best;
+}
+
+/* The softmax's largest probability over v[0..n) (v[best] its largest logit). */
+static double top_p(const float *v, int n, int best) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)v[i] - v[best]);
+    return 1 / sum;
 }
 
 static int fail(const char *what) {
@@ -119,6 +128,10 @@ int main(int argc, char **argv) {
         putchar(r ? '1' : '0');
     }
     putchar('\n');
+    for (int j = 0; j < n; j++) {
+        const float *v = logits + (size_t)j * vocab;
+        printf("%.3f%c", top_p(v, vocab, argmax(v, vocab)), j + 1 < n ? ' ' : '\n');
+    }
     fprintf(stderr, "bench_agree: prompt %d tokens, %d of %d guesses right\n", L, right, n);
     ps_ctx_free(ct), ps_ctx_free(cd), ps_tok_free(tok), ps_model_free(mt), ps_model_free(md), ps_pool_free(pool);
     free(ids), free(logits);

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """tests/test_spec.c's real texts: where the Qwen2.5-Coder 0.5B draft guesses the 1.5B target's
-greedy answer, token by token (build/bench_agree), for bench/spec.py's two prompts and fourteen
-others, printed as the C lines of test_spec.c's REAL_TEXTS.
+greedy answer, token by token (build/bench_agree), and how sure it was of each guess, for
+bench/spec.py's two prompts and fourteen others, printed as the C lines of test_spec.c's
+REAL_TEXTS: the guesses right (1) or wrong (0), then for each guess -100 log10 of the draft's
+probability of it as two digits (99 for 0.1 or less: a trip stops there at once).
 
     bench/spec_texts.py [--model 1.5B.gguf] [--draft 0.5B.gguf] [--tokens 256] [--threads 2]
 
@@ -9,6 +11,7 @@ The lines depend on the kernel family (the families' greedy answers part on some
 test_spec.c's were made with avx512vnni (the device machine's and this VM's).
 """
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -57,8 +60,9 @@ def main():
                             str(a.threads)], capture_output=True, text=True, timeout=1800)
         if p.returncode != 0:
             sys.exit(f"spec_texts: bench_agree failed on {name!r}: {p.stderr.strip()}")
-        right = p.stdout.split("\n")[1]
-        print(f"    {{\"{name}\", \"{right}\"}},")
+        lines = p.stdout.split("\n")
+        right, sure = lines[1], "".join(f"{min(99, round(-100 * math.log10(float(x)))):02d}" for x in lines[2].split())
+        print(f"    {{\"{name}\", \"{right}\",\n     \"{sure}\"}},")
 
 
 if __name__ == "__main__":

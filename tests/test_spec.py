@@ -187,6 +187,64 @@ def case_trace(target, draft):
           "PS_SPEC_TRACE=0 none")
 
 
+def case_sure(tmp):
+    """--spec-k auto with a draft model: a trip's guesses stop after the one that takes the draft's
+    probability of them all below 0.1 (spec.h, PS_SPEC_SURE). stories260K drafts for itself, so
+    every guess is kept and a trip's guesses are the answer's next tokens; their probabilities come
+    from the NumPy reference's softmax (tests/ref/forward.py). Each trip's K must be the least of
+    what auto asked (the trace line before's next), where the product first falls below 0.1, and
+    the tokens left: in run on 2 stages with hops of 10 ms (so that guesses pay), with the overlap
+    (which drafts guesses while a trip is out, and stops there too) and without, and in serve.
+    Products within 0.2 % of 0.1 are not judged."""
+    if not os.path.exists(STORIES):
+        return skip(f"the draft's sureness: {STORIES} is absent")
+    import numpy as np
+    from ref.forward import Model
+    prompt, n = [1, 403, 407, 261, 378], 80  # <s> Once upon a time
+    fleet = ["-m", STORIES, "--local-stages", "2", "--sim-latency-ms", "10", "-t", "1", "--draft", STORIES]
+    ids, logs = None, {}
+    for overlap in ("on", "off"):
+        p = subprocess.run([BIN, "run", *fleet, "--spec-overlap", overlap, "--prompt-ids", ",".join(map(str, prompt)),
+                            "-n", str(n), "--temp", "0", "--ignore-eos", "--print-ids"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "PS_SPEC_TRACE": "1"})
+        require(p.returncode == 0, lambda: f"sureness run: exit {p.returncode}: {p.stderr[-800:]}")
+        check(ids is None or [int(t) for t in p.stdout.split()] == ids, f"overlap {overlap}: other ids")
+        ids, logs[f"run, overlap {overlap}"] = [int(t) for t in p.stdout.split()], p.stderr
+    with Server(fleet + ["-c", "256"], "sure", tmp, env={"PS_SPEC_TRACE": "1"}) as srv:
+        st, _, data = srv.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0,
+                                                              "ignore_eos": True})
+        require(st == 200, f"sureness serve: {st} {data[:300]!r}")
+    logs["serve"] = srv.stderr()
+    ref = Model(STORIES)
+    logits = ref.forward(prompt + ids, 0).astype(np.float64)
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    sure = [float(e[len(prompt) + m - 1, ids[m]] / e[len(prompt) + m - 1].sum()) for m in range(n)]
+    for what, log in logs.items():
+        at, asked, judged, cut, bad = 0, None, 0, 0, []  # ids[at]: the token before the trip
+        for t in [t for t in map(spec_trace, log.splitlines()) if t]:
+            k, kept, most = int(t["k"]), int(t["kept"]), n - at - 2
+            if asked is not None and k > 0:
+                stop, prod, near = None, 1.0, False
+                for i in range(1, min(asked, most) + 1):
+                    prod *= sure[at + i]
+                    near |= abs(prod / 0.1 - 1) < 0.002
+                    if prod < 0.1:
+                        stop = i
+                        break
+                want = min(asked, most, stop or asked)
+                if not near:
+                    judged, cut = judged + 1, cut + (want < min(asked, most))
+                    if k != want:
+                        bad.append((at, asked, k, want, [round(x, 3) for x in sure[at + 1:at + 1 + asked]]))
+            asked, at = int(t["next"]), at + kept + 1
+        check(not bad and judged >= 8 and cut >= 3 and at == n - 1,
+              f"{what}: trips whose K is not where the draft's sureness falls below 0.1 (token, auto's K, K sent, "
+              f"expected, the draft's probabilities): {bad[:5]}; {judged} judged, {cut} cut short, the trips reaching token {at}")
+        if not bad:
+            print(f"  ok: {what}: {judged} trips' guesses stop where the draft's probability of them all falls below "
+                  f"0.1 ({cut} of them before auto's K)")
+
+
 def chi2_p(observed, expected):
     """The chi-square statistic of counts against expected counts (bins under 5 merged) and its
     p-value (Wilson-Hilferty's normal approximation)."""
@@ -315,6 +373,7 @@ def main():
     else:
         skip(f"stories260K: {STORIES} is absent")
     target, bad = case_draft(tmp)
+    case_sure(tmp)
     case_trace(target, bad)
     case_distribution(tmp, target, bad, "a bad draft")
     case_distribution(tmp, target, target, "a good draft (the model itself)")

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../stage/stage.h"
+#include "../tensor/fmath.h"
 
 #define DRAFT_BATCH 64 /* positions per forward pass at least (a sequence's catch-up, or one row of each) */
 
@@ -19,6 +20,7 @@ typedef struct {
 struct ps_draft {
     ps_stage *stage;
     int n_ctx, vocab, blocks, n_slots, max_mb;
+    int n_logits; /* a row of logits (the model's vocabulary; vocab: the tokenizer's) */
     slot *slots;
     ps_mb_seg *segs; /* (n_slots) a pass being built */
     int32_t *toks;   /* (max_mb) its tokens */
@@ -65,6 +67,7 @@ ps_status ps_draft_open(const char *path, int threads, int n_ctx, int slots, con
     if (!s && (m->shard.present || !m->has_head))
         s = ps_errf(err, errlen, PS_ERR_ARG, "the draft %s is a shard: a draft is a whole model", path);
     if (!s) s = ps_tok_create(m->gguf, &tok, err, errlen);
+    if (!s) d->n_logits = m->hp.vocab;
     if (!s) s = same_vocab(target, tok, path, err, errlen);
     ps_tok_free(tok);
     ps_ctx_params cp = {.n_ctx = n_ctx, .n_blocks = d->blocks * slots, .max_batch = d->max_mb, .act = PS_ACT_Q8};
@@ -106,6 +109,14 @@ ps_status ps_draft_pin(ps_draft *d, int first, char *err, size_t errlen) {
 
 double ps_draft_seconds(const ps_draft *d) { return d->seconds; }
 int ps_draft_slots(const ps_draft *d) { return d->n_slots; }
+
+/* The probability of token t in the softmax of v[0..n). */
+static double prob_of(const float *v, int n, int32_t t) {
+    float top = v[0], sum = 0;
+    for (int i = 1; i < n; i++) top = v[i] > top ? v[i] : top;
+    for (int i = 0; i < n; i++) sum += ps_exp_neg(v[i] - top);
+    return ps_exp_neg(v[t] - top) / sum;
+}
 
 /* Runs the n_segs segments built in d->segs / d->toks (rows in all) as one pass, each recorded
  * as fed; the samples into d->res, in segment order. */
@@ -167,7 +178,8 @@ ps_status ps_draft_guess_many(ps_draft *d, ps_draft_req *r, int n, char *err, si
     for (int j = 0;; j++) {
         int segs = 0, rows = 0;
         for (int i = 0; i < n; i++) {
-            if (r[i].k <= j || r[i].n_out < j) continue; /* done, or stopped at a token not the target's */
+            if (r[i].k <= j || r[i].n_out < j || (j && r[i].sure < r[i].sure_min))
+                continue; /* done, stopped at a token not the target's, or no longer sure enough */
             if (j == 0)
                 add_seg(d, &segs, &rows, r[i].slot, r[i].toks + from[i], r[i].n - from[i], from[i], true);
             else
@@ -185,15 +197,14 @@ ps_status ps_draft_guess_many(ps_draft *d, ps_draft_req *r, int n, char *err, si
                 ps_sample_draft(d->smp, q->sp, ps_stage_logits_row(d->stage, k), sl->fed, sl->n_fed,
                                 (uint64_t)sl->n_fed, &q->dist[q->n_out], &t))
                 return ps_errf(err, errlen, PS_ERR_ARG, "the draft's sampling failed: %s", ps_sampler_error(d->smp));
-            if (t < d->vocab) q->out[q->n_out++] = t;
+            if (t >= d->vocab) continue;
+            if (q->sure_min > 0) q->sure *= prob_of(ps_stage_logits_row(d->stage, k), d->n_logits, t);
+            q->out[q->n_out++] = t;
         }
     }
 }
 
-ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, const ps_sample_params *sp, int32_t *out,
-                         ps_draft_dist *dist, int *n_out, char *err, size_t errlen) {
-    ps_draft_req r = {.slot = 0, .toks = toks, .n = n, .k = k, .sp = sp, .out = out, .dist = dist};
-    ps_status s = ps_draft_guess_many(d, &r, 1, err, errlen);
-    *n_out = r.n_out;
-    return s;
+ps_status ps_draft_guess(ps_draft *d, ps_draft_req *r, char *err, size_t errlen) {
+    r->slot = 0;
+    return ps_draft_guess_many(d, r, 1, err, errlen);
 }

@@ -29,13 +29,6 @@ void ps_draft_free(ps_draft *d); /* NULL is a no-op */
  * cores after a pinned fleet's stages. PS_ERR_RANGE when there are not enough. */
 ps_status ps_draft_pin(ps_draft *d, int first, char *err, size_t errlen);
 
-/* Up to k guesses of the tokens after toks[0..n) into out (*n_out of them: fewer only when a
- * greedy guess is not one of the target's tokens, or the context ends), in slot 0: greedy when
- * sp is NULL or its temperature 0, else drawn with sp by ps_sample_draft, their distributions
- * into dist[0..*n_out). */
-ps_status ps_draft_guess(ps_draft *d, const int32_t *toks, int n, int k, const ps_sample_params *sp, int32_t *out,
-                         ps_draft_dist *dist, int *n_out, char *err, size_t errlen);
-
 /* One sequence's guesses in ps_draft_guess_many. */
 typedef struct {
     int slot;                   /* its slot (a sequence keeps one while it runs) */
@@ -44,8 +37,17 @@ typedef struct {
     const ps_sample_params *sp; /* NULL (greedy), or how the sequence samples */
     int32_t *out;               /* (k) the guesses */
     ps_draft_dist *dist;        /* (k) with sp at a temperature: the distributions they were drawn from */
+    double sure_min;            /* > 0: stop after the guess that takes sure below it (PS_SPEC_SURE) */
+    double sure;                /* with sure_min: in, how sure the draft was of the trip's guesses before these
+                                   (1: none); out, times its probability of each of these (its logits' softmax) */
     int n_out;                  /* out: how many */
 } ps_draft_req;
+
+/* Up to r->k guesses of the tokens after r->toks[0..r->n) into r->out (r->n_out of them: fewer
+ * when a greedy guess is not one of the target's tokens, the context ends, or the draft became
+ * less sure than r->sure_min), in slot 0 (r->slot is ignored): greedy when r->sp is NULL or its
+ * temperature 0, else drawn with r->sp by ps_sample_draft, their distributions into r->dist. */
+ps_status ps_draft_guess(ps_draft *d, ps_draft_req *r, char *err, size_t errlen);
 
 /* ps_draft_guess for n sequences of distinct slots at once: one forward pass per guess over
  * all of them (after long catch-ups, each alone). */

@@ -80,6 +80,7 @@ typedef struct seq {
     int32_t pre[PS_MAX_DRAFT + 2];         /* overlap: the draft's next tokens had every guess in flight been kept */
     ps_draft_dist pre_q[PS_MAX_DRAFT + 2]; /* ... their distributions */
     int n_pre, pre_max;                    /* ... how many (pre[0]: its guess of the trip's last token), the most */
+    double pre_sure;                       /* ... how sure the draft was of pre[1..n_pre) (spec.h, PS_SPEC_SURE) */
     int n_ready;                           /* the next trip's guesses, pre[1..1 + n_ready), when pre[0] came true */
     int n_meanwhile;                       /* guesses made after pre[0] while the trip was out ... */
     double meanwhile_s;                    /* ... and their seconds (auto's seconds a guess) */
@@ -487,6 +488,9 @@ static int guess_room(const ps_sched *s, seq *q, int room) {
     return k > left ? (int)(left > 0 ? left : 0) : k;
 }
 
+/* With --spec-k auto and a draft model, how sure the draft must stay to guess on (spec.h). */
+static double sure_min_of(const ps_sched *s) { return s->o.spec.auto_k ? PS_SPEC_SURE : 0; }
+
 /* The guesses of the n decoding sequences qs[0..n) into their q->guess (after the token before)
  * and q->n_guess, sharing room rows: prompt lookup's, or the draft model's, made together (after
  * those the overlap made while the trip before was out). A draft that fails costs the guesses
@@ -507,7 +511,8 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
             memcpy(q->dist, q->pre_q + 1, (size_t)ready * sizeof *q->dist);
             memcpy(q->toks + q->n_toks, q->pre + 1, (size_t)ready * sizeof *q->toks); /* beyond n_toks: scratch */
             q->n_guess = ready;
-            if (ready < k) {
+            double sure_min = sure_min_of(s);
+            if (ready < k && (!ready || q->pre_sure >= sure_min)) { /* the rest, while the draft is sure enough */
                 of[n_req] = q;
                 req[n_req++] = (ps_draft_req){.slot = q->slot,
                                               .toks = q->toks,
@@ -515,7 +520,9 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
                                               .k = k - ready,
                                               .sp = &q->gp.sp,
                                               .out = q->guess + 1 + ready,
-                                              .dist = q->dist + ready};
+                                              .dist = q->dist + ready,
+                                              .sure_min = sure_min,
+                                              .sure = ready ? q->pre_sure : 1};
             }
         }
         room -= s->o.spec.kind == PS_SPEC_DRAFT && k > 0 ? k : q->n_guess;
@@ -649,7 +656,7 @@ static bool send_group(ps_sched *s, int g) {
         q->n_done += s->segs[k].n - s->segs[k].n_draft; /* a guess counts once the last stage keeps it */
         q->t_sent = now;
         q->in_flight = s->segs[k].sample;
-        q->n_pre = q->n_meanwhile = 0, q->meanwhile_s = 0;
+        q->n_pre = q->n_meanwhile = 0, q->meanwhile_s = 0, q->pre_sure = 1;
         q->pre_max = !q->in_flight || !reads(s) ? 0 : overlap(s) ? 1 + pre_k(s, q) : !q->decoding; /* 1: reads */
         ps_kv_seq_publish(s->kv, q->table, q->toks, q->n_done);
     }
@@ -690,7 +697,9 @@ static void predraft(ps_sched *s) {
                                       .k = 1,
                                       .sp = &q->gp.sp,
                                       .out = q->pre + q->n_pre,
-                                      .dist = q->pre_q + q->n_pre};
+                                      .dist = q->pre_q + q->n_pre,
+                                      .sure_min = sure_min_of(s),
+                                      .sure = 1};
         }
         if (!n) return;
         double t0 = ps_now();
@@ -703,8 +712,9 @@ static void predraft(ps_sched *s) {
             seq *q = of[r];
             if (req[r].n_out < 1)
                 q->pre_max = q->n_pre; /* not one of the target's tokens */
-            else if (q->n_pre++)
-                q->n_meanwhile++, q->meanwhile_s += took; /* the others time a guess */
+            else if (q->n_pre++)       /* the others time a guess, and make the next trip's */
+                q->n_meanwhile++, q->meanwhile_s += took, q->pre_sure *= req[r].sure;
+            if (q->pre_sure < sure_min_of(s)) q->pre_max = q->n_pre; /* no longer sure enough */
         }
     }
 }

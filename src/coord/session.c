@@ -44,6 +44,7 @@ struct ps_session {
     int n_meanwhile;                       /* overlap: guesses made after pre[0] while the trip was out */
     double meanwhile_s;                    /* ... their seconds (auto's seconds a guess) */
     bool pre_cut;                          /* ... fewer than it meant to make: the answer came first */
+    double pre_sure;                       /* ... how sure the draft was of pre[1..n_pre) (spec.h, PS_SPEC_SURE) */
     int n_overlap;                         /* trips whose guesses the overlap had drafted */
 };
 
@@ -223,26 +224,27 @@ static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int 
     int ready = s->n_ready; /* drafted while the trip before was out: for this trip only */
     s->n_ready = 0, *n = *fresh = 0;
     if (k <= 0) return PS_OK;
-    if (ready) { /* the draft goes on after them if k asks more */
+    if (s->spec.kind == PS_SPEC_NGRAM) return *n = *fresh = ps_spec_ngram(s->toks, s->n_toks, k, d), PS_OK;
+    ps_draft_req r = {.toks = s->toks,
+                      .n = s->n_toks,
+                      .k = k,
+                      .sp = &s->gp.sp,
+                      .out = d,
+                      .dist = q,
+                      .sure_min = s->spec.auto_k ? PS_SPEC_SURE : 0,
+                      .sure = 1};
+    if (ready) { /* the draft goes on after them if k asks more, and it was sure enough */
         *n = k < ready ? k : ready;
         memcpy(d, s->pre + 1, (size_t)*n * sizeof *d);
         memcpy(q, s->pre_q + 1, (size_t)*n * sizeof *q);
         s->n_overlap++;
-        if (*n == k) return PS_OK;
+        if (*n == k || s->pre_sure < r.sure_min) return PS_OK;
         memcpy(s->toks + s->n_toks, d, (size_t)*n * sizeof *d); /* beyond n_toks: scratch */
-        int more;
-        ps_status st = ps_draft_guess(s->spec.draft, s->toks, s->n_toks + *n, k - *n, &s->gp.sp, d + *n, q + *n, &more,
-                                      err, errlen);
-        *fresh = st ? 0 : more;
-        *n += *fresh;
-        return st;
+        r.n += *n, r.k -= *n, r.out += *n, r.dist += *n, r.sure = s->pre_sure;
     }
-    ps_status st = PS_OK;
-    if (s->spec.kind == PS_SPEC_DRAFT)
-        st = ps_draft_guess(s->spec.draft, s->toks, s->n_toks, k, &s->gp.sp, d, q, n, err, errlen);
-    else
-        *n = ps_spec_ngram(s->toks, s->n_toks, k, d);
-    *fresh = *n;
+    ps_status st = ps_draft_guess(s->spec.draft, &r, err, errlen);
+    *fresh = st ? 0 : r.n_out;
+    *n += *fresh;
     return st;
 }
 
@@ -253,21 +255,28 @@ static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int 
  * rest as usual. */
 static void predraft(void *arg) {
     ps_session *s = arg;
-    int n = s->n_toks + s->n_trip, k = 1 + (s->pre_k > s->n_trip ? s->pre_k : s->n_trip), got;
+    int n = s->n_toks + s->n_trip, k = 1 + (s->pre_k > s->n_trip ? s->pre_k : s->n_trip);
+    double sure_min = s->spec.auto_k ? PS_SPEC_SURE : 0;
     char err[256];
-    s->n_pre = 0;
+    s->n_pre = 0, s->pre_sure = 1;
     if (n + k > s->n_ctx) return;
     memcpy(s->toks + s->n_toks, s->trip + 1, (size_t)s->n_trip * sizeof *s->toks); /* beyond n_toks: scratch */
-    while (s->n_pre < k && (!s->n_pre || !ps_coord_heard(s->coord))) { /* the first (reading) whatever comes */
+    /* the first (reading) whatever comes, then while the answer has not come and the draft is sure enough */
+    while (s->n_pre < k && (!s->n_pre || (!ps_coord_heard(s->coord) && s->pre_sure >= sure_min))) {
         if (s->n_pre) s->toks[n + s->n_pre - 1] = s->pre[s->n_pre - 1];
+        ps_draft_req r = {.toks = s->toks,
+                          .n = n + s->n_pre,
+                          .k = 1,
+                          .sp = &s->gp.sp,
+                          .out = s->pre + s->n_pre,
+                          .dist = s->pre_q + s->n_pre,
+                          .sure_min = sure_min,
+                          .sure = 1};
         double t0 = ps_now();
-        if (ps_draft_guess(s->spec.draft, s->toks, n + s->n_pre, 1, &s->gp.sp, s->pre + s->n_pre, s->pre_q + s->n_pre,
-                           &got, err, sizeof err) ||
-            got < 1)
-            return;
-        if (s->n_pre++) s->n_meanwhile++, s->meanwhile_s += ps_now() - t0; /* the others time a guess */
+        if (ps_draft_guess(s->spec.draft, &r, err, sizeof err) || r.n_out < 1) return;
+        if (s->n_pre++) s->n_meanwhile++, s->meanwhile_s += ps_now() - t0, s->pre_sure *= r.sure; /* the others */
     }
-    s->pre_cut = s->n_pre < k;
+    s->pre_cut = s->n_pre < k && s->pre_sure >= sure_min;
 }
 
 /* While the prompt is out: the draft model reads it (its first guess is thrown away), so that the
@@ -275,9 +284,9 @@ static void predraft(void *arg) {
 static void prime_draft(void *arg) {
     ps_session *s = arg;
     int32_t guess;
-    int n;
     char err[256];
-    ps_draft_guess(s->spec.draft, s->toks, s->n_toks, 1, NULL, &guess, NULL, &n, err, sizeof err); /* fails later */
+    ps_draft_guess(s->spec.draft, &(ps_draft_req){.toks = s->toks, .n = s->n_toks, .k = 1, .out = &guess}, err,
+                   sizeof err); /* fails later */
 }
 
 /* The stages' compute so far, seconds (stage 0's here, the others' as their answers report it). */

@@ -25,6 +25,14 @@ typedef struct ps_draft ps_draft;
 
 #define PS_SPEC_AUTO_MAX 10 /* the most guesses per trip --spec-k auto tries */
 
+/* With --spec-k auto a draft model stops a trip's guesses early, after the one that takes its
+ * probability of them all (the product of each guess's in its softmax) below PS_SPEC_SURE:
+ * K is then the most a trip carries. The draft's probability says well where it will be wrong
+ * (Qwen2.5-Coder 0.5B guessing the 1.5B's answers: right 99 % of the time when over 0.9, 40 %
+ * under 0.5), so a trip of easy text carries many guesses and one of hard text few; the
+ * threshold was chosen on tests/test_spec.c's real answers (docs/notes/spec-auto.md). */
+#define PS_SPEC_SURE 0.1
+
 /* Speculation of a generation. */
 typedef struct {
     ps_spec_kind kind;
@@ -66,7 +74,8 @@ typedef struct {
  * Every 16th trip at a K > 0 measures a neighbour again (either side in turn); after 16 plain
  * trips in a row the K that comes closest is measured again, then after 32, 64, ... 256 while
  * guesses never pay (with the overlap, where plain trips measure the acceptance, only when that K
- * comes within 10 % of plain decoding, or after 256). */
+ * comes within 10 % of plain decoding, or after 256). A draft model then sends fewer where it
+ * is unsure (PS_SPEC_SURE); the trip is recorded at the K it carried. */
 typedef struct {
     double wait[PS_SPEC_AUTO_MAX + 1]; /* per K: seconds from sending a trip to its answer */
     int n[PS_SPEC_AUTO_MAX + 1];       /* per K: trips measured */
