@@ -108,15 +108,15 @@ def synth_small(path):
 
 def spec_trace(line):
     """A PS_SPEC_TRACE=1 line ("spec trace: seq 0 k 2 kept 2 ... | accept 0.93 ... | k:wait_ms/tok_s
-    ... | next 4") as {field: number}: each "name value" pair before the per-K list, and next;
-    None for any other line."""
+    ... | next 4 reach 5") as {field: number}: each "name value" pair before the per-K list, next
+    and reach; None for any other line."""
     if not line.startswith("spec trace: "):
         return None
     head, _, tail = line.partition("| k:")
     fields = {key: float(value) for key, value in re.findall(r"(\w+) (-?[\d.]+)\b", head)}
-    m = re.search(r"\| next (\d+)$", tail)
+    m = re.search(r"\| next (\d+) reach (\d+)$", tail)
     if m:
-        fields["next"] = int(m.group(1))
+        fields["next"], fields["reach"] = int(m.group(1)), int(m.group(2))
     return fields
 
 

@@ -179,7 +179,8 @@ static int sure_cut(const ring *r, int k) {
 static double drive(ring *r, ps_spec_auto *a, int n, int until, int k, int by_k[11]) {
     double tokens = 0, time = 0;
     for (int i = 0; i < n && (!until || r->at < until); i++) {
-        int kt = k >= 0 ? k : sure_cut(r, ps_spec_auto_k(a, 10));
+        int kt = k >= 0 ? k : ps_spec_auto_k(a, 10);
+        if (k < 0 && r->sure) kt = sure_cut(r, ps_spec_auto_reach(a, kt, 10));
         ps_spec_trip t = trip(r, kt, k < 0 && !kt && r->overlap ? ps_spec_auto_k_after_plain(a, 10) : -1);
         ps_spec_auto_add(a, &t);
         tokens += t.kept + 1, time += t.draft_s + t.wait_s;
@@ -410,6 +411,22 @@ static void test_auto(void) {
     }
 }
 
+/* ps_spec_auto_reach: K, one guess more where the hops' floor is half of K's wait, two from 70 %;
+ * never beyond k_max, nothing for plain decoding or without a floor (serve). */
+static void test_reach(void) {
+    ps_spec_auto a = {.n = {[0] = 1, [4] = 2}, .wait = {[0] = 0.09, [4] = 0.1}};
+    PS_CHECK(ps_spec_auto_reach(&a, 4, 10) == 4); /* no floor */
+    const struct {
+        double floor_s;
+        int k, k_max, want;
+    } cases[] = {{0.049, 4, 10, 4}, {0.05, 4, 10, 5}, {0.069, 4, 10, 5}, {0.07, 4, 10, 6},
+                 {0.09, 4, 10, 6},  {0.09, 4, 5, 5},  {0.09, 0, 10, 0}};
+    for (size_t i = 0; i < PS_ARRAY_LEN(cases); i++) {
+        a.floor_s = cases[i].floor_s;
+        PS_CHECK(ps_spec_auto_reach(&a, cases[i].k, cases[i].k_max) == cases[i].want);
+    }
+}
+
 /* Real answers: where the Qwen2.5-Coder 0.5B draft's greedy guess from the true prefix is the
  * 1.5B target's greedy token (1) or not (0), for each of the 256 tokens of the target's answer
  * to bench/spec.py's two prompts and fourteen others, then how sure the draft was of each guess
@@ -586,11 +603,12 @@ static const struct {
  * of 4 cores, the 0.5B draft on 4 more, 0 to 100 ms a hop): a plain trip's wait from session
  * 31's plain tok/s, a trip of K guesses' wait and the draft's seconds a guess fitted to its
  * fixed K's tok/s on both of bench/spec.py's prompts (docs/bench/2026-12-04-session31.md; 1.4
- * to 4.6 % rms), auto timed as in run (bench/spec.py's runs), its trips cut where the draft
- * stops guessing (sure_cut). Over answers of 128 and 256 tokens, auto must give on average at
- * least 96 % and 98.5 % of each answer's best fixed K (plain decoding among them; without the
- * cut 95.1 and 97.9 % on the worst ring), and within 1 % of what the K best on average over the
- * answers gives (a K fixed in advance, knowing the ring but not the text), or more. */
+ * to 4.6 % rms), auto timed as in run (bench/spec.py's runs), its trips reaching beyond its K
+ * where the hops dominate (ps_spec_auto_reach) and cut where the draft stops guessing
+ * (sure_cut). Over answers of 128 and 256 tokens, auto must give on average at least 96 % and
+ * 98.5 % of each answer's best fixed K (plain decoding among them; with neither 95.1 and 97.9 %
+ * on the worst ring), and within 1 % of what the K best on average over the answers gives (a K
+ * fixed in advance, knowing the ring but not the text), or more. */
 static void test_real(void) {
     const struct {
         const char *what;
@@ -633,6 +651,7 @@ static void test_real(void) {
 }
 
 int main(void) {
+    test_reach();
     test_cases();
     test_random();
     test_auto();

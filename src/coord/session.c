@@ -212,11 +212,13 @@ ps_status ps_session_set_spec(ps_session *s, const ps_spec_opts *o, char *err, s
 }
 
 /* How many guesses the next trip carries: what the draft source finds, at most spec.k (with
- * auto, the K it picks), within the context and the tokens still to generate; into d (a
- * sampling draft model's distributions into q). *fresh: how many of them were drafted now (the
- * others while the trip before was out). */
+ * auto, the K it picks, a draft model's reach beyond it, less where the draft is unsure), within
+ * the context and the tokens still to generate; into d (a sampling draft model's distributions
+ * into q). *fresh: how many of them were drafted now (the others while the trip before was out). */
 static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int *fresh, char *err, size_t errlen) {
-    int k = s->pre_k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
+    int k = s->spec.auto_k ? ps_spec_auto_k(&s->auto_k, s->spec.k) : s->spec.k;
+    if (s->spec.auto_k && s->spec.kind == PS_SPEC_DRAFT) k = ps_spec_auto_reach(&s->auto_k, k, s->spec.k);
+    s->pre_k = k;
     int room = s->n_ctx - s->n_toks; /* the last guess at position n_toks - 1 + k */
     int64_t left = s->gp.n_predict < 0 ? k : s->gp.n_predict - (s->n_toks - s->n_prompt) - 1;
     if (k > room) k = room;

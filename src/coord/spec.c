@@ -38,6 +38,10 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 #define AUTO_WAIT_MAX 256
 #define AUTO_AGAIN    0.9  /* with the overlap, guesses are measured again when within 10 % of plain decoding */
 #define AUTO_CLOSE    1.25 /* plain decoding is measured twice before a K less than 25 % faster wins over it */
+#define AUTO_REACH                                                                                                     \
+    0.5                 /* a draft model's trip may carry a guess more than K where the hops make this much of its
+                              wait, */
+#define AUTO_REACH2 0.7 /* ... and two from this much */
 
 /* The wait for an answer to k guesses (spec.h): measured, else between the two K > 0 measured
  * around it, else beyond the largest at the pace of the two largest, else (below the smallest)
@@ -121,6 +125,13 @@ int ps_spec_auto_k(const ps_spec_auto *a, int k_max) {
     return k >= 1 && k <= k_max ? k : best - side >= 1 && best - side <= k_max ? best - side : best;
 }
 
+int ps_spec_auto_reach(const ps_spec_auto *a, int k, int k_max) {
+    if (k < 1 || !(a->floor_s > 0)) return k;
+    double hops = a->floor_s / wait_at(a, k);
+    k += (hops >= AUTO_REACH) + (hops >= AUTO_REACH2);
+    return k < k_max ? k : k_max;
+}
+
 int ps_spec_auto_k_after_plain(const ps_spec_auto *a, int k_max) {
     if (a->n[0] == 0) return 0; /* the yardstick: its wait measured */
     ps_spec_auto after = *a;
@@ -200,6 +211,8 @@ void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t s
                  t->meanwhile, t->cut, t->crowded, accept(a), guess_s(a) * 1e3, holds(a));
     for (int k = 0; k <= PS_SPEC_AUTO_MAX && k <= k_max && n < (int)sizeof line; k++)
         n += snprintf(line + n, sizeof line - (size_t)n, " %d:%.1f/%.1f", k, wait_at(a, k) * 1e3, rate(a, k));
-    if (n < (int)sizeof line) snprintf(line + n, sizeof line - (size_t)n, " | next %d", ps_spec_auto_k(a, k_max));
+    int next = ps_spec_auto_k(a, k_max);
+    if (n < (int)sizeof line)
+        snprintf(line + n, sizeof line - (size_t)n, " | next %d reach %d", next, ps_spec_auto_reach(a, next, k_max));
     fprintf(stderr, "%s\n", line);
 }

@@ -116,6 +116,11 @@ typedef struct {
 
 /* The K for the next trip (0..k_max; 0: plain). */
 int ps_spec_auto_k(const ps_spec_auto *a, int k_max);
+/* The most guesses a trip may carry when auto asks k of a draft model that stops where it is
+ * unsure (PS_SPEC_SURE): k, one more where the hops make half of a trip's wait at k or more (the
+ * floor, so only when timed), two from 70 %: against such a trip a guess costs little, and the
+ * draft's sureness stops the guesses that would be wasted (at most k_max). */
+int ps_spec_auto_reach(const ps_spec_auto *a, int k, int k_max);
 /* ... and for the trip after a plain one now out, so that the draft can guess them while it is
  * out (0 after plain decoding's first). */
 int ps_spec_auto_k_after_plain(const ps_spec_auto *a, int k_max);
@@ -131,7 +136,8 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t);
 
 /* With PS_SPEC_TRACE=1 in the environment, one line on stderr for trip t of sequence seq just
  * recorded into a: the trip, then what auto now believes (acceptance, seconds a guess, the
- * guesses a wait holds, each K's wait and rate) and the K it takes next (of at most k_max). */
+ * guesses a wait holds, each K's wait and rate), the K it takes next (of at most k_max) and what a
+ * draft model's trip may then carry (ps_spec_auto_reach). */
 void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t seq, int k_max);
 
 /* Prompt lookup: finds the latest earlier occurrence of the sequence's last n tokens (n from
