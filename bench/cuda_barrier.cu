@@ -19,13 +19,13 @@
 
 namespace cg = cooperative_groups;
 
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "cuda_barrier: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                              \
-        }                                                                                         \
+#define CHECK(x)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "cuda_barrier: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);                 \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 __global__ void k_empty(int *sink) {
@@ -56,8 +56,7 @@ __global__ void k_counter(int n, unsigned *count, volatile unsigned *gen) {
                 __threadfence();
                 *gen = g0 + 1;
             } else {
-                while (*gen == g0) {
-                }
+                while (*gen == g0) {}
             }
             __threadfence();
         }
