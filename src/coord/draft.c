@@ -8,6 +8,7 @@
 
 #include "../stage/stage.h"
 #include "../tensor/fmath.h"
+#include "../tensor/vec8.h"
 
 #define DRAFT_BATCH 64 /* positions per forward pass at least (a sequence's catch-up, or one row of each) */
 
@@ -110,12 +111,16 @@ ps_status ps_draft_pin(ps_draft *d, int first, char *err, size_t errlen) {
 double ps_draft_seconds(const ps_draft *d) { return d->seconds; }
 int ps_draft_slots(const ps_draft *d) { return d->n_slots; }
 
-/* The probability of token t in the softmax of v[0..n). */
-static double prob_of(const float *v, int n, int32_t t) {
-    float top = v[0], sum = 0;
-    for (int i = 1; i < n; i++) top = v[i] > top ? v[i] : top;
-    for (int i = 0; i < n; i++) sum += ps_exp_neg(v[i] - top);
-    return ps_exp_neg(v[t] - top) / sum;
+/* The probability of token t in the softmax of v[0..n), v[top] its largest: e^(v[t] - v[top])
+ * over the sum of e^(v[i] - v[top]), in 8 lanes. */
+PS_SIMD_CLONES static double prob_of(const float *v, int n, int32_t top, int32_t t) {
+    ps_vf8 lanes = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) lanes += ps_exp_neg8(ps_load8(v + i) - v[top]);
+    float sum = 0;
+    for (int l = 0; l < 8; l++) sum += lanes[l];
+    for (; i < n; i++) sum += ps_exp_neg(v[i] - v[top]);
+    return ps_exp_neg(v[t] - v[top]) / sum;
 }
 
 /* Runs the n_segs segments built in d->segs / d->toks (rows in all) as one pass, each recorded
@@ -198,7 +203,8 @@ ps_status ps_draft_guess_many(ps_draft *d, ps_draft_req *r, int n, char *err, si
                                 (uint64_t)sl->n_fed, &q->dist[q->n_out], &t))
                 return ps_errf(err, errlen, PS_ERR_ARG, "the draft's sampling failed: %s", ps_sampler_error(d->smp));
             if (t >= d->vocab) continue;
-            if (q->sure_min > 0) q->sure *= prob_of(ps_stage_logits_row(d->stage, k), d->n_logits, t);
+            if (q->sure_min > 0) /* the pass's greedy token is the row's largest */
+                q->sure *= prob_of(ps_stage_logits_row(d->stage, k), d->n_logits, d->res[k].token, t);
             q->out[q->n_out++] = t;
         }
     }

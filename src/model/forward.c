@@ -13,6 +13,7 @@
 #include "../tensor/fmath.h"
 #include "../tensor/pool.h"
 #include "../tensor/types.h"
+#include "../tensor/vec8.h"
 #include "model.h"
 
 /* Heads attended in one pass (at most): the heads of a key/value group share every K and V
@@ -53,15 +54,6 @@ struct ps_ctx {
     ps_cuda *gpu;            /* on a GPU: the layers, cache and buffers there (the CPU's unused) */
 };
 
-/* The attention loops are plain C whose order of operations is fixed in the source; built
- * for the baseline x86-64 they would run on SSE2. Clones for AVX2 and AVX-512 (picked by
- * the loader) let the compiler use wider vectors for the same operations in the same order
- * (no fused multiply-adds: floating-point contraction is off), so the bits do not change. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SIMD_CLONES
-#endif
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* Zeroed memory for the KV cache (bytes > 0). On Linux, in huge pages where the kernel
@@ -412,47 +404,6 @@ static ALWAYS_INLINE v16 tree16(v16 a[16]) {
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-/* Lanes of a where m is all ones, of b where m is 0. */
-static ALWAYS_INLINE v8 select8(v8i m, v8 a, v8 b) {
-    v8i ia, ib;
-    memcpy(&ia, &a, sizeof ia);
-    memcpy(&ib, &b, sizeof ib);
-    ia = (ia & m) | (ib & ~m);
-    memcpy(&a, &ia, sizeof a);
-    return a;
-}
-
-/* e^x for x <= 0 in every lane (the softmax's exponent): x = n ln 2 + r with |r| <= ln 2 / 2,
- * e^r by Cephes' degree-6 polynomial (within 2 ulp of e^x), times 2^n built in the exponent
- * bits; x < -87 (e^x below the smallest normal float) gives 0. Plain lane operations in a
- * fixed order, so every vector width gives the same bits. */
-static ALWAYS_INLINE v8 vexp_neg8(v8 x) {
-    const v8 big = (v8){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    v8i tiny = x < -87.0f;
-    v8 xc = select8(tiny, (v8){0} - 87.0f, x);
-    v8 n = (xc * 1.44269504088896341f + big) - big;
-    v8 r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-    v8 p = (v8){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3333452677e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8 scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return select8(tiny, (v8){0}, p * scale);
-}
-
-static ALWAYS_INLINE v8 load8(const float *p) {
-    v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* Softmax of nh heads' scores (rows srow floats apart) over positions 0..n_pos-1: the largest
  * score; e = exp(score - max) and its 16 lane sums over positions p0 + lane, held as two
  * 8-lane halves (a tree at the end); weights e / sum. Lanes past the last position are 0.
@@ -465,7 +416,7 @@ static ALWAYS_INLINE void softmax_heads(float *scores, size_t srow, int nh, int 
             if (sk[p] > max) max = sk[p];
         v8 sum_lo = {0}, sum_hi = {0};
         for (int p0 = 0; p0 < n_pos; p0 += 16) {
-            v8 lo = vexp_neg8(load8(sk + p0) - max), hi = vexp_neg8(load8(sk + p0 + 8) - max);
+            v8 lo = ps_exp_neg8(ps_load8(sk + p0) - max), hi = ps_exp_neg8(ps_load8(sk + p0 + 8) - max);
             if (p0 == full)
                 for (int l = tail_pos; l < 16; l++) l < 8 ? (lo[l] = 0) : (hi[l - 8] = 0);
             memcpy(sk + p0, &lo, sizeof lo);
@@ -617,7 +568,7 @@ static ALWAYS_INLINE void attend_nv8(const attn_job *j, int t, int h0, int nh, f
         for (int k = 0; k < nh; k++) {
             const float *q = c->q + (size_t)t * c->q_dim + (size_t)(h0 + k) * hd;
             v8 ql[NV ? NV : 17], qh[NV ? NV : 17];
-            for (int i = 0; i < nv; i++) ql[i] = load8(q + 16 * i), qh[i] = load8(q + 16 * i + 8);
+            for (int i = 0; i < nv; i++) ql[i] = ps_load8(q + 16 * i), qh[i] = ps_load8(q + 16 * i + 8);
             if (tail) ql[nv] = load8_part(q + 16 * nv, tail), qh[nv] = load8_part(q + 16 * nv + 8, tail - 8);
             for (int r0 = 0; r0 < 16; r0 += 8) {
                 v8 s[8];
@@ -625,8 +576,8 @@ static ALWAYS_INLINE void attend_nv8(const attn_job *j, int t, int h0, int nh, f
                     const float *kr = kb + (size_t)(r0 + r < last ? r0 + r : last) * hd;
                     v8 lo = {0}, hi = {0};
                     for (int i = 0; i < nv; i++) {
-                        lo += ql[i] * load8(kr + 16 * i);
-                        hi += qh[i] * load8(kr + 16 * i + 8);
+                        lo += ql[i] * ps_load8(kr + 16 * i);
+                        hi += qh[i] * ps_load8(kr + 16 * i + 8);
                     }
                     if (tail) {
                         lo += ql[nv] * load8_part(kr + 16 * nv, tail);
@@ -655,8 +606,8 @@ static ALWAYS_INLINE void attend_nv8(const attn_job *j, int t, int h0, int nh, f
             for (int p = p0; p < pe; p++) {
                 const float *vr = vb + (size_t)(p - p0) * hd;
                 for (int i = 0; i < nv; i++) {
-                    lo[i] += w[p] * load8(vr + 16 * i);
-                    hi[i] += w[p] * load8(vr + 16 * i + 8);
+                    lo[i] += w[p] * ps_load8(vr + 16 * i);
+                    hi[i] += w[p] * ps_load8(vr + 16 * i + 8);
                 }
                 if (tail) {
                     lo[nv] += w[p] * load8_part(vr + 16 * nv, tail);
@@ -715,7 +666,7 @@ static ALWAYS_INLINE void attend_heads(const attn_job *j, int t, int h0, int h1,
  * Fewer (decode of a model with few key/value heads): thread ith takes its contiguous
  * share of the (token, head) pairs, so that the threads are balanced to a head and each
  * reads a group's rows once per pass. Which thread computes a head changes no bits. */
-SIMD_CLONES static void attend_task(void *ctx, int ith, int nth) {
+PS_SIMD_CLONES static void attend_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     const ps_hparams *hp = &j->c->m->hp;
     int nh = hp->n_head, nkv = hp->n_head_kv, g = nh / nkv, units = j->n * nkv;
@@ -803,7 +754,7 @@ typedef struct {
 } swiglu_job;
 
 /* Pool task: an even share of gate = silu(gate) * up (element-wise, so any split is exact). */
-SIMD_CLONES static void swiglu_task(void *ctx, int ith, int nth) {
+PS_SIMD_CLONES static void swiglu_task(void *ctx, int ith, int nth) {
     swiglu_job *j = ctx;
     size_t b = j->n * ith / nth, e = j->n * (ith + 1) / nth;
     for (size_t i = b; i < e; i++) j->gate[i] = ps_swiglu(j->gate[i], j->up[i]);
