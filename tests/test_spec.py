@@ -22,7 +22,10 @@ ring, which must never change the tokens of greedy decoding nor the distribution
      rejection rule) the same ids for a fixed K on every split with and without overlap; the
      self-draft keeps over 90 % of its sampled guesses, the bad draft under 30 % (the good draft's
      overlap must have drafted some trips). Another vocabulary is refused naming the first
-     difference (the sizes, or a token's texts).
+     difference (the sizes, or a token's texts). With --spec-k auto a trip's guesses stop where
+     the draft's probability of them all falls below 0.1, checked trip by trip against the NumPy
+     reference's softmax (stories260K drafting for itself; run with and without the overlap, and
+     serve), and reach past auto's K in run where the hops make most of a trip's wait.
   4. The distribution: 600 seeded draws at temperature 0.25 with the bad draft and with the model
      drafting for itself (sampled guesses, the rejection rule), of the first token and of the
      second given the first, against the target's softmax (from --dump-logits of a plain run):
@@ -193,9 +196,10 @@ def case_sure(tmp):
     every guess is kept and a trip's guesses are the answer's next tokens; their probabilities come
     from the NumPy reference's softmax (tests/ref/forward.py). Each trip's K must be the least of
     what auto let it carry (the trace line before's reach: its next K, or more where the hops make
-    most of a trip's wait), where the product first falls below 0.1, and the tokens left: in run on 2 stages with hops of 10 ms (so that guesses pay), with the overlap
-    (which drafts guesses while a trip is out, and stops there too) and without, and in serve.
-    Products within 0.2 % of 0.1 are not judged."""
+    most of a trip's wait), where the product first falls below 0.1, and the tokens left: in run
+    on 2 stages with hops of 10 ms (so that guesses pay), with the overlap (which drafts guesses
+    while a trip is out, and stops there too) and without, and in serve (where trips never reach
+    past K). Products within 0.2 % of 0.1 are not judged."""
     if not os.path.exists(STORIES):
         return skip(f"the draft's sureness: {STORIES} is absent")
     import numpy as np
@@ -243,7 +247,8 @@ def case_sure(tmp):
             asked, at = int(t["reach"]), at + kept + 1
         check(not bad and judged >= 8 and cut >= 3 and at == n - 1,
               f"{what}: trips whose K is not where the draft's sureness falls below 0.1 (token, auto's reach, K sent, "
-              f"expected, the draft's probabilities): {bad[:5]}; {judged} judged, {cut} cut short, the trips reaching token {at}")
+              f"expected, the draft's probabilities): {bad[:5]}; {judged} judged, {cut} cut short, the trips "
+              f"reaching token {at}")
         if not bad:
             print(f"  ok: {what}: {judged} trips' guesses stop where the draft's probability of them all falls below "
                   f"0.1 ({cut} of them before auto's reach)")
