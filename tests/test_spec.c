@@ -427,6 +427,24 @@ static void test_reach(void) {
     }
 }
 
+/* A K not measured, between two measured far apart, waits as the one below says at its pace (a
+ * pass's cost is a step in rows): measured K=1, 2 (139, 144 ms) and 5 (260 ms: the rows past a
+ * kernel tile), K=3 is put at 149 ms, not the 183 a line from 2 to 5 gives, and auto measures it
+ * (or 4) instead of staying at 2. */
+static void test_span(void) {
+    ps_spec_auto a = {.n = {[0] = 2, [1] = 2, [2] = 4, [5] = 2},
+                      .wait = {[0] = 0.100, [1] = 0.139, [2] = 0.144, [5] = 0.260},
+                      .tested = 100,
+                      .kept = 95,
+                      .draft_s = 0.042,
+                      .drafted = 1,
+                      .last_k = 2,
+                      .last_kept = true,
+                      .spec_run = 10};
+    int k = ps_spec_auto_k(&a, 10);
+    PS_CHECK(k == 3 || k == 4);
+}
+
 /* Real answers: where the Qwen2.5-Coder 0.5B draft's greedy guess from the true prefix is the
  * 1.5B target's greedy token (1) or not (0), for each of the 256 tokens of the target's answer
  * to bench/spec.py's two prompts and fourteen others, then how sure the draft was of each guess
@@ -652,6 +670,7 @@ static void test_real(void) {
 
 int main(void) {
     test_reach();
+    test_span();
     test_cases();
     test_random();
     test_auto();

@@ -38,14 +38,13 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
 #define AUTO_WAIT_MAX 256
 #define AUTO_AGAIN    0.9  /* with the overlap, guesses are measured again when within 10 % of plain decoding */
 #define AUTO_CLOSE    1.25 /* plain decoding is measured twice before a K less than 25 % faster wins over it */
-#define AUTO_REACH                                                                                                     \
-    0.5                 /* a draft model's trip may carry a guess more than K where the hops make this much of its
-                              wait, */
-#define AUTO_REACH2 0.7 /* ... and two from this much */
+#define AUTO_SPAN     2    /* a K between two measured ones at most this far apart waits as they say */
+#define AUTO_REACH    0.5  /* a draft's trip may carry a guess past K where the hops make this much of a wait */
+#define AUTO_REACH2   0.7  /* ... and two from this much */
 
 /* The wait for an answer to k guesses (spec.h): measured, else between the two K > 0 measured
- * around it, else beyond the largest at the pace of the two largest, else (below the smallest)
- * plain decoding's. */
+ * around it when they are at most AUTO_SPAN apart, else beyond the largest below it at the pace
+ * of the two largest there, else (below the smallest) plain decoding's. */
 static double wait_at(const ps_spec_auto *a, int k) {
     if (a->n[k] > 0) return a->wait[k];
     if (k == 0) return a->floor_s; /* plain decoding not measured yet: at least the hops' */
@@ -53,7 +52,7 @@ static double wait_at(const ps_spec_auto *a, int k) {
     while (lo >= 0 && a->n[lo] == 0) lo--;
     while (hi <= PS_SPEC_AUTO_MAX && a->n[hi] == 0) hi++;
     double w = lo >= 0 ? a->wait[lo] : hi <= PS_SPEC_AUTO_MAX ? a->wait[hi] : 0; /* none: fixed K only */
-    if (lo > 0 && hi <= PS_SPEC_AUTO_MAX) {
+    if (lo > 0 && hi <= PS_SPEC_AUTO_MAX && hi - lo <= AUTO_SPAN) {
         w += (k - lo) * (a->wait[hi] - a->wait[lo]) / (hi - lo);
     } else if (lo > 0) {
         int lo2 = lo - 1;

@@ -60,10 +60,12 @@ typedef struct {
  * guesses drafted meanwhile, as many as fit in a wait (the mean made in the trips whose answer cut
  * the draft short; none cut yet: the wait's seconds over a guess's, less one for reading the
  * trip's tokens), so that only the rest are drafted before sending. A K not measured yet waits as
- * the two measured around it say (linearly), or, above the largest, as the largest plus what each
- * guess added between the two largest K > 0 measured (nothing with one: optimistic), or, below
- * the smallest, as plain decoding. The next trip takes the K of the highest rate (2 % above the
- * others, so that a tie takes fewer guesses; after a trip that kept a guess, plain decoding only
+ * the two measured around it say (linearly) when they are at most 2 apart, or else as the
+ * largest below it plus what each guess added between the two largest K > 0 measured there
+ * (nothing with one: optimistic; a pass's cost is a step in its rows, flat to a kernel tile's
+ * rows and then a jump, which a long line misjudges), or, below the smallest, as plain
+ * decoding. The next trip takes the K of the highest rate (2 % above the others, so that a tie
+ * takes fewer guesses; after a trip that kept a guess, plain decoding only
  * when it is 5 % above every K); one not measured yet is then measured, 2 trips (1 when it is the
  * first after plain ones). Plain decoding (K 0) is measured first, then 2 guesses, and plain wins
  * when no K beats it; while plain decoding has one measure, a K that beats it by less than 25 %
