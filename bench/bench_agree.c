@@ -8,10 +8,10 @@
  * token j says whether its greedy guess from the true prefix (the prompt and tokens 0..j-1)
  * is token j. Prints the answer's token ids on one line, then one character per token, 1 for
  * a right guess and 0 for a wrong one, then the draft's probability of each guess (its softmax's
- * largest, three decimals: how sure the draft was, right or wrong). In greedy speculation a trip of K guesses sent after
- * token j - 1 keeps the run of 1s from j, at most K (its guesses are the draft's from the true
- * prefix while they are kept), so the line is all a trip-by-trip replay needs: tests/test_spec.c
- * replays such lines of the Qwen2.5-Coder pair through --spec-k auto. The prompt is tokenized
+ * largest, three decimals: how sure the draft was, right or wrong). In greedy speculation a trip
+ * of K guesses sent after token j - 1 keeps the run of 1s from j, at most K (its guesses are the
+ * draft's from the true prefix while they are kept), so the lines are all a trip-by-trip replay
+ * needs: tests/test_spec.c replays such lines of the Qwen2.5-Coder pair through --spec-k auto. The prompt is tokenized
  * as `pipeshard run -p` does (BOS as the model asks, no special tokens parsed).
  *
  * Build (CMake): bench/bench_*.c are linked with pscore. */

@@ -488,9 +488,6 @@ static int guess_room(const ps_sched *s, seq *q, int room) {
     return k > left ? (int)(left > 0 ? left : 0) : k;
 }
 
-/* With --spec-k auto and a draft model, how sure the draft must stay to guess on (spec.h). */
-static double sure_min_of(const ps_sched *s) { return s->o.spec.auto_k ? PS_SPEC_SURE : 0; }
-
 /* The guesses of the n decoding sequences qs[0..n) into their q->guess (after the token before)
  * and q->n_guess, sharing room rows: prompt lookup's, or the draft model's, made together (after
  * those the overlap made while the trip before was out). A draft that fails costs the guesses
@@ -511,7 +508,7 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
             memcpy(q->dist, q->pre_q + 1, (size_t)ready * sizeof *q->dist);
             memcpy(q->toks + q->n_toks, q->pre + 1, (size_t)ready * sizeof *q->toks); /* beyond n_toks: scratch */
             q->n_guess = ready;
-            double sure_min = sure_min_of(s);
+            double sure_min = ps_spec_sure_min(&s->o.spec);
             if (ready < k && (!ready || q->pre_sure >= sure_min)) { /* the rest, while the draft is sure enough */
                 of[n_req] = q;
                 req[n_req++] = (ps_draft_req){.slot = q->slot,
@@ -698,7 +695,7 @@ static void predraft(ps_sched *s) {
                                       .sp = &q->gp.sp,
                                       .out = q->pre + q->n_pre,
                                       .dist = q->pre_q + q->n_pre,
-                                      .sure_min = sure_min_of(s),
+                                      .sure_min = ps_spec_sure_min(&s->o.spec),
                                       .sure = 1};
         }
         if (!n) return;
@@ -714,7 +711,7 @@ static void predraft(ps_sched *s) {
                 q->pre_max = q->n_pre; /* not one of the target's tokens */
             else if (q->n_pre++)       /* the others time a guess, and make the next trip's */
                 q->n_meanwhile++, q->meanwhile_s += took, q->pre_sure *= req[r].sure;
-            if (q->pre_sure < sure_min_of(s)) q->pre_max = q->n_pre; /* no longer sure enough */
+            if (q->pre_sure < ps_spec_sure_min(&s->o.spec)) q->pre_max = q->n_pre; /* no longer sure enough */
         }
     }
 }

@@ -233,7 +233,7 @@ static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int 
                       .sp = &s->gp.sp,
                       .out = d,
                       .dist = q,
-                      .sure_min = s->spec.auto_k ? PS_SPEC_SURE : 0,
+                      .sure_min = ps_spec_sure_min(&s->spec),
                       .sure = 1};
     if (ready) { /* the draft goes on after them if k asks more, and it was sure enough */
         *n = k < ready ? k : ready;
@@ -258,7 +258,7 @@ static ps_status draft(ps_session *s, int32_t *d, ps_draft_dist *q, int *n, int 
 static void predraft(void *arg) {
     ps_session *s = arg;
     int n = s->n_toks + s->n_trip, k = 1 + (s->pre_k > s->n_trip ? s->pre_k : s->n_trip);
-    double sure_min = s->spec.auto_k ? PS_SPEC_SURE : 0;
+    double sure_min = ps_spec_sure_min(&s->spec);
     char err[256];
     s->n_pre = 0, s->pre_sure = 1;
     if (n + k > s->n_ctx) return;

@@ -30,6 +30,8 @@ ps_status ps_spec_kind_parse(const char *s, ps_spec_kind *out, char *err, size_t
     return ps_errf(err, errlen, PS_ERR_ARG, "unknown draft source '%s' (ngram: prompt lookup)", s);
 }
 
+double ps_spec_sure_min(const ps_spec_opts *o) { return o->auto_k ? PS_SPEC_SURE : 0; }
+
 #define AUTO_DECAY    0.75 /* weight of a K's waits before its latest (a slow one fades fast) */
 #define AUTO_ACCEPT   0.97 /* ... and of the guesses before the latest trip's, for the acceptance and drafting */
 #define AUTO_PROBE    2    /* trips that measure a K */

@@ -42,6 +42,10 @@ typedef struct {
     bool overlap;    /* PS_SPEC_DRAFT: while a trip is out, draft the next one as if every guess is kept */
 } ps_spec_opts;
 
+/* How sure the draft must stay to guess on (ps_draft_req.sure_min): PS_SPEC_SURE with auto, else
+ * 0 (a fixed K sends K). */
+double ps_spec_sure_min(const ps_spec_opts *o);
+
 /* --spec-k auto: K per trip from what the trips so far measured, per sequence.
  *
  * A trip of K guesses costs the drafting done before it is sent (the guesses the draft had not
@@ -65,14 +69,14 @@ typedef struct {
  * (nothing with one: optimistic; a pass's cost is a step in its rows, flat to a kernel tile's
  * rows and then a jump, which a long line misjudges), or, below the smallest, as plain
  * decoding. The next trip takes the K of the highest rate (2 % above the others, so that a tie
- * takes fewer guesses; after a trip that kept a guess, plain decoding only
- * when it is 5 % above every K); one not measured yet is then measured, 2 trips (1 when it is the
- * first after plain ones). Plain decoding (K 0) is measured first, then 2 guesses, and plain wins
- * when no K beats it; while plain decoding has one measure, a K that beats it by less than 25 %
- * waits for a second. Where the caller
- * reports each trip's compute (timed: run and chat), 2 guesses go first and plain decoding waits,
- * until measured, what the hops take of the trips' waits (a wait less the stages' compute): it is
- * measured when guesses do not beat that by 25 %, and a ring of slow hops loses no trip to it.
+ * takes fewer guesses; after a trip that kept a guess, plain decoding only when it is 5 % above
+ * every K); one not measured yet is then measured, 2 trips (1 when it is the first after plain
+ * ones). Plain decoding (K 0) is measured first, then 2 guesses, and plain wins when no K beats
+ * it; while plain decoding has one measure, a K that beats it by less than 25 % waits for a
+ * second. Where the caller reports each trip's compute (timed: run and chat), 2 guesses go
+ * first and plain decoding waits, until measured, what the hops take of the trips' waits (a wait
+ * less the stages' compute): it is measured when guesses do not beat that by 25 %, and a ring of
+ * slow hops loses no trip to it.
  * Every 16th trip at a K > 0 measures a neighbour again (either side in turn); after 16 plain
  * trips in a row the K that comes closest is measured again, then after 32, 64, ... 256 while
  * guesses never pay (with the overlap, where plain trips measure the acceptance, only when that K
