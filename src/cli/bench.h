@@ -1,5 +1,6 @@
 /* bench.h - the options of `pipeshard bench`, shared by its two modes: the engine alone
- * (bench.c) and the split model against the unsplit one (bench_stages.c). */
+ * (bench.c) and the split model against the unsplit one (bench_stages.c), and what both
+ * report with (bench_report.c). */
 #ifndef PS_CLI_BENCH_H
 #define PS_CLI_BENCH_H
 
@@ -27,7 +28,7 @@ typedef struct {
 /* `bench --stages`: prints the table (or JSON) and returns the exit status. */
 int ps_bench_stages(const bench_opts *o);
 
-/* Shared by both modes: the q-quantile of v[0..n) by linear interpolation (sorts v); a JSON
+/* Shared by both modes (bench_report.c): the q-quantile of v[0..n) by linear interpolation (sorts v); a JSON
  * object with the fields of o both report (model, isa, activations, threads, n_prompt, n_gen);
  * printing it on one line (and freeing it). */
 double ps_bench_quantile(double *v, int n, double q);
