@@ -25,7 +25,8 @@ ring, which must never change the tokens of greedy decoding nor the distribution
      difference (the sizes, or a token's texts). With --spec-k auto a trip's guesses stop where
      the draft's probability of them all falls below 0.1, checked trip by trip against the NumPy
      reference's softmax (stories260K drafting for itself; run with and without the overlap, and
-     serve), and reach past auto's K in run where the hops make most of a trip's wait.
+     serve), and reach past auto's K where the hops make most of a trip's wait (in serve too, where
+     a lone request's trips know the stages' compute).
   4. The distribution: 600 seeded draws at temperature 0.25 with the bad draft and with the model
      drafting for itself (sampled guesses, the rejection rule), of the first token and of the
      second given the first, against the target's softmax (from --dump-logits of a plain run):
@@ -198,8 +199,9 @@ def case_sure(tmp):
     what auto let it carry (the trace line before's reach: its next K, or more where the hops make
     most of a trip's wait), where the product first falls below 0.1, and the tokens left: in run
     on 2 stages with hops of 10 ms (so that guesses pay), with the overlap (which drafts guesses
-    while a trip is out, and stops there too) and without, and in serve (where trips never reach
-    past K). Products within 0.2 % of 0.1 are not judged."""
+    while a trip is out, and stops there too) and without, and in serve (one request: its trips
+    alone on the ring, so that they know the stages' compute, the hops' floor and the reach too).
+    Products within 0.2 % of 0.1 are not judged."""
     if not os.path.exists(STORIES):
         return skip(f"the draft's sureness: {STORIES} is absent")
     import numpy as np
@@ -227,8 +229,10 @@ def case_sure(tmp):
         at, asked, judged, cut, bad = 0, None, 0, 0, []  # ids[at]: the token before the trip
         trips = [t for t in map(spec_trace, log.splitlines()) if t]
         beyond = sum(t["reach"] > t["next"] for t in trips)  # hops of 10 ms against a tiny model's compute
-        check(beyond > 0 if what.startswith("run") else beyond == 0,
-              f"{what}: {beyond} trips may carry more than auto's K (in serve, which has no hops' floor: none)")
+        timed = sum(0 < t["compute_ms"] < t["wait_ms"] for t in trips)  # serve: one request, one micro-batch out
+        check(beyond > 0 and timed == len(trips),
+              f"{what}: {beyond} trips may carry more than auto's K, {timed} of {len(trips)} know the stages' "
+              "compute within their wait (the hops' floor)")
         for t in trips:
             k, kept, most = int(t["k"]), int(t["kept"]), n - at - 2
             if asked is not None and k > 0:

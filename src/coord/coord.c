@@ -896,6 +896,14 @@ void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out) {
     }
 }
 
+double ps_coord_compute_s(ps_coord *c) {
+    ps_coord_stats st;
+    ps_coord_get_stats(c, &st);
+    double ms = 0;
+    for (int k = 0; k < st.n_stages; k++) ms += st.compute_ms[k];
+    return ms / 1e3;
+}
+
 void ps_coord_reset_stats(ps_coord *c) {
     c->wait_base = c->wait_ms;
     refresh_stage0(c);

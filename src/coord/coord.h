@@ -167,6 +167,9 @@ typedef struct {
                            summed */
 } ps_coord_stats;
 void ps_coord_get_stats(ps_coord *c, ps_coord_stats *out);
+/* The stages' compute so far, seconds: stage 0's (run here, within ps_coord_send) and the
+ * others' as their answers report it. */
+double ps_coord_compute_s(ps_coord *c);
 /* The ring's overhead in st: wait_ms minus the other stages' compute (hops, wake-ups, queues). */
 double ps_coord_ring_overhead_ms(const ps_coord_stats *st);
 void ps_coord_reset_stats(ps_coord *c);

@@ -130,6 +130,10 @@ struct ps_sched {
     ps_spec_auto ring_auto; /* --spec-k auto: the ring and the draft as the latest sequence measured them */
     uint64_t crowd;         /* micro-batches sent with prompt rows, and prompts the draft read: a trip out meanwhile
                        waited for them too (ps_spec_trip.crowded) */
+    bool solo;              /* the micro-batch in flight left when none was, and none has left since: the stages'
+                               compute from its leaving to its answer is its own (a prompt's chunk that samples
+                               nothing may still be on a later stage: its share makes the hops' floor lower) */
+    double solo_compute;    /* the stages' compute (ps_coord_compute_s) when it left */
 };
 
 // ---------------------------------------------------------------------------------------
@@ -475,12 +479,20 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
 static bool reads(const ps_sched *s) { return s->o.spec.kind == PS_SPEC_DRAFT && ps_coord_n_stages(s->coord) > 1; }
 static bool overlap(const ps_sched *s) { return reads(s) && s->o.spec.overlap; }
 
-/* How many guesses q's next trip may carry: the K of --spec-k (or auto's), within room, q's
- * blocks and the tokens it may still generate. */
+/* The guesses q's next decoding trip asks: --spec-k's K, or auto's with a draft model's reach
+ * beyond it. */
+static int next_k(const ps_sched *s, const seq *q) {
+    if (!s->o.spec.auto_k) return s->o.spec.k;
+    int k = ps_spec_auto_k(&q->auto_k, s->o.spec.k);
+    return s->o.spec.kind == PS_SPEC_DRAFT ? ps_spec_auto_reach(&q->auto_k, k, s->o.spec.k) : k;
+}
+
+/* How many guesses q's next trip may carry: next_k, within room, q's blocks and the tokens it
+ * may still generate. */
 static int guess_room(const ps_sched *s, seq *q, int room) {
     if (q->n_toks == q->n_prompt) /* the first token is the prompt's, as in run, even when its last chunk is one */
         return 0;                 /* token (other rows, the prefix cache): guesses go where the text alone says */
-    int k = s->o.spec.auto_k ? ps_spec_auto_k(&q->auto_k, s->o.spec.k) : s->o.spec.k;
+    int k = next_k(s, q);
     int64_t left = q->gp.n_predict < 0 ? k : q->gp.n_predict - (q->n_toks - q->n_prompt) - 1;
     int fit = q->n_max - q->n_toks; /* the last guess at position n_toks - 1 + k, within n_max */
     k = k < room ? k : room;
@@ -534,10 +546,11 @@ static void guess_all(ps_sched *s, seq **qs, int n, int room) {
     for (int r = 0; r < n_req; r++) of[r]->n_guess += of[r]->fresh = req[r].n_out, of[r]->draft_s = took;
 }
 
-/* A trip of q's came back with the n tokens at got: the overlap's guesses hold when it kept
+/* A trip of q's came back with the n tokens at got, after compute_s of the stages' compute
+ * (0: not known, another micro-batch was out too): the overlap's guesses hold when it kept
  * every guess and pre[0] was its last token; --spec-k auto learns from a decoding trip, the
  * metrics count it. */
-static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
+static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n, double compute_s) {
     if (!s->o.spec.kind) return;
     q->n_ready = n == q->n_guess + 1 && q->n_pre > 1 && got[n - 1].token == q->pre[0] ? q->n_pre - 1 : 0;
     if (!q->decoding) return;                  /* a prompt's trip: not what a token's costs */
@@ -552,7 +565,8 @@ static void note_trip(ps_sched *s, seq *q, const ps_result *got, int n) {
                       .meanwhile = q->n_meanwhile,
                       .meanwhile_s = q->meanwhile_s,
                       .cut = q->n_pre > 0 && q->n_pre < q->pre_max, /* the answer came first */
-                      .crowded = s->crowd != q->crowd};
+                      .crowded = s->crowd != q->crowd,
+                      .compute_s = compute_s};
     q->auto_k.overlap = overlap(s);
     ps_spec_auto_add(&q->auto_k, &t);
     ps_spec_auto_trace(&q->auto_k, &t, q->id, s->o.spec.k);
@@ -571,7 +585,7 @@ static int pre_k(const ps_sched *s, seq *q) {
     int k = s->o.spec.k;
     if (q->decoding && !q->n_guess)
         return s->o.spec.auto_k ? ps_spec_auto_k_after_plain(&q->auto_k, k) : 0; /* fixed K: no room, or the end */
-    k = s->o.spec.auto_k ? ps_spec_auto_k(&q->auto_k, k) : k;
+    k = next_k(s, q);
     return k > q->n_guess ? k : q->n_guess;
 }
 
@@ -646,6 +660,8 @@ static bool send_group(ps_sched *s, int g) {
         return true;
     }
     double now = ps_now();
+    s->solo = sample && !s->n_pend;
+    if (s->solo) s->solo_compute = ps_coord_compute_s(s->coord);
     s->crowd += n_segs > n_dec;
     for (int k = 0; k < n_segs; k++) {
         seq *q = s->sent[k];
@@ -724,13 +740,15 @@ static void receive(ps_sched *s) {
     if (reads(s)) predraft(s);
     ps_status st = ps_coord_recv(s->coord, s->res, &n_res, err, sizeof err);
     if (st) return fleet_failed(s, st, err);
+    double compute = s->solo ? ps_coord_compute_s(s->coord) - s->solo_compute : 0; /* 0: not known */
+    s->solo = false;
     s->fails = 0;
     s->group_busy[s->pend_group[0]] = false;
     memmove(s->pend_group, s->pend_group + 1, (size_t)--s->n_pend * sizeof *s->pend_group);
     for (int k = 0, e; k < n_res; k = e) { /* a sequence's results in a row: a trip's tokens, in order */
         for (e = k + 1; e < n_res && s->res[e].seq == s->res[k].seq;) e++;
         seq *q = running(s, s->res[k].seq);
-        if (q) note_trip(s, q, s->res + k, e - k);
+        if (q) note_trip(s, q, s->res + k, e - k, compute);
         for (int j = k; j < e && (q = running(s, s->res[k].seq)); j++) on_token(s, q, &s->res[j]);
     }
 }
@@ -953,6 +971,7 @@ ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, 
     ps_sched *s = ps_calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     s->launch = l, s->coord = c, s->tok = ps_launch_tok(l), s->o = *o;
+    s->ring_auto = (ps_spec_auto){.timed = true}; /* a lone micro-batch's trips report their compute (receive) */
     s->n_ctx = ps_coord_n_ctx(c), s->vocab = ps_coord_model(c)->hp.vocab;
     s->n_groups = ps_coord_n_stages(c) < o->parallel ? ps_coord_n_stages(c) : o->parallel;
     pthread_mutex_init(&s->mu, NULL);

@@ -291,15 +291,6 @@ static void prime_draft(void *arg) {
                    sizeof err); /* fails later */
 }
 
-/* The stages' compute so far, seconds (stage 0's here, the others' as their answers report it). */
-static double stages_compute_s(ps_coord *c) {
-    ps_coord_stats st;
-    ps_coord_get_stats(c, &st);
-    double ms = 0;
-    for (int k = 0; k < st.n_stages; k++) ms += st.compute_ms[k];
-    return ms / 1e3;
-}
-
 /* Runs the model for the next token: the prompt (beyond what the stages kept) on the first
  * step, else the token before with a draft's guesses after it when speculating (the tokens
  * a trip gives beyond the first are returned by the next calls, without running the model).
@@ -317,7 +308,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
     if (s->started && s->spec.kind != PS_SPEC_OFF &&
         (st = draft(s, s->trip + 1, s->trip_q, &n_draft, &fresh, err, errlen)))
         return st;
-    double t_sent = ps_now(), computed = s->spec.kind ? stages_compute_s(s->coord) : 0;
+    double t_sent = ps_now(), computed = s->spec.kind ? ps_coord_compute_s(s->coord) : 0;
     bool overlap = s->spec.kind == PS_SPEC_DRAFT && s->spec.overlap && ps_coord_n_stages(s->coord) > 1, shadow = false;
     s->n_fed = 0;
     s->n_trip = n_draft, s->n_pre = s->n_meanwhile = 0, s->meanwhile_s = 0, s->pre_cut = false;
@@ -360,7 +351,7 @@ static ps_status sample_next(ps_session *s, int32_t *tok, char *err, size_t errl
                              .meanwhile = s->n_meanwhile,
                              .meanwhile_s = s->meanwhile_s,
                              .cut = s->pre_cut,
-                             .compute_s = s->spec.kind ? stages_compute_s(s->coord) - computed : 0};
+                             .compute_s = s->spec.kind ? ps_coord_compute_s(s->coord) - computed : 0};
         ps_spec_auto_add(&s->auto_k, &trip);
         if (s->spec.kind) ps_spec_auto_trace(&s->auto_k, &trip, 0, s->spec.k);
         s->by_k[n_draft]++;
