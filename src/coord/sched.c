@@ -130,9 +130,10 @@ struct ps_sched {
     ps_spec_auto ring_auto; /* --spec-k auto: the ring and the draft as the latest sequence measured them */
     uint64_t crowd;         /* micro-batches sent with prompt rows, and prompts the draft read: a trip out meanwhile
                        waited for them too (ps_spec_trip.crowded) */
-    bool solo;              /* the micro-batch in flight left when none was, and none has left since: the stages'
-                               compute from its leaving to its answer is its own (a prompt's chunk that samples
-                               nothing may still be on a later stage: its share makes the hops' floor lower) */
+    bool solo;              /* a lone request's micro-batch left when none was out, and none has left since: the
+                               stages' compute from its leaving to its answer is its own (a prompt's chunk that
+                               samples nothing may still be on a later stage: its share makes the hops' floor
+                               lower). Beside other requests auto is told none (see next_k) */
     double solo_compute;    /* the stages' compute (ps_coord_compute_s) when it left */
 };
 
@@ -435,6 +436,7 @@ static void admit_queued(ps_sched *s) {
         s->queued--;
         s->run[s->n_run++] = q;
         q->auto_k = s->ring_auto;
+        q->auto_k.timed = s->n_run == 1; /* alone, its trips know their compute (send_group, receive) */
         for (int k = 0; s->o.spec.kind == PS_SPEC_DRAFT && q->slot < 0; k++) /* a slot is free: n_run <= parallel */
             if (!s->slot_used[k]) s->slot_used[k] = true, q->slot = k;
     }
@@ -479,12 +481,14 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
 static bool reads(const ps_sched *s) { return s->o.spec.kind == PS_SPEC_DRAFT && ps_coord_n_stages(s->coord) > 1; }
 static bool overlap(const ps_sched *s) { return reads(s) && s->o.spec.overlap; }
 
-/* The guesses q's next decoding trip asks: --spec-k's K, or auto's with a draft model's reach
- * beyond it. */
+/* The guesses q's next decoding trip asks: --spec-k's K, or auto's, with a draft model's reach
+ * beyond it when q runs alone. Beside other requests auto neither reaches nor learns the hops'
+ * floor (a guess more costs each of them its rows' compute: with 4 streams at 100 ms that took
+ * auto from 0.85-1.08 of K=4 to 0.70-0.77, bench/spec.py --serve --streams 4). */
 static int next_k(const ps_sched *s, const seq *q) {
     if (!s->o.spec.auto_k) return s->o.spec.k;
     int k = ps_spec_auto_k(&q->auto_k, s->o.spec.k);
-    return s->o.spec.kind == PS_SPEC_DRAFT ? ps_spec_auto_reach(&q->auto_k, k, s->o.spec.k) : k;
+    return s->o.spec.kind == PS_SPEC_DRAFT && s->n_run == 1 ? ps_spec_auto_reach(&q->auto_k, k, s->o.spec.k) : k;
 }
 
 /* How many guesses q's next trip may carry: next_k, within room, q's blocks and the tokens it
@@ -660,7 +664,7 @@ static bool send_group(ps_sched *s, int g) {
         return true;
     }
     double now = ps_now();
-    s->solo = sample && !s->n_pend;
+    s->solo = sample && !s->n_pend && s->n_run == 1;
     if (s->solo) s->solo_compute = ps_coord_compute_s(s->coord);
     s->crowd += n_segs > n_dec;
     for (int k = 0; k < n_segs; k++) {
@@ -971,7 +975,6 @@ ps_status ps_sched_create(ps_launch *l, const ps_sched_opts *o, ps_sched **out, 
     ps_sched *s = ps_calloc(1, sizeof *s);
     if (!s) return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
     s->launch = l, s->coord = c, s->tok = ps_launch_tok(l), s->o = *o;
-    s->ring_auto = (ps_spec_auto){.timed = true}; /* a lone micro-batch's trips report their compute (receive) */
     s->n_ctx = ps_coord_n_ctx(c), s->vocab = ps_coord_model(c)->hp.vocab;
     s->n_groups = ps_coord_n_stages(c) < o->parallel ? ps_coord_n_stages(c) : o->parallel;
     pthread_mutex_init(&s->mu, NULL);

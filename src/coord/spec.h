@@ -73,10 +73,10 @@ double ps_spec_sure_min(const ps_spec_opts *o);
  * every K); one not measured yet is then measured, 2 trips (1 when it is the first after plain
  * ones). Plain decoding (K 0) is measured first, then 2 guesses, and plain wins when no K beats
  * it; while plain decoding has one measure, a K that beats it by less than 25 % waits for a
- * second. Where the caller reports each trip's compute (timed: run and chat), 2 guesses go
- * first and plain decoding waits, until measured, what the hops take of the trips' waits (a wait
- * less the stages' compute): it is measured when guesses do not beat that by 25 %, and a ring of
- * slow hops loses no trip to it.
+ * second. Where the caller reports each trip's compute (timed: run, chat, and serve for a
+ * request alone), 2 guesses go first and plain decoding waits, until measured, what the hops
+ * take of the trips' waits (a wait less the stages' compute): it is measured when guesses do
+ * not beat that by 25 %, and a ring of slow hops loses no trip to it.
  * Every 16th trip at a K > 0 measures a neighbour again (either side in turn); after 16 plain
  * trips in a row the K that comes closest is measured again, then after 32, 64, ... 256 while
  * guesses never pay (with the overlap, where plain trips measure the acceptance, only when that K
@@ -114,7 +114,7 @@ typedef struct {
     int meanwhile;      /* guesses the draft made while it was out, beyond the one reading its tokens ... */
     double meanwhile_s; /* ... and their seconds */
     bool cut;           /* the answer came before the draft made every guess it meant to make meanwhile */
-    double compute_s;   /* of wait_s, the stages' compute (0: not known, as in serve) */
+    double compute_s;   /* of wait_s, the stages' compute (0: not known, as in serve beside other requests) */
     bool crowded;       /* serve: prompt rows went round (or the draft read a prompt) while it was out, so its
                            wait is not a token's: it counts only while K has no other measure, and gives way
                            to the first that is not crowded */
