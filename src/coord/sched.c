@@ -133,7 +133,8 @@ struct ps_sched {
     bool solo;              /* a lone request's micro-batch left when none was out, and none has left since: the
                                stages' compute from its leaving to its answer is its own (a prompt's chunk that
                                samples nothing may still be on a later stage: its share makes the hops' floor
-                               lower). Beside other requests auto is told none (see next_k) */
+                               lower). Beside other requests auto is told none, and is not timed (send_group),
+                               nor reaches (next_k) */
     double solo_compute;    /* the stages' compute (ps_coord_compute_s) when it left */
 };
 
@@ -436,7 +437,6 @@ static void admit_queued(ps_sched *s) {
         s->queued--;
         s->run[s->n_run++] = q;
         q->auto_k = s->ring_auto;
-        q->auto_k.timed = s->n_run == 1; /* alone, its trips know their compute (send_group, receive) */
         for (int k = 0; s->o.spec.kind == PS_SPEC_DRAFT && q->slot < 0; k++) /* a slot is free: n_run <= parallel */
             if (!s->slot_used[k]) s->slot_used[k] = true, q->slot = k;
     }
@@ -483,8 +483,9 @@ static bool overlap(const ps_sched *s) { return reads(s) && s->o.spec.overlap; }
 
 /* The guesses q's next decoding trip asks: --spec-k's K, or auto's, with a draft model's reach
  * beyond it when q runs alone. Beside other requests auto neither reaches nor learns the hops'
- * floor (a guess more costs each of them its rows' compute: with 4 streams at 100 ms that took
- * auto from 0.85-1.08 of K=4 to 0.70-0.77, bench/spec.py --serve --streams 4). */
+ * floor, nor starts timed (a guess more costs each of them its rows' compute, and a first trip
+ * of guesses waits for their prompts: with 4 streams at 100 ms these took auto from 0.85-1.08
+ * of K=4 to 0.70-0.92 on code, bench/spec.py --serve --streams 4). */
 static int next_k(const ps_sched *s, const seq *q) {
     if (!s->o.spec.auto_k) return s->o.spec.k;
     int k = ps_spec_auto_k(&q->auto_k, s->o.spec.k);
@@ -631,6 +632,8 @@ static bool send_group(ps_sched *s, int g) {
     bool sample = false;
     for (int i = 0; i < s->n_run && rows < max_rows; i++) /* decoding sequences first */
         if (sendable(s->run[i], g) && s->run[i]->n_toks - s->run[i]->n_done == 1) s->sent[n_segs++] = s->run[i], rows++;
+    for (int k = 0; k < n_segs; k++) /* alone, a request's trips know their compute (receive): auto starts as run's */
+        s->sent[k]->auto_k.timed = s->n_run == 1;
     if (s->o.spec.kind) /* else n_guess stays 0 */
         guess_all(s, s->sent, n_segs, max_rows - rows);
     int n_dec = n_segs;
