@@ -133,8 +133,7 @@ struct ps_sched {
     bool solo;              /* a lone request's micro-batch left when none was out, and none has left since: the
                                stages' compute from its leaving to its answer is its own (a prompt's chunk that
                                samples nothing may still be on a later stage: its share makes the hops' floor
-                               lower). Beside other requests auto is told none, and is not timed (send_group),
-                               nor reaches (next_k) */
+                               lower) */
     double solo_compute;    /* the stages' compute (ps_coord_compute_s) when it left */
 };
 
@@ -481,15 +480,19 @@ static void fleet_failed(ps_sched *s, ps_status st, const char *err) {
 static bool reads(const ps_sched *s) { return s->o.spec.kind == PS_SPEC_DRAFT && ps_coord_n_stages(s->coord) > 1; }
 static bool overlap(const ps_sched *s) { return reads(s) && s->o.spec.overlap; }
 
+/* Whether the one running request is alone on the ring: only then do its trips know their
+ * stages' compute (receive), does auto start as run's (timed) and a draft model's trips reach
+ * past K (next_k). Beside other requests a guess more costs each of them its rows' compute, and
+ * a first trip of guesses waits for their prompts: with 4 streams at 100 ms these took auto
+ * from 0.85-1.08 of K=4 to 0.70-0.92 on code (bench/spec.py --serve --streams 4). */
+static bool alone(const ps_sched *s) { return s->n_run == 1; }
+
 /* The guesses q's next decoding trip asks: --spec-k's K, or auto's, with a draft model's reach
- * beyond it when q runs alone. Beside other requests auto neither reaches nor learns the hops'
- * floor, nor starts timed (a guess more costs each of them its rows' compute, and a first trip
- * of guesses waits for their prompts: with 4 streams at 100 ms these took auto from 0.85-1.08
- * of K=4 to 0.70-0.92 on code, bench/spec.py --serve --streams 4). */
+ * beyond it when q runs alone. */
 static int next_k(const ps_sched *s, const seq *q) {
     if (!s->o.spec.auto_k) return s->o.spec.k;
     int k = ps_spec_auto_k(&q->auto_k, s->o.spec.k);
-    return s->o.spec.kind == PS_SPEC_DRAFT && s->n_run == 1 ? ps_spec_auto_reach(&q->auto_k, k, s->o.spec.k) : k;
+    return s->o.spec.kind == PS_SPEC_DRAFT && alone(s) ? ps_spec_auto_reach(&q->auto_k, k, s->o.spec.k) : k;
 }
 
 /* How many guesses q's next trip may carry: next_k, within room, q's blocks and the tokens it
@@ -632,10 +635,10 @@ static bool send_group(ps_sched *s, int g) {
     bool sample = false;
     for (int i = 0; i < s->n_run && rows < max_rows; i++) /* decoding sequences first */
         if (sendable(s->run[i], g) && s->run[i]->n_toks - s->run[i]->n_done == 1) s->sent[n_segs++] = s->run[i], rows++;
-    for (int k = 0; k < n_segs; k++) /* alone, a request's trips know their compute (receive): auto starts as run's */
-        s->sent[k]->auto_k.timed = s->n_run == 1;
-    if (s->o.spec.kind) /* else n_guess stays 0 */
+    if (s->o.spec.kind) { /* else n_guess stays 0 */
+        for (int k = 0; k < n_segs; k++) s->sent[k]->auto_k.timed = alone(s);
         guess_all(s, s->sent, n_segs, max_rows - rows);
+    }
     int n_dec = n_segs;
     n_segs = 0;
     for (int k = 0; k < n_dec; k++) {
@@ -667,7 +670,7 @@ static bool send_group(ps_sched *s, int g) {
         return true;
     }
     double now = ps_now();
-    s->solo = sample && !s->n_pend && s->n_run == 1;
+    s->solo = sample && !s->n_pend && alone(s);
     if (s->solo) s->solo_compute = ps_coord_compute_s(s->coord);
     s->crowd += n_segs > n_dec;
     for (int k = 0; k < n_segs; k++) {

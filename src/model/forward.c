@@ -364,7 +364,7 @@ static ALWAYS_INLINE size_t kv_at(const ps_ctx *c, const int32_t *tab, int kvh, 
  * so the bits do not depend on the vector width; the vectors only let 16 positions'
  * scores share one reduction network instead of a tree each. */
 typedef float v16 __attribute__((vector_size(64)));
-typedef float v8 __attribute__((vector_size(32)));
+typedef ps_vf8 v8; /* vec8.h's, whose exponent the softmax uses */
 /* No vector crosses a call (the helpers are always inlined), so the vector-ABI note that
  * GCC gives for the clones without AVX-512 (reported at the end of the file) does not apply. */
 #pragma GCC diagnostic ignored "-Wpsabi"
