@@ -311,6 +311,30 @@ static void lanes(const char *path, int g0) {
     ps_model_free(m);
 }
 
+/* PS_CUDA_LEAVE_OUT: a word no kernel's name holds changes no bit; k_rmsnorm left out changes
+ * the logits (the norms are not run), and nothing fails. */
+static void leave_out(const char *path) {
+    char err[512];
+    ps_model *m = NULL;
+    PS_CHECK_OK(ps_model_load(path, PS_GGUF_MAP, &m, err, sizeof err));
+    if (!m) return;
+    enum { GEN = 4 };
+    int vocab = m->hp.vocab, rows = N_PROMPT + GEN;
+    int32_t prompt[N_PROMPT], gen[GEN], gen2[GEN];
+    for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)(ps_test_rng_u32() % (uint32_t)vocab);
+    float *all = run(m, PS_DEVICE_CUDA(0), 16, prompt, GEN, gen);
+    setenv("PS_CUDA_LEAVE_OUT", "no_such_kernel", 1);
+    float *none = run(m, PS_DEVICE_CUDA(0), 16, prompt, GEN, gen2);
+    PS_CHECK(all && none && !memcmp(all, none, (size_t)rows * vocab * sizeof(float)));
+    setenv("PS_CUDA_LEAVE_OUT", "x,k_rmsnorm", 1);
+    float *left = run(m, PS_DEVICE_CUDA(0), 16, prompt, GEN, gen2);
+    PS_CHECK(all && left && memcmp(all, left, (size_t)rows * vocab * sizeof(float)));
+    unsetenv("PS_CUDA_LEAVE_OUT");
+    printf("%s: PS_CUDA_LEAVE_OUT: an unknown word changes no bit, k_rmsnorm left out changes the logits\n", path);
+    free(all), free(none), free(left);
+    ps_model_free(m);
+}
+
 /* What the GPU refuses, with the message. */
 static void refusals(const char *path) {
     ps_model *m = NULL;
@@ -428,8 +452,9 @@ int main(void) {
     lanes(synth("Q4_1", "llama", "--dim 320 --ffn 800"), 4); /* two terms a block; rows of 10 and 25 blocks */
     lanes(synth("Q5_0", "qwen3", ""), 4);
     lanes(synth("Q4_K_M", "llama", "--dim 2048 --heads 16 --kv-heads 4 --ffn 2304"), 8); /* 8 and 9 super-blocks */
-    long_context(synth("Q8_0", "qwen2", "--heads 2 --kv-heads 1"));                      /* 128 */
-    long_context(synth("Q4_1", "llama", "--heads 8 --kv-heads 4 --head-dim 40"));        /* 40 */
+    leave_out(synth("Q4_0", "llama", ""));
+    long_context(synth("Q8_0", "qwen2", "--heads 2 --kv-heads 1"));               /* 128 */
+    long_context(synth("Q4_1", "llama", "--heads 8 --kv-heads 4 --head-dim 40")); /* 40 */
     refusals(synth("Q8_0", "llama", ""));
     const char *stories = ps_test_shared_model("stories260K.gguf");
     if (stories)

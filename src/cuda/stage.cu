@@ -32,10 +32,11 @@ struct dlayer {
 
 struct ps_cuda {
     const ps_model *m;
-    int dev, sms;      /* sms: the device's multiprocessors */
-    int mv_lanes;      /* PS_CUDA_LANES: k_mv's lanes a row, for tests (0: by size) */
-    int pdl;           /* kernels may start before the one they wait for ends (sm_90 on) */
-    const qk_args *qk; /* while decode's q/k/v matmul is enqueued doing k_qk's work: its arguments */
+    int dev, sms;          /* sms: the device's multiprocessors */
+    int mv_lanes;          /* PS_CUDA_LANES: k_mv's lanes a row, for tests (0: by size) */
+    int pdl;               /* kernels may start before the one they wait for ends (sm_90 on) */
+    const char *leave_out; /* PS_CUDA_LEAVE_OUT: kernels not launched, for measuring (NULL: none) */
+    const qk_args *qk;     /* while decode's q/k/v matmul is enqueued doing k_qk's work: its arguments */
     rows_info qk_ri;
     const mv_ffn *ffn; /* while decode's gate/up matmul is enqueued doing the SwiGLU: its arguments */
     cudaStream_t st;
@@ -216,6 +217,8 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     g->att_smem_scores = att_smem_bytes(m->hp.head_dim, (size_t)p->n_ctx) + 4096 <= (size_t)optin;
     if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         cudaGetLastError(), g->sms = 1;
+    const char *leave = getenv("PS_CUDA_LEAVE_OUT");
+    g->leave_out = leave && *leave ? leave : NULL;
     const char *lanes = getenv("PS_CUDA_LANES");
     g->mv_lanes = !lanes                 ? 0
                   : !strcmp(lanes, "4")  ? 4
@@ -412,6 +415,11 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
         ps_cuda_free(g);
         return s;
     }
+    if (g->leave_out)
+        fprintf(stderr,
+                "pipeshard: PS_CUDA_LEAVE_OUT=%s: the kernels whose names hold these are not run; the tokens "
+                "are wrong (for measuring what a kernel costs)\n",
+                g->leave_out);
     *out = g;
     return PS_OK;
 }
@@ -469,10 +477,28 @@ static void launch_qt(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
         <<<grid, MM_THREADS, mm_smem<T, TT>(chunk), g->st>>>(grp, ws[0]->row_bytes, units, chunk, xq, x_row, n);
 }
 
+/* PS_CUDA_LEAVE_OUT: whether kernel f's (mangled) name holds one of the list's comma-separated
+ * words. What a kernel costs in a decode step, overlaps included, is the step's time without
+ * it less the step's time (the tokens are then wrong). */
+static bool left_out(const char *list, const void *f) {
+    const char *name = NULL;
+    if (cudaFuncGetName(&name, f) != cudaSuccess || !name) {
+        cudaGetLastError();
+        return false;
+    }
+    for (const char *w = list; *w;) {
+        size_t n = strcspn(w, ",");
+        if (n && memmem(name, strlen(name), w, n)) return true;
+        w += n + (w[n] == ',');
+    }
+    return false;
+}
+
 /* Launches kernel k, which calls pdl_wait, so that it may start while the kernel before it
  * on g's stream finishes (kernels.cuh's pdl_start). */
 template <typename... P, typename... A>
 static void launch_after(ps_cuda *g, void (*k)(P...), dim3 blocks, unsigned threads, size_t smem, A... args) {
+    if (g->leave_out && left_out(g->leave_out, (const void *)k)) return;
     cudaLaunchAttribute at = {};
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at.val.programmaticStreamSerializationAllowed = g->pdl;
