@@ -16,6 +16,7 @@
  *   graph       a kernel a product, the step's kernels captured in a CUDA graph
  *   graph PDL   the same with programmatic dependent launch: each kernel lets the next start,
  *               loads its first weights, then waits for the one before (as pipeshard's do)
+ *   … N rows    the same with N rows a warp, the first weights of all loaded before any sum
  *   persist     one cooperative kernel a step, a grid barrier (cooperative groups) between
  *               products, as many blocks as fit
  *   persist pre the same, each warp loading its next row's first weights before the barrier
@@ -105,23 +106,24 @@ __device__ __forceinline__ int dot32(uint4 q, const int *xv, int acc) {
 
 /* one warp's row r: the lane's uint4 i·32 + lane for i = 0 … cols/1024 - 1, the first PRE
  * given in pre; xsum: the inputs' sum (the weights are stored as w + 8) */
+template <int P = PRE>
 __device__ __forceinline__ float row_dot(const product &p, int r, const int *xs, int xsum, const uint4 *pre, int lane) {
     const uint4 *w = p.w + (size_t)r * (p.cols / 32);
     int n = p.cols / 1024, acc = 0;
 #pragma unroll
-    for (int i = 0; i < PRE; i++)
+    for (int i = 0; i < P; i++)
         if (i < n) acc = dot32(pre[i], xs + i * 256 + lane, acc);
-    for (int i = PRE; i < n; i++) acc = dot32(__ldcs(w + i * 32 + lane), xs + i * 256 + lane, acc);
+    for (int i = P; i < n; i++) acc = dot32(__ldcs(w + i * 32 + lane), xs + i * 256 + lane, acc);
 #pragma unroll
     for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     return (float)(acc - 8 * xsum) * p.scale;
 }
 
-__device__ __forceinline__ void load_pre(const product &p, int r, uint4 *pre, int lane) {
+template <int P = PRE> __device__ __forceinline__ void load_pre(const product &p, int r, uint4 *pre, int lane) {
     const uint4 *w = p.w + (size_t)r * (p.cols / 32);
     int n = p.cols / 1024;
 #pragma unroll
-    for (int i = 0; i < PRE; i++)
+    for (int i = 0; i < P; i++)
         if (i < n) pre[i] = __ldcs(w + i * 32 + lane);
 }
 
@@ -159,22 +161,24 @@ __device__ __forceinline__ int copy_x(const product &p, int *xs) {
     return sum;
 }
 
-/* a kernel a product: block b's warps take rows b·WARPS … */
-template <bool PDL> __global__ void __launch_bounds__(THREADS) k_product(product p) {
+/* a kernel a product: each warp takes ROWS rows, block b's warps rows b·WARPS·ROWS …, and
+ * loads the first weights of all of them before summing any */
+template <bool PDL, int ROWS> __global__ void __launch_bounds__(THREADS) k_product(product p) {
     extern __shared__ int xs[];
-    int lane = threadIdx.x & 31, r = blockIdx.x * WARPS + threadIdx.x / 32;
-    uint4 pre[PRE];
-    if (PDL) {
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-        if (r < p.rows) load_pre(p, r, pre, lane);
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-    } else if (r < p.rows)
-        load_pre(p, r, pre, lane);
+    int lane = threadIdx.x & 31, r0 = (blockIdx.x * WARPS + threadIdx.x / 32) * ROWS;
+    uint4 pre[ROWS][PRE];
+    if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < ROWS; j++)
+        if (r0 + j < p.rows) load_pre(p, r0 + j, pre[j], lane);
+    if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
     int xsum = copy_x(p, xs);
-    if (r < p.rows) {
-        float v = row_dot(p, r, xs, xsum, pre, lane);
-        if (lane == 0) p.y[r] = v;
-    }
+#pragma unroll
+    for (int j = 0; j < ROWS; j++)
+        if (r0 + j < p.rows) {
+            float v = row_dot(p, r0 + j, xs, xsum, pre[j], lane);
+            if (lane == 0) p.y[r0 + j] = v;
+        }
 }
 
 /* one step in one kernel: every warp takes rows warp, warp + all warps, … of each product.
@@ -279,8 +283,6 @@ int main(int argc, char **argv) {
     float *normed;
     CHECK(cudaMalloc(&normed, dim * 4));
     size_t smem = (size_t)ffn + (size_t)dim * 4; /* the widest input, a byte a value; a normalized row */
-    CHECK(cudaFuncSetAttribute(k_product<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CHECK(cudaFuncSetAttribute(k_product<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const void *persist[3] = {(const void *)k_persist<0>, (const void *)k_persist<1>, (const void *)k_persist<2>};
     int per_sm = 1 << 30;
     for (const void *f : persist) {
@@ -299,10 +301,16 @@ int main(int argc, char **argv) {
     unsigned *sink;
     CHECK(cudaMalloc(&sink, 4));
 
-    /* graphs: plain, PDL, PDL with the norms as kernels of their own */
-    cudaGraphExec_t exec[3];
-    for (int g = 0; g < 3; g++) {
+    /* a step's graph: products of ROWS rows a warp, with programmatic launch or not, with the
+     * norms as kernels of their own or not */
+    auto capture = [&](bool pdl, int rows, bool norms) {
+        const void *f = pdl ? (rows == 1   ? (const void *)k_product<true, 1>
+                               : rows == 2 ? (const void *)k_product<true, 2>
+                                           : (const void *)k_product<true, 4>)
+                            : (const void *)k_product<false, 1>;
+        CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         cudaGraph_t graph;
+        cudaGraphExec_t exec;
         cudaLaunchAttribute attr = {};
         attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr.val.programmaticStreamSerializationAllowed = 1;
@@ -310,28 +318,34 @@ int main(int argc, char **argv) {
         for (int k = 0; k < n; k++) {
             product p = ps[k];
             cudaLaunchConfig_t cfg = {};
-            cfg.stream = st, cfg.attrs = &attr, cfg.numAttrs = g && k ? 1 : 0;
-            if (g == 2 && psn[k].norm) {
+            cfg.stream = st, cfg.attrs = &attr, cfg.numAttrs = pdl && k ? 1 : 0;
+            if (norms && psn[k].norm) {
                 cfg.gridDim = 1, cfg.blockDim = 1024, cfg.dynamicSmemBytes = (size_t)p.cols * 4;
                 CHECK(cudaLaunchKernelEx(&cfg, k_norm, p.x, normed, p.cols));
                 p.x = normed, cfg.numAttrs = 1;
             }
-            cfg.gridDim = (p.rows + WARPS - 1) / WARPS, cfg.blockDim = THREADS, cfg.dynamicSmemBytes = (size_t)p.cols;
-            CHECK(cudaLaunchKernelEx(&cfg, g ? k_product<true> : k_product<false>, p));
+            cfg.gridDim = (p.rows + WARPS * rows - 1) / (WARPS * rows), cfg.blockDim = THREADS;
+            cfg.dynamicSmemBytes = (size_t)p.cols;
+            void *args[] = {&p};
+            CHECK(cudaLaunchKernelExC(&cfg, f, args));
         }
         CHECK(cudaStreamEndCapture(st, &graph));
-        CHECK(cudaGraphInstantiate(&exec[g], graph, 0));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
         CHECK(cudaGraphDestroy(graph));
-    }
+        return exec;
+    };
+    cudaGraphExec_t exec[] = {capture(false, 1, false), capture(true, 1, false), capture(true, 2, false),
+                              capture(true, 4, false), capture(true, 1, true)};
 
     struct variant {
         const char *name;
         int graph;  /* exec[graph], or -1 */
         int mode;   /* k_persist<mode>, or -1 */
         bool norms; /* the output is compared with the first variant with norms, else with graph's */
-    } vs[] = {{"read", -1, -1, false},          {"graph", 0, -1, false},           {"graph PDL", 1, -1, false},
-              {"persist", -1, 0, false},        {"persist pre", -1, 1, false},     {"persist pipe", -1, 2, false},
-              {"+norm graph PDL", 2, -1, true}, {"+norm persist pre", -1, 1, true}};
+    } vs[] = {{"read", -1, -1, false},          {"graph", 0, -1, false},         {"graph PDL", 1, -1, false},
+              {"graph PDL 2 rows", 2, -1, false}, {"graph PDL 4 rows", 3, -1, false},
+              {"persist", -1, 0, false},        {"persist pre", -1, 1, false},   {"persist pipe", -1, 2, false},
+              {"+norm graph PDL", 4, -1, true}, {"+norm persist pre", -1, 1, true}};
     const int nv = sizeof vs / sizeof vs[0];
     std::vector<float> best(nv, 1e30f), got(dim), ref[2] = {std::vector<float>(), std::vector<float>()};
     std::vector<bool> same(nv, true);
