@@ -9,7 +9,7 @@
  * the chunk size; sequences run together in mixed segments on the GPU give what each gives
  * alone on the CPU; a fleet of a CPU stage and a GPU stage (either way round) gives the
  * whole model's logits. Against this CPU's fastest family (another float summation order)
- * it prints the largest logit difference, for the record (see family_gap). A 708-position
+ * it prints the largest logit difference, for the record (see family_gap). A 1,108-position
  * context (many more KV blocks than attention's ring holds) gives the CPU's bits too, for
  * head widths 64, 128 and 40. And the GPU's refusals (f32 activations, a device that is not
  * there, a stage too large for the device's memory). Skipped where there is no CUDA device
@@ -259,19 +259,20 @@ static void check_model(const char *path, int n_gen, bool split, bool real, doub
     ps_model_free(m);
 }
 
-/* A context of many KV blocks (attention streams them through a ring of a few): a 700-token
- * prompt in chunks of 64, then 8 greedy steps, the GPU's logits equal to the CPU's (ref). */
+/* A context of many KV blocks (attention streams them through a ring of a few; decode's
+ * cluster of 8 blocks takes 9 chunks, block 0 two): a 1,100-token prompt in chunks of 64,
+ * then 8 greedy steps, the GPU's logits equal to the CPU's (ref). */
 static void long_context(const char *path) {
     char err[512];
     ps_model *m = NULL;
     PS_CHECK_OK(ps_model_load(path, PS_GGUF_MAP, &m, err, sizeof err));
     if (!m) return;
-    enum { N = 700, GEN = 8 };
+    enum { N = 1100, GEN = 8, CTX = 1152 };
     int32_t *prompt = malloc(N * sizeof *prompt), gen_cpu[GEN], gen_gpu[GEN];
     for (int i = 0; i < N; i++) prompt[i] = (int32_t)(ps_test_rng_u32() % (uint32_t)m->hp.vocab);
     PS_CHECK_OK(ps_matmul_set_isa("ref"));
-    float *cpu = run_long(m, PS_DEVICE_CPU, 64, 768, prompt, N, GEN, gen_cpu);
-    float *gpu = run_long(m, PS_DEVICE_CUDA(0), 64, 768, prompt, N, GEN, gen_gpu);
+    float *cpu = run_long(m, PS_DEVICE_CPU, 64, CTX, prompt, N, GEN, gen_cpu);
+    float *gpu = run_long(m, PS_DEVICE_CUDA(0), 64, CTX, prompt, N, GEN, gen_gpu);
     char what[700];
     snprintf(what, sizeof what, "%s: %d positions, GPU vs CPU (ref)", path, N + GEN);
     int bad = cpu && gpu ? differ(cpu, gpu, N + GEN, m->hp.vocab, what) : -1;

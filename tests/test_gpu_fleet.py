@@ -36,7 +36,8 @@ PROMPT = [(i * 37 + 11) % 700 + 3 for i in range(70)]
 
 
 def pipeshard(args, timeout=300):
-    return subprocess.run([BIN] + args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run([BIN] + args, capture_output=True, text=True, errors="replace", timeout=timeout,
+                          stdin=subprocess.DEVNULL)
 
 
 def synth(path, kind, dim, ffn):

@@ -7,6 +7,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 #include <stdint.h>
 
@@ -533,6 +534,7 @@ __device__ __forceinline__ size_t kv_at(const int32_t *tab, int n_head_kv, int h
 /* The chunk's rows: position and block table (an offset into tabs) of each. */
 struct rows_info {
     const int32_t *pos, *tab_off, *tabs;
+    const int32_t *fresh; /* row r's sequence's first position this chunk writes (its cache is older below) */
 };
 
 struct qk_args {
@@ -1691,11 +1693,13 @@ static inline int att_scores_z(int n_ctx, int ar) {
     return blocks < most ? blocks : most;
 }
 
-/* One row's softmax (attend_nv's) over its np scores in s, by the whole thread block: the
- * max, e = ps_exp_neg(score - max), the 16 lane sums over positions l, l + 16, ... in order
- * (eight loads at a time) and their tree, then e / sum into dst (s itself, or elsewhere). */
-__device__ __forceinline__ void softmax(float *s, float *dst, int np, float *red) {
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+/* One row's softmax (attend_nv's) over its np scores in s, by ATT_THREADS threads (tid: the
+ * thread's index among them, a group of whole warps; every thread of the block calls it, for
+ * its own group's row): the max, e = ps_exp_neg(score - max), the 16 lane sums over positions
+ * l, l + 16, ... in order (eight loads at a time) and their tree, then e / sum into dst (s
+ * itself, or elsewhere). red: the group's ATT_THREADS / 32 floats. */
+__device__ __forceinline__ void softmax(float *s, float *dst, int np, float *red, int tid = threadIdx.x) {
+    int lane = tid & 31, warp = tid >> 5;
     float mx = -INFINITY;
     for (int p = tid; p < np; p += ATT_THREADS) mx = fmaxf(mx, s[p]);
     mx = warp_max(mx);
@@ -1906,6 +1910,184 @@ static inline size_t att_chunks_smem(int n_ctx) {
 static inline int att_chunks_z(int n_ctx, int hd) {
     int chunks = (n_ctx + PS_ATT_CHUNK - 1) / PS_ATT_CHUNK, z = (chunks + att_workers(hd) - 1) / att_workers(hd);
     return z < 64 ? z : 64;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Decode's attention in one kernel (rows of their own, head width HD 64 or 128; attend_nv's
+ * operations, k_att_scores' and k_att_chunks' bits): a cluster of C thread blocks per (row,
+ * head), block z of it taking the context's chunks (PS_ATT_CHUNK positions) z, z + C, ...
+ * (its slots 0, 1, ...), a thread a position. The keys of slot 0's chunk are on their way to
+ * shared memory before the kernel before is waited for, where they are older than this
+ * launch (below ri.fresh: the q/k/v matmul before writes the rows' own positions). A
+ * thread makes its position's score: the 16 lanes' sums of dot_f32 (elements l, l + 16, ...)
+ * side by side, their tree, the scale; the block keeps its slots' scores. Then the values
+ * come into the keys' buffer while, after the cluster's barrier, each block gathers the
+ * row's scores from the cluster's blocks and makes the softmax (every block the same
+ * numbers); thread e sums its chunks' weight × value for element e in position order; after
+ * a second barrier block 0 adds each element's chunk sums in chunk order from the cluster's
+ * blocks and writes the head's output (and the o matmul's ps_xq32 blocks); a third keeps
+ * the blocks' shared memory until it has. Grid (rows, n_head, C), cluster (1, 1, C),
+ * ATT_THREADS threads, att_dec_smem bytes of shared memory. */
+#define ATD_MOST 8 /* the most blocks a cluster (a portable cluster size) */
+static_assert(ATT_THREADS == PS_ATT_CHUNK, "a thread a position of a chunk");
+
+/* att_dec's shared memory in floats: a chunk's keys, then its values (rows hd + 4 apart: a
+ * quarter warp's 16-byte loads of 8 consecutive rows fall on 32 different banks), q, the
+ * block's published scores (slots), the row's scores gathered (ctx_pad), the chunk sums. */
+struct att_dec_lay {
+    int ks, q, pub, full, parts, floats;
+};
+__host__ __device__ inline att_dec_lay att_dec_layout(int hd, int slots, int ctx_pad) {
+    att_dec_lay l;
+    l.ks = hd + 4;
+    l.q = PS_ATT_CHUNK * l.ks;
+    l.pub = l.q + hd;
+    l.full = l.pub + slots * PS_ATT_CHUNK;
+    l.parts = l.full + ctx_pad;
+    l.floats = l.parts + slots * hd;
+    return l;
+}
+
+/* Starts the copies of chunk ch's KV blocks below n_blk (of head kvh, from cache) to dst,
+ * positions hd + 4 floats apart: those wholly below lo when old, the others when not. One
+ * copy group; every thread of the block calls it. (A kernel that runs once a layer runs
+ * most of its instructions once: fetching them is much of its time, so what it does in
+ * several places is a call, and its loops stay loops.) */
+template <int HD>
+__device__ __noinline__ void chunk_fetch(float *dst, const float *cache, const int32_t *tab, int ch, int n_blk,
+                                         int n_head_kv, int kvh, int lo, bool old) {
+    constexpr int PER = HD / 4; /* float4s a position */
+#pragma unroll 1
+    for (int k = 0; k < ATT_CB; k++) {
+        int b = ch * ATT_CB + k;
+        if (b >= n_blk || ((b + 1) * PS_KV_BLOCK <= lo) != old) continue;
+        const float4 *src = (const float4 *)(cache + ((size_t)tab[b] * n_head_kv + kvh) * PS_KV_BLOCK * HD);
+        float *d = dst + k * PS_KV_BLOCK * (HD + 4);
+#pragma unroll 4
+        for (int i = threadIdx.x; i < PS_KV_BLOCK * PER; i += ATT_THREADS)
+            __pipeline_memcpy_async(d + i / PER * (HD + 4) + 4 * (i % PER), src + i, 16);
+    }
+    __pipeline_commit();
+}
+
+/* q · k in dot_f32's order: 16 lanes' sums of elements l, l + 16, ..., then tree16's tree. */
+template <int HD> __device__ __forceinline__ float dot16(const float *q, const float *k) {
+    float a[16];
+#pragma unroll
+    for (int l = 0; l < 16; l++) a[l] = 0.0f;
+#pragma unroll 1
+    for (int i0 = 0; i0 < HD; i0 += 16)
+#pragma unroll
+        for (int l = 0; l < 16; l += 4) {
+            float4 kv = *(const float4 *)(k + i0 + l), qv = *(const float4 *)(q + i0 + l);
+            a[l] += qv.x * kv.x, a[l + 1] += qv.y * kv.y, a[l + 2] += qv.z * kv.z, a[l + 3] += qv.w * kv.w;
+        }
+#pragma unroll
+    for (int l = 0; l < 8; l++) a[l] += a[l + 8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) a[l] += a[l + 4];
+    a[0] += a[2], a[1] += a[3];
+    return a[0] + a[1];
+}
+
+/* A chunk's sum of w[j] × x[j · (HD + 4)] over j < n, in order, from zero. */
+template <int HD> __device__ __forceinline__ float chunk_dot(const float *w, const float *x, int n) {
+    float c = 0.0f;
+#pragma unroll 8
+    for (int j = 0; j < n; j++) c += w[j] * x[j * (HD + 4)];
+    return c;
+}
+
+/* f(ch, x) for the chunks ch < n in order, x the float at base + s · stride + threadIdx.x in
+ * the shared memory of the cluster's block ch % C (s = ch / C: its slot), the C blocks'
+ * loads in flight at once. */
+template <typename CL, typename F>
+__device__ __forceinline__ void cluster_read(const CL &cl, const float *base, int n, int C, int stride, F f) {
+    for (int s = 0; s * C < n; s++) {
+        float v[ATD_MOST];
+#pragma unroll
+        for (int r = 0; r < ATD_MOST; r++)
+            if (r < C && s * C + r < n) v[r] = cl.map_shared_rank(base, r)[s * stride + threadIdx.x];
+#pragma unroll
+        for (int r = 0; r < ATD_MOST; r++)
+            if (r < C && s * C + r < n) f(s * C + r, v[r]);
+    }
+}
+
+template <int HD> __global__ void __launch_bounds__(ATT_THREADS) k_att_dec(att_args a, rows_info ri, int ctx_pad) {
+#if __CUDA_ARCH__ >= 900 /* clusters (stage.cu launches it on sm_90 on only) */
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    extern __shared__ float4 sh4[];
+    __shared__ float red[ATT_THREADS / 32];
+    float *sh = (float *)sh4;
+    pdl_start();
+    constexpr int KS = HD + 4;
+    int t = threadIdx.x, C = gridDim.z, z = blockIdx.z, slots = (ctx_pad / PS_ATT_CHUNK + C - 1) / C;
+    att_dec_lay L = att_dec_layout(HD, slots, ctx_pad);
+    float *kv = sh, *qs = sh + L.q, *pub = sh + L.pub, *full = sh + L.full, *parts = sh + L.parts;
+    size_t row = (size_t)a.row0 + blockIdx.x;
+    int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
+    int np = ri.pos[row] + 1, lo = ri.fresh[row], n_blk = (np + PS_KV_BLOCK - 1) / PS_KV_BLOCK;
+    int n_chunks = (np + PS_ATT_CHUNK - 1) / PS_ATT_CHUNK;
+    const int32_t *tab = ri.tabs + ri.tab_off[row];
+    bool mine = z < n_chunks;
+    if (mine) chunk_fetch<HD>(kv, a.kc, tab, z, n_blk, a.n_head_kv, kvh, lo, true); /* older than this launch */
+    pdl_wait();
+    if (mine) {
+        if (t < HD / 4)
+            __pipeline_memcpy_async((float4 *)qs + t, (const float4 *)(a.q + (row * a.n_head + h) * HD) + t, 16);
+        chunk_fetch<HD>(kv, a.kc, tab, z, n_blk, a.n_head_kv, kvh, lo, false);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    for (int s = 0, ch = z; ch < n_chunks; s++, ch += C) { /* the scores of this block's chunks */
+        if (s > 0) {
+            __syncthreads();                                                       /* the buffer is free */
+            chunk_fetch<HD>(kv, a.kc, tab, ch, n_blk, a.n_head_kv, kvh, 0, false); /* all of it */
+            __pipeline_wait_prior(0);
+            __syncthreads();
+        }
+        if (ch * PS_ATT_CHUNK + t < np) pub[s * PS_ATT_CHUNK + t] = dot16<HD>(qs, kv + t * KS) * a.scale;
+    }
+    __syncthreads(); /* the buffer is free: the first chunk's values come while the scores are shared */
+    if (mine) chunk_fetch<HD>(kv, a.vc, tab, z, n_blk, a.n_head_kv, kvh, 0, false);
+    cl.sync(); /* every block's scores are in */
+    if (mine) {
+        cluster_read(cl, pub, n_chunks, C, PS_ATT_CHUNK, [&](int ch, float v) {
+            if (ch * PS_ATT_CHUNK + t < np) full[ch * PS_ATT_CHUNK + t] = v;
+        });
+        __syncthreads();
+        softmax(full, full, np, red);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+        for (int s = 0, ch = z; ch < n_chunks; s++, ch += C) { /* the values of this block's chunks */
+            if (s > 0) {
+                __syncthreads(); /* the buffer is free */
+                chunk_fetch<HD>(kv, a.vc, tab, ch, n_blk, a.n_head_kv, kvh, 0, false);
+                __pipeline_wait_prior(0);
+                __syncthreads();
+            }
+            int p0 = ch * PS_ATT_CHUNK;
+            if (t < HD) parts[s * HD + t] = chunk_dot<HD>(full + p0, kv + t, min(PS_ATT_CHUNK, np - p0));
+        }
+    }
+    cl.sync();              /* every block's chunk sums are in */
+    if (z == 0 && t < HD) { /* whole warps (HD % 32 == 0) */
+        float o = 0.0f;
+        cluster_read(cl, parts, n_chunks, C, HD, [&](int, float v) { o += v; });
+        size_t at = (row * a.n_head + h) * HD + t;
+        a.out[at] = o;
+        if (a.xq) quant_warp(o, a.xq + at / 32);
+    }
+    cl.sync(); /* block 0 has read the others' shared memory */
+#endif
+}
+
+/* Clusters' blocks for att_dec with an n_ctx context: a block a chunk, up to ATD_MOST. */
+static inline int att_dec_c(int n_ctx) {
+    int chunks = (n_ctx + PS_ATT_CHUNK - 1) / PS_ATT_CHUNK;
+    return chunks < ATD_MOST ? chunks : ATD_MOST;
 }
 
 /* Reads n 16-byte words (the bandwidth measure); a sum that is never zero in practice keeps

@@ -43,6 +43,8 @@ struct ps_cuda {
     int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
     int att_rows;         /* rows per attention launch (the scores buffer's) */
     bool att_smem_scores; /* k_attention copies its scores from g->scores into shared memory */
+    int atd_c;            /* decode's k_att_dec: blocks a cluster (0: not taken) */
+    size_t atd_smem;      /* its shared memory */
     void *mem;            /* one allocation: everything below */
     dlayer *L;            /* host array of device pointers */
     const float *out_norm;
@@ -58,7 +60,7 @@ struct ps_cuda {
     uint8_t *xq2;           /* the fused SwiGLU's, swapped with xq after it (gate/up still read xq) */
     unsigned *ffn_count;    /* its arrivals: (ffn_dim / 32), zero between launches */
     float *kc, *vc;         /* (layers, n_blocks, n_head_kv, PS_KV_BLOCK, hd) */
-    int32_t *meta;          /* pos, tab_off, logit rows (max_batch each), tables */
+    int32_t *meta;          /* pos, tab_off, logit rows, fresh (max_batch each), tables */
     int32_t *hmeta;         /* its host staging (pinned) */
     size_t meta_ints;
     float *hx, *hout; /* pinned staging of a graph's input and output */
@@ -210,11 +212,17 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     /* scores of at most 64 MiB per attention launch */
     size_t per_row = (size_t)m->hp.n_head * p->n_ctx * 4, rows = ((size_t)64 << 20) / per_row;
     g->att_rows = rows < 1 ? 1 : rows > (size_t)p->max_batch ? p->max_batch : (int)rows;
-    g->meta_ints = 3 * (size_t)p->max_batch + (size_t)p->max_batch * g->seq_blocks;
+    g->meta_ints = 4 * (size_t)p->max_batch + (size_t)p->max_batch * g->seq_blocks;
     int optin = 0; /* the most shared memory a thread block may have; 4 KiB kept for the static */
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p->device) != cudaSuccess)
         cudaGetLastError(), optin = 48 * 1024;
     g->att_smem_scores = att_smem_bytes(m->hp.head_dim, (size_t)p->n_ctx) + 4096 <= (size_t)optin;
+    /* k_att_dec where its shared memory fits, on a device with clusters (sm_90 on) */
+    int hd = m->hp.head_dim, major = 0, c = att_dec_c(p->n_ctx);
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device) != cudaSuccess)
+        cudaGetLastError(), major = 0;
+    g->atd_smem = (size_t)att_dec_layout(hd, (g->att_chunks + c - 1) / c, g->att_chunks * PS_ATT_CHUNK).floats * 4;
+    g->atd_c = major >= 9 && (hd == 64 || hd == 128) && g->atd_smem + 4096 <= (size_t)optin ? c : 0;
     if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         cudaGetLastError(), g->sms = 1;
     const char *leave = getenv("PS_CUDA_LEAVE_OUT");
@@ -377,6 +385,8 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     } smem[] = {{att1, att_smem(g), att},
                 {att8, att_smem(g), att},
                 {(const void *)k_att_chunks, g->att_smem_scores ? att_chunks_smem(g->n_ctx) : 0, att},
+                {(const void *)k_att_dec<64>, m->hp.head_dim == 64 && g->atd_c ? g->atd_smem : 0, att},
+                {(const void *)k_att_dec<128>, m->hp.head_dim == 128 && g->atd_c ? g->atd_smem : 0, att},
                 {(const void *)k_att_scores<1>, att_scores_smem(1, m->hp.head_dim), att},
                 {(const void *)k_att_scores<ATT_ROWS>, att_scores_smem(ATT_ROWS, m->hp.head_dim), att},
                 {(const void *)k_mm_hp<PS_TYPE_F16>, MMHP_SMEM, mms},
@@ -395,6 +405,17 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
             (e = cudaFuncSetAttribute(smem[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem[i].bytes)) !=
                 cudaSuccess)
             s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (%s shared memory)", cudaGetErrorString(e), smem[i].of);
+    if (!s && g->atd_c) { /* k_att_dec's clusters fit the device (else the two kernels) */
+        cudaLaunchAttribute at = {};
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = 1, at.val.clusterDim.y = 1, at.val.clusterDim.z = g->atd_c;
+        cudaLaunchConfig_t cfg = {dim3(1, 1, g->atd_c), dim3(ATT_THREADS), g->atd_smem, 0, &at, 1};
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, m->hp.head_dim == 64 ? k_att_dec<64> : k_att_dec<128>, &cfg) !=
+                cudaSuccess ||
+            n < 1)
+            cudaGetLastError(), g->atd_c = 0;
+    }
     if (!s) {
         a.base = (uint8_t *)g->mem;
         layout(g, &a);
@@ -495,15 +516,23 @@ static bool left_out(const char *list, const void *f) {
 }
 
 /* Launches kernel k, which calls pdl_wait, so that it may start while the kernel before it
- * on g's stream finishes (kernels.cuh's pdl_start). */
+ * on g's stream finishes (kernels.cuh's pdl_start); in clusters of (1, 1, cluster) thread
+ * blocks where cluster is not 0. */
+template <typename... P, typename... A>
+static void launch_in(ps_cuda *g, unsigned cluster, void (*k)(P...), dim3 blocks, unsigned threads, size_t smem,
+                      A... args) {
+    if (g->leave_out && left_out(g->leave_out, (const void *)k)) return;
+    cudaLaunchAttribute at[2] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = g->pdl;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = 1, at[1].val.clusterDim.y = 1, at[1].val.clusterDim.z = cluster;
+    cudaLaunchConfig_t cfg = {blocks, dim3(threads), smem, g->st, at, cluster ? 2u : 1u};
+    cudaLaunchKernelEx(&cfg, k, args...);
+}
 template <typename... P, typename... A>
 static void launch_after(ps_cuda *g, void (*k)(P...), dim3 blocks, unsigned threads, size_t smem, A... args) {
-    if (g->leave_out && left_out(g->leave_out, (const void *)k)) return;
-    cudaLaunchAttribute at = {};
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = g->pdl;
-    cudaLaunchConfig_t cfg = {blocks, dim3(threads), smem, g->st, &at, 1};
-    cudaLaunchKernelEx(&cfg, k, args...);
+    launch_in(g, 0, k, blocks, threads, smem, args...);
 }
 
 /* Decode's k_mv: G lanes a row, the fewest that give every warp the device holds rows to
@@ -699,9 +728,17 @@ static void add(ps_cuda *g, float *x, const float *y, size_t n) {
     k_add<<<blocks_for(n, 256), 256, 0, g->st>>>(x, y, n);
 }
 
-/* Attention's two launches for rows aa.row0 .. + aa.n_rows, AR rows a thread block. */
+/* Attention's launches for rows aa.row0 .. + aa.n_rows, AR rows a thread block: decode's
+ * one (k_att_dec) where it is taken, else the scores' and the rest's. */
 template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info ri) {
     unsigned blocks = blocks_for(aa.n_rows, AR);
+    if (AR == 1 && g->atd_c) { /* decode: one kernel, a cluster per (row, head) */
+        dim3 grid(blocks, aa.n_head, g->atd_c);
+        int pad = g->att_chunks * PS_ATT_CHUNK;
+        launch_in(g, g->atd_c, aa.hd == 64 ? k_att_dec<64> : k_att_dec<128>, grid, ATT_THREADS, g->atd_smem, aa, ri,
+                  pad);
+        return;
+    }
     launch_after(g, k_att_scores<AR>, dim3(blocks, aa.n_head, att_scores_z(g->n_ctx, AR)), ATT_THREADS,
                  att_scores_smem(AR, aa.hd), aa, ri);
     if (g->att_smem_scores && AR == 1 && aa.hd % 32 == 0)
@@ -788,7 +825,7 @@ static ps_status enqueue_chunk(ps_cuda *g, const float *x, int n, int n_logits, 
     if (x != g->x) /* (a graph's device input is copied in before it) */
         CK(cudaMemcpyAsync(g->x, x, (size_t)n * dim * 4,
                            io & PS_CUDA_X_DEV ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice, g->st));
-    rows_info ri = {g->meta, g->meta + B, g->meta + 3 * B};
+    rows_info ri = {g->meta, g->meta + B, g->meta + 4 * B, g->meta + 3 * B};
     const float *res = NULL; /* each block's residual, added where the next norm reads x */
     for (int li = 0; li < g->n_layer; li++) {
         attention_block(g, li, n, ri, &res);
@@ -817,7 +854,7 @@ ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_po
         return ps_errf(err, errlen, PS_ERR_ARG, "bad chunk (%d rows, %d logits, io %u)", n, n_logits, io);
     CK(cudaSetDevice(g->dev));
     /* rows' positions and tables: a sequence's table once for its consecutive rows */
-    int32_t *pos = g->hmeta, *off = pos + B, *lr = off + B, *tabs = lr + B;
+    int32_t *pos = g->hmeta, *off = pos + B, *lr = off + B, *fresh = lr + B, *tabs = fresh + B;
     int nt = 0;
     for (int t = 0; t < n; t++) {
         pos[t] = row_pos[t];
@@ -835,9 +872,14 @@ ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_po
         nt += need;
     }
     for (int i = 0; i < n_logits; i++) lr[i] = logit_rows[i];
+    for (int t = 0; t < n && n <= GRAPH_ROWS; t++) { /* decode: its sequence's first position written here */
+        fresh[t] = pos[t];
+        for (int u = 0; u < n; u++)
+            if (row_tab[u] == row_tab[t] && pos[u] < fresh[t]) fresh[t] = pos[u];
+    }
     size_t out_bytes = (size_t)(m->has_head ? n_logits * m->hp.vocab : n * dim) * 4;
     if (n > GRAPH_ROWS) { /* prefill: straight from and to the caller's memory */
-        ps_status s = enqueue_chunk(g, x, n, n_logits, (3 * (size_t)B + nt) * 4, out, io, err, errlen);
+        ps_status s = enqueue_chunk(g, x, n, n_logits, (4 * (size_t)B + nt) * 4, out, io, err, errlen);
         if (s) return s;
         CK(cudaStreamSynchronize(g->st));
         return PS_OK;
@@ -848,7 +890,7 @@ ps_status ps_cuda_chunk(ps_cuda *g, const float *x, int n, const int32_t *row_po
     if (!*ge) {
         cudaGraph_t graph;
         CK(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
-        size_t meta = (3 * (size_t)B + (size_t)n * g->seq_blocks) * 4;
+        size_t meta = (4 * (size_t)B + (size_t)n * g->seq_blocks) * 4;
         ps_status s = enqueue_chunk(g, io & PS_CUDA_X_DEV ? g->x : g->hx, n, n_logits, meta,
                                     io & PS_CUDA_OUT_DEV ? NULL : g->hout, io, err, errlen);
         cudaError_t e = cudaStreamEndCapture(g->st, &graph);
