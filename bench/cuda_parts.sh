@@ -8,14 +8,14 @@
 # Usage: bench/cuda_parts.sh PIPESHARD [--rows "shape:type ..."] [--parts "words ..."]
 #                            [--rounds N] [--prompt P] [--gen N] [--device cuda[:N]]
 # --parts: each a comma-separated PS_CUDA_LEAVE_OUT list (default: the norms, q/k/v's rotation,
-# attention's two kernels, the SwiGLU, and the decode matmuls k_mv and k_mvs). Prints per model
+# attention's kernels, the SwiGLU, and the decode matmuls k_mv and k_mvs). Prints per model
 # the whole step's µs a token and each part's median cost (min..max over the rounds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n 2,12p "$0" >&2; exit 2; }
 bin=$1
 shift
-rows="llama-3.2-1b:Q4_0 llama-3.1-8b:Q4_0" parts="k_rmsnorm k_qk k_att_scores,k_att_chunks k_swiglu k_mv k_mvs"
+rows="llama-3.2-1b:Q4_0 llama-3.1-8b:Q4_0" parts="k_rmsnorm k_qk k_att k_swiglu k_mv k_mvs"
 rounds=3 prompt=512 gen=128 device=cuda
 while (($#)); do
   case "$1" in
