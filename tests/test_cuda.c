@@ -131,11 +131,13 @@ static float *run(const ps_model *m, int dev, int max_batch, const int32_t *prom
 /* Three sequences in scattered blocks of one pool, run on the GPU in mixed segments (as
  * test_forward.c's run_mixed): each row's logits equal ref's (the sequence alone, on the CPU).
  * In the second step the first segment (one row) asks for no logits, so the chunk's logit
- * rows start at 1: the head's norm then reads row r + 1 where it writes row r. */
+ * rows start at 1: the head's norm then reads row r + 1 where it writes row r. The third
+ * step's 4 rows take the decode path (a graph): two sequences, one with 3 rows whose
+ * attention reads the cache the chunk itself writes. */
 static void mixed(const ps_model *m, const int32_t *const *toks, const int *len, const float *const *ref) {
     static const int32_t tab[N_SEQ][3] = {{5, 2, 9}, {0, -1, -1}, {11, 3, 7}};
-    static const int take[][N_SEQ] = {{20, 7, 30}, {19, 0, 1}, {1, 0, 39}};
-    static const int logits[][N_SEQ] = {{20, 7, 30}, {19, 0, 0}, {1, 0, 39}}; /* each segment's last rows' */
+    static const int take[][N_SEQ] = {{20, 7, 30}, {19, 0, 1}, {1, 0, 3}, {0, 0, 36}};
+    static const int logits[][N_SEQ] = {{20, 7, 30}, {19, 0, 0}, {1, 0, 3}, {0, 0, 36}}; /* each segment's last rows' */
     int vocab = m->hp.vocab, done[N_SEQ] = {0};
     ps_ctx_params cp = {.n_ctx = 96, .n_blocks = 12, .max_batch = 16, .device = PS_DEVICE_CUDA(0)};
     char err[512];
