@@ -1693,13 +1693,11 @@ static inline int att_scores_z(int n_ctx, int ar) {
     return blocks < most ? blocks : most;
 }
 
-/* One row's softmax (attend_nv's) over its np scores in s, by ATT_THREADS threads (tid: the
- * thread's index among them, a group of whole warps; every thread of the block calls it, for
- * its own group's row): the max, e = ps_exp_neg(score - max), the 16 lane sums over positions
- * l, l + 16, ... in order (eight loads at a time) and their tree, then e / sum into dst (s
- * itself, or elsewhere). red: the group's ATT_THREADS / 32 floats. */
-__device__ __forceinline__ void softmax(float *s, float *dst, int np, float *red, int tid = threadIdx.x) {
-    int lane = tid & 31, warp = tid >> 5;
+/* One row's softmax (attend_nv's) over its np scores in s, by the whole thread block: the
+ * max, e = ps_exp_neg(score - max), the 16 lane sums over positions l, l + 16, ... in order
+ * (eight loads at a time) and their tree, then e / sum into dst (s itself, or elsewhere). */
+__device__ __forceinline__ void softmax(float *s, float *dst, int np, float *red) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float mx = -INFINITY;
     for (int p = tid; p < np; p += ATT_THREADS) mx = fmaxf(mx, s[p]);
     mx = warp_max(mx);
@@ -1927,7 +1925,7 @@ static inline int att_chunks_z(int n_ctx, int hd) {
  * a second barrier block 0 adds each element's chunk sums in chunk order from the cluster's
  * blocks and writes the head's output (and the o matmul's ps_xq32 blocks); a third keeps
  * the blocks' shared memory until it has. Grid (rows, n_head, C), cluster (1, 1, C),
- * ATT_THREADS threads, att_dec_smem bytes of shared memory. */
+ * ATT_THREADS threads, att_dec_layout's floats of shared memory. */
 #define ATD_MOST 8 /* the most blocks a cluster (a portable cluster size) */
 static_assert(ATT_THREADS == PS_ATT_CHUNK, "a thread a position of a chunk");
 
