@@ -200,6 +200,14 @@ static void layout(ps_cuda *g, arena *a) {
     g->meta = (int32_t *)take(a, g->meta_ints * 4);
 }
 
+/* The launch attribute of clusters of (1, 1, z) thread blocks. */
+static cudaLaunchAttribute cluster_of(unsigned z) {
+    cudaLaunchAttribute at = {};
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = 1, at.val.clusterDim.y = 1, at.val.clusterDim.z = z;
+    return at;
+}
+
 /* Sets the sizes layout() depends on. */
 static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     g->m = m;
@@ -217,12 +225,6 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p->device) != cudaSuccess)
         cudaGetLastError(), optin = 48 * 1024;
     g->att_smem_scores = att_smem_bytes(m->hp.head_dim, (size_t)p->n_ctx) + 4096 <= (size_t)optin;
-    /* k_att_dec where its shared memory fits, on a device with clusters (sm_90 on) */
-    int hd = m->hp.head_dim, major = 0, c = att_dec_c(p->n_ctx);
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device) != cudaSuccess)
-        cudaGetLastError(), major = 0;
-    g->atd_smem = (size_t)att_dec_layout(hd, (g->att_chunks + c - 1) / c, g->att_chunks * PS_ATT_CHUNK).floats * 4;
-    g->atd_c = major >= 9 && (hd == 64 || hd == 128) && g->atd_smem + 4096 <= (size_t)optin ? c : 0;
     if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         cudaGetLastError(), g->sms = 1;
     const char *leave = getenv("PS_CUDA_LEAVE_OUT");
@@ -240,6 +242,11 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     if (cudaSetDevice(p->device) != cudaSuccess || cudaFuncGetAttributes(&fa, k_rmsnorm) != cudaSuccess)
         cudaGetLastError();
     g->pdl = fa.ptxVersion >= 90;
+    /* k_att_dec where its shared memory fits and the kernels are sm_90's (clusters: its body
+     * is empty in the sm_80 PTX) */
+    int hd = m->hp.head_dim, c = att_dec_c(p->n_ctx);
+    g->atd_smem = (size_t)att_dec_layout(hd, (g->att_chunks + c - 1) / c, g->att_chunks * PS_ATT_CHUNK).floats * 4;
+    g->atd_c = g->pdl && (hd == 64 || hd == 128) && g->atd_smem + 4096 <= (size_t)optin ? c : 0;
 }
 
 size_t ps_cuda_bytes(const ps_model *m, const ps_cuda_params *p) {
@@ -406,9 +413,7 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
                 cudaSuccess)
             s = ps_errf(err, errlen, PS_ERR_IO, "CUDA: %s (%s shared memory)", cudaGetErrorString(e), smem[i].of);
     if (!s && g->atd_c) { /* k_att_dec's clusters fit the device (else the two kernels) */
-        cudaLaunchAttribute at = {};
-        at.id = cudaLaunchAttributeClusterDimension;
-        at.val.clusterDim.x = 1, at.val.clusterDim.y = 1, at.val.clusterDim.z = g->atd_c;
+        cudaLaunchAttribute at = cluster_of(g->atd_c);
         cudaLaunchConfig_t cfg = {dim3(1, 1, g->atd_c), dim3(ATT_THREADS), g->atd_smem, 0, &at, 1};
         int n = 0;
         if (cudaOccupancyMaxActiveClusters(&n, m->hp.head_dim == 64 ? k_att_dec<64> : k_att_dec<128>, &cfg) !=
@@ -522,11 +527,9 @@ template <typename... P, typename... A>
 static void launch_in(ps_cuda *g, unsigned cluster, void (*k)(P...), dim3 blocks, unsigned threads, size_t smem,
                       A... args) {
     if (g->leave_out && left_out(g->leave_out, (const void *)k)) return;
-    cudaLaunchAttribute at[2] = {};
+    cudaLaunchAttribute at[2] = {{}, cluster_of(cluster)};
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = g->pdl;
-    at[1].id = cudaLaunchAttributeClusterDimension;
-    at[1].val.clusterDim.x = 1, at[1].val.clusterDim.y = 1, at[1].val.clusterDim.z = cluster;
     cudaLaunchConfig_t cfg = {blocks, dim3(threads), smem, g->st, at, cluster ? 2u : 1u};
     cudaLaunchKernelEx(&cfg, k, args...);
 }
