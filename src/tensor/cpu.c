@@ -3,6 +3,7 @@
 #include "cpu.h"
 
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "q8_kern.h"
 
@@ -30,6 +31,7 @@ typedef struct {
     bool avx512bitalg, avx512bf16;
     bool neon;     /* aarch64 Advanced SIMD */
     bool neon_dot; /* ARMv8.2 dot product (sdot), as the OS reports it */
+    size_t l1d;    /* L1 data cache bytes a core (0: not reported) */
 } cpu_features;
 
 #ifdef PS_X86
@@ -103,6 +105,10 @@ static const cpu_features *cpu_features_get(void) {
 #ifdef __aarch64__
     f.neon_dot = detect_arm_dotprod();
 #endif
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    long l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    f.l1d = l1d > 0 ? (size_t)l1d : 0;
+#endif
     int expect = 0;
     if (atomic_compare_exchange_strong(&g_features_state, &expect, 1)) {
         g_features = f;
@@ -122,6 +128,8 @@ static const char *const isa_names[PS_ISA_COUNT] = {
 };
 
 const char *ps_isa_name(ps_isa isa) { return (unsigned)isa < PS_ISA_COUNT ? isa_names[isa] : "unknown"; }
+
+size_t ps_cpu_l1d_bytes(void) { return cpu_features_get()->l1d; }
 
 bool ps_isa_available(ps_isa isa) {
     const cpu_features *f = cpu_features_get();

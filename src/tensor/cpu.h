@@ -4,6 +4,7 @@
 #define PS_TENSOR_CPU_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 typedef enum {
     PS_ISA_REF = 0,
@@ -18,5 +19,6 @@ typedef enum {
 const char *ps_isa_name(ps_isa isa); /* "avx512vnni", ...; never NULL */
 bool ps_isa_available(ps_isa isa);   /* this CPU (and this build) can run the family */
 ps_isa ps_isa_best(void);            /* the best available family */
+size_t ps_cpu_l1d_bytes(void);       /* a core's L1 data cache as the OS reports it; 0 if unknown */
 
 #endif

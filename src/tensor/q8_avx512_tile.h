@@ -119,13 +119,18 @@ KI void add_tail(int R, int T, __m512 facc[RMAX][TMAX], __m256 tacc[RMAX][TMAX])
                                             name##_tile_1x5, name##_tile_1x6, name##_tile_1x7, name##_tile_1x8};
 
 /* Activation bytes a token tile's column block may take (so that it stays in L1 while the
- * rows of a sub-chunk are swept), and rows per sub-chunk (its accumulators wait on the
- * stack between column blocks). */
-#define L1_X_BYTES (16 * 1024)
+ * rows of a sub-chunk are swept): half the L1 data cache, 16 to 32 KiB (16 where the size
+ * is not reported). A 48 KiB cache's 24 KiB took pp128 of the 1B shape 3 % (Q4_K_M) to 14 %
+ * (Q8_0) above 16 KiB (docs/bench/2026-12-04-session36.md). */
+static size_t l1_x_bytes(void) {
+    size_t half = ps_cpu_l1d_bytes() / 2;
+    return half < 16 * 1024 ? 16 * 1024 : half > 32 * 1024 ? 32 * 1024 : half;
+}
 /* GEMV takes rows in pairs when a pair is this short (the two rows are then one stream). */
 #ifndef GEMV_PAIR_BYTES
 #define GEMV_PAIR_BYTES 1024
 #endif
+/* Rows per sub-chunk (their accumulators wait on the stack between column blocks). */
 #define SUB_ROWS 64
 /* Up to this many tokens a row is not cut into column blocks either: the rows stream whole,
  * prefetched ahead as in GEMV, and the activations come from L1 or L2 (a pass of 2 tokens of
@@ -143,7 +148,7 @@ static void tile_drive(tile_fn *const *tiles, int rm, int tm, const kctx *cx, co
                        size_t xg) {
     float acc[SUB_ROWS * TMAX * 16] __attribute__((aligned(64)));
     if (nt == 1 && wb > GEMV_PAIR_BYTES) rm = 1;
-    int64_t kb = (int64_t)(L1_X_BYTES / ((size_t)tm * xg));
+    int64_t kb = (int64_t)(l1_x_bytes() / ((size_t)tm * xg));
     if (kb < 1) kb = 1;
     if (nt <= STREAM_TOKENS || kb > ng) kb = ng;
     for (int64_t rs = 0; rs < nr; rs += SUB_ROWS) {
