@@ -11,6 +11,9 @@
 #include <cpuid.h>
 #define PS_X86 1
 #endif
+#if defined(PS_X86) && defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -29,6 +32,7 @@ typedef struct {
     bool avx512f, avx512bw, avx512vl; /* with OS support for zmm/opmask state */
     bool avx512dq, avx512vnni, avx512vbmi;
     bool avx512bitalg, avx512bf16;
+    bool amx;      /* AMX tiles with int8 products, and the OS's leave to use them */
     bool neon;     /* aarch64 Advanced SIMD */
     bool neon_dot; /* ARMv8.2 dot product (sdot), as the OS reports it */
     size_t l1d;    /* L1 data cache bytes a core (0: not reported) */
@@ -40,6 +44,17 @@ static uint64_t xgetbv0(void) {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (uint64_t)hi << 32 | lo;
+}
+
+/* Linux hands out the tile registers' 8 KiB of state only on request (once, for the whole
+ * process); other systems are not asked, and AMX stays unused there. */
+static bool amx_permitted(void) {
+#ifdef __linux__
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
 }
 
 /* Fills f from cpuid leaves 1 and 7, keeping only what the OS enabled. */
@@ -64,8 +79,10 @@ static void detect_x86(cpu_features *f) {
     f->avx512vbmi = c & (1u << 1);
     f->avx512vnni = c & (1u << 11);
     f->avx512bitalg = c & (1u << 12);
+    bool amx = (d & (1u << 24)) && (d & (1u << 25)); /* AMX-TILE, AMX-INT8 */
     __cpuid_count(7, 1, a, b, c, d);
     f->avx512bf16 = a & (1u << 5);
+    f->amx = amx && (xcr0 & 0x60000) == 0x60000 && amx_permitted();
 }
 #endif
 
@@ -125,6 +142,7 @@ static const char *const isa_names[PS_ISA_COUNT] = {
     [PS_ISA_REF] = "ref",       [PS_ISA_AVX2] = "avx2",
     [PS_ISA_AVX512] = "avx512", [PS_ISA_AVX512VNNI] = "avx512vnni",
     [PS_ISA_NEON] = "neon",     [PS_ISA_NEONDOT] = "neondot",
+    [PS_ISA_AVX512AMX] = "avx512amx",
 };
 
 const char *ps_isa_name(ps_isa isa) { return (unsigned)isa < PS_ISA_COUNT ? isa_names[isa] : "unknown"; }
@@ -140,6 +158,7 @@ bool ps_isa_available(ps_isa isa) {
     case PS_ISA_AVX2: return avx2;
     case PS_ISA_AVX512: return avx512;
     case PS_ISA_AVX512VNNI: return avx512 && f->avx512vnni && f->avx512vbmi && f->avx512bitalg;
+    case PS_ISA_AVX512AMX: return ps_isa_available(PS_ISA_AVX512VNNI) && f->amx;
     case PS_ISA_NEON: return f->neon;
     case PS_ISA_NEONDOT: return f->neon && f->neon_dot;
     default: return false;
@@ -147,7 +166,7 @@ bool ps_isa_available(ps_isa isa) {
 }
 
 ps_isa ps_isa_best(void) {
-    static const ps_isa order[] = {PS_ISA_AVX512VNNI, PS_ISA_AVX512, PS_ISA_AVX2, PS_ISA_NEONDOT, PS_ISA_NEON};
+    static const ps_isa order[] = {PS_ISA_AVX512AMX, PS_ISA_AVX512VNNI, PS_ISA_AVX512, PS_ISA_AVX2, PS_ISA_NEONDOT, PS_ISA_NEON};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (ps_isa_available(order[i])) return order[i];
     return PS_ISA_REF;
@@ -158,6 +177,7 @@ static const ps_q8_kern *const q8_tables[PS_ISA_COUNT] = {
     [PS_ISA_REF] = ps_q8_ref_kerns,       [PS_ISA_AVX2] = ps_q8_avx2_kerns,
     [PS_ISA_AVX512] = ps_q8_avx512_kerns, [PS_ISA_AVX512VNNI] = ps_q8_avx512vnni_kerns,
     [PS_ISA_NEON] = ps_q8_neon_kerns,     [PS_ISA_NEONDOT] = ps_q8_neondot_kerns,
+    [PS_ISA_AVX512AMX] = ps_q8_avx512amx_kerns,
 };
 
 /* The family's own table entry for t (no fallback); NULL when the row is empty. */
@@ -167,13 +187,14 @@ static const ps_q8_kern *family_kernel(ps_isa isa, uint32_t t) {
     return k->gemm ? k : NULL;
 }
 
-/* Falls back vnni -> avx512 -> avx2 -> ref (neondot -> neon -> ref) until a family has
+/* Falls back amx -> vnni -> avx512 -> avx2 -> ref (neondot -> neon -> ref) until a family has
  * type t. */
 const ps_q8_kern *ps_q8_kern_get(ps_isa isa, uint32_t t) {
     for (;;) {
         const ps_q8_kern *k = family_kernel(isa, t);
         if (k || isa == PS_ISA_REF) return k;
-        isa = isa == PS_ISA_AVX512VNNI ? PS_ISA_AVX512
+        isa = isa == PS_ISA_AVX512AMX    ? PS_ISA_AVX512VNNI
+              : isa == PS_ISA_AVX512VNNI ? PS_ISA_AVX512
               : isa == PS_ISA_AVX512   ? PS_ISA_AVX2
               : isa == PS_ISA_NEONDOT  ? PS_ISA_NEON
                                        : PS_ISA_REF;

@@ -13,6 +13,7 @@ typedef enum {
     PS_ISA_AVX512VNNI = 3, /* plus VNNI, VBMI and BITALG (Ice Lake, Zen 4 and later) */
     PS_ISA_NEON = 4,       /* aarch64 Advanced SIMD: bit-identical to ref */
     PS_ISA_NEONDOT = 5,    /* plus the ARMv8.2 dot product; bit-identical to ref */
+    PS_ISA_AVX512AMX = 6,  /* avx512vnni plus AMX tiles (Sapphire Rapids and later): same bits */
     PS_ISA_COUNT
 } ps_isa;
 

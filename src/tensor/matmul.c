@@ -59,16 +59,24 @@ ps_status ps_matmul_set_isa(const char *name) {
 
 bool ps_matmul_supported(uint32_t type) { return ps_q8_kern_get(PS_ISA_REF, type) != NULL; }
 
-/* Scratch for the largest activation format any available family uses, plus room to
- * align the start to 64 bytes. */
+/* Bytes of the 16-token tiles of n_tok tokens for kernel k (0: k does not take tiles). */
+static size_t tiles_bytes(const ps_q8_kern *k, int64_t cols, int64_t n_tok) {
+    return k->tiles_bytes && n_tok >= PS_Q8_TILE_TOKENS
+               ? k->tiles_bytes(cols) * (size_t)(n_tok / PS_Q8_TILE_TOKENS)
+               : 0;
+}
+
+/* Scratch for the largest activation format (and tiles) any available family uses, plus
+ * room to align the start to 64 bytes. */
 size_t ps_matmul_scratch_bytes(uint32_t type, int64_t cols, int64_t n_tok) {
-    size_t row = 0;
-    for (int i = 0; i < PS_ISA_COUNT; i++) {
+    size_t need = 0;
+    for (int i = 0; n_tok > 0 && i < PS_ISA_COUNT; i++) {
         if (!ps_isa_available((ps_isa)i)) continue;
         const ps_q8_kern *k = ps_q8_kern_get((ps_isa)i, type);
-        if (k && k->quant && k->x_bytes(cols) > row) row = k->x_bytes(cols);
+        size_t n = k && k->quant ? k->x_bytes(cols) * (size_t)n_tok + tiles_bytes(k, cols, n_tok) : 0;
+        if (n > need) need = n;
     }
-    return n_tok > 0 && row ? 64 + row * (size_t)n_tok : 0;
+    return need ? 64 + need : 0;
 }
 
 /* Room for each matrix's own activations: enough however they share formats. */
@@ -92,6 +100,8 @@ typedef struct {
     int64_t ys;
     const uint8_t *xq; /* activations as its kernel reads them, xs bytes per row */
     size_t xs;
+    const uint8_t *xt; /* their 16-token tiles (kernels with gemm_tiled), tb bytes each; or NULL */
+    size_t tb;
     int64_t chunk_rows, n_chunks; /* row chunks (multiples of the tile height) */
     int64_t tok_block, n_tblocks; /* token blocks */
     int64_t first_item;           /* its work items: [first_item, + n_chunks * n_tblocks) */
@@ -104,6 +114,8 @@ typedef struct {
     mm_part p[MULTI_MAX];
     int quant[MULTI_MAX]; /* parts whose activations must be quantized (one per format) */
     int n_quant;
+    int tiled[MULTI_MAX]; /* parts whose tiles must be made (one per format) */
+    int n_tiled;
     int64_t n_items;
     atomic_llong next; /* next unclaimed work item beyond the first nth */
 } mm_job;
@@ -119,14 +131,30 @@ static void quant_task(void *ctx, int ith, int nth) {
     }
 }
 
+/* Makes this thread's share of the (format, 16-token tile) tiles. */
+static void tiles_task(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    int64_t per = j->n_tok / PS_Q8_TILE_TOKENS, n = j->n_tiled * per, i0 = n * ith / nth, i1 = n * (ith + 1) / nth;
+    for (int64_t i = i0; i < i1; i++) {
+        const mm_part *p = &j->p[j->tiled[i / per]];
+        int64_t t = i % per;
+        p->k->tiles(p->xq + (size_t)(t * PS_Q8_TILE_TOKENS) * p->xs, p->xs, j->cols, (uint8_t *)p->xt + (size_t)t * p->tb);
+    }
+}
+
 /* Runs work item i of part p: token block, then row chunk. */
 static void run_item(const mm_job *j, const mm_part *p, int64_t i) {
     int64_t tb = i / p->n_chunks, rc = i % p->n_chunks;
     int64_t r0 = rc * p->chunk_rows, t0 = tb * p->tok_block;
     int64_t nr = p->rows - r0 < p->chunk_rows ? p->rows - r0 : p->chunk_rows;
     int64_t nt = j->n_tok - t0 < p->tok_block ? j->n_tok - t0 : p->tok_block;
-    p->k->gemm(p->w + (size_t)r0 * p->wb, p->wb, j->cols, p->xq + (size_t)t0 * p->xs, p->xs, p->y + t0 * p->ys + r0,
-               p->ys, nr, nt);
+    const uint8_t *w = p->w + (size_t)r0 * p->wb, *x = p->xq + (size_t)t0 * p->xs;
+    float *y = p->y + t0 * p->ys + r0;
+    if (p->xt) /* t0 is a multiple of the tile (plan) */
+        p->k->gemm_tiled(w, p->wb, j->cols, x, p->xs, p->xt + (size_t)(t0 / PS_Q8_TILE_TOKENS) * p->tb, y, p->ys, nr,
+                         nt);
+    else
+        p->k->gemm(w, p->wb, j->cols, x, p->xs, y, p->ys, nr, nt);
 }
 
 /* Thread ith takes item ith first, then claims items from the shared counter. */
@@ -155,8 +183,8 @@ static void plan(mm_part *p, int64_t n_tok, int nth) {
     p->n_chunks = (p->rows + cr - 1) / cr;
 }
 
-/* Sets up part i for matrix w; activations that an earlier part already quantizes in the
- * same format are shared, others take the next slice of scratch (*at). */
+/* Sets up part i for matrix w; activations (and tiles) that an earlier part already makes
+ * in the same format are shared, others take the next slices of scratch (*at). */
 static void part_init(mm_job *j, int i, const ps_mat *w, float *y, int64_t ys, const ps_q8_kern *k, uint8_t **at) {
     mm_part *p = &j->p[i];
     *p = (mm_part){.k = k, .w = w->data, .wb = ps_row_bytes(w->type, w->cols), .rows = w->rows, .y = y, .ys = ys};
@@ -166,16 +194,26 @@ static void part_init(mm_job *j, int i, const ps_mat *w, float *y, int64_t ys, c
         return;
     }
     p->xs = k->x_bytes(j->cols);
-    for (int q = 0; q < j->n_quant; q++) {
+    size_t tiles = tiles_bytes(k, j->cols, j->n_tok);
+    p->tb = tiles ? k->tiles_bytes(j->cols) : 0;
+    for (int q = 0; q < j->n_quant && !p->xq; q++) {
         const mm_part *o = &j->p[j->quant[q]];
-        if (o->k->quant == k->quant && o->xs == p->xs) {
-            p->xq = o->xq;
-            return;
-        }
+        if (o->k->quant == k->quant && o->xs == p->xs) p->xq = o->xq;
     }
-    p->xq = *at;
-    *at += p->xs * (size_t)j->n_tok;
-    j->quant[j->n_quant++] = i;
+    if (!p->xq) {
+        p->xq = *at;
+        *at += p->xs * (size_t)j->n_tok;
+        j->quant[j->n_quant++] = i;
+    }
+    for (int q = 0; q < j->n_tiled && tiles && !p->xt; q++) {
+        const mm_part *o = &j->p[j->tiled[q]];
+        if (o->xq == p->xq && o->k->tiles == k->tiles) p->xt = o->xt;
+    }
+    if (tiles && !p->xt) {
+        p->xt = *at;
+        *at += tiles;
+        j->tiled[j->n_tiled++] = i;
+    }
 }
 
 /* Quantizes, plans and runs a job of n <= MULTI_MAX matrices of equal cols. */
@@ -197,6 +235,10 @@ static void run_job(const ps_mat *const *ws, int n, const float *x, int64_t x_st
         ps_pool_run(pool, quant_task, j);
     else if (j->n_quant)
         quant_task(j, 0, 1);
+    if (j->n_tiled && nth > 1)
+        ps_pool_run(pool, tiles_task, j);
+    else if (j->n_tiled)
+        tiles_task(j, 0, 1);
     for (int i = 0; i < j->n; i++) {
         plan(&j->p[i], n_tok, nth);
         j->p[i].first_item = j->n_items;

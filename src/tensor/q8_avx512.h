@@ -1,9 +1,9 @@
 /* q8_avx512.h - AVX-512 8-bit-activation kernel bodies (q8_kern.h), included by
  * q8_avx512.c (without VNNI) and q8_avx512vnni.c (with VNNI, VBMI and BITALG). Not a
  * normal header: it and the section headers it includes (q8_avx512_*.h) define static
- * functions, and the includer sets TGT (the target attribute string), HAVE_VNNI (0 or 1)
- * and FAMILY_TABLE (the name of the kernel table to define). Without VNNI, vpdpbusd is
- * emulated (vpmaddubsw + vpmaddwd) and only the types whose pair sums fit int16 without
+ * functions, and the includer sets TGT (the target attribute string), HAVE_VNNI (0 or 1),
+ * FAMILY_TABLE (the name of the kernel table to define) and HAVE_AMX (0 or 1: define the
+ * avx512amx family's table too, q8_avx512_amx.h). Without VNNI, vpdpbusd is emulated (vpmaddubsw + vpmaddwd) and only the types whose pair sums fit int16 without
  * VBMI are offered (f32, f16, bf16, q4_0, q4_1); the others fall back to AVX2.
  *
  * Design (Zen 4 / Ice Lake class cores). The 512-bit multiply ports (vpdpbusd, vfmadd,
@@ -77,3 +77,7 @@ const ps_q8_kern FAMILY_TABLE[PS_TYPE_COUNT] = {
     [PS_TYPE_Q6_K] = {quant_k6, k6_bytes, gemm_q6_K, 1, 4},
 #endif
 };
+
+#if HAVE_AMX
+#include "q8_avx512_amx.h"
+#endif

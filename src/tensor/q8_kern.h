@@ -3,12 +3,12 @@
  * blocks and take integer dot products against the weights (llama.cpp's numerics);
  * f32_<isa>.c (f32_kern.h) are the kernels of ps_gemm, whose activations stay float32.
  *
- * Each kernel family (ref, avx2, avx512, avx512vnni, neon, neondot) gives, per weight type,
+ * Each kernel family (ref, avx2, avx512, avx512vnni, avx512amx, neon, neondot) gives, per weight type,
  * a ps_q8_kern: how to quantize one activation row into the format its dot products consume,
  * and a tile routine that fills a block of outputs. A family's kernels are one table
  * indexed by ps_type (ps_q8_<isa>_kerns); a row left empty (gemm NULL) means the family
- * lacks the type, and the lookup then falls back to the next simpler family (avx512vnni ->
- * avx512 -> avx2 -> ref, neondot -> neon -> ref). Adding a type is one row per family.
+ * lacks the type, and the lookup then falls back to the next simpler family (avx512amx ->
+ * avx512vnni -> avx512 -> avx2 -> ref, neondot -> neon -> ref). Adding a type is one row per family.
  *
  * Batch invariance (DESIGN.md invariant 1) is each kernel's contract: the value written
  * for (row r, token t) depends only on W row r and activation row t, never on nr, nt or
@@ -31,12 +31,25 @@ typedef void (*ps_q8_quant_fn)(const float *x, void *xq, int64_t cols);
 typedef void (*ps_q8_gemm_fn)(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
                               int64_t ys, int64_t nr, int64_t nt);
 
+/* Kernels that multiply whole tiles of PS_Q8_TILE_TOKENS tokens (AMX) take those tokens'
+ * quantized rows re-laid once per matmul, shared by its threads: tiles re-lays the 16 rows
+ * at x (xs bytes apart) into one tile's tiles_bytes(cols) bytes at xt, and gemm_tiled is
+ * gemm with the tiles of its first tokens at xt (tiles of tokens 0-15, 16-31, ...; the
+ * tokens of a partial last tile have none). */
+#define PS_Q8_TILE_TOKENS 16
+typedef void (*ps_q8_tiles_fn)(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt);
+typedef void (*ps_q8_gemm_tiled_fn)(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
+                                    const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt);
+
 typedef struct {
     ps_q8_quant_fn quant;            /* NULL: the kernel reads f32 activations in place */
     size_t (*x_bytes)(int64_t cols); /* bytes of one quantized row (multiple of 64) */
     ps_q8_gemm_fn gemm;              /* NULL: the family lacks the type */
     int tile_rows;                   /* row chunks given to gemm are multiples of this */
     int tile_toks;                   /* tokens per register tile */
+    size_t (*tiles_bytes)(int64_t cols); /* NULL: no tiled gemm (the rest unused) */
+    ps_q8_tiles_fn tiles;
+    ps_q8_gemm_tiled_fn gemm_tiled;
 } ps_q8_kern;
 
 /* Per-family tables, indexed by ps_type: an entry with gemm NULL is a type the family
@@ -47,6 +60,7 @@ extern const ps_q8_kern ps_q8_avx512_kerns[PS_TYPE_COUNT];
 extern const ps_q8_kern ps_q8_avx512vnni_kerns[PS_TYPE_COUNT];
 extern const ps_q8_kern ps_q8_neon_kerns[PS_TYPE_COUNT];
 extern const ps_q8_kern ps_q8_neondot_kerns[PS_TYPE_COUNT];
+extern const ps_q8_kern ps_q8_avx512amx_kerns[PS_TYPE_COUNT];
 
 /* The kernel family isa uses for type t, after fallback; NULL for unsupported types. */
 const ps_q8_kern *ps_q8_kern_get(ps_isa isa, uint32_t t);

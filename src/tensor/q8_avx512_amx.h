@@ -1,0 +1,219 @@
+/* q8_avx512_amx.h - part of q8_avx512.h, included only there (HAVE_AMX): q8_0 prefill on
+ * AMX tiles (Sapphire Rapids and later), with the very bits of the avx512vnni kernel.
+ *
+ * The vnni kernel (q8_avx512_q32.h) gives lane m of a (row, token) accumulator the blocks
+ * q8_block(m) + 16g of group g, in order of g:
+ *     facc[m] = fma(dw * dx, float(isum), facc[m])
+ * then adds the natural tail's 8 lanes (add_tail) and sums the 16 lanes (hsum16). Here the
+ * integer sums isum come from TDPBSSD, 16 rows x 16 tokens x one block a product (exact, as
+ * vpdpbusd's), and the float step runs across tokens instead of lanes: for a tile of 16
+ * rows x 16 tokens, lane m of every pair is one register a row (16 tokens wide) while the
+ * groups are walked, with the same multiply and fused multiply-add per (row, token, block);
+ * then the natural tail is added lane by lane, and hsum16's tree (halves, quarters, pairs)
+ * is made with whole registers. Every (row, token) therefore runs the vnni kernel's float
+ * operations in its order, whatever path its tile takes: batch invariance holds across the
+ * two, and decode (one token, vnni) matches prefill (AMX).
+ *
+ * Operands: A = 16 weight rows x one block's 32 quants, loaded in place from the GGUF layout
+ * (34-byte blocks, stride wb); B = the block's quants of 16 tokens in the 4-byte pairs TDPBSSD
+ * reads, re-laid once per matmul from the g16 groups (amx_tiles: a 16 x 16 dword transpose
+ * per group and quad). Rows and tokens beyond whole tiles of 16 take the vnni kernel. */
+
+#define KA  static inline __attribute__((always_inline, target(TGT ",amx-tile,amx-int8")))
+#define KAF static __attribute__((target(TGT ",amx-tile,amx-int8")))
+
+/* A tile's re-laid activations, per group: 16 B operands (lane m: 8 quads x 16 tokens x 4
+ * bytes), then dx (lane m: 16 tokens' block scales). */
+#define AMX_B_BYTES  512
+#define AMX_G_BYTES  (16 * AMX_B_BYTES + 16 * 64)
+#define AMX_DX(g, m) ((size_t)(g) * AMX_G_BYTES + 16 * AMX_B_BYTES + 64 * (size_t)(m))
+
+/* Groups that go through the tiles: the whole ones and a zero-padded partial last one (the
+ * natural tail of at most NAT_TAIL_MAX blocks is the vnni kernel's tail_blocks). */
+static int64_t amx_groups(int64_t cols, int *nat) {
+    int64_t nb = cols / PS_QK, rem = nb % 16;
+    *nat = rem && rem <= NAT_TAIL_MAX ? (int)rem : 0;
+    return nb / 16 + (rem > NAT_TAIL_MAX);
+}
+
+static size_t amx_tiles_bytes(int64_t cols) {
+    int nat;
+    return (size_t)amx_groups(cols, &nat) * AMX_G_BYTES;
+}
+
+/* Transposes a 16 x 16 matrix of 32-bit values: v[i] lane j becomes v[j] lane i. */
+KI void transpose16(__m512i v[16]) {
+    __m512i t[16], u[16];
+    UNROLL
+    for (int i = 0; i < 16; i += 2) { /* per 128-bit lane: (a0 b0 a1 b1), (a2 b2 a3 b3) */
+        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    UNROLL
+    for (int i = 0; i < 16; i += 4) { /* u[i + k] lane c: column 4c + k of rows i..i + 3 */
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    UNROLL
+    for (int k = 0; k < 4; k++) { /* gather the four row quads' 128-bit pieces of each column */
+        __m512i x0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88), x1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+        __m512i y0 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+        __m512i y1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+        v[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        v[4 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        v[8 + k] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+        v[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+    }
+}
+
+/* The re-laid activations of 16 tokens (q8_kern.h's tiles): per group, each of the 8 quad
+ * vectors and dx transposed from (token, lane) to (lane, token). */
+KF void q8_0_amx_tiles(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
+    int nat;
+    int64_t ng = amx_groups(cols, &nat);
+    for (int64_t g = 0; g < ng; g++) {
+        uint8_t *G = xt + g * AMX_G_BYTES;
+        for (int j = 0; j <= 8; j++) { /* quads 0-7, then dx */
+            size_t off = (size_t)g * G16_BYTES + (j < 8 ? 64 * (size_t)j : G16_DX);
+            __m512i v[16];
+            UNROLL
+            for (int t = 0; t < 16; t++) v[t] = _mm512_loadu_si512(x + t * xs + off);
+            transpose16(v);
+            UNROLL
+            for (int m = 0; m < 16; m++)
+                _mm512_storeu_si512(j < 8 ? G + m * AMX_B_BYTES + 64 * j : xt + AMX_DX(g, m), v[m]);
+        }
+    }
+}
+
+/* Tile registers: 0 = A (16 rows x one block's 32 quants), 1 = B (8 quads x 16 tokens),
+ * 2 = C (16 rows x 16 tokens of int32 sums). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+KA void amx_config(void) {
+    amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    c.rows[0] = 16, c.colsb[0] = PS_QK;
+    c.rows[1] = PS_QK / 4, c.colsb[1] = 64;
+    c.rows[2] = 16, c.colsb[2] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* dw[16 b + r]: the scale of block b of row r (16 rows), for the nbt blocks of the groups
+ * that go through the tiles (0 past the row's nb). */
+KI void amx_scales(const uint8_t *w, size_t wb, int64_t nb, int64_t nbt, float *dw) {
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)wb));
+    for (int64_t b = 0; b < nbt; b++) {
+        __m512 d = _mm512_setzero_ps();
+        if (b < nb) /* 4 bytes a row from the block's start: the scale and two quants */
+            d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(rows, w + b * 34, 1)));
+        _mm512_store_ps(dw + 16 * b, d);
+    }
+}
+
+/* 16 rows of w against the 16 tokens of xt (x: their g16 rows, for the natural tail) into
+ * y: the vnni kernel's operations per (row, token), made 16 tokens at a time. */
+KA void amx_tile(const uint8_t *w, size_t wb, int64_t nb, int64_t ng, int nat, const float *dw, const uint8_t *x,
+                 size_t xs, const uint8_t *xt, float *y, int64_t ys) {
+    __m512 F[16][16]; /* [lane][row]: the vnni accumulators' lanes, across tokens */
+    int32_t C[16][16] __attribute__((aligned(64)));
+    for (int m = 0; m < 16; m++) {
+        __m512 acc[16];
+        UNROLL
+        for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t g = 0, b = q8_block(m); g < ng; g++, b += 16) {
+            if (b >= nb) { /* a padded lane: the vnni kernel adds (0 * 0) * 0 */
+                UNROLL
+                for (int r = 0; r < 16; r++) acc[r] = _mm512_add_ps(acc[r], _mm512_setzero_ps());
+                continue;
+            }
+            _tile_loadd(0, w + b * 34 + 2, (long)wb);
+            _tile_loadd(1, xt + g * AMX_G_BYTES + m * AMX_B_BYTES, 64);
+            _tile_zero(2);
+            _tile_dpbssd(2, 0, 1);
+            _tile_stored(2, C, 64);
+            __m512 dx = _mm512_loadu_ps(xt + AMX_DX(g, m));
+            UNROLL
+            for (int r = 0; r < 16; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dw[16 * b + r]), dx),
+                                         _mm512_cvtepi32_ps(_mm512_load_si512(C[r])), acc[r]);
+        }
+        UNROLL
+        for (int r = 0; r < 16; r++) F[m][r] = acc[r];
+    }
+    if (nat) { /* add_tail: lanes 0-7 from tail_blocks, 4 rows x 8 tokens at a time; 8-15 + 0 */
+        float T[16][16][8] __attribute__((aligned(64)));
+        int64_t nfull = nb / 16;
+        for (int r0 = 0; r0 < 16; r0 += 4) {
+            for (int t0 = 0; t0 < 16; t0 += 8) {
+                __m256 tacc[RMAX][TMAX];
+                tail_blocks(4, 8, 34, 2, 0, 0, w + r0 * wb + nfull * q8_0_WG, wb, x + t0 * xs + nfull * G16_BYTES, xs,
+                            nat, tacc);
+                UNROLL
+                for (int r = 0; r < 4; r++) {
+                    UNROLL
+                    for (int t = 0; t < 8; t++) _mm256_store_ps(T[r0 + r][t0 + t], tacc[r][t]);
+                }
+            }
+        }
+        const __m512i by_token = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+        for (int m = 0; m < 16; m++) {
+            UNROLL
+            for (int r = 0; r < 16; r++)
+                F[m][r] = _mm512_add_ps(F[m][r], m < 8 ? _mm512_i32gather_ps(by_token, &T[r][0][m], 4)
+                                                       : _mm512_setzero_ps());
+        }
+    }
+    __m512i s[16]; /* hsum16's tree across registers: halves, quarters, pairs */
+    UNROLL
+    for (int r = 0; r < 16; r++) {
+        __m512 a[8];
+        UNROLL
+        for (int l = 0; l < 8; l++) a[l] = _mm512_add_ps(F[l][r], F[l + 8][r]);
+        UNROLL
+        for (int l = 0; l < 4; l++) a[l] = _mm512_add_ps(a[l], a[l + 4]);
+        a[0] = _mm512_add_ps(a[0], a[2]);
+        a[1] = _mm512_add_ps(a[1], a[3]);
+        s[r] = _mm512_castps_si512(_mm512_add_ps(a[0], a[1]));
+    }
+    transpose16(s);
+    UNROLL
+    for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + t * ys, _mm512_castsi512_ps(s[t]));
+}
+
+/* gemm_q8_0 with the tiles of its whole 16-token tiles at xt: those tokens of whole 16-row
+ * tiles on AMX, the other rows and tokens by the vnni kernel (the same bits either way). */
+KAF void gemm_q8_0_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
+                         float *y, int64_t ys, int64_t nr, int64_t nt) {
+    int nat;
+    int64_t ng = amx_groups(cols, &nat), nb = cols / PS_QK;
+    int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, nt16 = nt & ~(int64_t)15;
+    if (nr16 && nt16) {
+        float dw[ng * 256] __attribute__((aligned(64)));
+        size_t tb = amx_tiles_bytes(cols);
+        amx_config();
+        for (int64_t r = 0; r < nr16; r += 16) {
+            amx_scales(w + r * wb, wb, nb, 16 * ng, dw);
+            for (int64_t t = 0; t < nt16; t += 16)
+                amx_tile(w + r * wb, wb, nb, ng, nat, dw, x + t * xs, xs, xt + (size_t)(t / 16) * tb, y + t * ys + r,
+                         ys);
+        }
+        _tile_release();
+    } else {
+        nr16 = 0;
+    }
+    if (nr > nr16) gemm_q8_0(w + nr16 * wb, wb, cols, x, xs, y + nr16, ys, nr - nr16, nt);
+    if (nt > nt16 && nr16) gemm_q8_0(w, wb, cols, x + nt16 * xs, xs, y + nt16 * ys, ys, nr16, nt - nt16);
+}
+
+const ps_q8_kern ps_q8_avx512amx_kerns[PS_TYPE_COUNT] = {
+    [PS_TYPE_Q8_0] = {quant_q8_off128, g16_bytes, gemm_q8_0, 16, 16, amx_tiles_bytes, q8_0_amx_tiles, gemm_q8_0_tiled},
+};
