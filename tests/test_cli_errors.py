@@ -551,7 +551,7 @@ def case_version():
     require(m and m.group(1) == ver.group(1) and re.fullmatch(r"unknown|[\w.-]*[0-9a-f]{7,}(-dirty)?", m.group(2)),
             f"--version line 1 {lines[0]!r}: expected 'pipeshard {ver.group(1)} (git COMMIT)'")
     k = re.match(r"kernels: (\S+)", lines[1])
-    require(k and k.group(1) in ("ref", "avx2", "avx512", "avx512vnni", "neon", "neondot"),
+    require(k and k.group(1) in ("ref", "avx2", "avx512", "avx512vnni", "avx512amx", "neon", "neondot"),
             f"--version line 2 {lines[1]!r}: no kernel family")
     forced = subprocess.run([bin_path(), "--version"], capture_output=True, text=True, timeout=30,
                             env=dict(os.environ, PS_ISA="ref"))

@@ -487,7 +487,8 @@ static void test_invariance(ps_type type, int64_t rows, int64_t cols, int64_t n_
     problem_free(&p);
 }
 
-/* avx512amx's contract: avx512vnni's very bits (decode takes vnni, prefill AMX). Shapes
+/* avx512amx's contract: avx512vnni's very bits (decode takes vnni, prefill AMX), for the
+ * types it multiplies on tiles (q4_0, q8_0). Shapes
  * that take each path: whole groups, a zero-padded last group, a natural tail, a row too
  * short for a group; rows and tokens past whole tiles of 16; 1 and 2 threads. */
 static void test_amx_bits(ps_pool *pools[4]) {
@@ -498,21 +499,22 @@ static void test_amx_bits(ps_pool *pools[4]) {
     static const int64_t shapes[][3] = {/* rows, blocks, tokens */
                                         {48, 48, 48}, {37, 41, 35}, {67, 21, 64}, {16, 16, 16},
                                         {33, 9, 40},  {20, 4, 17},  {50, 18, 81}, {31, 16 * 7 + 5, 19}};
-    for (size_t i = 0; i < PS_ARRAY_LEN(shapes); i++) {
-        int64_t rows = shapes[i][0], cols = PS_QK * shapes[i][1], n_tok = shapes[i][2];
+    for (size_t i = 0; i < 2 * PS_ARRAY_LEN(shapes); i++) {
+        ps_type type = i % 2 ? PS_TYPE_Q4_0 : PS_TYPE_Q8_0;
+        int64_t rows = shapes[i / 2][0], cols = PS_QK * shapes[i / 2][1], n_tok = shapes[i / 2][2];
         problem p;
-        PS_CHECK_OK(problem_make(&p, PS_TYPE_Q8_0, rows, cols, n_tok));
+        PS_CHECK_OK(problem_make(&p, type, rows, cols, n_tok));
         float *y[2];
         for (int f = 0; f < 2; f++) {
             y[f] = malloc(sizeof(float) * (size_t)(rows * n_tok));
             PS_CHECK_OK(ps_matmul_set_isa(f ? "avx512amx" : "avx512vnni"));
-            run(&p, 0, n_tok, 0, rows, y[f], rows, pools[1 + (int)(i % 2)]);
+            run(&p, 0, n_tok, 0, rows, y[f], rows, pools[1 + (int)(i / 2 % 2)]);
         }
         int bad = 0;
         for (int64_t k = 0; k < rows * n_tok; k++) bad += memcmp(&y[0][k], &y[1][k], sizeof(float)) != 0;
         if (bad)
-            fprintf(stderr, "avx512amx q8_0 %lld x %lld x %lld: %d outputs differ from avx512vnni\n", (long long)rows,
-                    (long long)cols, (long long)n_tok, bad);
+            fprintf(stderr, "avx512amx %s %lld x %lld x %lld: %d outputs differ from avx512vnni\n", ps_type_name(type),
+                    (long long)rows, (long long)cols, (long long)n_tok, bad);
         PS_CHECK_EQ_INT(bad, 0);
         free(y[0]);
         free(y[1]);

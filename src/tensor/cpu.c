@@ -139,9 +139,12 @@ static const cpu_features *cpu_features_get(void) {
 // Families
 
 static const char *const isa_names[PS_ISA_COUNT] = {
-    [PS_ISA_REF] = "ref",       [PS_ISA_AVX2] = "avx2",
-    [PS_ISA_AVX512] = "avx512", [PS_ISA_AVX512VNNI] = "avx512vnni",
-    [PS_ISA_NEON] = "neon",     [PS_ISA_NEONDOT] = "neondot",
+    [PS_ISA_REF] = "ref",
+    [PS_ISA_AVX2] = "avx2",
+    [PS_ISA_AVX512] = "avx512",
+    [PS_ISA_AVX512VNNI] = "avx512vnni",
+    [PS_ISA_NEON] = "neon",
+    [PS_ISA_NEONDOT] = "neondot",
     [PS_ISA_AVX512AMX] = "avx512amx",
 };
 
@@ -166,7 +169,8 @@ bool ps_isa_available(ps_isa isa) {
 }
 
 ps_isa ps_isa_best(void) {
-    static const ps_isa order[] = {PS_ISA_AVX512AMX, PS_ISA_AVX512VNNI, PS_ISA_AVX512, PS_ISA_AVX2, PS_ISA_NEONDOT, PS_ISA_NEON};
+    static const ps_isa order[] = {PS_ISA_AVX512AMX, PS_ISA_AVX512VNNI, PS_ISA_AVX512,
+                                   PS_ISA_AVX2,      PS_ISA_NEONDOT,    PS_ISA_NEON};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (ps_isa_available(order[i])) return order[i];
     return PS_ISA_REF;
@@ -174,9 +178,12 @@ ps_isa ps_isa_best(void) {
 
 /* Each family's table of kernels, indexed by ps_type. */
 static const ps_q8_kern *const q8_tables[PS_ISA_COUNT] = {
-    [PS_ISA_REF] = ps_q8_ref_kerns,       [PS_ISA_AVX2] = ps_q8_avx2_kerns,
-    [PS_ISA_AVX512] = ps_q8_avx512_kerns, [PS_ISA_AVX512VNNI] = ps_q8_avx512vnni_kerns,
-    [PS_ISA_NEON] = ps_q8_neon_kerns,     [PS_ISA_NEONDOT] = ps_q8_neondot_kerns,
+    [PS_ISA_REF] = ps_q8_ref_kerns,
+    [PS_ISA_AVX2] = ps_q8_avx2_kerns,
+    [PS_ISA_AVX512] = ps_q8_avx512_kerns,
+    [PS_ISA_AVX512VNNI] = ps_q8_avx512vnni_kerns,
+    [PS_ISA_NEON] = ps_q8_neon_kerns,
+    [PS_ISA_NEONDOT] = ps_q8_neondot_kerns,
     [PS_ISA_AVX512AMX] = ps_q8_avx512amx_kerns,
 };
 
@@ -195,8 +202,8 @@ const ps_q8_kern *ps_q8_kern_get(ps_isa isa, uint32_t t) {
         if (k || isa == PS_ISA_REF) return k;
         isa = isa == PS_ISA_AVX512AMX    ? PS_ISA_AVX512VNNI
               : isa == PS_ISA_AVX512VNNI ? PS_ISA_AVX512
-              : isa == PS_ISA_AVX512   ? PS_ISA_AVX2
-              : isa == PS_ISA_NEONDOT  ? PS_ISA_NEON
-                                       : PS_ISA_REF;
+              : isa == PS_ISA_AVX512     ? PS_ISA_AVX2
+              : isa == PS_ISA_NEONDOT    ? PS_ISA_NEON
+                                         : PS_ISA_REF;
     }
 }

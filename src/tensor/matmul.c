@@ -61,9 +61,8 @@ bool ps_matmul_supported(uint32_t type) { return ps_q8_kern_get(PS_ISA_REF, type
 
 /* Bytes of the 16-token tiles of n_tok tokens for kernel k (0: k does not take tiles). */
 static size_t tiles_bytes(const ps_q8_kern *k, int64_t cols, int64_t n_tok) {
-    return k->tiles_bytes && n_tok >= PS_Q8_TILE_TOKENS
-               ? k->tiles_bytes(cols) * (size_t)(n_tok / PS_Q8_TILE_TOKENS)
-               : 0;
+    return k->tiles_bytes && n_tok >= PS_Q8_TILE_TOKENS ? k->tiles_bytes(cols) * (size_t)(n_tok / PS_Q8_TILE_TOKENS)
+                                                        : 0;
 }
 
 /* Scratch for the largest activation format (and tiles) any available family uses, plus
@@ -138,7 +137,8 @@ static void tiles_task(void *ctx, int ith, int nth) {
     for (int64_t i = i0; i < i1; i++) {
         const mm_part *p = &j->p[j->tiled[i / per]];
         int64_t t = i % per;
-        p->k->tiles(p->xq + (size_t)(t * PS_Q8_TILE_TOKENS) * p->xs, p->xs, j->cols, (uint8_t *)p->xt + (size_t)t * p->tb);
+        p->k->tiles(p->xq + (size_t)(t * PS_Q8_TILE_TOKENS) * p->xs, p->xs, j->cols,
+                    (uint8_t *)p->xt + (size_t)t * p->tb);
     }
 }
 

@@ -26,7 +26,7 @@
  * bytes), then dx (lane m: 16 tokens' block scales). */
 #define AMX_B_BYTES  512
 #define AMX_G_BYTES  (16 * AMX_B_BYTES + 16 * 64)
-#define AMX_DX(g, m) ((size_t)(g) * AMX_G_BYTES + 16 * AMX_B_BYTES + 64 * (size_t)(m))
+#define AMX_DX(g, m) ((size_t)(g)*AMX_G_BYTES + 16 * AMX_B_BYTES + 64 * (size_t)(m))
 
 /* Groups that go through the tiles: the whole ones and a zero-padded partial last one (the
  * natural tail of at most NAT_TAIL_MAX blocks is the vnni kernel's tail_blocks). */
@@ -70,7 +70,7 @@ KI void transpose16(__m512i v[16]) {
 
 /* The re-laid activations of 16 tokens (q8_kern.h's tiles): per group, each of the 8 quad
  * vectors and dx transposed from (token, lane) to (lane, token). */
-KF void q8_0_amx_tiles(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
+KF void amx_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
     int nat;
     int64_t ng = amx_groups(cols, &nat);
     for (int64_t g = 0; g < ng; g++) {
@@ -106,36 +106,54 @@ KA void amx_config(void) {
     _tile_loadconfig(&c);
 }
 
-/* dw[16 b + r]: the scale of block b of row r (16 rows), for the nbt blocks of the groups
- * that go through the tiles (0 past the row's nb). */
-KI void amx_scales(const uint8_t *w, size_t wb, int64_t nb, int64_t nbt, float *dw) {
+/* dw[16 b + r]: the scale of block b of row r (16 rows; blocks of bsize bytes that start
+ * with it), for the nbt blocks of the groups that go through the tiles (0 past nb). */
+KI void amx_scales(const uint8_t *w, size_t wb, int bsize, int64_t nb, int64_t nbt, float *dw) {
     const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)wb));
     for (int64_t b = 0; b < nbt; b++) {
         __m512 d = _mm512_setzero_ps();
-        if (b < nb) /* 4 bytes a row from the block's start: the scale and two quants */
-            d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(rows, w + b * 34, 1)));
+        if (b < nb) /* 4 bytes a row from the block's start: the scale and two more */
+            d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(rows, w + b * bsize, 1)));
         _mm512_store_ps(dw + 16 * b, d);
     }
 }
 
+/* q4_0's A operands: the nb blocks of 16 rows as signed quants (q - 8, elements in order),
+ * 512 bytes a block (row r at 32 r). Exact: the vnni kernel's corr adds the same -8 sum(x). */
+KI void amx_unpack_q4_0(const uint8_t *w, size_t wb, int64_t nb, uint8_t *u) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
+    for (int64_t b = 0; b < nb; b++) {
+        UNROLL
+        for (int r = 0; r < 16; r++) {
+            __m128i q = _mm_loadu_si128((const __m128i *)(w + r * wb + b * 18 + 2));
+            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+            v = _mm256_sub_epi8(_mm256_and_si256(v, lo4), eight);
+            _mm256_store_si256((__m256i *)(u + 512 * b + 32 * r), v);
+        }
+    }
+}
+
 /* 16 rows of w against the 16 tokens of xt (x: their g16 rows, for the natural tail) into
- * y: the vnni kernel's operations per (row, token), made 16 tokens at a time. */
-KA void amx_tile(const uint8_t *w, size_t wb, int64_t nb, int64_t ng, int nat, const float *dw, const uint8_t *x,
-                 size_t xs, const uint8_t *xt, float *y, int64_t ys) {
+ * y: the vnni kernel's operations per (row, token), made 16 tokens at a time. Block b's A
+ * operand is at a + b * a_blk, its rows a_row apart; lane m of a group holds block
+ * lane_block(m) (the vnni kernel's order). */
+KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)(int), int bsize, const uint8_t *w,
+                 size_t wb, int64_t nb, int64_t ng, int nat, const float *dw, const uint8_t *x, size_t xs,
+                 const uint8_t *xt, float *y, int64_t ys) {
     __m512 F[16][16]; /* [lane][row]: the vnni accumulators' lanes, across tokens */
     int32_t C[16][16] __attribute__((aligned(64)));
     for (int m = 0; m < 16; m++) {
         __m512 acc[16];
         UNROLL
         for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-        for (int64_t g = 0, b = q8_block(m); g < ng; g++, b += 16) {
+        for (int64_t g = 0, b = lane_block(m); g < ng; g++, b += 16) {
             if (b >= nb) { /* a padded lane: the vnni kernel adds (0 * 0) * 0 */
                 UNROLL
                 for (int r = 0; r < 16; r++) acc[r] = _mm512_add_ps(acc[r], _mm512_setzero_ps());
                 continue;
             }
-            _tile_loadd(0, w + b * 34 + 2, (long)wb);
+            _tile_loadd(0, a + b * a_blk, (long)a_row);
             _tile_loadd(1, xt + g * AMX_G_BYTES + m * AMX_B_BYTES, 64);
             _tile_zero(2);
             _tile_dpbssd(2, 0, 1);
@@ -155,8 +173,8 @@ KA void amx_tile(const uint8_t *w, size_t wb, int64_t nb, int64_t ng, int nat, c
         for (int r0 = 0; r0 < 16; r0 += 4) {
             for (int t0 = 0; t0 < 16; t0 += 8) {
                 __m256 tacc[RMAX][TMAX];
-                tail_blocks(4, 8, 34, 2, 0, 0, w + r0 * wb + nfull * q8_0_WG, wb, x + t0 * xs + nfull * G16_BYTES, xs,
-                            nat, tacc);
+                tail_blocks(4, 8, bsize, 2, 0, 0, w + r0 * wb + nfull * 16 * bsize, wb, x + t0 * xs + nfull * G16_BYTES,
+                            xs, nat, tacc);
                 UNROLL
                 for (int r = 0; r < 4; r++) {
                     UNROLL
@@ -168,52 +186,69 @@ KA void amx_tile(const uint8_t *w, size_t wb, int64_t nb, int64_t ng, int nat, c
         for (int m = 0; m < 16; m++) {
             UNROLL
             for (int r = 0; r < 16; r++)
-                F[m][r] = _mm512_add_ps(F[m][r], m < 8 ? _mm512_i32gather_ps(by_token, &T[r][0][m], 4)
-                                                       : _mm512_setzero_ps());
+                F[m][r] =
+                    _mm512_add_ps(F[m][r], m < 8 ? _mm512_i32gather_ps(by_token, &T[r][0][m], 4) : _mm512_setzero_ps());
         }
     }
     __m512i s[16]; /* hsum16's tree across registers: halves, quarters, pairs */
     UNROLL
     for (int r = 0; r < 16; r++) {
-        __m512 a[8];
+        __m512 h[8];
         UNROLL
-        for (int l = 0; l < 8; l++) a[l] = _mm512_add_ps(F[l][r], F[l + 8][r]);
+        for (int l = 0; l < 8; l++) h[l] = _mm512_add_ps(F[l][r], F[l + 8][r]);
         UNROLL
-        for (int l = 0; l < 4; l++) a[l] = _mm512_add_ps(a[l], a[l + 4]);
-        a[0] = _mm512_add_ps(a[0], a[2]);
-        a[1] = _mm512_add_ps(a[1], a[3]);
-        s[r] = _mm512_castps_si512(_mm512_add_ps(a[0], a[1]));
+        for (int l = 0; l < 4; l++) h[l] = _mm512_add_ps(h[l], h[l + 4]);
+        h[0] = _mm512_add_ps(h[0], h[2]);
+        h[1] = _mm512_add_ps(h[1], h[3]);
+        s[r] = _mm512_castps_si512(_mm512_add_ps(h[0], h[1]));
     }
     transpose16(s);
     UNROLL
     for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + t * ys, _mm512_castsi512_ps(s[t]));
 }
 
-/* gemm_q8_0 with the tiles of its whole 16-token tiles at xt: those tokens of whole 16-row
- * tiles on AMX, the other rows and tokens by the vnni kernel (the same bits either way). */
-KAF void gemm_q8_0_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
-                         float *y, int64_t ys, int64_t nr, int64_t nt) {
+/* A type's gemm with the tiles of its whole 16-token tiles at xt: those tokens of whole
+ * 16-row tiles on AMX, the other rows and tokens by the vnni kernel (the same bits either
+ * way). Blocks of bsize bytes: 34 (q8_0, A read in place) or 18 (q4_0, A unpacked). */
+KA void amx_gemm(int bsize, int (*lane_block)(int), ps_q8_gemm_fn vnni, const uint8_t *w, size_t wb, int64_t cols,
+                 const uint8_t *x, size_t xs, const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt) {
     int nat;
     int64_t ng = amx_groups(cols, &nat), nb = cols / PS_QK;
     int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, nt16 = nt & ~(int64_t)15;
     if (nr16 && nt16) {
         float dw[ng * 256] __attribute__((aligned(64)));
+        uint8_t u[bsize == 34 ? 1 : nb * 512] __attribute__((aligned(64)));
         size_t tb = amx_tiles_bytes(cols);
         amx_config();
         for (int64_t r = 0; r < nr16; r += 16) {
-            amx_scales(w + r * wb, wb, nb, 16 * ng, dw);
+            const uint8_t *wr = w + r * wb;
+            amx_scales(wr, wb, bsize, nb, 16 * ng, dw);
+            if (bsize == 18) amx_unpack_q4_0(wr, wb, nb, u);
+            const uint8_t *a = bsize == 34 ? wr + 2 : u;
+            size_t a_row = bsize == 34 ? wb : 32, a_blk = bsize == 34 ? 34 : 512;
             for (int64_t t = 0; t < nt16; t += 16)
-                amx_tile(w + r * wb, wb, nb, ng, nat, dw, x + t * xs, xs, xt + (size_t)(t / 16) * tb, y + t * ys + r,
-                         ys);
+                amx_tile(a, a_row, a_blk, lane_block, bsize, wr, wb, nb, ng, nat, dw, x + t * xs, xs,
+                         xt + (size_t)(t / 16) * tb, y + t * ys + r, ys);
         }
         _tile_release();
     } else {
         nr16 = 0;
     }
-    if (nr > nr16) gemm_q8_0(w + nr16 * wb, wb, cols, x, xs, y + nr16, ys, nr - nr16, nt);
-    if (nt > nt16 && nr16) gemm_q8_0(w, wb, cols, x + nt16 * xs, xs, y + nt16 * ys, ys, nr16, nt - nt16);
+    if (nr > nr16) vnni(w + nr16 * wb, wb, cols, x, xs, y + nr16, ys, nr - nr16, nt);
+    if (nt > nt16 && nr16) vnni(w, wb, cols, x + nt16 * xs, xs, y + nt16 * ys, ys, nr16, nt - nt16);
+}
+
+KAF void gemm_q8_0_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
+                         float *y, int64_t ys, int64_t nr, int64_t nt) {
+    amx_gemm(34, q8_block, gemm_q8_0, w, wb, cols, x, xs, xt, y, ys, nr, nt);
+}
+
+KAF void gemm_q4_0_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
+                         float *y, int64_t ys, int64_t nr, int64_t nt) {
+    amx_gemm(18, nib_block, gemm_q4_0, w, wb, cols, x, xs, xt, y, ys, nr, nt);
 }
 
 const ps_q8_kern ps_q8_avx512amx_kerns[PS_TYPE_COUNT] = {
-    [PS_TYPE_Q8_0] = {quant_q8_off128, g16_bytes, gemm_q8_0, 16, 16, amx_tiles_bytes, q8_0_amx_tiles, gemm_q8_0_tiled},
+    [PS_TYPE_Q4_0] = {quant_nib_off8, g16_bytes, gemm_q4_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q4_0_tiled},
+    [PS_TYPE_Q8_0] = {quant_q8_off128, g16_bytes, gemm_q8_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q8_0_tiled},
 };

@@ -42,11 +42,11 @@ typedef void (*ps_q8_gemm_tiled_fn)(const uint8_t *w, size_t wb, int64_t cols, c
                                     const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt);
 
 typedef struct {
-    ps_q8_quant_fn quant;            /* NULL: the kernel reads f32 activations in place */
-    size_t (*x_bytes)(int64_t cols); /* bytes of one quantized row (multiple of 64) */
-    ps_q8_gemm_fn gemm;              /* NULL: the family lacks the type */
-    int tile_rows;                   /* row chunks given to gemm are multiples of this */
-    int tile_toks;                   /* tokens per register tile */
+    ps_q8_quant_fn quant;                /* NULL: the kernel reads f32 activations in place */
+    size_t (*x_bytes)(int64_t cols);     /* bytes of one quantized row (multiple of 64) */
+    ps_q8_gemm_fn gemm;                  /* NULL: the family lacks the type */
+    int tile_rows;                       /* row chunks given to gemm are multiples of this */
+    int tile_toks;                       /* tokens per register tile */
     size_t (*tiles_bytes)(int64_t cols); /* NULL: no tiled gemm (the rest unused) */
     ps_q8_tiles_fn tiles;
     ps_q8_gemm_tiled_fn gemm_tiled;
