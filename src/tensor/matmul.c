@@ -17,6 +17,10 @@
 /* Activation bytes a token block may take: a work item sweeps its row chunk once per token
  * tile of the block, so the block's activations should stay in L2 beside the chunk. */
 #define TOKEN_BLOCK_BYTES (384 * 1024)
+/* The same for kernels with gemm_tiled, of their tiles: such a kernel sweeps each 16-row
+ * tile's weights once and re-reads the tokens' tiles for every row tile; more tokens a call
+ * spread its per-row-tile work (block scales, unpacked quants) wider. */
+#define TILED_BLOCK_BYTES (1024 * 1024)
 /* Below this many multiply-adds a matmul runs on the calling thread alone. */
 #define SERIAL_MACS 65536
 /* Row chunks per thread (more balance the load, fewer cost less claiming). */
@@ -171,7 +175,8 @@ static void mm_task(void *ctx, int ith, int nth) {
 /* Chooses token blocks that fit TOKEN_BLOCK_BYTES and row chunks aligned to the tile. */
 static void plan(mm_part *p, int64_t n_tok, int nth) {
     int64_t tt = p->k->tile_toks, tr = p->k->tile_rows;
-    int64_t tb = (int64_t)(TOKEN_BLOCK_BYTES / (p->xs ? p->xs : 1));
+    int64_t tb = p->xt ? (int64_t)(TILED_BLOCK_BYTES / (p->tb / PS_Q8_TILE_TOKENS))
+                       : (int64_t)(TOKEN_BLOCK_BYTES / (p->xs ? p->xs : 1));
     tb = tb / tt * tt;
     p->tok_block = tb < tt ? tt : tb > n_tok ? n_tok : tb;
     p->n_tblocks = (n_tok + p->tok_block - 1) / p->tok_block;

@@ -88,8 +88,8 @@ KF void amx_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
     }
 }
 
-/* Tile registers: 0 = A (16 rows x one block's 32 quants), 1 = B (8 quads x 16 tokens),
- * 2 = C (16 rows x 16 tokens of int32 sums). */
+/* Tile registers, two sets: 0 and 3 = A (16 rows x one block's 32 quants), 1 and 4 = B (8
+ * quads x 16 tokens), 2 and 5 = C (16 rows x 16 tokens of int32 sums). */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -100,10 +100,38 @@ KA void amx_config(void) {
     amx_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    c.rows[0] = 16, c.colsb[0] = PS_QK;
-    c.rows[1] = PS_QK / 4, c.colsb[1] = 64;
-    c.rows[2] = 16, c.colsb[2] = 64;
+    for (int i = 0; i < 6; i += 3) {
+        c.rows[i] = 16, c.colsb[i] = PS_QK;
+        c.rows[i + 1] = PS_QK / 4, c.colsb[i + 1] = 64;
+        c.rows[i + 2] = 16, c.colsb[i + 2] = 64;
+    }
     _tile_loadconfig(&c);
+}
+
+/* One block's products, 16 rows (A at a, a_row apart) x 16 tokens (B at bop), stored to c:
+ * tile set 0 (tiles 0-2) or 1 (3-5), so that two blocks may be in flight. */
+KA void amx_block0(const uint8_t *a, size_t a_row, const uint8_t *bop, int32_t c[16][16]) {
+    _tile_loadd(0, a, (long)a_row);
+    _tile_loadd(1, bop, 64);
+    _tile_zero(2);
+    _tile_dpbssd(2, 0, 1);
+    _tile_stored(2, c, 64);
+}
+
+KA void amx_block1(const uint8_t *a, size_t a_row, const uint8_t *bop, int32_t c[16][16]) {
+    _tile_loadd(3, a, (long)a_row);
+    _tile_loadd(4, bop, 64);
+    _tile_zero(5);
+    _tile_dpbssd(5, 3, 4);
+    _tile_stored(5, c, 64);
+}
+
+/* Block k's products into C[k % 3], through tile set k % 2. */
+KA void amx_issue(int64_t k, const uint8_t *a, size_t a_row, const uint8_t *bop, int32_t c[3][16][16]) {
+    if (k % 2)
+        amx_block1(a, a_row, bop, c[k % 3]);
+    else
+        amx_block0(a, a_row, bop, c[k % 3]);
 }
 
 /* dw[16 b + r]: the scale of block b of row r (16 rows; blocks of bsize bytes that start
@@ -140,29 +168,47 @@ KI void amx_unpack_q4_0(const uint8_t *w, size_t wb, int64_t nb, uint8_t *u) {
  * lane_block(m) (the vnni kernel's order). */
 KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)(int), int bsize, const uint8_t *w,
                  size_t wb, int64_t nb, int64_t ng, int nat, const float *dw, const uint8_t *x, size_t xs,
-                 const uint8_t *xt, float *y, int64_t ys) {
+                 const uint8_t *xt, float *y, int64_t ys, const uint8_t *pf, int64_t pf_lines) {
     __m512 F[16][16]; /* [lane][row]: the vnni accumulators' lanes, across tokens */
-    int32_t C[16][16] __attribute__((aligned(64)));
+    int32_t C[3][16][16] __attribute__((aligned(64)));
+    int64_t real[16]; /* groups whose block of lane m is in the row (the rest are padding) */
     for (int m = 0; m < 16; m++) {
+        int64_t b0 = lane_block(m);
+        real[m] = b0 >= nb ? 0 : (nb - 1 - b0) / 16 + 1 < ng ? (nb - 1 - b0) / 16 + 1 : ng;
+    }
+    /* The blocks run lane after lane, group after group: block k's products go to C[k % 3]
+     * through tile set k % 2, two blocks ahead of its float step (a stored tile is read
+     * back only once it has left the store buffer), across the lanes' ends. */
+    int mi = 0;
+    int64_t gi = 0, k = 0, ki = 0;
+    while (mi < 16 && !real[mi]) mi++;
+    for (; ki < 2 && mi < 16; ki++) {
+        amx_issue(ki, a + (lane_block(mi) + 16 * gi) * a_blk, a_row, xt + gi * AMX_G_BYTES + mi * AMX_B_BYTES, C);
+        if (++gi == real[mi])
+            for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
+    }
+    for (int m = 0; m < 16; m++) {
+        for (int64_t l = m * pf_lines / 16; l < (m + 1) * pf_lines / 16; l++) /* spread: a burst stalls */
+            _mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
         __m512 acc[16];
         UNROLL
         for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-        for (int64_t g = 0, b = lane_block(m); g < ng; g++, b += 16) {
-            if (b >= nb) { /* a padded lane: the vnni kernel adds (0 * 0) * 0 */
-                UNROLL
-                for (int r = 0; r < 16; r++) acc[r] = _mm512_add_ps(acc[r], _mm512_setzero_ps());
-                continue;
+        for (int64_t g = 0, b = lane_block(m); g < real[m]; g++, b += 16, k++) {
+            if (mi < 16) {
+                amx_issue(ki++, a + (lane_block(mi) + 16 * gi) * a_blk, a_row, xt + gi * AMX_G_BYTES + mi * AMX_B_BYTES,
+                          C);
+                if (++gi == real[mi])
+                    for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
             }
-            _tile_loadd(0, a + b * a_blk, (long)a_row);
-            _tile_loadd(1, xt + g * AMX_G_BYTES + m * AMX_B_BYTES, 64);
-            _tile_zero(2);
-            _tile_dpbssd(2, 0, 1);
-            _tile_stored(2, C, 64);
             __m512 dx = _mm512_loadu_ps(xt + AMX_DX(g, m));
             UNROLL
             for (int r = 0; r < 16; r++)
                 acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dw[16 * b + r]), dx),
-                                         _mm512_cvtepi32_ps(_mm512_load_si512(C[r])), acc[r]);
+                                         _mm512_cvtepi32_ps(_mm512_load_si512(C[k % 3][r])), acc[r]);
+        }
+        for (int64_t g = real[m]; g < ng; g++) { /* padded lanes: the vnni kernel adds (0 * 0) * 0 */
+            UNROLL
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_add_ps(acc[r], _mm512_setzero_ps());
         }
         UNROLL
         for (int r = 0; r < 16; r++) F[m][r] = acc[r];
@@ -226,9 +272,13 @@ KA void amx_gemm(int bsize, int (*lane_block)(int), ps_q8_gemm_fn vnni, const ui
             if (bsize == 18) amx_unpack_q4_0(wr, wb, nb, u);
             const uint8_t *a = bsize == 34 ? wr + 2 : u;
             size_t a_row = bsize == 34 ? wb : 32, a_blk = bsize == 34 ? 34 : 512;
-            for (int64_t t = 0; t < nt16; t += 16)
-                amx_tile(a, a_row, a_blk, lane_block, bsize, wr, wb, nb, ng, nat, dw, x + t * xs, xs,
-                         xt + (size_t)(t / 16) * tb, y + t * ys + r, ys);
+            /* the next row tile's weights go to L2 while this one's token tiles run */
+            int64_t ntt = nt16 / 16, lines = r + 16 < nr16 ? (int64_t)(16 * wb / 64) : 0;
+            for (int64_t t = 0; t < ntt; t++) {
+                int64_t l0 = t * lines / ntt;
+                amx_tile(a, a_row, a_blk, lane_block, bsize, wr, wb, nb, ng, nat, dw, x + 16 * t * xs, xs, xt + t * tb,
+                         y + 16 * t * ys + r, ys, wr + 16 * wb + 64 * l0, (t + 1) * lines / ntt - l0);
+            }
         }
         _tile_release();
     } else {
