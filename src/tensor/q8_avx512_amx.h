@@ -28,17 +28,23 @@
 #define AMX_G_BYTES  (16 * AMX_B_BYTES + 16 * 64)
 #define AMX_DX(g, m) ((size_t)(g)*AMX_G_BYTES + 16 * AMX_B_BYTES + 64 * (size_t)(m))
 
-/* Groups that go through the tiles: the whole ones and a zero-padded partial last one (the
- * natural tail of at most NAT_TAIL_MAX blocks is the vnni kernel's tail_blocks). */
+/* Groups that go through the tiles: the whole ones and a zero-padded partial last one; *nat:
+ * the blocks of a natural tail (at most NAT_TAIL_MAX), done as the vnni kernel's tail_blocks
+ * does them, 16 tokens at a time. */
 static int64_t amx_groups(int64_t cols, int *nat) {
     int64_t nb = cols / PS_QK, rem = nb % 16;
     *nat = rem && rem <= NAT_TAIL_MAX ? (int)rem : 0;
     return nb / 16 + (rem > NAT_TAIL_MAX);
 }
 
+/* After the groups, per natural tail block: its 8 quads across the 16 tokens (a row of 64
+ * bytes each), then dx and corr across them. */
+#define AMX_T_BYTES (10 * 64)
+
 static size_t amx_tiles_bytes(int64_t cols) {
     int nat;
-    return (size_t)amx_groups(cols, &nat) * AMX_G_BYTES;
+    int64_t ng = amx_groups(cols, &nat);
+    return (size_t)ng * AMX_G_BYTES + (size_t)nat * AMX_T_BYTES;
 }
 
 /* Transposes a 16 x 16 matrix of 32-bit values: v[i] lane j becomes v[j] lane i. */
@@ -85,6 +91,18 @@ KF void amx_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
             for (int m = 0; m < 16; m++)
                 _mm512_storeu_si512(j < 8 ? G + m * AMX_B_BYTES + 64 * j : xt + AMX_DX(g, m), v[m]);
         }
+    }
+    for (int b = 0; b < nat; b++) { /* a tail block's 48 bytes: d, corr, xs, 4 unused, q[32] */
+        uint8_t *T = xt + ng * AMX_G_BYTES + (size_t)b * AMX_T_BYTES;
+        size_t off = (size_t)ng * G16_BYTES + (size_t)b * XT_BYTES;
+        __m512i v[16];
+        UNROLL
+        for (int t = 0; t < 16; t++) v[t] = _mm512_maskz_loadu_epi32(0x0fff, x + t * xs + off);
+        transpose16(v); /* v[j]: dword j of the 16 tokens */
+        UNROLL
+        for (int l = 0; l < 8; l++) _mm512_storeu_si512(T + 64 * l, v[4 + l]);
+        _mm512_storeu_si512(T + 8 * 64, v[0]);
+        _mm512_storeu_si512(T + 9 * 64, v[1]);
     }
 }
 
@@ -162,13 +180,13 @@ KI void amx_unpack_q4_0(const uint8_t *w, size_t wb, int64_t nb, uint8_t *u) {
     }
 }
 
-/* 16 rows of w against the 16 tokens of xt (x: their g16 rows, for the natural tail) into
+/* 16 rows of w against the 16 tokens of xt into
  * y: the vnni kernel's operations per (row, token), made 16 tokens at a time. Block b's A
  * operand is at a + b * a_blk, its rows a_row apart; lane m of a group holds block
  * lane_block(m) (the vnni kernel's order). */
 KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)(int), int bsize, const uint8_t *w,
-                 size_t wb, int64_t nb, int64_t ng, int nat, const float *dw, const uint8_t *x, size_t xs,
-                 const uint8_t *xt, float *y, int64_t ys, const uint8_t *pf, int64_t pf_lines) {
+                 size_t wb, int64_t nb, int64_t ng, int nat, const float *dw, const uint8_t *xt, float *y, int64_t ys,
+                 const uint8_t *pf, int64_t pf_lines) {
     __m512 F[16][16]; /* [lane][row]: the vnni accumulators' lanes, across tokens */
     int32_t C[3][16][16] __attribute__((aligned(64)));
     int64_t real[16]; /* groups whose block of lane m is in the row (the rest are padding) */
@@ -213,27 +231,28 @@ KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)
         UNROLL
         for (int r = 0; r < 16; r++) F[m][r] = acc[r];
     }
-    if (nat) { /* add_tail: lanes 0-7 from tail_blocks, 4 rows x 8 tokens at a time; 8-15 + 0 */
-        float T[16][16][8] __attribute__((aligned(64)));
-        int64_t nfull = nb / 16;
-        for (int r0 = 0; r0 < 16; r0 += 4) {
-            for (int t0 = 0; t0 < 16; t0 += 8) {
-                __m256 tacc[RMAX][TMAX];
-                tail_blocks(4, 8, bsize, 2, 0, 0, w + r0 * wb + nfull * 16 * bsize, wb, x + t0 * xs + nfull * G16_BYTES,
-                            xs, nat, tacc);
-                UNROLL
-                for (int r = 0; r < 4; r++) {
-                    UNROLL
-                    for (int t = 0; t < 8; t++) _mm256_store_ps(T[r0 + r][t0 + t], tacc[r][t]);
-                }
+    /* add_tail: lane l < 8 of the tail (tail_blocks: per block, the dot of quads l of the
+     * unsigned weights and x, corr in lane 0, then one multiply-add), across the 16 tokens;
+     * lanes 8-15 + 0 */
+    const uint8_t *tw = w + nb / 16 * 16 * bsize, *tx = xt + ng * AMX_G_BYTES;
+    for (int l = 0; nat && l < 16; l++) {
+        UNROLL
+        for (int r = 0; r < 16; r++) {
+            __m512 tacc = _mm512_setzero_ps();
+            for (int b = 0; b < nat && l < 8; b++) {
+                const uint8_t *p = tw + r * wb + b * bsize;
+                uint32_t q;
+                memcpy(&q, p + 2 + 4 * (bsize == 34 ? l : l % 4), 4);
+                q = bsize == 34 ? q ^ 0x80808080u : l < 4 ? q & 0x0f0f0f0fu : (q >> 4) & 0x0f0f0f0fu;
+                const uint8_t *T = tx + (size_t)b * AMX_T_BYTES;
+                __m512i c = l ? _mm512_setzero_si512() : _mm512_loadu_si512(T + 9 * 64);
+                __m512i i = _mm512_dpbusd_epi32(c, _mm512_set1_epi32((int)q), _mm512_loadu_si512(T + 64 * l));
+                ps_f16 h;
+                memcpy(&h, p, 2);
+                __m512 dwdx = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_loadu_ps(T + 8 * 64));
+                tacc = _mm512_fmadd_ps(dwdx, _mm512_cvtepi32_ps(i), tacc);
             }
-        }
-        const __m512i by_token = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
-        for (int m = 0; m < 16; m++) {
-            UNROLL
-            for (int r = 0; r < 16; r++)
-                F[m][r] =
-                    _mm512_add_ps(F[m][r], m < 8 ? _mm512_i32gather_ps(by_token, &T[r][0][m], 4) : _mm512_setzero_ps());
+            F[l][r] = _mm512_add_ps(F[l][r], tacc);
         }
     }
     __m512i s[16]; /* hsum16's tree across registers: halves, quarters, pairs */
@@ -276,8 +295,8 @@ KA void amx_gemm(int bsize, int (*lane_block)(int), ps_q8_gemm_fn vnni, const ui
             int64_t ntt = nt16 / 16, lines = r + 16 < nr16 ? (int64_t)(16 * wb / 64) : 0;
             for (int64_t t = 0; t < ntt; t++) {
                 int64_t l0 = t * lines / ntt;
-                amx_tile(a, a_row, a_blk, lane_block, bsize, wr, wb, nb, ng, nat, dw, x + 16 * t * xs, xs, xt + t * tb,
-                         y + 16 * t * ys + r, ys, wr + 16 * wb + 64 * l0, (t + 1) * lines / ntt - l0);
+                amx_tile(a, a_row, a_blk, lane_block, bsize, wr, wb, nb, ng, nat, dw, xt + t * tb, y + 16 * t * ys + r,
+                         ys, wr + 16 * wb + 64 * l0, (t + 1) * lines / ntt - l0);
             }
         }
         _tile_release();
