@@ -488,27 +488,30 @@ static void test_invariance(ps_type type, int64_t rows, int64_t cols, int64_t n_
 }
 
 /* avx512amx's contract: avx512vnni's very bits (decode takes vnni, prefill AMX), for the
- * types it multiplies on tiles (q4_0, q8_0). Shapes
- * that take each path: whole groups, a zero-padded last group, a natural tail, a row too
- * short for a group; rows and tokens past whole tiles of 16; 1 and 2 threads. */
+ * types it multiplies on tiles. Shapes that take each path: whole groups, a zero-padded last
+ * group, a natural tail (32-element types), a row too short for a group; rows and tokens
+ * past whole tiles of 16; 1 and 2 threads. */
 static void test_amx_bits(ps_pool *pools[4]) {
     if (!ps_isa_available(PS_ISA_AVX512AMX)) {
         printf("avx512amx: not on this CPU (or not permitted by the OS), not compared\n");
         return;
     }
-    static const int64_t shapes[][3] = {/* rows, blocks, tokens */
-                                        {48, 48, 48}, {37, 41, 35}, {67, 21, 64}, {16, 16, 16},
-                                        {33, 9, 40},  {20, 4, 17},  {50, 18, 81}, {31, 16 * 7 + 5, 19}};
-    for (size_t i = 0; i < 2 * PS_ARRAY_LEN(shapes); i++) {
-        ps_type type = i % 2 ? PS_TYPE_Q4_0 : PS_TYPE_Q8_0;
-        int64_t rows = shapes[i / 2][0], cols = PS_QK * shapes[i / 2][1], n_tok = shapes[i / 2][2];
+    static const ps_type types[] = {PS_TYPE_Q8_0, PS_TYPE_Q4_0, PS_TYPE_Q4_K, PS_TYPE_Q5_K};
+    static const int64_t shapes[][4] = {/* rows, blocks of 32, super-blocks, tokens */
+                                        {48, 48, 8, 48}, {37, 41, 5, 35}, {67, 21, 3, 64}, {16, 16, 4, 16},
+                                        {33, 9, 1, 40},  {20, 4, 2, 17},  {50, 18, 6, 81}, {31, 16 * 7 + 5, 13, 19}};
+    for (size_t i = 0; i < PS_ARRAY_LEN(types) * PS_ARRAY_LEN(shapes); i++) {
+        ps_type type = types[i % PS_ARRAY_LEN(types)];
+        const int64_t *sh = shapes[i / PS_ARRAY_LEN(types)];
+        int64_t rows = sh[0], cols = ps_type_get(type)->block_size == PS_QK ? PS_QK * sh[1] : PS_QK_K * sh[2];
+        int64_t n_tok = sh[3];
         problem p;
         PS_CHECK_OK(problem_make(&p, type, rows, cols, n_tok));
         float *y[2];
         for (int f = 0; f < 2; f++) {
             y[f] = malloc(sizeof(float) * (size_t)(rows * n_tok));
             PS_CHECK_OK(ps_matmul_set_isa(f ? "avx512amx" : "avx512vnni"));
-            run(&p, 0, n_tok, 0, rows, y[f], rows, pools[1 + (int)(i / 2 % 2)]);
+            run(&p, 0, n_tok, 0, rows, y[f], rows, pools[1 + (int)(i % 2)]);
         }
         int bad = 0;
         for (int64_t k = 0; k < rows * n_tok; k++) bad += memcmp(&y[0][k], &y[1][k], sizeof(float)) != 0;

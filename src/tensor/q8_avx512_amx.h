@@ -180,6 +180,26 @@ KI void amx_unpack_q4_0(const uint8_t *w, size_t wb, int64_t nb, uint8_t *u) {
     }
 }
 
+/* y[t * ys + r] = hsum16 of the 16 lanes F[l][r] (lane t each), by hsum16's tree (halves,
+ * quarters, pairs) made with whole registers. */
+KI void amx_store_sums(__m512 F[16][16], float *y, int64_t ys) {
+    __m512i s[16];
+    UNROLL
+    for (int r = 0; r < 16; r++) {
+        __m512 h[8];
+        UNROLL
+        for (int l = 0; l < 8; l++) h[l] = _mm512_add_ps(F[l][r], F[l + 8][r]);
+        UNROLL
+        for (int l = 0; l < 4; l++) h[l] = _mm512_add_ps(h[l], h[l + 4]);
+        h[0] = _mm512_add_ps(h[0], h[2]);
+        h[1] = _mm512_add_ps(h[1], h[3]);
+        s[r] = _mm512_castps_si512(_mm512_add_ps(h[0], h[1]));
+    }
+    transpose16(s);
+    UNROLL
+    for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + t * ys, _mm512_castsi512_ps(s[t]));
+}
+
 /* 16 rows of w against the 16 tokens of xt into
  * y: the vnni kernel's operations per (row, token), made 16 tokens at a time. Block b's A
  * operand is at a + b * a_blk, its rows a_row apart; lane m of a group holds block
@@ -255,21 +275,7 @@ KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)
             F[l][r] = _mm512_add_ps(F[l][r], tacc);
         }
     }
-    __m512i s[16]; /* hsum16's tree across registers: halves, quarters, pairs */
-    UNROLL
-    for (int r = 0; r < 16; r++) {
-        __m512 h[8];
-        UNROLL
-        for (int l = 0; l < 8; l++) h[l] = _mm512_add_ps(F[l][r], F[l + 8][r]);
-        UNROLL
-        for (int l = 0; l < 4; l++) h[l] = _mm512_add_ps(h[l], h[l + 4]);
-        h[0] = _mm512_add_ps(h[0], h[2]);
-        h[1] = _mm512_add_ps(h[1], h[3]);
-        s[r] = _mm512_castps_si512(_mm512_add_ps(h[0], h[1]));
-    }
-    transpose16(s);
-    UNROLL
-    for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + t * ys, _mm512_castsi512_ps(s[t]));
+    amx_store_sums(F, y, ys);
 }
 
 /* A type's gemm with the tiles of its whole 16-token tiles at xt: those tokens of whole
@@ -317,7 +323,196 @@ KAF void gemm_q4_0_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_
     amx_gemm(18, nib_block, gemm_q4_0, w, wb, cols, x, xs, xt, y, ys, nr, nt);
 }
 
+// q4_K and q5_K: groups of 4 super-blocks (q8_avx512_k.h's k4_group, 16 tokens wide)
+
+/* k4_group gives lane m (super-block s = m % 4, k = m / 4) of a (row, token) accumulator
+ *     lo, hi = the integer dots of sub-blocks 2k and 2k + 1
+ *     a = float(hi) * sch + float(lo) * scl;  i = m[2k] bs[2k] + m[2k + 1] bs[2k + 1]
+ *     facc += (a * d - float(i) * dmin) * dx
+ * Here lo and hi come from two products of 16 rows x 16 tokens x 32 quants (unpacked once a
+ * row tile, 5 bits at most: signed products give the same sums), the per-(row, lane)
+ * scalars from a table made once a row tile, and the steps are k4_group's. */
+
+/* Re-laid activations per group: lane m's B operands (lo: quads 0-7, hi: 8-15; 16 tokens x 4
+ * bytes a quad), then dx and the bs pairs across the tokens. */
+#define K4A_B(g, m)  ((size_t)(g)*K4A_G_BYTES + 1024 * (size_t)(m))
+#define K4A_DX(g, m) ((size_t)(g)*K4A_G_BYTES + 16 * 1024 + 64 * (size_t)(m))
+#define K4A_BS(g, m) ((size_t)(g)*K4A_G_BYTES + 17 * 1024 + 64 * (size_t)(m))
+#define K4A_G_BYTES  (18 * 1024)
+
+static size_t k4a_tiles_bytes(int64_t cols) { return (size_t)((cols / PS_QK_K + 3) / 4) * K4A_G_BYTES; }
+
+KF void k4a_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
+    int64_t ng = (cols / PS_QK_K + 3) / 4;
+    for (int64_t g = 0; g < ng; g++) {
+        for (int j = 0; j < 18; j++) { /* quads 0-15, dx, bs */
+            __m512i v[16];
+            UNROLL
+            for (int t = 0; t < 16; t++) v[t] = _mm512_loadu_si512(x + t * xs + g * K4_BYTES + 64 * j);
+            transpose16(v);
+            UNROLL
+            for (int m = 0; m < 16; m++)
+                _mm512_storeu_si512(xt + (j < 16 ? K4A_B(g, m) + 64 * j : j == 16 ? K4A_DX(g, m) : K4A_BS(g, m)), v[m]);
+        }
+    }
+}
+
+/* A row tile's per-(group, lane, row) scalars: kt[(5 g + f) 256 + 16 m + r] for f = scl, sch,
+ * d, dmin (floats) and the mins pair (int16 x 2), from k4_scales_load (a partial last group
+ * from a zero-padded copy, as the vnni kernel's). */
+KI void k4a_table(const uint8_t *w, size_t wb, int bsize, int64_t nsb, const kctx *cx, float *kt) {
+    for (int64_t g = 0; 4 * g < nsb; g++) {
+        __m512i v[5][16];
+        UNROLL
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = w + r * wb + 4 * g * bsize;
+            uint8_t pad[4 * 176];
+            if (nsb - 4 * g < 4) {
+                memset(pad, 0, sizeof pad);
+                memcpy(pad, p, (size_t)(nsb - 4 * g) * bsize);
+                p = pad;
+            }
+            k4_scales ks = k4_scales_load(p, bsize, cx);
+            v[0][r] = _mm512_castps_si512(ks.scl), v[1][r] = _mm512_castps_si512(ks.sch);
+            v[2][r] = _mm512_castps_si512(ks.d), v[3][r] = _mm512_castps_si512(ks.dmin), v[4][r] = ks.mins;
+        }
+        for (int f = 0; f < 5; f++) {
+            transpose16(v[f]);
+            for (int m = 0; m < 16; m++) _mm512_store_si512(kt + (5 * g + f) * 256 + 16 * m, v[f][m]);
+        }
+    }
+}
+
+/* A row tile's A operands: u + ((16 g + m) 2 + h) 512 + 32 r = the 32 quants of sub-block
+ * 2k + h of super-block 4g + s, row r (with q5_K's fifth bits); padded super-blocks none. */
+KI void k4a_unpack(const uint8_t *w, size_t wb, int five, int64_t nsb, uint8_t *u) {
+    const int bsize = five ? 176 : 144, qs_off = five ? 48 : 16;
+    const __m256i m0f = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        UNROLL
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = w + r * wb + sb * bsize;
+            __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(p + qs_off + 32 * k));
+                __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                if (five) {
+                    __m256i bl = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), one);
+                    __m256i bh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k + 1)), one);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(bl, 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(bh, 4));
+                }
+                uint8_t *o = u + ((16 * (sb / 4) + 4 * k + sb % 4) * 2) * 512 + 32 * r;
+                _mm256_store_si256((__m256i *)o, lo);
+                _mm256_store_si256((__m256i *)(o + 512), hi);
+            }
+        }
+    }
+}
+
+/* Unit k's two products, lo through tile set 0 and hi through set 1, into c[k % 2]. */
+KA void k4a_issue(int64_t k, const uint8_t *a, const uint8_t *bop, int32_t c[2][2][16][16]) {
+    amx_block0(a, 32, bop, c[k % 2][0]);
+    amx_block1(a + 512, 32, bop + 512, c[k % 2][1]);
+}
+
+/* 16 rows (u, kt) against the 16 tokens of xt into y; as amx_tile, one unit (lane m, group
+ * g: its lo and hi products) ahead of the float step. */
+KA void k4a_tile(const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *xt, float *y, int64_t ys,
+                 const uint8_t *pf, int64_t pf_lines) {
+    int64_t ng = (nsb + 3) / 4;
+    __m512 F[16][16];
+    int32_t C[2][2][16][16] __attribute__((aligned(64)));
+    int64_t real[16]; /* groups whose super-block of lane m is in the row */
+    for (int m = 0; m < 16; m++) real[m] = 4 * (ng - 1) + m % 4 < nsb ? ng : ng - 1;
+    int mi = 0;
+    int64_t gi = 0, k = 0, ki = 0;
+    while (mi < 16 && !real[mi]) mi++;
+    if (mi < 16) {
+        k4a_issue(ki++, u + (16 * gi + mi) * 1024, xt + K4A_B(gi, mi), C);
+        if (++gi == real[mi])
+            for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
+    }
+    for (int m = 0; m < 16; m++) {
+        for (int64_t l = m * pf_lines / 16; l < (m + 1) * pf_lines / 16; l++)
+            _mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+        __m512 acc[16];
+        UNROLL
+        for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < real[m]; g++, k++) {
+            if (mi < 16) {
+                k4a_issue(ki++, u + (16 * gi + mi) * 1024, xt + K4A_B(gi, mi), C);
+                if (++gi == real[mi])
+                    for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
+            }
+            __m512 dx = _mm512_loadu_ps(xt + K4A_DX(g, m));
+            __m512i bs = _mm512_loadu_si512(xt + K4A_BS(g, m));
+            const float *t = kt + 5 * g * 256 + 16 * m;
+            UNROLL
+            for (int r = 0; r < 16; r++) {
+                __m512 lo = _mm512_cvtepi32_ps(_mm512_load_si512(C[k % 2][0][r]));
+                __m512 hi = _mm512_cvtepi32_ps(_mm512_load_si512(C[k % 2][1][r]));
+                __m512 a = _mm512_fmadd_ps(hi, _mm512_set1_ps(t[256 + r]), _mm512_mul_ps(lo, _mm512_set1_ps(t[r])));
+                int32_t mins;
+                memcpy(&mins, t + 4 * 256 + r, 4);
+                __m512i i = _mm512_madd_epi16(_mm512_set1_epi32(mins), bs);
+                __m512 f = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(t[3 * 256 + r]),
+                                            _mm512_mul_ps(a, _mm512_set1_ps(t[2 * 256 + r])));
+                acc[r] = _mm512_fmadd_ps(f, dx, acc[r]);
+            }
+        }
+        for (int64_t g = real[m]; g < ng; g++) { /* padded lanes: the vnni kernel adds 0 */
+            UNROLL
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_add_ps(acc[r], _mm512_setzero_ps());
+        }
+        UNROLL
+        for (int r = 0; r < 16; r++) F[m][r] = acc[r];
+    }
+    amx_store_sums(F, y, ys);
+}
+
+/* q4_K (five 0) or q5_K's gemm with tiles: as amx_gemm. */
+KA void k4a_gemm(int five, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w, size_t wb, int64_t cols,
+                 const uint8_t *x, size_t xs, const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt) {
+    int64_t nsb = cols / PS_QK_K, ng = (nsb + 3) / 4;
+    int64_t nr16 = nr & ~(int64_t)15, nt16 = nt & ~(int64_t)15;
+    if (nr16 && nt16) {
+        float kt[ng * 5 * 256] __attribute__((aligned(64)));
+        uint8_t u[ng * 16 * 1024] __attribute__((aligned(64)));
+        size_t tb = k4a_tiles_bytes(cols);
+        amx_config();
+        for (int64_t r = 0; r < nr16; r += 16) {
+            const uint8_t *wr = w + r * wb;
+            k4a_table(wr, wb, five ? 176 : 144, nsb, cx, kt);
+            k4a_unpack(wr, wb, five, nsb, u);
+            int64_t ntt = nt16 / 16, lines = r + 16 < nr16 ? (int64_t)(16 * wb / 64) : 0;
+            for (int64_t t = 0; t < ntt; t++) {
+                int64_t l0 = t * lines / ntt;
+                k4a_tile(u, kt, nsb, xt + t * tb, y + 16 * t * ys + r, ys, wr + 16 * wb + 64 * l0,
+                         (t + 1) * lines / ntt - l0);
+            }
+        }
+        _tile_release();
+    } else {
+        nr16 = 0;
+    }
+    if (nr > nr16) vnni(w + nr16 * wb, wb, cols, x, xs, y + nr16, ys, nr - nr16, nt);
+    if (nt > nt16 && nr16) vnni(w, wb, cols, x + nt16 * xs, xs, y + nt16 * ys, ys, nr16, nt - nt16);
+}
+
+KAF void gemm_q4_K_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
+                         float *y, int64_t ys, int64_t nr, int64_t nt) {
+    k4a_gemm(0, gemm_q4_K, ctx_once(&q4_K_cx, &q4_K_cx_state, k4_ctx), w, wb, cols, x, xs, xt, y, ys, nr, nt);
+}
+
+KAF void gemm_q5_K_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
+                         float *y, int64_t ys, int64_t nr, int64_t nt) {
+    k4a_gemm(1, gemm_q5_K, ctx_once(&q5_K_cx, &q5_K_cx_state, k4_ctx), w, wb, cols, x, xs, xt, y, ys, nr, nt);
+}
+
 const ps_q8_kern ps_q8_avx512amx_kerns[PS_TYPE_COUNT] = {
     [PS_TYPE_Q4_0] = {quant_nib_off8, g16_bytes, gemm_q4_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q4_0_tiled},
     [PS_TYPE_Q8_0] = {quant_q8_off128, g16_bytes, gemm_q8_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q8_0_tiled},
+    [PS_TYPE_Q4_K] = {quant_k4, k4_bytes, gemm_q4_K, 16, 16, k4a_tiles_bytes, k4a_relay, gemm_q4_K_tiled},
+    [PS_TYPE_Q5_K] = {quant_k4, k4_bytes, gemm_q5_K, 16, 16, k4a_tiles_bytes, k4a_relay, gemm_q5_K_tiled},
 };
