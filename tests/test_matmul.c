@@ -528,11 +528,12 @@ static void test_amx_bits(ps_pool *pools[4]) {
 // Several matrices sharing an input
 
 /* ps_matmul_multi against one ps_matmul per matrix, bit for bit, for every family: mixed
- * types (shared and separate activation formats) and one matrix of other cols (its own
- * batch, reading the first 512 columns of the same rows). Scratch is sized to the byte. */
+ * types (shared and separate activation formats and 16-token tiles) and one matrix of other
+ * cols (its own batch, reading the first 512 columns of the same rows); 1, 7 and 37 tokens.
+ * Scratch is sized to the byte. */
 static void test_multi(ps_pool *pool) {
-    static const ps_type types[] = {PS_TYPE_Q4_K, PS_TYPE_Q6_K, PS_TYPE_Q4_K, PS_TYPE_F32, PS_TYPE_Q4_0, PS_TYPE_Q8_0};
-    enum { N = 6, NT = 7, XS = 771 };
+    static const ps_type types[] = {PS_TYPE_Q4_K, PS_TYPE_Q6_K, PS_TYPE_Q4_K, PS_TYPE_Q8_0, PS_TYPE_F32, PS_TYPE_Q4_0};
+    enum { N = 6, NT = 37, XS = 771 };
     problem p[N];
     ps_mat m[N];
     const ps_mat *ws[N];
@@ -541,7 +542,7 @@ static void test_multi(ps_pool *pool) {
     int ok = 1;
     fill_x(x, NT * XS);
     for (int i = 0; i < N; i++) {
-        ok &= problem_make(&p[i], types[i], 11 + 7 * i, i == 4 ? 512 : 768, 1) == PS_OK;
+        ok &= problem_make(&p[i], types[i], 11 + 7 * i, i == 5 ? 512 : 768, 1) == PS_OK;
         m[i] = (ps_mat){.type = p[i].type, .rows = p[i].rows, .cols = p[i].cols, .data = p[i].w};
         ws[i] = &m[i];
         strides[i] = p[i].rows + 2;
@@ -552,7 +553,9 @@ static void test_multi(ps_pool *pool) {
     for (int isa = 0; ok && isa < PS_ISA_COUNT; isa++) {
         if (!ps_isa_available((ps_isa)isa)) continue;
         PS_CHECK_OK(ps_matmul_set_isa(ps_isa_name((ps_isa)isa)));
-        for (int64_t n_tok = 1; n_tok <= NT; n_tok += NT - 1) {
+        static const int64_t counts[] = {1, 7, NT};
+        for (size_t c = 0; c < PS_ARRAY_LEN(counts); c++) {
+            int64_t n_tok = counts[c];
             for (int i = 0; i < N; i++) {
                 uint8_t *sc = malloc(ps_matmul_scratch_bytes(m[i].type, m[i].cols, n_tok) + 1);
                 ps_matmul(&m[i], x, XS, n_tok, ref[i], strides[i], sc ? sc + 1 : NULL, pool);
