@@ -1,8 +1,9 @@
-/* q8_avx512_amx.h - part of q8_avx512.h, included only there (HAVE_AMX): q8_0 prefill on
- * AMX tiles (Sapphire Rapids and later), with the very bits of the avx512vnni kernel.
+/* q8_avx512_amx.h - part of q8_avx512.h, included only there (HAVE_AMX): prompts of q8_0,
+ * q4_0, q4_K and q5_K weights on AMX tiles (Sapphire Rapids and later), with the very bits of
+ * the avx512vnni kernels (the family avx512amx; its other types fall back to avx512vnni).
  *
- * The vnni kernel (q8_avx512_q32.h) gives lane m of a (row, token) accumulator the blocks
- * q8_block(m) + 16g of group g, in order of g:
+ * The vnni kernel of the 32-element types (q8_avx512_q32.h) gives lane m of a (row, token)
+ * accumulator the blocks lane_block(m) + 16g of group g, in order of g:
  *     facc[m] = fma(dw * dx, float(isum), facc[m])
  * then adds the natural tail's 8 lanes (add_tail) and sums the 16 lanes (hsum16). Here the
  * integer sums isum come from TDPBSSD, 16 rows x 16 tokens x one block a product (exact, as
@@ -12,12 +13,15 @@
  * then the natural tail is added lane by lane, and hsum16's tree (halves, quarters, pairs)
  * is made with whole registers. Every (row, token) therefore runs the vnni kernel's float
  * operations in its order, whatever path its tile takes: batch invariance holds across the
- * two, and decode (one token, vnni) matches prefill (AMX).
+ * two, and decode (one token, vnni) matches prefill (AMX). The K types (q8_avx512_k.h's
+ * k4_group) are made the same way, below.
  *
- * Operands: A = 16 weight rows x one block's 32 quants, loaded in place from the GGUF layout
- * (34-byte blocks, stride wb); B = the block's quants of 16 tokens in the 4-byte pairs TDPBSSD
- * reads, re-laid once per matmul from the g16 groups (amx_tiles: a 16 x 16 dword transpose
- * per group and quad). Rows and tokens beyond whole tiles of 16 take the vnni kernel. */
+ * Operands: A = 16 weight rows x one block's 32 quants, loaded in place from q8_0's rows
+ * (34-byte blocks, stride wb) or unpacked once a row tile (q4_0, the K types); B = the
+ * block's quants of 16 tokens in the 4-byte quads TDPBSSD reads, re-laid once per matmul
+ * (q8_kern.h's tiles: a 16 x 16 dword transpose per group and quad). Rows and tokens beyond
+ * whole tiles of 16 take the vnni kernel. Why this speed and not more:
+ * docs/bench/2026-12-05-amx.md (the float step per block is the floor). */
 
 #define KA  static inline __attribute__((always_inline, target(TGT ",amx-tile,amx-int8")))
 #define KAF static __attribute__((target(TGT ",amx-tile,amx-int8")))
