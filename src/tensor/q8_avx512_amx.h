@@ -282,51 +282,6 @@ KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)
     amx_store_sums(F, y, ys);
 }
 
-/* A type's gemm with the tiles of its whole 16-token tiles at xt: those tokens of whole
- * 16-row tiles on AMX, the other rows and tokens by the vnni kernel (the same bits either
- * way). Blocks of bsize bytes: 34 (q8_0, A read in place) or 18 (q4_0, A unpacked). */
-KA void amx_gemm(int bsize, int (*lane_block)(int), ps_q8_gemm_fn vnni, const uint8_t *w, size_t wb, int64_t cols,
-                 const uint8_t *x, size_t xs, const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt) {
-    int nat;
-    int64_t ng = amx_groups(cols, &nat), nb = cols / PS_QK;
-    int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, nt16 = nt & ~(int64_t)15;
-    if (nr16 && nt16) {
-        float dw[ng * 256] __attribute__((aligned(64)));
-        uint8_t u[bsize == 34 ? 1 : nb * 512] __attribute__((aligned(64)));
-        size_t tb = amx_tiles_bytes(cols);
-        amx_config();
-        for (int64_t r = 0; r < nr16; r += 16) {
-            const uint8_t *wr = w + r * wb;
-            amx_scales(wr, wb, bsize, nb, 16 * ng, dw);
-            if (bsize == 18) amx_unpack_q4_0(wr, wb, nb, u);
-            const uint8_t *a = bsize == 34 ? wr + 2 : u;
-            size_t a_row = bsize == 34 ? wb : 32, a_blk = bsize == 34 ? 34 : 512;
-            /* the next row tile's weights go to L2 while this one's token tiles run */
-            int64_t ntt = nt16 / 16, lines = r + 16 < nr16 ? (int64_t)(16 * wb / 64) : 0;
-            for (int64_t t = 0; t < ntt; t++) {
-                int64_t l0 = t * lines / ntt;
-                amx_tile(a, a_row, a_blk, lane_block, bsize, wr, wb, nb, ng, nat, dw, xt + t * tb, y + 16 * t * ys + r,
-                         ys, wr + 16 * wb + 64 * l0, (t + 1) * lines / ntt - l0);
-            }
-        }
-        _tile_release();
-    } else {
-        nr16 = 0;
-    }
-    if (nr > nr16) vnni(w + nr16 * wb, wb, cols, x, xs, y + nr16, ys, nr - nr16, nt);
-    if (nt > nt16 && nr16) vnni(w, wb, cols, x + nt16 * xs, xs, y + nt16 * ys, ys, nr16, nt - nt16);
-}
-
-KAF void gemm_q8_0_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
-                         float *y, int64_t ys, int64_t nr, int64_t nt) {
-    amx_gemm(34, q8_block, gemm_q8_0, w, wb, cols, x, xs, xt, y, ys, nr, nt);
-}
-
-KAF void gemm_q4_0_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
-                         float *y, int64_t ys, int64_t nr, int64_t nt) {
-    amx_gemm(18, nib_block, gemm_q4_0, w, wb, cols, x, xs, xt, y, ys, nr, nt);
-}
-
 // q4_K and q5_K: groups of 4 super-blocks (q8_avx512_k.h's k4_group, 16 tokens wide)
 
 /* k4_group gives lane m (super-block s = m % 4, k = m / 4) of a (row, token) accumulator
@@ -475,44 +430,64 @@ KA void k4a_tile(const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *
     amx_store_sums(F, y, ys);
 }
 
-/* q4_K (five 0) or q5_K's gemm with tiles: as amx_gemm. */
-KA void k4a_gemm(int five, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w, size_t wb, int64_t cols,
+// The gemm of each type
+
+enum { AMX_Q8_0, AMX_Q4_0, AMX_Q4_K, AMX_Q5_K };
+
+/* gemm with the tiles of its whole 16-token tiles at xt: those tokens of whole 16-row tiles
+ * on AMX, the other rows and tokens by the vnni kernel (the same bits either way). Per row
+ * tile: its block scales (or the K types' table) and unpacked quants once, then the token
+ * tiles, while the next row tile's weights are fetched into L2. */
+KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w, size_t wb, int64_t cols,
                  const uint8_t *x, size_t xs, const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt) {
-    int64_t nsb = cols / PS_QK_K, ng = (nsb + 3) / 4;
-    int64_t nr16 = nr & ~(int64_t)15, nt16 = nt & ~(int64_t)15;
-    if (nr16 && nt16) {
-        float kt[ng * 5 * 256] __attribute__((aligned(64)));
-        uint8_t u[ng * 16 * 1024] __attribute__((aligned(64)));
-        size_t tb = k4a_tiles_bytes(cols);
+    const int k4 = type >= AMX_Q4_K, bsize = (const int[]){34, 18, 144, 176}[type];
+    int nat = 0;
+    int64_t nb = k4 ? cols / PS_QK_K : cols / PS_QK, ng = k4 ? (nb + 3) / 4 : amx_groups(cols, &nat);
+    int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, nt16 = nt & ~(int64_t)15;
+    if (!nt16) nr16 = 0;
+    if (nr16) {
+        float tab[ng * (k4 ? 5 : 1) * 256] __attribute__((aligned(64)));
+        uint8_t u[type == AMX_Q8_0 ? 64 : ng * 16 * (k4 ? 1024 : 512)] __attribute__((aligned(64)));
+        size_t tb = k4 ? k4a_tiles_bytes(cols) : amx_tiles_bytes(cols);
         amx_config();
         for (int64_t r = 0; r < nr16; r += 16) {
             const uint8_t *wr = w + r * wb;
-            k4a_table(wr, wb, five ? 176 : 144, nsb, cx, kt);
-            k4a_unpack(wr, wb, five, nsb, u);
+            if (k4) {
+                k4a_table(wr, wb, bsize, nb, cx, tab);
+                k4a_unpack(wr, wb, type == AMX_Q5_K, nb, u);
+            } else {
+                amx_scales(wr, wb, bsize, nb, 16 * ng, tab);
+                if (type == AMX_Q4_0) amx_unpack_q4_0(wr, wb, nb < 16 * ng ? nb : 16 * ng, u); /* not the tail */
+            }
             int64_t ntt = nt16 / 16, lines = r + 16 < nr16 ? (int64_t)(16 * wb / 64) : 0;
             for (int64_t t = 0; t < ntt; t++) {
-                int64_t l0 = t * lines / ntt;
-                k4a_tile(u, kt, nsb, xt + t * tb, y + 16 * t * ys + r, ys, wr + 16 * wb + 64 * l0,
-                         (t + 1) * lines / ntt - l0);
+                int64_t l0 = t * lines / ntt, nl = (t + 1) * lines / ntt - l0;
+                const uint8_t *pf = wr + 16 * wb + 64 * l0;
+                if (k4)
+                    k4a_tile(u, tab, nb, xt + t * tb, y + 16 * t * ys + r, ys, pf, nl);
+                else if (type == AMX_Q8_0)
+                    amx_tile(wr + 2, wb, 34, q8_block, bsize, wr, wb, nb, ng, nat, tab, xt + t * tb,
+                             y + 16 * t * ys + r, ys, pf, nl);
+                else
+                    amx_tile(u, 32, 512, nib_block, bsize, wr, wb, nb, ng, nat, tab, xt + t * tb, y + 16 * t * ys + r,
+                             ys, pf, nl);
             }
         }
         _tile_release();
-    } else {
-        nr16 = 0;
     }
     if (nr > nr16) vnni(w + nr16 * wb, wb, cols, x, xs, y + nr16, ys, nr - nr16, nt);
     if (nt > nt16 && nr16) vnni(w, wb, cols, x + nt16 * xs, xs, y + nt16 * ys, ys, nr16, nt - nt16);
 }
 
-KAF void gemm_q4_K_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
-                         float *y, int64_t ys, int64_t nr, int64_t nt) {
-    k4a_gemm(0, gemm_q4_K, ctx_once(&q4_K_cx, &q4_K_cx_state, k4_ctx), w, wb, cols, x, xs, xt, y, ys, nr, nt);
-}
-
-KAF void gemm_q5_K_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, const uint8_t *xt,
-                         float *y, int64_t ys, int64_t nr, int64_t nt) {
-    k4a_gemm(1, gemm_q5_K, ctx_once(&q5_K_cx, &q5_K_cx_state, k4_ctx), w, wb, cols, x, xs, xt, y, ys, nr, nt);
-}
+#define AMX_GEMM(name, type, cx)                                                                                       \
+    KAF void gemm_##name##_tiled(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,               \
+                                 const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt) {                    \
+        amx_gemm(type, gemm_##name, cx, w, wb, cols, x, xs, xt, y, ys, nr, nt);                                        \
+    }
+AMX_GEMM(q8_0, AMX_Q8_0, NULL)
+AMX_GEMM(q4_0, AMX_Q4_0, NULL)
+AMX_GEMM(q4_K, AMX_Q4_K, ctx_once(&q4_K_cx, &q4_K_cx_state, k4_ctx))
+AMX_GEMM(q5_K, AMX_Q5_K, ctx_once(&q5_K_cx, &q5_K_cx_state, k4_ctx))
 
 const ps_q8_kern ps_q8_avx512amx_kerns[PS_TYPE_COUNT] = {
     [PS_TYPE_Q4_0] = {quant_nib_off8, g16_bytes, gemm_q4_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q4_0_tiled},
