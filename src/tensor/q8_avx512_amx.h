@@ -110,21 +110,21 @@ KF void amx_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
     }
 }
 
-/* Tile registers, two sets: 0 and 3 = A (16 rows x one block's 32 quants), 1 and 4 = B (8
- * quads x 16 tokens), 2 and 5 = C (16 rows x 16 tokens of int32 sums). */
+/* Tile registers, two sets: 0 and 3 = A (16 rows x one block's 32 quants, or 16), 1 and 4 =
+ * B (8 quads x 16 tokens, or 4), 2 and 5 = C (16 rows x 16 tokens of int32 sums). */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 } amx_cfg;
 
-KA void amx_config(void) {
+KA void amx_config(int kbytes) { /* quants a product: 32, or 16 (q6_K's sub-blocks) */
     amx_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int i = 0; i < 6; i += 3) {
-        c.rows[i] = 16, c.colsb[i] = PS_QK;
-        c.rows[i + 1] = PS_QK / 4, c.colsb[i + 1] = 64;
+        c.rows[i] = 16, c.colsb[i] = (uint16_t)kbytes;
+        c.rows[i + 1] = (uint8_t)(kbytes / 4), c.colsb[i + 1] = 64;
         c.rows[i + 2] = 16, c.colsb[i + 2] = 64;
     }
     _tile_loadconfig(&c);
@@ -301,13 +301,18 @@ KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)
 
 static size_t k4a_tiles_bytes(int64_t cols) { return (size_t)((cols / PS_QK_K + 3) / 4) * K4A_G_BYTES; }
 
-KF void k4a_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
+/* k4 (six 0: quads, dx, bs) or k6 groups (six 1: quads, then dx; corr is not needed, the
+ * tiles take q6_K's quants signed) */
+KI void k_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt, int six) {
     int64_t ng = (cols / PS_QK_K + 3) / 4;
     for (int64_t g = 0; g < ng; g++) {
-        for (int j = 0; j < 18; j++) { /* quads 0-15, dx, bs */
+        for (int j = 0; j < (six ? 17 : 18); j++) { /* quads 0-15, dx, bs */
+            size_t off = (size_t)g * (six ? K6_BYTES : K4_BYTES) + (j < 16 ? 64 * (size_t)j
+                                                                    : six  ? K6_DX
+                                                                           : 64 * (size_t)j);
             __m512i v[16];
             UNROLL
-            for (int t = 0; t < 16; t++) v[t] = _mm512_loadu_si512(x + t * xs + g * K4_BYTES + 64 * j);
+            for (int t = 0; t < 16; t++) v[t] = _mm512_loadu_si512(x + t * xs + off);
             transpose16(v);
             UNROLL
             for (int m = 0; m < 16; m++)
@@ -315,6 +320,9 @@ KF void k4a_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
         }
     }
 }
+
+KF void k4a_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) { k_relay(x, xs, cols, xt, 0); }
+KF void k6a_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) { k_relay(x, xs, cols, xt, 1); }
 
 /* A row tile's per-(group, lane, row) scalars: kt[(5 g + f) 256 + 16 m + r] for f = scl, sch,
  * d, dmin (floats) and the mins pair (int16 x 2), from k4_scales_load (a partial last group
@@ -430,9 +438,142 @@ KA void k4a_tile(const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *
     amx_store_sums(F, y, ys);
 }
 
+// q6_K: groups of 4 super-blocks (q8_avx512_k.h's q6_K_group, 16 tokens wide)
+
+/* q6_K_group gives lane m (super-block s = m % 4, k = m / 4) of a (row, token) accumulator
+ *     acc_v = the integer dot of sub-block 8h + 4u + k (16 quants - 32), v = 2h + u
+ *     facc += (d * dx) * float(sum_v acc_v * scale_v)       (integers exact)
+ * Here each acc_v is a product of 16 rows x 16 tokens x 16 quants (signed, unpacked once a
+ * row tile), the scales and d come from a table made once a row tile. */
+
+/* A row tile's scalars: kt[(5 g + f) 256 + 16 m + r] for f = scale_0..3 (int32) and d. */
+KI void k6a_table(const uint8_t *w, size_t wb, int64_t nsb, const kctx *cx, float *kt) {
+    for (int64_t g = 0; 4 * g < nsb; g++) {
+        __m512i v[5][16];
+        UNROLL
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = w + r * wb + 4 * g * 210;
+            uint8_t pad[4 * 210];
+            if (nsb - 4 * g < 4) {
+                memset(pad, 0, sizeof pad);
+                memcpy(pad, p, (size_t)(nsb - 4 * g) * 210);
+                p = pad;
+            }
+            __m512i sc = _mm512_permutexvar_epi8(cx->qs, k_chunks(p, 210, 192));
+            v[0][r] = _mm512_cvtepi8_epi32(_mm512_castsi512_si128(sc));
+            v[1][r] = _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(sc, 1));
+            v[2][r] = _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(sc, 2));
+            v[3][r] = _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(sc, 3));
+            ps_f16 dh[4];
+            UNROLL
+            for (int k = 0; k < 4; k++) memcpy(&dh[k], p + 210 * k + 208, 2);
+            __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dh));
+            v[4][r] = _mm512_castps_si512(_mm512_permutexvar_ps(
+                _mm512_set_epi32(3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0), _mm512_castps128_ps512(d4)));
+        }
+        for (int f = 0; f < 5; f++) {
+            transpose16(v[f]);
+            for (int m = 0; m < 16; m++) _mm512_store_si512(kt + (5 * g + f) * 256 + 16 * m, v[f][m]);
+        }
+    }
+}
+
+/* A row tile's A operands: u + (((16 g + m) 4 + v) 16 + r) 16 = the 16 quants - 32 of
+ * sub-block 8h + 4u + k (v = 2h + u) of super-block 4g + s, row r. */
+KI void k6a_unpack(const uint8_t *w, size_t wb, int64_t nsb, uint8_t *u) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3), b32 = _mm256_set1_epi8(32);
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        UNROLL
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = w + r * wb + sb * 210;
+            for (int h = 0; h < 2; h++) { /* k6_quants' four runs of 32 elements a half */
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h)), q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, m0f),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+                for (int e = 0; e < 4; e++) { /* elements 128h + 32e: sub-blocks 8h + 2e, + 1 */
+                    __m256i v = _mm256_sub_epi8(q[e], b32);
+                    for (int half = 0; half < 2; half++) {
+                        int s16 = 8 * h + 2 * e + half, m = 4 * (s16 % 4) + (int)(sb % 4), vv = 2 * h + (s16 / 4) % 2;
+                        uint8_t *o = u + (((16 * (sb / 4) + m) * 4 + vv) * 16 + r) * 16;
+                        _mm_store_si128((__m128i *)o,
+                                        half ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Unit k's four products (v = 0..3: tile sets 0, 1, 0, 1) into c[k % 2][v]. */
+KA void k6a_issue(int64_t k, const uint8_t *a, const uint8_t *bop, int32_t c[2][4][16][16]) {
+    amx_block0(a, 16, bop, c[k % 2][0]);
+    amx_block1(a + 256, 16, bop + 256, c[k % 2][1]);
+    amx_block0(a + 512, 16, bop + 512, c[k % 2][2]);
+    amx_block1(a + 768, 16, bop + 768, c[k % 2][3]);
+}
+
+/* As k4a_tile, for q6_K. */
+KA void k6a_tile(const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *xt, float *y, int64_t ys,
+                 const uint8_t *pf, int64_t pf_lines) {
+    int64_t ng = (nsb + 3) / 4;
+    __m512 F[16][16];
+    int32_t C[2][4][16][16] __attribute__((aligned(64)));
+    int64_t real[16];
+    for (int m = 0; m < 16; m++) real[m] = 4 * (ng - 1) + m % 4 < nsb ? ng : ng - 1;
+    int mi = 0;
+    int64_t gi = 0, k = 0, ki = 0;
+    while (mi < 16 && !real[mi]) mi++;
+    if (mi < 16) {
+        k6a_issue(ki++, u + (16 * gi + mi) * 1024, xt + K4A_B(gi, mi), C);
+        if (++gi == real[mi])
+            for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
+    }
+    for (int m = 0; m < 16; m++) {
+        for (int64_t l = m * pf_lines / 16; l < (m + 1) * pf_lines / 16; l++)
+            _mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+        __m512 acc[16];
+        UNROLL
+        for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < real[m]; g++, k++) {
+            if (mi < 16) {
+                k6a_issue(ki++, u + (16 * gi + mi) * 1024, xt + K4A_B(gi, mi), C);
+                if (++gi == real[mi])
+                    for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
+            }
+            __m512 dx = _mm512_loadu_ps(xt + K4A_DX(g, m));
+            const float *t = kt + 5 * g * 256 + 16 * m;
+            const int32_t *sc = (const int32_t *)t;
+            UNROLL
+            for (int r = 0; r < 16; r++) {
+                __m512i a = _mm512_setzero_si512();
+                UNROLL
+                for (int v = 0; v < 4; v++)
+                    a = _mm512_add_epi32(
+                        a, _mm512_mullo_epi32(_mm512_load_si512(C[k % 2][v][r]), _mm512_set1_epi32(sc[256 * v + r])));
+                acc[r] =
+                    _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(t[4 * 256 + r]), dx), _mm512_cvtepi32_ps(a), acc[r]);
+            }
+        }
+        for (int64_t g = real[m]; g < ng; g++) { /* padded lanes: the vnni kernel adds 0 */
+            UNROLL
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_add_ps(acc[r], _mm512_setzero_ps());
+        }
+        UNROLL
+        for (int r = 0; r < 16; r++) F[m][r] = acc[r];
+    }
+    amx_store_sums(F, y, ys);
+}
+
 // The gemm of each type
 
-enum { AMX_Q8_0, AMX_Q4_0, AMX_Q4_K, AMX_Q5_K };
+enum { AMX_Q8_0, AMX_Q4_0, AMX_Q4_K, AMX_Q5_K, AMX_Q6_K };
 
 /* gemm with the tiles of its whole 16-token tiles at xt: those tokens of whole 16-row tiles
  * on AMX, the other rows and tokens by the vnni kernel (the same bits either way). Per row
@@ -440,7 +581,7 @@ enum { AMX_Q8_0, AMX_Q4_0, AMX_Q4_K, AMX_Q5_K };
  * tiles, while the next row tile's weights are fetched into L2. */
 KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w, size_t wb, int64_t cols,
                  const uint8_t *x, size_t xs, const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt) {
-    const int k4 = type >= AMX_Q4_K, bsize = (const int[]){34, 18, 144, 176}[type];
+    const int k4 = type >= AMX_Q4_K, bsize = (const int[]){34, 18, 144, 176, 210}[type];
     int nat = 0;
     int64_t nb = k4 ? cols / PS_QK_K : cols / PS_QK, ng = k4 ? (nb + 3) / 4 : amx_groups(cols, &nat);
     int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, nt16 = nt & ~(int64_t)15;
@@ -449,10 +590,13 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
         float tab[ng * (k4 ? 5 : 1) * 256] __attribute__((aligned(64)));
         uint8_t u[type == AMX_Q8_0 ? 64 : ng * 16 * (k4 ? 1024 : 512)] __attribute__((aligned(64)));
         size_t tb = k4 ? k4a_tiles_bytes(cols) : amx_tiles_bytes(cols);
-        amx_config();
+        amx_config(type == AMX_Q6_K ? 16 : PS_QK);
         for (int64_t r = 0; r < nr16; r += 16) {
             const uint8_t *wr = w + r * wb;
-            if (k4) {
+            if (type == AMX_Q6_K) {
+                k6a_table(wr, wb, nb, cx, tab);
+                k6a_unpack(wr, wb, nb, u);
+            } else if (k4) {
                 k4a_table(wr, wb, bsize, nb, cx, tab);
                 k4a_unpack(wr, wb, type == AMX_Q5_K, nb, u);
             } else {
@@ -463,7 +607,9 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
             for (int64_t t = 0; t < ntt; t++) {
                 int64_t l0 = t * lines / ntt, nl = (t + 1) * lines / ntt - l0;
                 const uint8_t *pf = wr + 16 * wb + 64 * l0;
-                if (k4)
+                if (type == AMX_Q6_K)
+                    k6a_tile(u, tab, nb, xt + t * tb, y + 16 * t * ys + r, ys, pf, nl);
+                else if (k4)
                     k4a_tile(u, tab, nb, xt + t * tb, y + 16 * t * ys + r, ys, pf, nl);
                 else if (type == AMX_Q8_0)
                     amx_tile(wr + 2, wb, 34, q8_block, bsize, wr, wb, nb, ng, nat, tab, xt + t * tb,
@@ -488,10 +634,12 @@ AMX_GEMM(q8_0, AMX_Q8_0, NULL)
 AMX_GEMM(q4_0, AMX_Q4_0, NULL)
 AMX_GEMM(q4_K, AMX_Q4_K, ctx_once(&q4_K_cx, &q4_K_cx_state, k4_ctx))
 AMX_GEMM(q5_K, AMX_Q5_K, ctx_once(&q5_K_cx, &q5_K_cx_state, k4_ctx))
+AMX_GEMM(q6_K, AMX_Q6_K, ctx_once(&q6_K_cx, &q6_K_cx_state, k6_ctx))
 
 const ps_q8_kern ps_q8_avx512amx_kerns[PS_TYPE_COUNT] = {
     [PS_TYPE_Q4_0] = {quant_nib_off8, g16_bytes, gemm_q4_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q4_0_tiled},
     [PS_TYPE_Q8_0] = {quant_q8_off128, g16_bytes, gemm_q8_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q8_0_tiled},
     [PS_TYPE_Q4_K] = {quant_k4, k4_bytes, gemm_q4_K, 16, 16, k4a_tiles_bytes, k4a_relay, gemm_q4_K_tiled},
     [PS_TYPE_Q5_K] = {quant_k4, k4_bytes, gemm_q5_K, 16, 16, k4a_tiles_bytes, k4a_relay, gemm_q5_K_tiled},
+    [PS_TYPE_Q6_K] = {quant_k6, k6_bytes, gemm_q6_K, 16, 16, k4a_tiles_bytes, k6a_relay, gemm_q6_K_tiled},
 };
