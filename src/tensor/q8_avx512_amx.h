@@ -1,5 +1,5 @@
 /* q8_avx512_amx.h - part of q8_avx512.h, included only there (HAVE_AMX): prompts of q8_0,
- * q4_0, q4_K and q5_K weights on AMX tiles (Sapphire Rapids and later), with the very bits of
+ * q4_0, q4_K, q5_K and q6_K weights on AMX tiles (Sapphire Rapids and later), with the very bits of
  * the avx512vnni kernels (the family avx512amx; its other types fall back to avx512vnni).
  *
  * The vnni kernel of the 32-element types (q8_avx512_q32.h) gives lane m of a (row, token)
@@ -14,7 +14,7 @@
  * is made with whole registers. Every (row, token) therefore runs the vnni kernel's float
  * operations in its order, whatever path its tile takes: batch invariance holds across the
  * two, and decode (one token, vnni) matches prefill (AMX). The K types (q8_avx512_k.h's
- * k4_group) are made the same way, below.
+ * k4_group, q6_K_group) are made the same way, below.
  *
  * Operands: A = 16 weight rows x one block's 32 quants, loaded in place from q8_0's rows
  * (34-byte blocks, stride wb) or unpacked once a row tile (q4_0, the K types); B = the
