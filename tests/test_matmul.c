@@ -498,8 +498,11 @@ static void test_amx_bits(ps_pool *pools[4]) {
     }
     static const ps_type types[] = {PS_TYPE_Q8_0, PS_TYPE_Q4_0, PS_TYPE_Q4_K, PS_TYPE_Q5_K, PS_TYPE_Q6_K};
     static const int64_t shapes[][4] = {/* rows, blocks of 32, super-blocks, tokens */
-                                        {48, 48, 8, 48}, {37, 41, 5, 35}, {67, 21, 3, 64}, {16, 16, 4, 16},
-                                        {33, 9, 1, 40},  {20, 4, 2, 17},  {50, 18, 6, 81}, {31, 16 * 7 + 5, 13, 19}};
+                                        {48, 48, 8, 48},          {37, 41, 5, 35},
+                                        {67, 21, 3, 64},          {16, 16, 4, 16},
+                                        {33, 9, 1, 40},           {20, 4, 2, 17},
+                                        {50, 18, 6, 81},          {31, 16 * 7 + 5, 13, 19},
+                                        {17, 16 * 29 + 6, 56, 16}}; /* the last: buffers on the heap */
     for (size_t i = 0; i < PS_ARRAY_LEN(types) * PS_ARRAY_LEN(shapes); i++) {
         ps_type type = types[i % PS_ARRAY_LEN(types)];
         const int64_t *sh = shapes[i / PS_ARRAY_LEN(types)];

@@ -40,6 +40,7 @@
 
 #include <immintrin.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "q8_kern.h"

@@ -574,6 +574,7 @@ KA void k6a_tile(const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *
 // The gemm of each type
 
 enum { AMX_Q8_0, AMX_Q4_0, AMX_Q4_K, AMX_Q5_K, AMX_Q6_K };
+#define AMX_STACK_BYTES (256 * 1024)
 
 /* gemm with the tiles of its whole 16-token tiles at xt: those tokens of whole 16-row tiles
  * on AMX, the other rows and tokens by the vnni kernel (the same bits either way). Per row
@@ -585,10 +586,15 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
     int nat = 0;
     int64_t nb = k4 ? cols / PS_QK_K : cols / PS_QK, ng = k4 ? (nb + 3) / 4 : amx_groups(cols, &nat);
     int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, nt16 = nt & ~(int64_t)15;
-    if (!nt16) nr16 = 0;
+    /* a row tile's scale table and unpacked quants: on the stack up to AMX_STACK_BYTES (a
+     * 4,096-column K-type row tile takes 100 KiB), else on the heap (without it: vnni) */
+    size_t tab_bytes = (size_t)ng * (k4 ? 5 : 1) * 1024, need = tab_bytes + (size_t)ng * 16 * (k4 ? 1024 : 512);
+    uint8_t stack[need && need <= AMX_STACK_BYTES ? need : 64] __attribute__((aligned(64)));
+    uint8_t *heap = nr16 && nt16 && need > AMX_STACK_BYTES ? aligned_alloc(64, need) : NULL;
+    if (!nt16 || (need > AMX_STACK_BYTES && !heap)) nr16 = 0;
     if (nr16) {
-        float tab[ng * (k4 ? 5 : 1) * 256] __attribute__((aligned(64)));
-        uint8_t u[type == AMX_Q8_0 ? 64 : ng * 16 * (k4 ? 1024 : 512)] __attribute__((aligned(64)));
+        float *tab = (float *)(heap ? heap : stack);
+        uint8_t *u = (heap ? heap : stack) + tab_bytes;
         size_t tb = k4 ? k4a_tiles_bytes(cols) : amx_tiles_bytes(cols);
         amx_config(type == AMX_Q6_K ? 16 : PS_QK);
         for (int64_t r = 0; r < nr16; r += 16) {
@@ -621,6 +627,7 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
         }
         _tile_release();
     }
+    free(heap);
     if (nr > nr16) vnni(w + nr16 * wb, wb, cols, x, xs, y + nr16, ys, nr - nr16, nt);
     if (nt > nt16 && nr16) vnni(w, wb, cols, x + nt16 * xs, xs, y + nt16 * ys, ys, nr16, nt - nt16);
 }
