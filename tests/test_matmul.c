@@ -490,7 +490,8 @@ static void test_invariance(ps_type type, int64_t rows, int64_t cols, int64_t n_
 /* avx512amx's contract: avx512vnni's very bits (decode takes vnni, prefill AMX), for the
  * types it multiplies on tiles. Shapes that take each path: whole groups, a zero-padded last
  * group, a natural tail (32-element types), a row too short for a group; rows and tokens
- * past whole tiles of 16; 1 and 2 threads. */
+ * past whole tiles of 16; a call's tokens not starting at 0; 1 and 2 threads; a NaN and an
+ * infinite activation. */
 static void test_amx_bits(ps_pool *pools[4]) {
     if (!ps_isa_available(PS_ISA_AVX512AMX)) {
         printf("avx512amx: not on this CPU (or not permitted by the OS), not compared\n");
@@ -502,7 +503,7 @@ static void test_amx_bits(ps_pool *pools[4]) {
                                         {67, 21, 3, 64},          {16, 16, 4, 16},
                                         {33, 9, 1, 40},           {20, 4, 2, 17},
                                         {50, 18, 6, 81},          {31, 16 * 7 + 5, 13, 19},
-                                        {17, 16 * 29 + 6, 56, 16}}; /* the last: buffers on the heap */
+                                        {17, 16 * 29 + 6, 56, 80}}; /* the last: buffers on the heap, 2 token blocks */
     for (size_t i = 0; i < PS_ARRAY_LEN(types) * PS_ARRAY_LEN(shapes); i++) {
         ps_type type = types[i % PS_ARRAY_LEN(types)];
         const int64_t *sh = shapes[i / PS_ARRAY_LEN(types)];
@@ -510,6 +511,8 @@ static void test_amx_bits(ps_pool *pools[4]) {
         int64_t n_tok = sh[3];
         problem p;
         PS_CHECK_OK(problem_make(&p, type, rows, cols, n_tok));
+        p.x[3 * p.x_stride + 5] = NAN; /* non-finite activations: the same bits too */
+        p.x[(n_tok - 1) * p.x_stride + 1] = INFINITY;
         float *y[2];
         for (int f = 0; f < 2; f++) {
             y[f] = malloc(sizeof(float) * (size_t)(rows * n_tok));

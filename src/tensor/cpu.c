@@ -11,7 +11,7 @@
 #include <cpuid.h>
 #define PS_X86 1
 #endif
-#if defined(PS_X86) && defined(__linux__)
+#if defined(__x86_64__) && defined(__linux__)
 #include <sys/syscall.h>
 #endif
 
@@ -49,7 +49,7 @@ static uint64_t xgetbv0(void) {
 /* Linux hands out the tile registers' 8 KiB of state only on request (once, for the whole
  * process); other systems are not asked, and AMX stays unused there. */
 static bool amx_permitted(void) {
-#ifdef __linux__
+#if defined(__x86_64__) && defined(__linux__)
     enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 #else

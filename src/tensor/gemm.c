@@ -55,10 +55,10 @@ static int isa_best(void) {
     return ISA_REF;
 }
 
-/* The family named (case-insensitively) by name, or -1; "avx512vnni" (ps_matmul's
- * family) maps to avx512. */
+/* The family named (case-insensitively) by name, or -1; "avx512vnni" and "avx512amx"
+ * (ps_matmul's families) map to avx512. */
 static int isa_from_name(const char *name) {
-    if (strcasecmp(name, "avx512vnni") == 0) return ISA_AVX512;
+    if (strcasecmp(name, "avx512vnni") == 0 || strcasecmp(name, "avx512amx") == 0) return ISA_AVX512;
     for (int i = 0; i < ISA_COUNT; i++)
         if (strcasecmp(name, isa_names[i]) == 0) return i;
     return -1;

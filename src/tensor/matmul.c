@@ -174,7 +174,7 @@ static void mm_task(void *ctx, int ith, int nth) {
 
 /* Chooses token blocks that fit TOKEN_BLOCK_BYTES and row chunks aligned to the tile. */
 static void plan(mm_part *p, int64_t n_tok, int nth) {
-    int64_t tt = p->k->tile_toks, tr = p->k->tile_rows;
+    int64_t tt = p->xt ? PS_Q8_TILE_TOKENS : p->k->tile_toks, tr = p->xt ? PS_Q8_TILE_ROWS : p->k->tile_rows;
     int64_t tb = p->xt ? (int64_t)(TILED_BLOCK_BYTES / (p->tb / PS_Q8_TILE_TOKENS))
                        : (int64_t)(TOKEN_BLOCK_BYTES / (p->xs ? p->xs : 1));
     tb = tb / tt * tt;

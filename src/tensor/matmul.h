@@ -49,8 +49,8 @@ void ps_matmul_multi(const ps_mat *const *ws, int n, const float *x, int64_t x_s
 size_t ps_matmul_multi_scratch_bytes(const ps_mat *const *ws, int n, int64_t n_tok);
 
 /* Name of the kernel family chosen for this CPU ("avx512vnni", "avx2", "ref", ...). The
- * environment variable PS_ISA=ref|avx2|avx512|avx512vnni|neon|neondot forces a family (for
- * tests). */
+ * environment variable PS_ISA=ref|avx2|avx512|avx512vnni|avx512amx|neon|neondot forces a
+ * family (for tests). */
 const char *ps_matmul_isa(void);
 
 /* Forces the kernel family `name` (as PS_ISA does) for the calls that follow: PS_ERR_ARG

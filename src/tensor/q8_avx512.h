@@ -3,8 +3,9 @@
  * normal header: it and the section headers it includes (q8_avx512_*.h) define static
  * functions, and the includer sets TGT (the target attribute string), HAVE_VNNI (0 or 1),
  * FAMILY_TABLE (the name of the kernel table to define) and HAVE_AMX (0 or 1: define the
- * avx512amx family's table too, q8_avx512_amx.h). Without VNNI, vpdpbusd is emulated (vpmaddubsw + vpmaddwd) and only the types whose pair sums fit int16 without
- * VBMI are offered (f32, f16, bf16, q4_0, q4_1); the others fall back to AVX2.
+ * avx512amx family's table too, q8_avx512_amx.h). Without VNNI, vpdpbusd is emulated
+ * (vpmaddubsw + vpmaddwd) and only the types whose pair sums fit int16 without VBMI are
+ * offered (f32, f16, bf16, q4_0, q4_1); the others fall back to AVX2.
  *
  * Design (Zen 4 / Ice Lake class cores). The 512-bit multiply ports (vpdpbusd, vfmadd,
  * vpermt2b, vpmulld) are the bottleneck, at one instruction per cycle on Zen 4; loads

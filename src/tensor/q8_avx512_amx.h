@@ -45,10 +45,10 @@ static int64_t amx_groups(int64_t cols, int *nat) {
  * bytes each), then dx and corr across them. */
 #define AMX_T_BYTES (10 * 64)
 
-static size_t amx_tiles_bytes(int64_t cols) {
+static size_t amx_tiles_bytes(int64_t cols) { /* 0 (no tiles: vnni) for rows shorter than a group */
     int nat;
     int64_t ng = amx_groups(cols, &nat);
-    return (size_t)ng * AMX_G_BYTES + (size_t)nat * AMX_T_BYTES;
+    return ng ? (size_t)ng * AMX_G_BYTES + (size_t)nat * AMX_T_BYTES : 0;
 }
 
 /* Transposes a 16 x 16 matrix of 32-bit values: v[i] lane j becomes v[j] lane i. */
@@ -204,6 +204,26 @@ KI void amx_store_sums(__m512 F[16][16], float *y, int64_t ys) {
     for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + t * ys, _mm512_castsi512_ps(s[t]));
 }
 
+/* The blocks (or units) of a tile in the order of the float steps: lane after lane, group
+ * after group, without the padded ones (real[m]: lane m's groups). The products run ahead of
+ * the float steps on a cursor of their own. */
+typedef struct {
+    int m; /* lane; 16 past the last block */
+    int64_t g;
+    const int64_t *real;
+} amx_cursor;
+
+KI amx_cursor amx_first(const int64_t real[16]) {
+    amx_cursor c = {0, 0, real};
+    while (c.m < 16 && !real[c.m]) c.m++;
+    return c;
+}
+
+KI void amx_next(amx_cursor *c) {
+    if (++c->g == c->real[c->m])
+        for (c->g = 0, c->m++; c->m < 16 && !c->real[c->m];) c->m++;
+}
+
 /* 16 rows of w against the 16 tokens of xt into
  * y: the vnni kernel's operations per (row, token), made 16 tokens at a time. Block b's A
  * operand is at a + b * a_blk, its rows a_row apart; lane m of a group holds block
@@ -218,17 +238,13 @@ KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)
         int64_t b0 = lane_block(m);
         real[m] = b0 >= nb ? 0 : (nb - 1 - b0) / 16 + 1 < ng ? (nb - 1 - b0) / 16 + 1 : ng;
     }
-    /* The blocks run lane after lane, group after group: block k's products go to C[k % 3]
-     * through tile set k % 2, two blocks ahead of its float step (a stored tile is read
-     * back only once it has left the store buffer), across the lanes' ends. */
-    int mi = 0;
-    int64_t gi = 0, k = 0, ki = 0;
-    while (mi < 16 && !real[mi]) mi++;
-    for (; ki < 2 && mi < 16; ki++) {
-        amx_issue(ki, a + (lane_block(mi) + 16 * gi) * a_blk, a_row, xt + gi * AMX_G_BYTES + mi * AMX_B_BYTES, C);
-        if (++gi == real[mi])
-            for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
-    }
+    /* block k's products go to C[k % 3] through tile set k % 2, two blocks ahead of its float
+     * step (a stored tile is read back only once it has left the store buffer) */
+    amx_cursor is = amx_first(real);
+    int64_t k = 0, ki = 0;
+    for (; ki < 2 && is.m < 16; ki++, amx_next(&is))
+        amx_issue(ki, a + (lane_block(is.m) + 16 * is.g) * a_blk, a_row, xt + is.g * AMX_G_BYTES + is.m * AMX_B_BYTES,
+                  C);
     for (int m = 0; m < 16; m++) {
         for (int64_t l = m * pf_lines / 16; l < (m + 1) * pf_lines / 16; l++) /* spread: a burst stalls */
             _mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
@@ -236,11 +252,10 @@ KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)
         UNROLL
         for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t g = 0, b = lane_block(m); g < real[m]; g++, b += 16, k++) {
-            if (mi < 16) {
-                amx_issue(ki++, a + (lane_block(mi) + 16 * gi) * a_blk, a_row, xt + gi * AMX_G_BYTES + mi * AMX_B_BYTES,
-                          C);
-                if (++gi == real[mi])
-                    for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
+            if (is.m < 16) {
+                amx_issue(ki++, a + (lane_block(is.m) + 16 * is.g) * a_blk, a_row,
+                          xt + is.g * AMX_G_BYTES + is.m * AMX_B_BYTES, C);
+                amx_next(&is);
             }
             __m512 dx = _mm512_loadu_ps(xt + AMX_DX(g, m));
             UNROLL
@@ -292,14 +307,15 @@ KA void amx_tile(const uint8_t *a, size_t a_row, size_t a_blk, int (*lane_block)
  * row tile, 5 bits at most: signed products give the same sums), the per-(row, lane)
  * scalars from a table made once a row tile, and the steps are k4_group's. */
 
-/* Re-laid activations per group: lane m's B operands (lo: quads 0-7, hi: 8-15; 16 tokens x 4
- * bytes a quad), then dx and the bs pairs across the tokens. */
-#define K4A_B(g, m)  ((size_t)(g)*K4A_G_BYTES + 1024 * (size_t)(m))
-#define K4A_DX(g, m) ((size_t)(g)*K4A_G_BYTES + 16 * 1024 + 64 * (size_t)(m))
-#define K4A_BS(g, m) ((size_t)(g)*K4A_G_BYTES + 17 * 1024 + 64 * (size_t)(m))
-#define K4A_G_BYTES  (18 * 1024)
+/* The K types' re-laid activations per group: lane m's B operands (16 quads of 16 tokens x
+ * 4 bytes: q4_K/q5_K's lo 0-7 and hi 8-15; q6_K's four sub-blocks of 4), then dx and the bs
+ * pairs (q4_K, q5_K; q6_K leaves them unused) across the tokens. */
+#define KT_B(g, m)  ((size_t)(g)*KT_G_BYTES + 1024 * (size_t)(m))
+#define KT_DX(g, m) ((size_t)(g)*KT_G_BYTES + 16 * 1024 + 64 * (size_t)(m))
+#define KT_BS(g, m) ((size_t)(g)*KT_G_BYTES + 17 * 1024 + 64 * (size_t)(m))
+#define KT_G_BYTES  (18 * 1024)
 
-static size_t k4a_tiles_bytes(int64_t cols) { return (size_t)((cols / PS_QK_K + 3) / 4) * K4A_G_BYTES; }
+static size_t kt_tiles_bytes(int64_t cols) { return (size_t)((cols / PS_QK_K + 3) / 4) * KT_G_BYTES; }
 
 /* k4 (six 0: quads, dx, bs) or k6 groups (six 1: quads, then dx; corr is not needed, the
  * tiles take q6_K's quants signed) */
@@ -316,7 +332,7 @@ KI void k_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt, int six)
             transpose16(v);
             UNROLL
             for (int m = 0; m < 16; m++)
-                _mm512_storeu_si512(xt + (j < 16 ? K4A_B(g, m) + 64 * j : j == 16 ? K4A_DX(g, m) : K4A_BS(g, m)), v[m]);
+                _mm512_storeu_si512(xt + (j < 16 ? KT_B(g, m) + 64 * j : j == 16 ? KT_DX(g, m) : KT_BS(g, m)), v[m]);
         }
     }
 }
@@ -377,29 +393,33 @@ KI void k4a_unpack(const uint8_t *w, size_t wb, int five, int64_t nsb, uint8_t *
     }
 }
 
-/* Unit k's two products, lo through tile set 0 and hi through set 1, into c[k % 2]. */
-KA void k4a_issue(int64_t k, const uint8_t *a, const uint8_t *bop, int32_t c[2][2][16][16]) {
-    amx_block0(a, 32, bop, c[k % 2][0]);
-    amx_block1(a + 512, 32, bop + 512, c[k % 2][1]);
+/* Unit k's products into c[k % 2]: lo and hi (q4_K, q5_K) or the four 16-quant sub-blocks
+ * (q6_K), through tile sets 0, 1, 0, 1. */
+KA void k_issue(int six, int64_t k, const uint8_t *a, const uint8_t *bop, int32_t c[2][4][16][16]) {
+    if (!six) {
+        amx_block0(a, 32, bop, c[k % 2][0]);
+        amx_block1(a + 512, 32, bop + 512, c[k % 2][1]);
+        return;
+    }
+    amx_block0(a, 16, bop, c[k % 2][0]);
+    amx_block1(a + 256, 16, bop + 256, c[k % 2][1]);
+    amx_block0(a + 512, 16, bop + 512, c[k % 2][2]);
+    amx_block1(a + 768, 16, bop + 768, c[k % 2][3]);
 }
 
-/* 16 rows (u, kt) against the 16 tokens of xt into y; as amx_tile, one unit (lane m, group
- * g: its lo and hi products) ahead of the float step. */
-KA void k4a_tile(const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *xt, float *y, int64_t ys,
-                 const uint8_t *pf, int64_t pf_lines) {
+/* 16 rows (u, kt) of q4_K / q5_K (six 0) or q6_K (six 1) against the 16 tokens of xt into
+ * y; as amx_tile, with each unit's products (lane m, group g: lo and hi, or the four
+ * sub-blocks) one unit ahead of its float step. */
+KA void k_tile(int six, const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *xt, float *y, int64_t ys,
+               const uint8_t *pf, int64_t pf_lines) {
     int64_t ng = (nsb + 3) / 4;
     __m512 F[16][16];
-    int32_t C[2][2][16][16] __attribute__((aligned(64)));
+    int32_t C[2][4][16][16] __attribute__((aligned(64)));
     int64_t real[16]; /* groups whose super-block of lane m is in the row */
     for (int m = 0; m < 16; m++) real[m] = 4 * (ng - 1) + m % 4 < nsb ? ng : ng - 1;
-    int mi = 0;
-    int64_t gi = 0, k = 0, ki = 0;
-    while (mi < 16 && !real[mi]) mi++;
-    if (mi < 16) {
-        k4a_issue(ki++, u + (16 * gi + mi) * 1024, xt + K4A_B(gi, mi), C);
-        if (++gi == real[mi])
-            for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
-    }
+    amx_cursor is = amx_first(real);
+    int64_t k = 0, ki = 0;
+    if (is.m < 16) k_issue(six, ki++, u + (16 * is.g + is.m) * 1024, xt + KT_B(is.g, is.m), C), amx_next(&is);
     for (int m = 0; m < 16; m++) {
         for (int64_t l = m * pf_lines / 16; l < (m + 1) * pf_lines / 16; l++)
             _mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
@@ -407,14 +427,24 @@ KA void k4a_tile(const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *
         UNROLL
         for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t g = 0; g < real[m]; g++, k++) {
-            if (mi < 16) {
-                k4a_issue(ki++, u + (16 * gi + mi) * 1024, xt + K4A_B(gi, mi), C);
-                if (++gi == real[mi])
-                    for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
-            }
-            __m512 dx = _mm512_loadu_ps(xt + K4A_DX(g, m));
-            __m512i bs = _mm512_loadu_si512(xt + K4A_BS(g, m));
+            if (is.m < 16) k_issue(six, ki++, u + (16 * is.g + is.m) * 1024, xt + KT_B(is.g, is.m), C), amx_next(&is);
+            __m512 dx = _mm512_loadu_ps(xt + KT_DX(g, m));
             const float *t = kt + 5 * g * 256 + 16 * m;
+            if (six) {
+                const int32_t *sc = (const int32_t *)t;
+                UNROLL
+                for (int r = 0; r < 16; r++) {
+                    __m512i a = _mm512_setzero_si512();
+                    UNROLL
+                    for (int v = 0; v < 4; v++)
+                        a = _mm512_add_epi32(a, _mm512_mullo_epi32(_mm512_load_si512(C[k % 2][v][r]),
+                                                                   _mm512_set1_epi32(sc[256 * v + r])));
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(t[4 * 256 + r]), dx), _mm512_cvtepi32_ps(a),
+                                             acc[r]);
+                }
+                continue;
+            }
+            __m512i bs = _mm512_loadu_si512(xt + KT_BS(g, m));
             UNROLL
             for (int r = 0; r < 16; r++) {
                 __m512 lo = _mm512_cvtepi32_ps(_mm512_load_si512(C[k % 2][0][r]));
@@ -511,66 +541,6 @@ KI void k6a_unpack(const uint8_t *w, size_t wb, int64_t nsb, uint8_t *u) {
     }
 }
 
-/* Unit k's four products (v = 0..3: tile sets 0, 1, 0, 1) into c[k % 2][v]. */
-KA void k6a_issue(int64_t k, const uint8_t *a, const uint8_t *bop, int32_t c[2][4][16][16]) {
-    amx_block0(a, 16, bop, c[k % 2][0]);
-    amx_block1(a + 256, 16, bop + 256, c[k % 2][1]);
-    amx_block0(a + 512, 16, bop + 512, c[k % 2][2]);
-    amx_block1(a + 768, 16, bop + 768, c[k % 2][3]);
-}
-
-/* As k4a_tile, for q6_K. */
-KA void k6a_tile(const uint8_t *u, const float *kt, int64_t nsb, const uint8_t *xt, float *y, int64_t ys,
-                 const uint8_t *pf, int64_t pf_lines) {
-    int64_t ng = (nsb + 3) / 4;
-    __m512 F[16][16];
-    int32_t C[2][4][16][16] __attribute__((aligned(64)));
-    int64_t real[16];
-    for (int m = 0; m < 16; m++) real[m] = 4 * (ng - 1) + m % 4 < nsb ? ng : ng - 1;
-    int mi = 0;
-    int64_t gi = 0, k = 0, ki = 0;
-    while (mi < 16 && !real[mi]) mi++;
-    if (mi < 16) {
-        k6a_issue(ki++, u + (16 * gi + mi) * 1024, xt + K4A_B(gi, mi), C);
-        if (++gi == real[mi])
-            for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
-    }
-    for (int m = 0; m < 16; m++) {
-        for (int64_t l = m * pf_lines / 16; l < (m + 1) * pf_lines / 16; l++)
-            _mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
-        __m512 acc[16];
-        UNROLL
-        for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < real[m]; g++, k++) {
-            if (mi < 16) {
-                k6a_issue(ki++, u + (16 * gi + mi) * 1024, xt + K4A_B(gi, mi), C);
-                if (++gi == real[mi])
-                    for (gi = 0, mi++; mi < 16 && !real[mi];) mi++;
-            }
-            __m512 dx = _mm512_loadu_ps(xt + K4A_DX(g, m));
-            const float *t = kt + 5 * g * 256 + 16 * m;
-            const int32_t *sc = (const int32_t *)t;
-            UNROLL
-            for (int r = 0; r < 16; r++) {
-                __m512i a = _mm512_setzero_si512();
-                UNROLL
-                for (int v = 0; v < 4; v++)
-                    a = _mm512_add_epi32(
-                        a, _mm512_mullo_epi32(_mm512_load_si512(C[k % 2][v][r]), _mm512_set1_epi32(sc[256 * v + r])));
-                acc[r] =
-                    _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(t[4 * 256 + r]), dx), _mm512_cvtepi32_ps(a), acc[r]);
-            }
-        }
-        for (int64_t g = real[m]; g < ng; g++) { /* padded lanes: the vnni kernel adds 0 */
-            UNROLL
-            for (int r = 0; r < 16; r++) acc[r] = _mm512_add_ps(acc[r], _mm512_setzero_ps());
-        }
-        UNROLL
-        for (int r = 0; r < 16; r++) F[m][r] = acc[r];
-    }
-    amx_store_sums(F, y, ys);
-}
-
 // The gemm of each type
 
 enum { AMX_Q8_0, AMX_Q4_0, AMX_Q4_K, AMX_Q5_K, AMX_Q6_K };
@@ -587,7 +557,7 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
     int64_t nb = k4 ? cols / PS_QK_K : cols / PS_QK, ng = k4 ? (nb + 3) / 4 : amx_groups(cols, &nat);
     int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, nt16 = nt & ~(int64_t)15;
     /* a row tile's scale table and unpacked quants: on the stack up to AMX_STACK_BYTES (a
-     * 4,096-column K-type row tile takes 100 KiB), else on the heap (without it: vnni) */
+     * 4,096-column K-type row tile takes 84 KiB), else on the heap (without it: vnni) */
     size_t tab_bytes = (size_t)ng * (k4 ? 5 : 1) * 1024, need = tab_bytes + (size_t)ng * 16 * (k4 ? 1024 : 512);
     uint8_t stack[need && need <= AMX_STACK_BYTES ? need : 64] __attribute__((aligned(64)));
     uint8_t *heap = nr16 && nt16 && need > AMX_STACK_BYTES ? aligned_alloc(64, need) : NULL;
@@ -595,7 +565,7 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
     if (nr16) {
         float *tab = (float *)(heap ? heap : stack);
         uint8_t *u = (heap ? heap : stack) + tab_bytes;
-        size_t tb = k4 ? k4a_tiles_bytes(cols) : amx_tiles_bytes(cols);
+        size_t tb = k4 ? kt_tiles_bytes(cols) : amx_tiles_bytes(cols);
         amx_config(type == AMX_Q6_K ? 16 : PS_QK);
         for (int64_t r = 0; r < nr16; r += 16) {
             const uint8_t *wr = w + r * wb;
@@ -613,10 +583,8 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
             for (int64_t t = 0; t < ntt; t++) {
                 int64_t l0 = t * lines / ntt, nl = (t + 1) * lines / ntt - l0;
                 const uint8_t *pf = wr + 16 * wb + 64 * l0;
-                if (type == AMX_Q6_K)
-                    k6a_tile(u, tab, nb, xt + t * tb, y + 16 * t * ys + r, ys, pf, nl);
-                else if (k4)
-                    k4a_tile(u, tab, nb, xt + t * tb, y + 16 * t * ys + r, ys, pf, nl);
+                if (k4)
+                    k_tile(type == AMX_Q6_K, u, tab, nb, xt + t * tb, y + 16 * t * ys + r, ys, pf, nl);
                 else if (type == AMX_Q8_0)
                     amx_tile(wr + 2, wb, 34, q8_block, bsize, wr, wb, nb, ng, nat, tab, xt + t * tb,
                              y + 16 * t * ys + r, ys, pf, nl);
@@ -643,10 +611,11 @@ AMX_GEMM(q4_K, AMX_Q4_K, ctx_once(&q4_K_cx, &q4_K_cx_state, k4_ctx))
 AMX_GEMM(q5_K, AMX_Q5_K, ctx_once(&q5_K_cx, &q5_K_cx_state, k4_ctx))
 AMX_GEMM(q6_K, AMX_Q6_K, ctx_once(&q6_K_cx, &q6_K_cx_state, k6_ctx))
 
+/* The vnni kernels' tile sizes: they steer matmul.c's plan for fewer than 16 tokens. */
 const ps_q8_kern ps_q8_avx512amx_kerns[PS_TYPE_COUNT] = {
-    [PS_TYPE_Q4_0] = {quant_nib_off8, g16_bytes, gemm_q4_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q4_0_tiled},
-    [PS_TYPE_Q8_0] = {quant_q8_off128, g16_bytes, gemm_q8_0, 16, 16, amx_tiles_bytes, amx_relay, gemm_q8_0_tiled},
-    [PS_TYPE_Q4_K] = {quant_k4, k4_bytes, gemm_q4_K, 16, 16, k4a_tiles_bytes, k4a_relay, gemm_q4_K_tiled},
-    [PS_TYPE_Q5_K] = {quant_k4, k4_bytes, gemm_q5_K, 16, 16, k4a_tiles_bytes, k4a_relay, gemm_q5_K_tiled},
-    [PS_TYPE_Q6_K] = {quant_k6, k6_bytes, gemm_q6_K, 16, 16, k4a_tiles_bytes, k6a_relay, gemm_q6_K_tiled},
+    [PS_TYPE_Q4_0] = {quant_nib_off8, g16_bytes, gemm_q4_0, 2, 4, amx_tiles_bytes, amx_relay, gemm_q4_0_tiled},
+    [PS_TYPE_Q8_0] = {quant_q8_off128, g16_bytes, gemm_q8_0, 1, 8, amx_tiles_bytes, amx_relay, gemm_q8_0_tiled},
+    [PS_TYPE_Q4_K] = {quant_k4, k4_bytes, gemm_q4_K, 1, 6, kt_tiles_bytes, k4a_relay, gemm_q4_K_tiled},
+    [PS_TYPE_Q5_K] = {quant_k4, k4_bytes, gemm_q5_K, 1, 6, kt_tiles_bytes, k4a_relay, gemm_q5_K_tiled},
+    [PS_TYPE_Q6_K] = {quant_k6, k6_bytes, gemm_q6_K, 1, 4, kt_tiles_bytes, k6a_relay, gemm_q6_K_tiled},
 };

@@ -97,6 +97,15 @@ static size_t g16_bytes(int64_t cols) {
 static inline int nib_block(int m) { return 4 * (m % 4) + m / 4; }
 static inline int q8_block(int m) { return 8 * (m / 8) + 2 * (m % 4) + (m / 4) % 2; }
 
+/* ps_xq_round of 16 lanes: nearest-even(v * id) clamped to [-127, 127], 0 where the product
+ * is NaN (a NaN or infinite activation). The quants' sums (corr) then match the stored bytes,
+ * which the AMX tiles multiply directly. */
+KI __m512i quant_lanes(__m512 v, float id) {
+    __m512 p = _mm512_mul_ps(v, _mm512_set1_ps(id));
+    __m512 c = _mm512_min_ps(_mm512_max_ps(p, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+    return _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(p, p, _CMP_ORD_Q), c);
+}
+
 /* Quantizes 32 floats exactly as the ref kernels do: d = max|x| / 127, q = nearest-even
  * (x * (1 / d)). Returns sum(q). */
 KI int32_t quant_block32(const float *x, int8_t q[32], float *d_out) {
@@ -104,8 +113,7 @@ KI int32_t quant_block32(const float *x, int8_t q[32], float *d_out) {
     __m512 a = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
     float amax = _mm512_reduce_max_ps(a);
     float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
-    __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    __m512i q0 = quant_lanes(v0, id), q1 = quant_lanes(v1, id);
     _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(q0));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(q1));
     *d_out = d;

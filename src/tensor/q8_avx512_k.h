@@ -29,7 +29,7 @@ KI void quant_block256(const float *x, int8_t q[256], float *d_out) {
     float amax = _mm512_reduce_max_ps(a);
     float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int i = 0; i < 256; i += 16) {
-        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(id)));
+        __m512i v = quant_lanes(_mm512_loadu_ps(x + i), id);
         _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtsepi32_epi8(v));
     }
     *d_out = d;

@@ -1,6 +1,6 @@
 /* q8_avx512vnni.c - the 8-bit-activation (q8_kern.h) AVX-512 kernels with VNNI
  * (vpdpbusd), VBMI and BITALG: Ice Lake, Zen 4 and later; and the avx512amx family, which adds
- * AMX tiles for q8_0 prefill (Sapphire Rapids and later). The bodies are in q8_avx512.h. */
+ * AMX tiles for prompts (Sapphire Rapids and later). The bodies are in q8_avx512.h. */
 #include "q8_kern.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

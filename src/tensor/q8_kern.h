@@ -37,6 +37,7 @@ typedef void (*ps_q8_gemm_fn)(const uint8_t *w, size_t wb, int64_t cols, const u
  * gemm with the tiles of its first tokens at xt (tiles of tokens 0-15, 16-31, ...; the
  * tokens of a partial last tile have none). */
 #define PS_Q8_TILE_TOKENS 16
+#define PS_Q8_TILE_ROWS   16 /* gemm_tiled's row tiles (row chunks of tiled matmuls are multiples) */
 typedef void (*ps_q8_tiles_fn)(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt);
 typedef void (*ps_q8_gemm_tiled_fn)(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
                                     const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt);
