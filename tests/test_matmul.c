@@ -489,8 +489,9 @@ static void test_invariance(ps_type type, int64_t rows, int64_t cols, int64_t n_
 
 /* avx512amx's contract: avx512vnni's very bits (decode takes vnni, prefill AMX), for the
  * types it multiplies on tiles. Shapes that take each path: whole groups, a zero-padded last
- * group, a natural tail (32-element types), a row too short for a group; rows and tokens
- * past whole tiles of 16; a call's tokens not starting at 0; 1 and 2 threads; a NaN and an
+ * group, a natural tail (32-element types), a row too short for a group; rows past whole
+ * tiles of 16, tokens past them (1, 3: vnni; 13, 14: a padded tile); a call's tokens not
+ * starting at 0; 1 and 2 threads; a NaN and an
  * infinite activation. */
 static void test_amx_bits(ps_pool *pools[4]) {
     if (!ps_isa_available(PS_ISA_AVX512AMX)) {
@@ -501,7 +502,7 @@ static void test_amx_bits(ps_pool *pools[4]) {
     static const int64_t shapes[][4] = {/* rows, blocks of 32, super-blocks, tokens */
                                         {48, 48, 8, 48},          {37, 41, 5, 35},
                                         {67, 21, 3, 64},          {16, 16, 4, 16},
-                                        {33, 9, 1, 40},           {20, 4, 2, 17},
+                                        {33, 9, 1, 46},           {20, 4, 2, 13},
                                         {50, 18, 6, 81},          {31, 16 * 7 + 5, 13, 19},
                                         {17, 16 * 29 + 6, 56, 80}}; /* the last: buffers on the heap, 2 token blocks */
     for (size_t i = 0; i < PS_ARRAY_LEN(types) * PS_ARRAY_LEN(shapes); i++) {

@@ -63,10 +63,14 @@ ps_status ps_matmul_set_isa(const char *name) {
 
 bool ps_matmul_supported(uint32_t type) { return ps_q8_kern_get(PS_ISA_REF, type) != NULL; }
 
-/* Bytes of the 16-token tiles of n_tok tokens for kernel k (0: k does not take tiles). */
+/* Tiles of n_tok tokens: the whole ones and a partial last one of PS_Q8_TILE_MIN or more. */
+static int64_t n_tiles(int64_t n_tok) {
+    return n_tok / PS_Q8_TILE_TOKENS + (n_tok % PS_Q8_TILE_TOKENS >= PS_Q8_TILE_MIN);
+}
+
+/* Bytes of the tiles of n_tok tokens for kernel k (0: k does not take tiles). */
 static size_t tiles_bytes(const ps_q8_kern *k, int64_t cols, int64_t n_tok) {
-    return k->tiles_bytes && n_tok >= PS_Q8_TILE_TOKENS ? k->tiles_bytes(cols) * (size_t)(n_tok / PS_Q8_TILE_TOKENS)
-                                                        : 0;
+    return k->tiles_bytes ? k->tiles_bytes(cols) * (size_t)n_tiles(n_tok) : 0;
 }
 
 /* Scratch for the largest activation format (and tiles) any available family uses, plus
@@ -137,12 +141,12 @@ static void quant_task(void *ctx, int ith, int nth) {
 /* Makes this thread's share of the (format, 16-token tile) tiles. */
 static void tiles_task(void *ctx, int ith, int nth) {
     mm_job *j = ctx;
-    int64_t per = j->n_tok / PS_Q8_TILE_TOKENS, n = j->n_tiled * per, i0 = n * ith / nth, i1 = n * (ith + 1) / nth;
+    int64_t per = n_tiles(j->n_tok), n = j->n_tiled * per, i0 = n * ith / nth, i1 = n * (ith + 1) / nth;
     for (int64_t i = i0; i < i1; i++) {
         const mm_part *p = &j->p[j->tiled[i / per]];
-        int64_t t = i % per;
-        p->k->tiles(p->xq + (size_t)(t * PS_Q8_TILE_TOKENS) * p->xs, p->xs, j->cols,
-                    (uint8_t *)p->xt + (size_t)t * p->tb);
+        int64_t t0 = i % per * PS_Q8_TILE_TOKENS, left = j->n_tok - t0;
+        p->k->tiles(p->xq + (size_t)t0 * p->xs, p->xs, left < PS_Q8_TILE_TOKENS ? (int)left : PS_Q8_TILE_TOKENS,
+                    j->cols, (uint8_t *)p->xt + (size_t)(t0 / PS_Q8_TILE_TOKENS) * p->tb);
     }
 }
 

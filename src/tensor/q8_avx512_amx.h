@@ -19,9 +19,10 @@
  * Operands: A = 16 weight rows x one block's 32 quants, loaded in place from q8_0's rows
  * (34-byte blocks, stride wb) or unpacked once a row tile (q4_0, the K types); B = the
  * block's quants of 16 tokens in the 4-byte quads TDPBSSD reads, re-laid once per matmul
- * (q8_kern.h's tiles: a 16 x 16 dword transpose per group and quad). Rows and tokens beyond
- * whole tiles of 16 take the vnni kernel. Why this speed and not more:
- * docs/bench/2026-12-05-amx.md (the float step per block is the floor). */
+ * (q8_kern.h's tiles: a 16 x 16 dword transpose per group and quad). Rows beyond tiles of 16
+ * take the vnni kernel, and so do tokens past them unless 10 or more (a padded tile). Why
+ * this speed and not more: docs/bench/2026-12-05-amx.md (the float step per block is the
+ * floor). */
 
 #define KA  static inline __attribute__((always_inline, target(TGT ",amx-tile,amx-int8")))
 #define KAF static __attribute__((target(TGT ",amx-tile,amx-int8")))
@@ -80,7 +81,7 @@ KI void transpose16(__m512i v[16]) {
 
 /* The re-laid activations of 16 tokens (q8_kern.h's tiles): per group, each of the 8 quad
  * vectors and dx transposed from (token, lane) to (lane, token). */
-KF void amx_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
+KF void amx_relay(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt) {
     int nat;
     int64_t ng = amx_groups(cols, &nat);
     for (int64_t g = 0; g < ng; g++) {
@@ -89,7 +90,7 @@ KF void amx_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
             size_t off = (size_t)g * G16_BYTES + (j < 8 ? 64 * (size_t)j : G16_DX);
             __m512i v[16];
             UNROLL
-            for (int t = 0; t < 16; t++) v[t] = _mm512_loadu_si512(x + t * xs + off);
+            for (int t = 0; t < 16; t++) v[t] = t < n ? _mm512_loadu_si512(x + t * xs + off) : _mm512_setzero_si512();
             transpose16(v);
             UNROLL
             for (int m = 0; m < 16; m++)
@@ -101,7 +102,7 @@ KF void amx_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) {
         size_t off = (size_t)ng * G16_BYTES + (size_t)b * XT_BYTES;
         __m512i v[16];
         UNROLL
-        for (int t = 0; t < 16; t++) v[t] = _mm512_maskz_loadu_epi32(0x0fff, x + t * xs + off);
+        for (int t = 0; t < 16; t++) v[t] = _mm512_maskz_loadu_epi32(t < n ? 0x0fff : 0, x + t * xs + off);
         transpose16(v); /* v[j]: dword j of the 16 tokens */
         UNROLL
         for (int l = 0; l < 8; l++) _mm512_storeu_si512(T + 64 * l, v[4 + l]);
@@ -319,7 +320,7 @@ static size_t kt_tiles_bytes(int64_t cols) { return (size_t)((cols / PS_QK_K + 3
 
 /* k4 (six 0: quads, dx, bs) or k6 groups (six 1: quads, then dx; corr is not needed, the
  * tiles take q6_K's quants signed) */
-KI void k_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt, int six) {
+KI void k_relay(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt, int six) {
     int64_t ng = (cols / PS_QK_K + 3) / 4;
     for (int64_t g = 0; g < ng; g++) {
         for (int j = 0; j < (six ? 17 : 18); j++) { /* quads 0-15, dx, bs */
@@ -328,7 +329,7 @@ KI void k_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt, int six)
                                                                            : 64 * (size_t)j);
             __m512i v[16];
             UNROLL
-            for (int t = 0; t < 16; t++) v[t] = _mm512_loadu_si512(x + t * xs + off);
+            for (int t = 0; t < 16; t++) v[t] = t < n ? _mm512_loadu_si512(x + t * xs + off) : _mm512_setzero_si512();
             transpose16(v);
             UNROLL
             for (int m = 0; m < 16; m++)
@@ -337,8 +338,8 @@ KI void k_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt, int six)
     }
 }
 
-KF void k4a_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) { k_relay(x, xs, cols, xt, 0); }
-KF void k6a_relay(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt) { k_relay(x, xs, cols, xt, 1); }
+KF void k4a_relay(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt) { k_relay(x, xs, n, cols, xt, 0); }
+KF void k6a_relay(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt) { k_relay(x, xs, n, cols, xt, 1); }
 
 /* A row tile's per-(group, lane, row) scalars: kt[(5 g + f) 256 + 16 m + r] for f = scl, sch,
  * d, dmin (floats) and the mins pair (int16 x 2), from k4_scales_load (a partial last group
@@ -555,13 +556,16 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
     const int k4 = type >= AMX_Q4_K, bsize = (const int[]){34, 18, 144, 176, 210}[type];
     int nat = 0;
     int64_t nb = k4 ? cols / PS_QK_K : cols / PS_QK, ng = k4 ? (nb + 3) / 4 : amx_groups(cols, &nat);
-    int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, nt16 = nt & ~(int64_t)15;
+    /* tiles: the whole ones, and a partial last one of PS_Q8_TILE_MIN tokens or more (padded;
+     * its sums go through out) */
+    int64_t nr16 = ng ? nr & ~(int64_t)15 : 0, part = nt % 16 >= PS_Q8_TILE_MIN ? nt % 16 : 0;
+    int64_t ntt = nt / 16 + (part > 0), done = nt - nt % 16 + part;
     /* a row tile's scale table and unpacked quants: on the stack up to AMX_STACK_BYTES (a
      * 4,096-column K-type row tile takes 84 KiB), else on the heap (without it: vnni) */
     size_t tab_bytes = (size_t)ng * (k4 ? 5 : 1) * 1024, need = tab_bytes + (size_t)ng * 16 * (k4 ? 1024 : 512);
     uint8_t stack[need && need <= AMX_STACK_BYTES ? need : 64] __attribute__((aligned(64)));
-    uint8_t *heap = nr16 && nt16 && need > AMX_STACK_BYTES ? aligned_alloc(64, need) : NULL;
-    if (!nt16 || (need > AMX_STACK_BYTES && !heap)) nr16 = 0;
+    uint8_t *heap = nr16 && ntt && need > AMX_STACK_BYTES ? aligned_alloc(64, need) : NULL;
+    if (!ntt || (need > AMX_STACK_BYTES && !heap)) nr16 = 0;
     if (nr16) {
         float *tab = (float *)(heap ? heap : stack);
         uint8_t *u = (heap ? heap : stack) + tab_bytes;
@@ -579,25 +583,26 @@ KA void amx_gemm(int type, ps_q8_gemm_fn vnni, const kctx *cx, const uint8_t *w,
                 amx_scales(wr, wb, bsize, nb, 16 * ng, tab);
                 if (type == AMX_Q4_0) amx_unpack_q4_0(wr, wb, nb < 16 * ng ? nb : 16 * ng, u); /* not the tail */
             }
-            int64_t ntt = nt16 / 16, lines = r + 16 < nr16 ? (int64_t)(16 * wb / 64) : 0;
+            int64_t lines = r + 16 < nr16 ? (int64_t)(16 * wb / 64) : 0;
             for (int64_t t = 0; t < ntt; t++) {
                 int64_t l0 = t * lines / ntt, nl = (t + 1) * lines / ntt - l0;
                 const uint8_t *pf = wr + 16 * wb + 64 * l0;
+                float out[16 * 16], *yt = part && t == ntt - 1 ? out : y + 16 * t * ys + r;
+                int64_t yst = yt == out ? 16 : ys;
                 if (k4)
-                    k_tile(type == AMX_Q6_K, u, tab, nb, xt + t * tb, y + 16 * t * ys + r, ys, pf, nl);
+                    k_tile(type == AMX_Q6_K, u, tab, nb, xt + t * tb, yt, yst, pf, nl);
                 else if (type == AMX_Q8_0)
-                    amx_tile(wr + 2, wb, 34, q8_block, bsize, wr, wb, nb, ng, nat, tab, xt + t * tb,
-                             y + 16 * t * ys + r, ys, pf, nl);
+                    amx_tile(wr + 2, wb, 34, q8_block, bsize, wr, wb, nb, ng, nat, tab, xt + t * tb, yt, yst, pf, nl);
                 else
-                    amx_tile(u, 32, 512, nib_block, bsize, wr, wb, nb, ng, nat, tab, xt + t * tb, y + 16 * t * ys + r,
-                             ys, pf, nl);
+                    amx_tile(u, 32, 512, nib_block, bsize, wr, wb, nb, ng, nat, tab, xt + t * tb, yt, yst, pf, nl);
+                for (int64_t i = 0; yt == out && i < part; i++) memcpy(y + (16 * t + i) * ys + r, out + 16 * i, 64);
             }
         }
         _tile_release();
     }
     free(heap);
     if (nr > nr16) vnni(w + nr16 * wb, wb, cols, x, xs, y + nr16, ys, nr - nr16, nt);
-    if (nt > nt16 && nr16) vnni(w, wb, cols, x + nt16 * xs, xs, y + nt16 * ys, ys, nr16, nt - nt16);
+    if (nt > done && nr16) vnni(w, wb, cols, x + done * xs, xs, y + done * ys, ys, nr16, nt - done);
 }
 
 #define AMX_GEMM(name, type, cx)                                                                                       \

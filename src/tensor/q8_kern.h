@@ -31,14 +31,16 @@ typedef void (*ps_q8_quant_fn)(const float *x, void *xq, int64_t cols);
 typedef void (*ps_q8_gemm_fn)(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs, float *y,
                               int64_t ys, int64_t nr, int64_t nt);
 
-/* Kernels that multiply whole tiles of PS_Q8_TILE_TOKENS tokens (AMX) take those tokens'
- * quantized rows re-laid once per matmul, shared by its threads: tiles re-lays the 16 rows
- * at x (xs bytes apart) into one tile's tiles_bytes(cols) bytes at xt, and gemm_tiled is
- * gemm with the tiles of its first tokens at xt (tiles of tokens 0-15, 16-31, ...; the
- * tokens of a partial last tile have none). */
+/* Kernels that multiply tiles of PS_Q8_TILE_TOKENS tokens (AMX) take those tokens' quantized
+ * rows re-laid once per matmul, shared by its threads: tiles re-lays the n <= 16 rows at x
+ * (xs bytes apart; a partial tile is padded) into one tile's tiles_bytes(cols) bytes at xt,
+ * and gemm_tiled is gemm with the tiles of its tokens at xt (tiles of tokens 0-15, 16-31,
+ * ...). A matmul's last partial tile has one when it holds at least PS_Q8_TILE_MIN tokens
+ * (fewer go through gemm's kernels, faster than a padded tile). */
 #define PS_Q8_TILE_TOKENS 16
+#define PS_Q8_TILE_MIN    10
 #define PS_Q8_TILE_ROWS   16 /* gemm_tiled's row tiles (row chunks of tiled matmuls are multiples) */
-typedef void (*ps_q8_tiles_fn)(const uint8_t *x, size_t xs, int64_t cols, uint8_t *xt);
+typedef void (*ps_q8_tiles_fn)(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt);
 typedef void (*ps_q8_gemm_tiled_fn)(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
                                     const uint8_t *xt, float *y, int64_t ys, int64_t nr, int64_t nt);
 
