@@ -20,7 +20,7 @@
  * (34-byte blocks, stride wb) or unpacked once a row tile (q4_0, the K types); B = the
  * block's quants of 16 tokens in the 4-byte quads TDPBSSD reads, re-laid once per matmul
  * (q8_kern.h's tiles: a 16 x 16 dword transpose per group and quad). Rows beyond tiles of 16
- * take the vnni kernel, and so do tokens past them unless 10 or more (a padded tile). Why
+ * take the vnni kernel, and so do tokens past them unless 13 or more (a padded tile). Why
  * this speed and not more: docs/bench/2026-12-05-amx.md (the float step per block is the
  * floor). */
 

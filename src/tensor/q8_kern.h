@@ -36,9 +36,10 @@ typedef void (*ps_q8_gemm_fn)(const uint8_t *w, size_t wb, int64_t cols, const u
  * (xs bytes apart; a partial tile is padded) into one tile's tiles_bytes(cols) bytes at xt,
  * and gemm_tiled is gemm with the tiles of its tokens at xt (tiles of tokens 0-15, 16-31,
  * ...). A matmul's last partial tile has one when it holds at least PS_Q8_TILE_MIN tokens
- * (fewer go through gemm's kernels, faster than a padded tile). */
+ * (fewer go through gemm's kernels: AVX-512 VNNI is faster than a padded AMX tile below 13
+ * of 16, docs/bench/2026-12-05-amx.md). */
 #define PS_Q8_TILE_TOKENS 16
-#define PS_Q8_TILE_MIN    10
+#define PS_Q8_TILE_MIN    13
 #define PS_Q8_TILE_ROWS   16 /* gemm_tiled's row tiles (row chunks of tiled matmuls are multiples) */
 typedef void (*ps_q8_tiles_fn)(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt);
 typedef void (*ps_q8_gemm_tiled_fn)(const uint8_t *w, size_t wb, int64_t cols, const uint8_t *x, size_t xs,
