@@ -79,6 +79,14 @@ KI void transpose16(__m512i v[16]) {
     }
 }
 
+/* The dwords `lanes` of the 64 bytes at off of the n <= 16 rows at x (zeros elsewhere),
+ * transposed: v[j] lane t = dword j of row t. */
+KI void rows_transposed(const uint8_t *x, size_t xs, int n, size_t off, __mmask16 lanes, __m512i v[16]) {
+    UNROLL
+    for (int t = 0; t < 16; t++) v[t] = _mm512_maskz_loadu_epi32(t < n ? lanes : 0, x + t * xs + off);
+    transpose16(v);
+}
+
 /* The re-laid activations of 16 tokens (q8_kern.h's tiles): per group, each of the 8 quad
  * vectors and dx transposed from (token, lane) to (lane, token). */
 KF void amx_relay(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt) {
@@ -87,11 +95,8 @@ KF void amx_relay(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt)
     for (int64_t g = 0; g < ng; g++) {
         uint8_t *G = xt + g * AMX_G_BYTES;
         for (int j = 0; j <= 8; j++) { /* quads 0-7, then dx */
-            size_t off = (size_t)g * G16_BYTES + (j < 8 ? 64 * (size_t)j : G16_DX);
             __m512i v[16];
-            UNROLL
-            for (int t = 0; t < 16; t++) v[t] = t < n ? _mm512_loadu_si512(x + t * xs + off) : _mm512_setzero_si512();
-            transpose16(v);
+            rows_transposed(x, xs, n, (size_t)g * G16_BYTES + (j < 8 ? 64 * (size_t)j : G16_DX), 0xffff, v);
             UNROLL
             for (int m = 0; m < 16; m++)
                 _mm512_storeu_si512(j < 8 ? G + m * AMX_B_BYTES + 64 * j : xt + AMX_DX(g, m), v[m]);
@@ -99,11 +104,8 @@ KF void amx_relay(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt)
     }
     for (int b = 0; b < nat; b++) { /* a tail block's 48 bytes: d, corr, xs, 4 unused, q[32] */
         uint8_t *T = xt + ng * AMX_G_BYTES + (size_t)b * AMX_T_BYTES;
-        size_t off = (size_t)ng * G16_BYTES + (size_t)b * XT_BYTES;
-        __m512i v[16];
-        UNROLL
-        for (int t = 0; t < 16; t++) v[t] = _mm512_maskz_loadu_epi32(t < n ? 0x0fff : 0, x + t * xs + off);
-        transpose16(v); /* v[j]: dword j of the 16 tokens */
+        __m512i v[16]; /* v[j]: dword j of the 16 tokens */
+        rows_transposed(x, xs, n, (size_t)ng * G16_BYTES + (size_t)b * XT_BYTES, 0x0fff, v);
         UNROLL
         for (int l = 0; l < 8; l++) _mm512_storeu_si512(T + 64 * l, v[4 + l]);
         _mm512_storeu_si512(T + 8 * 64, v[0]);
@@ -133,21 +135,16 @@ KA void amx_config(int kbytes) { /* quants a product: 32, or 16 (q6_K's sub-bloc
 
 /* One block's products, 16 rows (A at a, a_row apart) x 16 tokens (B at bop), stored to c:
  * tile set 0 (tiles 0-2) or 1 (3-5), so that two blocks may be in flight. */
-KA void amx_block0(const uint8_t *a, size_t a_row, const uint8_t *bop, int32_t c[16][16]) {
-    _tile_loadd(0, a, (long)a_row);
-    _tile_loadd(1, bop, 64);
-    _tile_zero(2);
-    _tile_dpbssd(2, 0, 1);
-    _tile_stored(2, c, 64);
-}
-
-KA void amx_block1(const uint8_t *a, size_t a_row, const uint8_t *bop, int32_t c[16][16]) {
-    _tile_loadd(3, a, (long)a_row);
-    _tile_loadd(4, bop, 64);
-    _tile_zero(5);
-    _tile_dpbssd(5, 3, 4);
-    _tile_stored(5, c, 64);
-}
+#define AMX_BLOCK(set, A, B, C)                                                                                        \
+    KA void amx_block##set(const uint8_t *a, size_t a_row, const uint8_t *bop, int32_t c[16][16]) {                    \
+        _tile_loadd(A, a, (long)a_row);                                                                                \
+        _tile_loadd(B, bop, 64);                                                                                       \
+        _tile_zero(C);                                                                                                 \
+        _tile_dpbssd(C, A, B);                                                                                         \
+        _tile_stored(C, c, 64);                                                                                        \
+    }
+AMX_BLOCK(0, 0, 1, 2)
+AMX_BLOCK(1, 3, 4, 5)
 
 /* Block k's products into C[k % 3], through tile set k % 2. */
 KA void amx_issue(int64_t k, const uint8_t *a, size_t a_row, const uint8_t *bop, int32_t c[3][16][16]) {
@@ -324,13 +321,9 @@ KI void k_relay(const uint8_t *x, size_t xs, int n, int64_t cols, uint8_t *xt, i
     int64_t ng = (cols / PS_QK_K + 3) / 4;
     for (int64_t g = 0; g < ng; g++) {
         for (int j = 0; j < (six ? 17 : 18); j++) { /* quads 0-15, dx, bs */
-            size_t off = (size_t)g * (six ? K6_BYTES : K4_BYTES) + (j < 16 ? 64 * (size_t)j
-                                                                    : six  ? K6_DX
-                                                                           : 64 * (size_t)j);
+            size_t off = (size_t)g * (six ? K6_BYTES : K4_BYTES) + (six && j == 16 ? K6_DX : 64 * (size_t)j);
             __m512i v[16];
-            UNROLL
-            for (int t = 0; t < 16; t++) v[t] = t < n ? _mm512_loadu_si512(x + t * xs + off) : _mm512_setzero_si512();
-            transpose16(v);
+            rows_transposed(x, xs, n, off, 0xffff, v);
             UNROLL
             for (int m = 0; m < 16; m++)
                 _mm512_storeu_si512(xt + (j < 16 ? KT_B(g, m) + 64 * j : j == 16 ? KT_DX(g, m) : KT_BS(g, m)), v[m]);
