@@ -1517,18 +1517,23 @@ __global__ void k_add(float *x, const float *y, size_t n) {
 
 /* ---------------------------------------------------------------------------------------
  * Attention (forward.c's attend_nv), in two kernels. k_att_scores: scores q·k in 16 lanes and
- * the tree, times 1/sqrt(hd), a thread block per (row, head, share of the positions), into a
- * buffer of scores. k_attention, a thread block per (row, head): the softmax's max,
+ * the tree, times 1/sqrt(hd), a thread block per (rows, head, share of the positions), into a
+ * buffer of scores. k_attention, a thread block per (rows, head): the softmax's max,
  * e = ps_exp_neg(score - max), the 16 lane sums over positions p0 + lane and their tree,
  * e / sum; then each output element sums weight × value over positions in order, in chunks
  * of PS_ATT_CHUNK (each chunk's sum from zero, added to the total where it ends), the values
  * streaming through a ring of KV blocks in shared memory (ATT_RING_BYTES: while one block is
- * worked, the copies of the next ones are in flight, 16-byte asynchronous copies). Its scores
- * are copied into shared memory when the context's positions fit beside the ring. Decode's
- * rows take k_att_chunks instead: the same sums, the chunks side by side. */
+ * worked, the copies of the next ones are in flight, 16-byte asynchronous copies). One row's
+ * scores are copied into shared memory when the context's positions fit beside the ring;
+ * several rows' softmaxes work in place. Decode's rows take k_att_dec (sm_90) or
+ * k_att_chunks instead: the same sums, the chunks side by side. */
 
-#define ATT_THREADS    128
-#define ATT_RING_BYTES (64 * 1024)
+#define ATT_THREADS 128
+/* 32 KiB: two KV blocks of head width 128 in flight and 4 thread blocks a multiprocessor; 64
+ * KiB (four, 2 thread blocks) prefilled 4-6 % slower on an H200 (docs/bench/2026-12-05-device.md) */
+#ifndef ATT_RING_BYTES
+#define ATT_RING_BYTES (32 * 1024)
+#endif
 
 struct att_args {
     const float *q;       /* (n, n_head * hd) */
@@ -1599,18 +1604,22 @@ __device__ __forceinline__ unsigned att_group(rows_info ri, int row0, int lr0, i
     return grp;
 }
 
-/* Floats apart of the keys of two positions in k_att_scores' shared memory: the two half
- * warps of a warp, at consecutive positions, read different banks. */
-__host__ __device__ constexpr int att_key_stride(int hd) { return (hd + 31) / 32 * 32 + 16; }
+/* Floats apart of the keys of two positions in k_att_scores<AR>' shared memory. AR 1: the
+ * two half warps of a warp, at consecutive positions, read different banks. More rows: a lane
+ * a position, reading 16 bytes at a time; an odd number of 16-byte units apart, so that the 8
+ * lanes of each quarter warp read 8 different groups of 4 banks. */
+__host__ __device__ constexpr int att_key_stride(int hd, int ar) {
+    return ar == 1 ? (hd + 31) / 32 * 32 + 16 : (hd / 4 | 1) * 4;
+}
 
 /* Starts the copy of KV block b's keys of head kvh (when b < n_blk) to dst, PS_KV_BLOCK
- * positions att_key_stride(hd) apart: one copy group, the thread block's threads sharing it
+ * positions kst floats apart: one copy group, the thread block's threads sharing it
  * (copy i is position j's float4 e, i = j · hd / 4 + e, the pair stepped without dividing). */
 __device__ __forceinline__ void keys_fetch(float *dst, const float *kc, const int32_t *tab, int b, int n_blk,
-                                           int n_head_kv, int hd, int kvh) {
+                                           int n_head_kv, int hd, int kst, int kvh) {
     if (b < n_blk) {
         const float4 *src = (const float4 *)(kc + ((size_t)tab[b] * n_head_kv + kvh) * PS_KV_BLOCK * hd);
-        int per = hd / 4, kst = att_key_stride(hd), tid = threadIdx.x;
+        int per = hd / 4, tid = threadIdx.x;
         for (int i = tid, j = tid / per, e = tid % per; i < PS_KV_BLOCK * per; i += ATT_THREADS) {
             __pipeline_memcpy_async(dst + j * kst + 4 * e, src + i, 16);
             j += ATT_THREADS / per, e += ATT_THREADS % per;
@@ -1625,21 +1634,69 @@ __device__ __forceinline__ void keys_fetch(float *dst, const float *kc, const in
  * one buffer leaves room for more thread blocks a multiprocessor. */
 __host__ __device__ constexpr int att_scores_bufs(int ar) { return ar == 1 ? 2 : 1; }
 
+/* k_att_scores' sums for AR > 1 rows, one KV block's keys (kb, kst floats apart) against
+ * the rows' q (qs): lane j takes position p0 + j, warp w rows w, w + 4, ...; for each it
+ * keeps the 16 sums of attend_nv's lanes (element i into sum i % 16, in order), reading
+ * four elements at a time, then adds them in tree16's pairs: the same operations as a half
+ * warp, with no shuffles and a quarter of the shared memory's loads. */
+template <int AR>
+__device__ __forceinline__ void scores_rows(const att_args &a, const float *qs, const float *kb, int kst, int lr0,
+                                            int h, int p0, unsigned grp, const int (&n_pos)[AR]) {
+    constexpr int W = ATT_THREADS / 32, RW = AR / W;
+    static_assert(PS_KV_BLOCK == 32 && AR % W == 0, "a lane a position, a warp AR / 4 rows");
+    int warp = threadIdx.x >> 5, j = threadIdx.x & 31, hd = a.hd;
+    const float *kr = kb + j * kst;
+    float acc[RW][16];
+#pragma unroll
+    for (int w = 0; w < RW; w++)
+#pragma unroll
+        for (int u = 0; u < 16; u++) acc[w][u] = 0.0f;
+    /* elements i .. i + 3 into sums u .. u + 3 */
+    auto four = [&](int i, int u) {
+        float4 k4 = *(const float4 *)(kr + i);
+#pragma unroll
+        for (int w = 0; w < RW; w++) {
+            float4 q4 = *(const float4 *)(qs + (warp + W * w) * hd + i);
+            acc[w][u] += q4.x * k4.x, acc[w][u + 1] += q4.y * k4.y;
+            acc[w][u + 2] += q4.z * k4.z, acc[w][u + 3] += q4.w * k4.w;
+        }
+    };
+    int i = 0;
+    for (; i + 16 <= hd; i += 16)
+#pragma unroll
+        for (int u = 0; u < 16; u += 4) four(i + u, u);
+#pragma unroll
+    for (int u = 0; u < 12; u += 4) /* hd % 16: a multiple of 4 */
+        if (i + u < hd) four(i + u, u);
+#pragma unroll
+    for (int w = 0; w < RW; w++) {
+        int r = warp + W * w, p = p0 + j;
+        float t[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) t[u] = acc[w][u] + acc[w][u + 8];
+#pragma unroll
+        for (int u = 0; u < 4; u++) t[u] += t[u + 4];
+        t[0] += t[2], t[1] += t[3];
+        if ((grp >> r & 1) && p < n_pos[r])
+            a.scores[((size_t)(lr0 + r) * a.n_head + h) * a.srow + p] = (t[0] + t[1]) * a.scale;
+    }
+}
+
 /* The scores of a launch's rows, into a.scores (rows of the launch, n_head, srow): a thread
  * block per (AR rows, head, z), z taking the sequences' KV blocks z, z + gridDim.z, ...: the
  * positions spread over the device (a decode step's 32 heads alone would keep 32 SMs busy).
  * Each KV block's keys come to shared memory once for the rows that share it (keys_fetch
- * into att_scores_bufs buffers); a half warp per (row, position), lane l its elements
- * l, l + 16, ..., then the tree and the scale (attend_nv's). Both halves of a warp take the
- * same row (the shuffles name the whole warp). Shared memory: AR rows' q, then the buffers
- * of PS_KV_BLOCK keys att_key_stride(hd) apart. */
+ * into att_scores_bufs buffers). One row (decode): a half warp per position, lane l its
+ * elements l, l + 16, ..., then the tree and the scale (attend_nv's); both halves of a warp
+ * take the same row (the shuffles name the whole warp). More rows: scores_rows. Shared
+ * memory: AR rows' q, then the buffers of PS_KV_BLOCK keys att_key_stride(hd, AR) apart. */
 template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a, rows_info ri) {
     pdl_start();
     pdl_wait();
     extern __shared__ float sh[];
     constexpr int NB = att_scores_bufs(AR);
     int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, l = tid & 15, hd = a.hd, Z = gridDim.z;
-    int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv), kst = att_key_stride(hd);
+    int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv), kst = att_key_stride(hd, AR);
     float *qs = sh, *keys = sh + AR * hd;
     for (int r = 0; r < nr; r++)
         for (int i = tid; i < hd; i += ATT_THREADS)
@@ -1654,7 +1711,7 @@ template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(at
         }
         const int32_t *tab = ri.tabs + ri.tab_off[a.row0 + lr0 + __ffs(grp) - 1];
         auto fetch = [&](int b, int k) {
-            keys_fetch(keys + (k % NB) * PS_KV_BLOCK * kst, a.kc, tab, b, n_blk, a.n_head_kv, hd, kvh);
+            keys_fetch(keys + (k % NB) * PS_KV_BLOCK * kst, a.kc, tab, b, n_blk, a.n_head_kv, hd, kst, kvh);
         };
         fetch(blockIdx.z, 0);
         for (int b = blockIdx.z, k = 0; b < n_blk; b += Z, k++) {
@@ -1662,16 +1719,20 @@ template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(at
             __pipeline_wait_prior(NB - 1);   /* this thread's copies of block b have landed */
             __syncthreads();                 /* everyone's (and, first, the q's are in) */
             const float *kb = keys + (k % NB) * PS_KV_BLOCK * kst;
-            for (int pi = tid >> 4; pi < AR * PS_KV_BLOCK; pi += ATT_THREADS / 16) {
-                int r = pi / PS_KV_BLOCK, j = pi - r * PS_KV_BLOCK, p = b * PS_KV_BLOCK + j;
-                if (!(grp >> r & 1)) continue;
-                const float *q = qs + r * hd, *kr = kb + j * kst;
-                float acc = 0.0f;
+            if constexpr (AR == 1) {
+                for (int pi = tid >> 4; pi < AR * PS_KV_BLOCK; pi += ATT_THREADS / 16) {
+                    int r = pi / PS_KV_BLOCK, j = pi - r * PS_KV_BLOCK, p = b * PS_KV_BLOCK + j;
+                    if (!(grp >> r & 1)) continue;
+                    const float *q = qs + r * hd, *kr = kb + j * kst;
+                    float acc = 0.0f;
 #pragma unroll 8
-                for (int i = l; i < hd; i += 16) acc += q[i] * kr[i];
-                acc = tree16(acc);
-                if (l == 0 && p < n_pos[r]) a.scores[((size_t)(lr0 + r) * a.n_head + h) * a.srow + p] = acc * a.scale;
-            }
+                    for (int i = l; i < hd; i += 16) acc += q[i] * kr[i];
+                    acc = tree16(acc);
+                    if (l == 0 && p < n_pos[r])
+                        a.scores[((size_t)(lr0 + r) * a.n_head + h) * a.srow + p] = acc * a.scale;
+                }
+            } else
+                scores_rows<AR>(a, qs, kb, kst, lr0, h, b * PS_KV_BLOCK, grp, n_pos);
             __syncthreads(); /* buffer k % NB is free */
             if (NB == 1) fetch(b + Z, k + 1);
         }
@@ -1681,7 +1742,7 @@ template <int AR> __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(at
 
 /* Shared memory of k_att_scores<AR>. */
 static inline size_t att_scores_smem(int ar, int hd) {
-    return ((size_t)ar * hd + att_scores_bufs(ar) * PS_KV_BLOCK * att_key_stride(hd)) * 4;
+    return ((size_t)ar * hd + att_scores_bufs(ar) * PS_KV_BLOCK * att_key_stride(hd, ar)) * 4;
 }
 
 /* Thread blocks along z for k_att_scores<AR>: enough for a context of n_ctx positions to
@@ -1717,19 +1778,137 @@ __device__ __forceinline__ void softmax(float *s, float *dst, int np, float *red
     __syncthreads();
 }
 
+/* The softmaxes (softmax's operations) of AR rows at once, a half warp a row: row r's np
+ * scores at G[r] (none where np is 0) become their probabilities in place. Lane l sums the
+ * exponentials of positions l, l + 16, ... in order as it makes them. */
+template <int AR> __device__ __forceinline__ void softmax_rows16(float *const (&G)[AR], const int (&n_pos)[AR]) {
+    static_assert(AR * 16 == ATT_THREADS, "a half warp a row");
+    int hw = threadIdx.x >> 4, l = threadIdx.x & 15, np = 0;
+    float *s = G[0];
+#pragma unroll
+    for (int r = 0; r < AR; r++) /* this half warp's row, without indexing the arrays at run time */
+        if (r == hw) s = G[r], np = n_pos[r];
+    float mx = -INFINITY;
+#pragma unroll 4
+    for (int p = l; p < np; p += 16) mx = fmaxf(mx, s[p]);
+    for (int w = 8; w; w >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, w, 16));
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int p = l; p < np; p += 16) {
+        float e = ps_exp_neg(s[p] - mx);
+        s[p] = e, acc += e;
+    }
+    float sum = __shfl_sync(FULL, tree16(acc), 0, 16);
+#pragma unroll 4
+    for (int p = l; p < np; p += 16) s[p] = s[p] / sum;
+}
+
+/* What k_attention's value sums walk: the ring, the staged probabilities (position j's
+ * AR rows at stage + j · AR), S (KEEP: one row's probabilities), the table, its KV blocks, the
+ * key/value head, the block's first local row, its rows and their positions, the head and the
+ * rows of the table. */
+struct att_walk {
+    float *ring, *stage;
+    const float *S;
+    const int32_t *tab, *pos;
+    int n_blk, kvh, lr0, nr, h;
+    unsigned grp;
+};
+
+/* k_attention's value sums for the rows of w.grp: this thread's are RT rows from rb, elements
+ * e (and e + ATT_THREADS when E is 2); each sums weight × value over positions in order, in
+ * chunks of PS_ATT_CHUNK. For each position the thread reads the value once and its rows'
+ * weights 16 bytes at a time; positions every row has are summed without a test. Then each
+ * row's output, and its ps_xq32 blocks (a warp's 32 elements are one block of one row). */
+template <bool KEEP, int AR, int RT, int E>
+__device__ __forceinline__ void att_values(const att_args &a, const att_walk &w, int e, int rb) {
+    static_assert(!KEEP || (AR == 1 && RT == 1), "KEEP: one row");
+    int tid = threadIdx.x, hd = a.hd;
+    /* row r's positions and probabilities (computed, not arrays indexed at run time) */
+    auto n_pos = [&](int r) { return r < w.nr ? w.pos[r] + 1 : 0; };
+    auto probs = [&](int r) { return a.scores + ((size_t)(w.lr0 + r) * a.n_head + w.h) * a.srow; };
+    float o[RT][E], c[RT][E]; /* the totals, the chunk's sums */
+#pragma unroll
+    for (int r = 0; r < RT; r++)
+#pragma unroll
+        for (int k = 0; k < E; k++) o[r][k] = c[r][k] = 0.0f;
+    bool mine[E];
+#pragma unroll
+    for (int k = 0; k < E; k++) mine[k] = e + k * ATT_THREADS < hd;
+    ring_walk(w.ring, a.vc, w.tab, w.n_blk, a.ring, a.n_head_kv, hd, w.kvh, [&](int b, const float *vals) {
+        int p0 = b * PS_KV_BLOCK;
+        if (!KEEP) {
+            for (int k = tid; k < AR * PS_KV_BLOCK; k += ATT_THREADS) {
+                int r = k / PS_KV_BLOCK, j = k - r * PS_KV_BLOCK, p = p0 + j;
+                if ((w.grp >> r & 1) && p < n_pos(r)) w.stage[j * AR + r] = probs(r)[p];
+            }
+            __syncthreads();
+        }
+        int np[RT], lo = PS_KV_BLOCK, hi = 0; /* each row's positions in this block; all rows', any row's */
+#pragma unroll
+        for (int r = 0; r < RT; r++) {
+            np[r] = w.grp >> (rb + r) & 1 ? min(PS_KV_BLOCK, max(0, n_pos(rb + r) - p0)) : 0;
+            if (w.grp >> (rb + r) & 1) lo = min(lo, np[r]), hi = max(hi, np[r]);
+        }
+        lo = min(lo, hi);
+        auto step = [&](int j, bool test) {
+            float v[E], pr[RT];
+#pragma unroll
+            for (int k = 0; k < E; k++) v[k] = mine[k] ? vals[(size_t)j * hd + e + k * ATT_THREADS] : 0.0f;
+            if (KEEP)
+                pr[0] = w.S[p0 + j];
+            else if (RT % 4 == 0)
+#pragma unroll
+                for (int r = 0; r < RT; r += 4) *(float4 *)&pr[r] = *(const float4 *)(w.stage + j * AR + rb + r);
+            else
+#pragma unroll
+                for (int r = 0; r < RT; r++) pr[r] = w.stage[j * AR + rb + r];
+#pragma unroll
+            for (int r = 0; r < RT; r++)
+                if (!test || j < np[r])
+#pragma unroll
+                    for (int k = 0; k < E; k++) c[r][k] += pr[r] * v[k];
+        };
+        int j = 0;
+        for (; j < lo; j++) step(j, false);
+        for (; j < hi; j++) step(j, true);
+#pragma unroll
+        for (int r = 0; r < RT; r++) /* a chunk ends */
+            if (np[r] > 0 && ((b + 1) % ATT_CB == 0 || np[r] < PS_KV_BLOCK || p0 + PS_KV_BLOCK == n_pos(rb + r)))
+#pragma unroll
+                for (int k = 0; k < E; k++) o[r][k] += c[r][k], c[r][k] = 0.0f;
+    });
+#pragma unroll
+    for (int r = 0; r < RT; r++) {
+        if (!(w.grp >> (rb + r) & 1)) continue;
+        size_t t = (size_t)(a.row0 + w.lr0 + rb + r);
+        float *out = a.out + (t * a.n_head + w.h) * hd;
+#pragma unroll
+        for (int k = 0; k < E; k++)
+            if (mine[k]) {
+                out[e + k * ATT_THREADS] = o[r][k];
+                if (a.xq) /* hd % 32 == 0: a warp's 32 elements, one block */
+                    quant_warp(o[r][k], a.xq + (t * a.n_head + w.h) * hd / 32 + (e + k * ATT_THREADS) / 32);
+            }
+    }
+}
+
 /* The rest of attention for AR rows and a head whose scores k_att_scores wrote. First each
- * row's softmax, row after row (SMEM: its scores copied to shared memory and back; with one
- * row they stay there); then, for the rows that share a table, the values: element i of
- * each row sums over positions in order, chunk by chunk, a KV block of values at a time
- * through the ring, with the rows' probabilities of that block staged beside it. Shared
- * memory: the ring (att_ring_bytes), the staged probabilities (AR × PS_KV_BLOCK), then
- * (SMEM) a row's scores. */
-template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_attention(att_args a, rows_info ri) {
+ * row's softmax: one row (decode) by the whole block (SMEM: its scores in shared memory),
+ * several side by side in place (softmax_rows16; SMEM then makes no difference); then, for the rows that share a table, the values (att_values): a
+ * KV block of values at a time through the ring, with the rows' probabilities of that block
+ * staged beside it; where the head width is half the threads (64), each half of them takes
+ * half the rows. Shared memory: the ring (att_ring_bytes), the staged probabilities
+ * (AR × PS_KV_BLOCK), then (SMEM) a row's scores. */
+template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS, 4) k_attention(att_args a, rows_info ri) {
     extern __shared__ float sh[];
     __shared__ float red[ATT_THREADS / 32];
     pdl_start();
     pdl_wait();
-    int lr0 = blockIdx.x * AR, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, hd = a.hd;
+    /* several rows: the last rows (the longest contexts) first, so that the launch does not end
+     * on its longest blocks */
+    int bx = AR > 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    int lr0 = bx * AR, h = blockIdx.y, tid = threadIdx.x, hd = a.hd;
     int nr = min(AR, a.n_rows - lr0), kvh = h / (a.n_head / a.n_head_kv);
     constexpr bool KEEP = SMEM && AR == 1; /* the probabilities stay in S */
     float *ring = sh, *stage = sh + a.ring * PS_KV_BLOCK * hd, *S = stage + AR * PS_KV_BLOCK;
@@ -1740,14 +1919,17 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
         n_pos[r] = r < nr ? ri.pos[a.row0 + lr0 + r] + 1 : 0;
         G[r] = a.scores + ((size_t)(lr0 + (r < nr ? r : 0)) * a.n_head + h) * a.srow;
     }
-    for (int r = 0; r < nr; r++) { /* softmax */
-        float *g = G[r], *s = SMEM ? S : g;
-        int np = n_pos[r];
-        if (SMEM) copy_to_shared(s, g, np * 4, tid, ATT_THREADS);
+    if constexpr (AR > 1) { /* the rows' softmaxes side by side, in place */
+        softmax_rows16<AR>(G, n_pos);
         __syncthreads();
-        softmax(s, KEEP ? s : g, np, red);
-    }
-    int i0 = tid, i1 = tid + ATT_THREADS; /* this thread's elements (hd <= 256) */
+    } else
+        for (int r = 0; r < nr; r++) {
+            float *g = G[r], *s = SMEM ? S : g;
+            int np = n_pos[r];
+            if (SMEM) copy_to_shared(s, g, np * 4, tid, ATT_THREADS);
+            __syncthreads();
+            softmax(s, KEEP ? s : g, np, red);
+        }
     for (unsigned todo = (1u << nr) - 1, grp; todo; todo &= ~grp) {
         grp = att_group(ri, a.row0, lr0, nr, todo);
         int n_blk = 0;
@@ -1755,45 +1937,16 @@ template <bool SMEM, int AR> __global__ void __launch_bounds__(ATT_THREADS) k_at
         for (int r = 0; r < AR; r++)
             if (grp >> r & 1) n_blk = max(n_blk, (n_pos[r] + PS_KV_BLOCK - 1) / PS_KV_BLOCK);
         const int32_t *tab = ri.tabs + ri.tab_off[a.row0 + lr0 + __ffs(grp) - 1];
-        float o0[AR], o1[AR], c0[AR], c1[AR]; /* the totals, the chunk's sums */
-#pragma unroll
-        for (int r = 0; r < AR; r++) o0[r] = o1[r] = c0[r] = c1[r] = 0.0f;
-        ring_walk(ring, a.vc, tab, n_blk, a.ring, a.n_head_kv, hd, kvh, [&](int b, const float *vals) {
-            int p0 = b * PS_KV_BLOCK;
-            if (!KEEP) {
-                for (int k = tid; k < AR * PS_KV_BLOCK; k += ATT_THREADS) {
-                    int r = k / PS_KV_BLOCK, p = p0 + k - r * PS_KV_BLOCK;
-                    if ((grp >> r & 1) && p < n_pos[r]) stage[k] = G[r][p];
-                }
-                __syncthreads();
+        att_walk w = {ring, stage, S, tab, ri.pos + a.row0 + lr0, n_blk, kvh, lr0, nr, h, grp};
+        if constexpr (AR > 1)
+            if (2 * hd == ATT_THREADS) { /* two groups of threads, each half the rows */
+                att_values<KEEP, AR, AR / 2, 1>(a, w, tid % hd, tid / hd * (AR / 2));
+                continue;
             }
-#pragma unroll
-            for (int r = 0; r < AR; r++) {
-                if (!(grp >> r & 1)) continue;
-                const float *pr = KEEP ? S + p0 : stage + r * PS_KV_BLOCK;
-                int np = min(PS_KV_BLOCK, n_pos[r] - p0);
-                if (np <= 0) continue;
-                if (i0 < hd)
-                    for (int j = 0; j < np; j++) c0[r] += pr[j] * vals[(size_t)j * hd + i0];
-                if (i1 < hd)
-                    for (int j = 0; j < np; j++) c1[r] += pr[j] * vals[(size_t)j * hd + i1];
-                if ((b + 1) % ATT_CB == 0 || np < PS_KV_BLOCK || p0 + PS_KV_BLOCK == n_pos[r]) /* a chunk ends */
-                    o0[r] += c0[r], o1[r] += c1[r], c0[r] = c1[r] = 0.0f;
-            }
-        });
-#pragma unroll
-        for (int r = 0; r < AR; r++) {
-            if (!(grp >> r & 1)) continue;
-            size_t t = (size_t)(a.row0 + lr0 + r);
-            float *out = a.out + (t * a.n_head + h) * hd;
-            if (i0 < hd) out[i0] = o0[r];
-            if (i1 < hd) out[i1] = o1[r];
-            if (a.xq) { /* whole warps: element blocks 32 w (o0) and 32 w + ATT_THREADS (o1) */
-                ps_xq32 *xb = a.xq + (t * a.n_head + h) * hd / 32;
-                if (32 * warp < hd) quant_warp(o0[r], xb + warp);
-                if (32 * warp + ATT_THREADS < hd) quant_warp(o1[r], xb + warp + ATT_THREADS / 32);
-            }
-        }
+        if (hd <= ATT_THREADS)
+            att_values<KEEP, AR, AR, 1>(a, w, tid, 0);
+        else
+            att_values<KEEP, AR, AR, 2>(a, w, tid, 0);
     }
 }
 

@@ -42,7 +42,7 @@ struct ps_cuda {
     cudaStream_t st;
     int n_ctx, n_blocks, max_batch, q_dim, kv_dim, n_layer, seq_blocks;
     int att_rows;         /* rows per attention launch (the scores buffer's) */
-    bool att_smem_scores; /* k_attention copies its scores from g->scores into shared memory */
+    bool att_smem_scores; /* one row's k_attention copies its scores from g->scores into shared memory */
     int atd_c;            /* decode's k_att_dec: blocks a cluster (0: not taken) */
     size_t atd_smem;      /* its shared memory */
     void *mem;            /* one allocation: everything below */
@@ -382,15 +382,14 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
     /* the kernels' shared memory, where more than the default 48 KB (k_att_chunks only where the
      * context's scores fit) */
     const void *att1 = g->att_smem_scores ? (const void *)k_attention<true, 1> : (const void *)k_attention<false, 1>;
-    const void *att8 =
-        g->att_smem_scores ? (const void *)k_attention<true, ATT_ROWS> : (const void *)k_attention<false, ATT_ROWS>;
+    const void *att8 = (const void *)k_attention<false, ATT_ROWS>;
     const char *att = "attention's", *mms = "the matmuls'";
     const struct {
         const void *k;
         size_t bytes;
         const char *of;
     } smem[] = {{att1, att_smem(g), att},
-                {att8, att_smem(g), att},
+                {att8, att_smem_bytes(m->hp.head_dim, 0), att},
                 {(const void *)k_att_chunks, g->att_smem_scores ? att_chunks_smem(g->n_ctx) : 0, att},
                 {(const void *)k_att_dec<64>, m->hp.head_dim == 64 && g->atd_c ? g->atd_smem : 0, att},
                 {(const void *)k_att_dec<128>, m->hp.head_dim == 128 && g->atd_c ? g->atd_smem : 0, att},
@@ -609,6 +608,12 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
 template <int T>
 static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *xq, size_t x_row, int n,
                        float *const *ys, const long long *strides) {
+    const void *k;
+    if constexpr (split_type(T))
+        k = (const void *)k_mm_mma<T>;
+    else
+        k = (const void *)k_mm_mma_k<T>;
+    if (g->leave_out && left_out(g->leave_out, k)) return; /* (launch_in's) */
     int blocks;
     mm_group grp = group(ws, nw, ys, strides, split_type(T) ? MMA_M : MMA_KM, &blocks);
     dim3 grid(blocks, blocks_for(n, MMA_N));
@@ -747,6 +752,8 @@ template <int AR> static void attend(ps_cuda *g, const att_args &aa, rows_info r
     if (g->att_smem_scores && AR == 1 && aa.hd % 32 == 0)
         launch_after(g, k_att_chunks, dim3(blocks, aa.n_head, att_chunks_z(g->n_ctx, aa.hd)), ATT_THREADS,
                      att_chunks_smem(g->n_ctx), aa, ri);
+    else if constexpr (AR > 1) /* several rows' softmaxes work in place */
+        launch_after(g, k_attention<false, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem_bytes(aa.hd, 0), aa, ri);
     else if (g->att_smem_scores)
         launch_after(g, k_attention<true, AR>, dim3(blocks, aa.n_head), ATT_THREADS, att_smem(g), aa, ri);
     else
