@@ -454,7 +454,7 @@ int main(void) {
     long_context(synth("Q4_0", "llama", ""));                /* head width 64 */
     lanes(synth("Q4_1", "llama", "--dim 320 --ffn 800"), 4); /* two terms a block; rows of 10 and 25 blocks */
     lanes(synth("Q5_0", "qwen3", ""), 4);
-    lanes(synth("Q4_K_M", "llama", "--dim 2048 --heads 16 --kv-heads 4 --ffn 2304"), 8); /* 8 and 9 super-blocks */
+    lanes(synth("Q4_K_M", "llama", "--dim 2048 --heads 16 --kv-heads 4 --ffn 2304"), 4); /* 8 and 9 super-blocks */
     leave_out(synth("Q4_0", "llama", ""));
     long_context(synth("Q8_0", "qwen2", "--heads 2 --kv-heads 1"));               /* 128 */
     long_context(synth("Q4_1", "llama", "--heads 8 --kv-heads 4 --head-dim 40")); /* 40 */

@@ -365,6 +365,87 @@ template <int T> __device__ __forceinline__ float term_k(const wunit &w, const p
     return (w.d * x->d) * (float)isum - (w.m * x->d) * (float)imin;
 }
 
+/* Decode's share of a K-type super-block for one of 4 lanes (c): two 32-element sub-blocks
+ * whose quants share bytes, so that each quant byte is loaded once (the header by all 4 lanes,
+ * Q5_K's fifth bits by all 4, Q6_K's high bits by 2). Q4_K and Q5_K: 2c
+ * and 2c + 1 (the low and high nibbles of the same 32 bytes, the same 32 bytes of high bits);
+ * Q6_K: 4 (c / 2) + c % 2 and that + 2 (ql's low and high nibbles, the same qh). As loaded: q
+ * the quants' 32 bytes, e the high bits' (Q5_K, Q6_K), h the header (Q6_K: its 8 scales of
+ * the half, then d). */
+template <int T> struct kquad { uint32_t q[8], e[8], h[4]; };
+
+template <int T> __device__ __forceinline__ void load_kquad(const uint8_t *blk, int c, kquad<T> &r) {
+    if (T == PS_TYPE_Q6_K) {
+        int half = c >> 1;
+        const uint4 *ql = (const uint4 *)(blk + 64 * half + (c & 1) * 32), *qh = (const uint4 *)(blk + 128 + 32 * half);
+        words(ql[0], r.q), words(ql[1], r.q + 4), words(qh[0], r.e), words(qh[1], r.e + 4);
+        uint2 sc = *(const uint2 *)(blk + 192 + 8 * half);
+        r.h[0] = sc.x, r.h[1] = sc.y, r.h[2] = ld32(blk + 208);
+        return;
+    }
+    const uint4 *qs = (const uint4 *)(blk + (T == PS_TYPE_Q5_K ? 48 : 16) + 32 * c);
+    words(*(const uint4 *)blk, r.h), words(qs[0], r.q), words(qs[1], r.q + 4);
+    if (T == PS_TYPE_Q5_K) words(*(const uint4 *)(blk + 16), r.e), words(*(const uint4 *)(blk + 32), r.e + 4);
+}
+
+/* The dot of sub-block s's 32 quants (w: eight words of four) with x's. */
+__device__ __forceinline__ int dot32(const int *w, const ps_block_q8_K *x, int s) {
+    const int *xi = (const int *)(x->qs + 32 * s);
+    int dot = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) dot = __dp4a(w[k], xi[k], dot);
+    return dot;
+}
+
+/* term_k's float term of a super-block from the 4 lanes that hold it as load_kquad left it
+ * (c = lane % 4): each its two sub-blocks' integer sums, added over the 4 (exact), then
+ * term_k's float step in every lane. All 32 lanes call it. */
+template <int T> __device__ __forceinline__ float term_kquad(const kquad<T> &r, const ps_block_q8_K *x, int c) {
+    int isum = 0, imin = 0, w[8];
+    if (T == PS_TYPE_Q6_K) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) { /* kk = c % 2 + 2 j: quants' nibble j, high bits 2 kk up */
+            int kk = (c & 1) + 2 * j, s = 4 * (c >> 1) + kk;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                w[k] = (int)__vsub4(((r.q[k] >> (4 * j)) & 0x0f0f0f0fu) | (((r.e[k] >> (2 * kk)) & 0x03030303u) << 4),
+                                    0x20202020u);
+            const int *xi = (const int *)(x->qs + 32 * s);
+            int d0 = 0, d1 = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) d0 = __dp4a(w[k], xi[k], d0);
+#pragma unroll
+            for (int k = 4; k < 8; k++) d1 = __dp4a(w[k], xi[k], d1);
+            uint32_t sc = (kk < 2 ? r.h[0] : r.h[1]) >> (16 * (kk & 1)); /* scales 2 kk, 2 kk + 1 of the half */
+            isum += (int8_t)(sc & 0xff) * d0 + (int8_t)(sc >> 8 & 0xff) * d1;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 2; j++) { /* sub-block s = 2c + j: nibble j */
+            int s = 2 * c + j, sh = 8 * (s & 3), sc, mn;
+            uint32_t a = r.h[1] >> sh & 0xff, b = r.h[2] >> sh & 0xff, e = r.h[3] >> sh & 0xff;
+            if (s < 4)
+                sc = a & 63, mn = b & 63;
+            else
+                sc = (e & 0x0f) | ((a >> 2) & 0x30), mn = (e >> 4) | ((b >> 2) & 0x30);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                uint32_t v = (r.q[k] >> (4 * j)) & 0x0f0f0f0fu;
+                if (T == PS_TYPE_Q5_K) v |= ((r.e[k] >> s) & 0x01010101u) << 4;
+                w[k] = (int)v;
+            }
+            isum += sc * dot32(w, x, s);
+            imin += mn * (x->bsums[2 * s] + x->bsums[2 * s + 1]);
+        }
+    }
+    for (int o = 2; o; o >>= 1) {
+        isum += __shfl_xor_sync(FULL, isum, o, 4);
+        if (T != PS_TYPE_Q6_K) imin += __shfl_xor_sync(FULL, imin, o, 4);
+    }
+    if (T == PS_TYPE_Q6_K) return (f16_bits(r.h[2] & 0xffff) * x->d) * (float)isum;
+    return (f16_bits(r.h[0] & 0xffff) * x->d) * (float)isum - (f16_bits(r.h[0] >> 16) * x->d) * (float)imin;
+}
+
 /* Y[t * ys + r] for rows r of W (row_bytes apart) and tokens t < nt of X (x_row bytes apart,
  * n_units blocks each). A thread block takes MM_R rows, a warp each, and TT tokens, and the
  * rows' blocks in chunks of `chunk`: first each warp computes its row's terms for the TT
@@ -603,9 +684,9 @@ __device__ __forceinline__ void swiglu_rows(const mv_ffn &f, float *Y, int row, 
  * to the last, G * mv_u blocks a step (lane s of a row the blocks s, s + G, ...: a row's
  * lanes read G consecutive blocks at a time); each block's terms go round the row's lanes
  * by shuffles, so that every lane adds them in block order, as q8_ref.c does. A K type:
- * 8 lanes a super-block (term_k gives each of them the term), G / 8 super-blocks of a row
- * side by side, their terms passed round the row's lanes in order; G / 8 * mv_u
- * super-blocks a step. Then the warp takes the rows as many warps further on as the matrix
+ * 4 lanes a super-block, two sub-blocks each (term_kquad gives each of them the term), G / 4
+ * super-blocks of a row side by side, their terms passed round the row's lanes in order;
+ * G / 4 * mv_u super-blocks a step. Then the warp takes the rows as many warps further on as the matrix
  * has (one wave of thread blocks, no tail). The next step's weights are on their way while
  * a step is worked, across rows too; the token's activations wait in shared memory. Grid:
  * (the group's blocks), MV_THREADS threads, mv_smem(wtype<T>::k, units) bytes of shared memory. */
@@ -618,25 +699,25 @@ template <int T> __host__ __device__ constexpr int mv_u() { return wtype<T>::k ?
 /* The most lanes a row: 32-element blocks lost at 32 (8B Q4_0 357 -> 346); the K types take
  * 32 where rows are few (8B Q6_K 231 against 228 at 16 at most, docs/bench/2026-12-03-cuda-mvs.md). */
 template <int T> __host__ __device__ constexpr int mv_max_lanes() { return wtype<T>::k ? 32 : 16; }
-/* Units a row's G lanes take side by side (a K type's super-block takes 8 lanes). */
-template <int T, int G> __host__ __device__ constexpr int mv_p() { return wtype<T>::k ? G / 8 : G; }
+/* Units a row's G lanes take side by side (a K type's super-block takes 4 lanes: kquad). */
+template <int T, int G> __host__ __device__ constexpr int mv_p() { return wtype<T>::k ? G / 4 : G; }
 static inline size_t mv_smem(bool k_type, int units) { /* the token's activations */
     return (size_t)units * (k_type ? sizeof(ps_block_q8_K) : sizeof(ps_xq32));
 }
 
-template <int T> using mv_raw = typename std::conditional<wtype<T>::k, kraw<T>, wraw>::type;
+template <int T> using mv_raw = typename std::conditional<wtype<T>::k, kquad<T>, wraw>::type;
 
 /* The weights of a step from block u0 of a row (none when !live): lane sub of the row's G
- * takes blocks u0 + k * G + sub, or sub-block sub % 8 of super-blocks u0 + k * G / 8 + sub / 8. */
+ * takes blocks u0 + k * G + sub, or quarter sub % 4 of super-blocks u0 + k * G / 4 + sub / 4. */
 template <int T, int G>
 __device__ __forceinline__ void mv_load(const uint8_t *row, int units, int u0, int sub, bool live,
                                         mv_raw<T> (&r)[mv_u<T>()]) {
 #pragma unroll
     for (int k = 0; k < mv_u<T>(); k++) {
-        int u = u0 + k * mv_p<T, G>() + (wtype<T>::k ? sub / 8 : sub);
+        int u = u0 + k * mv_p<T, G>() + (wtype<T>::k ? sub / 4 : sub);
         if (!live || u >= units) continue;
         if constexpr (wtype<T>::k)
-            load_kraw<T>(row + (size_t)u * wtype<T>::stride, sub % 8, r[k]);
+            load_kquad<T>(row + (size_t)u * wtype<T>::stride, sub % 4, r[k]);
         else
             load_split<T>(row, units, u, r[k]);
     }
@@ -674,17 +755,17 @@ __global__ void __launch_bounds__(MV_THREADS)
         bool live = row < m.rows;
 #pragma unroll
         for (int k = 0; k < U; k++) {
-            wunit wu = {};
-            if constexpr (ty::k) { /* every lane of 8: term_k's shuffles; then the P super-blocks in order */
-                int u = u0 + k * P + sub / 8;
-                if (live && u < units) unpack_k<T>(raw[k], sub % 8, wu);
-                float a = term_k<T>(wu, (const ps_block_q8_K *)xs + (u < units ? u : 0), sub % 8);
+            if constexpr (ty::k) { /* every lane of 4: term_kquad's shuffles; then the P super-blocks in order */
+                int u = u0 + k * P + sub / 4;
+                float a = term_kquad<T>(raw[k], (const ps_block_q8_K *)xs + (u < units ? u : 0), sub % 4);
+                a = live && u < units ? a : 0.0f; /* (raw not loaded) */
 #pragma unroll
                 for (int p = 0; p < P; p++) {
-                    float ap = P == 1 ? a : __shfl_sync(FULL, a, 8 * p, G);
+                    float ap = P == 1 ? a : __shfl_sync(FULL, a, 4 * p, G);
                     if (u0 + k * P + p < units) sum += ap;
                 }
             } else {
+                wunit wu = {};
                 int u = u0 + k * G + sub;
                 float a, c;
                 raw_terms<T>(raw[k], (const ps_xq32 *)xs + u, live && u < units, wu, &a, &c);

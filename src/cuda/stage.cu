@@ -581,13 +581,12 @@ static void launch_mv(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t *
     long long rows = 0, want = 24LL * 32 * g->sms; /* rows * G: 24 warps a multiprocessor */
     for (int i = 0; i < nw; i++) rows += ws[i]->rows;
     int G = g->mv_lanes ? g->mv_lanes : rows * 4 >= want ? 4 : rows * 8 >= want ? 8 : rows * 16 >= want ? 16 : 32;
-    G = std::min(std::max(G, wtype<T>::k ? 8 : 4), mv_max_lanes<T>());
+    G = std::min(std::max(G, 4), mv_max_lanes<T>());
     if (g->qk || g->ffn) G = std::min(G, 16); /* the epilogues' partner row G lanes away */
     /* mode: std::integral_constant of the epilogue */
     auto go = [&](auto mode) {
         constexpr int M = decltype(mode)::value;
-        if constexpr (!wtype<T>::k)
-            if (G == 4) return launch_mv<T, 4, M>(g, ws, nw, xq, ys, strides, units, rows);
+        if (G == 4) return launch_mv<T, 4, M>(g, ws, nw, xq, ys, strides, units, rows);
         if constexpr (mv_max_lanes<T>() == 32 && M == MV_PLAIN)
             if (G == 32) return launch_mv<T, 32, M>(g, ws, nw, xq, ys, strides, units, rows);
         if (G == 8) return launch_mv<T, 8, M>(g, ws, nw, xq, ys, strides, units, rows);
