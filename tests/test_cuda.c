@@ -203,19 +203,24 @@ static void check_model(const char *path, int n_gen, bool split, bool real, doub
     PS_CHECK_OK(ps_model_load(path, PS_GGUF_MAP, &m, err, sizeof err));
     if (!m) return;
     int vocab = m->hp.vocab;
-    int32_t prompt[N_PROMPT], gen_cpu[64], gen_gpu[64], gen_gpu2[64];
+    int32_t prompt[N_PROMPT], gen_cpu[64], gen_gpu[64], gen_gpu2[64], gen_gpu3[64];
     for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)(ps_test_rng_u32() % (uint32_t)vocab);
     PS_CHECK_OK(ps_matmul_set_isa("ref"));
     float *cpu = run(m, PS_DEVICE_CPU, 16, prompt, n_gen, gen_cpu);
     float *gpu = run(m, PS_DEVICE_CUDA(0), 8, prompt, n_gen, gen_gpu);
     float *gpu2 = run(m, PS_DEVICE_CUDA(0), 64, prompt, n_gen, gen_gpu2);
+    setenv("PS_CUDA_MMA_N", "64", 1); /* these small matrices take tiles of 32 tokens by themselves */
+    float *gpu3 = run(m, PS_DEVICE_CUDA(0), 64, prompt, n_gen, gen_gpu3);
+    unsetenv("PS_CUDA_MMA_N");
     int rows = N_PROMPT + n_gen;
-    if (cpu && gpu && gpu2) {
+    if (cpu && gpu && gpu2 && gpu3) {
         snprintf(what, sizeof what, "%s: GPU vs CPU (ref)", path);
         double worst = 0;
         int bad = tol ? far(cpu, gpu, rows, vocab, tol, &worst, what) : differ(cpu, gpu, rows, vocab, what);
         snprintf(what, sizeof what, "%s: GPU chunks of 64 vs 8", path);
         int bad2 = differ(gpu, gpu2, rows, vocab, what);
+        snprintf(what, sizeof what, "%s: GPU chunks of 64 in tiles of 64 tokens vs 8", path);
+        bad2 += differ(gpu, gpu3, rows, vocab, what);
         if (tol)
             printf("%s: %d rows, largest logit difference from the CPU's (ref) %.2e of the row's largest (%d over "
                    "%.0e), %d differ between chunk sizes\n",
@@ -225,6 +230,7 @@ static void check_model(const char *path, int n_gen, bool split, bool real, doub
         PS_CHECK(!bad && !bad2);
         PS_CHECK(!memcmp(gen_cpu, gen_gpu, (size_t)n_gen * sizeof(int32_t)));
         PS_CHECK(!memcmp(gen_gpu, gen_gpu2, (size_t)n_gen * sizeof(int32_t)));
+        PS_CHECK(!memcmp(gen_gpu, gen_gpu3, (size_t)n_gen * sizeof(int32_t)));
         /* mixed segments: the prompt's prefixes of 40, 7 and 70 rows as three sequences */
         const int len[N_SEQ] = {40, 7, 70};
         const int32_t *toks[N_SEQ] = {prompt, prompt, prompt};
@@ -257,7 +263,7 @@ static void check_model(const char *path, int n_gen, bool split, bool real, doub
         free(best);
     }
     PS_CHECK_OK(ps_matmul_set_isa("ref"));
-    free(cpu), free(gpu), free(gpu2);
+    free(cpu), free(gpu), free(gpu2), free(gpu3);
     ps_model_free(m);
 }
 

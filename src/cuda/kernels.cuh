@@ -873,7 +873,8 @@ __global__ void __launch_bounds__(MVS_THREADS)
  * Prefill matmuls on the tensor cores (split types). mma.sync.m16n8k32 gives a 32-element
  * block's exact integer dot products for 16 rows × 8 tokens at once, and the lane that
  * holds a (row, token) pair's dot adds its float term(s) in block order, as k_mm_q's chain
- * does: the same bits. A thread block takes MMA_M rows (16 a warp) and MMA_N tokens; the
+ * does: the same bits. A thread block takes MMA_M rows (16 a warp) and N tokens (MMA_N, or
+ * 32 where MMA_N would leave multiprocessors without a block); the
  * rows' quants and heads and the tokens' blocks come MMA_CH blocks at a time through shared
  * memory (asynchronous copies, two stages). Grid: (the group's tiles of MMA_M rows,
  * nt / MMA_N), MMA_THREADS threads, mma_tile<T>::smem bytes of shared memory. */
@@ -881,7 +882,7 @@ __global__ void __launch_bounds__(MVS_THREADS)
 #define MMA_THREADS (MMA_WARPS * 32)
 #define MMA_M       (16 * MMA_WARPS)
 #define MMA_N       64
-#define MMA_CH      8
+#define MMA_CH      8  /* blocks a stage (4, 3 CTAs a multiprocessor: 4 % slower, 2026-12-05) */
 #define MMA_MIN     16 /* the fewest tokens that take it */
 
 /* Bytes of a row's (or token's) share of a stage in shared memory: 16-byte aligned, and 4
@@ -893,10 +894,12 @@ __host__ __device__ constexpr int mma_pad(int bytes) {
 }
 
 /* A stage: each row's quants, heads, each token's blocks. */
-template <int T> struct mma_tile {
+template <int T, int N = MMA_N> struct mma_tile {
     static constexpr int a = mma_pad(MMA_CH * wtype<T>::quant), h = (MMA_CH * wtype<T>::head + 15) & ~15;
+    /* the heads' copies: 16 bytes where a stage's heads are a multiple of 16, else 8 or 4 */
+    static constexpr int hu = (MMA_CH * wtype<T>::head) % 16 == 0 ? 16 : (MMA_CH * wtype<T>::head) % 8 == 0 ? 8 : 4;
     static constexpr int b = mma_pad(MMA_CH * (int)sizeof(ps_xq32));
-    static constexpr int stage = MMA_M * (a + h) + MMA_N * b, smem = 2 * stage;
+    static constexpr int stage = MMA_M * (a + h) + N * b, smem = 2 * stage;
 };
 
 /* d = c + the int8 products of A (16 × 32: a0, a2 row g's elements 4q.. and 16 + 4q.., a1,
@@ -915,11 +918,12 @@ __device__ __forceinline__ void mma_s8(int d[4], uint32_t a0, uint32_t a1, uint3
  * whose last mantissa bit is worth 1. */
 __device__ __forceinline__ float small_float(int v) { return __int_as_float(0x4b400000 + v) - 12582912.0f; }
 
-/* A lane's results (acc[i]: rows row, row + 8 × tokens tok + 8 i, + 1) into Y. */
+/* A lane's results (acc[i]: rows row, row + 8 × tokens tok + 8 i, + 1; N tokens) into Y. */
+template <int N = MMA_N>
 __device__ __forceinline__ void mma_store(const float (*acc)[4], float *Y, long long ys, int rows, int row, int tok,
                                           int nt) {
 #pragma unroll
-    for (int i = 0; i < MMA_N / 8; i++)
+    for (int i = 0; i < N / 8; i++)
         for (int k = 0; k < 4; k++) {
             int r = row + (k >> 1) * 8, t = tok + 8 * i + (k & 1);
             if (r < rows && t < nt) Y[(size_t)t * ys + r] = acc[i][k];
@@ -947,40 +951,49 @@ __device__ __forceinline__ void mma_a(const uint8_t *qa, const uint8_t *ha, int 
     if (T == PS_TYPE_Q5_0) lo = __vsub4(lo, 0x10101010u), hi = __vsub4(hi, 0x10101010u);
 }
 
-template <int T>
+/* Starts the asynchronous copies of n rows of pieces U-byte pieces each: piece k of row r from
+ * src(r) + U k to dst + r · stride + U k, shared among the block's THREADS threads (the
+ * (row, piece) pair stepped without dividing). */
+template <int U, int THREADS, typename S>
+__device__ __forceinline__ void copy_pieces(uint8_t *dst, int stride, int n, int pieces, S src) {
+    if (pieces <= 0) return;
+    int dr = THREADS / pieces, dk = THREADS % pieces, r = threadIdx.x / pieces, k = threadIdx.x % pieces;
+    for (; r < n; r += dr, k += dk) {
+        if (k >= pieces) r++, k -= pieces;
+        if (r >= n) break;
+        __pipeline_memcpy_async(dst + r * stride + U * k, src(r) + U * k, U);
+    }
+}
+
+template <int T, int N>
 __global__ void __launch_bounds__(MMA_THREADS)
     k_mm_mma(mm_group grp, size_t row_bytes, int n_units, const uint8_t *X, size_t x_row, int nt) {
     typedef wtype<T> ty;
-    typedef mma_tile<T> tl;
+    typedef mma_tile<T, N> tl;
     mm_one mo = mm_pick(grp);
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
-    const int r0 = mo.bx * MMA_M, t0 = blockIdx.y * MMA_N, XB = (int)sizeof(ps_xq32);
+    const int r0 = mo.bx * MMA_M, t0 = blockIdx.y * N, XB = (int)sizeof(ps_xq32);
     const size_t heads = (size_t)n_units * ty::quant; /* where a row's heads start */
+    const bool x16 = (x_row | (size_t)X) % 16 == 0 && MMA_CH * XB % 16 == 0 && n_units % MMA_CH % 2 == 0;
     /* chunk c (blocks c * MMA_CH ..) into stage c & 1: rows and tokens past the end repeat the
      * last (their results are not stored) */
     auto load = [&](int c) {
         uint8_t *A = sm + (c & 1) * tl::stage, *H = A + MMA_M * tl::a, *B = H + MMA_M * tl::h;
         int c0 = c * MMA_CH, nc = min(MMA_CH, n_units - c0);
-        int qp = nc * ty::quant / 16, hp = (nc * ty::head + 15) / 16, bp = nc * XB / 8;
-        for (int i = tid; i < MMA_M * qp; i += MMA_THREADS) {
-            int r = i / qp, k = i - r * qp;
-            const uint8_t *row = mo.W + (size_t)min(r0 + r, mo.rows - 1) * row_bytes;
-            __pipeline_memcpy_async(A + r * tl::a + 16 * k, row + (size_t)c0 * ty::quant + 16 * k, 16);
-        }
-        for (int i = tid; i < MMA_M * hp; i += MMA_THREADS) {
-            int r = i / hp, k = i - r * hp;
-            const uint8_t *row = mo.W + (size_t)min(r0 + r, mo.rows - 1) * row_bytes;
-            __pipeline_memcpy_async(H + r * tl::h + 16 * k, row + heads + (size_t)c0 * ty::head + 16 * k, 16);
-        }
-        for (int i = tid; i < MMA_N * bp; i += MMA_THREADS) {
-            int t = i / bp, k = i - t * bp;
-            const uint8_t *src = X + (size_t)min(t0 + t, nt - 1) * x_row + (size_t)c0 * XB + 8 * k;
-            __pipeline_memcpy_async(B + t * tl::b + 8 * k, src, 8);
-        }
+        auto w_row = [&](int r) { return mo.W + (size_t)min(r0 + r, mo.rows - 1) * row_bytes; };
+        auto x_tok = [&](int t) { return X + (size_t)min(t0 + t, nt - 1) * x_row + (size_t)c0 * XB; };
+        copy_pieces<16, MMA_THREADS>(A, tl::a, MMA_M, nc * ty::quant / 16,
+                                     [&](int r) { return w_row(r) + (size_t)c0 * ty::quant; });
+        copy_pieces<tl::hu, MMA_THREADS>(H, tl::h, MMA_M, (nc * ty::head + tl::hu - 1) / tl::hu,
+                                         [&](int r) { return w_row(r) + heads + (size_t)c0 * ty::head; });
+        if (x16) /* the tokens' blocks in 16-byte pieces where they allow it */
+            copy_pieces<16, MMA_THREADS>(B, tl::b, N, nc * XB / 16, x_tok);
+        else
+            copy_pieces<8, MMA_THREADS>(B, tl::b, N, nc * XB / 8, x_tok);
         __pipeline_commit();
     };
-    float acc[MMA_N / 8][4] = {};
+    float acc[N / 8][4] = {};
     const int n_chunks = (n_units + MMA_CH - 1) / MMA_CH, lo_row = warp * 16 + g;
     load(0);
     for (int c = 0; c < n_chunks; c++) {
@@ -1000,8 +1013,9 @@ __global__ void __launch_bounds__(MMA_THREADS)
             float d0 = f16(ha + ty::head * j), d1 = f16(ha + 8 * tl::h + ty::head * j), m0 = 0, m1 = 0;
             if (ty::terms == 2) m0 = f16(ha + ty::head * j + 2), m1 = f16(ha + 8 * tl::h + ty::head * j + 2);
 #pragma unroll
-            for (int i = 0; i < MMA_N / 8; i++) {
-                const uint8_t *bt = B + (8 * i + g) * tl::b + XB * j, *x0 = B + (8 * i + 2 * q) * tl::b + XB * j;
+            for (int i = 0; i < N / 8; i++) {
+                const uint8_t *x0 = B + (8 * i + 2 * q) * tl::b + XB * j;
+                const uint8_t *bt = B + (8 * i + g) * tl::b + XB * j;
                 int dot[4];
                 mma_s8(dot, a0, a1, a2, a3, ld32(bt + 8 + 4 * q), ld32(bt + 24 + 4 * q));
                 const ps_xq32 *xa = (const ps_xq32 *)x0, *xb = (const ps_xq32 *)(x0 + tl::b);
@@ -1017,7 +1031,7 @@ __global__ void __launch_bounds__(MMA_THREADS)
         }
         __syncthreads(); /* the stage is free for chunk c + 2 */
     }
-    mma_store(acc, mo.Y, mo.ys, mo.rows, r0 + lo_row, t0 + 2 * q, nt);
+    mma_store<N>(acc, mo.Y, mo.ys, mo.rows, r0 + lo_row, t0 + 2 * q, nt);
 }
 
 /* The K types on the tensor cores, a super-block a stage: each 32-element sub-block's dot

@@ -34,6 +34,7 @@ struct ps_cuda {
     const ps_model *m;
     int dev, sms;          /* sms: the device's multiprocessors */
     int mv_lanes;          /* PS_CUDA_LANES: k_mv's lanes a row, for tests (0: by size) */
+    int mma_n;             /* PS_CUDA_MMA_N: k_mm_mma's tokens a tile, 32 or 64, for tests (0: by grid) */
     int pdl;               /* kernels may start before the one they wait for ends (sm_90 on) */
     const char *leave_out; /* PS_CUDA_LEAVE_OUT: kernels not launched, for measuring (NULL: none) */
     const qk_args *qk;     /* while decode's q/k/v matmul is enqueued doing k_qk's work: its arguments */
@@ -229,6 +230,8 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
         cudaGetLastError(), g->sms = 1;
     const char *leave = getenv("PS_CUDA_LEAVE_OUT");
     g->leave_out = leave && *leave ? leave : NULL;
+    const char *mma_n = getenv("PS_CUDA_MMA_N");
+    g->mma_n = !mma_n ? 0 : !strcmp(mma_n, "32") ? 32 : !strcmp(mma_n, "64") ? 64 : 0;
     const char *lanes = getenv("PS_CUDA_LANES");
     g->mv_lanes = !lanes                 ? 0
                   : !strcmp(lanes, "4")  ? 4
@@ -397,11 +400,16 @@ ps_status ps_cuda_create(const ps_model *m, const ps_cuda_params *p, ps_cuda **o
                 {(const void *)k_att_scores<ATT_ROWS>, att_scores_smem(ATT_ROWS, m->hp.head_dim), att},
                 {(const void *)k_mm_hp<PS_TYPE_F16>, MMHP_SMEM, mms},
                 {(const void *)k_mm_hp<PS_TYPE_BF16>, MMHP_SMEM, mms},
-                {(const void *)k_mm_mma<PS_TYPE_Q4_0>, mma_tile<PS_TYPE_Q4_0>::smem, mms},
-                {(const void *)k_mm_mma<PS_TYPE_Q4_1>, mma_tile<PS_TYPE_Q4_1>::smem, mms},
-                {(const void *)k_mm_mma<PS_TYPE_Q5_0>, mma_tile<PS_TYPE_Q5_0>::smem, mms},
-                {(const void *)k_mm_mma<PS_TYPE_Q5_1>, mma_tile<PS_TYPE_Q5_1>::smem, mms},
-                {(const void *)k_mm_mma<PS_TYPE_Q8_0>, mma_tile<PS_TYPE_Q8_0>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q4_0, MMA_N>, mma_tile<PS_TYPE_Q4_0>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q4_1, MMA_N>, mma_tile<PS_TYPE_Q4_1>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q5_0, MMA_N>, mma_tile<PS_TYPE_Q5_0>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q5_1, MMA_N>, mma_tile<PS_TYPE_Q5_1>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q8_0, MMA_N>, mma_tile<PS_TYPE_Q8_0>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q4_0, 32>, mma_tile<PS_TYPE_Q4_0, 32>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q4_1, 32>, mma_tile<PS_TYPE_Q4_1, 32>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q5_0, 32>, mma_tile<PS_TYPE_Q5_0, 32>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q5_1, 32>, mma_tile<PS_TYPE_Q5_1, 32>::smem, mms},
+                {(const void *)k_mm_mma<PS_TYPE_Q8_0, 32>, mma_tile<PS_TYPE_Q8_0, 32>::smem, mms},
                 {(const void *)k_mm_mma_k<PS_TYPE_Q4_K>, mma_ktile<PS_TYPE_Q4_K>::smem, mms},
                 {(const void *)k_mm_mma_k<PS_TYPE_Q5_K>, mma_ktile<PS_TYPE_Q5_K>::smem, mms},
                 {(const void *)k_mm_mma_k<PS_TYPE_Q6_K>, mma_ktile<PS_TYPE_Q6_K>::smem, mms},
@@ -609,17 +617,22 @@ static void launch_mma(ps_cuda *g, const dmat *const *ws, int nw, const uint8_t 
                        float *const *ys, const long long *strides) {
     const void *k;
     if constexpr (split_type(T))
-        k = (const void *)k_mm_mma<T>;
+        k = (const void *)k_mm_mma<T, MMA_N>; /* (the 32-token tile has the same name) */
     else
         k = (const void *)k_mm_mma_k<T>;
     if (g->leave_out && left_out(g->leave_out, k)) return; /* (launch_in's) */
     int blocks;
     mm_group grp = group(ws, nw, ys, strides, split_type(T) ? MMA_M : MMA_KM, &blocks);
     dim3 grid(blocks, blocks_for(n, MMA_N));
-    if constexpr (split_type(T))
-        k_mm_mma<T>
-            <<<grid, MMA_THREADS, mma_tile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 32, xq, x_row, n);
-    else
+    if constexpr (split_type(T)) {
+        bool n32 = g->mma_n ? g->mma_n == 32 : grid.x * grid.y < (unsigned)g->sms; /* too few blocks: 32 tokens */
+        if (n32)
+            k_mm_mma<T, 32><<<dim3(blocks, blocks_for(n, 32)), MMA_THREADS, mma_tile<T, 32>::smem, g->st>>>(
+                grp, ws[0]->row_bytes, ws[0]->cols / 32, xq, x_row, n);
+        else
+            k_mm_mma<T, MMA_N><<<grid, MMA_THREADS, mma_tile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 32,
+                                                                                xq, x_row, n);
+    } else
         k_mm_mma_k<T>
             <<<grid, MMA_KTHREADS, mma_ktile<T>::smem, g->st>>>(grp, ws[0]->row_bytes, ws[0]->cols / 256, xq, x_row, n);
 }
