@@ -81,12 +81,15 @@ def case_spec():
           f"turn 1's first trip (2 guesses, its wait 200 ms of hops beyond the stages' compute): {first}")
     # turn 2 starts from turn 1's measures: the acceptance counts turn 1's kept guesses as eight (above
     # 0.95 after its first trip, where a fresh start's 2 kept guesses give 0.93), and a plain trip
-    # measured in turn 1 is not measured again
+    # measured in turn 1 counts as measured twice (AUTO_PROBE), so turn 2 does not measure it again: a plain
+    # trip there is auto's choice (a sanitizer build's timings may rightly make it)
     check(traces[1][0]["accept"] > 0.95, f"turn 2's first trip: {traces[1][0]}, as if nothing was measured")
-    check(spec[0]["trips_by_k"][0] == 0 or spec[1]["trips_by_k"][0] == 0,
-          f"trips by K {spec[0]['trips_by_k']} then {spec[1]['trips_by_k']}: plain decoding measured again")
+    measured = traces[0][-1]["plain_n"] > 0  # (where guesses pay clearly from the start, plain is never measured)
+    check(not measured or traces[1][0]["plain_n"] >= 2,
+          f"trips by K {spec[0]['trips_by_k']} then {spec[1]['trips_by_k']}; turn 2's first trip {traces[1][0]}: "
+          "plain decoding's yardstick, measured in turn 1, not carried into turn 2")
     print(f"  ok: chat with a draft: the same answers, every guess kept; trips by K {spec[0]['trips_by_k']} "
-          f"then {spec[1]['trips_by_k']}")
+          f"then {spec[1]['trips_by_k']}; plain decoding {'measured in turn 1 and carried' if measured else 'not measured'}")
 
 
 class Pty:

@@ -204,12 +204,12 @@ void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t s
     }
     if (!atomic_load(&on)) return;
     char line[1024];
-    int n =
-        snprintf(line, sizeof line,
-                 "spec trace: seq %" PRIu64 " k %d kept %d drafted %d draft_ms %.1f wait_ms %.3f compute_ms %.3f "
-                 "shadow %d meanwhile %d cut %d crowded %d | accept %.2f guess_ms %.1f holds %.1f | k:wait_ms/tok_s",
-                 seq, t->k, t->kept, t->drafted, t->draft_s * 1e3, t->wait_s * 1e3, t->compute_s * 1e3, t->shadow,
-                 t->meanwhile, t->cut, t->crowded, accept(a), guess_s(a) * 1e3, holds(a));
+    int n = snprintf(
+        line, sizeof line,
+        "spec trace: seq %" PRIu64 " k %d kept %d drafted %d draft_ms %.1f wait_ms %.3f compute_ms %.3f "
+        "shadow %d meanwhile %d cut %d crowded %d | accept %.2f guess_ms %.1f holds %.1f plain_n %d | k:wait_ms/tok_s",
+        seq, t->k, t->kept, t->drafted, t->draft_s * 1e3, t->wait_s * 1e3, t->compute_s * 1e3, t->shadow, t->meanwhile,
+        t->cut, t->crowded, accept(a), guess_s(a) * 1e3, holds(a), a->n[0]);
     for (int k = 0; k <= PS_SPEC_AUTO_MAX && k <= k_max && n < (int)sizeof line; k++)
         n += snprintf(line + n, sizeof line - (size_t)n, " %d:%.1f/%.1f", k, wait_at(a, k) * 1e3, rate(a, k));
     int next = ps_spec_auto_k(a, k_max);
