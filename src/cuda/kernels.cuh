@@ -817,8 +817,14 @@ template <int T> static size_t mvs_smem(int units) {
     return (size_t)2 * MVS_R * mvs_stride<T>() * 4 + (size_t)units * sizeof(ps_xq32);
 }
 
+/* Thread blocks a multiprocessor keeps (72 registers a thread): three, for the 8B's 384
+ * blocks of q/k/v in one wave (+3 % decode, 8B Q4_0); Q5_0 and Q5_1 would spill there. */
+template <int T> __host__ __device__ constexpr int mvs_blocks() {
+    return T == PS_TYPE_Q5_0 || T == PS_TYPE_Q5_1 ? 2 : 3;
+}
+
 template <int T, int MODE>
-__global__ void __launch_bounds__(MVS_THREADS)
+__global__ void __launch_bounds__(MVS_THREADS, mvs_blocks<T>())
     k_mvs(mm_group grp, size_t row_bytes, int units, const uint8_t *__restrict__ X, qk_args qk, rows_info ri) {
     typedef wtype<T> ty;
     constexpr int U = mv_u<T>(), G = 16, TS = mvs_stride<T>();
