@@ -33,6 +33,12 @@ __device__ __forceinline__ uint32_t ld2x16(const uint8_t *p) {
     return (uint32_t)h[0] | (uint32_t)h[1] << 16;
 }
 __device__ __forceinline__ uint32_t ld32(const uint8_t *p) { return *(const uint32_t *)p; }
+/* ld2x16 evict-first (__ldcs), as the matmuls load weights: a step reads each once, and the
+ * L2 is left to what is read again (activations, the KV cache, code). */
+__device__ __forceinline__ uint32_t ldcs2x16(const uint8_t *p) {
+    const unsigned short *h = (const unsigned short *)p;
+    return (uint32_t)__ldcs(h) | (uint32_t)__ldcs(h + 1) << 16;
+}
 
 /* Bits 0..3 of u as the low bits of four bytes. */
 __device__ __forceinline__ uint32_t spread4(uint32_t u) {
@@ -223,17 +229,17 @@ struct wraw {
     uint32_t h0, h1;
 };
 
-/* Block b of a split row (n_blocks blocks). */
+/* Block b of a split row (n_blocks blocks), evict-first (ldcs2x16). */
 template <int T> __device__ __forceinline__ void load_split(const uint8_t *row, int n_blocks, int b, wraw &r) {
     typedef wtype<T> ty;
     const uint8_t *q = row + (size_t)b * ty::quant, *h = row + (size_t)n_blocks * ty::quant + (size_t)b * ty::head;
-    r.q0 = *(const uint4 *)q;
-    if (T == PS_TYPE_Q8_0) r.q1 = *(const uint4 *)(q + 16);
-    if (ty::head == 2) r.h0 = *(const uint16_t *)h;
-    if (ty::head == 4) r.h0 = *(const uint32_t *)h;
-    if (ty::head == 6) r.h0 = ld2x16(h), r.h1 = *(const uint16_t *)(h + 4);
+    r.q0 = __ldcs((const uint4 *)q);
+    if (T == PS_TYPE_Q8_0) r.q1 = __ldcs((const uint4 *)(q + 16));
+    if (ty::head == 2) r.h0 = __ldcs((const unsigned short *)h);
+    if (ty::head == 4) r.h0 = __ldcs((const unsigned int *)h);
+    if (ty::head == 6) r.h0 = ldcs2x16(h), r.h1 = __ldcs((const unsigned short *)(h + 4));
     if (ty::head == 8) {
-        uint2 v = *(const uint2 *)h;
+        uint2 v = __ldcs((const uint2 *)h);
         r.h0 = v.x, r.h1 = v.y;
     }
 }
@@ -371,21 +377,22 @@ template <int T> __device__ __forceinline__ float term_k(const wunit &w, const p
  * and 2c + 1 (the low and high nibbles of the same 32 bytes, the same 32 bytes of high bits);
  * Q6_K: 4 (c / 2) + c % 2 and that + 2 (ql's low and high nibbles, the same qh). As loaded: q
  * the quants' 32 bytes, e the high bits' (Q5_K, Q6_K), h the header (Q6_K: its 8 scales of
- * the half, then d). */
+ * the half, then d). Evict-first, as load_split. */
 template <int T> struct kquad { uint32_t q[8], e[8], h[4]; };
 
 template <int T> __device__ __forceinline__ void load_kquad(const uint8_t *blk, int c, kquad<T> &r) {
     if (T == PS_TYPE_Q6_K) {
         int half = c >> 1;
         const uint4 *ql = (const uint4 *)(blk + 64 * half + (c & 1) * 32), *qh = (const uint4 *)(blk + 128 + 32 * half);
-        words(ql[0], r.q), words(ql[1], r.q + 4), words(qh[0], r.e), words(qh[1], r.e + 4);
-        uint2 sc = *(const uint2 *)(blk + 192 + 8 * half);
-        r.h[0] = sc.x, r.h[1] = sc.y, r.h[2] = ld32(blk + 208);
+        words(__ldcs(ql), r.q), words(__ldcs(ql + 1), r.q + 4), words(__ldcs(qh), r.e), words(__ldcs(qh + 1), r.e + 4);
+        uint2 sc = __ldcs((const uint2 *)(blk + 192 + 8 * half));
+        r.h[0] = sc.x, r.h[1] = sc.y, r.h[2] = __ldcs((const unsigned int *)(blk + 208));
         return;
     }
     const uint4 *qs = (const uint4 *)(blk + (T == PS_TYPE_Q5_K ? 48 : 16) + 32 * c);
-    words(*(const uint4 *)blk, r.h), words(qs[0], r.q), words(qs[1], r.q + 4);
-    if (T == PS_TYPE_Q5_K) words(*(const uint4 *)(blk + 16), r.e), words(*(const uint4 *)(blk + 32), r.e + 4);
+    words(__ldcs((const uint4 *)blk), r.h), words(__ldcs(qs), r.q), words(__ldcs(qs + 1), r.q + 4);
+    if (T == PS_TYPE_Q5_K)
+        words(__ldcs((const uint4 *)(blk + 16)), r.e), words(__ldcs((const uint4 *)(blk + 32)), r.e + 4);
 }
 
 /* The dot of sub-block s's 32 quants (w: eight words of four) with x's. */
