@@ -268,8 +268,9 @@ static void check_model(const char *path, int n_gen, bool split, bool real, doub
 }
 
 /* A context of many KV blocks (attention streams them through a ring of a few; decode's
- * cluster of 8 blocks takes 9 chunks, block 0 two): a 1,100-token prompt in chunks of 64,
- * then 8 greedy steps, the GPU's logits equal to the CPU's (ref). */
+ * cluster of 8 blocks takes 9 chunks, block 0 two; with PS_CUDA_ATT_C 3 and 1, each block
+ * three, or all nine): a 1,100-token prompt in chunks of 64, then 8 greedy steps, the GPU's
+ * logits equal to the CPU's (ref). */
 static void long_context(const char *path) {
     char err[512];
     ps_model *m = NULL;
@@ -280,13 +281,20 @@ static void long_context(const char *path) {
     for (int i = 0; i < N; i++) prompt[i] = (int32_t)(ps_test_rng_u32() % (uint32_t)m->hp.vocab);
     PS_CHECK_OK(ps_matmul_set_isa("ref"));
     float *cpu = run_long(m, PS_DEVICE_CPU, 64, CTX, prompt, N, GEN, gen_cpu);
-    float *gpu = run_long(m, PS_DEVICE_CUDA(0), 64, CTX, prompt, N, GEN, gen_gpu);
-    char what[700];
-    snprintf(what, sizeof what, "%s: %d positions, GPU vs CPU (ref)", path, N + GEN);
-    int bad = cpu && gpu ? differ(cpu, gpu, N + GEN, m->hp.vocab, what) : -1;
-    printf("%s: %d rows, %d differ from the CPU's (ref)\n", what, N + GEN, bad);
-    PS_CHECK(bad == 0 && !memcmp(gen_cpu, gen_gpu, sizeof gen_cpu));
-    free(cpu), free(gpu), free(prompt);
+    static const char *const cluster[] = {NULL, "3", "1"};
+    for (size_t i = 0; i < PS_ARRAY_LEN(cluster); i++) {
+        if (cluster[i]) setenv("PS_CUDA_ATT_C", cluster[i], 1);
+        float *gpu = run_long(m, PS_DEVICE_CUDA(0), 64, CTX, prompt, N, GEN, gen_gpu);
+        char what[700];
+        snprintf(what, sizeof what, "%s: %d positions, GPU (decode attention's cluster: %s) vs CPU (ref)", path,
+                 N + GEN, cluster[i] ? cluster[i] : "8");
+        int bad = cpu && gpu ? differ(cpu, gpu, N + GEN, m->hp.vocab, what) : -1;
+        printf("%s: %d rows, %d differ from the CPU's (ref)\n", what, N + GEN, bad);
+        PS_CHECK(bad == 0 && !memcmp(gen_cpu, gen_gpu, sizeof gen_cpu));
+        free(gpu);
+    }
+    unsetenv("PS_CUDA_ATT_C");
+    free(cpu), free(prompt);
     ps_model_free(m);
 }
 

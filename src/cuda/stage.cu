@@ -248,6 +248,8 @@ static void dims(ps_cuda *g, const ps_model *m, const ps_cuda_params *p) {
     /* k_att_dec where its shared memory fits and the kernels are sm_90's (clusters: its body
      * is empty in the sm_80 PTX) */
     int hd = m->hp.head_dim, c = att_dec_c(p->n_ctx);
+    const char *att_c = getenv("PS_CUDA_ATT_C"); /* fewer blocks a cluster, for measuring and tests */
+    if (att_c && *att_c >= '1' && *att_c <= '8' && !att_c[1] && *att_c - '0' < c) c = *att_c - '0';
     g->atd_smem = (size_t)att_dec_layout(hd, (g->att_chunks + c - 1) / c, g->att_chunks * PS_ATT_CHUNK).floats * 4;
     g->atd_c = g->pdl && (hd == 64 || hd == 128) && g->atd_smem + 4096 <= (size_t)optin ? c : 0;
 }
