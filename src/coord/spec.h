@@ -142,8 +142,9 @@ void ps_spec_auto_add(ps_spec_auto *a, const ps_spec_trip *t);
 
 /* With PS_SPEC_TRACE=1 in the environment, one line on stderr for trip t of sequence seq just
  * recorded into a: the trip, then what auto now believes (acceptance, seconds a guess, the
- * guesses a wait holds, the plain trips its yardstick counts as measured, each K's wait and rate), the K it takes next (of at most k_max) and what a
- * draft model's trip may then carry (ps_spec_auto_reach). */
+ * guesses a wait holds, the plain trips its yardstick counts as measured, each K's wait and
+ * rate), the K it takes next (of at most k_max) and what a draft model's trip may then carry
+ * (ps_spec_auto_reach). */
 void ps_spec_auto_trace(const ps_spec_auto *a, const ps_spec_trip *t, uint64_t seq, int k_max);
 
 /* Prompt lookup: finds the latest earlier occurrence of the sequence's last n tokens (n from
