@@ -131,6 +131,33 @@ static void test_greedy(void) {
     ps_sampler_free(s);
 }
 
+/* Greedy against one sequential pass (the first of the largest logits) over vocabularies
+ * of 1 to 300 tokens and 50,000, whose logits take few values (many ties, -0 beside +0,
+ * -inf runs), the maximum anywhere: argmax's lanes and its tail give the same token. */
+static void test_greedy_lanes(void) {
+    static float l[50000];
+    static const float vals[] = {-INFINITY, -1.0f, -0.0f, 0.0f, 0.5f, 2.0f};
+    ps_sample_params p = ps_sample_params_default();
+    p.temperature = 0;
+    int bad = 0, runs = 0;
+    for (int n = 1; n <= 50000; n = n < 300 ? n + 1 : n == 300 ? 50000 : 50001) {
+        ps_sampler *s = make(n);
+        for (int rep = 0; s && rep < (n < 300 ? 4 : 40); rep++, runs++) {
+            for (int i = 0; i < n; i++) l[i] = vals[ps_test_rng_u32() % (rep % 2 ? 4 : 6)];
+            if (rep % 4 == 3) l[ps_test_rng_u32() % n] = 3.0f; /* one maximum, anywhere */
+            int32_t want = 0, tok = -7;
+            for (int i = 1; i < n; i++)
+                if (l[i] > l[want]) want = i;
+            if (l[want] == -INFINITY) continue; /* refused: test_greedy */
+            PS_CHECK_OK(ps_sample(s, &p, l, NULL, 0, 0, &tok));
+            bad += tok != want;
+        }
+        ps_sampler_free(s);
+    }
+    printf("greedy: %d of %d vocabularies' tokens differ from one sequential pass\n", bad, runs);
+    PS_CHECK(bad == 0);
+}
+
 /* Hand-made logits; draw order: 1, 3 (tie at 3.0, lower id first), 6, 2, 0, 4, 7. */
 static const float trunc_logits[8] = {1.0f, 3.0f, 2.0f, 3.0f, 0.5f, -INFINITY, 2.5f, 0.0f};
 static const int32_t trunc_order[7] = {1, 3, 6, 2, 0, 4, 7};
@@ -676,6 +703,7 @@ int main(void) {
     test_rng_basics();
     test_rng_uniformity();
     test_greedy();
+    test_greedy_lanes();
     test_top_k();
     test_top_p();
     test_min_p();

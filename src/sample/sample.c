@@ -353,12 +353,8 @@ static ps_status apply_penalties(ps_sampler *s, const ps_sample_params *p, const
  * culprit is looked for only when there is one). */
 static ps_status copy_logits(ps_sampler *s, const float *logits) {
     int bad = 0;
-    float *dst = s->logit;
-    for (int32_t i = 0; i < s->n_vocab; i++) {
-        float v = logits[i];
-        bad |= !(v < INFINITY); /* NaN or +inf */
-        dst[i] = v;
-    }
+    memcpy(s->logit, logits, (size_t)s->n_vocab * sizeof *logits);
+    for (int32_t i = 0; i < s->n_vocab; i++) bad |= !(logits[i] < INFINITY); /* NaN or +inf */
     for (int32_t i = 0; bad && i < s->n_vocab; i++)
         if (!(logits[i] < INFINITY))
             return fail(s, PS_ERR_ARG, "logit of token %d is %s; logits must be finite or -inf", i,
@@ -380,12 +376,29 @@ static void collect_candidates(ps_sampler *s) {
 }
 
 /* The greedy token: the largest logit, the lowest id among ties. Fails when every
- * logit is -inf. Also sets s->max_logit. */
+ * logit is -inf. Also sets s->max_logit. ARGMAX_LANES running maxima side by side (lane l
+ * the ids l, l + ARGMAX_LANES, ...: each keeps its first maximum), then the lanes' best,
+ * the lowest id among equal values: the same token as one sequential pass, in a loop the
+ * compiler makes vector instructions of (the logits hold no NaN here: copy_logits). */
+#define ARGMAX_LANES 16
 static ps_status argmax(ps_sampler *s, int32_t *out) {
+    const float *lg = s->logit;
+    float m[ARGMAX_LANES];
+    int32_t at[ARGMAX_LANES];
+    for (int l = 0; l < ARGMAX_LANES; l++) m[l] = -INFINITY, at[l] = 0;
+    int32_t i = 0, n = s->n_vocab;
+    for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
+        for (int l = 0; l < ARGMAX_LANES; l++) {
+            bool more = lg[i + l] > m[l];
+            m[l] = more ? lg[i + l] : m[l];
+            at[l] = more ? i + l : at[l];
+        }
     int32_t best = 0;
-    float bl = s->logit[0];
-    for (int32_t i = 1; i < s->n_vocab; i++)
-        if (s->logit[i] > bl) bl = s->logit[i], best = i;
+    float bl = -INFINITY;
+    for (int l = 0; l < ARGMAX_LANES; l++)
+        if (m[l] > bl || (m[l] == bl && m[l] != -INFINITY && at[l] < best)) bl = m[l], best = at[l];
+    for (; i < n; i++)
+        if (lg[i] > bl) bl = lg[i], best = i;
     if (bl == -INFINITY) return fail(s, PS_ERR_ARG, "every logit is -inf: no token can be sampled");
     s->max_logit = bl;
     *out = best;
