@@ -83,13 +83,13 @@ for line in open(sys.argv[1]):
         figs = {f"{c['stages']} stages ratio": c["ratio"] for c in j["configs"] if c["stages"] > 1}
     for name, v in figs.items():
         rows.setdefault((model, name), [[] for _ in builds])[int(i)].append(v)
+label = lambda k: chr(65 + k) if k < 26 else str(k)
 for k, b in enumerate(builds):
-    print(f"{chr(65 + k) if k < 26 else k} = {b}")
+    print(f"{label(k)} = {b}")
 print(f"{'model':22} {'figure':16} {'build':>5} {'median':>10} {'/A':>6}  spread of /A over the turns")
 for (model, name), per in rows.items():
     for k, v in enumerate(per):
         r = [x / a for a, x in zip(per[0], v)]
-        label = chr(65 + k) if k < 26 else str(k)
         spread = f"{min(r):.3f}..{max(r):.3f} ({len(r)} turns)" if k else ""
-        print(f"{model:22} {name:16} {label:>5} {statistics.median(v):10.3f} {statistics.median(r):6.3f}  {spread}")
+        print(f"{model:22} {name:16} {label(k):>5} {statistics.median(v):10.3f} {statistics.median(r):6.3f}  {spread}")
 PY

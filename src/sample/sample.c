@@ -396,7 +396,7 @@ static ps_status argmax(ps_sampler *s, int32_t *out) {
     int32_t best = 0;
     float bl = -INFINITY;
     for (int l = 0; l < ARGMAX_LANES; l++)
-        if (m[l] > bl || (m[l] == bl && m[l] != -INFINITY && at[l] < best)) bl = m[l], best = at[l];
+        if (m[l] > bl || (m[l] == bl && at[l] < best)) bl = m[l], best = at[l];
     for (; i < n; i++)
         if (lg[i] > bl) bl = lg[i], best = i;
     if (bl == -INFINITY) return fail(s, PS_ERR_ARG, "every logit is -inf: no token can be sampled");
