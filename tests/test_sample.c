@@ -260,6 +260,18 @@ static void make_big(float *l, int32_t n, uint64_t seed) {
     l[n / 2] = 6.0f; /* a clear favourite */
 }
 
+/* Logits shaped like a language model's (SmolLM2-135M's, read off 64 steps of a story at
+ * T = 1: the bulk normal with a spread of 3 to 4 and some 18 to 20 below the best, a few
+ * tokens within 2 of it): 3.5 N(0, 1), then 8 tokens at 19 above the mean and just below. */
+static void make_model_like(float *l, int32_t n, uint64_t seed) {
+    for (int32_t i = 0; i < n; i++) {
+        double u1 = ps_rng_uniform(seed, (uint64_t)i, 10), u2 = ps_rng_uniform(seed, (uint64_t)i, 11);
+        l[i] = (float)(3.5 * sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+    }
+    static const float head[8] = {0.0f, -0.3f, -1.0f, -1.4f, -1.8f, -2.0f, -2.5f, -3.0f};
+    for (int k = 0; k < 8; k++) l[(int32_t)((uint64_t)(k + 1) * 7919 % (uint64_t)n)] = 19.0f + head[k];
+}
+
 static void test_big_vocab(void) {
     enum { N = 128256 };
     float *l = malloc(N * sizeof *l);
@@ -380,33 +392,84 @@ static void test_reproducible(void) {
 }
 
 /* ps_sample is the inverse CDF of ps_sample_dist at u = ps_rng_uniform(seed, pos, 0). */
-static void test_sample_matches_dist(void) {
-    enum { N = 4096 };
-    float *l = malloc(N * sizeof *l);
-    make_big(l, N, 11);
-    l[N / 2] = 2.0f;
-    ps_sampler *s = make(N);
-    ps_sample_params p = ps_sample_params_default();
-    p.seed = 3, p.temperature = 1.3f, p.top_p = 0.95f;
+/* Draws of ps_sample at positions 0 .. n_pos - 1 that differ from the inverse CDF over
+ * ps_sample_dist's list (its order and probabilities, cumulated in double). */
+static int32_t dist_mismatches(ps_sampler *s, const ps_sample_params *p, const float *l, int n_pos) {
     const int32_t *ids;
     const float *probs;
     int32_t n, mismatches = 0;
-    PS_CHECK_OK(ps_sample_dist(s, &p, l, NULL, 0, &ids, &probs, &n));
+    PS_CHECK_OK(ps_sample_dist(s, p, l, NULL, 0, &ids, &probs, &n));
     int32_t *kid = malloc((size_t)n * sizeof *kid);
     double *kcum = malloc((size_t)n * sizeof *kcum);
     for (int32_t j = 0; j < n; j++) kid[j] = ids[j], kcum[j] = probs[j] + (j ? kcum[j - 1] : 0);
-    for (uint64_t pos = 0; pos < 2000; pos++) {
-        double u = ps_rng_uniform(p.seed, pos, PS_RNG_STREAM_SAMPLE) * kcum[n - 1];
-        int32_t j = 0, t;
-        while (j < n - 1 && !(u < kcum[j])) j++;
-        PS_CHECK_OK(ps_sample(s, &p, l, NULL, 0, pos, &t));
-        mismatches += t != kid[j];
+    for (uint64_t pos = 0; pos < (uint64_t)n_pos; pos++) {
+        double u = ps_rng_uniform(p->seed, pos, PS_RNG_STREAM_SAMPLE) * kcum[n - 1];
+        int32_t lo = 0, hi = n - 1, t; /* the first j with u < kcum[j] */
+        while (lo < hi) {
+            int32_t mid = lo + (hi - lo) / 2;
+            if (u < kcum[mid])
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        PS_CHECK_OK(ps_sample(s, p, l, NULL, 0, pos, &t));
+        mismatches += t != kid[lo];
     }
-    PS_CHECK(mismatches <= 1); /* float rounding of probs may move one boundary draw */
     free(kid);
     free(kcum);
-    free(l);
+    return mismatches;
+}
+
+/* ps_sample's draw is the inverse CDF of ps_sample_dist's distribution, whichever way it
+ * finds it: where every token is a candidate (no top-k) it first looks among the tokens of
+ * weight e^-8 of the best's, then e^-16, then all (sample.c's levels); a flat distribution
+ * (more than 4,096 tokens in the first) goes to all at once. Float rounding of the listed
+ * probabilities may move a boundary draw: at most 1 in 1,000. */
+static void test_sample_matches_dist(void) {
+    enum { N = 4096, BIG = 128256, HUGE = 1 << 21 };
+    float *l = malloc(HUGE * sizeof *l);
+    ps_sampler *s = make(N);
+    ps_sample_params p = ps_sample_params_default();
+    p.seed = 3, p.temperature = 1.3f, p.top_p = 0.95f;
+    make_big(l, N, 11);
+    l[N / 2] = 2.0f;
+    PS_CHECK(dist_mismatches(s, &p, l, 2000) <= 2);
     ps_sampler_free(s);
+
+    s = make(BIG);
+    struct {
+        const char *what;
+        float t, top_p, min_p;
+    } cfg[] = {{"T=1", 1, 1, 0},
+               {"T=0.7, top_p 0.9", 0.7f, 0.9f, 0},
+               {"T=2, min_p 0.001", 2, 1, 0.001f},
+               {"T=1e-39", 1e-39f, 1, 0}};
+    make_model_like(l, BIG, 12);
+    for (int32_t i = 5; i < BIG; i += 997) l[i] = -INFINITY;
+    for (size_t c = 0; c < PS_ARRAY_LEN(cfg); c++) {
+        p = ps_sample_params_default();
+        p.seed = 5 + c, p.temperature = cfg[c].t, p.top_p = cfg[c].top_p, p.min_p = cfg[c].min_p;
+        int32_t bad = dist_mismatches(s, &p, l, 3000);
+        printf("sample vs dist, model-like logits, %s: %d of 3000 draws differ\n", cfg[c].what, bad);
+        PS_CHECK(bad <= 3);
+    }
+    make_big(l, BIG, 13); /* flat */
+    p = ps_sample_params_default();
+    p.seed = 9;
+    PS_CHECK(dist_mismatches(s, &p, l, 1000) <= 1);
+    ps_sampler_free(s);
+
+    /* 2M tokens at e^-16.3 of the best's: 17 % of the draws fall past the second level */
+    s = make(HUGE);
+    for (int32_t i = 0; i < HUGE; i++) l[i] = -16.3f - (float)(i % 7) * 0.01f;
+    l[HUGE / 3] = 0.0f, l[HUGE / 5] = -9.0f;
+    p = ps_sample_params_default();
+    p.seed = 17;
+    int32_t bad = dist_mismatches(s, &p, l, 400);
+    printf("sample vs dist, a heavy tail over %d tokens: %d of 400 draws differ\n", HUGE, bad);
+    PS_CHECK(bad <= 1);
+    ps_sampler_free(s);
+    free(l);
 }
 
 // ---- chi-square goodness of fit -----------------------------------------------------
@@ -620,9 +683,10 @@ static double now_s(void) {
 
 static void report_speed(void) {
     enum { N = 128256, ITERS = 100 };
-    float *l = malloc(N * sizeof *l);
+    float *flat = malloc(N * sizeof *flat), *model = malloc(N * sizeof *model);
     int32_t hist[64];
-    make_big(l, N, 21);
+    make_big(flat, N, 21);
+    make_model_like(model, N, 21);
     for (int i = 0; i < 64; i++) hist[i] = i * 1999 % N;
     ps_sampler *s = make(N);
     struct {
@@ -630,12 +694,15 @@ static void report_speed(void) {
         float t;
         int32_t k;
         float top_p, min_p;
+        const float *l;
     } cfg[] = {
-        {"greedy", 0, 0, 1, 0},
-        {"T=1 no truncation", 1, 0, 1, 0},
-        {"top_k 40", 0.8f, 40, 1, 0},
-        {"llama.cpp defaults", 0.8f, 40, 0.95f, 0.05f},
-        {"top_p 0.95 alone", 0.8f, 0, 0.95f, 0},
+        {"greedy", 0, 0, 1, 0, flat},
+        {"T=1 no truncation", 1, 0, 1, 0, model},
+        {"T=1, flat logits", 1, 0, 1, 0, flat},
+        {"top_k 40", 0.8f, 40, 1, 0, model},
+        {"llama.cpp defaults", 0.8f, 40, 0.95f, 0.05f, model},
+        {"top_p 0.95 alone", 0.8f, 0, 0.95f, 0, model},
+        {"top_p 0.95, flat", 0.8f, 0, 0.95f, 0, flat},
     };
     for (size_t c = 0; c < PS_ARRAY_LEN(cfg); c++) {
         ps_sample_params p = ps_sample_params_default();
@@ -643,11 +710,11 @@ static void report_speed(void) {
         p.repetition_penalty = 1.1f;
         double t0 = now_s();
         int32_t tok;
-        for (int i = 0; i < ITERS; i++) ps_sample(s, &p, l, hist, 64, (uint64_t)i, &tok);
+        for (int i = 0; i < ITERS; i++) ps_sample(s, &p, cfg[c].l, hist, 64, (uint64_t)i, &tok);
         printf("speed, vocab %d, %-20s %8.1f us/token\n", N, cfg[c].name, (now_s() - t0) / ITERS * 1e6);
     }
     ps_sampler_free(s);
-    free(l);
+    free(flat), free(model);
 }
 
 /* The reference order of ps_sample_top_logprobs: logit descending, ties by lower id. */

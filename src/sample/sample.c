@@ -6,15 +6,21 @@
  * most a few keys: top-k is a heap (small k) or a quickselect, and top-p and the draw
  * are a *weighted* quickselect, which finds the candidate where the cumulative weight
  * in draw order crosses a target in expected O(n) (partition, sum the weights of the
- * smaller side, descend into the side that holds the crossing). */
+ * smaller side, descend into the side that holds the crossing); where every token is a
+ * candidate, first among the few that usually hold the crossing (LEVELS). Weights are
+ * fmath.h's exponent, 8 tokens at a time. */
 #include "sample.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../tensor/fmath.h"
+#include "../tensor/vec8.h"
 
 // ---- Philox4x32-10 ----------------------------------------------------------------
 
@@ -112,17 +118,33 @@ ps_status ps_sample_params_check(const ps_sample_params *p, char *err, size_t er
 
 // ---- sampler state ----------------------------------------------------------------
 
+/* Where every finite token is a candidate (no top-k, the API's default), ps_sample's draw and
+ * top-p first look among the tokens of weight at least e^-8, then e^-16 of the best's: the
+ * crossing is usually among the first (SmolLM2-135M at T = 1: 97 % of the mass in some 150
+ * of 49,152 tokens; 99.99 % within e^-16), and then only those get keys and weights. */
+#define LEVELS   2
+#define LIST_CAP 4096 /* level 0's tokens weigh_all lists as it goes */
+static const float level_x[LEVELS] = {-8.0f, -16.0f};
+static const float level_w[LEVELS] = {3.3546262790e-4f, 1.1253517472e-7f}; /* e^level_x */
+
 struct ps_sampler {
     int32_t n_vocab;
-    float *logit;     // (n_vocab) penalised copy of the caller's logits
-    uint64_t *key;    // (n_vocab) candidate keys, [0, n_cand) live
-    double *w;        // (n_vocab) by token id: exp((logit - max) / T) of a live candidate
-    int32_t *count;   // (n_vocab) by token id: occurrences in the penalty window; 0 between calls
-    int32_t *touched; // (n_vocab) ids whose count is non-zero, in first-seen order
-    int32_t *out_id;  // (n_vocab) ps_sample_dist's ids
-    float *out_p;     // (n_vocab) ps_sample_dist's probabilities
-    int32_t n_cand;   // live candidates
-    double max_logit; // the largest finite logit (truncation never removes its token)
+    float *logit;        // (n_vocab) penalised copy of the caller's logits
+    const float *lg;     // the logits the chain reads: logit, or the caller's where no penalty applies
+    uint64_t *key;       // (n_vocab) candidate keys, [0, n_cand) live
+    float *w;            // (n_vocab) by token id: weight() of a live candidate (of every token after weigh_all)
+    int32_t *count;      // (n_vocab) by token id: occurrences in the penalty window; 0 between calls
+    int32_t *touched;    // (n_vocab) ids whose count is non-zero, in first-seen order
+    int32_t *out_id;     // (n_vocab) ps_sample_dist's ids
+    float *out_p;        // (n_vocab) ps_sample_dist's probabilities
+    int32_t n_cand;      // live candidates, key[0, n_cand) (unless lazy)
+    bool all;            // every finite token is a candidate
+    bool lazy;           // ... and neither key[] nor w[] is built (ps_sample's draw builds what it needs)
+    float max, inv;      // lazy: the weights' max logit and 1 / temperature (weigh's)
+    float level[LEVELS]; // lazy: the sums of the weights of at least level_w[k] (a guide)
+    int32_t *list;       // lazy: the tokens of level 0, in id order (LIST_CAP)
+    int32_t n_list;      // their number; -1: more than LIST_CAP
+    double max_logit;    // the largest finite logit (truncation never removes its token)
     char err[256];
 };
 
@@ -153,7 +175,8 @@ ps_status ps_sampler_create(int32_t n_vocab, ps_sampler **out, char *err, size_t
     s->touched = alloc_n(n_vocab, sizeof *s->touched);
     s->out_id = alloc_n(n_vocab, sizeof *s->out_id);
     s->out_p = alloc_n(n_vocab, sizeof *s->out_p);
-    if (!s->logit || !s->key || !s->w || !s->count || !s->touched || !s->out_id || !s->out_p) goto err;
+    s->list = alloc_n(LIST_CAP, sizeof *s->list);
+    if (!s->logit || !s->key || !s->w || !s->count || !s->touched || !s->out_id || !s->out_p || !s->list) goto err;
     *out = s;
     return PS_OK;
 err:
@@ -170,6 +193,7 @@ void ps_sampler_free(ps_sampler *s) {
     free(s->touched);
     free(s->out_id);
     free(s->out_p);
+    free(s->list);
     free(s);
 }
 
@@ -194,7 +218,7 @@ static uint64_t cand_key(float logit, int32_t id) { return (uint64_t)(~float_ord
 static int32_t key_id(uint64_t k) { return (int32_t)(uint32_t)k; }
 
 /* The logit of live candidate j. */
-static double cand_logit(const ps_sampler *s, int32_t j) { return s->logit[key_id(s->key[j])]; }
+static double cand_logit(const ps_sampler *s, int32_t j) { return s->lg[key_id(s->key[j])]; }
 
 static void swap_u64(uint64_t *a, uint64_t *b) {
     uint64_t t = *a;
@@ -235,7 +259,7 @@ static int select_depth(int32_t n) {
 /* Partitions a[lo, hi) (hi - lo >= 3, distinct keys) around the median of its first,
  * middle and last keys; returns the pivot's final index p: a[lo, p) < a[p] < a(p, hi).
  * When w is non-NULL, *left gets the sum of w[id] over a[lo, p), in array order. */
-static int32_t partition(uint64_t *a, int32_t lo, int32_t hi, const double *w, double *left) {
+static int32_t partition(uint64_t *a, int32_t lo, int32_t hi, const float *w, double *left) {
     int32_t mid = lo + (hi - lo) / 2, last = hi - 1;
     if (a[mid] < a[lo]) swap_u64(&a[mid], &a[lo]);
     if (a[last] < a[lo]) swap_u64(&a[last], &a[lo]);
@@ -249,7 +273,7 @@ static int32_t partition(uint64_t *a, int32_t lo, int32_t hi, const double *w, d
         a[i] = a[p];
         a[p] = x;
         p += lt;
-        if (w) sum += w[key_id(x)] * (double)lt; /* weights are finite: w * 0 == 0 */
+        if (w) sum += (double)w[key_id(x)] * lt; /* weights are finite: w * 0 == 0 */
     }
     swap_u64(&a[p], &a[last]);
     if (left) *left = sum;
@@ -324,7 +348,6 @@ static float penalise(float l, int32_t c, const ps_sample_params *p) {
 /* Applies the penalties of p over the last penalty_last_n tokens of history to
  * s->logit. Leaves count[] all zero again, on success and on failure. */
 static ps_status apply_penalties(ps_sampler *s, const ps_sample_params *p, const int32_t *history, int64_t n_history) {
-    if (penalties_off(p) || n_history == 0) return PS_OK;
     int64_t n = p->penalty_last_n < 0 || n_history < p->penalty_last_n ? n_history : p->penalty_last_n;
     const int32_t *win = history + (n_history - n);
     if (n > INT32_MAX) return fail(s, PS_ERR_RANGE, "penalty window of %lld tokens is too long", (long long)n);
@@ -349,40 +372,49 @@ static ps_status apply_penalties(ps_sampler *s, const ps_sample_params *p, const
 
 // ---- the chain ----------------------------------------------------------------------
 
-/* Copies logits into s->logit, rejecting NaN and +inf (one branch-free pass; the
- * culprit is looked for only when there is one). */
-static ps_status copy_logits(ps_sampler *s, const float *logits) {
-    int bad = 0;
-    memcpy(s->logit, logits, (size_t)s->n_vocab * sizeof *logits);
-    for (int32_t i = 0; i < s->n_vocab; i++) bad |= !(logits[i] < INFINITY); /* NaN or +inf */
-    for (int32_t i = 0; bad && i < s->n_vocab; i++)
-        if (!(logits[i] < INFINITY))
-            return fail(s, PS_ERR_ARG, "logit of token %d is %s; logits must be finite or -inf", i,
-                        isnan(logits[i]) ? "NaN" : "+inf");
-    return PS_OK;
+/* The error for the first NaN or +inf among logits (there is one). */
+static ps_status bad_logit(ps_sampler *s, const float *logits) {
+    int32_t i = 0;
+    while (logits[i] < INFINITY) i++;
+    return fail(s, PS_ERR_ARG, "logit of token %d is %s; logits must be finite or -inf", i,
+                isnan(logits[i]) ? "NaN" : "+inf");
 }
 
-/* Puts every token with a finite logit into key[] (in id order) and notes the
- * largest logit; there is at least one (see argmax). */
-static void collect_candidates(ps_sampler *s) {
-    int32_t n = 0;
+/* Rejects NaN and +inf logits (one branch-free pass; the culprit is looked for only when
+ * there is one). */
+PS_SIMD_CLONES static ps_status check_logits(ps_sampler *s, const float *logits) {
+    int bad = 0;
+    for (int32_t i = 0; i < s->n_vocab; i++) bad |= !(logits[i] < INFINITY);
+    return bad ? bad_logit(s, logits) : PS_OK;
+}
+
+/* Puts every token with a finite logit into key[] (in id order); there is at least one
+ * (see argmax). Without -inf logits (the usual case) a loop the compiler makes vector
+ * instructions of. */
+PS_SIMD_CLONES static void collect_candidates(ps_sampler *s) {
+    int32_t n = 0, nv = s->n_vocab;
     uint64_t *key = s->key;
-    const float *logit = s->logit;
-    for (int32_t i = 0; i < s->n_vocab; i++) {
+    const float *logit = s->lg;
+    bool finite = true;
+    for (int32_t i = 0; i < nv; i++) finite &= logit[i] != -INFINITY;
+    if (finite)
+        for (int32_t i = 0; i < nv; i++) key[i] = cand_key(logit[i], i);
+    for (int32_t i = 0; !finite && i < nv; i++) {
         key[n] = cand_key(logit[i], i);
         n += logit[i] != -INFINITY;
     }
-    s->n_cand = n;
+    s->n_cand = finite ? nv : n;
+    s->all = true, s->lazy = false;
 }
 
 /* The greedy token: the largest logit, the lowest id among ties. Fails when every
  * logit is -inf. Also sets s->max_logit. ARGMAX_LANES running maxima side by side (lane l
  * the ids l, l + ARGMAX_LANES, ...: each keeps its first maximum), then the lanes' best,
  * the lowest id among equal values: the same token as one sequential pass, in a loop the
- * compiler makes vector instructions of (the logits hold no NaN here: copy_logits). */
+ * compiler makes vector instructions of (the logits hold no NaN here: check_logits). */
 #define ARGMAX_LANES 16
-static ps_status argmax(ps_sampler *s, int32_t *out) {
-    const float *lg = s->logit;
+PS_SIMD_CLONES static ps_status argmax(ps_sampler *s, int32_t *out) {
+    const float *lg = s->lg;
     float m[ARGMAX_LANES];
     int32_t at[ARGMAX_LANES];
     for (int l = 0; l < ARGMAX_LANES; l++) m[l] = -INFINITY, at[l] = 0;
@@ -414,8 +446,13 @@ static ps_status prepare(ps_sampler *s, const ps_sample_params *p, const float *
     if (!logits) return fail(s, PS_ERR_ARG, "logits are NULL");
     if (n_history < 0 || (n_history > 0 && !history))
         return fail(s, PS_ERR_ARG, "history of %lld tokens is %s", (long long)n_history, history ? "negative" : "NULL");
-    if ((st = copy_logits(s, logits))) return st;
-    if ((st = apply_penalties(s, p, history, n_history))) return st;
+    if ((st = check_logits(s, logits))) return st;
+    s->lg = logits;
+    if (!penalties_off(p) && n_history > 0) { /* a copy to change */
+        memcpy(s->logit, logits, (size_t)s->n_vocab * sizeof *logits);
+        if ((st = apply_penalties(s, p, history, n_history))) return st;
+        s->lg = s->logit;
+    }
     return argmax(s, best);
 }
 
@@ -424,7 +461,7 @@ static ps_status prepare(ps_sampler *s, const ps_sample_params *p, const float *
  * small k. */
 static void top_k_heap(ps_sampler *s, int32_t k) {
     uint64_t *h = s->key;
-    const float *lg = s->logit;
+    const float *lg = s->lg;
     int32_t n = 0, nv = s->n_vocab;
     float low = INFINITY; /* once the heap is full: its worst logit; a token below it stays out */
     for (int32_t i = 0; i < nv; i++) {
@@ -450,34 +487,136 @@ static void top_k_heap(ps_sampler *s, int32_t k) {
             low = lg[key_id(h[0])];
         }
     }
-    s->n_cand = n;
+    s->n_cand = n, s->all = s->lazy = false;
 }
 
-/* Collects the candidates and keeps the k best (k = 0: all): a heap for small k, else
- * a quickselect over all candidates. */
+/* Collects the candidates and keeps the k best (k = 0: all, lazily): a heap for small k,
+ * else a quickselect over all candidates. */
 static void collect_top_k(ps_sampler *s, int32_t k) {
-    if (k > 0 && k <= s->n_vocab / 16) {
+    if (k <= 0) {
+        s->all = s->lazy = true;
+        return;
+    }
+    if (k <= s->n_vocab / 16) {
         top_k_heap(s, k);
         return;
     }
     collect_candidates(s);
-    if (k <= 0 || k >= s->n_cand) return;
+    if (k >= s->n_cand) return;
     select_smallest(s->key, s->n_cand, k);
-    s->n_cand = k;
+    s->n_cand = k, s->all = false;
 }
 
-/* Sets w[id] = exp((logit - max) / T) for every live candidate and returns their sum
- * (in key[] order, so that ps_sample and ps_sample_dist agree). */
+/* A candidate's weight e^((logit - max) / T), inv = 1 / T (at most FLT_MAX: a temperature
+ * below 1 / FLT_MAX keeps the best alone), with fmath.h's exponent: the same bits on every
+ * machine (libm's exp is not), within 2 ulp. */
+static float weight(float logit, float max, float inv) { return ps_exp_neg((logit - max) * inv); }
+static float inverse(float temperature) { return fminf(1.0f / temperature, FLT_MAX); }
+
+typedef double ps_vd8 __attribute__((vector_size(64)));
+
+/* weight() of every token (-inf: 0), 8 tokens at a time (ps_exp_neg8 gives weight()'s bits),
+ * into w when given; returns their sum: each lane's in double, in id order, then the lanes'
+ * in turn. level (when given): the sums of those of at least level_w[k] in float (a guide);
+ * list: the tokens of level 0 in id order, *n_list of them (-1: more than LIST_CAP). */
+PS_SIMD_CLONES static double weigh_all(const float *logit, int32_t n, float max, float inv, float *w, float *level,
+                                       int32_t *list, int32_t *n_list) {
+    ps_vd8 z8 = {0};
+    ps_vf8 lv0 = {0}, lv1 = {0};
+    int32_t i = 0, nl = 0;
+    for (; i + 8 <= n; i += 8) {
+        ps_vf8 e = ps_exp_neg8((ps_load8(logit + i) - max) * inv);
+        z8 += __builtin_convertvector(e, ps_vd8);
+        if (w) memcpy(w + i, &e, sizeof e);
+        if (!level) continue;
+        ps_vi8 in0 = e >= level_w[0];
+        lv0 += ps_select8(in0, e, (ps_vf8){0});
+        lv1 += ps_select8(e >= level_w[1], e, (ps_vf8){0});
+        uint64_t any[4];
+        memcpy(any, &in0, sizeof any);
+        if (any[0] | any[1] | any[2] | any[3]) /* rare where the distribution has a head */
+            for (int l = 0; l < 8; l++)
+                if (in0[l]) nl < LIST_CAP ? list[nl++] = i + l : (nl = LIST_CAP + 1);
+    }
+    double z = 0.0;
+    for (int l = 0; l < 8; l++) z += z8[l];
+    for (int k = 0; level && k < LEVELS; k++) {
+        level[k] = 0.0f;
+        for (int l = 0; l < 8; l++) level[k] += k ? lv1[l] : lv0[l];
+    }
+    for (; i < n; i++) {
+        float e = weight(logit[i], max, inv);
+        z += e;
+        if (w) w[i] = e;
+        for (int k = 0; level && k < LEVELS; k++) level[k] += e >= level_w[k] ? e : 0.0f;
+        if (level && e >= level_w[0]) nl < LIST_CAP ? list[nl++] = i : (nl = LIST_CAP + 1);
+    }
+    if (n_list) *n_list = nl > LIST_CAP ? -1 : nl;
+    return z;
+}
+
+/* Sets w[id] = weight() for every live candidate and returns their sum (in key[] order, or
+ * weigh_all's where every finite token is one: either way ps_sample and ps_sample_dist
+ * agree). Lazy: only the sum, the levels and level 0's list; the weights come with keys. */
 static double weigh(ps_sampler *s, float temperature) {
-    const double inv = 1.0 / (double)temperature;
+    const float max = (float)s->max_logit, inv = inverse(temperature);
+    if (s->lazy) {
+        s->max = max, s->inv = inv;
+        return weigh_all(s->lg, s->n_vocab, max, inv, NULL, s->level, s->list, &s->n_list);
+    }
+    if (s->all) return weigh_all(s->lg, s->n_vocab, max, inv, s->w, NULL, NULL, NULL);
     double z = 0.0;
     for (int32_t j = 0; j < s->n_cand; j++) {
         int32_t id = key_id(s->key[j]);
-        double w = exp(((double)s->logit[id] - s->max_logit) * inv);
-        s->w[id] = w;
-        z += w;
+        z += s->w[id] = weight(s->lg[id], max, inv);
     }
     return z;
+}
+
+/* Makes token i a candidate with weight e. */
+static void take(ps_sampler *s, int32_t i, float e) {
+    s->w[i] = e;
+    s->key[s->n_cand++] = cand_key(s->lg[i], i);
+}
+
+/* Lazy: the candidates of level k (keys and weights, in id order): level 0's from its list,
+ * level 1's from the tokens whose logit can reach it (a nat of margin for the rounding). */
+static void collect_level(ps_sampler *s, int k) {
+    const float max = s->max, inv = s->inv;
+    s->n_cand = 0;
+    if (k == 0)
+        for (int32_t j = 0; j < s->n_list; j++) take(s, s->list[j], weight(s->lg[s->list[j]], max, inv));
+    const float below = max + (level_x[k] - 1.0f) / inv;
+    for (int32_t i = 0; k > 0 && i < s->n_vocab; i++)
+        if (s->lg[i] >= below) {
+            float e = weight(s->lg[i], max, inv);
+            if (e >= level_w[k]) take(s, i, e);
+        }
+}
+
+/* Builds key[] where the candidates are still every finite token without keys. */
+static void materialize(ps_sampler *s) {
+    if (s->lazy) collect_candidates(s);
+}
+
+/* weighted_select after weigh(). Lazy: first among the tokens of the first level whose
+ * weights pass target, then among all (at once where level 0 holds more than LIST_CAP
+ * tokens: a flat distribution). */
+static int32_t select_weighing(ps_sampler *s, double target, bool strict) {
+    for (int k = 0; s->lazy && s->n_list >= 0 && k < LEVELS; k++)
+        if ((double)s->level[k] > target) {
+            collect_level(s, k);
+            int32_t j = weighted_select(s, target, strict);
+            if (j >= 0) {
+                s->lazy = s->all = false;
+                return j;
+            }
+        }
+    if (s->lazy) {
+        collect_candidates(s);
+        weigh_all(s->lg, s->n_vocab, s->max, s->inv, s->w, NULL, NULL, NULL);
+    }
+    return weighted_select(s, target, strict);
 }
 
 /* Keeps the shortest prefix (in draw order) whose probability at temperature 1 is at
@@ -485,19 +624,24 @@ static double weigh(ps_sampler *s, float temperature) {
 static void apply_top_p(ps_sampler *s, float top_p) {
     if (top_p >= 1.0f) return;
     double z = weigh(s, 1.0f);
-    int32_t j = weighted_select(s, (double)top_p * z, false);
+    int32_t j = select_weighing(s, (double)top_p * z, false);
     if (j >= 0) s->n_cand = j + 1;
+    s->all = s->lazy = false;
 }
 
 /* Keeps the candidates whose probability is at least min_p times the best one's,
- * i.e. logit >= max_logit + log(min_p), in their current order. */
+ * i.e. logit >= max_logit + log(min_p), in their current order (id order where every
+ * token was one). */
 static void apply_min_p(ps_sampler *s, float min_p) {
     if (min_p <= 0.0f) return;
     const double thr = s->max_logit + log((double)min_p);
     int32_t out = 0;
-    for (int32_t j = 0; j < s->n_cand; j++)
+    if (s->lazy)
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            if (s->lg[i] >= thr) s->key[out++] = cand_key(s->lg[i], i);
+    for (int32_t j = 0; !s->lazy && j < s->n_cand; j++)
         if (cand_logit(s, j) >= thr) s->key[out++] = s->key[j];
-    s->n_cand = out;
+    s->n_cand = out, s->all = s->lazy = false;
 }
 
 /* Collects the candidates and applies top-k, top-p and min-p, in that order. */
@@ -510,11 +654,11 @@ static void truncate_candidates(ps_sampler *s, const ps_sample_params *p) {
 /* The inverse CDF at u over the weighted candidates (total z). Should rounding leave
  * u * z at or above the total, the last candidate of non-zero weight is taken. */
 static int32_t draw(ps_sampler *s, double z, double u) {
-    int32_t j = weighted_select(s, u * z, true);
+    int32_t j = select_weighing(s, u * z, true);
     if (j >= 0) return key_id(s->key[j]);
     uint64_t last = 0;
     for (int32_t i = 0; i < s->n_cand; i++)
-        if (s->w[key_id(s->key[i])] > 0.0 && s->key[i] > last) last = s->key[i];
+        if (s->w[key_id(s->key[i])] > 0.0f && s->key[i] > last) last = s->key[i];
     return key_id(last);
 }
 
@@ -553,6 +697,7 @@ ps_status ps_sample_dist(ps_sampler *s, const ps_sample_params *p, const float *
         return PS_OK;
     }
     truncate_candidates(s, p);
+    materialize(s);
     double z = weigh(s, p->temperature);
     sort_keys(s->key, s->n_cand);
     for (int32_t j = 0; j < s->n_cand; j++) {
@@ -578,6 +723,7 @@ ps_status ps_sample_draft(ps_sampler *s, const ps_sample_params *p, const float 
     *out_token = best;
     if (p->temperature == 0.0f) return PS_OK;
     truncate_candidates(s, p);
+    materialize(s);
     weigh(s, p->temperature);
     int32_t n = s->n_cand < PS_DRAFT_DIST ? s->n_cand : PS_DRAFT_DIST;
     if (n < s->n_cand) select_smallest(s->key, s->n_cand, n);
@@ -640,7 +786,8 @@ ps_status ps_sample_verify(ps_sampler *s, const ps_sample_params *p, const float
         return PS_OK;
     }
     truncate_candidates(s, p);
-    for (int32_t i = 0; i < q->n; i++) s->w[q->id[i]] = -1.0; /* weigh overwrites the live ones */
+    materialize(s);
+    for (int32_t i = 0; i < q->n; i++) s->w[q->id[i]] = -1.0f; /* weigh overwrites the live ones */
     double z = weigh(s, p->temperature);
     double px = s->w[guess] > 0.0 ? s->w[guess] / z : 0.0;
     if (ps_rng_uniform(p->seed, position, PS_RNG_STREAM_ACCEPT) * (double)q->p[at] < px) {
@@ -648,8 +795,8 @@ ps_status ps_sample_verify(ps_sampler *s, const ps_sample_params *p, const float
         return PS_OK;
     }
     for (int32_t i = 0; i < q->n; i++) { /* the residual, in weights: z max(0, p - q) */
-        double *w = &s->w[q->id[i]];
-        if (*w > 0.0) *w = fmax(0.0, *w - (double)q->p[i] * z);
+        float *w = &s->w[q->id[i]];
+        if (*w > 0.0f) *w = (float)fmax(0.0, *w - (double)q->p[i] * z);
     }
     double r = 0.0;
     for (int32_t j = 0; j < s->n_cand; j++) r += s->w[key_id(s->key[j])];
