@@ -5,13 +5,14 @@ inter-token latency for 1, 2, 4, ... concurrent streams, measured side by side i
   bench/serve.py [--models "smollm2-135m:Q8_0 llama-3.2-1b:Q4_0" | --model FILE] [--stages 1,2]
                  [--streams 1,2,4,8,16,32] [--tokens 64] [--prompt-tokens 32] [--threads 2]
                  [--llama-server PATH] [--prefix 1000] [--mmap on|off] [--pp] [--device D[,D...]]
-                 [--host-hops] [--json FILE]
+                 [--host-hops] [--temperature T] [--json FILE]
 
 Each configuration is a server on loopback: `pipeshard serve -m MODEL --parallel S --pin`, with
 --threads threads unsplit, and with --local-stages N one pinned core per stage (each stage as if
 on a machine of its own: the machine needs N cores); with a fleet, also the unsplit model on one
 core (`1 core`), the yardstick of a fleet whose stages have one core each. The load: S clients (threads), each sending
-one streamed /v1/completions request of --tokens tokens at temperature 0 after a distinct
+one streamed /v1/completions request of --tokens tokens at temperature 0 (--temperature T:
+sampled at T, no truncation, stream i with seed i, past the end of text) after a distinct
 prompt of about --prompt-tokens tokens, all at once; the figures come from the chunks' arrival
 times (a client reads every SSE chunk as it comes):
   agg tok/s   completion tokens of all streams / wall time from the first request to the last end
@@ -49,7 +50,8 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "pipeshard")
+BIN = os.environ.get("PIPESHARD_BIN", os.path.join(ROOT, "build", "pipeshard"))
+TEMPERATURE = 0.0  # --temperature
 WORDS = ("river stone light quiet north garden paper winter signal orange market silver field thunder "
          "window marble forest engine shadow candle harbor meadow copper lantern").split()
 
@@ -102,10 +104,13 @@ class Server:
         self.log.close()
 
 
-def stream(port, prompt, tokens, out):
+def stream(port, prompt, tokens, out, seed=0):
     """One streamed completion; appends (t_sent, [chunk times], completion tokens) to out."""
-    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+    req = {"prompt": prompt, "max_tokens": tokens, "temperature": TEMPERATURE, "stream": True,
+           "stream_options": {"include_usage": True}}
+    if TEMPERATURE > 0:
+        req.update(seed=seed, ignore_eos=True)
+    body = json.dumps(req)
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -153,7 +158,7 @@ def load(port, n, tokens, prompt_tokens, salt):
     res, ths = [], []
     for i in range(n):
         words = [WORDS[(i * 7 + j * 3 + salt) % len(WORDS)] for j in range(prompt_tokens)]
-        ths.append(threading.Thread(target=stream, args=(port, f"{i} {salt} " + " ".join(words), tokens, res)))
+        ths.append(threading.Thread(target=stream, args=(port, f"{i} {salt} " + " ".join(words), tokens, res, i)))
     t0 = time.perf_counter()
     for t in ths:
         t.start()
@@ -197,8 +202,11 @@ def main():
     ap.add_argument("--pp", action="store_true")
     ap.add_argument("--device")
     ap.add_argument("--host-hops", action="store_true")
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--json")
     a = ap.parse_args()
+    global TEMPERATURE
+    TEMPERATURE = a.temperature
     mmap = ["--mmap"] if a.mmap == "on" else []
     os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
     streams = [int(x) for x in a.streams.split(",")]

@@ -293,6 +293,20 @@ ps_status ps_place_decode(const uint8_t *p, size_t len, ps_place *out, char *err
 // ---------------------------------------------------------------------------------------
 // Executor
 
+#define STAGE_SAMPLERS 8 /* at most: a sampler holds some 30 bytes a vocabulary token */
+
+/* One segment's sampling (run's): where its tokens and rows of logits are, where its results
+ * go (as many places as rows); what came of it. */
+struct seg_sample {
+    const ps_mb_seg *g;
+    const int32_t *tokens;
+    const float *logits, *last; /* last: the row sampled last */
+    ps_result *res;
+    int n; /* results */
+    ps_status st;
+    char err[256];
+};
+
 ps_status ps_stage_open(const char *path, const ps_stage_opts *o, ps_stage **out, char *err, size_t errlen) {
     *out = NULL;
     ps_stage *s = ps_calloc(1, sizeof *s);
@@ -303,7 +317,11 @@ ps_status ps_stage_open(const char *path, const ps_stage_opts *o, ps_stage **out
     if (!st && (st = ps_pool_create(o->threads, &s->pool)))
         ps_errf(err, errlen, st, "cannot start %d threads", o->threads);
     if (!st && o->pin) st = ps_pool_pin(s->pool, err, errlen);
-    if (!st && s->m->has_head && (st = ps_sampler_create(s->m->hp.vocab, &s->smp, err, errlen))) goto fail;
+    if (!st && s->m->has_head) { /* a sampler a pool thread, up to STAGE_SAMPLERS */
+        int n = ps_pool_size(s->pool) < STAGE_SAMPLERS ? ps_pool_size(s->pool) : STAGE_SAMPLERS;
+        if (!(s->smp = ps_calloc((size_t)n, sizeof *s->smp))) st = ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory");
+        for (; !st && s->n_smp < n; s->n_smp++) st = ps_sampler_create(s->m->hp.vocab, &s->smp[s->n_smp], err, errlen);
+    }
     if (st) goto fail;
     *out = s;
     return PS_OK;
@@ -315,15 +333,16 @@ fail:
 /* Frees the run state of the current session. */
 static void end_session(ps_stage *s) {
     ps_ctx_free(s->ctx);
-    free(s->x_out), free(s->logits), free(s->filled), free(s->tok), free(s->history);
-    s->ctx = NULL, s->x_out = NULL, s->logits = NULL, s->filled = NULL, s->tok = NULL, s->history = NULL;
+    free(s->x_out), free(s->logits), free(s->filled), free(s->tok), free(s->history), free(s->ss);
+    s->ctx = NULL, s->x_out = NULL, s->logits = NULL, s->filled = NULL, s->tok = NULL, s->history = NULL, s->ss = NULL;
     s->last = NULL;
 }
 
 void ps_stage_free(ps_stage *s) {
     if (!s) return;
     end_session(s);
-    ps_sampler_free(s->smp);
+    for (int i = 0; i < s->n_smp; i++) ps_sampler_free(s->smp[i]);
+    free(s->smp);
     ps_pool_free(s->pool);
     ps_model_free(s->m);
     free(s);
@@ -367,11 +386,12 @@ ps_status ps_stage_begin(ps_stage *s, const ps_ctx_params *p_in, int max_mb, int
         if (s->m->has_head) {
             s->logits = ps_malloc((size_t)ps_mb_max_results(max_mb, max_segs, max_draft) * hp->vocab * sizeof(float));
             s->tok = ps_malloc((size_t)n_blocks * PS_KV_BLOCK * sizeof(int32_t));
-            s->history = ps_malloc((size_t)p->n_ctx * sizeof(int32_t));
+            s->history = ps_malloc((size_t)s->n_smp * p->n_ctx * sizeof(int32_t));
+            s->ss = ps_malloc((size_t)max_segs * sizeof *s->ss);
         } else {
             s->x_out = ps_malloc((size_t)max_mb * hp->dim * sizeof(float));
         }
-        if (!s->filled || (s->m->has_head ? !s->logits || !s->tok || !s->history : !s->x_out)) {
+        if (!s->filled || (s->m->has_head ? !s->logits || !s->tok || !s->history || !s->ss : !s->x_out)) {
             end_session(s);
             return ps_errf(err, errlen, PS_ERR_NOMEM, "out of memory for micro-batches of %d positions", max_mb);
         }
@@ -424,17 +444,18 @@ static void mark_written(ps_stage *s, const ps_mb_seg *g, const int32_t *tokens)
  * replaced (*kept says which) by the rejection rule for its distribution q (NULL: kept when it
  * is the sample). The penalties' history: the sequence's last penalty_last_n tokens before
  * `at` (all of them for -1: the window the sampler reads), gathered from its blocks. */
-static ps_status sample_at(ps_stage *s, const ps_mb_seg *g, int at, const float *logits, int32_t guess,
-                           const ps_draft_dist *q, ps_result *r, bool *kept, char *err, size_t errlen) {
+static ps_status sample_at(const ps_stage *s, ps_sampler *smp, int32_t *history, const ps_mb_seg *g, int at,
+                           const float *logits, int32_t guess, const ps_draft_dist *q, ps_result *r, bool *kept,
+                           char *err, size_t errlen) {
     int last_n = g->sp.penalty_last_n, from = last_n >= 0 && last_n < at ? at - last_n : 0;
     for (int p = from; p < at; p++)
-        s->history[p - from] = s->tok[(size_t)g->blocks[p / PS_KV_BLOCK] * PS_KV_BLOCK + p % PS_KV_BLOCK];
+        history[p - from] = s->tok[(size_t)g->blocks[p / PS_KV_BLOCK] * PS_KV_BLOCK + p % PS_KV_BLOCK];
     bool lp = g->flags & PS_MB_LOGPROBS;
     *r = (ps_result){.seq = g->seq, .pos = at, .n_top = lp ? g->n_top : 0};
     ps_status st =
-        q ? ps_sample_verify(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, q, guess, &r->token, kept)
-          : ps_sample(s->smp, &g->sp, logits, s->history, at - from, (uint64_t)at, &r->token);
-    if (st) return ps_errf(err, errlen, q ? PS_ERR_PROTOCOL : st, "sampling failed: %s", ps_sampler_error(s->smp));
+        q ? ps_sample_verify(smp, &g->sp, logits, history, at - from, (uint64_t)at, q, guess, &r->token, kept)
+          : ps_sample(smp, &g->sp, logits, history, at - from, (uint64_t)at, &r->token);
+    if (st) return ps_errf(err, errlen, q ? PS_ERR_PROTOCOL : st, "sampling failed: %s", ps_sampler_error(smp));
     if (!q) *kept = guess >= 0 && r->token == guess;
     if (lp) {
         double lse = ps_sample_top_logprobs(logits, s->m->hp.vocab, (int)r->n_top, r->top_id, r->top_logprob);
@@ -443,21 +464,36 @@ static ps_status sample_at(ps_stage *s, const ps_mb_seg *g, int at, const float 
     return PS_OK;
 }
 
-/* The tokens after segment g, whose n_draft + 1 rows of logits begin at logits: one per row, in
- * order, while each keeps the draft's guess there (mb_seg.n_draft); into res, *n of them. */
-static ps_status sample_seg(ps_stage *s, const ps_mb_seg *g, const int32_t *tokens, const float *logits, ps_result *res,
-                            int *n, char *err, size_t errlen) {
+/* The tokens after segment a->g, whose n_draft + 1 rows of logits begin at a->logits: one per
+ * row, in order, while each keeps the draft's guess there (mb_seg.n_draft); into a->res. */
+static void sample_seg(const ps_stage *s, ps_sampler *smp, int32_t *history, struct seg_sample *a) {
+    const ps_mb_seg *g = a->g;
     int vocab = s->m->hp.vocab, k = (int)g->n_draft, first = g->pos + g->n - k;
     bool kept = true;
-    *n = 0;
-    for (int i = 0; i <= k && kept; i++) {
-        s->last = logits + (size_t)i * vocab;
-        int32_t guess = i < k ? tokens[g->n - k + i] : -1;
+    a->n = 0, a->st = PS_OK;
+    for (int i = 0; i <= k && kept && !a->st; i++) {
+        a->last = a->logits + (size_t)i * vocab;
+        int32_t guess = i < k ? a->tokens[g->n - k + i] : -1;
         const ps_draft_dist *q = i < k && g->dist ? g->dist + i : NULL;
-        ps_status st = sample_at(s, g, first + i, s->last, guess, q, &res[(*n)++], &kept, err, errlen);
-        if (st) return st;
+        a->st =
+            sample_at(s, smp, history, g, first + i, a->last, guess, q, &a->res[a->n++], &kept, a->err, sizeof a->err);
     }
-    return PS_OK;
+}
+
+/* ps_pool_run's job: the pool's first n_smp threads take the n segments to sample in turn. */
+struct sample_job {
+    const ps_stage *s;
+    struct seg_sample *ss;
+    int n, next;
+};
+
+static void sample_segs(void *ctx, int ith, int nth) {
+    (void)nth;
+    struct sample_job *j = ctx;
+    if (ith >= j->s->n_smp) return;
+    int32_t *history = j->s->history + (size_t)ith * j->s->cp.n_ctx;
+    for (int i; (i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->n;)
+        sample_seg(j->s, j->s->smp[ith], history, &j->ss[i]);
 }
 
 /* ps_stage_run, with the activations for the next stage to x_dev (GPU memory) when not NULL. */
@@ -492,13 +528,26 @@ static ps_status run(ps_stage *s, const ps_mb *mb, float *x_dev, const float **x
         if (x_out) *x_out = s->x_out;
         return PS_OK;
     }
+    /* the segments to sample, each with as many places for results as rows of logits; several
+     * side by side on the pool's threads (each token depends on its own inputs alone) */
+    struct sample_job job = {s, s->ss, 0, 0};
     const float *logits = s->logits;
+    ps_result *r = res;
     tokens = mb->tokens;
-    for (int i = 0; i < mb->n_segs; tokens += mb->segs[i].n, logits += (size_t)segs[i].n_logits * m->hp.vocab, i++) {
-        int n;
-        if (!segs[i].n_logits) continue;
-        if ((st = sample_seg(s, &mb->segs[i], tokens, logits, res + *n_res, &n, err, errlen))) return st;
-        *n_res += n;
+    for (int i = 0; i < mb->n_segs; tokens += mb->segs[i].n, i++)
+        if (segs[i].n_logits) {
+            job.ss[job.n++] = (struct seg_sample){.g = &mb->segs[i], .tokens = tokens, .logits = logits, .res = r};
+            logits += (size_t)segs[i].n_logits * m->hp.vocab, r += segs[i].n_logits;
+        }
+    if (job.n > 1 && s->n_smp > 1)
+        ps_pool_run(s->pool, sample_segs, &job);
+    else
+        for (int i = 0; i < job.n; i++) sample_seg(s, s->smp[0], s->history, &job.ss[i]);
+    for (int i = 0; i < job.n; i++) { /* in order: the first failure's error; the results packed */
+        struct seg_sample *a = &job.ss[i];
+        if (a->st) return ps_errf(err, errlen, a->st, "%s", a->err);
+        memmove(res + *n_res, a->res, (size_t)a->n * sizeof *res);
+        *n_res += a->n, s->last = a->last;
     }
     return PS_OK;
 }

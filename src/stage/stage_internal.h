@@ -18,10 +18,12 @@ struct ps_stage {
     const float *last; /* the latest sampled segment's row of logits */
     uint8_t *filled;   /* (n_blocks) positions of each block written in this session (0..PS_KV_BLOCK) */
     int32_t *tok;      /* (n_blocks, PS_KV_BLOCK) last stage: the token at each position, for the penalties */
-    int32_t *history;  /* (n_ctx) last stage: one sequence's tokens gathered from tok */
-    ps_sampler *smp;   /* last stage */
-    char path[4096];   /* the model or shard file */
-    char model_fp[33]; /* ps_fingerprint_file of a whole model, once computed (kv_file.c) */
+    int32_t *history;  /* (n_smp, n_ctx) last stage: a sequence's tokens gathered from tok, a sampler's each */
+    ps_sampler **smp;  /* (n_smp) last stage: the pool's threads sample segments side by side */
+    int n_smp;
+    struct seg_sample *ss; /* (max_segs) last stage: each segment's sampling, apart */
+    char path[4096];       /* the model or shard file */
+    char model_fp[33];     /* ps_fingerprint_file of a whole model, once computed (kv_file.c) */
 };
 
 #endif
