@@ -534,7 +534,7 @@ PS_SIMD_CLONES static double weigh_all(const float *logit, int32_t n, float max,
         lv1 += ps_select8(e >= level_w[1], e, (ps_vf8){0});
         uint64_t any[4];
         memcpy(any, &in0, sizeof any);
-        if (any[0] | any[1] | any[2] | any[3]) /* rare where the distribution has a head */
+        if (nl <= LIST_CAP && (any[0] | any[1] | any[2] | any[3])) /* rare where the distribution has a head */
             for (int l = 0; l < 8; l++)
                 if (in0[l]) nl < LIST_CAP ? list[nl++] = i + l : (nl = LIST_CAP + 1);
     }
