@@ -513,36 +513,37 @@ static void collect_top_k(ps_sampler *s, int32_t k) {
 static float weight(float logit, float max, float inv) { return ps_exp_neg((logit - max) * inv); }
 static float inverse(float temperature) { return fminf(1.0f / temperature, FLT_MAX); }
 
-typedef double ps_vd8 __attribute__((vector_size(64)));
+typedef double ps_vd16 __attribute__((vector_size(128)));
 
-/* weight() of every token (-inf: 0), 8 tokens at a time (ps_exp_neg8 gives weight()'s bits),
- * into w when given; returns their sum: each lane's in double, in id order, then the lanes'
- * in turn. level (when given): the sums of those of at least level_w[k] in float (a guide);
- * list: the tokens of level 0 in id order, *n_list of them (-1: more than LIST_CAP). */
+/* weight() of every token (-inf: 0), 16 tokens at a time (ps_exp_neg16 gives weight()'s
+ * bits), into w when given; returns their sum: each lane's in double, in id order, then the
+ * lanes' in turn. level (when given): the sums of those of at least level_w[k] in float (a
+ * guide); list: the tokens of level 0 in id order, *n_list of them (-1: more than LIST_CAP). */
 PS_SIMD_CLONES static double weigh_all(const float *logit, int32_t n, float max, float inv, float *w, float *level,
                                        int32_t *list, int32_t *n_list) {
-    ps_vd8 z8 = {0};
-    ps_vf8 lv0 = {0}, lv1 = {0};
+    ps_vd16 z16 = {0};
+    ps_vf16 lv0 = {0}, lv1 = {0};
     int32_t i = 0, nl = 0;
-    for (; i + 8 <= n; i += 8) {
-        ps_vf8 e = ps_exp_neg8((ps_load8(logit + i) - max) * inv);
-        z8 += __builtin_convertvector(e, ps_vd8);
+    for (; i + 16 <= n; i += 16) {
+        ps_vf16 e = ps_exp_neg16((ps_load16(logit + i) - max) * inv);
+        z16 += __builtin_convertvector(e, ps_vd16);
         if (w) memcpy(w + i, &e, sizeof e);
         if (!level) continue;
-        ps_vi8 in0 = e >= level_w[0];
-        lv0 += ps_select8(in0, e, (ps_vf8){0});
-        lv1 += ps_select8(e >= level_w[1], e, (ps_vf8){0});
-        uint64_t any[4];
+        ps_vi16 in0 = e >= level_w[0];
+        lv0 += ps_select16(in0, e, (ps_vf16){0});
+        lv1 += ps_select16(e >= level_w[1], e, (ps_vf16){0});
+        uint64_t any[8], some = 0;
         memcpy(any, &in0, sizeof any);
-        if (nl <= LIST_CAP && (any[0] | any[1] | any[2] | any[3])) /* rare where the distribution has a head */
-            for (int l = 0; l < 8; l++)
+        for (int l = 0; l < 8; l++) some |= any[l];
+        if (nl <= LIST_CAP && some) /* rare where the distribution has a head */
+            for (int l = 0; l < 16; l++)
                 if (in0[l]) nl < LIST_CAP ? list[nl++] = i + l : (nl = LIST_CAP + 1);
     }
     double z = 0.0;
-    for (int l = 0; l < 8; l++) z += z8[l];
+    for (int l = 0; l < 16; l++) z += z16[l];
     for (int k = 0; level && k < LEVELS; k++) {
         level[k] = 0.0f;
-        for (int l = 0; l < 8; l++) level[k] += k ? lv1[l] : lv0[l];
+        for (int l = 0; l < 16; l++) level[k] += k ? lv1[l] : lv0[l];
     }
     for (; i < n; i++) {
         float e = weight(logit[i], max, inv);
