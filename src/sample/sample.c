@@ -8,7 +8,7 @@
  * in draw order crosses a target in expected O(n) (partition, sum the weights of the
  * smaller side, descend into the side that holds the crossing); where every token is a
  * candidate, first among the few that usually hold the crossing (LEVELS). Weights are
- * fmath.h's exponent, 8 tokens at a time. */
+ * fmath.h's exponent, 16 tokens at a time. */
 #include "sample.h"
 
 #include <float.h>
