@@ -787,11 +787,19 @@ ps_status ps_sample_verify(ps_sampler *s, const ps_sample_params *p, const float
         return PS_OK;
     }
     truncate_candidates(s, p);
+    double u = ps_rng_uniform(p->seed, position, PS_RNG_STREAM_ACCEPT) * (double)q->p[at];
+    if (s->lazy) { /* every token a candidate: the guess's weight and the sum decide a keep */
+        double z = weigh(s, p->temperature);
+        if (u < (double)weight(s->lg[guess], s->max, s->inv) / z) {
+            *out_token = guess, *kept = true;
+            return PS_OK;
+        }
+    } /* (a rejection is made again below, with the same numbers, for the residual's weights) */
     materialize(s);
     for (int32_t i = 0; i < q->n; i++) s->w[q->id[i]] = -1.0f; /* weigh overwrites the live ones */
     double z = weigh(s, p->temperature);
     double px = s->w[guess] > 0.0 ? s->w[guess] / z : 0.0;
-    if (ps_rng_uniform(p->seed, position, PS_RNG_STREAM_ACCEPT) * (double)q->p[at] < px) {
+    if (u < px) {
         *out_token = guess, *kept = true;
         return PS_OK;
     }
