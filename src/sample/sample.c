@@ -724,7 +724,7 @@ ps_status ps_sample_draft(ps_sampler *s, const ps_sample_params *p, const float 
     *out_token = best;
     if (p->temperature == 0.0f) return PS_OK;
     truncate_candidates(s, p);
-    materialize(s);
+    if (s->lazy) top_k_heap(s, PS_DRAFT_DIST); /* every token a candidate: only the first few count */
     weigh(s, p->temperature);
     int32_t n = s->n_cand < PS_DRAFT_DIST ? s->n_cand : PS_DRAFT_DIST;
     if (n < s->n_cand) select_smallest(s->key, s->n_cand, n);
