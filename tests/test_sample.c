@@ -713,6 +713,18 @@ static void report_speed(void) {
         for (int i = 0; i < ITERS; i++) ps_sample(s, &p, cfg[c].l, hist, 64, (uint64_t)i, &tok);
         printf("speed, vocab %d, %-20s %8.1f us/token\n", N, cfg[c].name, (now_s() - t0) / ITERS * 1e6);
     }
+    /* speculation's sampled guesses at T = 1 (the draft's logits the target's: most are kept) */
+    ps_sample_params p = ps_sample_params_default();
+    p.repetition_penalty = 1.1f;
+    ps_draft_dist q[ITERS];
+    int32_t guess[ITERS], tok;
+    bool kept;
+    double t0 = now_s();
+    for (int i = 0; i < ITERS; i++) ps_sample_draft(s, &p, model, hist, 64, (uint64_t)i, &q[i], &guess[i]);
+    double t1 = now_s();
+    for (int i = 0; i < ITERS; i++) ps_sample_verify(s, &p, model, hist, 64, (uint64_t)i, &q[i], guess[i], &tok, &kept);
+    printf("speed, vocab %d, %-20s %8.1f us/token\n", N, "a sampled draft guess", (t1 - t0) / ITERS * 1e6);
+    printf("speed, vocab %d, %-20s %8.1f us/token\n", N, "its verification", (now_s() - t1) / ITERS * 1e6);
     ps_sampler_free(s);
     free(flat), free(model);
 }
