@@ -127,24 +127,30 @@ ps_status ps_sample_params_check(const ps_sample_params *p, char *err, size_t er
 static const float level_x[LEVELS] = {-8.0f, -16.0f};
 static const float level_w[LEVELS] = {3.3546262790e-4f, 1.1253517472e-7f}; /* e^level_x */
 
+/* What the lazy weighing pass learns besides the sum. */
+struct levels {
+    float sum[LEVELS]; // the sums of the weights of at least level_w[k] (a guide)
+    int32_t *list;     // the tokens of level 0, in id order (LIST_CAP)
+    int32_t n_list;    // their number; -1: more than LIST_CAP (a flat distribution)
+    int32_t w_from;    // then w[] holds the weights of the tokens from w_from on (n_vocab: none)
+};
+
 struct ps_sampler {
     int32_t n_vocab;
-    float *logit;        // (n_vocab) penalised copy of the caller's logits
-    const float *lg;     // the logits the chain reads: logit, or the caller's where no penalty applies
-    uint64_t *key;       // (n_vocab) candidate keys, [0, n_cand) live
-    float *w;            // (n_vocab) by token id: weight() of a live candidate (of every token after weigh_all)
-    int32_t *count;      // (n_vocab) by token id: occurrences in the penalty window; 0 between calls
-    int32_t *touched;    // (n_vocab) ids whose count is non-zero, in first-seen order
-    int32_t *out_id;     // (n_vocab) ps_sample_dist's ids
-    float *out_p;        // (n_vocab) ps_sample_dist's probabilities
-    int32_t n_cand;      // live candidates, key[0, n_cand) (unless lazy)
-    bool all;            // every finite token is a candidate
-    bool lazy;           // ... and neither key[] nor w[] is built (ps_sample's draw builds what it needs)
-    float max, inv;      // lazy: the weights' max logit and 1 / temperature (weigh's)
-    float level[LEVELS]; // lazy: the sums of the weights of at least level_w[k] (a guide)
-    int32_t *list;       // lazy: the tokens of level 0, in id order (LIST_CAP)
-    int32_t n_list;      // their number; -1: more than LIST_CAP
-    double max_logit;    // the largest finite logit (truncation never removes its token)
+    float *logit;     // (n_vocab) penalised copy of the caller's logits
+    const float *lg;  // the logits the chain reads: logit, or the caller's where no penalty applies
+    uint64_t *key;    // (n_vocab) candidate keys, [0, n_cand) live
+    float *w;         // (n_vocab) by token id: weight() of a live candidate (of every token after weigh_all)
+    int32_t *count;   // (n_vocab) by token id: occurrences in the penalty window; 0 between calls
+    int32_t *touched; // (n_vocab) ids whose count is non-zero, in first-seen order
+    int32_t *out_id;  // (n_vocab) ps_sample_dist's ids
+    float *out_p;     // (n_vocab) ps_sample_dist's probabilities
+    int32_t n_cand;   // live candidates, key[0, n_cand) (unless lazy)
+    bool all;         // every finite token is a candidate
+    bool lazy;        // ... and neither key[] nor w[] is built (ps_sample's draw builds what it needs)
+    float max, inv;   // lazy: the weights' max logit and 1 / temperature (weigh's)
+    struct levels lv; // lazy: what weigh's pass learned
+    double max_logit; // the largest finite logit (truncation never removes its token)
     char err[256];
 };
 
@@ -175,8 +181,8 @@ ps_status ps_sampler_create(int32_t n_vocab, ps_sampler **out, char *err, size_t
     s->touched = alloc_n(n_vocab, sizeof *s->touched);
     s->out_id = alloc_n(n_vocab, sizeof *s->out_id);
     s->out_p = alloc_n(n_vocab, sizeof *s->out_p);
-    s->list = alloc_n(LIST_CAP, sizeof *s->list);
-    if (!s->logit || !s->key || !s->w || !s->count || !s->touched || !s->out_id || !s->out_p || !s->list) goto err;
+    s->lv.list = alloc_n(LIST_CAP, sizeof *s->lv.list);
+    if (!s->logit || !s->key || !s->w || !s->count || !s->touched || !s->out_id || !s->out_p || !s->lv.list) goto err;
     *out = s;
     return PS_OK;
 err:
@@ -193,7 +199,7 @@ void ps_sampler_free(ps_sampler *s) {
     free(s->touched);
     free(s->out_id);
     free(s->out_p);
-    free(s->list);
+    free(s->lv.list);
     free(s);
 }
 
@@ -517,55 +523,67 @@ typedef double ps_vd16 __attribute__((vector_size(128)));
 
 /* weight() of every token (-inf: 0), 16 tokens at a time (ps_exp_neg16 gives weight()'s
  * bits), into w when given; returns their sum: each lane's in double, in id order, then the
- * lanes' in turn. level (when given): the sums of those of at least level_w[k] in float (a
- * guide); list: the tokens of level 0 in id order, *n_list of them (-1: more than LIST_CAP). */
-PS_SIMD_CLONES static double weigh_all(const float *logit, int32_t n, float max, float inv, float *w, float *level,
-                                       int32_t *list, int32_t *n_list) {
+ * lanes' in turn. With lv (the lazy pass): its sums and level 0's list, and, once the list
+ * overflows, the weights from there on into w. */
+PS_SIMD_CLONES static double weigh_all(const float *logit, int32_t n, float max, float inv, float *w,
+                                       struct levels *lv) {
     ps_vd16 z16 = {0};
     ps_vf16 lv0 = {0}, lv1 = {0};
-    int32_t i = 0, nl = 0;
+    int32_t i = 0, nl = 0, from = n;
+    bool store = !lv;
     for (; i + 16 <= n; i += 16) {
         ps_vf16 e = ps_exp_neg16((ps_load16(logit + i) - max) * inv);
         z16 += __builtin_convertvector(e, ps_vd16);
-        if (w) memcpy(w + i, &e, sizeof e);
-        if (!level) continue;
+        if (store) memcpy(w + i, &e, sizeof e);
+        if (!lv) continue;
         ps_vi16 in0 = e >= level_w[0];
         lv0 += ps_select16(in0, e, (ps_vf16){0});
         lv1 += ps_select16(e >= level_w[1], e, (ps_vf16){0});
         uint64_t any[8], some = 0;
         memcpy(any, &in0, sizeof any);
         for (int l = 0; l < 8; l++) some |= any[l];
-        if (nl <= LIST_CAP && some) /* rare where the distribution has a head */
-            for (int l = 0; l < 16; l++)
-                if (in0[l]) nl < LIST_CAP ? list[nl++] = i + l : (nl = LIST_CAP + 1);
+        if (!store && some) /* rare where the distribution has a head */
+            for (int l = 0; l < 16 && !store; l++) {
+                if (!in0[l]) continue;
+                if (nl < LIST_CAP)
+                    lv->list[nl++] = i + l;
+                else
+                    store = true, from = i + 16; /* a flat distribution: the weights from here on */
+            }
     }
     double z = 0.0;
     for (int l = 0; l < 16; l++) z += z16[l];
-    for (int k = 0; level && k < LEVELS; k++) {
-        level[k] = 0.0f;
-        for (int l = 0; l < 16; l++) level[k] += k ? lv1[l] : lv0[l];
+    for (int k = 0; lv && k < LEVELS; k++) {
+        lv->sum[k] = 0.0f;
+        for (int l = 0; l < 16; l++) lv->sum[k] += k ? lv1[l] : lv0[l];
     }
     for (; i < n; i++) {
         float e = weight(logit[i], max, inv);
         z += e;
-        if (w) w[i] = e;
-        for (int k = 0; level && k < LEVELS; k++) level[k] += e >= level_w[k] ? e : 0.0f;
-        if (level && e >= level_w[0]) nl < LIST_CAP ? list[nl++] = i : (nl = LIST_CAP + 1);
+        if (store) w[i] = e;
+        for (int k = 0; lv && k < LEVELS; k++) lv->sum[k] += e >= level_w[k] ? e : 0.0f;
+        if (lv && !store && e >= level_w[0]) {
+            if (nl < LIST_CAP)
+                lv->list[nl++] = i;
+            else
+                store = true, from = i + 1;
+        }
     }
-    if (n_list) *n_list = nl > LIST_CAP ? -1 : nl;
+    if (lv) lv->n_list = store ? -1 : nl, lv->w_from = from;
     return z;
 }
 
 /* Sets w[id] = weight() for every live candidate and returns their sum (in key[] order, or
  * weigh_all's where every finite token is one: either way ps_sample and ps_sample_dist
- * agree). Lazy: only the sum, the levels and level 0's list; the weights come with keys. */
+ * agree). Lazy: the sum and the levels (struct levels), and every weight only for a flat
+ * distribution; the others come with the keys a draw needs. */
 static double weigh(ps_sampler *s, float temperature) {
     const float max = (float)s->max_logit, inv = inverse(temperature);
     if (s->lazy) {
         s->max = max, s->inv = inv;
-        return weigh_all(s->lg, s->n_vocab, max, inv, NULL, s->level, s->list, &s->n_list);
+        return weigh_all(s->lg, s->n_vocab, max, inv, s->w, &s->lv);
     }
-    if (s->all) return weigh_all(s->lg, s->n_vocab, max, inv, s->w, NULL, NULL, NULL);
+    if (s->all) return weigh_all(s->lg, s->n_vocab, max, inv, s->w, NULL);
     double z = 0.0;
     for (int32_t j = 0; j < s->n_cand; j++) {
         int32_t id = key_id(s->key[j]);
@@ -586,7 +604,7 @@ static void collect_level(ps_sampler *s, int k) {
     const float max = s->max, inv = s->inv;
     s->n_cand = 0;
     if (k == 0)
-        for (int32_t j = 0; j < s->n_list; j++) take(s, s->list[j], weight(s->lg[s->list[j]], max, inv));
+        for (int32_t j = 0; j < s->lv.n_list; j++) take(s, s->lv.list[j], weight(s->lg[s->lv.list[j]], max, inv));
     const float below = max + (level_x[k] - 1.0f) / inv;
     for (int32_t i = 0; k > 0 && i < s->n_vocab; i++)
         if (s->lg[i] >= below) {
@@ -604,8 +622,8 @@ static void materialize(ps_sampler *s) {
  * weights pass target, then among all (at once where level 0 holds more than LIST_CAP
  * tokens: a flat distribution). */
 static int32_t select_weighing(ps_sampler *s, double target, bool strict) {
-    for (int k = 0; s->lazy && s->n_list >= 0 && k < LEVELS; k++)
-        if ((double)s->level[k] > target) {
+    for (int k = 0; s->lazy && s->lv.n_list >= 0 && k < LEVELS; k++)
+        if ((double)s->lv.sum[k] > target) {
             collect_level(s, k);
             int32_t j = weighted_select(s, target, strict);
             if (j >= 0) {
@@ -613,9 +631,9 @@ static int32_t select_weighing(ps_sampler *s, double target, bool strict) {
                 return j;
             }
         }
-    if (s->lazy) {
+    if (s->lazy) { /* the weights the lazy pass did not store */
         collect_candidates(s);
-        weigh_all(s->lg, s->n_vocab, s->max, s->inv, s->w, NULL, NULL, NULL);
+        weigh_all(s->lg, s->lv.w_from, s->max, s->inv, s->w, NULL);
     }
     return weighted_select(s, target, strict);
 }
