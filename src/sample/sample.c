@@ -603,10 +603,12 @@ static void take(ps_sampler *s, int32_t i, float e) {
 static void collect_level(ps_sampler *s, int k) {
     const float max = s->max, inv = s->inv;
     s->n_cand = 0;
-    if (k == 0)
+    if (k == 0) {
         for (int32_t j = 0; j < s->lv.n_list; j++) take(s, s->lv.list[j], weight(s->lg[s->lv.list[j]], max, inv));
+        return;
+    }
     const float below = max + (level_x[k] - 1.0f) / inv;
-    for (int32_t i = 0; k > 0 && i < s->n_vocab; i++)
+    for (int32_t i = 0; i < s->n_vocab; i++)
         if (s->lg[i] >= below) {
             float e = weight(s->lg[i], max, inv);
             if (e >= level_w[k]) take(s, i, e);
